@@ -1,0 +1,170 @@
+//! Applying batches with the retry rules of the design: connection trouble is retried with backoff through
+//! the same path with the same keys (a lost COMMIT reply is "unknown", resolved through the checkpoint), a value
+//! PostgreSQL rejects is isolated by replaying the batch record by record and quarantined, anything else stops.
+
+use std::time::Duration;
+
+use crate::decode::{Reason, Rejection};
+use crate::error::{Error, Result};
+use crate::sink::{ApplyError, Batch, Outcome, Pending, Sink};
+
+/// What became of a batch.
+#[derive(Debug)]
+pub enum Applied {
+    /// Committed; one outcome per item.
+    Committed(Vec<Outcome>),
+    /// Another owner holds the partition now; nothing was written.
+    Fenced,
+}
+
+/// Backoff between retries: 100 ms doubling to 5 s.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((100u64 << attempt.min(6)).min(5_000))
+}
+
+/// Applies `batch`, retrying transient failures until `give_up()` says stop.
+///
+/// # Errors
+/// [`Error`] for a fatal database problem, or when `give_up` ends the retries (shutdown).
+pub async fn apply_batch(
+    sink: &mut Sink,
+    batch: &Batch,
+    give_up: &(dyn Fn() -> bool + Sync),
+) -> Result<Applied> {
+    let mut attempt = 0u32;
+    // Outcomes of an attempt whose COMMIT reply was lost: if the checkpoint shows it landed, they are the truth.
+    let mut unknown: Option<Vec<Outcome>> = None;
+    loop {
+        if sink.is_closed() {
+            if let Err(e) = sink.reconnect().await {
+                attempt += 1;
+                metrics::counter!("replaysafe_db_retries_total").increment(1);
+                tracing::warn!(attempt, "database unavailable, retrying: {e}");
+                if give_up() {
+                    return Err(Error::Other(format!(
+                        "gave up after {attempt} attempts: {e}"
+                    )));
+                }
+                tokio::time::sleep(backoff(attempt)).await;
+                continue;
+            }
+        }
+        let result = sink.apply(batch).await;
+        match result {
+            Ok(outcomes) => return Ok(Applied::Committed(outcomes)),
+            Err(ApplyError::Fenced { next_offset, fence }) => {
+                if fence == batch.fence && next_offset == Some(batch.end) {
+                    // Our own earlier attempt committed; its reply was lost.
+                    tracing::info!(
+                        topic = %batch.topic,
+                        partition = batch.partition,
+                        "commit outcome was unknown; the checkpoint shows it committed"
+                    );
+                    let outcomes = unknown.take().unwrap_or_else(|| {
+                        batch
+                            .items
+                            .iter()
+                            .map(|i| match &i.pending {
+                                Pending::Claim { .. } => Outcome::Duplicate,
+                                Pending::Filtered(r) => Outcome::Filtered(r.clone()),
+                                Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
+                            })
+                            .collect()
+                    });
+                    return Ok(Applied::Committed(outcomes));
+                }
+                tracing::warn!(
+                    topic = %batch.topic,
+                    partition = batch.partition,
+                    our_fence = batch.fence,
+                    fence,
+                    ?next_offset,
+                    expected = ?batch.expected,
+                    "partition is owned by another consumer now (fenced); batch discarded"
+                );
+                return Ok(Applied::Fenced);
+            }
+            Err(ApplyError::Transient { error, commit_sent }) => {
+                if commit_sent {
+                    // Recompute what the batch would have done, for the accounting if it did commit.
+                    unknown = Some(
+                        batch
+                            .items
+                            .iter()
+                            .map(|i| match &i.pending {
+                                Pending::Claim { .. } => Outcome::Landed,
+                                Pending::Filtered(r) => Outcome::Filtered(r.clone()),
+                                Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
+                            })
+                            .collect(),
+                    );
+                }
+                attempt += 1;
+                metrics::counter!("replaysafe_db_retries_total").increment(1);
+                tracing::warn!(attempt, commit_sent, topic = %batch.topic, partition = batch.partition, "database error, retrying the batch: {error}");
+                if give_up() {
+                    return Err(Error::Other(format!(
+                        "gave up after {attempt} attempts: {error}"
+                    )));
+                }
+                tokio::time::sleep(backoff(attempt)).await;
+                if !sink.is_closed() && commit_sent {
+                    // The server may still be finishing; a fresh connection gives a clean session.
+                    let _ = sink.reconnect().await;
+                }
+            }
+            Err(ApplyError::Data(error)) => {
+                return Box::pin(isolate(sink, batch, error, give_up)).await;
+            }
+            Err(ApplyError::Fatal(e)) => return Err(e),
+        }
+    }
+}
+
+/// Replays a batch that PostgreSQL rejected record by record; the record that fails alone is quarantined.
+async fn isolate(
+    sink: &mut Sink,
+    batch: &Batch,
+    error: tokio_postgres::Error,
+    give_up: &(dyn Fn() -> bool + Sync),
+) -> Result<Applied> {
+    let message = error
+        .as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_else(|| error.to_string());
+    if batch.items.len() == 1 {
+        let item = &batch.items[0];
+        if matches!(item.pending, Pending::Quarantine(_)) {
+            return Err(Error::Other(format!(
+                "the dead-letter insert itself was rejected at {}/{} offset {}: {message}",
+                batch.topic, batch.partition, item.offset
+            )));
+        }
+        tracing::warn!(topic = %batch.topic, partition = batch.partition, offset = item.offset, "record rejected by PostgreSQL, quarantined: {message}");
+        let mut single = batch.clone();
+        single.items[0].pending = Pending::Quarantine(Rejection {
+            reason: Reason::RejectedByDatabase,
+            detail: message,
+        });
+        return Box::pin(apply_batch(sink, &single, give_up)).await;
+    }
+    tracing::warn!(topic = %batch.topic, partition = batch.partition, records = batch.items.len(), "batch rejected by PostgreSQL ({message}); replaying record by record");
+    let mut outcomes = Vec::with_capacity(batch.items.len());
+    let mut expected = batch.expected;
+    for item in &batch.items {
+        let single = Batch {
+            topic: batch.topic.clone(),
+            partition: batch.partition,
+            fence: batch.fence,
+            expected,
+            end: item.offset + 1,
+            items: vec![item.clone()],
+        };
+        match Box::pin(apply_batch(sink, &single, give_up)).await? {
+            Applied::Committed(o) => outcomes.extend(o),
+            Applied::Fenced => return Ok(Applied::Fenced),
+        }
+        expected = Some(single.end);
+    }
+    Ok(Applied::Committed(outcomes))
+}

@@ -1,0 +1,1034 @@
+//! Stage two: the validated pipeline. Identifiers are checked ([`Ident`]), field references resolved to
+//! indices, filters compiled (CEL), projections compiled to SQL over the `landed` relation.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use cel_interpreter::Program;
+use chrono_tz::Tz;
+use toml::Spanned;
+
+use super::raw::{RawField, RawPipeline, RawProjection};
+use super::Source;
+use crate::error::Result;
+use crate::ident::{Ident, QualifiedName};
+
+/// Default `batch.max-records`.
+pub const DEFAULT_MAX_RECORDS: usize = 1000;
+/// Default `batch.linger-ms`.
+pub const DEFAULT_LINGER_MS: u64 = 50;
+/// Default `batch.max-record-bytes` (8 MiB): larger record values are quarantined as `oversize`.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 8 * 1024 * 1024;
+/// Default `postgres.connections`: partitions are committed in parallel on this many connections.
+pub const DEFAULT_CONNECTIONS: usize = 4;
+/// Default `ledger.table`.
+pub const DEFAULT_LEDGER_TABLE: &str = "replaysafe_ledger";
+/// Default outbox table for `kind = "outbox"`.
+pub const DEFAULT_OUTBOX_TABLE: &str = "replaysafe_outbox";
+
+/// The validated pipeline.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// Where the pipeline came from (for messages).
+    pub source: Source,
+    /// `[kafka]`.
+    pub kafka: KafkaPlan,
+    /// `[postgres]`.
+    pub postgres: PostgresPlan,
+    /// Records per partition batch (one transaction), at most.
+    pub max_records: usize,
+    /// How long a partial batch may wait for more records.
+    pub linger: Duration,
+    /// Record values larger than this many bytes are quarantined as `oversize`.
+    pub max_record_bytes: usize,
+    /// `[fields]`, in name order; indices elsewhere point into this.
+    pub fields: Vec<FieldPlan>,
+    /// `[identity]`.
+    pub identity: IdentityPlan,
+    /// `[ledger]`.
+    pub ledger: LedgerPlan,
+    /// `[[filter]]` rules, in file order.
+    pub filters: Vec<FilterPlan>,
+    /// `[[projection]]`s, in file order (also the order they run in each batch).
+    pub projections: Vec<ProjectionPlan>,
+}
+
+/// Where a group with no checkpoint starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartPolicy {
+    /// The oldest offset the broker still has.
+    Earliest,
+    /// The end of the partition (only records produced from now on).
+    Latest,
+}
+
+/// `[kafka]`, validated.
+#[derive(Debug, Clone)]
+pub struct KafkaPlan {
+    /// `bootstrap.servers`; `None` means "take `KAFKA_BROKERS` or `--brokers`".
+    pub brokers: Option<String>,
+    /// The consumer group (also the checkpoint's owner).
+    pub group_id: String,
+    /// Topics to subscribe to.
+    pub topics: Vec<String>,
+    /// `None`: a partition with neither checkpoint nor committed offset is an error (exit 3).
+    pub start: Option<StartPolicy>,
+    /// Passed to librdkafka as is (after the forced settings are checked).
+    pub properties: Vec<(String, String)>,
+}
+
+/// `[postgres]`, validated.
+#[derive(Debug, Clone)]
+pub struct PostgresPlan {
+    /// Connection string; `None` means `DATABASE_URL`.
+    pub url: Option<String>,
+    /// The schema all replaysafe tables and unqualified projection tables live in.
+    pub schema: Ident,
+    /// Connections used to commit partitions in parallel.
+    pub connections: usize,
+}
+
+/// The PostgreSQL type a field is extracted as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldType {
+    /// `uuid`, normalised (lower case, hyphenated; braces, `urn:uuid:` and the 32-digit form accepted).
+    Uuid,
+    /// `text`.
+    Text,
+    /// `bigint` (a JSON integer or a string of digits).
+    Bigint,
+    /// `numeric` (a JSON number or a decimal string, kept exactly).
+    Numeric,
+    /// `date` (`YYYY-MM-DD`, or the calendar day of an RFC 3339 timestamp in the field's time zone).
+    Date,
+    /// `timestamptz` (RFC 3339, or a number of milliseconds since the Unix epoch).
+    Timestamptz,
+    /// `boolean`.
+    Boolean,
+    /// `jsonb` (any JSON value).
+    Jsonb,
+}
+
+impl FieldType {
+    /// The PostgreSQL type name.
+    pub fn sql(self) -> &'static str {
+        match self {
+            FieldType::Uuid => "uuid",
+            FieldType::Text => "text",
+            FieldType::Bigint => "bigint",
+            FieldType::Numeric => "numeric",
+            FieldType::Date => "date",
+            FieldType::Timestamptz => "timestamptz",
+            FieldType::Boolean => "boolean",
+            FieldType::Jsonb => "jsonb",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "uuid" => FieldType::Uuid,
+            "text" => FieldType::Text,
+            "bigint" => FieldType::Bigint,
+            "numeric" => FieldType::Numeric,
+            "date" => FieldType::Date,
+            "timestamptz" => FieldType::Timestamptz,
+            "boolean" => FieldType::Boolean,
+            "jsonb" => FieldType::Jsonb,
+            _ => return None,
+        })
+    }
+}
+
+/// One typed column extracted from each record value.
+#[derive(Debug, Clone)]
+pub struct FieldPlan {
+    /// Column name in `landed` (and in the ledger when it is part of the key or `ledger.columns`).
+    pub name: Ident,
+    /// RFC 6901 JSON pointer into the record value.
+    pub pointer: String,
+    /// The type.
+    pub ty: FieldType,
+    /// For `date` fields taken from a timestamp: the zone whose calendar day is taken (default UTC).
+    pub time_zone: Tz,
+    /// Missing or null is allowed (the column is NULL) instead of a quarantine.
+    pub optional: bool,
+}
+
+/// `[identity]`: what identifies a change.
+#[derive(Debug, Clone)]
+pub struct IdentityPlan {
+    /// Indices into `fields` forming the delivery key.
+    pub key: Vec<usize>,
+    /// Stream generation: part of every delivery key when set.
+    pub generation: Option<String>,
+    /// Index of the `date` field the ledger is range-partitioned by (one partition per day).
+    pub partition_by: Option<usize>,
+}
+
+/// `[ledger]`.
+#[derive(Debug, Clone)]
+pub struct LedgerPlan {
+    /// The ledger table.
+    pub table: QualifiedName,
+    /// Days the ledger keeps; events older are quarantined as `beyond-horizon`; `None` keeps everything.
+    pub horizon_days: Option<u32>,
+    /// Extra field indices stored in each ledger row.
+    pub columns: Vec<usize>,
+}
+
+/// A named `[[filter]]` rule: records for which `drop-if` is true are counted `filtered` and not claimed.
+pub struct FilterPlan {
+    /// The rule's name (the `rule` label of the `filtered` outcome).
+    pub name: String,
+    /// The CEL source.
+    pub expr: String,
+    /// The compiled program.
+    pub program: Program,
+}
+
+impl std::fmt::Debug for FilterPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilterPlan")
+            .field("name", &self.name)
+            .field("expr", &self.expr)
+            .finish()
+    }
+}
+
+/// The built-in projection kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProjectionKind {
+    /// `counter`: `column += number of landed rows` per group.
+    Counter,
+    /// `sum`: `target += sum(field)` per group, for each `add` entry.
+    Sum,
+    /// `sql`: the user's statement over `landed`.
+    Sql,
+    /// `outbox`: one outbox row per landed record, unique by delivery key.
+    Outbox,
+}
+
+/// A projection compiled to SQL over `landed`.
+pub struct ProjectionPlan {
+    /// Name (defaults to the table, or `projection-N`).
+    pub name: String,
+    /// The kind.
+    pub kind: ProjectionKind,
+    /// The statement run in each batch transaction.
+    pub statement: String,
+    /// Statements `init` runs (idempotent DDL).
+    pub setup: Vec<String>,
+    /// Only rows for which this CEL expression is true reach the projection.
+    pub filter: Option<(String, Program)>,
+    /// Index of this projection's pass column in `landed` (when it has a filter).
+    pub pass_column: Option<usize>,
+}
+
+impl std::fmt::Debug for ProjectionPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProjectionPlan")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("statement", &self.statement)
+            .finish()
+    }
+}
+
+impl Pipeline {
+    /// The field with this index.
+    pub fn field(&self, i: usize) -> &FieldPlan {
+        &self.fields[i]
+    }
+
+    /// Qualifies a replaysafe-owned table name with the pipeline schema.
+    pub fn table(&self, name: &str) -> QualifiedName {
+        QualifiedName {
+            schema: self.postgres.schema.clone(),
+            name: Ident::new(name).expect("static name"),
+        }
+    }
+
+    /// Number of projection pass columns in `landed`.
+    pub fn pass_columns(&self) -> usize {
+        self.projections
+            .iter()
+            .filter(|p| p.pass_column.is_some())
+            .count()
+    }
+
+    /// The four answers every replay-safe consumer must state, as printed by `replaysafe check`.
+    pub fn four_answers(&self) -> String {
+        let names = |ix: &[usize]| {
+            ix.iter()
+                .map(|&i| self.fields[i].name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut key = names(&self.identity.key);
+        if let Some(g) = &self.identity.generation {
+            key = format!("generation \"{g}\" + {key}");
+        }
+        if let Some(p) = self.identity.partition_by {
+            key = format!(
+                "{key} (ledger partitioned by day of `{}`)",
+                self.fields[p].name.as_str()
+            );
+        }
+        let projections = self
+            .projections
+            .iter()
+            .map(|p| format!("{} ({:?})", p.name, p.kind).to_lowercase())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let horizon = match (self.ledger.horizon_days, self.identity.partition_by) {
+            (Some(d), Some(p)) => format!(
+                "the ledger keeps {d} days of `{}`; older partitions are dropped and older events are quarantined as beyond-horizon (use rebuild for them)",
+                self.fields[p].name.as_str()
+            ),
+            _ => "no horizon: the ledger keeps every delivery key forever".to_string(),
+        };
+        format!(
+            "1. What identifies a change: the delivery key {key}, claimed in {ledger}.\n\
+             2. What orders changes: offsets within a partition; aggregates are commutative increments, so order between \
+             partitions does not matter; a duplicate delivery key is never applied twice.\n\
+             3. What commits atomically: one transaction per partition batch (at most {max} records or {linger} ms): ledger \
+             claims, projections [{projections}], dead letters and the checkpoint of group `{group}`; the Kafka offset is \
+             committed after it.\n\
+             4. How long the guarantees survive: {horizon}.",
+            ledger = self.ledger.table,
+            max = self.max_records,
+            linger = self.linger.as_millis(),
+            group = self.kafka.group_id,
+        )
+    }
+}
+
+fn ident(src: &Source, s: &Spanned<String>) -> Result<Ident> {
+    Ident::new(s.get_ref()).map_err(|m| src.error(s.span(), m))
+}
+
+fn positive(src: &Source, v: &Option<Spanned<i64>>, key: &str, default: u64) -> Result<u64> {
+    match v {
+        None => Ok(default),
+        Some(s) if *s.get_ref() > 0 => Ok(*s.get_ref() as u64),
+        Some(s) => Err(src.error(s.span(), format!("`{key}` must be a positive whole number"))),
+    }
+}
+
+/// Validates a JSON pointer per RFC 6901: empty, or `/`-separated tokens where `~` is only `~0` or `~1`.
+fn check_pointer(p: &str) -> Result<(), String> {
+    if p.is_empty() {
+        return Ok(());
+    }
+    if !p.starts_with('/') {
+        return Err(format!("`{p}` is not a JSON pointer (RFC 6901): it must be empty or start with `/`, e.g. `/data/amount`"));
+    }
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return Err(format!(
+                "`{p}` is not a JSON pointer: `~` must be followed by 0 or 1 (RFC 6901 §3)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+struct Fields<'a> {
+    src: &'a Source,
+    plans: Vec<FieldPlan>,
+}
+
+impl Fields<'_> {
+    fn index(&self, s: &Spanned<String>) -> Result<usize> {
+        self.plans
+            .iter()
+            .position(|f| f.name.as_str() == s.get_ref())
+            .ok_or_else(|| {
+                let known = self
+                    .plans
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.src.error(
+                    s.span(),
+                    format!("unknown field `{}` (declared fields: {known})", s.get_ref()),
+                )
+            })
+    }
+
+    fn list(&self, v: &Spanned<Vec<Spanned<String>>>, what: &str) -> Result<Vec<usize>> {
+        if v.get_ref().is_empty() {
+            return Err(self
+                .src
+                .error(v.span(), format!("`{what}` must name at least one field")));
+        }
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for s in v.get_ref() {
+            let i = self.index(s)?;
+            if !seen.insert(i) {
+                return Err(self.src.error(
+                    s.span(),
+                    format!("field `{}` listed twice in `{what}`", s.get_ref()),
+                ));
+            }
+            out.push(i);
+        }
+        Ok(out)
+    }
+
+    fn compile_cel(&self, s: &Spanned<String>) -> Result<Program> {
+        let program = Program::compile(s.get_ref()).map_err(|e| {
+            self.src
+                .error(s.span(), format!("CEL expression does not compile: {e}"))
+        })?;
+        for var in program.references().variables() {
+            if !self.plans.iter().any(|f| f.name.as_str() == var) {
+                let known = self
+                    .plans
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(self.src.error(
+                    s.span(),
+                    format!("CEL expression refers to `{var}`, which is not a declared field (fields: {known})"),
+                ));
+            }
+        }
+        Ok(program)
+    }
+}
+
+fn field_plan(src: &Source, name: &Spanned<String>, f: &Spanned<RawField>) -> Result<FieldPlan> {
+    let name_ident = ident(src, name)?;
+    if name_ident.as_str().starts_with('_') {
+        return Err(src.error(
+            name.span(),
+            "field names starting with `_` are reserved for replaysafe's own columns",
+        ));
+    }
+    let raw = f.get_ref();
+    check_pointer(raw.path.get_ref()).map_err(|m| src.error(raw.path.span(), m))?;
+    let ty = FieldType::parse(raw.ty.get_ref()).ok_or_else(|| {
+        src.error(
+            raw.ty.span(),
+            format!(
+                "unknown type `{}`: expected one of uuid, text, bigint, numeric, date, timestamptz, boolean, jsonb",
+                raw.ty.get_ref()
+            ),
+        )
+    })?;
+    let time_zone = match &raw.time_zone {
+        None => Tz::UTC,
+        Some(tz) => {
+            if ty != FieldType::Date {
+                return Err(src.error(tz.span(), "`time-zone` only applies to `date` fields"));
+            }
+            tz.get_ref().parse::<Tz>().map_err(|_| {
+                src.error(
+                    tz.span(),
+                    format!(
+                        "unknown time zone `{}` (use an IANA name such as Europe/Berlin)",
+                        tz.get_ref()
+                    ),
+                )
+            })?
+        }
+    };
+    Ok(FieldPlan {
+        name: name_ident,
+        pointer: raw.path.get_ref().clone(),
+        ty,
+        time_zone,
+        optional: raw.optional,
+    })
+}
+
+/// Turns the raw file into a [`Pipeline`].
+///
+/// # Errors
+/// [`Error::Config`] naming `file:line:column` of the first problem.
+pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
+    // [kafka]
+    let rk = raw.kafka.get_ref();
+    let group_id = rk.group_id.get_ref().trim().to_string();
+    if group_id.is_empty() {
+        return Err(src.error(rk.group_id.span(), "`group-id` must not be empty"));
+    }
+    if rk.topics.get_ref().is_empty() {
+        return Err(src.error(rk.topics.span(), "`topics` must name at least one topic"));
+    }
+    let mut topics = Vec::new();
+    for t in rk.topics.get_ref() {
+        let name = t.get_ref();
+        let legal = !name.is_empty()
+            && name.len() <= 249
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !legal || name == "." || name == ".." {
+            return Err(src.error(
+                t.span(),
+                format!("`{name}` is not a legal Kafka topic name (ASCII letters, digits, `.`, `_`, `-`, at most 249)"),
+            ));
+        }
+        topics.push(name.clone());
+    }
+    let start = match &rk.start {
+        None => None,
+        Some(s) => Some(match s.get_ref().as_str() {
+            "earliest" => StartPolicy::Earliest,
+            "latest" => StartPolicy::Latest,
+            other => {
+                return Err(src.error(
+                    s.span(),
+                    format!("`start` must be \"earliest\" or \"latest\", not `{other}`"),
+                ))
+            }
+        }),
+    };
+    let mut properties = Vec::new();
+    for (k, v) in &rk.properties {
+        let key = k.get_ref().as_str();
+        let value = match v.get_ref() {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            _ => {
+                return Err(src.error(
+                    v.span(),
+                    format!("librdkafka property `{key}` must be a string, integer or boolean"),
+                ))
+            }
+        };
+        match key {
+            "enable.auto.commit" | "enable.auto.offset.store" if value != "false" => {
+                return Err(src.error(
+                    k.span(),
+                    format!("`{key}` is forced to false: offsets are committed only after the database transaction"),
+                ))
+            }
+            "group.id" | "bootstrap.servers" | "auto.offset.reset" => {
+                return Err(src.error(
+                    k.span(),
+                    format!("set `{key}` through `group-id`, `brokers` or `start` in [kafka], not in [kafka.properties]"),
+                ))
+            }
+            _ => properties.push((key.to_string(), value)),
+        }
+    }
+    let kafka = KafkaPlan {
+        brokers: rk.brokers.as_ref().map(|b| b.get_ref().clone()),
+        group_id,
+        topics,
+        start,
+        properties,
+    };
+
+    // [postgres]
+    let schema = match &raw.postgres.schema {
+        Some(s) => ident(src, s)?,
+        None => Ident::new("public").expect("static"),
+    };
+    let postgres = PostgresPlan {
+        url: raw.postgres.url.as_ref().map(|u| u.get_ref().clone()),
+        schema: schema.clone(),
+        connections: positive(
+            src,
+            &raw.postgres.connections,
+            "connections",
+            DEFAULT_CONNECTIONS as u64,
+        )? as usize,
+    };
+
+    // [batch]
+    let max_records = positive(
+        src,
+        &raw.batch.max_records,
+        "max-records",
+        DEFAULT_MAX_RECORDS as u64,
+    )? as usize;
+    let linger = Duration::from_millis(positive(
+        src,
+        &raw.batch.linger_ms,
+        "linger-ms",
+        DEFAULT_LINGER_MS,
+    )?);
+    let max_record_bytes = positive(
+        src,
+        &raw.batch.max_record_bytes,
+        "max-record-bytes",
+        DEFAULT_MAX_RECORD_BYTES as u64,
+    )? as usize;
+
+    // [fields]
+    if raw.fields.get_ref().is_empty() {
+        return Err(src.error(
+            raw.fields.span(),
+            "[fields] must declare at least one field",
+        ));
+    }
+    let mut plans = Vec::new();
+    for (name, f) in raw.fields.get_ref() {
+        plans.push(field_plan(src, name, f)?);
+    }
+    let fields = Fields { src, plans };
+
+    // [identity]
+    let ri = raw.identity.get_ref();
+    let key = fields.list(&ri.key, "key")?;
+    for (&i, s) in key.iter().zip(ri.key.get_ref()) {
+        let f = &fields.plans[i];
+        if f.optional {
+            return Err(src.error(
+                s.span(),
+                format!("key field `{}` must not be optional", s.get_ref()),
+            ));
+        }
+        if f.ty == FieldType::Jsonb {
+            return Err(src.error(
+                s.span(),
+                format!("key field `{}` cannot be jsonb", s.get_ref()),
+            ));
+        }
+    }
+    let generation = match &ri.generation {
+        Some(g) if g.get_ref().trim().is_empty() => {
+            return Err(src.error(
+                g.span(),
+                "`generation` must not be empty (leave it out instead)",
+            ))
+        }
+        g => g.as_ref().map(|g| g.get_ref().clone()),
+    };
+    let partition_by = match &ri.partition_by {
+        None => None,
+        Some(p) => {
+            let i = fields.index(p)?;
+            let f = &fields.plans[i];
+            if f.ty != FieldType::Date || f.optional {
+                return Err(src.error(
+                    p.span(),
+                    format!(
+                        "`partition-by` must name a non-optional `date` field; `{}` is {}",
+                        p.get_ref(),
+                        f.ty.sql()
+                    ),
+                ));
+            }
+            Some(i)
+        }
+    };
+
+    // [ledger]
+    let ledger_name = match &raw.ledger.table {
+        Some(t) => ident(src, t)?,
+        None => Ident::new(DEFAULT_LEDGER_TABLE).expect("static"),
+    };
+    if ledger_name.as_str().len() > 53 {
+        let t = raw.ledger.table.as_ref().expect("default is short");
+        return Err(src.error(
+            t.span(),
+            "ledger table name must be at most 53 bytes (day partitions add `_pYYYYMMDD`)",
+        ));
+    }
+    let horizon_days = match &raw.ledger.horizon_days {
+        None => None,
+        Some(h) => {
+            if *h.get_ref() <= 0 || *h.get_ref() > 100_000 {
+                return Err(src.error(h.span(), "`horizon-days` must be between 1 and 100000"));
+            }
+            if partition_by.is_none() {
+                return Err(src.error(
+                    h.span(),
+                    "`horizon-days` needs `identity.partition-by` (the day the horizon counts)",
+                ));
+            }
+            Some(*h.get_ref() as u32)
+        }
+    };
+    let mut columns = Vec::new();
+    for c in &raw.ledger.columns {
+        let i = fields.index(c)?;
+        if !key.contains(&i) && Some(i) != partition_by && !columns.contains(&i) {
+            columns.push(i);
+        }
+    }
+    let ledger = LedgerPlan {
+        table: QualifiedName {
+            schema: schema.clone(),
+            name: ledger_name,
+        },
+        horizon_days,
+        columns,
+    };
+
+    // [[filter]]
+    let mut filters = Vec::new();
+    let mut filter_names = HashSet::new();
+    for f in &raw.filter {
+        let rf = f.get_ref();
+        let name = rf.name.get_ref().trim().to_string();
+        if name.is_empty() || !filter_names.insert(name.clone()) {
+            return Err(src.error(rf.name.span(), "filter names must be non-empty and unique"));
+        }
+        let program = fields.compile_cel(&rf.drop_if)?;
+        filters.push(FilterPlan {
+            name,
+            expr: rf.drop_if.get_ref().clone(),
+            program,
+        });
+    }
+
+    // [[projection]]
+    let mut projections = Vec::new();
+    let mut names = HashSet::new();
+    for (n, p) in raw.projection.iter().enumerate() {
+        let pass_column = if p.get_ref().filter.is_some() {
+            Some(
+                projections
+                    .iter()
+                    .filter(|p: &&ProjectionPlan| p.pass_column.is_some())
+                    .count(),
+            )
+        } else {
+            None
+        };
+        let plan = projection(src, &fields, &schema, &key, partition_by, p, n, pass_column)?;
+        if !names.insert(plan.name.clone()) {
+            return Err(src.error(
+                p.span(),
+                format!("two projections are named `{}`; set `name`", plan.name),
+            ));
+        }
+        projections.push(plan);
+    }
+
+    Ok(Pipeline {
+        source: src.clone(),
+        kafka,
+        postgres,
+        max_records,
+        linger,
+        max_record_bytes,
+        identity: IdentityPlan {
+            key,
+            generation,
+            partition_by,
+        },
+        fields: fields.plans,
+        ledger,
+        filters,
+        projections,
+    })
+}
+
+fn table_name(src: &Source, schema: &Ident, t: &Spanned<String>) -> Result<QualifiedName> {
+    // `schema.table` or `table` (in the pipeline schema).
+    let parts: Vec<&str> = t.get_ref().split('.').collect();
+    let err = |m: String| src.error(t.span(), m);
+    match parts.as_slice() {
+        [name] => Ok(QualifiedName {
+            schema: schema.clone(),
+            name: Ident::new(name).map_err(err)?,
+        }),
+        [s, name] => Ok(QualifiedName {
+            schema: Ident::new(s).map_err(err)?,
+            name: Ident::new(name).map_err(&err)?,
+        }),
+        _ => Err(err(format!(
+            "`{}` is not a table name (`table` or `schema.table`)",
+            t.get_ref()
+        ))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn projection(
+    src: &Source,
+    fields: &Fields<'_>,
+    schema: &Ident,
+    key: &[usize],
+    partition_by: Option<usize>,
+    p: &Spanned<RawProjection>,
+    n: usize,
+    pass_column: Option<usize>,
+) -> Result<ProjectionPlan> {
+    let rp = p.get_ref();
+    let kind = match rp.kind.get_ref().as_str() {
+        "counter" => ProjectionKind::Counter,
+        "sum" => ProjectionKind::Sum,
+        "sql" => ProjectionKind::Sql,
+        "outbox" => ProjectionKind::Outbox,
+        other => {
+            return Err(src.error(
+                rp.kind.span(),
+                format!("unknown projection kind `{other}`: expected counter, sum, sql or outbox"),
+            ))
+        }
+    };
+    // Reject keys that do not apply to this kind, so a typo never silently does nothing.
+    let allowed: &[&str] = match kind {
+        ProjectionKind::Counter => &["table", "group-by", "column"],
+        ProjectionKind::Sum => &["table", "group-by", "add"],
+        ProjectionKind::Sql => &["sql", "setup"],
+        ProjectionKind::Outbox => &["table", "payload", "key"],
+    };
+    let present: [(&str, Option<std::ops::Range<usize>>); 8] = [
+        ("table", rp.table.as_ref().map(|v| v.span())),
+        ("group-by", rp.group_by.as_ref().map(|v| v.span())),
+        ("column", rp.column.as_ref().map(|v| v.span())),
+        ("add", rp.add.as_ref().map(|v| v.span())),
+        ("sql", rp.sql.as_ref().map(|v| v.span())),
+        ("setup", rp.setup.as_ref().map(|v| v.span())),
+        ("payload", rp.payload.as_ref().map(|v| v.span())),
+        ("key", rp.key.as_ref().map(|v| v.span())),
+    ];
+    for (k, span) in present {
+        if let Some(span) = span {
+            if !allowed.contains(&k) {
+                return Err(src.error(
+                    span,
+                    format!(
+                        "`{k}` does not apply to a `{}` projection",
+                        rp.kind.get_ref()
+                    ),
+                ));
+            }
+        }
+    }
+    let filter = match &rp.filter {
+        Some(f) => Some((f.get_ref().clone(), fields.compile_cel(f)?)),
+        None => None,
+    };
+    let pass = pass_column.map(|i| format!("\"_pass_{i}\""));
+    let where_pass = pass
+        .as_ref()
+        .map(|c| format!(" WHERE {c}"))
+        .unwrap_or_default();
+    let need = |v: Option<&Spanned<String>>, k: &str| {
+        v.cloned().ok_or_else(|| {
+            src.error(
+                p.span(),
+                format!("a `{}` projection needs `{k}`", rp.kind.get_ref()),
+            )
+        })
+    };
+
+    let (name, statement, setup) = match kind {
+        ProjectionKind::Counter | ProjectionKind::Sum => {
+            let table_s = need(rp.table.as_ref(), "table")?;
+            let table = table_name(src, schema, &table_s)?;
+            let group_by_raw = rp.group_by.as_ref().ok_or_else(|| {
+                src.error(
+                    p.span(),
+                    format!("a `{}` projection needs `group-by`", rp.kind.get_ref()),
+                )
+            })?;
+            let group_by = fields.list(group_by_raw, "group-by")?;
+            for (&i, s) in group_by.iter().zip(group_by_raw.get_ref()) {
+                if fields.plans[i].optional {
+                    return Err(src.error(
+                        s.span(),
+                        format!("group-by field `{}` must not be optional", s.get_ref()),
+                    ));
+                }
+            }
+            let gcols: Vec<String> = group_by
+                .iter()
+                .map(|&i| fields.plans[i].name.to_string())
+                .collect();
+            let gdefs: Vec<String> = group_by
+                .iter()
+                .map(|&i| {
+                    format!(
+                        "{} {} NOT NULL",
+                        fields.plans[i].name,
+                        fields.plans[i].ty.sql()
+                    )
+                })
+                .collect();
+            let g = gcols.join(", ");
+            // (target column, select expression, column type)
+            let mut targets: Vec<(Ident, String, &str)> = Vec::new();
+            if kind == ProjectionKind::Counter {
+                let c = match &rp.column {
+                    Some(c) => ident(src, c)?,
+                    None => Ident::new("n").expect("static"),
+                };
+                targets.push((c, "count(*)".to_string(), "bigint"));
+            } else {
+                let add = rp
+                    .add
+                    .as_ref()
+                    .ok_or_else(|| src.error(p.span(), "a `sum` projection needs `add`"))?;
+                if add.get_ref().is_empty() {
+                    return Err(
+                        src.error(add.span(), "`add` must map at least one column to a field")
+                    );
+                }
+                let adds: &BTreeMap<Spanned<String>, Spanned<String>> = add.get_ref();
+                for (target, field) in adds {
+                    let t = ident(src, target)?;
+                    let fi = fields.index(field)?;
+                    let f = &fields.plans[fi];
+                    if !matches!(f.ty, FieldType::Numeric | FieldType::Bigint) {
+                        return Err(src.error(
+                            field.span(),
+                            format!(
+                                "`sum` adds numeric or bigint fields; `{}` is {}",
+                                field.get_ref(),
+                                f.ty.sql()
+                            ),
+                        ));
+                    }
+                    targets.push((t, format!("coalesce(sum({}), 0)", f.name), "numeric"));
+                }
+            }
+            let tcols = targets
+                .iter()
+                .map(|(t, _, _)| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let texprs = targets
+                .iter()
+                .map(|(_, e, _)| e.clone())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let updates = targets
+                .iter()
+                .map(|(t, _, _)| format!("{t} = {table}.{t} + EXCLUDED.{t}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let statement = format!(
+                "INSERT INTO {table} ({g}, {tcols}) SELECT {g}, {texprs} FROM landed{where_pass} GROUP BY {g} \
+                 ON CONFLICT ({g}) DO UPDATE SET {updates}"
+            );
+            let tdefs = targets
+                .iter()
+                .map(|(t, _, ty)| format!("{t} {ty} NOT NULL DEFAULT 0"))
+                .collect::<Vec<_>>();
+            let setup = vec![format!(
+                "CREATE TABLE IF NOT EXISTS {table} ({}, {}, PRIMARY KEY ({g}))",
+                gdefs.join(", "),
+                tdefs.join(", ")
+            )];
+            (table.name.as_str().to_string(), statement, setup)
+        }
+        ProjectionKind::Sql => {
+            let sql = need(rp.sql.as_ref(), "sql")?;
+            let body = sql
+                .get_ref()
+                .trim()
+                .trim_end_matches(';')
+                .trim()
+                .to_string();
+            if body.is_empty() {
+                return Err(src.error(sql.span(), "`sql` is empty"));
+            }
+            let statement = match &pass {
+                None => body,
+                Some(c) => {
+                    let shadow = format!("landed AS (SELECT * FROM pg_temp.landed WHERE {c})");
+                    let lower = body.to_ascii_lowercase();
+                    if lower.starts_with("with recursive") {
+                        return Err(src.error(
+                            sql.span(),
+                            "`filter` cannot be combined with a WITH RECURSIVE statement",
+                        ));
+                    } else if lower.starts_with("with")
+                        && body[4..].starts_with(char::is_whitespace)
+                    {
+                        format!("WITH {shadow},{}", &body[4..])
+                    } else {
+                        format!("WITH {shadow} {body}")
+                    }
+                }
+            };
+            let setup = rp
+                .setup
+                .as_ref()
+                .map(|s| vec![s.get_ref().clone()])
+                .unwrap_or_default();
+            (format!("projection-{}", n + 1), statement, setup)
+        }
+        ProjectionKind::Outbox => {
+            let table = match &rp.table {
+                Some(t) => table_name(src, schema, t)?,
+                None => QualifiedName {
+                    schema: schema.clone(),
+                    name: Ident::new(DEFAULT_OUTBOX_TABLE).expect("static"),
+                },
+            };
+            let payload: Vec<usize> = match &rp.payload {
+                Some(pl) => fields.list(pl, "payload")?,
+                None => (0..fields.plans.len()).collect(),
+            };
+            let message_key = match &rp.key {
+                Some(k) => {
+                    let ix = fields.list(k, "key")?;
+                    format!(
+                        "concat_ws('|', {})",
+                        ix.iter()
+                            .map(|&i| format!("{}::text", fields.plans[i].name))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+                None => "NULL".to_string(),
+            };
+            let mut dk: Vec<String> = vec!["_generation".into()];
+            dk.extend(
+                key.iter()
+                    .map(|&i| format!("{}::text", fields.plans[i].name)),
+            );
+            if let Some(pb) = partition_by {
+                if !key.contains(&pb) {
+                    dk.push(format!("{}::text", fields.plans[pb].name));
+                }
+            }
+            let obj = payload
+                .iter()
+                .map(|&i| {
+                    format!(
+                        "'{}', {}",
+                        fields.plans[i].name.as_str(),
+                        fields.plans[i].name
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let statement = format!(
+                "INSERT INTO {table} (delivery_key, source_topic, source_partition, source_offset, message_key, payload) \
+                 SELECT concat_ws('|', {}), _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
+                 FROM landed{where_pass} ON CONFLICT (delivery_key) DO NOTHING",
+                dk.join(", ")
+            );
+            let setup = vec![format!(
+                "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, delivery_key text NOT NULL UNIQUE, \
+                 source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, \
+                 message_key text, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
+                 published_at timestamptz)"
+            )];
+            (table.name.as_str().to_string(), statement, setup)
+        }
+    };
+    let name = match &rp.name {
+        Some(nm) if nm.get_ref().trim().is_empty() => {
+            return Err(src.error(nm.span(), "`name` must not be empty"))
+        }
+        Some(nm) => nm.get_ref().clone(),
+        None => name,
+    };
+    Ok(ProjectionPlan {
+        name,
+        kind,
+        statement,
+        setup,
+        filter,
+        pass_column,
+    })
+}

@@ -1,0 +1,112 @@
+//! Stage one: the pipeline file exactly as written (kebab-case keys, unknown keys rejected with file:line).
+//! `reference.toml` at the repository root documents every key.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The whole pipeline file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawPipeline {
+    pub kafka: Spanned<RawKafka>,
+    #[serde(default)]
+    pub postgres: RawPostgres,
+    #[serde(default)]
+    pub batch: RawBatch,
+    pub fields: Spanned<BTreeMap<Spanned<String>, Spanned<RawField>>>,
+    pub identity: Spanned<RawIdentity>,
+    #[serde(default)]
+    pub ledger: RawLedger,
+    #[serde(default)]
+    pub filter: Vec<Spanned<RawFilter>>,
+    #[serde(default)]
+    pub projection: Vec<Spanned<RawProjection>>,
+}
+
+/// `[kafka]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawKafka {
+    pub brokers: Option<Spanned<String>>,
+    pub group_id: Spanned<String>,
+    pub topics: Spanned<Vec<Spanned<String>>>,
+    pub start: Option<Spanned<String>>,
+    #[serde(default)]
+    pub properties: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+}
+
+/// `[postgres]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawPostgres {
+    pub url: Option<Spanned<String>>,
+    pub schema: Option<Spanned<String>>,
+    pub connections: Option<Spanned<i64>>,
+}
+
+/// `[batch]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawBatch {
+    pub max_records: Option<Spanned<i64>>,
+    pub linger_ms: Option<Spanned<i64>>,
+    pub max_record_bytes: Option<Spanned<i64>>,
+}
+
+/// One entry of `[fields]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawField {
+    pub path: Spanned<String>,
+    #[serde(rename = "type")]
+    pub ty: Spanned<String>,
+    pub time_zone: Option<Spanned<String>>,
+    #[serde(default)]
+    pub optional: bool,
+}
+
+/// `[identity]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawIdentity {
+    pub key: Spanned<Vec<Spanned<String>>>,
+    pub generation: Option<Spanned<String>>,
+    pub partition_by: Option<Spanned<String>>,
+}
+
+/// `[ledger]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawLedger {
+    pub table: Option<Spanned<String>>,
+    pub horizon_days: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub columns: Vec<Spanned<String>>,
+}
+
+/// One `[[filter]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawFilter {
+    pub name: Spanned<String>,
+    pub drop_if: Spanned<String>,
+}
+
+/// One `[[projection]]`; which keys apply depends on `kind`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawProjection {
+    pub name: Option<Spanned<String>>,
+    pub kind: Spanned<String>,
+    pub table: Option<Spanned<String>>,
+    pub group_by: Option<Spanned<Vec<Spanned<String>>>>,
+    pub column: Option<Spanned<String>>,
+    pub add: Option<Spanned<BTreeMap<Spanned<String>, Spanned<String>>>>,
+    pub sql: Option<Spanned<String>>,
+    pub setup: Option<Spanned<String>>,
+    pub filter: Option<Spanned<String>>,
+    pub payload: Option<Spanned<Vec<Spanned<String>>>>,
+    pub key: Option<Spanned<Vec<Spanned<String>>>>,
+}

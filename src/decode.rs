@@ -1,0 +1,391 @@
+//! Decoding a JSON record value into the pipeline's typed fields.
+//!
+//! Each field becomes the PostgreSQL text form of its type (bound as a `text[]` element and cast in SQL), after
+//! validating it here so that one bad record is quarantined instead of failing its whole batch. Values
+//! PostgreSQL would reject anyway (NUL characters in `text`/`jsonb`, out-of-range numbers) are caught here too.
+
+use std::str::FromStr;
+
+use bigdecimal::BigDecimal;
+use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
+use serde_json::Value;
+
+use crate::config::{FieldPlan, FieldType, Pipeline};
+
+/// Why a record was quarantined; the `reason` column of `replaysafe_dead_letters` and the `reason` metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The value is a Kafka null (a tombstone) on a topic of JSON events.
+    NullValue,
+    /// The value is larger than `batch.max-record-bytes`.
+    Oversize,
+    /// The value is not JSON (or not a JSON object).
+    InvalidJson,
+    /// A non-optional field is missing or null.
+    MissingField,
+    /// A field has the wrong type or an invalid value (bad UUID, bad date, …).
+    InvalidField,
+    /// The event's partition-by day is older than the ledger horizon: its ledger partition may be gone.
+    BeyondHorizon,
+    /// A filter expression failed to evaluate on this record.
+    FilterError,
+    /// PostgreSQL rejected the record's values (a data exception or constraint, found by replaying the batch
+    /// record by record).
+    RejectedByDatabase,
+}
+
+impl Reason {
+    /// Stable kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NullValue => "null-value",
+            Reason::Oversize => "oversize",
+            Reason::InvalidJson => "invalid-json",
+            Reason::MissingField => "missing-field",
+            Reason::InvalidField => "invalid-field",
+            Reason::BeyondHorizon => "beyond-horizon",
+            Reason::FilterError => "filter-error",
+            Reason::RejectedByDatabase => "rejected-by-database",
+        }
+    }
+}
+
+/// A quarantine decision with a human-readable detail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The category.
+    pub reason: Reason,
+    /// What exactly was wrong (field, path, value excerpt).
+    pub detail: String,
+}
+
+impl Rejection {
+    fn new(reason: Reason, detail: impl Into<String>) -> Self {
+        Rejection {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// One decoded field value: its PostgreSQL text form, and the JSON value it came from (for filters).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldValue {
+    /// PostgreSQL input text for the field's type.
+    pub text: String,
+    /// Typed value for CEL filters.
+    pub cel: CelValue,
+}
+
+/// A field value as filters see it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CelValue {
+    /// text, uuid, date (ISO `YYYY-MM-DD`), timestamptz (RFC 3339) are strings in filters.
+    String(String),
+    /// bigint.
+    Int(i64),
+    /// numeric (as a double in filters only; the database keeps the exact decimal).
+    Float(f64),
+    /// boolean.
+    Bool(bool),
+    /// jsonb.
+    Json(Value),
+}
+
+/// The typed fields of one record, in the order of `Pipeline::fields`; `None` for a missing optional field.
+pub type Fields = Vec<Option<FieldValue>>;
+
+/// Decodes `value` (the raw record value) into the pipeline's fields.
+///
+/// # Errors
+/// A [`Rejection`] saying why the record must be quarantined.
+pub fn decode(pipeline: &Pipeline, value: Option<&[u8]>) -> Result<Fields, Rejection> {
+    let bytes = value.ok_or_else(|| {
+        Rejection::new(
+            Reason::NullValue,
+            "null value (a Kafka tombstone) on a topic of JSON events",
+        )
+    })?;
+    if bytes.len() > pipeline.max_record_bytes {
+        return Err(Rejection::new(
+            Reason::Oversize,
+            format!(
+                "value is {} bytes, above batch.max-record-bytes = {}",
+                bytes.len(),
+                pipeline.max_record_bytes
+            ),
+        ));
+    }
+    let json: Value = serde_json::from_slice(bytes).map_err(|e| {
+        Rejection::new(Reason::InvalidJson, format!("value is not valid JSON: {e}"))
+    })?;
+    if !json.is_object() {
+        return Err(Rejection::new(
+            Reason::InvalidJson,
+            "value is JSON but not an object",
+        ));
+    }
+    pipeline.fields.iter().map(|f| field(f, &json)).collect()
+}
+
+fn field(f: &FieldPlan, json: &Value) -> Result<Option<FieldValue>, Rejection> {
+    let name = f.name.as_str();
+    match json.pointer(&f.pointer) {
+        None | Some(Value::Null) if f.optional => Ok(None),
+        None | Some(Value::Null) => Err(Rejection::new(
+            Reason::MissingField,
+            format!("field `{name}` ({}) is missing or null", f.pointer),
+        )),
+        Some(v) => convert(f, v).map(Some).map_err(|m| {
+            Rejection::new(
+                Reason::InvalidField,
+                format!("field `{name}` ({}): {m}", f.pointer),
+            )
+        }),
+    }
+}
+
+fn excerpt(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 80 {
+        format!("{}…", s.chars().take(80).collect::<String>())
+    } else {
+        s
+    }
+}
+
+fn no_nul(s: &str) -> Result<(), String> {
+    if s.contains('\0') {
+        Err("contains a NUL character, which PostgreSQL text and jsonb cannot store".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Converts one JSON value to the field's type.
+fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
+    let s = |text: String| FieldValue {
+        cel: CelValue::String(text.clone()),
+        text,
+    };
+    match f.ty {
+        FieldType::Uuid => {
+            let raw = v
+                .as_str()
+                .ok_or_else(|| format!("expected a UUID string, got {}", excerpt(v)))?;
+            let id = uuid::Uuid::parse_str(raw.trim())
+                .map_err(|e| format!("`{raw}` is not a UUID: {e}"))?;
+            Ok(s(id.hyphenated().to_string()))
+        }
+        FieldType::Text => {
+            let text = match v {
+                Value::String(t) => t.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => return Err(format!("expected text, got {}", excerpt(v))),
+            };
+            no_nul(&text)?;
+            Ok(s(text))
+        }
+        FieldType::Bigint => {
+            let n = match v {
+                Value::Number(n) => n.to_string().parse::<i64>().ok(),
+                Value::String(t) => t.trim().parse::<i64>().ok(),
+                _ => None,
+            }
+            .ok_or_else(|| format!("expected a 64-bit integer, got {}", excerpt(v)))?;
+            Ok(FieldValue {
+                text: n.to_string(),
+                cel: CelValue::Int(n),
+            })
+        }
+        FieldType::Numeric => {
+            let raw = match v {
+                Value::Number(n) => n.to_string(),
+                Value::String(t) => t.trim().to_string(),
+                _ => return Err(format!("expected a decimal number, got {}", excerpt(v))),
+            };
+            let d = BigDecimal::from_str(&raw)
+                .map_err(|_| format!("`{raw}` is not a decimal number"))?;
+            // PostgreSQL numeric: up to 131072 digits before and 16383 after the point.
+            let (_, scale) = d.as_bigint_and_exponent();
+            if !(-131_072..=16_383).contains(&scale) || d.digits() > 140_000 {
+                return Err(format!(
+                    "`{raw}` is outside the range of PostgreSQL numeric"
+                ));
+            }
+            let f64v = raw.parse::<f64>().unwrap_or(f64::NAN);
+            Ok(FieldValue {
+                text: d.to_string(),
+                cel: CelValue::Float(f64v),
+            })
+        }
+        FieldType::Date => {
+            let raw = v
+                .as_str()
+                .ok_or_else(|| format!("expected a date string, got {}", excerpt(v)))?
+                .trim();
+            let date = if let Ok(d) = NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
+                d
+            } else {
+                let ts = DateTime::parse_from_rfc3339(raw).map_err(|_| {
+                    format!("`{raw}` is neither a date (YYYY-MM-DD) nor an RFC 3339 timestamp")
+                })?;
+                ts.with_timezone(&f.time_zone).date_naive()
+            };
+            Ok(s(date.format("%Y-%m-%d").to_string()))
+        }
+        FieldType::Timestamptz => {
+            let ts: DateTime<Utc> = match v {
+                Value::String(t) => DateTime::parse_from_rfc3339(t.trim())
+                    .map_err(|_| format!("`{t}` is not an RFC 3339 timestamp"))?
+                    .with_timezone(&Utc),
+                Value::Number(n) => n
+                    .to_string()
+                    .parse::<i64>()
+                    .ok()
+                    .and_then(DateTime::from_timestamp_millis)
+                    .ok_or_else(|| format!("`{n}` is not a timestamp in epoch milliseconds"))?,
+                _ => return Err(format!("expected a timestamp, got {}", excerpt(v))),
+            };
+            Ok(s(ts.to_rfc3339_opts(SecondsFormat::AutoSi, true)))
+        }
+        FieldType::Boolean => {
+            let b = match v {
+                Value::Bool(b) => *b,
+                Value::String(t) if t == "true" => true,
+                Value::String(t) if t == "false" => false,
+                _ => return Err(format!("expected a boolean, got {}", excerpt(v))),
+            };
+            Ok(FieldValue {
+                text: b.to_string(),
+                cel: CelValue::Bool(b),
+            })
+        }
+        FieldType::Jsonb => {
+            let text = v.to_string();
+            if text.contains("\\u0000") {
+                return Err("contains \\u0000, which PostgreSQL jsonb cannot store".into());
+            }
+            Ok(FieldValue {
+                text,
+                cel: CelValue::Json(v.clone()),
+            })
+        }
+    }
+}
+
+/// The partition-by day of a decoded record, when the pipeline has one.
+pub fn partition_day(pipeline: &Pipeline, fields: &Fields) -> Option<NaiveDate> {
+    let i = pipeline.identity.partition_by?;
+    fields[i]
+        .as_ref()
+        .and_then(|v| NaiveDate::parse_from_str(&v.text, "%Y-%m-%d").ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idx(p: &Pipeline, name: &str) -> usize {
+        p.fields
+            .iter()
+            .position(|f| f.name.as_str() == name)
+            .unwrap()
+    }
+
+    fn pipeline() -> Pipeline {
+        crate::config::parse(
+            "t.toml",
+            r#"
+[kafka]
+group-id = "g"
+topics = ["t"]
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date", time-zone = "Europe/Berlin" }
+amount = { path = "/data/amount", type = "numeric", optional = true }
+n = { path = "/n", type = "bigint", optional = true }
+[identity]
+key = ["event_id"]
+partition-by = "day"
+"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn uuid_spellings_normalise_to_one_key() {
+        let p = pipeline();
+        let mut keys = Vec::new();
+        for id in [
+            "3F2504E0-4F89-11D3-9A0C-0305E82C3301",
+            "{3f2504e0-4f89-11d3-9a0c-0305e82c3301}",
+            "3f2504e04f8911d39a0c0305e82c3301",
+        ] {
+            let v = format!(r#"{{"event_id":"{id}","occurred_at":"2024-04-25T00:00:00Z"}}"#);
+            keys.push(
+                decode(&p, Some(v.as_bytes())).unwrap()[idx(&p, "event_id")]
+                    .clone()
+                    .unwrap()
+                    .text,
+            );
+        }
+        assert!(
+            keys.iter()
+                .all(|k| k == "3f2504e0-4f89-11d3-9a0c-0305e82c3301"),
+            "{keys:?}"
+        );
+        let bad = r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c330","occurred_at":"2024-04-25T00:00:00Z"}"#;
+        assert_eq!(
+            decode(&p, Some(bad.as_bytes())).unwrap_err().reason,
+            Reason::InvalidField
+        );
+    }
+
+    #[test]
+    fn date_is_the_calendar_day_in_the_fields_zone() {
+        let p = pipeline();
+        let v = br#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301","occurred_at":"2024-04-25T22:30:00Z"}"#;
+        let f = decode(&p, Some(v)).unwrap();
+        // 22:30 UTC is 00:30 the next day in Berlin (CEST, UTC+2).
+        assert_eq!(f[idx(&p, "day")].as_ref().unwrap().text, "2024-04-26");
+    }
+
+    #[test]
+    fn numeric_is_exact_and_bad_values_are_rejected() {
+        let p = pipeline();
+        let v = br#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301","occurred_at":"2024-04-25","data":{"amount":"-12.3400000000000000001"}}"#;
+        let f = decode(&p, Some(v)).unwrap();
+        assert_eq!(f[idx(&p, "day")].as_ref().unwrap().text, "2024-04-25");
+        assert_eq!(
+            f[idx(&p, "amount")].as_ref().unwrap().text,
+            "-12.3400000000000000001"
+        );
+        let bad = br#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301","occurred_at":"2024-04-25","data":{"amount":"12,5"}}"#;
+        assert_eq!(
+            decode(&p, Some(bad)).unwrap_err().reason,
+            Reason::InvalidField
+        );
+    }
+
+    #[test]
+    fn null_truncated_and_missing_are_quarantined_with_reasons() {
+        let p = pipeline();
+        assert_eq!(decode(&p, None).unwrap_err().reason, Reason::NullValue);
+        assert_eq!(
+            decode(&p, Some(b"{\"event_id\": ")).unwrap_err().reason,
+            Reason::InvalidJson
+        );
+        assert_eq!(
+            decode(&p, Some(b"plain text")).unwrap_err().reason,
+            Reason::InvalidJson
+        );
+        assert_eq!(
+            decode(&p, Some(b"{\"occurred_at\":\"2024-04-25\"}"))
+                .unwrap_err()
+                .reason,
+            Reason::MissingField
+        );
+    }
+}

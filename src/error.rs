@@ -1,0 +1,64 @@
+//! The library's error type and the process exit codes it maps to.
+
+use std::path::PathBuf;
+
+/// Exit code for success (also after a clean shutdown on SIGINT/SIGTERM).
+pub const EXIT_OK: i32 = 0;
+/// Exit code for a runtime failure (Kafka fatal error, database gave up, I/O).
+pub const EXIT_FAILURE: i32 = 1;
+/// Exit code for bad usage, an invalid pipeline file, or a database schema that does not match the pipeline.
+/// Nothing has been consumed when this is returned.
+pub const EXIT_CONFIG: i32 = 2;
+/// Exit code when a partition has neither a checkpoint nor a committed offset and `kafka.start` is not set
+/// (librdkafka's `auto.offset.reset=error` fired). Set `start = "earliest"` or `"latest"` to decide.
+pub const EXIT_NO_START_POSITION: i32 = 3;
+
+/// Everything that can go wrong in replaysafe.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pipeline file could not be read.
+    #[error("cannot read {path}: {source}")]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The pipeline file is invalid; `location` is `file:line:column`.
+    #[error("{location}: {message}")]
+    Config {
+        /// `file:line:column` of the offending key or value.
+        location: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The database schema does not match what the pipeline needs.
+    #[error("schema mismatch: {0}")]
+    Schema(String),
+    /// A partition has no checkpoint and no committed offset, and `kafka.start` is not set.
+    #[error("{0}")]
+    NoStartPosition(String),
+    /// A PostgreSQL error.
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// A Kafka error.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// Anything else, with context.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    /// The process exit code this error maps to (see the `EXIT_*` constants).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::ReadConfig { .. } | Error::Config { .. } | Error::Schema(_) => EXIT_CONFIG,
+            Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
+            _ => EXIT_FAILURE,
+        }
+    }
+}
+
+/// Shorthand result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,27 @@
+//! replaysafe: consume Apache Kafka into PostgreSQL so that replaying anything is harmless.
+//!
+//! The design in four answers:
+//! 1. **What identifies a change**: a delivery key taken from the record (`[identity] key`), optionally
+//!    prefixed by a stream generation, claimed in the ledger with `INSERT … ON CONFLICT DO NOTHING`.
+//! 2. **What orders changes**: offsets within a partition; aggregates are commutative increments of rows that
+//!    were newly claimed.
+//! 3. **What commits atomically**: one PostgreSQL transaction per partition batch holds the checkpoint
+//!    (compare-and-set + fence), the ledger claims, every projection over the rows claimed, and the dead
+//!    letters. The Kafka offset is committed after it.
+//! 4. **How long the guarantees survive**: the ledger's horizon (`[ledger] horizon-days`); older events are
+//!    quarantined, never applied blindly.
+//!
+//! Every consumed record ends as exactly one [`sink::Outcome`]; a run's [`sink::Tally`] adds up.
+
+pub mod apply;
+pub mod config;
+pub mod decode;
+pub mod demo;
+pub mod error;
+pub mod filter;
+pub mod ident;
+pub mod metrics_http;
+pub mod run;
+pub mod sink;
+
+pub use error::{Error, Result};

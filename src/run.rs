@@ -1,0 +1,693 @@
+//! `replaysafe run`: the consumer loop.
+//!
+//! Shape (after rust-rdkafka's `at_least_once` example and Materialize's "resume from the destination"):
+//! - one thread polls a `BaseConsumer`; records are decoded and filtered as they arrive and buffered per
+//!   partition;
+//! - a partition's buffer is flushed as one transaction when it holds `batch.max-records` or its oldest record
+//!   has waited `batch.linger-ms`; partitions are flushed in parallel on `postgres.connections` connections;
+//! - after the transaction commits, the Kafka offset (next offset to read) is committed asynchronously, for
+//!   tooling and lag only;
+//! - on assignment the checkpoint row is taken over (fence bumped) and the partition is positioned at the
+//!   checkpoint; Kafka's committed offset is used only when no checkpoint exists, then `kafka.start`;
+//! - on revocation the buffered records of revoked partitions are applied, their offsets committed
+//!   synchronously, and only then are they given up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
+use rdkafka::ClientContext;
+
+use crate::apply::{apply_batch, Applied};
+use crate::config::{Pipeline, StartPolicy};
+use crate::decode::{self, Reason, Rejection};
+use crate::error::{Error, Result};
+use crate::filter::{self, Decision};
+use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
+
+/// Options of one run.
+#[derive(Clone)]
+pub struct RunOptions {
+    /// `bootstrap.servers`, resolved.
+    pub brokers: String,
+    /// PostgreSQL connection string, resolved.
+    pub database_url: String,
+    /// Exit once every assigned partition is caught up (position ≥ high watermark, all applied).
+    pub until_caught_up: bool,
+    /// Set to stop: buffered work is applied and committed, then `run` returns.
+    pub shutdown: Arc<AtomicBool>,
+    /// Interval of the summary log line.
+    pub summary_interval: Duration,
+    /// Demo only: after this many committed batches, return without committing Kafka offsets (what a crash
+    /// between the database commit and the offset commit leaves behind).
+    pub crash_after_batches: Option<u64>,
+    /// Extra librdkafka properties applied last (tests, demo).
+    pub extra_properties: Vec<(String, String)>,
+}
+
+/// A partition's state while assigned.
+struct PartState {
+    fence: i64,
+    /// Checkpoint in the database: next offset to read (`None`: nothing committed yet).
+    next: Option<i64>,
+    buffer: Vec<Item>,
+    oldest: Option<Instant>,
+}
+
+type Tp = (String, i32);
+
+struct Engine {
+    pipeline: Arc<Pipeline>,
+    rt: tokio::runtime::Handle,
+    sinks: Vec<Sink>,
+    parts: BTreeMap<Tp, PartState>,
+    tally: Tally,
+    batches: u64,
+    assigned_once: bool,
+    fatal: Option<Error>,
+    opts: RunOptions,
+    crashed: bool,
+}
+
+struct Ctx {
+    engine: Arc<Mutex<Engine>>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let mut engine = self.engine.lock().expect("engine lock");
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                engine.assigned_once = true;
+                if let Err(e) = engine.on_assign(consumer, tpl) {
+                    tracing::error!("cannot take over partitions: {e}");
+                    engine.fatal.get_or_insert(e);
+                    // Assign nothing we could not position.
+                    let _ = consumer.unassign();
+                    return;
+                }
+                let r = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = r {
+                    engine.fatal.get_or_insert(Error::Kafka(e));
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let revoked: Vec<Tp> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect();
+                let lost = consumer.assignment_lost();
+                if let Err(e) = engine.on_revoke(consumer, &revoked, lost) {
+                    tracing::error!("revoking partitions: {e}");
+                    engine.fatal.get_or_insert(e);
+                }
+                let r = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = r {
+                    tracing::warn!("unassign: {e}");
+                }
+            }
+            other => {
+                tracing::error!("rebalance error: {other:?}");
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+impl Engine {
+    fn give_up_flag(&self) -> Arc<AtomicBool> {
+        self.opts.shutdown.clone()
+    }
+
+    /// Takes ownership of newly assigned partitions and sets each one's starting offset.
+    fn on_assign(
+        &mut self,
+        consumer: &BaseConsumer<Ctx>,
+        tpl: &mut TopicPartitionList,
+    ) -> Result<()> {
+        let p = self.pipeline.clone();
+        let group = p.kafka.group_id.clone();
+        let elems: Vec<Tp> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
+        let mut acquired = Vec::new();
+        {
+            let sink = &mut self.sinks[0];
+            let stmt = sql::acquire_checkpoint(&p);
+            let rt = self.rt.clone();
+            rt.block_on(async {
+                for (topic, partition) in &elems {
+                    let row = sink
+                        .client()
+                        .query_one(&stmt, &[&group, topic, partition])
+                        .await?;
+                    acquired.push((
+                        topic.clone(),
+                        *partition,
+                        row.get::<_, Option<i64>>(0),
+                        row.get::<_, i64>(1),
+                    ));
+                }
+                Ok::<_, Error>(())
+            })?;
+        }
+        // Kafka's committed offsets, used only where there is no checkpoint yet.
+        let without: Vec<&(String, i32, Option<i64>, i64)> =
+            acquired.iter().filter(|a| a.2.is_none()).collect();
+        let mut committed: HashMap<Tp, i64> = HashMap::new();
+        if !without.is_empty() {
+            let mut q = TopicPartitionList::new();
+            for (t, part, _, _) in &without {
+                q.add_partition(t, *part);
+            }
+            let c = consumer.committed_offsets(q, Duration::from_secs(30))?;
+            for e in c.elements() {
+                if let Offset::Offset(o) = e.offset() {
+                    committed.insert((e.topic().to_string(), e.partition()), o);
+                }
+            }
+        }
+        for (topic, partition, next, fence) in acquired {
+            let (low, high) =
+                consumer.fetch_watermarks(&topic, partition, Duration::from_secs(30))?;
+            let (offset, from) = match (next, committed.get(&(topic.clone(), partition)), p.kafka.start) {
+                (Some(n), _, _) => (Offset::Offset(n), "checkpoint"),
+                (None, Some(&c), _) => (Offset::Offset(c), "committed offset"),
+                (None, None, Some(StartPolicy::Earliest)) => (Offset::Offset(low), "start = earliest"),
+                (None, None, Some(StartPolicy::Latest)) => (Offset::Offset(high), "start = latest"),
+                (None, None, None) => {
+                    return Err(Error::NoStartPosition(format!(
+                        "{topic}/{partition} has no checkpoint in PostgreSQL and no committed offset for group `{group}`; \
+                         set `start = \"earliest\"` or `start = \"latest\"` in [kafka] to decide where a new group begins"
+                    )))
+                }
+            };
+            if let Offset::Offset(o) = offset {
+                if o < low {
+                    return Err(Error::Other(format!(
+                        "{topic}/{partition}: the {from} is offset {o} but the broker's log starts at {low}: records \
+                         {o}..{low} were deleted (retention) before they were applied. Nothing was consumed; decide \
+                         explicitly (e.g. reset the checkpoint) after checking what was lost"
+                    )));
+                }
+            }
+            tracing::info!(%topic, partition, ?offset, from, fence, low, high, "partition assigned");
+            tpl.set_partition_offset(&topic, partition, offset)?;
+            let next_for_cas = match next {
+                Some(n) => Some(n),
+                None => {
+                    // No checkpoint row value yet: the first batch's compare-and-set expects NULL.
+                    None
+                }
+            };
+            self.parts.insert(
+                (topic, partition),
+                PartState {
+                    fence,
+                    next: next_for_cas,
+                    buffer: Vec::new(),
+                    oldest: None,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn on_revoke(
+        &mut self,
+        consumer: &BaseConsumer<Ctx>,
+        revoked: &[Tp],
+        lost: bool,
+    ) -> Result<()> {
+        if lost || self.crashed {
+            // Another member may already own these: our buffered records are abandoned, never committed.
+            for tp in revoked {
+                if let Some(st) = self.parts.remove(tp) {
+                    tracing::warn!(topic = %tp.0, partition = tp.1, abandoned = st.buffer.len(), "assignment lost");
+                }
+            }
+            return Ok(());
+        }
+        let result = self.flush(consumer, |tp, _| revoked.contains(tp), CommitMode::Sync);
+        for tp in revoked {
+            self.parts.remove(tp);
+        }
+        result
+    }
+
+    /// Decodes, filters and buffers one record.
+    fn push(&mut self, topic: &str, partition: i32, item: Item) {
+        let Some(st) = self.parts.get_mut(&(topic.to_string(), partition)) else {
+            tracing::debug!(
+                topic,
+                partition,
+                offset = item.offset,
+                "record for a partition not held; ignored"
+            );
+            return;
+        };
+        if st.buffer.is_empty() {
+            st.oldest = Some(Instant::now());
+        }
+        st.buffer.push(item);
+    }
+
+    /// Flushes partitions selected by `which`, then commits their Kafka offsets with `mode`.
+    fn flush(
+        &mut self,
+        consumer: &BaseConsumer<Ctx>,
+        which: impl Fn(&Tp, &PartState) -> bool,
+        mode: CommitMode,
+    ) -> Result<()> {
+        let max = self.pipeline.max_records;
+        let mut batches: Vec<Batch> = Vec::new();
+        for (tp, st) in self.parts.iter_mut() {
+            if st.buffer.is_empty() || !which(tp, st) {
+                continue;
+            }
+            let items = std::mem::take(&mut st.buffer);
+            st.oldest = None;
+            let mut expected = st.next;
+            let mut it = items.into_iter().peekable();
+            while it.peek().is_some() {
+                let chunk: Vec<Item> = it.by_ref().take(max).collect();
+                let end = chunk.last().expect("non-empty").offset + 1;
+                batches.push(Batch {
+                    topic: tp.0.clone(),
+                    partition: tp.1,
+                    fence: st.fence,
+                    expected,
+                    end,
+                    items: chunk,
+                });
+                expected = Some(end);
+            }
+        }
+        if batches.is_empty() {
+            return Ok(());
+        }
+        // Partition → connection by hash, so one partition's batches stay in order on one connection.
+        let n = self.sinks.len();
+        let mut lanes: Vec<Vec<Batch>> = (0..n).map(|_| Vec::new()).collect();
+        for b in batches {
+            let lane = (b.partition as usize + b.topic.len()) % n;
+            lanes[lane].push(b);
+        }
+        let stop = self.give_up_flag();
+        let give_up = move || stop.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let results: Vec<Vec<(Batch, Result<Applied>)>> = self.rt.block_on(async {
+            let futs = self.sinks.iter_mut().zip(lanes).map(|(sink, lane)| {
+                let give_up = &give_up;
+                async move {
+                    let mut out = Vec::new();
+                    let mut stopped = false;
+                    for b in lane {
+                        if stopped {
+                            out.push((b, Ok(Applied::Fenced)));
+                            continue;
+                        }
+                        let r = apply_batch(sink, &b, give_up).await;
+                        if !matches!(r, Ok(Applied::Committed(_))) {
+                            stopped = true;
+                        }
+                        out.push((b, r));
+                    }
+                    out
+                }
+            });
+            futures::future::join_all(futs).await
+        });
+        metrics::histogram!("replaysafe_flush_seconds").record(started.elapsed().as_secs_f64());
+        let mut commit = TopicPartitionList::new();
+        let mut first_err = None;
+        for (batch, r) in results.into_iter().flatten() {
+            let tp = (batch.topic.clone(), batch.partition);
+            match r {
+                Ok(Applied::Committed(outcomes)) => {
+                    self.batches += 1;
+                    metrics::counter!("replaysafe_batches_total").increment(1);
+                    for o in &outcomes {
+                        self.tally.add(o);
+                        count_metric(o);
+                    }
+                    if let Some(st) = self.parts.get_mut(&tp) {
+                        st.next = Some(batch.end);
+                    }
+                    commit.add_partition_offset(
+                        &batch.topic,
+                        batch.partition,
+                        Offset::Offset(batch.end),
+                    )?;
+                }
+                Ok(Applied::Fenced) => {
+                    // Drop whatever else we buffered for it: the new owner resumes from the checkpoint.
+                    if let Some(st) = self.parts.get_mut(&tp) {
+                        st.buffer.clear();
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if commit.count() > 0 {
+            if let Some(limit) = self.opts.crash_after_batches {
+                if self.batches >= limit {
+                    self.crashed = true;
+                    return Ok(());
+                }
+            }
+            fail::fail_point!("after-db-commit-before-kafka-commit", |_| {
+                std::process::abort();
+            });
+            if let Err(e) = consumer.commit(&commit, mode) {
+                // The checkpoint is the truth; a failed Kafka commit only delays lag reporting.
+                tracing::warn!(
+                    "kafka offset commit failed (checkpoint in PostgreSQL is authoritative): {e}"
+                );
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.parts.values().any(|st| {
+            st.buffer.len() >= self.pipeline.max_records
+                || st
+                    .oldest
+                    .is_some_and(|t| now.duration_since(t) >= self.pipeline.linger)
+        })
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.parts
+            .values()
+            .filter_map(|st| st.oldest)
+            .min()
+            .map(|t| t + self.pipeline.linger)
+    }
+
+    fn buffered(&self) -> usize {
+        self.parts.values().map(|s| s.buffer.len()).sum()
+    }
+}
+
+fn count_metric(o: &Outcome) {
+    match o {
+        Outcome::Landed => metrics::counter!("replaysafe_records_total", "outcome" => "landed").increment(1),
+        Outcome::Duplicate => metrics::counter!("replaysafe_records_total", "outcome" => "duplicate").increment(1),
+        Outcome::Filtered(rule) => {
+            metrics::counter!("replaysafe_records_total", "outcome" => "filtered", "rule" => rule.clone()).increment(1)
+        }
+        Outcome::Quarantined(r) => {
+            metrics::counter!("replaysafe_records_total", "outcome" => "quarantined", "reason" => r.as_str()).increment(1)
+        }
+    }
+}
+
+/// Decides what to do with a record: decode, horizon check, filters.
+pub fn decide(
+    pipeline: &Pipeline,
+    value: Option<&[u8]>,
+    horizon: Option<chrono::NaiveDate>,
+) -> Pending {
+    let fields = match decode::decode(pipeline, value) {
+        Ok(f) => f,
+        Err(r) => return Pending::Quarantine(r),
+    };
+    if let (Some(h), Some(day)) = (horizon, decode::partition_day(pipeline, &fields)) {
+        if day < h {
+            return Pending::Quarantine(Rejection {
+                reason: Reason::BeyondHorizon,
+                detail: format!(
+                    "partition day {day} is older than the ledger horizon (oldest kept day {h}); its ledger partition \
+                     may be gone, so applying it could double-count — use `replaysafe rebuild` for old windows"
+                ),
+            });
+        }
+    }
+    match filter::decide(pipeline, &fields) {
+        Ok(Decision::Keep { passes }) => Pending::Claim { fields, passes },
+        Ok(Decision::Filtered(rule)) => Pending::Filtered(rule),
+        Err(detail) => Pending::Quarantine(Rejection {
+            reason: Reason::FilterError,
+            detail,
+        }),
+    }
+}
+
+/// The librdkafka configuration of the pipeline's consumer.
+pub fn consumer_config(p: &Pipeline, opts: &RunOptions) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &opts.brokers)
+        .set("group.id", &p.kafka.group_id)
+        .set("client.id", "replaysafe")
+        // Bounded prefetch keeps memory flat (librdkafka default is 64 MiB per partition queue).
+        .set("queued.max.messages.kbytes", "16384");
+    for (k, v) in &p.kafka.properties {
+        c.set(k, v);
+    }
+    for (k, v) in &opts.extra_properties {
+        c.set(k, v);
+    }
+    // Forced: offsets are ours to commit, after the database; positions are chosen explicitly on assignment,
+    // and an out-of-range position later is an error, never a silent jump (librdkafka CONFIGURATION.md).
+    c.set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "error")
+        .set_log_level(RDKafkaLogLevel::Warning);
+    c
+}
+
+/// Runs the pipeline until shutdown (or until caught up), returning the tally of this run.
+///
+/// # Errors
+/// [`Error::Schema`] before consuming anything when the database does not match; [`Error::NoStartPosition`]
+/// when a partition has no position and `start` is unset; [`Error::Kafka`] / [`Error::Postgres`] for fatal
+/// client errors; [`Error::Other`] for a projection that fails.
+pub fn run(pipeline: Arc<Pipeline>, opts: RunOptions) -> Result<Tally> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("tokio runtime: {e}")))?;
+    run_on(rt.handle().clone(), pipeline, opts)
+}
+
+/// As [`run`], on an existing runtime (must not be called from inside it).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_on(
+    rt: tokio::runtime::Handle,
+    pipeline: Arc<Pipeline>,
+    opts: RunOptions,
+) -> Result<Tally> {
+    let sinks = rt.block_on(async {
+        let mut admin = crate::sink::connect(&opts.database_url).await?;
+        schema::init(&mut admin, &pipeline).await?;
+        let dropped = schema::drop_expired_partitions(&mut admin, &pipeline).await?;
+        if !dropped.is_empty() {
+            tracing::info!(?dropped, "dropped ledger partitions older than the horizon");
+        }
+        let mut sinks = Vec::new();
+        for _ in 0..pipeline.postgres.connections {
+            sinks.push(Sink::open(pipeline.clone(), &opts.database_url).await?);
+        }
+        Ok::<_, Error>(sinks)
+    })?;
+    let engine = Arc::new(Mutex::new(Engine {
+        pipeline: pipeline.clone(),
+        rt: rt.clone(),
+        sinks,
+        parts: BTreeMap::new(),
+        tally: Tally::default(),
+        batches: 0,
+        assigned_once: false,
+        fatal: None,
+        opts: opts.clone(),
+        crashed: false,
+    }));
+    let consumer: BaseConsumer<Ctx> =
+        consumer_config(&pipeline, &opts).create_with_context(Ctx {
+            engine: engine.clone(),
+        })?;
+    let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    tracing::info!(group = %pipeline.kafka.group_id, ?topics, "consuming");
+
+    let mut last_summary = Instant::now();
+    let mut horizon = schema::horizon_start(&pipeline);
+    let mut horizon_at = Instant::now();
+    let mut idle_checks = 0u32;
+    let result = loop {
+        if let Some(e) = engine.lock().expect("engine").fatal.take() {
+            break Err(e);
+        }
+        if opts.shutdown.load(Ordering::Relaxed) {
+            tracing::info!("shutting down: applying buffered records");
+            let mut eng = engine.lock().expect("engine");
+            break eng.flush(&consumer, |_, _| true, CommitMode::Sync);
+        }
+        let timeout = {
+            let eng = engine.lock().expect("engine");
+            eng.next_deadline()
+                .map(|d| d.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_millis(100))
+                .min(Duration::from_millis(100))
+        };
+        let polled = consumer.poll(timeout);
+        let mut idle = false;
+        match polled {
+            None => idle = true,
+            Some(Ok(msg)) => {
+                idle_checks = 0;
+                let value = msg.payload();
+                let pending = decide(&pipeline, value, horizon);
+                let item = Item {
+                    offset: msg.offset(),
+                    timestamp_ms: msg.timestamp().to_millis(),
+                    key: msg.key().map(<[u8]>::to_vec),
+                    value: value.map(<[u8]>::to_vec),
+                    pending,
+                };
+                let topic = msg.topic().to_string();
+                let partition = msg.partition();
+                drop(msg);
+                engine.lock().expect("engine").push(&topic, partition, item);
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => idle = true,
+            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
+            | Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
+                break Err(Error::Other(
+                    "a partition's position is out of range on the broker (records deleted by retention while \
+                     consuming?); stopping instead of skipping them"
+                        .into(),
+                ));
+            }
+            Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                break Err(Error::Other(format!("fatal Kafka consumer error: {code}")));
+            }
+            Some(Err(e)) => {
+                tracing::warn!("kafka: {e}");
+            }
+        }
+        let now = Instant::now();
+        {
+            let mut eng = engine.lock().expect("engine");
+            if eng.due(now) {
+                let linger = pipeline.linger;
+                let max = pipeline.max_records;
+                if let Err(e) = eng.flush(
+                    &consumer,
+                    |_, st| {
+                        st.buffer.len() >= max
+                            || st.oldest.is_some_and(|t| now.duration_since(t) >= linger)
+                    },
+                    CommitMode::Async,
+                ) {
+                    break Err(e);
+                }
+            }
+            if eng.crashed {
+                tracing::warn!("simulated crash: database committed, Kafka offsets not committed");
+                break Ok(());
+            }
+        }
+        if now.duration_since(last_summary) >= opts.summary_interval {
+            last_summary = now;
+            let eng = engine.lock().expect("engine");
+            tracing::info!("{} (batches {})", eng.tally.line(), eng.batches);
+        }
+        if now.duration_since(horizon_at) >= Duration::from_secs(3600) {
+            horizon_at = now;
+            horizon = schema::horizon_start(&pipeline);
+        }
+        if opts.until_caught_up && idle {
+            idle_checks += 1;
+            if idle_checks >= 3 && caught_up(&consumer, &engine) {
+                let mut eng = engine.lock().expect("engine");
+                break eng.flush(&consumer, |_, _| true, CommitMode::Sync);
+            }
+        }
+    };
+    let crashed = engine.lock().expect("engine").crashed;
+    if !crashed {
+        consumer.unsubscribe();
+        // Serve the revoke callback so buffered work is applied and committed before we return.
+        let _ = consumer.poll(Duration::from_millis(100));
+    }
+    // Closing the consumer serves any pending revoke (which applies what is still buffered).
+    drop(consumer);
+    let tally = engine.lock().expect("engine").tally.clone();
+    tracing::info!("{}", tally.line());
+    result.map(|_| tally)
+}
+
+/// Every assigned partition's position is at its high watermark and nothing is buffered.
+fn caught_up(consumer: &BaseConsumer<Ctx>, engine: &Arc<Mutex<Engine>>) -> bool {
+    let parts: Vec<(Tp, Option<i64>, usize)> = {
+        let eng = engine.lock().expect("engine");
+        if !eng.assigned_once || eng.buffered() > 0 {
+            return false;
+        }
+        eng.parts
+            .iter()
+            .map(|(tp, st)| (tp.clone(), st.next, st.buffer.len()))
+            .collect()
+    };
+    let positions = match consumer.position() {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    for ((topic, partition), next, _) in parts {
+        let Ok((low, high)) = consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))
+        else {
+            return false;
+        };
+        let pos = positions
+            .find_partition(&topic, partition)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            });
+        let at = pos.or(next).unwrap_or(low);
+        if at < high {
+            return false;
+        }
+    }
+    true
+}

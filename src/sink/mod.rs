@@ -1,0 +1,478 @@
+//! The PostgreSQL side: one transaction per partition batch holding the checkpoint compare-and-set, the ledger
+//! claims, every projection (over the rows actually claimed), and the dead letters.
+
+pub mod schema;
+pub mod sql;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use chrono::NaiveDate;
+use sha2::{Digest, Sha256};
+use tokio_postgres::{Client, NoTls, Statement};
+
+use crate::config::Pipeline;
+use crate::decode::{Fields, Reason, Rejection};
+use crate::error::{Error, Result};
+
+/// What the decode/filter stage decided for a record before the transaction.
+#[derive(Debug, Clone)]
+pub enum Pending {
+    /// Claim the delivery key; `passes` are the projection filter results (pass-column order).
+    Claim {
+        /// Decoded fields.
+        fields: Fields,
+        /// Projection filter results.
+        passes: Vec<bool>,
+    },
+    /// Dropped by the named `[[filter]]` rule.
+    Filtered(String),
+    /// Goes to the dead-letter table.
+    Quarantine(Rejection),
+}
+
+/// One consumed record with its decision.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Kafka offset of the record.
+    pub offset: i64,
+    /// Record timestamp, ms since the Unix epoch (CreateTime or LogAppendTime), if any.
+    pub timestamp_ms: Option<i64>,
+    /// Raw key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Raw value bytes (kept for dead letters).
+    pub value: Option<Vec<u8>>,
+    /// The decision.
+    pub pending: Pending,
+}
+
+/// A batch of one partition: offsets ascending, applied in one transaction.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The fence epoch this owner acquired for the partition.
+    pub fence: i64,
+    /// The checkpoint this batch starts from (next offset to read), `None` when the partition has none yet.
+    pub expected: Option<i64>,
+    /// The checkpoint after this batch: last offset + 1.
+    pub end: i64,
+    /// The records.
+    pub items: Vec<Item>,
+}
+
+/// Where one record ended up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Newly claimed: every projection saw it.
+    Landed,
+    /// Its delivery key was already in the ledger (or earlier in the same batch).
+    Duplicate,
+    /// Dropped by the named filter rule.
+    Filtered(String),
+    /// Written to the dead-letter table.
+    Quarantined(Reason),
+}
+
+/// Counts of outcomes; they always add up to the records consumed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Records newly applied.
+    pub landed: u64,
+    /// Records whose delivery key was already claimed.
+    pub duplicate: u64,
+    /// Records dropped, by rule name.
+    pub filtered: BTreeMap<String, u64>,
+    /// Records quarantined, by reason.
+    pub quarantined: BTreeMap<&'static str, u64>,
+}
+
+impl Tally {
+    /// Adds one outcome.
+    pub fn add(&mut self, o: &Outcome) {
+        match o {
+            Outcome::Landed => self.landed += 1,
+            Outcome::Duplicate => self.duplicate += 1,
+            Outcome::Filtered(rule) => *self.filtered.entry(rule.clone()).or_default() += 1,
+            Outcome::Quarantined(r) => *self.quarantined.entry(r.as_str()).or_default() += 1,
+        }
+    }
+
+    /// Adds another tally.
+    pub fn merge(&mut self, other: &Tally) {
+        self.landed += other.landed;
+        self.duplicate += other.duplicate;
+        for (k, v) in &other.filtered {
+            *self.filtered.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &other.quarantined {
+            *self.quarantined.entry(k).or_default() += v;
+        }
+    }
+
+    /// Total records accounted for.
+    pub fn total(&self) -> u64 {
+        self.landed
+            + self.duplicate
+            + self.filtered.values().sum::<u64>()
+            + self.quarantined.values().sum::<u64>()
+    }
+
+    /// `consumed N = landed a + duplicate b + filtered c + quarantined d`, with per-rule/reason detail.
+    pub fn line(&self) -> String {
+        fn detail<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> String {
+            m.iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+        let filtered: u64 = self.filtered.values().sum();
+        let quarantined: u64 = self.quarantined.values().sum();
+        let mut s = format!(
+            "consumed {} = landed {} + duplicate {} + filtered {} + quarantined {}",
+            self.total(),
+            self.landed,
+            self.duplicate,
+            filtered,
+            quarantined
+        );
+        if filtered > 0 {
+            s += &format!(" [filtered {}]", detail(&self.filtered));
+        }
+        if quarantined > 0 {
+            s += &format!(" [quarantined {}]", detail(&self.quarantined));
+        }
+        s
+    }
+}
+
+/// Why a batch did not commit.
+#[derive(Debug)]
+pub enum ApplyError {
+    /// Another owner took the partition (its fence is newer) or moved the checkpoint: nothing was written.
+    Fenced {
+        /// The checkpoint now stored.
+        next_offset: Option<i64>,
+        /// The fence now stored.
+        fence: i64,
+    },
+    /// The connection failed or the server asked us to retry (serialization failure, deadlock, shutdown).
+    /// `commit_sent` means the outcome is unknown: the COMMIT may have succeeded.
+    Transient {
+        /// The error.
+        error: tokio_postgres::Error,
+        /// Whether COMMIT had been sent.
+        commit_sent: bool,
+    },
+    /// PostgreSQL rejected a value (SQLSTATE class 22 or 23): replay record by record to find it.
+    Data(tokio_postgres::Error),
+    /// Anything else: a bug in a projection statement, a dropped table.
+    Fatal(Error),
+}
+
+/// Classifies a PostgreSQL error by SQLSTATE class (PostgreSQL manual, Appendix A "Error Codes").
+pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
+    let Some(code) = e.code().map(|c| c.code().to_string()) else {
+        // No SQLSTATE: I/O error or closed connection.
+        return ApplyError::Transient {
+            error: e,
+            commit_sent,
+        };
+    };
+    match &code[..2] {
+        "08" | "53" | "57" | "40" | "55" => ApplyError::Transient {
+            error: e,
+            commit_sent,
+        },
+        "22" | "23" => ApplyError::Data(e),
+        _ => ApplyError::Fatal(Error::Postgres(e)),
+    }
+}
+
+struct Prepared {
+    claim: Statement,
+    dead: Statement,
+    advance: Statement,
+    projections: Vec<Statement>,
+}
+
+/// One PostgreSQL connection with the statements a batch needs prepared and a `landed` temp table.
+pub struct Sink {
+    pipeline: Arc<Pipeline>,
+    url: String,
+    client: Client,
+    prepared: Prepared,
+    partitions: HashSet<NaiveDate>,
+}
+
+/// Opens a connection (TLS off; see README).
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn connect(url: &str) -> Result<Client> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("postgres connection ended: {e}");
+        }
+    });
+    Ok(client)
+}
+
+impl Sink {
+    /// Connects and prepares. The tables must exist ([`schema::init`]).
+    ///
+    /// # Errors
+    /// [`Error::Postgres`], or [`Error::Schema`] when a statement does not compile.
+    pub async fn open(pipeline: Arc<Pipeline>, url: &str) -> Result<Sink> {
+        let client = connect(url).await?;
+        client.batch_execute(&sql::create_landed(&pipeline)).await?;
+        let prep = |s: String| {
+            let client = &client;
+            async move {
+                client
+                    .prepare(&s)
+                    .await
+                    .map_err(|e| Error::Schema(format!("{e}: {s}")))
+            }
+        };
+        let prepared = Prepared {
+            claim: prep(sql::claim(&pipeline)).await?,
+            dead: prep(sql::insert_dead_letters(&pipeline)).await?,
+            advance: prep(sql::advance_checkpoint(&pipeline)).await?,
+            projections: {
+                let mut v = Vec::new();
+                for p in &pipeline.projections {
+                    v.push(prep(p.statement.clone()).await?);
+                }
+                v
+            },
+        };
+        let partitions = schema::existing_partitions(&client, &pipeline).await?;
+        Ok(Sink {
+            pipeline,
+            url: url.to_string(),
+            client,
+            prepared,
+            partitions,
+        })
+    }
+
+    /// Replaces a broken connection with a new one.
+    ///
+    /// # Errors
+    /// As [`Sink::open`].
+    pub async fn reconnect(&mut self) -> Result<()> {
+        *self = Sink::open(self.pipeline.clone(), &self.url).await?;
+        Ok(())
+    }
+
+    /// Whether the connection is closed.
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// The underlying client (for checkpoint acquisition and maintenance).
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Applies one batch in one transaction and returns each record's outcome, in item order.
+    ///
+    /// # Errors
+    /// See [`ApplyError`].
+    pub async fn apply(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
+        let p = self.pipeline.clone();
+        if p.identity.partition_by.is_some() {
+            let days: Vec<NaiveDate> = batch
+                .items
+                .iter()
+                .filter_map(|it| match &it.pending {
+                    Pending::Claim { fields, .. } => crate::decode::partition_day(&p, fields),
+                    _ => None,
+                })
+                .collect();
+            schema::ensure_partitions(&mut self.client, &p, &mut self.partitions, days)
+                .await
+                .map_err(|e| match e {
+                    Error::Postgres(pg) => classify(pg, false),
+                    other => ApplyError::Fatal(other),
+                })?;
+        }
+        let generation = p.identity.generation.clone().unwrap_or_default();
+        let group = p.kafka.group_id.as_str();
+        let tx = self
+            .client
+            .transaction()
+            .await
+            .map_err(|e| classify(e, false))?;
+
+        // 1. The checkpoint first: it locks the partition's row, so a new owner's fence bump waits for us.
+        let moved = tx
+            .execute(
+                &self.prepared.advance,
+                &[
+                    &group,
+                    &batch.topic,
+                    &batch.partition,
+                    &batch.fence,
+                    &batch.expected,
+                    &batch.end,
+                ],
+            )
+            .await
+            .map_err(|e| classify(e, false))?;
+        if moved != 1 {
+            let row = tx
+                .query_opt(
+                    &format!(
+                        "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
+                        p.table(sql::CHECKPOINTS)
+                    ),
+                    &[&group, &batch.topic, &batch.partition],
+                )
+                .await
+                .map_err(|e| classify(e, false))?;
+            let (next_offset, fence) = row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
+            return Err(ApplyError::Fenced { next_offset, fence });
+        }
+
+        // 2. Ledger claims → landed.
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch.items.len());
+        let claims: Vec<&Item> = batch
+            .items
+            .iter()
+            .filter(|i| matches!(i.pending, Pending::Claim { .. }))
+            .collect();
+        let mut landed: HashSet<i64> = HashSet::new();
+        if !claims.is_empty() {
+            let offsets: Vec<i64> = claims.iter().map(|i| i.offset).collect();
+            let ts: Vec<Option<i64>> = claims.iter().map(|i| i.timestamp_ms).collect();
+            let mut cols: Vec<Vec<Option<&str>>> =
+                vec![Vec::with_capacity(claims.len()); p.fields.len()];
+            let mut passes: Vec<Vec<bool>> =
+                vec![Vec::with_capacity(claims.len()); p.pass_columns()];
+            for it in &claims {
+                if let Pending::Claim { fields, passes: ps } = &it.pending {
+                    for (c, v) in cols.iter_mut().zip(fields) {
+                        c.push(v.as_ref().map(|v| v.text.as_str()));
+                    }
+                    for (c, v) in passes.iter_mut().zip(ps) {
+                        c.push(*v);
+                    }
+                }
+            }
+            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+                &generation,
+                &batch.topic,
+                &batch.partition,
+                &group,
+                &offsets,
+                &ts,
+            ];
+            for c in &cols {
+                params.push(c);
+            }
+            for c in &passes {
+                params.push(c);
+            }
+            let rows = tx
+                .query(&self.prepared.claim, &params)
+                .await
+                .map_err(|e| classify(e, false))?;
+            landed.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+        }
+
+        // 3. Projections, only when something landed.
+        if !landed.is_empty() {
+            for (stmt, proj) in self.prepared.projections.iter().zip(&p.projections) {
+                tx.execute(stmt, &[])
+                    .await
+                    .map_err(|e| match classify(e, false) {
+                        ApplyError::Fatal(Error::Postgres(e)) => {
+                            ApplyError::Fatal(Error::Other(format!(
+                                "projection `{}` failed on {}/{}: {}",
+                                proj.name,
+                                batch.topic,
+                                batch.partition,
+                                e.as_db_error()
+                                    .map(|d| d.message().to_string())
+                                    .unwrap_or_else(|| e.to_string())
+                            )))
+                        }
+                        other => other,
+                    })?;
+            }
+        }
+
+        // 4. Dead letters.
+        let dead: Vec<(&Item, &Rejection)> = batch
+            .items
+            .iter()
+            .filter_map(|i| match &i.pending {
+                Pending::Quarantine(r) => Some((i, r)),
+                _ => None,
+            })
+            .collect();
+        if !dead.is_empty() {
+            let max = p.max_record_bytes;
+            let offsets: Vec<i64> = dead.iter().map(|(i, _)| i.offset).collect();
+            let ts: Vec<Option<i64>> = dead.iter().map(|(i, _)| i.timestamp_ms).collect();
+            let keys: Vec<Option<&[u8]>> = dead.iter().map(|(i, _)| i.key.as_deref()).collect();
+            // Values above max-record-bytes keep only their size and SHA-256.
+            let values: Vec<Option<&[u8]>> = dead
+                .iter()
+                .map(|(i, _)| i.value.as_deref().filter(|v| v.len() <= max))
+                .collect();
+            let sizes: Vec<Option<i32>> = dead
+                .iter()
+                .map(|(i, _)| {
+                    i.value
+                        .as_ref()
+                        .map(|v| i32::try_from(v.len()).unwrap_or(i32::MAX))
+                })
+                .collect();
+            let hashes: Vec<Option<Vec<u8>>> = dead
+                .iter()
+                .map(|(i, _)| i.value.as_ref().map(|v| Sha256::digest(v).to_vec()))
+                .collect();
+            let reasons: Vec<&str> = dead.iter().map(|(_, r)| r.reason.as_str()).collect();
+            let details: Vec<&str> = dead.iter().map(|(_, r)| r.detail.as_str()).collect();
+            tx.execute(
+                &self.prepared.dead,
+                &[
+                    &generation,
+                    &batch.topic,
+                    &batch.partition,
+                    &group,
+                    &offsets,
+                    &ts,
+                    &keys,
+                    &values,
+                    &sizes,
+                    &hashes,
+                    &reasons,
+                    &details,
+                ],
+            )
+            .await
+            .map_err(|e| classify(e, false))?;
+        }
+
+        for it in &batch.items {
+            outcomes.push(match &it.pending {
+                Pending::Claim { .. } if landed.contains(&it.offset) => Outcome::Landed,
+                Pending::Claim { .. } => Outcome::Duplicate,
+                Pending::Filtered(rule) => Outcome::Filtered(rule.clone()),
+                Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
+            });
+        }
+        fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
+            Error::Other("failpoint before-db-commit".into())
+        )));
+        tx.commit().await.map_err(|e| classify(e, true))?;
+        Ok(outcomes)
+    }
+}
