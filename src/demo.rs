@@ -47,7 +47,7 @@ struct Event {
     ts_ms: i64,
 }
 
-fn events(n: usize, first_day: NaiveDate, seed: u64) -> Vec<Event> {
+fn events(n: usize, first_day: NaiveDate, days: usize, seed: u64) -> Vec<Event> {
     // A small deterministic generator (xorshift) so reruns print the same table.
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
@@ -58,7 +58,7 @@ fn events(n: usize, first_day: NaiveDate, seed: u64) -> Vec<Event> {
     };
     (0..n)
         .map(|i| {
-            let day = first_day.checked_add_days(Days::new((i * 6 / n.max(1)) as u64)).expect("date");
+            let day = first_day.checked_add_days(Days::new((i * days / n.max(1)) as u64)).expect("date");
             let customer = CUSTOMERS[(next() % CUSTOMERS.len() as u64) as usize];
             let refund = next() % 10 == 0;
             let cents = (next() % 9_000 + 100) as i64;
@@ -78,31 +78,63 @@ fn events(n: usize, first_day: NaiveDate, seed: u64) -> Vec<Event> {
         .collect()
 }
 
-fn produce(brokers: &str, events: &[Event], malformed: bool) -> Result<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    for e in events {
-        let record = BaseRecord::to(TOPIC)
-            .key(e.customer)
-            .payload(e.json.as_str())
-            .timestamp(e.ts_ms);
-        send(&producer, record)?;
+/// Counts failed deliveries (BaseProducer reports them only through this callback).
+#[derive(Default)]
+struct Deliveries {
+    failed: std::sync::Mutex<Option<String>>,
+}
+
+impl rdkafka::ClientContext for Deliveries {}
+
+impl rdkafka::producer::ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &rdkafka::producer::DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failed
+                .lock()
+                .expect("lock")
+                .get_or_insert_with(|| e.to_string());
+        }
     }
-    if malformed {
+}
+
+fn produce(brokers: &str, topic: &str, events: &[Event], malformed: bool) -> Result<()> {
+    let producer: BaseProducer<Deliveries> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create_with_context(Deliveries::default())?;
+    for e in events {
         send(
             &producer,
-            BaseRecord::to(TOPIC)
+            BaseRecord::to(topic)
+                .key(e.customer)
+                .payload(e.json.as_str())
+                .timestamp(e.ts_ms),
+        )?;
+    }
+    if malformed {
+        let now = Utc::now().timestamp_millis();
+        send(
+            &producer,
+            BaseRecord::to(topic)
                 .key("c-ada")
                 .payload("{\"event_id\": \"truncated")
-                .timestamp(0),
+                .timestamp(now),
         )?;
     }
     producer.flush(Duration::from_secs(30))?;
+    if let Some(e) = producer.context().failed.lock().expect("lock").take() {
+        return Err(Error::Other(format!(
+            "producing demo events to {topic}: {e}"
+        )));
+    }
     Ok(())
 }
 
-fn send<'a>(producer: &BaseProducer, mut record: BaseRecord<'a, str, str>) -> Result<()> {
+fn send<'a>(
+    producer: &BaseProducer<Deliveries>,
+    mut record: BaseRecord<'a, str, str>,
+) -> Result<()> {
     loop {
         match producer.send(record) {
             Ok(()) => return Ok(()),
@@ -120,11 +152,11 @@ fn send<'a>(producer: &BaseProducer, mut record: BaseRecord<'a, str, str>) -> Re
     }
 }
 
-fn create_topic(brokers: &str, rt: &tokio::runtime::Runtime) -> Result<()> {
+fn create_topic(brokers: &str, topic: &str, rt: &tokio::runtime::Runtime) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()?;
-    let topic = NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1));
+    let topic = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
     let res = rt.block_on(admin.create_topics([&topic], &AdminOptions::new()))?;
     for r in res {
         if let Err((t, code)) = r {
@@ -163,14 +195,14 @@ async fn counts(
         .collect())
 }
 
-fn committed(brokers: &str, group: &str) -> Result<i64> {
+fn committed(brokers: &str, topic: &str, group: &str) -> Result<i64> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        tpl.add_partition(TOPIC, p);
+        tpl.add_partition(topic, p);
     }
     let got = c.committed_offsets(tpl, Duration::from_secs(10))?;
     Ok(got
@@ -193,20 +225,28 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         .enable_all()
         .build()
         .map_err(|e| Error::Other(e.to_string()))?;
+    let run_id = Utc::now().timestamp_millis() as u64;
     let mock;
-    let brokers = match brokers {
+    // A real cluster keeps topics between runs: each demo run gets its own topic there.
+    let (brokers, topic) = match brokers {
         Some(b) => {
-            create_topic(&b, &rt)?;
-            b
+            let topic = format!("{TOPIC}.demo-{run_id}");
+            create_topic(&b, &topic, &rt)?;
+            (b, topic)
         }
         None => {
             mock = MockCluster::new(1)?;
             mock.create_topic(TOPIC, PARTITIONS, 1)?;
-            mock.bootstrap_servers()
+            (mock.bootstrap_servers(), TOPIC.to_string())
         }
     };
-    let mut pipeline = config::parse("examples/demo.toml", DEMO_PIPELINE)?;
-    let run_id = Utc::now().timestamp_millis() as u64;
+    let parse = |group: &str| -> Result<Pipeline> {
+        let mut p = config::parse("examples/demo.toml", DEMO_PIPELINE)?;
+        p.kafka.group_id = group.to_string();
+        p.kafka.topics = vec![topic.clone()];
+        Ok(p)
+    };
+    let mut pipeline = parse("daily-counts")?;
     let base_group = format!("daily-counts-{run_id}");
     pipeline.kafka.group_id = base_group.clone();
     let schema = pipeline.postgres.schema.clone();
@@ -220,9 +260,9 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         .date_naive()
         .checked_sub_days(Days::new(6))
         .expect("date");
-    let mut all = events(n, first_day, run_id);
-    produce(&brokers, &all, true)?;
-    println!("replaysafe demo — {n} purchase/refund events over 6 days for {} customers (+1 malformed record) on {TOPIC} ({PARTITIONS} partitions, broker {brokers})\n", CUSTOMERS.len());
+    let mut all = events(n, first_day, 6, run_id);
+    produce(&brokers, &topic, &all, true)?;
+    println!("replaysafe demo — {n} purchase/refund events over 6 days for {} customers (+1 malformed record) on {topic} ({PARTITIONS} partitions, broker {brokers})\n", CUSTOMERS.len());
 
     let opts = |crash: Option<u64>| RunOptions {
         brokers: brokers.clone(),
@@ -234,8 +274,7 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         extra_properties: vec![("session.timeout.ms".into(), "6000".into())],
     };
     let phase = |title: &str, group: &str, crash: Option<u64>, all: &[Event]| -> Result<Tally> {
-        let mut p = config::parse("examples/demo.toml", DEMO_PIPELINE)?;
-        p.kafka.group_id = group.to_string();
+        let p = parse(group)?;
         let started = Instant::now();
         let tally = run::run_on(rt.handle().clone(), Arc::new(p), opts(crash))?;
         let secs = started.elapsed().as_secs_f64();
@@ -270,47 +309,46 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         &all,
     )?;
 
-    let more = events(
-        n / 4,
-        first_day.checked_add_days(Days::new(5)).expect("date"),
-        run_id + 1,
-    );
-    produce(&brokers, &more, false)?;
-    let mut p3 = config::parse("examples/demo.toml", DEMO_PIPELINE)?;
-    p3.kafka.group_id = base_group.clone();
-    let crash = run::run_on(rt.handle().clone(), Arc::new(p3), opts(Some(1)))?;
-    let kafka_sum = committed(&brokers, &base_group)?;
-    let checkpoint_sum: i64 = rt
-        .block_on(client.query_one(
-            &format!(
-                "SELECT coalesce(sum(next_offset), 0)::bigint FROM {schema}.replaysafe_checkpoints WHERE consumer_group = $1"
-            ),
-            &[&base_group],
-        ))?
-        .get(0);
-    println!("── 3. {} new events; the process \"crashes\" after its database commit, before the Kafka offset commit", more.len());
-    println!("   {}", crash.line());
-    println!(
-        "   after the crash: PostgreSQL checkpoints (sum of next offsets) = {checkpoint_sum}, Kafka committed offsets = {kafka_sum}: {} records applied but not acknowledged to Kafka",
-        checkpoint_sum - kafka_sum
-    );
-    all.extend(more);
-    phase(
-        "   restart: resumes from the checkpoint in PostgreSQL",
-        &base_group,
-        None,
-        &all,
-    )?;
-    rt.block_on(client.execute(
-        &format!("DELETE FROM {schema}.replaysafe_checkpoints WHERE consumer_group = $1"),
-        &[&base_group],
-    ))?;
-    phase(
-        "   checkpoint deleted: restart from Kafka's committed offsets, re-reading landed records",
-        &base_group,
-        None,
-        &all,
-    )?;
+    // Phases 3 and 4: new events, a crash after the database commit and before the Kafka commit, a restart.
+    let checkpoint_sum = || -> Result<i64> {
+        Ok(rt
+            .block_on(client.query_one(
+                &format!(
+                    "SELECT coalesce(sum(next_offset), 0)::bigint FROM {schema}.replaysafe_checkpoints \
+                     WHERE consumer_group = $1"
+                ),
+                &[&base_group],
+            ))?
+            .get(0))
+    };
+    for (round, title) in [
+        (3, "restart: resumes from the checkpoint in PostgreSQL (nothing re-read)"),
+        (4, "restart as a hand-made consumer would, from Kafka's committed offsets (checkpoint deleted): the re-read records are duplicates in the ledger"),
+    ] {
+        let more = events(n / 8, first_day.checked_add_days(Days::new(5)).expect("date"), 1, run_id + round);
+        produce(&brokers, &topic, &more, false)?;
+        let crash = run::run_on(rt.handle().clone(), Arc::new(parse(&base_group)?), opts(Some(1)))?;
+        let kafka_sum = committed(&brokers, &topic, &base_group)?;
+        let db_sum = checkpoint_sum()?;
+        println!(
+            "── {round}. {} new events; the process \"crashes\" after a database commit, before the Kafka offset commit",
+            more.len()
+        );
+        println!("   {}", crash.line());
+        println!(
+            "   after the crash: PostgreSQL checkpoints (sum of next offsets) = {db_sum}, Kafka committed offsets = \
+             {kafka_sum}: {} records applied but not acknowledged to Kafka",
+            db_sum - kafka_sum
+        );
+        all.extend(more);
+        if round == 4 {
+            rt.block_on(client.execute(
+                &format!("DELETE FROM {schema}.replaysafe_checkpoints WHERE consumer_group = $1"),
+                &[&base_group],
+            ))?;
+        }
+        phase(&format!("   {title}"), &base_group, None, &all)?;
+    }
     println!("\nEvery phase ends with the same daily_counts as the produced events: replays were harmless.");
     Ok(())
 }

@@ -55,6 +55,8 @@ pub struct RunOptions {
 /// A partition's state while assigned.
 struct PartState {
     fence: i64,
+    /// The offset the partition was positioned at on assignment.
+    start: i64,
     /// Checkpoint in the database: next offset to read (`None`: nothing committed yet).
     next: Option<i64>,
     buffer: Vec<Item>,
@@ -222,18 +224,17 @@ impl Engine {
             }
             tracing::info!(%topic, partition, ?offset, from, fence, low, high, "partition assigned");
             tpl.set_partition_offset(&topic, partition, offset)?;
-            let next_for_cas = match next {
-                Some(n) => Some(n),
-                None => {
-                    // No checkpoint row value yet: the first batch's compare-and-set expects NULL.
-                    None
-                }
+            let start = match offset {
+                Offset::Offset(o) => o,
+                _ => low,
             };
+            // `next` stays None until the first batch: its compare-and-set expects the NULL just written.
             self.parts.insert(
                 (topic, partition),
                 PartState {
                     fence,
-                    next: next_for_cas,
+                    start,
+                    next,
                     buffer: Vec::new(),
                     oldest: None,
                 },
@@ -403,6 +404,23 @@ impl Engine {
         }
     }
 
+    /// Commits every held partition's checkpoint to Kafka synchronously (clean exits).
+    fn commit_checkpoints(&self, consumer: &BaseConsumer<Ctx>) {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), st) in &self.parts {
+            if let Some(n) = st.next {
+                let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(n));
+            }
+        }
+        if tpl.count() > 0 && !self.crashed {
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+                tracing::warn!(
+                    "final kafka offset commit failed (checkpoints are authoritative): {e}"
+                );
+            }
+        }
+    }
+
     fn due(&self, now: Instant) -> bool {
         self.parts.values().any(|st| {
             st.buffer.len() >= self.pipeline.max_records
@@ -560,7 +578,9 @@ pub fn run_on(
         if opts.shutdown.load(Ordering::Relaxed) {
             tracing::info!("shutting down: applying buffered records");
             let mut eng = engine.lock().expect("engine");
-            break eng.flush(&consumer, |_, _| true, CommitMode::Sync);
+            let r = eng.flush(&consumer, |_, _| true, CommitMode::Sync);
+            eng.commit_checkpoints(&consumer);
+            break r;
         }
         let timeout = {
             let eng = engine.lock().expect("engine");
@@ -640,7 +660,9 @@ pub fn run_on(
             idle_checks += 1;
             if idle_checks >= 3 && caught_up(&consumer, &engine) {
                 let mut eng = engine.lock().expect("engine");
-                break eng.flush(&consumer, |_, _| true, CommitMode::Sync);
+                let r = eng.flush(&consumer, |_, _| true, CommitMode::Sync);
+                eng.commit_checkpoints(&consumer);
+                break r;
             }
         }
     };
@@ -659,22 +681,22 @@ pub fn run_on(
 
 /// Every assigned partition's position is at its high watermark and nothing is buffered.
 fn caught_up(consumer: &BaseConsumer<Ctx>, engine: &Arc<Mutex<Engine>>) -> bool {
-    let parts: Vec<(Tp, Option<i64>, usize)> = {
+    let parts: Vec<(Tp, i64)> = {
         let eng = engine.lock().expect("engine");
         if !eng.assigned_once || eng.buffered() > 0 {
             return false;
         }
         eng.parts
             .iter()
-            .map(|(tp, st)| (tp.clone(), st.next, st.buffer.len()))
+            .map(|(tp, st)| (tp.clone(), st.next.unwrap_or(st.start)))
             .collect()
     };
     let positions = match consumer.position() {
         Ok(p) => p,
         Err(_) => return false,
     };
-    for ((topic, partition), next, _) in parts {
-        let Ok((low, high)) = consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))
+    for ((topic, partition), applied) in parts {
+        let Ok((_, high)) = consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))
         else {
             return false;
         };
@@ -684,7 +706,9 @@ fn caught_up(consumer: &BaseConsumer<Ctx>, engine: &Arc<Mutex<Engine>>) -> bool 
                 Offset::Offset(o) => Some(o),
                 _ => None,
             });
-        let at = pos.or(next).unwrap_or(low);
+        // The fetch position passes transaction markers the application never sees; before the first fetch it
+        // is unknown, and what was applied (or the assigned start) tells.
+        let at = pos.unwrap_or(applied).max(applied);
         if at < high {
             return false;
         }

@@ -1,0 +1,177 @@
+//! Bad pipeline files: exit code 2 with `file:line:column`, nothing consumed.
+
+use crate::common::*;
+
+const GOOD: &str = r#"[kafka]
+group-id = "g"
+topics = ["t"]
+
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+
+[identity]
+key = ["event_id"]
+"#;
+
+fn check(text: &str) -> (Out, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = replaysafe(&["check", "--config", path.to_str().unwrap()]);
+    (out, path.display().to_string())
+}
+
+#[test]
+fn good_file_passes_check_and_prints_the_four_answers() {
+    let (out, _) = check(GOOD);
+    out.assert_ok();
+    for answer in [
+        "1. What identifies a change",
+        "2. What orders",
+        "3. What commits atomically",
+        "4. How long",
+    ] {
+        assert!(out.stdout.contains(answer), "{}", out.stdout);
+    }
+}
+
+fn assert_error(text: &str, line: usize, needle: &str) {
+    let (out, path) = check(text);
+    assert_eq!(
+        out.code,
+        Some(2),
+        "stdout: {}\nstderr: {}",
+        out.stdout,
+        out.stderr
+    );
+    let loc = format!("{path}:{line}:");
+    assert!(
+        out.stderr.contains(&loc),
+        "expected {loc} in: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(needle),
+        "expected `{needle}` in: {}",
+        out.stderr
+    );
+}
+
+#[test]
+fn unknown_key_names_file_and_line() {
+    assert_error(
+        &GOOD.replace("topics = [\"t\"]", "topics = [\"t\"]\ngroup = \"x\""),
+        4,
+        "unknown field `group`",
+    );
+}
+
+#[test]
+fn bad_pointer_names_file_and_line() {
+    assert_error(
+        &GOOD.replace("\"/event_id\"", "\"event_id\""),
+        6,
+        "JSON pointer",
+    );
+}
+
+#[test]
+fn bad_type_names_file_and_line() {
+    assert_error(
+        &GOOD.replace("type = \"uuid\"", "type = \"guid\""),
+        6,
+        "unknown type `guid`",
+    );
+}
+
+#[test]
+fn sql_injection_in_a_table_name_is_refused() {
+    let text = format!(
+        "{GOOD}\n[[projection]]\nkind = \"counter\"\ntable = 'x\"; DROP TABLE users; --'\ngroup-by = [\"event_id\"]\n"
+    );
+    assert_error(&text, 13, "not a valid SQL identifier");
+}
+
+#[test]
+fn unknown_field_in_a_filter_is_refused() {
+    let text = format!("{GOOD}\n[[filter]]\nname = \"refunds\"\ndrop-if = \"amount < 0\"\n");
+    assert_error(&text, 13, "not a declared field");
+}
+
+#[test]
+fn run_with_bad_config_exits_2_before_consuming() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, GOOD.replace("[identity]", "[identity]\nbogus = 1")).unwrap();
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+}
+
+#[test]
+fn schema_mismatch_exits_2_before_consuming() {
+    // A ledger created with a text key, then a pipeline whose key is a uuid.
+    let db = Db::fresh("mismatch");
+    db.execute("CREATE TABLE {s}.replaysafe_ledger (generation text NOT NULL DEFAULT '', event_id text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, consumer_group text NOT NULL, landed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (generation, event_id))");
+    let topic = unique("mismatch");
+    create_topic(&topic, 1, &[]);
+    let text = GOOD
+        .replace(
+            "group-id = \"g\"",
+            "group-id = \"{group}\"\nstart = \"earliest\"",
+        )
+        .replace("[\"t\"]", "[\"{topic}\"]")
+        + "\n[postgres]\nschema = \"{schema}\"\n";
+    let p = pipeline(&text, &topic, &unique("g"), &db.schema);
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        p.path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("event_id") && out.stderr.contains("uuid"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn new_group_without_start_exits_3_and_consumes_nothing() {
+    let db = Db::fresh("nostart");
+    let topic = unique("nostart");
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[Rec::json(
+            0,
+            "k",
+            r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301"}"#,
+            1_714_003_200_000,
+        )],
+    );
+    let text = GOOD
+        .replace("group-id = \"g\"", "group-id = \"{group}\"")
+        .replace("[\"t\"]", "[\"{topic}\"]")
+        + "\n[postgres]\nschema = \"{schema}\"\n";
+    let p = pipeline(&text, &topic, &unique("g"), &db.schema);
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        p.path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("start = \\\"earliest\\\"")
+            || out.stderr.contains("start = \"earliest\""),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+}
