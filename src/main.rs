@@ -177,17 +177,15 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    // REPLAYSAFE_FAILPOINTS="name=action;…" (the `fail` crate's syntax), test builds only.
     #[cfg(feature = "failpoints")]
-    let _scenario = {
-        // REPLAYSAFE_FAILPOINTS="name=action;…" (the `fail` crate's syntax), test builds only.
-        if let Ok(spec) = std::env::var("REPLAYSAFE_FAILPOINTS") {
-            for part in spec.split(';').filter(|s| !s.is_empty()) {
-                if let Some((name, action)) = part.split_once('=') {
-                    fail::cfg(name, action).expect("valid failpoint spec");
-                }
+    if let Ok(spec) = std::env::var("REPLAYSAFE_FAILPOINTS") {
+        for part in spec.split(';').filter(|s| !s.is_empty()) {
+            if let Some((name, action)) = part.split_once('=') {
+                fail::cfg(name, action).expect("valid failpoint spec");
             }
         }
-    };
+    }
     let code = match execute(cli) {
         Ok(()) => EXIT_OK,
         Err(e) => {

@@ -79,3 +79,38 @@ pub fn parse(name: &str, text: &str) -> Result<Pipeline> {
     })?;
     plan::validate(&src, raw)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REFERENCE: &str = include_str!("../../reference.toml");
+
+    #[test]
+    fn reference_toml_is_a_valid_pipeline() {
+        let p = parse("reference.toml", REFERENCE).expect("reference.toml parses");
+        assert_eq!(p.projections.len(), 4);
+        assert_eq!(p.filters.len(), 1);
+    }
+
+    #[test]
+    fn reference_toml_documents_every_key() {
+        let keys = [
+            "brokers", "group-id", "topics", "start", "[kafka.properties]", "url", "schema", "connections",
+            "max-records", "linger-ms", "max-record-bytes", "path", "type", "time-zone", "optional", "key",
+            "generation", "partition-by", "table", "horizon-days", "columns", "name", "drop-if", "kind",
+            "group-by", "column", "add", "filter", "sql", "setup", "payload",
+        ];
+        for k in keys {
+            assert!(
+                REFERENCE.lines().any(|l| !l.trim_start().starts_with('#') && l.contains(k)),
+                "reference.toml does not set `{k}`"
+            );
+        }
+    }
+
+    #[test]
+    fn examples_parse() {
+        parse("examples/demo.toml", include_str!("../../examples/demo.toml")).expect("demo pipeline parses");
+    }
+}
