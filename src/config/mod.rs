@@ -96,14 +96,43 @@ mod tests {
     #[test]
     fn reference_toml_documents_every_key() {
         let keys = [
-            "brokers", "group-id", "topics", "start", "[kafka.properties]", "url", "schema", "connections",
-            "max-records", "linger-ms", "max-record-bytes", "path", "type", "time-zone", "optional", "key",
-            "generation", "partition-by", "table", "horizon-days", "columns", "name", "drop-if", "kind",
-            "group-by", "column", "add", "filter", "sql", "setup", "payload",
+            "brokers",
+            "group-id",
+            "topics",
+            "start",
+            "[kafka.properties]",
+            "url",
+            "schema",
+            "connections",
+            "max-records",
+            "linger-ms",
+            "max-record-bytes",
+            "path",
+            "type",
+            "time-zone",
+            "optional",
+            "key",
+            "generation",
+            "partition-by",
+            "table",
+            "horizon-days",
+            "columns",
+            "name",
+            "drop-if",
+            "kind",
+            "group-by",
+            "column",
+            "add",
+            "filter",
+            "sql",
+            "setup",
+            "payload",
         ];
         for k in keys {
             assert!(
-                REFERENCE.lines().any(|l| !l.trim_start().starts_with('#') && l.contains(k)),
+                REFERENCE
+                    .lines()
+                    .any(|l| !l.trim_start().starts_with('#') && l.contains(k)),
                 "reference.toml does not set `{k}`"
             );
         }
@@ -111,6 +140,10 @@ mod tests {
 
     #[test]
     fn examples_parse() {
-        parse("examples/demo.toml", include_str!("../../examples/demo.toml")).expect("demo pipeline parses");
+        parse(
+            "examples/demo.toml",
+            include_str!("../../examples/demo.toml"),
+        )
+        .expect("demo pipeline parses");
     }
 }
