@@ -371,9 +371,14 @@ impl Engine {
                     )?;
                 }
                 Ok(Applied::Fenced) => {
-                    // Drop whatever else we buffered for it: the new owner resumes from the checkpoint.
-                    if let Some(st) = self.parts.get_mut(&tp) {
-                        st.buffer.clear();
+                    // Another owner holds the checkpoint: stop reading this partition until the next
+                    // assignment; what we buffered is dropped (the owner resumes from the checkpoint).
+                    if self.parts.remove(&tp).is_some() {
+                        let mut paused = TopicPartitionList::new();
+                        paused.add_partition(&tp.0, tp.1);
+                        if let Err(e) = consumer.pause(&paused) {
+                            tracing::warn!(topic = %tp.0, partition = tp.1, "pausing a fenced partition: {e}");
+                        }
                     }
                 }
                 Err(e) => {

@@ -326,3 +326,58 @@ fn demo_against_the_real_broker() {
         1
     );
 }
+
+/// Two members of one group while records arrive: rebalances move partitions back and forth (revocation
+/// applies and commits buffered work before giving a partition up; the fence stops a late batch). One member
+/// leaves with SIGTERM midway; the end state is exact.
+#[test]
+fn rebalance_between_two_members_keeps_counts_exact() {
+    let db = Db::fresh("rebal");
+    let topic = unique("rebal");
+    create_topic(&topic, 4, &[]);
+    let (recs, truth) = seed_events(12_000, 4);
+    let group = unique("g");
+    let p = pipeline(SEED, &topic, &group, &db.schema);
+    let cfg = p.path.to_str().unwrap();
+    let mut offsets = produce(&topic, &recs[..3000]);
+    let mut a = spawn(&["run", "--config", cfg], &[], p.dir.path(), "a");
+    std::thread::sleep(Duration::from_secs(2));
+    offsets.extend(produce(&topic, &recs[3000..6000]));
+    let mut b = spawn(&["run", "--config", cfg], &[], p.dir.path(), "b");
+    offsets.extend(produce(&topic, &recs[6000..9000]));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        terminate(&mut a),
+        Some(0),
+        "member a stops cleanly on SIGTERM"
+    );
+    offsets.extend(produce(&topic, &recs[9000..]));
+    // b takes over a's partitions from their checkpoints and catches up.
+    wait_until(Duration::from_secs(90), "b catches up", || {
+        (0..4).all(|part| {
+            let last = recs
+                .iter()
+                .zip(&offsets)
+                .filter(|(r, _)| r.partition == part)
+                .map(|(_, o)| *o)
+                .max();
+            db.checkpoint(&group, &topic, part) == last.map(|l| l + 1)
+        })
+    });
+    assert_eq!(terminate(&mut b), Some(0));
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 12_000);
+    checkpoints_at_end(&db, &group, &topic, &offsets, &recs, 4);
+    // A clean stop commits Kafka's offsets up to the checkpoints.
+    let committed = committed(&group, &topic, 4);
+    for part in 0..4 {
+        assert_eq!(
+            committed[part as usize],
+            db.checkpoint(&group, &topic, part),
+            "partition {part}"
+        );
+    }
+    // Both members really took part (the group was rebalanced between them).
+    let logs = |n: &str| std::fs::read_to_string(p.dir.path().join(format!("{n}.err"))).unwrap();
+    assert!(logs("a").contains("partition assigned") && logs("b").contains("partition assigned"));
+}
