@@ -18,7 +18,7 @@ pub enum Applied {
 }
 
 /// Backoff between retries: 100 ms doubling to 5 s.
-fn backoff(attempt: u32) -> Duration {
+pub fn backoff(attempt: u32) -> Duration {
     Duration::from_millis((100u64 << attempt.min(6)).min(5_000))
 }
 
@@ -167,4 +167,45 @@ async fn isolate(
         expected = Some(single.end);
     }
     Ok(Applied::Committed(outcomes))
+}
+
+/// Whether a PostgreSQL error is worth retrying: no SQLSTATE (I/O, closed connection) or a class the server
+/// uses for "try again" (08 connection, 40 rollback, 53 resources, 55 lock not available, 57 operator
+/// intervention) — PostgreSQL manual, Appendix A.
+pub fn is_transient(e: &Error) -> bool {
+    match e {
+        Error::Postgres(pg) => match pg.code() {
+            None => true,
+            Some(c) => matches!(&c.code()[..2], "08" | "40" | "53" | "55" | "57"),
+        },
+        _ => false,
+    }
+}
+
+/// Runs `op` until it succeeds, retrying transient database errors with backoff until `give_up()`.
+///
+/// # Errors
+/// The first non-transient error, or the last error once `give_up()` is true.
+pub async fn retry_db<T, F, Fut>(
+    what: &str,
+    give_up: &(dyn Fn() -> bool + Sync),
+    mut op: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if is_transient(&e) && !give_up() => {
+                attempt += 1;
+                metrics::counter!("replaysafe_db_retries_total").increment(1);
+                tracing::warn!(attempt, "{what}: database unavailable, retrying: {e}");
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

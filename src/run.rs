@@ -25,7 +25,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::ClientContext;
 
-use crate::apply::{apply_batch, Applied};
+use crate::apply::{apply_batch, backoff, is_transient, retry_db, Applied};
 use crate::config::{Pipeline, StartPolicy};
 use crate::decode::{self, Reason, Rejection};
 use crate::error::{Error, Result};
@@ -161,27 +161,46 @@ impl Engine {
             .iter()
             .map(|e| (e.topic().to_string(), e.partition()))
             .collect();
-        let mut acquired = Vec::new();
-        {
-            let sink = &mut self.sinks[0];
-            let stmt = sql::acquire_checkpoint(&p);
-            let rt = self.rt.clone();
-            rt.block_on(async {
-                for (topic, partition) in &elems {
-                    let row = sink
-                        .client()
-                        .query_one(&stmt, &[&group, topic, partition])
-                        .await?;
-                    acquired.push((
-                        topic.clone(),
-                        *partition,
-                        row.get::<_, Option<i64>>(0),
-                        row.get::<_, i64>(1),
-                    ));
+        let stmt = sql::acquire_checkpoint(&p);
+        let stop = self.give_up_flag();
+        let give_up = move || stop.load(Ordering::Relaxed);
+        let sink = &mut self.sinks[0];
+        let acquired: Vec<(String, i32, Option<i64>, i64)> = self.rt.block_on(async {
+            let mut attempt = 0u32;
+            loop {
+                let result: Result<Vec<_>> = async {
+                    if sink.is_closed() {
+                        sink.reconnect().await?;
+                    }
+                    let mut out = Vec::new();
+                    for (topic, partition) in &elems {
+                        let row = sink
+                            .client()
+                            .query_one(&stmt, &[&group, topic, partition])
+                            .await?;
+                        out.push((
+                            topic.clone(),
+                            *partition,
+                            row.get::<_, Option<i64>>(0),
+                            row.get::<_, i64>(1),
+                        ));
+                    }
+                    Ok(out)
                 }
-                Ok::<_, Error>(())
-            })?;
-        }
+                .await;
+                match result {
+                    Err(e) if is_transient(&e) && !give_up() => {
+                        attempt += 1;
+                        tracing::warn!(
+                            attempt,
+                            "taking over partitions: database unavailable, retrying: {e}"
+                        );
+                        tokio::time::sleep(backoff(attempt)).await;
+                    }
+                    other => break other,
+                }
+            }
+        })?;
         // Kafka's committed offsets, used only where there is no checkpoint yet.
         let without: Vec<&(String, i32, Option<i64>, i64)> =
             acquired.iter().filter(|a| a.2.is_none()).collect();
@@ -198,6 +217,7 @@ impl Engine {
                 }
             }
         }
+        let mut resolved: Vec<(String, i32, i64, i64)> = Vec::new();
         for (topic, partition, next, fence) in acquired {
             let (low, high) =
                 consumer.fetch_watermarks(&topic, partition, Duration::from_secs(30))?;
@@ -228,17 +248,41 @@ impl Engine {
                 Offset::Offset(o) => o,
                 _ => low,
             };
-            // `next` stays None until the first batch: its compare-and-set expects the NULL just written.
+            if next.is_none() {
+                resolved.push((topic.clone(), partition, fence, start));
+            }
             self.parts.insert(
                 (topic, partition),
                 PartState {
                     fence,
                     start,
-                    next,
+                    next: Some(start),
                     buffer: Vec::new(),
                     oldest: None,
                 },
             );
+        }
+        // A start resolved from Kafka's committed offset or from `start` is written to the checkpoint before
+        // anything is consumed, so a crash before the first batch cannot resolve `latest` again and skip what
+        // arrived in between (case C17).
+        if !resolved.is_empty() {
+            let stmt = format!(
+                "UPDATE {} SET next_offset = $5, updated_at = now() WHERE consumer_group = $1 AND topic = $2 \
+                 AND partition = $3 AND fence = $4 AND next_offset IS NULL",
+                p.table(sql::CHECKPOINTS)
+            );
+            let sink = &mut self.sinks[0];
+            self.rt.block_on(async {
+                for (topic, partition, fence, start) in &resolved {
+                    let n = sink.client().execute(&stmt, &[&group, topic, partition, fence, start]).await?;
+                    if n != 1 {
+                        return Err(Error::Other(format!(
+                            "{topic}/{partition} was taken over by another consumer while being assigned"
+                        )));
+                    }
+                }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -539,7 +583,9 @@ pub fn run_on(
     pipeline: Arc<Pipeline>,
     opts: RunOptions,
 ) -> Result<Tally> {
-    let sinks = rt.block_on(async {
+    let stop = opts.shutdown.clone();
+    let give_up = move || stop.load(Ordering::Relaxed);
+    let sinks = rt.block_on(retry_db("starting", &give_up, || async {
         let mut admin = crate::sink::connect(&opts.database_url).await?;
         schema::init(&mut admin, &pipeline).await?;
         let dropped = schema::drop_expired_partitions(&mut admin, &pipeline).await?;
@@ -551,7 +597,7 @@ pub fn run_on(
             sinks.push(Sink::open(pipeline.clone(), &opts.database_url).await?);
         }
         Ok::<_, Error>(sinks)
-    })?;
+    }))?;
     let engine = Arc::new(Mutex::new(Engine {
         pipeline: pipeline.clone(),
         rt: rt.clone(),

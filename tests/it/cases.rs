@@ -601,3 +601,60 @@ fn c30_large_record_over_the_limit_is_quarantined() {
     assert!(dl[0].get::<_, i32>(3) > 1_600_000);
     assert_eq!(dl[0].get::<_, i32>(4), 32);
 }
+
+/// C17: `start = "latest"` on a new group: the resolved start is written to the checkpoint before anything is
+/// consumed, so a crash before the first commit does not resolve `latest` again and skip what arrived meanwhile.
+#[test]
+fn c17_latest_start_is_persisted_before_processing() {
+    let db = Db::fresh("c17");
+    let topic = unique("c17");
+    create_topic(&topic, 2, &[]);
+    let records = load("C17", None);
+    let group = unique("g");
+    let text = ORDERS.replace("start = \"earliest\"", "start = \"latest\"");
+    let text = text
+        .replace("MAXBYTES", "")
+        .replace("{schema}.", &format!("\"{}\".", db.schema));
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let cfg = p.path.to_str().unwrap();
+    // The service starts on the empty partition and dies before any commit.
+    let mut first = spawn(&["run", "--config", cfg], &[], p.dir.path(), "first");
+    wait_until(Duration::from_secs(60), "start position persisted", || {
+        db_has_checkpoint(&db, &group, &topic, 1)
+    });
+    assert_eq!(
+        db.checkpoint(&group, &topic, 1),
+        Some(0),
+        "latest on an empty partition resolves to 0"
+    );
+    unsafe_kill(first.id(), "KILL");
+    let _ = first.wait();
+    // o-70 arrives before the restart; o-71 after it.
+    let map70 = produce_case(&topic, &[&records[0]]);
+    let t = run_caught_up(&p.path).tally();
+    assert_eq!(
+        t.landed, 1,
+        "o-70 is applied: the restart did not resolve latest again"
+    );
+    let map71 = produce_case(&topic, &[&records[1]]);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 1);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.orders WHERE order_id IN ('o-70', 'o-71')"),
+        2
+    );
+    assert_eq!(map70[&(1, 0)], 0);
+    assert_eq!(
+        committed(&group, &topic, 2)[1],
+        Some(map71[&(1, 1)] + 1),
+        "committed offset p1 = 2"
+    );
+}
+
+fn db_has_checkpoint(db: &Db, group: &str, topic: &str, partition: i32) -> bool {
+    let exists: Option<String> = db.query(
+        "SELECT to_regclass($1)::text",
+        &[&format!("\"{}\".replaysafe_checkpoints", db.schema)],
+    )[0]
+    .get(0);
+    exists.is_some() && db.checkpoint(group, topic, partition).is_some()
+}
