@@ -32,6 +32,9 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A command-line option is refused (e.g. a backfill group id equal to the production group).
+    #[error("{0}")]
+    Usage(String),
     /// The database schema does not match what the pipeline needs.
     #[error("schema mismatch: {0}")]
     Schema(String),
@@ -53,7 +56,10 @@ impl Error {
     /// The process exit code this error maps to (see the `EXIT_*` constants).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::ReadConfig { .. } | Error::Config { .. } | Error::Schema(_) => EXIT_CONFIG,
+            Error::ReadConfig { .. }
+            | Error::Config { .. }
+            | Error::Schema(_)
+            | Error::Usage(_) => EXIT_CONFIG,
             Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
             _ => EXIT_FAILURE,
         }

@@ -14,6 +14,7 @@
 //! Every consumed record ends as exactly one [`sink::Outcome`]; a run's [`sink::Tally`] adds up.
 
 pub mod apply;
+pub mod backfill;
 pub mod config;
 pub mod decode;
 pub mod demo;
@@ -21,7 +22,9 @@ pub mod error;
 pub mod filter;
 pub mod ident;
 pub mod metrics_http;
+pub mod offsets;
 pub mod run;
 pub mod sink;
+pub mod verify;
 
 pub use error::{Error, Result};

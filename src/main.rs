@@ -52,6 +52,20 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Another group's positions, read without joining it.
+    Offsets {
+        #[command(subcommand)]
+        command: OffsetsCommand,
+    },
+    /// Replay a window of the topic through the same idempotent path as `run`.
+    Backfill(BackfillArgs),
+    /// Zero a window of event days in the aggregates and the ledger, then replay it under a fresh group.
+    Rebuild(RebuildArgs),
+    /// Check that an aggregate changed by exactly what a backfill reported.
+    Verify {
+        #[command(subcommand)]
+        command: VerifyCommand,
+    },
     /// Self-contained walk-through: first run, full replay under a fresh group, crash between database commit
     /// and offset commit — the counts stay identical.
     Demo {
@@ -63,6 +77,155 @@ enum Command {
         #[arg(long, default_value_t = 600)]
         events: usize,
     },
+}
+
+#[derive(Subcommand)]
+enum OffsetsCommand {
+    /// Write the group's positions per partition as JSON (checkpoints in PostgreSQL win over Kafka's).
+    Snapshot {
+        /// The pipeline file (its topics and database).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The group to read.
+        #[arg(long)]
+        group: String,
+        /// Output file (default: stdout).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+        #[arg(long)]
+        brokers: Option<String>,
+    },
+}
+
+#[derive(clap::Args)]
+struct BackfillArgs {
+    /// The pipeline file.
+    #[arg(short, long)]
+    config: PathBuf,
+    /// Window start: RFC 3339 time or YYYY-MM-DD (UTC midnight), compared with record timestamps.
+    #[arg(long)]
+    from: String,
+    /// Stop at the offsets in this snapshot file (`offsets snapshot`).
+    #[arg(long, group = "stop")]
+    to_offsets: Option<PathBuf>,
+    /// Stop at this group's current positions.
+    #[arg(long, group = "stop")]
+    to_group: Option<String>,
+    /// Stop at the first record at or after this time.
+    #[arg(long, group = "stop")]
+    to: Option<String>,
+    /// Keep only records for which this CEL expression over the fields is true.
+    #[arg(long)]
+    filter: Option<String>,
+    /// The backfill's own consumer group id (never the production group).
+    #[arg(long)]
+    group_id: String,
+    /// Raise the topic's retention.ms when the window could expire during the run.
+    #[arg(long)]
+    ensure_retention: bool,
+    /// Print the plan (start/stop offsets, retention check) and stop.
+    #[arg(long)]
+    dry_run: bool,
+    /// A partition without a stop position: stop at its current end, skip it, or refuse.
+    #[arg(long, value_enum, default_value = "error")]
+    missing_stop: replaysafe::backfill::MissingStop,
+    /// Write the report (JSON) here (default: stdout).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+    #[arg(long)]
+    brokers: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct RebuildArgs {
+    /// The pipeline file.
+    #[arg(short, long)]
+    config: PathBuf,
+    /// First event day (YYYY-MM-DD).
+    #[arg(long)]
+    from: chrono::NaiveDate,
+    /// Last event day (YYYY-MM-DD, inclusive).
+    #[arg(long)]
+    to: chrono::NaiveDate,
+    /// A fresh group id for the replay.
+    #[arg(long)]
+    group_id: String,
+    /// Confirms that every other writer of the projection tables is paused.
+    #[arg(long)]
+    i_paused_other_writers: bool,
+    /// Hours of record time read before --from and after --to.
+    #[arg(long, default_value_t = 24)]
+    slack_hours: i64,
+    /// Write the report (JSON) here (default: stdout).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+    #[arg(long)]
+    brokers: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum VerifyCommand {
+    /// Save a counter projection's rows.
+    Snapshot {
+        /// The pipeline file.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The counter projection's table.
+        #[arg(long)]
+        table: String,
+        /// Only rows matching this SQL condition (run read-only), e.g. "day between '2026-07-01' and '2026-07-06'".
+        #[arg(long = "where")]
+        filter: Option<String>,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Compare the table now with a snapshot: per day, the change must equal what the backfill landed.
+    Diff {
+        /// The snapshot taken before the backfill.
+        #[arg(long)]
+        before: PathBuf,
+        /// The backfill report.
+        #[arg(long)]
+        expect: PathBuf,
+    },
+}
+
+fn parse_time(s: &str) -> anyhow::Result<i64> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp_millis());
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight")
+            .and_utc()
+            .timestamp_millis());
+    }
+    Err(Error::Usage(format!(
+        "`{s}` is neither an RFC 3339 time nor a date (YYYY-MM-DD)"
+    ))
+    .into())
+}
+
+fn write_json<T: serde::Serialize>(value: &T, path: Option<&PathBuf>) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    match path {
+        Some(p) => {
+            std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?
+        }
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &PathBuf) -> anyhow::Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{}: {e}", path.display())).into())
 }
 
 fn database_url(p: &config::Pipeline) -> anyhow::Result<String> {
@@ -158,6 +321,107 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             let tally = run::run_on(rt.handle().clone(), p, opts).context("run failed")?;
             println!("{}", tally.line());
             Ok(())
+        }
+        Command::Offsets {
+            command:
+                OffsetsCommand::Snapshot {
+                    config,
+                    group,
+                    output,
+                    brokers: flag,
+                },
+        } => {
+            let p = config::load(&config)?;
+            let snap =
+                replaysafe::offsets::snapshot(&p, &brokers(&p, flag)?, &database_url(&p)?, &group)?;
+            write_json(&snap, output.as_ref())
+        }
+        Command::Backfill(a) => {
+            let p = Arc::new(config::load(&a.config)?);
+            let stop = match (a.to_offsets, a.to_group, a.to) {
+                (Some(f), _, _) => replaysafe::backfill::StopSpec::Offsets(read_json(&f)?),
+                (_, Some(g), _) => replaysafe::backfill::StopSpec::Group(g),
+                (_, _, Some(t)) => replaysafe::backfill::StopSpec::Time(parse_time(&t)?),
+                _ => {
+                    return Err(Error::Usage(
+                        "give the window's end: --to-offsets, --to-group or --to".into(),
+                    )
+                    .into())
+                }
+            };
+            let opts = replaysafe::backfill::BackfillOptions {
+                from_ms: parse_time(&a.from)?,
+                stop,
+                filter: a.filter,
+                day_window: None,
+                group_id: a.group_id,
+                ensure_retention: a.ensure_retention,
+                dry_run: a.dry_run,
+                missing_stop: a.missing_stop,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            let shutdown = Arc::new(AtomicBool::new(false));
+            signals(shutdown.clone());
+            let report = replaysafe::backfill::backfill(
+                p.clone(),
+                &brokers(&p, a.brokers)?,
+                &database_url(&p)?,
+                &opts,
+                shutdown,
+            )?;
+            eprintln!("{}", report.accounting);
+            write_json(&report, a.output.as_ref())
+        }
+        Command::Rebuild(a) => {
+            let p = Arc::new(config::load(&a.config)?);
+            let opts = replaysafe::backfill::RebuildOptions {
+                from: a.from,
+                to: a.to,
+                group_id: a.group_id,
+                slack_hours: a.slack_hours,
+                others_paused: a.i_paused_other_writers,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            let shutdown = Arc::new(AtomicBool::new(false));
+            signals(shutdown.clone());
+            let report = replaysafe::backfill::rebuild(
+                p.clone(),
+                &brokers(&p, a.brokers)?,
+                &database_url(&p)?,
+                &opts,
+                shutdown,
+            )?;
+            eprintln!("{}", report.accounting);
+            write_json(&report, a.output.as_ref())
+        }
+        Command::Verify {
+            command:
+                VerifyCommand::Snapshot {
+                    config,
+                    table,
+                    filter,
+                    output,
+                },
+        } => {
+            let snap = replaysafe::verify::snapshot(&config, &table, filter.as_deref())?;
+            write_json(&snap, Some(&output))
+        }
+        Command::Verify {
+            command: VerifyCommand::Diff { before, expect },
+        } => {
+            let before: replaysafe::verify::Snapshot = read_json(&before)?;
+            let report: replaysafe::backfill::Report = read_json(&expect)?;
+            let (mismatches, table) = replaysafe::verify::diff(&before, &report)?;
+            print!("{table}");
+            if mismatches.is_empty() {
+                println!("verified: every day changed by exactly what the backfill landed");
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!(
+                    "{} day(s) differ from the backfill report",
+                    mismatches.len()
+                ))
+            }
         }
         Command::Demo { brokers, events } => {
             let url = std::env::var("DATABASE_URL")

@@ -222,6 +222,19 @@ pub struct ProjectionPlan {
     pub filter: Option<(String, Program)>,
     /// Index of this projection's pass column in `landed` (when it has a filter).
     pub pass_column: Option<usize>,
+    /// counter/sum: the table, its group-by field indices and its value columns.
+    pub aggregate: Option<Aggregate>,
+}
+
+/// The shape of a counter or sum projection's table.
+#[derive(Debug, Clone)]
+pub struct Aggregate {
+    /// The table.
+    pub table: QualifiedName,
+    /// Field indices of the group-by columns (the primary key).
+    pub group_by: Vec<usize>,
+    /// The value columns (counter: one; sum: the `add` targets).
+    pub values: Vec<Ident>,
 }
 
 impl std::fmt::Debug for ProjectionPlan {
@@ -254,6 +267,21 @@ impl Pipeline {
             .iter()
             .filter(|p| p.pass_column.is_some())
             .count()
+    }
+
+    /// Compiles a CEL expression over this pipeline's fields (e.g. `backfill --filter`).
+    ///
+    /// # Errors
+    /// A message when it does not compile or names an undeclared field.
+    pub fn compile_filter(&self, expr: &str) -> std::result::Result<Program, String> {
+        let program =
+            Program::compile(expr).map_err(|e| format!("CEL expression does not compile: {e}"))?;
+        for var in program.references().variables() {
+            if !self.fields.iter().any(|f| f.name.as_str() == var) {
+                return Err(format!("`{var}` is not a declared field"));
+            }
+        }
+        Ok(program)
     }
 
     /// The four answers every replay-safe consumer must state, as printed by `replaysafe check`.
@@ -818,6 +846,7 @@ fn projection(
         })
     };
 
+    let mut aggregate = None;
     let (name, statement, setup) = match kind {
         ProjectionKind::Counter | ProjectionKind::Sum => {
             let table_s = need(rp.table.as_ref(), "table")?;
@@ -916,6 +945,11 @@ fn projection(
                 gdefs.join(", "),
                 tdefs.join(", ")
             )];
+            aggregate = Some(Aggregate {
+                table: table.clone(),
+                group_by: group_by.clone(),
+                values: targets.iter().map(|(t, _, _)| t.clone()).collect(),
+            });
             (table.name.as_str().to_string(), statement, setup)
         }
         ProjectionKind::Sql => {
@@ -1030,5 +1064,6 @@ fn projection(
         setup,
         filter,
         pass_column,
+        aggregate,
     })
 }

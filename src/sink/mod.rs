@@ -201,6 +201,7 @@ struct Prepared {
 /// One PostgreSQL connection with the statements a batch needs prepared and a `landed` temp table.
 pub struct Sink {
     pipeline: Arc<Pipeline>,
+    group: String,
     url: String,
     client: Client,
     prepared: Prepared,
@@ -252,6 +253,7 @@ impl Sink {
         };
         let partitions = schema::existing_partitions(&client, &pipeline).await?;
         Ok(Sink {
+            group: pipeline.kafka.group_id.clone(),
             pipeline,
             url: url.to_string(),
             client,
@@ -260,12 +262,22 @@ impl Sink {
         })
     }
 
+    /// Uses `group` (e.g. a backfill's own group id) for checkpoints, ledger and dead-letter rows instead of the
+    /// pipeline's group.
+    pub fn with_group(mut self, group: &str) -> Sink {
+        self.group = group.to_string();
+        self
+    }
+
     /// Replaces a broken connection with a new one.
     ///
     /// # Errors
     /// As [`Sink::open`].
     pub async fn reconnect(&mut self) -> Result<()> {
-        *self = Sink::open(self.pipeline.clone(), &self.url).await?;
+        let group = self.group.clone();
+        *self = Sink::open(self.pipeline.clone(), &self.url)
+            .await?
+            .with_group(&group);
         Ok(())
     }
 
@@ -302,7 +314,7 @@ impl Sink {
                 })?;
         }
         let generation = p.identity.generation.clone().unwrap_or_default();
-        let group = p.kafka.group_id.as_str();
+        let group = self.group.as_str();
         let tx = self
             .client
             .transaction()

@@ -10,10 +10,10 @@ use serde_json::Value;
 use crate::common::*;
 
 /// One distinct record of a case (redeliveries folded), in first-appearance order.
-struct CaseRecord {
-    partition: i32,
-    offset: i64,
-    rec: Rec,
+pub struct CaseRecord {
+    pub partition: i32,
+    pub offset: i64,
+    pub rec: Rec,
 }
 
 fn payload(v: &Value) -> Option<Vec<u8>> {
@@ -41,7 +41,7 @@ fn expand(s: &str) -> String {
     out
 }
 
-fn load(id: &str, topic_filter: Option<&str>) -> Vec<CaseRecord> {
+pub fn load(id: &str, topic_filter: Option<&str>) -> Vec<CaseRecord> {
     let path = format!(
         "{}/tests/fixtures/cases/{id}.json",
         env!("CARGO_MANIFEST_DIR")
@@ -75,7 +75,7 @@ fn load(id: &str, topic_filter: Option<&str>) -> Vec<CaseRecord> {
 }
 
 /// Produces `records` and returns case offset → broker offset per partition.
-fn produce_case(topic: &str, records: &[&CaseRecord]) -> BTreeMap<(i32, i64), i64> {
+pub fn produce_case(topic: &str, records: &[&CaseRecord]) -> BTreeMap<(i32, i64), i64> {
     let recs: Vec<Rec> = records.iter().map(|r| r.rec.clone()).collect();
     let offsets = produce(topic, &recs);
     records
@@ -86,7 +86,7 @@ fn produce_case(topic: &str, records: &[&CaseRecord]) -> BTreeMap<(i32, i64), i6
 }
 
 /// Business events of `shop.order-events`, with the projections the cases' oracles name.
-const ORDERS: &str = r#"
+pub const ORDERS: &str = r#"
 [kafka]
 group-id = "{group}"
 topics = ["{topic}"]
@@ -178,7 +178,7 @@ payload = ["event_id", "event_type", "entity_id", "version"]
 key = ["entity_id"]
 "#;
 
-fn orders_pipeline(topic: &str, group: &str, db: &Db, max_bytes: Option<usize>) -> Pipeline {
+pub fn orders_pipeline(topic: &str, group: &str, db: &Db, max_bytes: Option<usize>) -> Pipeline {
     let text = ORDERS.replace(
         "MAXBYTES",
         &max_bytes

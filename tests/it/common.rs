@@ -400,3 +400,20 @@ pub fn unsafe_kill(pid: u32, signal: &str) {
         .stderr(Stdio::null())
         .status();
 }
+
+/// Advances a partition's log start offset (the admin DeleteRecords call): real retention loss.
+pub fn delete_records_before(topic: &str, partition: i32, offset: i64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .unwrap();
+    rt.block_on(admin.delete_records(&tpl, &AdminOptions::new()))
+        .unwrap();
+}

@@ -1,6 +1,7 @@
 //! Integration tests against a real Kafka broker and PostgreSQL (started by `scripts/test`).
 //! Each test uses its own topic, consumer group and schema, and asserts final database state.
 
+mod backfill;
 mod cases;
 mod common;
 mod config_errors;

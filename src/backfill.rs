@@ -1,0 +1,841 @@
+//! `replaysafe backfill` and `replaysafe rebuild`: replay a window of the topic through the same idempotent
+//! batch path as `run` (ledger claim + projections + checkpoint in one transaction).
+//!
+//! Partitions are assigned explicitly (no group subscription); each starts at the first offset at or after
+//! `--from` (ListOffsets by timestamp, `offsets_for_times`) and stops before its stop offset (exclusive). The
+//! checkpoint rows of the backfill's own group id make a second run of the same backfill a no-op.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaErrorCode;
+use serde::{Deserialize, Serialize};
+
+use crate::apply::{apply_batch, Applied};
+use crate::config::Pipeline;
+use crate::decode::{self, Reason, Rejection};
+use crate::error::{Error, Result};
+use crate::filter;
+use crate::offsets::{self, StopFile};
+use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
+
+/// Where the window ends.
+#[derive(Debug, Clone)]
+pub enum StopSpec {
+    /// A snapshot file (`offsets snapshot`).
+    Offsets(StopFile),
+    /// Another group's positions, read now.
+    Group(String),
+    /// The first offset at or after this time (ms since the epoch), or the end captured with the lookup.
+    Time(i64),
+}
+
+/// What to do with a partition that has no stop position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MissingStop {
+    /// Stop at the partition's end as captured when planning.
+    End,
+    /// Leave the partition out.
+    Skip,
+    /// Refuse to start.
+    Error,
+}
+
+/// Options of a backfill.
+#[derive(Debug, Clone)]
+pub struct BackfillOptions {
+    /// Window start, ms since the Unix epoch (record timestamps).
+    pub from_ms: i64,
+    /// Window end.
+    pub stop: StopSpec,
+    /// Keep only records for which this CEL expression is true (others are `filtered` by rule `--filter`).
+    pub filter: Option<String>,
+    /// Keep only records whose partition-by day lies in this window (rebuild).
+    pub day_window: Option<(NaiveDate, NaiveDate)>,
+    /// The backfill's own consumer group id (checkpoints, Kafka commits).
+    pub group_id: String,
+    /// Raise the topic's `retention.ms` when the window is close to expiring.
+    pub ensure_retention: bool,
+    /// Plan and print only.
+    pub dry_run: bool,
+    /// Policy for partitions without a stop position.
+    pub missing_stop: MissingStop,
+    /// Show a progress bar (when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// One partition of the plan.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartitionPlan {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// First offset to read.
+    pub start_offset: i64,
+    /// Stop offset (exclusive): next offset to read after the window.
+    pub stop_offset: i64,
+    /// How the start was found (`time`, `end-at-lookup`, `empty`, `checkpoint`).
+    pub start_from: String,
+}
+
+/// Per-day outcome counts of a backfill.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DayCounts {
+    /// Newly claimed and projected.
+    pub landed: u64,
+    /// Already in the ledger.
+    pub duplicate: u64,
+    /// Dropped by `--filter` or a pipeline filter rule.
+    pub filtered: u64,
+    /// Dead-lettered.
+    pub quarantined: u64,
+}
+
+/// The backfill report (`-o report.json`; read by `verify diff --expect`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// The backfill group id.
+    pub group_id: String,
+    /// The pipeline's production group.
+    pub pipeline_group: String,
+    /// Window start (RFC 3339).
+    pub from: String,
+    /// How the stop offsets were chosen.
+    pub stop: String,
+    /// The `--filter` expression.
+    pub filter: Option<String>,
+    /// Exact start/stop offsets used.
+    pub partitions: Vec<PartitionPlan>,
+    /// Retention findings and actions.
+    pub retention: Vec<String>,
+    /// Per partition-by day (`YYYY-MM-DD`, or `unknown` for undecodable records).
+    pub per_day: BTreeMap<String, DayCounts>,
+    /// The accounting line.
+    pub accounting: String,
+    /// Whether this was a dry run.
+    pub dry_run: bool,
+}
+
+fn usage(msg: String) -> Error {
+    Error::Usage(msg)
+}
+
+fn lookup_times(
+    consumer: &BaseConsumer,
+    parts: &[(String, i32)],
+    ts: i64,
+) -> Result<BTreeMap<(String, i32), Offset>> {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in parts {
+        tpl.add_partition_offset(t, *p, Offset::Offset(ts))?;
+    }
+    let got = consumer.offsets_for_times(tpl, Duration::from_secs(30))?;
+    Ok(got
+        .elements()
+        .iter()
+        .map(|e| ((e.topic().to_string(), e.partition()), e.offset()))
+        .collect())
+}
+
+/// Plans the window: start and stop offsets per partition, checks retention and the ledger horizon.
+///
+/// # Errors
+/// [`Error::Usage`] for refused options; [`Error::Other`] when the window's oldest records are gone.
+pub fn plan(
+    pipeline: &Pipeline,
+    brokers: &str,
+    database_url: &str,
+    opts: &BackfillOptions,
+) -> Result<(Vec<PartitionPlan>, Vec<String>, String)> {
+    if opts.group_id == pipeline.kafka.group_id {
+        return Err(usage(format!(
+            "--group-id {} is the pipeline's production group: a backfill must use its own group id",
+            opts.group_id
+        )));
+    }
+    let stop_group = match &opts.stop {
+        StopSpec::Offsets(f) => Some(f.group.clone()),
+        StopSpec::Group(g) => Some(g.clone()),
+        StopSpec::Time(_) => None,
+    };
+    if stop_group.as_deref() == Some(opts.group_id.as_str()) {
+        return Err(usage(format!(
+            "--group-id {} is the group the stop offsets come from",
+            opts.group_id
+        )));
+    }
+    if let (Some(h), Some(from)) = (
+        schema::horizon_start(pipeline),
+        DateTime::from_timestamp_millis(opts.from_ms),
+    ) {
+        if opts.day_window.is_none() && from.date_naive() < h {
+            return Err(usage(format!(
+                "the window starts {} but the ledger horizon only covers days from {h}: duplicates older than that \
+                 cannot be recognised; use `replaysafe rebuild` for this window",
+                from.date_naive()
+            )));
+        }
+    }
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", &opts.group_id)
+        .create()?;
+    let parts = offsets::partitions(&consumer, &pipeline.kafka.topics)?;
+    // Ends captured before the lookups: "End" means the end as it was at the lookup (case C15).
+    let mut marks = BTreeMap::new();
+    for (t, p) in &parts {
+        marks.insert(
+            (t.clone(), *p),
+            consumer.fetch_watermarks(t, *p, Duration::from_secs(30))?,
+        );
+    }
+    let starts = lookup_times(&consumer, &parts, opts.from_ms)?;
+    let (stops, stop_desc): (BTreeMap<(String, i32), Option<i64>>, String) = match &opts.stop {
+        StopSpec::Offsets(f) => (
+            parts
+                .iter()
+                .map(|tp| {
+                    let e = f
+                        .partitions
+                        .iter()
+                        .find(|e| e.topic == tp.0 && e.partition == tp.1);
+                    (tp.clone(), e.and_then(|e| e.next_offset))
+                })
+                .collect(),
+            format!(
+                "offsets of group {} taken {} ({})",
+                f.group, f.taken_at, f.source
+            ),
+        ),
+        StopSpec::Group(g) => {
+            let f = offsets::snapshot(pipeline, brokers, database_url, g)?;
+            let m = f
+                .partitions
+                .iter()
+                .map(|e| ((e.topic.clone(), e.partition), e.next_offset))
+                .collect();
+            (
+                m,
+                format!("offsets of group {g} read at start ({})", f.source),
+            )
+        }
+        StopSpec::Time(ts) => {
+            let got = lookup_times(&consumer, &parts, *ts)?;
+            let m = parts
+                .iter()
+                .map(|tp| {
+                    let stop = match got.get(tp) {
+                        Some(Offset::Offset(o)) => *o,
+                        _ => marks[tp].1,
+                    };
+                    (tp.clone(), Some(stop))
+                })
+                .collect();
+            (
+                m,
+                format!(
+                    "first offset at or after {}",
+                    DateTime::from_timestamp_millis(*ts)
+                        .unwrap_or_default()
+                        .to_rfc3339()
+                ),
+            )
+        }
+    };
+    let mut plans = Vec::new();
+    let mut retention = Vec::new();
+    for tp in &parts {
+        let (low, high) = marks[tp];
+        let (start, start_from) = match starts.get(tp) {
+            Some(Offset::Offset(o)) => (*o, "time"),
+            Some(Offset::End) if low == high => (high, "empty"),
+            Some(Offset::End) => (high, "end-at-lookup"),
+            other => {
+                return Err(Error::Other(format!(
+                    "{}/{}: the broker answered {other:?} to the timestamp lookup; refusing to guess a position",
+                    tp.0, tp.1
+                )))
+            }
+        };
+        let stop = match stops.get(tp).copied().flatten() {
+            Some(s) => s,
+            None => match opts.missing_stop {
+                MissingStop::End => high,
+                MissingStop::Skip => continue,
+                MissingStop::Error => {
+                    return Err(usage(format!(
+                        "{}/{} has no stop offset ({}); choose with --missing-stop=end|skip",
+                        tp.0, tp.1, stop_desc
+                    )))
+                }
+            },
+        };
+        if start < low {
+            return Err(Error::Other(format!(
+                "{}/{}: offsets {start}..{low} of the window are gone from the broker (log start offset {low}); \
+                 the backfill cannot be complete — nothing was applied",
+                tp.0, tp.1
+            )));
+        }
+        plans.push(PartitionPlan {
+            topic: tp.0.clone(),
+            partition: tp.1,
+            start_offset: start,
+            stop_offset: stop.max(start),
+            start_from: start_from.into(),
+        });
+    }
+    retention.extend(check_retention(brokers, pipeline, opts)?);
+    Ok((plans, retention, stop_desc))
+}
+
+/// Margin before retention would delete the window's oldest records during the run.
+const RETENTION_MARGIN_MS: i64 = 6 * 3_600_000;
+
+fn check_retention(
+    brokers: &str,
+    pipeline: &Pipeline,
+    opts: &BackfillOptions,
+) -> Result<Vec<String>> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let mut notes = Vec::new();
+    let age = Utc::now().timestamp_millis() - opts.from_ms;
+    for t in &pipeline.kafka.topics {
+        let spec = ResourceSpecifier::Topic(t);
+        let res = rt.block_on(admin.describe_configs([&spec], &AdminOptions::new()))?;
+        let Some(Ok(resource)) = res.into_iter().next() else {
+            continue;
+        };
+        let retention: i64 = resource
+            .get("retention.ms")
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(604_800_000);
+        if retention < 0 {
+            notes.push(format!("{t}: retention.ms = {retention} (unlimited)"));
+            continue;
+        }
+        if age + RETENTION_MARGIN_MS <= retention {
+            notes.push(format!("{t}: retention.ms = {retention}; the window's oldest records are {age} ms old: safe"));
+            continue;
+        }
+        let wanted = age + 7 * 86_400_000;
+        if opts.ensure_retention && !opts.dry_run {
+            // AlterConfigs replaces a topic's dynamic configuration: keep every other dynamic value.
+            let keep: Vec<(String, String)> = resource
+                .entries
+                .iter()
+                .filter(|e| {
+                    !e.is_default && !e.is_read_only && !e.is_sensitive && e.name != "retention.ms"
+                })
+                .filter(|e| matches!(e.source, rdkafka::admin::ConfigSource::DynamicTopic))
+                .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+                .collect();
+            let wanted_s = wanted.to_string();
+            let mut alter =
+                AlterConfig::new(ResourceSpecifier::Topic(t)).set("retention.ms", &wanted_s);
+            for (k, v) in &keep {
+                alter = alter.set(k, v);
+            }
+            let r = rt.block_on(admin.alter_configs([&alter], &AdminOptions::new()))?;
+            for x in r {
+                x.map_err(|(_, e)| Error::Other(format!("raising retention.ms of {t}: {e}")))?;
+            }
+            notes.push(format!(
+                "{t}: retention.ms raised from {retention} to {wanted} (--ensure-retention)"
+            ));
+        } else {
+            let msg = format!(
+                "{t}: retention.ms = {retention} but the window's oldest records are {age} ms old: retention may delete \
+                 them during the run (margin {RETENTION_MARGIN_MS} ms); --ensure-retention raises it to {wanted}"
+            );
+            tracing::warn!("{msg}");
+            notes.push(msg);
+        }
+    }
+    Ok(notes)
+}
+
+struct Part {
+    plan: PartitionPlan,
+    fence: i64,
+    next: i64,
+    done: bool,
+    buffer: Vec<(Item, Option<NaiveDate>)>,
+}
+
+/// Runs a backfill (or only plans it with `dry_run`) and returns its report.
+///
+/// # Errors
+/// As [`plan`]; [`Error::Other`] when records of the window disappear during the run (retention), naming the
+/// lost range; database and Kafka errors.
+pub fn backfill(
+    pipeline: Arc<Pipeline>,
+    brokers: &str,
+    database_url: &str,
+    opts: &BackfillOptions,
+    shutdown: Arc<AtomicBool>,
+) -> Result<Report> {
+    let (plans, retention, stop_desc) = plan(&pipeline, brokers, database_url, opts)?;
+    let from = DateTime::from_timestamp_millis(opts.from_ms)
+        .unwrap_or_default()
+        .to_rfc3339();
+    let mut report = Report {
+        group_id: opts.group_id.clone(),
+        pipeline_group: pipeline.kafka.group_id.clone(),
+        from,
+        stop: stop_desc,
+        filter: opts.filter.clone(),
+        partitions: plans.clone(),
+        retention,
+        per_day: BTreeMap::new(),
+        accounting: String::new(),
+        dry_run: opts.dry_run,
+    };
+    if opts.dry_run {
+        report.accounting = Tally::default().line();
+        return Ok(report);
+    }
+    let keep = match &opts.filter {
+        Some(f) => Some(
+            pipeline
+                .compile_filter(f)
+                .map_err(|m| usage(format!("--filter: {m}")))?,
+        ),
+        None => None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let group = opts.group_id.clone();
+    let mut sink = rt.block_on(async {
+        let mut admin = crate::sink::connect(database_url).await?;
+        schema::init(&mut admin, &pipeline).await?;
+        Ok::<_, Error>(
+            Sink::open(pipeline.clone(), database_url)
+                .await?
+                .with_group(&group),
+        )
+    })?;
+    // Take over the backfill group's checkpoints; a rerun resumes (or finds the window done).
+    let mut parts: Vec<Part> = Vec::new();
+    let stmt = sql::acquire_checkpoint(&pipeline);
+    for pl in plans {
+        let (next, fence): (Option<i64>, i64) = rt.block_on(async {
+            let row = sink
+                .client()
+                .query_one(&stmt, &[&group, &pl.topic, &pl.partition])
+                .await?;
+            Ok::<_, Error>((row.get(0), row.get(1)))
+        })?;
+        let resume = match next {
+            Some(n) => {
+                let (low, _) = watermarks(brokers, &group, &pl.topic, pl.partition)?;
+                if n < low && n < pl.stop_offset {
+                    return Err(Error::Other(format!(
+                        "{}/{}: this backfill stopped at offset {n}, but offsets [{n}, {low}) were deleted by retention \
+                         since; the records before {n} stay applied. Nothing was skipped: decide explicitly (a new \
+                         --group-id starts the window again from what is left)",
+                        pl.topic, pl.partition
+                    )));
+                }
+                n.max(pl.start_offset)
+            }
+            None => {
+                let upd = format!(
+                    "UPDATE {} SET next_offset = $5 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4",
+                    pipeline.table(sql::CHECKPOINTS)
+                );
+                rt.block_on(sink.client().execute(
+                    &upd,
+                    &[&group, &pl.topic, &pl.partition, &fence, &pl.start_offset],
+                ))?;
+                pl.start_offset
+            }
+        };
+        let done = resume >= pl.stop_offset;
+        parts.push(Part {
+            plan: pl,
+            fence,
+            next: resume,
+            done,
+            buffer: Vec::new(),
+        });
+    }
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "error")
+        .set("queued.max.messages.kbytes", "16384")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in parts.iter().filter(|p| !p.done) {
+        tpl.add_partition_offset(&p.plan.topic, p.plan.partition, Offset::Offset(p.next))?;
+    }
+    consumer.assign(&tpl)?;
+    let total: i64 = parts
+        .iter()
+        .map(|p| p.plan.stop_offset - p.plan.start_offset)
+        .sum();
+    let bar = if opts.progress {
+        let b = indicatif::ProgressBar::new(total.max(0) as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} records  {per_sec}  ETA {eta}  {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut tally = Tally::default();
+    let started = Instant::now();
+    let mut last_log = Instant::now();
+    let mut oldest: Option<Instant> = None;
+    let give_up_flag = shutdown.clone();
+    let give_up = move || give_up_flag.load(Ordering::Relaxed);
+    let result: Result<()> = loop {
+        if parts.iter().all(|p| p.done && p.buffer.is_empty()) {
+            break Ok(());
+        }
+        if shutdown.load(Ordering::Relaxed) {
+            break Err(Error::Other(
+                "interrupted; rerun the same command to resume from the checkpoints".into(),
+            ));
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(msg)) => {
+                let Some(part) = parts
+                    .iter_mut()
+                    .find(|p| p.plan.topic == msg.topic() && p.plan.partition == msg.partition())
+                else {
+                    continue;
+                };
+                if part.done || msg.offset() >= part.plan.stop_offset {
+                    part.done = true;
+                    continue;
+                }
+                let value = msg.payload();
+                let (pending, day) = decide(&pipeline, value, keep.as_ref(), opts.day_window);
+                let item = Item {
+                    offset: msg.offset(),
+                    timestamp_ms: msg.timestamp().to_millis(),
+                    key: msg.key().map(<[u8]>::to_vec),
+                    value: value.map(<[u8]>::to_vec),
+                    pending,
+                };
+                part.buffer.push((item, day));
+                oldest.get_or_insert_with(Instant::now);
+                if msg.offset() + 1 >= part.plan.stop_offset {
+                    part.done = true;
+                }
+            }
+            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange)))
+            | Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset))) => {
+                break Err(lost_range(&consumer, &parts));
+            }
+            Some(Err(e)) => tracing::warn!("kafka: {e}"),
+            None => {
+                // Idle: a partition whose position passed the stop (transaction markers) is done too.
+                if let Ok(pos) = consumer.position() {
+                    for p in parts.iter_mut().filter(|p| !p.done) {
+                        if let Some(e) = pos.find_partition(&p.plan.topic, p.plan.partition) {
+                            if let Offset::Offset(o) = e.offset() {
+                                if o >= p.plan.stop_offset && p.buffer.is_empty() {
+                                    p.done = true;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let full = parts
+            .iter()
+            .any(|p| p.buffer.len() >= pipeline.max_records || (p.done && !p.buffer.is_empty()));
+        let lingered = oldest.is_some_and(|t| t.elapsed() >= pipeline.linger);
+        if full || lingered {
+            oldest = None;
+            let mut commit = TopicPartitionList::new();
+            for part in parts.iter_mut().filter(|p| !p.buffer.is_empty()) {
+                let buffered = std::mem::take(&mut part.buffer);
+                let days: Vec<Option<NaiveDate>> = buffered.iter().map(|(_, d)| *d).collect();
+                let items: Vec<Item> = buffered.into_iter().map(|(i, _)| i).collect();
+                let end = items.last().map(|i| i.offset + 1).unwrap_or(part.next);
+                let batch = Batch {
+                    topic: part.plan.topic.clone(),
+                    partition: part.plan.partition,
+                    fence: part.fence,
+                    expected: Some(part.next),
+                    end,
+                    items,
+                };
+                match rt.block_on(apply_batch(&mut sink, &batch, &give_up))? {
+                    Applied::Committed(outcomes) => {
+                        for (o, d) in outcomes.iter().zip(&days) {
+                            tally.add(o);
+                            let key = d.map_or_else(|| "unknown".to_string(), |d| d.to_string());
+                            let c = report.per_day.entry(key).or_default();
+                            match o {
+                                Outcome::Landed => c.landed += 1,
+                                Outcome::Duplicate => c.duplicate += 1,
+                                Outcome::Filtered(_) => c.filtered += 1,
+                                Outcome::Quarantined(_) => c.quarantined += 1,
+                            }
+                        }
+                        bar.inc((end - part.next).max(0) as u64);
+                        part.next = end;
+                        commit.add_partition_offset(
+                            &part.plan.topic,
+                            part.plan.partition,
+                            Offset::Offset(end),
+                        )?;
+                    }
+                    Applied::Fenced => {
+                        return Err(Error::Other(format!(
+                            "another process runs backfill group {group} on {}/{}; stopped",
+                            part.plan.topic, part.plan.partition
+                        )))
+                    }
+                }
+            }
+            if commit.count() > 0 {
+                let _ = consumer.commit(&commit, rdkafka::consumer::CommitMode::Async);
+            }
+        }
+        if !opts.progress && last_log.elapsed() >= Duration::from_secs(5) {
+            last_log = Instant::now();
+            let done: i64 = parts.iter().map(|p| p.next - p.plan.start_offset).sum();
+            let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            let eta = if rate > 0.0 {
+                (total - done) as f64 / rate
+            } else {
+                f64::INFINITY
+            };
+            let remaining: Vec<String> = parts
+                .iter()
+                .filter(|p| !p.done)
+                .map(|p| {
+                    format!(
+                        "{}/{}: {} left",
+                        p.plan.topic,
+                        p.plan.partition,
+                        p.plan.stop_offset - p.next
+                    )
+                })
+                .collect();
+            tracing::info!(
+                "backfill {done}/{total} records, {rate:.0}/s, ETA {eta:.0} s; {}",
+                remaining.join(", ")
+            );
+        }
+    };
+    bar.finish_and_clear();
+    result?;
+    report.accounting = tally.line();
+    Ok(report)
+}
+
+fn watermarks(brokers: &str, group: &str, topic: &str, partition: i32) -> Result<(i64, i64)> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()?;
+    Ok(c.fetch_watermarks(topic, partition, Duration::from_secs(30))?)
+}
+
+fn lost_range(consumer: &BaseConsumer, parts: &[Part]) -> Error {
+    let mut lost = Vec::new();
+    for p in parts.iter().filter(|p| !p.done) {
+        if let Ok((low, _)) =
+            consumer.fetch_watermarks(&p.plan.topic, p.plan.partition, Duration::from_secs(10))
+        {
+            if p.next < low {
+                lost.push(format!(
+                    "{}/{} offsets [{}, {low})",
+                    p.plan.topic, p.plan.partition, p.next
+                ));
+            }
+        }
+    }
+    Error::Other(format!(
+        "records of the window were deleted by retention during the backfill: {}; what was applied before stays \
+         applied (checkpoints); nothing was skipped silently",
+        if lost.is_empty() { "a partition's position is out of range".to_string() } else { lost.join(", ") }
+    ))
+}
+
+fn decide(
+    pipeline: &Pipeline,
+    value: Option<&[u8]>,
+    keep: Option<&cel_interpreter::Program>,
+    window: Option<(NaiveDate, NaiveDate)>,
+) -> (Pending, Option<NaiveDate>) {
+    let fields = match decode::decode(pipeline, value) {
+        Ok(f) => f,
+        Err(r) => return (Pending::Quarantine(r), None),
+    };
+    let day = decode::partition_day(pipeline, &fields);
+    if let (Some((a, b)), Some(d)) = (window, day) {
+        if d < a || d > b {
+            return (Pending::Filtered("outside-rebuild-window".into()), day);
+        }
+    }
+    if let Some(program) = keep {
+        let ctx = filter::context(pipeline, &fields);
+        match filter::eval(program, "--filter", &ctx) {
+            Ok(true) => {}
+            Ok(false) => return (Pending::Filtered("--filter".into()), day),
+            Err(detail) => {
+                return (
+                    Pending::Quarantine(Rejection {
+                        reason: Reason::FilterError,
+                        detail,
+                    }),
+                    day,
+                )
+            }
+        }
+    }
+    match filter::decide(pipeline, &fields) {
+        Ok(filter::Decision::Keep { passes }) => (Pending::Claim { fields, passes }, day),
+        Ok(filter::Decision::Filtered(rule)) => (Pending::Filtered(rule), day),
+        Err(detail) => (
+            Pending::Quarantine(Rejection {
+                reason: Reason::FilterError,
+                detail,
+            }),
+            day,
+        ),
+    }
+}
+
+/// Options of a rebuild.
+#[derive(Debug, Clone)]
+pub struct RebuildOptions {
+    /// First event day of the window (inclusive).
+    pub from: NaiveDate,
+    /// Last event day of the window (inclusive).
+    pub to: NaiveDate,
+    /// The fresh group id that replays the window.
+    pub group_id: String,
+    /// Hours of record time read before `from` and after `to` (events are produced near their event day).
+    pub slack_hours: i64,
+    /// The operator confirmed that other writers of the projection tables are paused.
+    pub others_paused: bool,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// Rebuilds a window of event days: in one transaction deletes the window's rows from every counter/sum
+/// projection and from the ledger, then replays the records of those days under a fresh group id.
+///
+/// # Errors
+/// [`Error::Usage`] without `others_paused`, without `partition-by`, or when a projection cannot be zeroed per
+/// day (kind sql or outbox, or not grouped by the day); then as [`backfill`].
+pub fn rebuild(
+    pipeline: Arc<Pipeline>,
+    brokers: &str,
+    database_url: &str,
+    opts: &RebuildOptions,
+    shutdown: Arc<AtomicBool>,
+) -> Result<Report> {
+    if !opts.others_paused {
+        return Err(usage(
+            "rebuild deletes the window's aggregate rows and replays them: pause every other writer of those tables, \
+             then pass --i-paused-other-writers"
+                .into(),
+        ));
+    }
+    let day = pipeline.identity.partition_by.ok_or_else(|| {
+        usage("rebuild works per event day: the pipeline needs identity.partition-by".into())
+    })?;
+    let mut deletes = Vec::new();
+    for p in &pipeline.projections {
+        match &p.aggregate {
+            Some(a) if a.group_by.contains(&day) => deletes.push(format!(
+                "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
+                a.table, pipeline.fields[day].name
+            )),
+            _ => {
+                return Err(usage(format!(
+                    "projection `{}` cannot be zeroed per day (only counter/sum projections grouped by the \
+                     partition-by field can); rebuild refused",
+                    p.name
+                )))
+            }
+        }
+    }
+    deletes.push(format!(
+        "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
+        pipeline.ledger.table, pipeline.fields[day].name
+    ));
+    let slack = opts.slack_hours * 3_600_000;
+    let from_ms = opts
+        .from
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc()
+        .timestamp_millis()
+        - slack;
+    let to_ms = opts
+        .to
+        .succ_opt()
+        .unwrap_or(opts.to)
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc()
+        .timestamp_millis()
+        + slack;
+    let bopts = BackfillOptions {
+        from_ms,
+        stop: StopSpec::Time(to_ms),
+        filter: None,
+        day_window: Some((opts.from, opts.to)),
+        group_id: opts.group_id.clone(),
+        ensure_retention: false,
+        dry_run: false,
+        missing_stop: MissingStop::End,
+        progress: opts.progress,
+    };
+    // Plan first (retention, fresh group) so nothing is deleted when the replay cannot happen.
+    plan(&pipeline, brokers, database_url, &bopts)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    rt.block_on(async {
+        let mut client = crate::sink::connect(database_url).await?;
+        schema::init(&mut client, &pipeline).await?;
+        let tx = client.transaction().await?;
+        for d in &deletes {
+            let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
+            tracing::info!(rows = n, "{d}");
+        }
+        tx.commit().await?;
+        Ok::<_, Error>(())
+    })?;
+    backfill(pipeline, brokers, database_url, &bopts, shutdown)
+}

@@ -1,0 +1,153 @@
+//! `replaysafe offsets snapshot`: another group's positions, without joining that group.
+//!
+//! When the group is a replaysafe pipeline its checkpoint rows in PostgreSQL are the authority (Kafka's
+//! committed offsets are written after them and may lag); otherwise Kafka's committed offsets are used. A
+//! partition with no position is listed with `next_offset: null`, never as 0.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Pipeline;
+use crate::error::{Error, Result};
+use crate::sink::{self, sql};
+
+/// One partition's position in a [`StopFile`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StopEntry {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Next offset to read (Kafka's convention); `None`: the group has no position there.
+    pub next_offset: Option<i64>,
+}
+
+/// The JSON written by `offsets snapshot` and read by `backfill --to-offsets`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StopFile {
+    /// The group whose positions these are.
+    pub group: String,
+    /// When the snapshot was taken (RFC 3339).
+    pub taken_at: String,
+    /// `postgres-checkpoints` or `kafka-committed`.
+    pub source: String,
+    /// Disagreements between the two sources, for the operator.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// One entry per partition of the pipeline's topics.
+    pub partitions: Vec<StopEntry>,
+}
+
+/// The partitions of the pipeline's topics, from broker metadata.
+///
+/// # Errors
+/// [`Error::Kafka`]; [`Error::Other`] when a topic does not exist.
+pub fn partitions(consumer: &BaseConsumer, topics: &[String]) -> Result<Vec<(String, i32)>> {
+    let mut out = Vec::new();
+    for t in topics {
+        let md = consumer.fetch_metadata(Some(t), Duration::from_secs(30))?;
+        let topic = md
+            .topics()
+            .first()
+            .ok_or_else(|| Error::Other(format!("topic {t} not found")))?;
+        if topic.error().is_some() || topic.partitions().is_empty() {
+            return Err(Error::Other(format!(
+                "topic {t} does not exist on the broker"
+            )));
+        }
+        for p in topic.partitions() {
+            out.push((t.clone(), p.id()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Takes the snapshot of `group`'s positions.
+///
+/// # Errors
+/// [`Error::Kafka`] / [`Error::Postgres`].
+pub fn snapshot(
+    pipeline: &Pipeline,
+    brokers: &str,
+    database_url: &str,
+    group: &str,
+) -> Result<StopFile> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()?;
+    let parts = partitions(&consumer, &pipeline.kafka.topics)?;
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in &parts {
+        tpl.add_partition(t, *p);
+    }
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(30))?;
+    let kafka: BTreeMap<(String, i32), i64> = committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+            _ => None,
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let checkpoints: BTreeMap<(String, i32), i64> = rt.block_on(async {
+        let client = sink::connect(database_url).await?;
+        let table = pipeline.table(sql::CHECKPOINTS).to_string();
+        let exists: Option<String> = client.query_one("SELECT to_regclass($1)::text", &[&table]).await?.get(0);
+        if exists.is_none() {
+            return Ok::<_, Error>(BTreeMap::new());
+        }
+        let rows = client
+            .query(
+                &format!("SELECT topic, partition, next_offset FROM {table} WHERE consumer_group = $1 AND next_offset IS NOT NULL"),
+                &[&group],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| ((r.get(0), r.get(1)), r.get(2))).collect())
+    })?;
+    let use_db = !checkpoints.is_empty();
+    let mut warnings = Vec::new();
+    let mut entries = Vec::new();
+    for (t, p) in parts {
+        let k = kafka.get(&(t.clone(), p)).copied();
+        let c = checkpoints.get(&(t.clone(), p)).copied();
+        if use_db && k.is_some() && k != c {
+            warnings.push(format!(
+                "{t}/{p}: PostgreSQL checkpoint {} and Kafka committed offset {} differ; the checkpoint is used",
+                c.map_or("none".into(), |v| v.to_string()),
+                k.map_or("none".into(), |v| v.to_string())
+            ));
+        }
+        let next_offset = if use_db { c } else { k };
+        entries.push(StopEntry {
+            topic: t,
+            partition: p,
+            next_offset,
+        });
+    }
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(StopFile {
+        group: group.to_string(),
+        taken_at: chrono::Utc::now().to_rfc3339(),
+        source: if use_db {
+            "postgres-checkpoints"
+        } else {
+            "kafka-committed"
+        }
+        .to_string(),
+        warnings,
+        partitions: entries,
+    })
+}
