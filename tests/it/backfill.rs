@@ -492,3 +492,75 @@ fn rebuild_gives_the_same_totals_as_a_clean_run() {
     assert_eq!(counts(&db), truth, "rebuilt days equal the clean run");
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1200);
 }
+
+/// Retention close to the window: the dry run says so; `--ensure-retention` raises `retention.ms` first and
+/// reports old and new values. A window older than the ledger horizon is refused, pointing at rebuild.
+#[test]
+fn retention_margin_and_horizon_checks() {
+    let db = Db::fresh("bf_ret");
+    let topic = unique("bf_ret");
+    let from_ms = 1_714_003_200_000i64; // 2024-04-25
+    let age = chrono::Utc::now().timestamp_millis() - from_ms;
+    // Retention just above the window's age: nothing deleted yet, but within the run's safety margin.
+    let retention = (age + 3_600_000).to_string();
+    create_topic(
+        &topic,
+        1,
+        &[
+            ("retention.ms", &retention),
+            ("cleanup.policy", "delete"),
+            ("max.message.bytes", "2000000"),
+        ],
+    );
+    let (recs, _) = seed_events(50, 1);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    let base = [
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-05-01",
+    ];
+    let dry = replaysafe(&[&base[..], &["--group-id", &unique("bf"), "--dry-run"]].concat());
+    dry.assert_ok();
+    let plan: serde_json::Value = serde_json::from_str(&dry.stdout).unwrap();
+    let notes = plan["retention"].to_string();
+    assert!(notes.contains("may delete"), "{notes}");
+    let out = replaysafe(
+        &[
+            &base[..],
+            &["--group-id", &unique("bf"), "--ensure-retention"],
+        ]
+        .concat(),
+    );
+    out.assert_ok();
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let notes = report["retention"].to_string();
+    assert!(
+        notes.contains(&format!("raised from {retention}")),
+        "{notes}"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 50);
+    // The raised retention now covers the window with margin.
+    let dry2 = replaysafe(&[&base[..], &["--group-id", &unique("bf"), "--dry-run"]].concat());
+    assert!(dry2.stdout.contains("safe"), "{}", dry2.stdout);
+
+    let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
+    let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
+    let refused = replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&ph),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-05-01",
+        "--group-id",
+        &unique("bf"),
+    ]);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(refused.stderr.contains("rebuild"), "{}", refused.stderr);
+}
