@@ -67,6 +67,9 @@ type Tp = (String, i32);
 
 struct Engine {
     pipeline: Arc<Pipeline>,
+    /// A group-less client for watermark queries: on the consumer's own connection they would queue behind
+    /// long-polling fetches (`fetch.wait.max.ms`) and take up to half a second each.
+    side: BaseConsumer,
     rt: tokio::runtime::Handle,
     sinks: Vec<Sink>,
     parts: BTreeMap<Tp, PartState>,
@@ -220,7 +223,8 @@ impl Engine {
         let mut resolved: Vec<(String, i32, i64, i64)> = Vec::new();
         for (topic, partition, next, fence) in acquired {
             let (low, high) =
-                consumer.fetch_watermarks(&topic, partition, Duration::from_secs(30))?;
+                self.side
+                    .fetch_watermarks(&topic, partition, Duration::from_secs(30))?;
             let (offset, from) = match (next, committed.get(&(topic.clone(), partition)), p.kafka.start) {
                 (Some(n), _, _) => (Offset::Offset(n), "checkpoint"),
                 (None, Some(&c), _) => (Offset::Offset(c), "committed offset"),
@@ -543,7 +547,9 @@ pub fn consumer_config(p: &Pipeline, opts: &RunOptions) -> ClientConfig {
         .set("group.id", &p.kafka.group_id)
         .set("client.id", "replaysafe")
         // Bounded prefetch keeps memory flat (librdkafka default is 64 MiB per partition queue).
-        .set("queued.max.messages.kbytes", "16384");
+        .set("queued.max.messages.kbytes", "16384")
+        // librdkafka (≥ 2.4) pauses a partition's fetching this long once the queue is full (default 1000 ms).
+        .set("fetch.queue.backoff.ms", "50");
     for (k, v) in &p.kafka.properties {
         c.set(k, v);
     }
@@ -598,8 +604,14 @@ pub fn run_on(
         }
         Ok::<_, Error>(sinks)
     }))?;
+    let side: BaseConsumer = {
+        let mut c = consumer_config(&pipeline, &opts);
+        c.remove("group.id");
+        c.create()?
+    };
     let engine = Arc::new(Mutex::new(Engine {
         pipeline: pipeline.clone(),
+        side,
         rt: rt.clone(),
         sinks,
         parts: BTreeMap::new(),
@@ -680,16 +692,11 @@ pub fn run_on(
         {
             let mut eng = engine.lock().expect("engine");
             if eng.due(now) {
-                let linger = pipeline.linger;
-                let max = pipeline.max_records;
-                if let Err(e) = eng.flush(
-                    &consumer,
-                    |_, st| {
-                        st.buffer.len() >= max
-                            || st.oldest.is_some_and(|t| now.duration_since(t) >= linger)
-                    },
-                    CommitMode::Async,
-                ) {
+                // One partition is full or has waited long enough: flush every partition with buffered records,
+                // so that they commit in parallel on their connections instead of one after the other.
+                if let Err(e) =
+                    eng.flush(&consumer, |_, st| !st.buffer.is_empty(), CommitMode::Async)
+                {
                     break Err(e);
                 }
             }
@@ -747,8 +754,13 @@ fn caught_up(consumer: &BaseConsumer<Ctx>, engine: &Arc<Mutex<Engine>>) -> bool 
         Err(_) => return false,
     };
     for ((topic, partition), applied) in parts {
-        let Ok((_, high)) = consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10))
-        else {
+        let high = {
+            let eng = engine.lock().expect("engine");
+            eng.side
+                .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                .map(|(_, h)| h)
+        };
+        let Ok(high) = high else {
             return false;
         };
         let pos = positions
