@@ -84,20 +84,14 @@ pub async fn apply_batch(
                 );
                 return Ok(Applied::Fenced);
             }
-            Err(ApplyError::Transient { error, commit_sent }) => {
+            Err(ApplyError::Transient {
+                error,
+                commit_sent,
+                outcomes,
+            }) => {
                 if commit_sent {
-                    // Recompute what the batch would have done, for the accounting if it did commit.
-                    unknown = Some(
-                        batch
-                            .items
-                            .iter()
-                            .map(|i| match &i.pending {
-                                Pending::Claim { .. } => Outcome::Landed,
-                                Pending::Filtered(r) => Outcome::Filtered(r.clone()),
-                                Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
-                            })
-                            .collect(),
-                    );
+                    // What the transaction computed: the truth if the checkpoint later shows it committed.
+                    unknown = outcomes;
                 }
                 attempt += 1;
                 metrics::counter!("replaysafe_db_retries_total").increment(1);

@@ -439,11 +439,12 @@ pub fn backfill(
     // Take over the backfill group's checkpoints; a rerun resumes (or finds the window done).
     let mut parts: Vec<Part> = Vec::new();
     let stmt = sql::acquire_checkpoint(&pipeline);
+    let generation = pipeline.identity.generation.clone().unwrap_or_default();
     for pl in plans {
         let (next, fence): (Option<i64>, i64) = rt.block_on(async {
             let row = sink
                 .client()
-                .query_one(&stmt, &[&group, &pl.topic, &pl.partition])
+                .query_one(&stmt, &[&group, &pl.topic, &pl.partition, &generation])
                 .await?;
             Ok::<_, Error>((row.get(0), row.get(1)))
         })?;
@@ -462,12 +463,20 @@ pub fn backfill(
             }
             None => {
                 let upd = format!(
-                    "UPDATE {} SET next_offset = $5 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4",
+                    "UPDATE {} SET next_offset = $5 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 \
+                     AND fence = $4 AND generation = $6",
                     pipeline.table(sql::CHECKPOINTS)
                 );
                 rt.block_on(sink.client().execute(
                     &upd,
-                    &[&group, &pl.topic, &pl.partition, &fence, &pl.start_offset],
+                    &[
+                        &group,
+                        &pl.topic,
+                        &pl.partition,
+                        &fence,
+                        &pl.start_offset,
+                        &generation,
+                    ],
                 ))?;
                 pl.start_offset
             }

@@ -205,8 +205,19 @@ fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
                 Value::String(t) => t.trim().to_string(),
                 _ => return Err(format!("expected a decimal number, got {}", excerpt(v))),
             };
+            // PostgreSQL numeric input: digits, one point, an optional exponent; no separators such as `_`.
+            let plain = raw
+                .chars()
+                .all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'));
             let d = BigDecimal::from_str(&raw)
-                .map_err(|_| format!("`{raw}` is not a decimal number"))?;
+                .ok()
+                .filter(|_| plain)
+                .ok_or_else(|| {
+                    format!(
+                        "{} is not a decimal number",
+                        excerpt(&Value::String(raw.clone()))
+                    )
+                })?;
             // PostgreSQL numeric: up to 131072 digits before and 16383 after the point.
             let (_, scale) = d.as_bigint_and_exponent();
             if !(-131_072..=16_383).contains(&scale) || d.digits() > 140_000 {

@@ -41,8 +41,8 @@ pub enum Error {
     /// A partition has no checkpoint and no committed offset, and `kafka.start` is not set.
     #[error("{0}")]
     NoStartPosition(String),
-    /// A PostgreSQL error.
-    #[error("postgres: {0}")]
+    /// A PostgreSQL error (the server's message and SQLSTATE when there is one).
+    #[error("postgres: {}", pg_message(.0))]
     Postgres(#[from] tokio_postgres::Error),
     /// A Kafka error.
     #[error("kafka: {0}")]
@@ -63,6 +63,13 @@ impl Error {
             Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
             _ => EXIT_FAILURE,
         }
+    }
+}
+
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
     }
 }
 

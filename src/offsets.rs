@@ -109,8 +109,11 @@ pub fn snapshot(
         }
         let rows = client
             .query(
-                &format!("SELECT topic, partition, next_offset FROM {table} WHERE consumer_group = $1 AND next_offset IS NOT NULL"),
-                &[&group],
+                &format!(
+                    "SELECT topic, partition, next_offset FROM {table} WHERE consumer_group = $1 AND generation = $2 \
+                     AND next_offset IS NOT NULL"
+                ),
+                &[&group, &pipeline.identity.generation.clone().unwrap_or_default()],
             )
             .await?;
         Ok(rows.iter().map(|r| ((r.get(0), r.get(1)), r.get(2))).collect())

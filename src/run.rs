@@ -159,6 +159,7 @@ impl Engine {
     ) -> Result<()> {
         let p = self.pipeline.clone();
         let group = p.kafka.group_id.clone();
+        let generation = p.identity.generation.clone().unwrap_or_default();
         let elems: Vec<Tp> = tpl
             .elements()
             .iter()
@@ -179,7 +180,7 @@ impl Engine {
                     for (topic, partition) in &elems {
                         let row = sink
                             .client()
-                            .query_one(&stmt, &[&group, topic, partition])
+                            .query_one(&stmt, &[&group, topic, partition, &generation])
                             .await?;
                         out.push((
                             topic.clone(),
@@ -272,13 +273,13 @@ impl Engine {
         if !resolved.is_empty() {
             let stmt = format!(
                 "UPDATE {} SET next_offset = $5, updated_at = now() WHERE consumer_group = $1 AND topic = $2 \
-                 AND partition = $3 AND fence = $4 AND next_offset IS NULL",
+                 AND partition = $3 AND fence = $4 AND next_offset IS NULL AND generation = $6",
                 p.table(sql::CHECKPOINTS)
             );
             let sink = &mut self.sinks[0];
             self.rt.block_on(async {
                 for (topic, partition, fence, start) in &resolved {
-                    let n = sink.client().execute(&stmt, &[&group, topic, partition, fence, start]).await?;
+                    let n = sink.client().execute(&stmt, &[&group, topic, partition, fence, start, &generation]).await?;
                     if n != 1 {
                         return Err(Error::Other(format!(
                             "{topic}/{partition} was taken over by another consumer while being assigned"
@@ -379,15 +380,21 @@ impl Engine {
                 let give_up = &give_up;
                 async move {
                     let mut out = Vec::new();
-                    let mut stopped = false;
+                    // A fenced partition skips its own later batches only; an error stops the lane (the run
+                    // ends with it, and the skipped batches were never committed).
+                    let mut fenced: Vec<(String, i32)> = Vec::new();
+                    let mut failed = false;
                     for b in lane {
-                        if stopped {
+                        let tp = (b.topic.clone(), b.partition);
+                        if failed || fenced.contains(&tp) {
                             out.push((b, Ok(Applied::Fenced)));
                             continue;
                         }
                         let r = apply_batch(sink, &b, give_up).await;
-                        if !matches!(r, Ok(Applied::Committed(_))) {
-                            stopped = true;
+                        match &r {
+                            Ok(Applied::Committed(_)) => {}
+                            Ok(Applied::Fenced) => fenced.push(tp),
+                            Err(_) => failed = true,
                         }
                         out.push((b, r));
                     }
@@ -609,6 +616,11 @@ pub fn run_on(
         c.remove("group.id");
         c.create()?
     };
+    // A topic that does not exist would leave the group waiting forever without a word.
+    crate::offsets::partitions(&side, &pipeline.kafka.topics).map_err(|e| match e {
+        Error::Other(m) => Error::Usage(m),
+        other => other,
+    })?;
     let engine = Arc::new(Mutex::new(Engine {
         pipeline: pipeline.clone(),
         side,

@@ -298,7 +298,7 @@ impl Pipeline {
         }
         if let Some(p) = self.identity.partition_by {
             key = format!(
-                "{key} (ledger partitioned by day of `{}`)",
+                "{key} + the day `{}` (the ledger partition; the same key on another day is another delivery, so the day must be a value a replay cannot change)",
                 self.fields[p].name.as_str()
             );
         }
@@ -432,6 +432,18 @@ impl Fields<'_> {
 
 fn field_plan(src: &Source, name: &Spanned<String>, f: &Spanned<RawField>) -> Result<FieldPlan> {
     let name_ident = ident(src, name)?;
+    if matches!(
+        name_ident.as_str(),
+        "generation" | "topic" | "partition" | "offset" | "consumer_group" | "landed_at"
+    ) {
+        return Err(src.error(
+            name.span(),
+            format!(
+                "`{}` is reserved for the ledger's own columns; name the field differently",
+                name_ident.as_str()
+            ),
+        ));
+    }
     if name_ident.as_str().starts_with('_') {
         return Err(src.error(
             name.span(),
@@ -564,12 +576,22 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let postgres = PostgresPlan {
         url: raw.postgres.url.as_ref().map(|u| u.get_ref().clone()),
         schema: schema.clone(),
-        connections: positive(
+        connections: match positive(
             src,
             &raw.postgres.connections,
             "connections",
             DEFAULT_CONNECTIONS as u64,
-        )? as usize,
+        )? {
+            n @ 1..=64 => n as usize,
+            _ => {
+                let c = raw
+                    .postgres
+                    .connections
+                    .as_ref()
+                    .expect("the default is in range");
+                return Err(src.error(c.span(), "`connections` must be between 1 and 64"));
+            }
+        },
     };
 
     // [batch]
@@ -1037,7 +1059,7 @@ fn projection(
                 .join(", ");
             let statement = format!(
                 "INSERT INTO {table} (delivery_key, source_topic, source_partition, source_offset, message_key, payload) \
-                 SELECT concat_ws('|', {}), _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
+                 SELECT json_build_array({})::text, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
                  FROM landed{where_pass} ON CONFLICT (delivery_key) DO NOTHING",
                 dk.join(", ")
             );

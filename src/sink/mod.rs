@@ -148,6 +148,23 @@ impl Tally {
     }
 }
 
+/// Longest dead-letter `detail` stored, in characters (the raw value is in the `value` column).
+pub const MAX_DETAIL_CHARS: usize = 2000;
+
+/// A detail PostgreSQL `text` can store: NUL characters escaped (they come from record values quoted in
+/// messages), cut to [`MAX_DETAIL_CHARS`].
+pub fn storable_detail(detail: &str) -> String {
+    let mut s: String = detail
+        .chars()
+        .take(MAX_DETAIL_CHARS)
+        .collect::<String>()
+        .replace('\0', "\\u0000");
+    if detail.chars().count() > MAX_DETAIL_CHARS {
+        s.push('…');
+    }
+    s
+}
+
 /// Why a batch did not commit.
 #[derive(Debug)]
 pub enum ApplyError {
@@ -165,6 +182,8 @@ pub enum ApplyError {
         error: tokio_postgres::Error,
         /// Whether COMMIT had been sent.
         commit_sent: bool,
+        /// With `commit_sent`: the outcomes the transaction computed, true if the COMMIT did land.
+        outcomes: Option<Vec<Outcome>>,
     },
     /// PostgreSQL rejected a value (SQLSTATE class 22 or 23): replay record by record to find it.
     Data(tokio_postgres::Error),
@@ -179,12 +198,14 @@ pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
         return ApplyError::Transient {
             error: e,
             commit_sent,
+            outcomes: None,
         };
     };
     match &code[..2] {
         "08" | "53" | "57" | "40" | "55" => ApplyError::Transient {
             error: e,
             commit_sent,
+            outcomes: None,
         },
         "22" | "23" => ApplyError::Data(e),
         _ => ApplyError::Fatal(Error::Postgres(e)),
@@ -332,6 +353,7 @@ impl Sink {
                     &batch.fence,
                     &batch.expected,
                     &batch.end,
+                    &generation,
                 ],
             )
             .await
@@ -340,10 +362,10 @@ impl Sink {
             let row = tx
                 .query_opt(
                     &format!(
-                        "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3",
+                        "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4",
                         p.table(sql::CHECKPOINTS)
                     ),
-                    &[&group, &batch.topic, &batch.partition],
+                    &[&group, &batch.topic, &batch.partition, &generation],
                 )
                 .await
                 .map_err(|e| classify(e, false))?;
@@ -451,7 +473,10 @@ impl Sink {
                 .map(|(i, _)| i.value.as_ref().map(|v| Sha256::digest(v).to_vec()))
                 .collect();
             let reasons: Vec<&str> = dead.iter().map(|(_, r)| r.reason.as_str()).collect();
-            let details: Vec<&str> = dead.iter().map(|(_, r)| r.detail.as_str()).collect();
+            let details: Vec<String> = dead
+                .iter()
+                .map(|(_, r)| storable_detail(&r.detail))
+                .collect();
             tx.execute(
                 &self.prepared.dead,
                 &[
@@ -484,7 +509,16 @@ impl Sink {
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
         )));
-        tx.commit().await.map_err(|e| classify(e, true))?;
+        if let Err(e) = tx.commit().await {
+            return Err(match classify(e, true) {
+                ApplyError::Transient { error, .. } => ApplyError::Transient {
+                    error,
+                    commit_sent: true,
+                    outcomes: Some(outcomes),
+                },
+                other => other,
+            });
+        }
         Ok(outcomes)
     }
 }

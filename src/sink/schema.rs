@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 
 use chrono::{Days, NaiveDate, Utc};
+use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
 use super::sql;
@@ -45,7 +46,55 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
     }
     tx.commit().await?;
     check_ledger(client, p).await?;
+    check_owner(client, p).await?;
     check_statements(client, p).await
+}
+
+/// The projections a ledger's claims were made for, as a digest stored in the ledger's table comment. A
+/// delivery key claimed for one set of projections is never seen by projections added later or by another
+/// pipeline sharing the ledger, so a different set on a ledger that holds rows is refused.
+fn projection_digest(p: &Pipeline) -> String {
+    let mut parts: Vec<String> = p
+        .projections
+        .iter()
+        .map(|x| format!("{}:{:?}", x.name, x.kind))
+        .collect();
+    parts.sort();
+    let digest = Sha256::digest(parts.join("\n").as_bytes());
+    format!("replaysafe projections sha256:{}", hex::encode(digest))
+}
+
+async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
+    let want = projection_digest(p);
+    let table = p.ledger.table.to_string();
+    let have: Option<String> = client
+        .query_one(
+            "SELECT obj_description(to_regclass($1), 'pg_class')",
+            &[&table],
+        )
+        .await?
+        .get(0);
+    if have.as_deref() == Some(want.as_str()) {
+        return Ok(());
+    }
+    let has_rows: bool = client
+        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {table})"), &[])
+        .await?
+        .get(0);
+    if has_rows && have.is_some() {
+        let names: Vec<&str> = p.projections.iter().map(|x| x.name.as_str()).collect();
+        return Err(Error::Schema(format!(
+            "ledger {table} already holds delivery keys claimed for a different set of projections than this \
+             pipeline's [{}]: records already in the ledger would never reach the new or other projections. Give \
+             this pipeline its own [ledger] table (a fresh table starts from the topic's beginning), or rebuild",
+            names.join(", ")
+        )));
+    }
+    // The digest is hex: safe as a literal (COMMENT takes no parameters).
+    client
+        .batch_execute(&format!("COMMENT ON TABLE {table} IS '{want}'"))
+        .await?;
+    Ok(())
 }
 
 fn schema_error(what: &str, stmt: &str, e: tokio_postgres::Error) -> Error {

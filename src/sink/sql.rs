@@ -79,8 +79,8 @@ pub fn create_ledger(p: &Pipeline) -> String {
 pub fn create_checkpoints(p: &Pipeline) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {} (consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \
-         next_offset bigint, fence bigint NOT NULL DEFAULT 0, updated_at timestamptz NOT NULL DEFAULT now(), \
-         PRIMARY KEY (consumer_group, topic, partition))",
+         generation text NOT NULL DEFAULT '', next_offset bigint, fence bigint NOT NULL DEFAULT 0, \
+         updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer_group, generation, topic, partition))",
         p.table(CHECKPOINTS)
     )
 }
@@ -203,24 +203,26 @@ pub fn insert_dead_letters(p: &Pipeline) -> String {
 }
 
 /// Compare-and-set of a partition's checkpoint, guarded by the fence. Parameters: `$1` group, `$2` topic,
-/// `$3` partition, `$4` fence, `$5` expected next_offset (null: no checkpoint yet), `$6` new next_offset.
+/// `$3` partition, `$4` fence, `$5` expected next_offset (null: no checkpoint yet), `$6` new next_offset,
+/// `$7` generation.
 /// Affects one row when this owner still holds the partition and nobody moved the checkpoint.
 pub fn advance_checkpoint(p: &Pipeline) -> String {
     format!(
         "UPDATE {} SET next_offset = $6, updated_at = now() WHERE consumer_group = $1 AND topic = $2 \
-         AND partition = $3 AND fence = $4 AND next_offset IS NOT DISTINCT FROM $5",
+         AND partition = $3 AND fence = $4 AND next_offset IS NOT DISTINCT FROM $5 AND generation = $7",
         p.table(CHECKPOINTS)
     )
 }
 
 /// Takes ownership of a partition: creates its checkpoint row if missing and bumps the fence, so that any
 /// previous owner's in-flight batch fails its compare-and-set. Parameters: `$1` group, `$2` topic,
-/// `$3` partition. Returns `(next_offset, fence)`.
+/// `$3` partition, `$4` generation ('' for none). Returns `(next_offset, fence)`. Checkpoints are kept per
+/// stream generation: a recreated topic under a new generation starts from its own positions.
 pub fn acquire_checkpoint(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
     format!(
-        "INSERT INTO {t} AS c (consumer_group, topic, partition, next_offset, fence) VALUES ($1, $2, $3, NULL, 1) \
-         ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET fence = c.fence + 1, updated_at = now() \
-         RETURNING next_offset, fence"
+        "INSERT INTO {t} AS c (consumer_group, generation, topic, partition, next_offset, fence) \
+         VALUES ($1, $4, $2, $3, NULL, 1) ON CONFLICT (consumer_group, generation, topic, partition) \
+         DO UPDATE SET fence = c.fence + 1, updated_at = now() RETURNING next_offset, fence"
     )
 }

@@ -417,3 +417,30 @@ pub fn delete_records_before(topic: &str, partition: i32, offset: i64) {
     rt.block_on(admin.delete_records(&tpl, &AdminOptions::new()))
         .unwrap();
 }
+
+/// Deletes a topic and waits until the broker no longer lists it.
+pub fn delete_topic(name: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    rt.block_on(admin.delete_topics(&[name], &AdminOptions::new()))
+        .unwrap();
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    wait_until(Duration::from_secs(60), "topic deletion", || {
+        let md = c
+            .fetch_metadata(Some(name), Duration::from_secs(5))
+            .unwrap();
+        md.topics()
+            .first()
+            .is_none_or(|t| t.error().is_some() || t.partitions().is_empty())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+}

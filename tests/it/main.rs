@@ -6,3 +6,4 @@ mod cases;
 mod common;
 mod config_errors;
 mod core;
+mod hardening;
