@@ -274,14 +274,7 @@ impl Pipeline {
     /// # Errors
     /// A message when it does not compile or names an undeclared field.
     pub fn compile_filter(&self, expr: &str) -> std::result::Result<Program, String> {
-        let program =
-            Program::compile(expr).map_err(|e| format!("CEL expression does not compile: {e}"))?;
-        for var in program.references().variables() {
-            if !self.fields.iter().any(|f| f.name.as_str() == var) {
-                return Err(format!("`{var}` is not a declared field"));
-            }
-        }
-        Ok(program)
+        compile_cel(&self.fields, expr)
     }
 
     /// The four answers every replay-safe consumer must state, as printed by `replaysafe check`.
@@ -408,26 +401,27 @@ impl Fields<'_> {
     }
 
     fn compile_cel(&self, s: &Spanned<String>) -> Result<Program> {
-        let program = Program::compile(s.get_ref()).map_err(|e| {
-            self.src
-                .error(s.span(), format!("CEL expression does not compile: {e}"))
-        })?;
-        for var in program.references().variables() {
-            if !self.plans.iter().any(|f| f.name.as_str() == var) {
-                let known = self
-                    .plans
-                    .iter()
-                    .map(|f| f.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                return Err(self.src.error(
-                    s.span(),
-                    format!("CEL expression refers to `{var}`, which is not a declared field (fields: {known})"),
-                ));
-            }
-        }
-        Ok(program)
+        compile_cel(&self.plans, s.get_ref()).map_err(|m| self.src.error(s.span(), m))
     }
+}
+
+/// Compiles a CEL expression and checks that every variable it reads is one of `fields`.
+fn compile_cel(fields: &[FieldPlan], expr: &str) -> std::result::Result<Program, String> {
+    let program =
+        Program::compile(expr).map_err(|e| format!("CEL expression does not compile: {e}"))?;
+    for var in program.references().variables() {
+        if !fields.iter().any(|f| f.name.as_str() == var) {
+            let known = fields
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(format!(
+                "CEL expression refers to `{var}`, which is not a declared field (fields: {known})"
+            ));
+        }
+    }
+    Ok(program)
 }
 
 fn field_plan(src: &Source, name: &Spanned<String>, f: &Spanned<RawField>) -> Result<FieldPlan> {
