@@ -127,6 +127,9 @@ pub struct Report {
     pub dry_run: bool,
 }
 
+/// Marks a record on which `--filter` failed to evaluate; the backfill stops before applying it.
+const FILTER_FAILED: &str = "\u{0}--filter failed: ";
+
 fn usage(msg: String) -> Error {
     Error::Usage(msg)
 }
@@ -163,6 +166,44 @@ pub fn plan(
             "--group-id {} is the pipeline's production group: a backfill must use its own group id",
             opts.group_id
         )));
+    }
+    if let Some(f) = &opts.filter {
+        pipeline
+            .compile_filter(f)
+            .map_err(|m| usage(format!("--filter: {m}")))?;
+    }
+    if opts.from_ms < 0 {
+        return Err(usage(
+            "--from must be after 1970-01-01 (Kafka record timestamps start there)".into(),
+        ));
+    }
+    if let StopSpec::Time(to) = opts.stop {
+        if to < opts.from_ms {
+            return Err(usage("--to is before --from: the window is empty".into()));
+        }
+    }
+    if let StopSpec::Offsets(f) = &opts.stop {
+        let mut seen = std::collections::HashSet::new();
+        for e in &f.partitions {
+            if e.next_offset.is_some_and(|o| o < 0) {
+                return Err(usage(format!(
+                    "stop file: {}/{} has a negative next_offset",
+                    e.topic, e.partition
+                )));
+            }
+            if !seen.insert((e.topic.clone(), e.partition)) {
+                return Err(usage(format!(
+                    "stop file: {}/{} is listed twice",
+                    e.topic, e.partition
+                )));
+            }
+            if !pipeline.kafka.topics.contains(&e.topic) {
+                return Err(usage(format!(
+                    "stop file: topic {} is not one of the pipeline's topics",
+                    e.topic
+                )));
+            }
+        }
     }
     let stop_group = match &opts.stop {
         StopSpec::Offsets(f) => Some(f.group.clone()),
@@ -280,6 +321,15 @@ pub fn plan(
                     )))
                 }
             },
+        };
+        let stop = if stop > high {
+            retention.push(format!(
+                "{}/{}: stop offset {stop} is beyond the partition's end {high}; capped at {high}",
+                tp.0, tp.1
+            ));
+            high
+        } else {
+            stop
         };
         if start < low {
             return Err(Error::Other(format!(
@@ -531,7 +581,7 @@ pub fn backfill(
         }
         if shutdown.load(Ordering::Relaxed) {
             break Err(Error::Other(
-                "interrupted; rerun the same command to resume from the checkpoints".into(),
+                "interrupted; rerun the same backfill command to resume from its checkpoints (a rebuild: rerun it with a new --group-id)".into(),
             ));
         }
         match consumer.poll(Duration::from_millis(100)) {
@@ -548,6 +598,17 @@ pub fn backfill(
                 }
                 let value = msg.payload();
                 let (pending, day) = decide(&pipeline, value, keep.as_ref(), opts.day_window);
+                if let Pending::Filtered(rule) = &pending {
+                    if let Some(detail) = rule.strip_prefix(FILTER_FAILED) {
+                        break Err(usage(format!(
+                            "--filter failed on {}/{} offset {}: {detail}; nothing of that record was applied, \
+                             fix the expression and rerun the same command",
+                            msg.topic(),
+                            msg.partition(),
+                            msg.offset()
+                        )));
+                    }
+                }
                 let item = Item {
                     offset: msg.offset(),
                     timestamp_ms: msg.timestamp().to_millis(),
@@ -664,6 +725,25 @@ pub fn backfill(
     bar.finish_and_clear();
     result?;
     report.accounting = tally.line();
+    // Landed per day across every session of this backfill group (a resumed run's own tally misses the
+    // earlier sessions): the ledger rows it claimed are the record.
+    if let Some(d) = pipeline.identity.partition_by {
+        let q = format!(
+            "SELECT {}::text, count(*)::bigint FROM {} WHERE consumer_group = $1 GROUP BY 1",
+            pipeline.fields[d].name, pipeline.ledger.table
+        );
+        let rows = rt.block_on(sink.client().query(&q, &[&group]))?;
+        for c in report.per_day.values_mut() {
+            c.landed = 0;
+        }
+        for r in rows {
+            report
+                .per_day
+                .entry(r.get::<_, String>(0))
+                .or_default()
+                .landed = r.get::<_, i64>(1) as u64;
+        }
+    }
     Ok(report)
 }
 
@@ -717,15 +797,8 @@ fn decide(
         match filter::eval(program, "--filter", &ctx) {
             Ok(true) => {}
             Ok(false) => return (Pending::Filtered("--filter".into()), day),
-            Err(detail) => {
-                return (
-                    Pending::Quarantine(Rejection {
-                        reason: Reason::FilterError,
-                        detail,
-                    }),
-                    day,
-                )
-            }
+            // The operator's own expression failing is not the record's fault: stop (see the loop).
+            Err(detail) => return (Pending::Filtered(format!("{FILTER_FAILED}{detail}")), day),
         }
     }
     match filter::decide(pipeline, &fields) {
@@ -829,6 +902,38 @@ pub fn rebuild(
         missing_stop: MissingStop::End,
         progress: opts.progress,
     };
+    // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.
+    let used: bool = {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Other(e.to_string()))?;
+        rt.block_on(async {
+            let client = crate::sink::connect(database_url).await?;
+            let table = pipeline.table(sql::CHECKPOINTS).to_string();
+            let exists: Option<String> = client
+                .query_one("SELECT to_regclass($1)::text", &[&table])
+                .await?
+                .get(0);
+            if exists.is_none() {
+                return Ok::<_, Error>(false);
+            }
+            Ok(client
+                .query_one(
+                    &format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE consumer_group = $1)"),
+                    &[&opts.group_id],
+                )
+                .await?
+                .get(0))
+        })?
+    };
+    if used {
+        return Err(usage(format!(
+            "--group-id {} has been used before: a rebuild deletes the window again and must replay it from the \
+             start, so give every rebuild (also a rerun after an interruption) a new group id",
+            opts.group_id
+        )));
+    }
     // Plan first (retention, fresh group) so nothing is deleted when the replay cannot happen.
     plan(&pipeline, brokers, database_url, &bopts)?;
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -407,8 +407,13 @@ impl Fields<'_> {
 
 /// Compiles a CEL expression and checks that every variable it reads is one of `fields`.
 fn compile_cel(fields: &[FieldPlan], expr: &str) -> std::result::Result<Program, String> {
-    let program =
-        Program::compile(expr).map_err(|e| format!("CEL expression does not compile: {e}"))?;
+    if expr.trim().is_empty() {
+        return Err("the CEL expression is empty".into());
+    }
+    // The CEL parser (antlr4rust) panics on some malformed input instead of returning an error.
+    let compiled = std::panic::catch_unwind(|| Program::compile(expr))
+        .map_err(|_| format!("CEL expression `{expr}` does not compile"))?;
+    let program = compiled.map_err(|e| format!("CEL expression does not compile: {e}"))?;
     for var in program.references().variables() {
         if !fields.iter().any(|f| f.name.as_str() == var) {
             let known = fields

@@ -491,6 +491,116 @@ fn rebuild_gives_the_same_totals_as_a_clean_run() {
     out.assert_ok();
     assert_eq!(counts(&db), truth, "rebuilt days equal the clean run");
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1200);
+    // A rerun under a used group id would delete the window and resume past it: refused, nothing changed.
+    let rb = out_group(&out);
+    let again = replaysafe(&[
+        "rebuild",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-26",
+        "--to",
+        "2024-04-27",
+        "--group-id",
+        &rb,
+        "--i-paused-other-writers",
+    ]);
+    assert_eq!(again.code, Some(2), "{}", again.stderr);
+    assert_eq!(counts(&db), truth);
+}
+
+fn out_group(out: &Out) -> String {
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    report["group_id"].as_str().unwrap().to_string()
+}
+
+/// Operator input is checked before anything is applied: a filter that does not compile or fails on a record,
+/// a stop file with a negative offset; a stop offset beyond the partition's end is capped, never waited for.
+#[test]
+fn backfill_rejects_bad_filters_and_stop_files() {
+    let db = Db::fresh("bf_bad");
+    let topic = unique("bf_bad");
+    create_topic(&topic, 1, &[]);
+    let (recs, _) = seed_events(40, 1);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    let base = [
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-05-01",
+    ];
+    for bad in ["", "amount <", "nosuch < 0"] {
+        let out = replaysafe(
+            &[
+                &base[..],
+                &["--group-id", &unique("bf"), "--filter", bad, "--dry-run"],
+            ]
+            .concat(),
+        );
+        assert_eq!(out.code, Some(2), "filter `{bad}`: {}", out.stderr);
+    }
+    let failing = replaysafe(
+        &[
+            &base[..],
+            &["--group-id", &unique("bf"), "--filter", "1 / 0 == 1"],
+        ]
+        .concat(),
+    );
+    assert_eq!(failing.code, Some(2), "{}", failing.stderr);
+    assert!(
+        failing.stderr.contains("--filter failed on"),
+        "{}",
+        failing.stderr
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        0,
+        "nothing applied, nothing quarantined"
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    let stop = p.dir.path().join("stop.json");
+    let write = |o: i64| {
+        std::fs::write(&stop, format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{o}}}]}}"#)).unwrap()
+    };
+    write(-5);
+    let neg = replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to-offsets",
+        stop.to_str().unwrap(),
+        "--group-id",
+        &unique("bf"),
+    ]);
+    assert_eq!(neg.code, Some(2), "{}", neg.stderr);
+    write(99_999_999);
+    let far = replaysafe_with(
+        &[
+            "backfill",
+            "--config",
+            cfg(&p),
+            "--from",
+            "2024-04-25",
+            "--to-offsets",
+            stop.to_str().unwrap(),
+            "--group-id",
+            &unique("bf"),
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    far.assert_ok();
+    assert!(far.stdout.contains("capped at 40"), "{}", far.stdout);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 40);
 }
 
 /// Retention close to the window: the dry run says so; `--ensure-retention` raises `retention.ms` first and
