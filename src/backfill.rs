@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::apply::{apply_batch, Applied};
 use crate::config::Pipeline;
-use crate::decode::{self, Reason, Rejection};
+use crate::decode;
 use crate::error::{Error, Result};
 use crate::filter;
 use crate::offsets::{self, StopFile};
@@ -609,13 +609,7 @@ pub fn backfill(
                         )));
                     }
                 }
-                let item = Item {
-                    offset: msg.offset(),
-                    timestamp_ms: msg.timestamp().to_millis(),
-                    key: msg.key().map(<[u8]>::to_vec),
-                    value: value.map(<[u8]>::to_vec),
-                    pending,
-                };
+                let item = Item::from_message(&msg, pending);
                 part.buffer.push((item, day));
                 oldest.get_or_insert_with(Instant::now);
                 if msg.offset() + 1 >= part.plan.stop_offset {
@@ -801,17 +795,7 @@ fn decide(
             Err(detail) => return (Pending::Filtered(format!("{FILTER_FAILED}{detail}")), day),
         }
     }
-    match filter::decide(pipeline, &fields) {
-        Ok(filter::Decision::Keep { passes }) => (Pending::Claim { fields, passes }, day),
-        Ok(filter::Decision::Filtered(rule)) => (Pending::Filtered(rule), day),
-        Err(detail) => (
-            Pending::Quarantine(Rejection {
-                reason: Reason::FilterError,
-                detail,
-            }),
-            day,
-        ),
-    }
+    (filter::pending(pipeline, fields), day)
 }
 
 /// Options of a rebuild.

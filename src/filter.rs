@@ -100,3 +100,18 @@ pub fn decide(pipeline: &Pipeline, fields: &Fields) -> Result<Decision, String> 
     }
     Ok(Decision::Keep { passes })
 }
+
+/// Runs [`decide`] and turns its answer into what the batch does with the record: claim it, count it as
+/// filtered by the rule, or quarantine it as `filter-error`.
+pub fn pending(pipeline: &Pipeline, fields: Fields) -> crate::sink::Pending {
+    use crate::decode::{Reason, Rejection};
+    use crate::sink::Pending;
+    match decide(pipeline, &fields) {
+        Ok(Decision::Keep { passes }) => Pending::Claim { fields, passes },
+        Ok(Decision::Filtered(rule)) => Pending::Filtered(rule),
+        Err(detail) => Pending::Quarantine(Rejection {
+            reason: Reason::FilterError,
+            detail,
+        }),
+    }
+}

@@ -29,7 +29,7 @@ use crate::apply::{apply_batch, backoff, is_transient, retry_db, Applied};
 use crate::config::{Pipeline, StartPolicy};
 use crate::decode::{self, Reason, Rejection};
 use crate::error::{Error, Result};
-use crate::filter::{self, Decision};
+use crate::filter;
 use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
 
 /// Options of one run.
@@ -537,14 +537,7 @@ pub fn decide(
             });
         }
     }
-    match filter::decide(pipeline, &fields) {
-        Ok(Decision::Keep { passes }) => Pending::Claim { fields, passes },
-        Ok(Decision::Filtered(rule)) => Pending::Filtered(rule),
-        Err(detail) => Pending::Quarantine(Rejection {
-            reason: Reason::FilterError,
-            detail,
-        }),
-    }
+    filter::pending(pipeline, fields)
 }
 
 /// The librdkafka configuration of the pipeline's consumer.
@@ -672,13 +665,7 @@ pub fn run_on(
                 idle_checks = 0;
                 let value = msg.payload();
                 let pending = decide(&pipeline, value, horizon);
-                let item = Item {
-                    offset: msg.offset(),
-                    timestamp_ms: msg.timestamp().to_millis(),
-                    key: msg.key().map(<[u8]>::to_vec),
-                    value: value.map(<[u8]>::to_vec),
-                    pending,
-                };
+                let item = Item::from_message(&msg, pending);
                 let topic = msg.topic().to_string();
                 let partition = msg.partition();
                 drop(msg);

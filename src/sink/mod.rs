@@ -46,6 +46,19 @@ pub struct Item {
     pub pending: Pending,
 }
 
+impl Item {
+    /// Copies a consumed record's coordinates, key and value next to the decision taken for it.
+    pub fn from_message<M: rdkafka::message::Message>(msg: &M, pending: Pending) -> Item {
+        Item {
+            offset: msg.offset(),
+            timestamp_ms: msg.timestamp().to_millis(),
+            key: msg.key().map(<[u8]>::to_vec),
+            value: msg.payload().map(<[u8]>::to_vec),
+            pending,
+        }
+    }
+}
+
 /// A batch of one partition: offsets ascending, applied in one transaction.
 #[derive(Debug, Clone)]
 pub struct Batch {
