@@ -111,6 +111,16 @@ pub async fn apply_batch(
                 return Box::pin(isolate(sink, batch, error, give_up)).await;
             }
             Err(ApplyError::Fatal(e)) => return Err(e),
+            Err(ApplyError::Record { offset, rejection }) => {
+                tracing::warn!(topic = %batch.topic, partition = batch.partition, offset, "record quarantined: {}", rejection.detail);
+                let mut b = batch.clone();
+                for it in &mut b.items {
+                    if it.offset == offset {
+                        it.pending = Pending::Quarantine(rejection.clone());
+                    }
+                }
+                return Box::pin(apply_batch(sink, &b, give_up)).await;
+            }
         }
     }
 }

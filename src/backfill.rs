@@ -597,7 +597,8 @@ pub fn backfill(
                     continue;
                 }
                 let value = msg.payload();
-                let (pending, day) = decide(&pipeline, value, keep.as_ref(), opts.day_window);
+                let (pending, day) =
+                    decide(&pipeline, msg.key(), value, keep.as_ref(), opts.day_window);
                 if let Pending::Filtered(rule) = &pending {
                     if let Some(detail) = rule.strip_prefix(FILTER_FAILED) {
                         break Err(usage(format!(
@@ -664,7 +665,7 @@ pub fn backfill(
                             let c = report.per_day.entry(key).or_default();
                             match o {
                                 Outcome::Landed => c.landed += 1,
-                                Outcome::Duplicate => c.duplicate += 1,
+                                Outcome::Duplicate | Outcome::Stale { .. } => c.duplicate += 1,
                                 Outcome::Filtered(_) => c.filtered += 1,
                                 Outcome::Quarantined(_) => c.quarantined += 1,
                             }
@@ -772,12 +773,14 @@ fn lost_range(consumer: &BaseConsumer, parts: &[Part]) -> Error {
 
 fn decide(
     pipeline: &Pipeline,
+    key: Option<&[u8]>,
     value: Option<&[u8]>,
     keep: Option<&cel_interpreter::Program>,
     window: Option<(NaiveDate, NaiveDate)>,
 ) -> (Pending, Option<NaiveDate>) {
-    let fields = match decode::decode(pipeline, value) {
-        Ok(f) => f,
+    let (fields, change) = match decode::record(pipeline, key, value) {
+        Ok(decode::Decoded::Fields { fields, change }) => (fields, change),
+        Ok(decode::Decoded::Skip(rule)) => return (Pending::Filtered(rule.to_string()), None),
         Err(r) => return (Pending::Quarantine(r), None),
     };
     let day = decode::partition_day(pipeline, &fields);
@@ -795,7 +798,7 @@ fn decide(
             Err(detail) => return (Pending::Filtered(format!("{FILTER_FAILED}{detail}")), day),
         }
     }
-    (filter::pending(pipeline, fields), day)
+    (filter::pending(pipeline, fields, change), day)
 }
 
 /// Options of a rebuild.

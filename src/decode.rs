@@ -95,6 +95,69 @@ pub enum CelValue {
 /// The typed fields of one record, in the order of `Pipeline::fields`; `None` for a missing optional field.
 pub type Fields = Vec<Option<FieldValue>>;
 
+/// A decoded record.
+#[derive(Debug)]
+pub enum Decoded {
+    /// The record's fields, and for Debezium pipelines its change.
+    Fields {
+        /// The typed fields.
+        fields: Fields,
+        /// The row change (Debezium pipelines).
+        change: Option<std::sync::Arc<crate::debezium::Change>>,
+    },
+    /// Not a row change (heartbeat, transaction metadata, logical message, Kafka tombstone on a CDC topic):
+    /// counted as filtered under this built-in rule name.
+    Skip(&'static str),
+}
+
+/// Decodes a record of either format (see [`crate::config::Format`]).
+///
+/// # Errors
+/// A [`Rejection`] saying why the record must be quarantined.
+pub fn record(
+    pipeline: &Pipeline,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> Result<Decoded, Rejection> {
+    if pipeline.format == crate::config::Format::Json {
+        return decode(pipeline, value).map(|fields| Decoded::Fields {
+            fields,
+            change: None,
+        });
+    }
+    if let Some(v) = value {
+        check_size(pipeline, v)?;
+    }
+    match crate::debezium::decode(key, value)? {
+        crate::debezium::Record::Skip(rule) => Ok(Decoded::Skip(rule)),
+        crate::debezium::Record::Change(change, doc) => {
+            let fields = pipeline
+                .fields
+                .iter()
+                .map(|f| field(f, &doc))
+                .collect::<Result<Fields, Rejection>>()?;
+            Ok(Decoded::Fields {
+                fields,
+                change: Some(change),
+            })
+        }
+    }
+}
+
+fn check_size(pipeline: &Pipeline, bytes: &[u8]) -> Result<(), Rejection> {
+    if bytes.len() > pipeline.max_record_bytes {
+        return Err(Rejection::new(
+            Reason::Oversize,
+            format!(
+                "value is {} bytes, above batch.max-record-bytes = {}",
+                bytes.len(),
+                pipeline.max_record_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Decodes `value` (the raw record value) into the pipeline's fields.
 ///
 /// # Errors
@@ -106,16 +169,7 @@ pub fn decode(pipeline: &Pipeline, value: Option<&[u8]>) -> Result<Fields, Rejec
             "null value (a Kafka tombstone) on a topic of JSON events",
         )
     })?;
-    if bytes.len() > pipeline.max_record_bytes {
-        return Err(Rejection::new(
-            Reason::Oversize,
-            format!(
-                "value is {} bytes, above batch.max-record-bytes = {}",
-                bytes.len(),
-                pipeline.max_record_bytes
-            ),
-        ));
-    }
+    check_size(pipeline, bytes)?;
     let json: Value = serde_json::from_slice(bytes).map_err(|e| {
         Rejection::new(Reason::InvalidJson, format!("value is not valid JSON: {e}"))
     })?;

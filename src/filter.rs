@@ -69,6 +69,8 @@ pub enum Decision {
     Keep {
         /// One entry per projection with a `filter`, in pass-column order.
         passes: Vec<bool>,
+        /// One entry per projection: whether its `delete-if` (JSON row projections) is true.
+        deletes: Vec<bool>,
     },
     /// Dropped by the named `[[filter]]` rule.
     Filtered(String),
@@ -79,9 +81,16 @@ pub enum Decision {
 /// # Errors
 /// A message when an expression fails on this record (the record is then quarantined as `filter-error`).
 pub fn decide(pipeline: &Pipeline, fields: &Fields) -> Result<Decision, String> {
-    let needs = !pipeline.filters.is_empty() || pipeline.pass_columns() > 0;
+    let has_deletes = pipeline
+        .projections
+        .iter()
+        .any(|p| p.row.as_ref().is_some_and(|r| r.delete_if.is_some()));
+    let needs = !pipeline.filters.is_empty() || pipeline.pass_columns() > 0 || has_deletes;
     if !needs {
-        return Ok(Decision::Keep { passes: Vec::new() });
+        return Ok(Decision::Keep {
+            passes: Vec::new(),
+            deletes: Vec::new(),
+        });
     }
     let ctx = context(pipeline, fields);
     for f in &pipeline.filters {
@@ -98,16 +107,35 @@ pub fn decide(pipeline: &Pipeline, fields: &Fields) -> Result<Decision, String> 
             );
         }
     }
-    Ok(Decision::Keep { passes })
+    let mut deletes = Vec::new();
+    if has_deletes {
+        for p in &pipeline.projections {
+            deletes.push(match p.row.as_ref().and_then(|r| r.delete_if.as_ref()) {
+                Some((src, program)) => eval(program, src, &ctx)
+                    .map_err(|e| format!("projection `{}` delete-if: {e}", p.name))?,
+                None => false,
+            });
+        }
+    }
+    Ok(Decision::Keep { passes, deletes })
 }
 
 /// Runs [`decide`] and turns its answer into what the batch does with the record: claim it, count it as
 /// filtered by the rule, or quarantine it as `filter-error`.
-pub fn pending(pipeline: &Pipeline, fields: Fields) -> crate::sink::Pending {
+pub fn pending(
+    pipeline: &Pipeline,
+    fields: Fields,
+    change: Option<std::sync::Arc<crate::debezium::Change>>,
+) -> crate::sink::Pending {
     use crate::decode::{Reason, Rejection};
     use crate::sink::Pending;
     match decide(pipeline, &fields) {
-        Ok(Decision::Keep { passes }) => Pending::Claim { fields, passes },
+        Ok(Decision::Keep { passes, deletes }) => Pending::Claim {
+            fields,
+            passes,
+            change,
+            deletes,
+        },
         Ok(Decision::Filtered(rule)) => Pending::Filtered(rule),
         Err(detail) => Pending::Quarantine(Rejection {
             reason: Reason::FilterError,

@@ -507,6 +507,7 @@ fn count_metric(o: &Outcome) {
     match o {
         Outcome::Landed => metrics::counter!("replaysafe_records_total", "outcome" => "landed").increment(1),
         Outcome::Duplicate => metrics::counter!("replaysafe_records_total", "outcome" => "duplicate").increment(1),
+        Outcome::Stale { .. } => metrics::counter!("replaysafe_records_total", "outcome" => "stale").increment(1),
         Outcome::Filtered(rule) => {
             metrics::counter!("replaysafe_records_total", "outcome" => "filtered", "rule" => rule.clone()).increment(1)
         }
@@ -519,11 +520,13 @@ fn count_metric(o: &Outcome) {
 /// Decides what to do with a record: decode, horizon check, filters.
 pub fn decide(
     pipeline: &Pipeline,
+    key: Option<&[u8]>,
     value: Option<&[u8]>,
     horizon: Option<chrono::NaiveDate>,
 ) -> Pending {
-    let fields = match decode::decode(pipeline, value) {
-        Ok(f) => f,
+    let (fields, change) = match decode::record(pipeline, key, value) {
+        Ok(decode::Decoded::Fields { fields, change }) => (fields, change),
+        Ok(decode::Decoded::Skip(rule)) => return Pending::Filtered(rule.to_string()),
         Err(r) => return Pending::Quarantine(r),
     };
     if let (Some(h), Some(day)) = (horizon, decode::partition_day(pipeline, &fields)) {
@@ -537,7 +540,7 @@ pub fn decide(
             });
         }
     }
-    filter::pending(pipeline, fields)
+    filter::pending(pipeline, fields, change)
 }
 
 /// The librdkafka configuration of the pipeline's consumer.
@@ -664,7 +667,7 @@ pub fn run_on(
             Some(Ok(msg)) => {
                 idle_checks = 0;
                 let value = msg.payload();
-                let pending = decide(&pipeline, value, horizon);
+                let pending = decide(&pipeline, msg.key(), value, horizon);
                 let item = Item::from_message(&msg, pending);
                 let topic = msg.topic().to_string();
                 let partition = msg.partition();

@@ -4,10 +4,14 @@
 
 pub mod plan;
 pub mod raw;
+pub mod row;
 
 pub use plan::{
-    FieldPlan, FieldType, FilterPlan, IdentityPlan, KafkaPlan, LedgerPlan, Pipeline, PostgresPlan,
-    ProjectionKind, ProjectionPlan, StartPolicy,
+    FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan, LedgerPlan, Pipeline,
+    PostgresPlan, ProjectionKind, ProjectionPlan, StartPolicy,
+};
+pub use row::{
+    ColumnSpec, Kind, RowPlan, SqlType, TombstoneMode, TruncatePolicy, Unit, VersionPlan,
 };
 
 use std::ops::Range;

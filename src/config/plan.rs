@@ -9,6 +9,7 @@ use chrono_tz::Tz;
 use toml::Spanned;
 
 use super::raw::{RawField, RawPipeline, RawProjection};
+use super::row::RowPlan;
 use super::Source;
 use crate::error::Result;
 use crate::ident::{Ident, QualifiedName};
@@ -29,6 +30,8 @@ pub const DEFAULT_OUTBOX_TABLE: &str = "replaysafe_outbox";
 /// The validated pipeline.
 #[derive(Debug)]
 pub struct Pipeline {
+    /// What the record values are: JSON events or Debezium change events.
+    pub format: Format,
     /// Where the pipeline came from (for messages).
     pub source: Source,
     /// `[kafka]`.
@@ -87,6 +90,26 @@ pub struct PostgresPlan {
     /// Connections used to commit partitions in parallel.
     pub connections: usize,
 }
+
+/// `[source] format`: how record values are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// JSON events: `[fields]` are JSON pointers into the value.
+    Json,
+    /// Debezium change events (JSON converter, with or without `schemas.enable`): the delivery key is the
+    /// source position, `[fields]` point into the unwrapped envelope, and `row` projections apply changes.
+    Debezium,
+}
+
+/// Built-in fields of Debezium pipelines: `(name, type)`, read from the decoded envelope.
+pub const CDC_FIELDS: [(&str, FieldType); 6] = [
+    ("_source", FieldType::Text),
+    ("_entity", FieldType::Text),
+    ("_position", FieldType::Text),
+    ("_op", FieldType::Text),
+    ("_snapshot", FieldType::Boolean),
+    ("_day", FieldType::Date),
+];
 
 /// The PostgreSQL type a field is extracted as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +229,8 @@ pub enum ProjectionKind {
     Sql,
     /// `outbox`: one outbox row per landed record, unique by delivery key.
     Outbox,
+    /// `row`: a version-guarded row-state table (see [`RowPlan`]).
+    Row,
 }
 
 /// A projection compiled to SQL over `landed`.
@@ -224,6 +249,8 @@ pub struct ProjectionPlan {
     pub pass_column: Option<usize>,
     /// counter/sum: the table, its group-by field indices and its value columns.
     pub aggregate: Option<Aggregate>,
+    /// row: the row projection.
+    pub row: Option<RowPlan>,
 }
 
 /// The shape of a counter or sum projection's table.
@@ -613,23 +640,85 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         DEFAULT_MAX_RECORD_BYTES as u64,
     )? as usize;
 
+    // [source]
+    let format = match &raw.source {
+        None => Format::Json,
+        Some(s) => match s.get_ref().format.get_ref().as_str() {
+            "json" => Format::Json,
+            "debezium" => Format::Debezium,
+            other => {
+                return Err(src.error(
+                    s.get_ref().format.span(),
+                    format!("`format` must be \"json\" or \"debezium\", not `{other}`"),
+                ))
+            }
+        },
+    };
+
     // [fields]
-    if raw.fields.get_ref().is_empty() {
-        return Err(src.error(
-            raw.fields.span(),
-            "[fields] must declare at least one field",
-        ));
-    }
     let mut plans = Vec::new();
-    for (name, f) in raw.fields.get_ref() {
+    match &raw.fields {
+        Some(f) if f.get_ref().is_empty() && format == Format::Json => {
+            return Err(src.error(f.span(), "[fields] must declare at least one field"));
+        }
+        None if format == Format::Json => {
+            return Err(src.error(0..0, "missing [fields]: declare at least one field"));
+        }
+        _ => {}
+    }
+    for (name, f) in raw.fields.iter().flat_map(|f| f.get_ref()) {
         plans.push(field_plan(src, name, f)?);
+    }
+    if format == Format::Debezium {
+        for (name, ty) in CDC_FIELDS {
+            plans.push(FieldPlan {
+                name: Ident::new(name).expect("static"),
+                pointer: format!("/{name}"),
+                ty,
+                time_zone: Tz::UTC,
+                optional: false,
+            });
+        }
     }
     let fields = Fields { src, plans };
 
     // [identity]
-    let ri = raw.identity.get_ref();
-    let key = fields.list(&ri.key, "key")?;
-    for (&i, s) in key.iter().zip(ri.key.get_ref()) {
+    let default_identity = crate::config::raw::RawIdentity {
+        key: None,
+        generation: None,
+        partition_by: None,
+    };
+    let ri = match (&raw.identity, format) {
+        (Some(i), _) => i.get_ref(),
+        (None, Format::Debezium) => &default_identity,
+        (None, Format::Json) => {
+            return Err(src.error(0..0, "missing [identity]: name the delivery key fields"))
+        }
+    };
+    let key = match (&ri.key, format) {
+        (Some(k), _) => fields.list(k, "key")?,
+        (None, Format::Debezium) => CDC_FIELDS[..3]
+            .iter()
+            .map(|(n, _)| {
+                fields
+                    .plans
+                    .iter()
+                    .position(|f| f.name.as_str() == *n)
+                    .expect("built-in")
+            })
+            .collect(),
+        (None, Format::Json) => {
+            return Err(src.error(
+                raw.identity.as_ref().map(|i| i.span()).unwrap_or(0..0),
+                "[identity] needs `key`",
+            ))
+        }
+    };
+    let key_spans: Vec<Spanned<String>> = match &ri.key {
+        Some(k) => k.get_ref().clone(),
+        None => Vec::new(),
+    };
+    for (&i, s) in key.iter().zip(&key_spans) {
         let f = &fields.plans[i];
         if f.optional {
             return Err(src.error(
@@ -736,7 +825,10 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let mut projections = Vec::new();
     let mut names = HashSet::new();
     for (n, p) in raw.projection.iter().enumerate() {
-        let pass_column = if p.get_ref().filter.is_some() {
+        let skip_snapshots = format == Format::Debezium
+            && p.get_ref().kind.get_ref() != "row"
+            && p.get_ref().snapshots.as_ref().map(|s| s.get_ref().as_str()) != Some("include");
+        let pass_column = if p.get_ref().filter.is_some() || skip_snapshots {
             Some(
                 projections
                     .iter()
@@ -746,7 +838,17 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         } else {
             None
         };
-        let plan = projection(src, &fields, &schema, &key, partition_by, p, n, pass_column)?;
+        let plan = projection(
+            src,
+            format,
+            &fields,
+            &schema,
+            &key,
+            partition_by,
+            p,
+            n,
+            pass_column,
+        )?;
         if !names.insert(plan.name.clone()) {
             return Err(src.error(
                 p.span(),
@@ -757,6 +859,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     }
 
     Ok(Pipeline {
+        format,
         source: src.clone(),
         kafka,
         postgres,
@@ -798,6 +901,7 @@ fn table_name(src: &Source, schema: &Ident, t: &Spanned<String>) -> Result<Quali
 #[allow(clippy::too_many_arguments)]
 fn projection(
     src: &Source,
+    format: Format,
     fields: &Fields<'_>,
     schema: &Ident,
     key: &[usize],
@@ -807,26 +911,60 @@ fn projection(
     pass_column: Option<usize>,
 ) -> Result<ProjectionPlan> {
     let rp = p.get_ref();
-    let kind = match rp.kind.get_ref().as_str() {
-        "counter" => ProjectionKind::Counter,
-        "sum" => ProjectionKind::Sum,
-        "sql" => ProjectionKind::Sql,
-        "outbox" => ProjectionKind::Outbox,
-        other => {
-            return Err(src.error(
+    let kind =
+        match rp.kind.get_ref().as_str() {
+            "counter" => ProjectionKind::Counter,
+            "sum" => ProjectionKind::Sum,
+            "sql" => ProjectionKind::Sql,
+            "outbox" => ProjectionKind::Outbox,
+            "row" => ProjectionKind::Row,
+            other => return Err(src.error(
                 rp.kind.span(),
-                format!("unknown projection kind `{other}`: expected counter, sum, sql or outbox"),
-            ))
-        }
-    };
+                format!(
+                    "unknown projection kind `{other}`: expected counter, sum, sql, outbox or row"
+                ),
+            )),
+        };
     // Reject keys that do not apply to this kind, so a typo never silently does nothing.
     let allowed: &[&str] = match kind {
         ProjectionKind::Counter => &["table", "group-by", "column"],
         ProjectionKind::Sum => &["table", "group-by", "add"],
         ProjectionKind::Sql => &["sql", "setup"],
-        ProjectionKind::Outbox => &["table", "payload", "key"],
+        ProjectionKind::Outbox => &["table", "payload", "key", "snapshots"],
+        ProjectionKind::Row => &[
+            "table",
+            "key",
+            "columns",
+            "version",
+            "delete-if",
+            "tombstones",
+            "truncate",
+            "source-table",
+        ],
     };
-    let present: [(&str, Option<std::ops::Range<usize>>); 8] = [
+    let allowed: Vec<&str> = match kind {
+        ProjectionKind::Counter | ProjectionKind::Sum | ProjectionKind::Sql => {
+            let mut a = allowed.to_vec();
+            a.push("snapshots");
+            a
+        }
+        _ => allowed.to_vec(),
+    };
+    if let Some(s) = &rp.snapshots {
+        if format != Format::Debezium {
+            return Err(src.error(s.span(), "`snapshots` applies to Debezium pipelines"));
+        }
+        if !matches!(s.get_ref().as_str(), "skip" | "include") {
+            return Err(src.error(
+                s.span(),
+                format!(
+                    "`snapshots` must be \"skip\" or \"include\", not `{}`",
+                    s.get_ref()
+                ),
+            ));
+        }
+    }
+    let present: [(&str, Option<std::ops::Range<usize>>); 15] = [
         ("table", rp.table.as_ref().map(|v| v.span())),
         ("group-by", rp.group_by.as_ref().map(|v| v.span())),
         ("column", rp.column.as_ref().map(|v| v.span())),
@@ -835,6 +973,13 @@ fn projection(
         ("setup", rp.setup.as_ref().map(|v| v.span())),
         ("payload", rp.payload.as_ref().map(|v| v.span())),
         ("key", rp.key.as_ref().map(|v| v.span())),
+        ("columns", rp.columns.as_ref().map(|v| v.span())),
+        ("version", rp.version.as_ref().map(|v| v.span())),
+        ("delete-if", rp.delete_if.as_ref().map(|v| v.span())),
+        ("tombstones", rp.tombstones.as_ref().map(|v| v.span())),
+        ("truncate", rp.truncate.as_ref().map(|v| v.span())),
+        ("source-table", rp.source_table.as_ref().map(|v| v.span())),
+        ("snapshots", rp.snapshots.as_ref().map(|v| v.span())),
     ];
     for (k, span) in present {
         if let Some(span) = span {
@@ -853,6 +998,25 @@ fn projection(
         Some(f) => Some((f.get_ref().clone(), fields.compile_cel(f)?)),
         None => None,
     };
+    // Debezium: snapshot reads are observed state, not business actions; side effects skip them by default.
+    let filter = match (filter, pass_column.is_some() && kind != ProjectionKind::Row) {
+        (Some((text, _)), true)
+            if format == Format::Debezium
+                && rp.snapshots.as_ref().map(|s| s.get_ref().as_str()) != Some("include") =>
+        {
+            let combined = format!("!_snapshot && ({text})");
+            let program =
+                compile_cel(&fields.plans, &combined).map_err(|m| src.error(p.span(), m))?;
+            Some((combined, program))
+        }
+        (None, true) => {
+            let text = "!_snapshot".to_string();
+            let program = compile_cel(&fields.plans, &text).map_err(|m| src.error(p.span(), m))?;
+            Some((text, program))
+        }
+        (f, _) => f,
+    };
+    let mut row = None;
     let pass = pass_column.map(|i| format!("\"_pass_{i}\""));
     let where_pass = pass
         .as_ref()
@@ -1070,6 +1234,22 @@ fn projection(
             )];
             (table.name.as_str().to_string(), statement, setup)
         }
+        ProjectionKind::Row => {
+            let table_s = need(rp.table.as_ref(), "table")?;
+            let table = table_name(src, schema, &table_s)?;
+            let plan = super::row::compile(
+                src,
+                format,
+                &fields.plans,
+                &|s| fields.index(s),
+                &|s| fields.compile_cel(s),
+                p,
+                table.clone(),
+            )?;
+            row = Some(plan);
+            // Statements depend on the table's columns, which may come from the catalog: built by the sink.
+            (table.name.as_str().to_string(), String::new(), Vec::new())
+        }
     };
     let name = match &rp.name {
         Some(nm) if nm.get_ref().trim().is_empty() => {
@@ -1086,5 +1266,6 @@ fn projection(
         filter,
         pass_column,
         aggregate,
+        row,
     })
 }

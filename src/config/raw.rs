@@ -15,14 +15,23 @@ pub struct RawPipeline {
     pub postgres: RawPostgres,
     #[serde(default)]
     pub batch: RawBatch,
-    pub fields: Spanned<BTreeMap<Spanned<String>, Spanned<RawField>>>,
-    pub identity: Spanned<RawIdentity>,
+    #[serde(default)]
+    pub source: Option<Spanned<RawSource>>,
+    pub fields: Option<Spanned<BTreeMap<Spanned<String>, Spanned<RawField>>>>,
+    pub identity: Option<Spanned<RawIdentity>>,
     #[serde(default)]
     pub ledger: RawLedger,
     #[serde(default)]
     pub filter: Vec<Spanned<RawFilter>>,
     #[serde(default)]
     pub projection: Vec<Spanned<RawProjection>>,
+}
+
+/// `[source]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RawSource {
+    pub format: Spanned<String>,
 }
 
 /// `[kafka]`
@@ -71,7 +80,7 @@ pub struct RawField {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RawIdentity {
-    pub key: Spanned<Vec<Spanned<String>>>,
+    pub key: Option<Spanned<Vec<Spanned<String>>>>,
     pub generation: Option<Spanned<String>>,
     pub partition_by: Option<Spanned<String>>,
 }
@@ -109,4 +118,11 @@ pub struct RawProjection {
     pub filter: Option<Spanned<String>>,
     pub payload: Option<Spanned<Vec<Spanned<String>>>>,
     pub key: Option<Spanned<Vec<Spanned<String>>>>,
+    pub columns: Option<Spanned<toml::Value>>,
+    pub version: Option<Spanned<String>>,
+    pub delete_if: Option<Spanned<String>>,
+    pub tombstones: Option<Spanned<String>>,
+    pub truncate: Option<Spanned<String>>,
+    pub source_table: Option<Spanned<String>>,
+    pub snapshots: Option<Spanned<String>>,
 }

@@ -1,10 +1,11 @@
 //! The PostgreSQL side: one transaction per partition batch holding the checkpoint compare-and-set, the ledger
 //! claims, every projection (over the rows actually claimed), and the dead letters.
 
+pub mod row;
 pub mod schema;
 pub mod sql;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::NaiveDate;
@@ -24,6 +25,10 @@ pub enum Pending {
         fields: Fields,
         /// Projection filter results.
         passes: Vec<bool>,
+        /// Debezium pipelines: the row change.
+        change: Option<Arc<crate::debezium::Change>>,
+        /// Per projection: whether its `delete-if` matched (JSON row projections; empty when none has one).
+        deletes: Vec<bool>,
     },
     /// Dropped by the named `[[filter]]` rule.
     Filtered(String),
@@ -81,8 +86,15 @@ pub struct Batch {
 pub enum Outcome {
     /// Newly claimed: every projection saw it.
     Landed,
-    /// Its delivery key was already in the ledger (or earlier in the same batch).
+    /// Its delivery key was already in the ledger (or earlier in the same batch), or a row projection already
+    /// holds the same state.
     Duplicate,
+    /// Claimed, but a row projection holds a newer version (or tombstone) of the entity; `conflict`: the stored
+    /// version is equal and the state differs (recorded in `replaysafe_conflicts`).
+    Stale {
+        /// Equal version, different state.
+        conflict: bool,
+    },
     /// Dropped by the named filter rule.
     Filtered(String),
     /// Written to the dead-letter table.
@@ -96,6 +108,10 @@ pub struct Tally {
     pub landed: u64,
     /// Records whose delivery key was already claimed.
     pub duplicate: u64,
+    /// Records older than the stored row version (including conflicts).
+    pub stale: u64,
+    /// Of `stale`: equal version, different state.
+    pub conflicts: u64,
     /// Records dropped, by rule name.
     pub filtered: BTreeMap<String, u64>,
     /// Records quarantined, by reason.
@@ -108,6 +124,12 @@ impl Tally {
         match o {
             Outcome::Landed => self.landed += 1,
             Outcome::Duplicate => self.duplicate += 1,
+            Outcome::Stale { conflict } => {
+                self.stale += 1;
+                if *conflict {
+                    self.conflicts += 1;
+                }
+            }
             Outcome::Filtered(rule) => *self.filtered.entry(rule.clone()).or_default() += 1,
             Outcome::Quarantined(r) => *self.quarantined.entry(r.as_str()).or_default() += 1,
         }
@@ -117,6 +139,8 @@ impl Tally {
     pub fn merge(&mut self, other: &Tally) {
         self.landed += other.landed;
         self.duplicate += other.duplicate;
+        self.stale += other.stale;
+        self.conflicts += other.conflicts;
         for (k, v) in &other.filtered {
             *self.filtered.entry(k.clone()).or_default() += v;
         }
@@ -129,6 +153,7 @@ impl Tally {
     pub fn total(&self) -> u64 {
         self.landed
             + self.duplicate
+            + self.stale
             + self.filtered.values().sum::<u64>()
             + self.quarantined.values().sum::<u64>()
     }
@@ -143,14 +168,22 @@ impl Tally {
         }
         let filtered: u64 = self.filtered.values().sum();
         let quarantined: u64 = self.quarantined.values().sum();
+        let stale = if self.stale > 0 {
+            format!(" + stale {}", self.stale)
+        } else {
+            String::new()
+        };
         let mut s = format!(
-            "consumed {} = landed {} + duplicate {} + filtered {} + quarantined {}",
+            "consumed {} = landed {} + duplicate {}{stale} + filtered {} + quarantined {}",
             self.total(),
             self.landed,
             self.duplicate,
             filtered,
             quarantined
         );
+        if self.conflicts > 0 {
+            s += &format!(" [stale: {} conflict(s)]", self.conflicts);
+        }
         if filtered > 0 {
             s += &format!(" [filtered {}]", detail(&self.filtered));
         }
@@ -202,6 +235,13 @@ pub enum ApplyError {
     Data(tokio_postgres::Error),
     /// Anything else: a bug in a projection statement, a dropped table.
     Fatal(Error),
+    /// One record cannot be applied (a value its row projection cannot convert): quarantine it, retry the batch.
+    Record {
+        /// Its offset.
+        offset: i64,
+        /// Why.
+        rejection: Rejection,
+    },
 }
 
 /// Classifies a PostgreSQL error by SQLSTATE class (PostgreSQL manual, Appendix A "Error Codes").
@@ -229,7 +269,9 @@ struct Prepared {
     claim: Statement,
     dead: Statement,
     advance: Statement,
-    projections: Vec<Statement>,
+    /// One per projection; `None` for row projections (see `rows`).
+    projections: Vec<Option<Statement>>,
+    rows: Vec<row::Prepared>,
 }
 
 /// One PostgreSQL connection with the statements a batch needs prepared and a `landed` temp table.
@@ -280,7 +322,21 @@ impl Sink {
             projections: {
                 let mut v = Vec::new();
                 for p in &pipeline.projections {
-                    v.push(prep(p.statement.clone()).await?);
+                    v.push(if p.row.is_some() {
+                        None
+                    } else {
+                        Some(prep(p.statement.clone()).await?)
+                    });
+                }
+                v
+            },
+            rows: {
+                let mut v = Vec::new();
+                for (i, p) in pipeline.projections.iter().enumerate() {
+                    if p.row.is_some() {
+                        let shape = row::resolve(&client, &pipeline, i).await?;
+                        v.push(row::prepare(&client, &pipeline, shape).await?);
+                    }
                 }
                 v
             },
@@ -402,7 +458,10 @@ impl Sink {
             let mut passes: Vec<Vec<bool>> =
                 vec![Vec::with_capacity(claims.len()); p.pass_columns()];
             for it in &claims {
-                if let Pending::Claim { fields, passes: ps } = &it.pending {
+                if let Pending::Claim {
+                    fields, passes: ps, ..
+                } = &it.pending
+                {
                     for (c, v) in cols.iter_mut().zip(fields) {
                         c.push(v.as_ref().map(|v| v.text.as_str()));
                     }
@@ -432,9 +491,55 @@ impl Sink {
             landed.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
         }
 
-        // 3. Projections, only when something landed.
+        // 3a. Row projections first: a claimed change that is older than the stored state (or the same state) is
+        // taken out of `landed`, so counters and the outbox never see it.
+        let mut overrides: HashMap<i64, Outcome> = HashMap::new();
+        if !landed.is_empty() && !self.prepared.rows.is_empty() {
+            let mut best: HashMap<i64, row::RowResult> = HashMap::new();
+            let at = row::Coordinates {
+                topic: &batch.topic,
+                partition: batch.partition,
+                group,
+            };
+            for rp in &self.prepared.rows {
+                let proj = &p.projections[rp.shape.index];
+                let changes = row_changes(&p, rp, batch, &landed)?;
+                let results = row::apply(&tx, rp, proj, changes, &at).await?;
+                for (o, r) in results {
+                    let e = best.entry(o).or_insert(r);
+                    *e = strongest(*e, r);
+                }
+            }
+            let gone: Vec<i64> = best
+                .iter()
+                .filter(|(_, r)| **r != row::RowResult::Applied)
+                .map(|(o, _)| *o)
+                .collect();
+            if !gone.is_empty() {
+                tx.execute(
+                    "DELETE FROM pg_temp.landed WHERE _offset = ANY($1)",
+                    &[&gone],
+                )
+                .await
+                .map_err(|e| classify(e, false))?;
+                for o in gone {
+                    landed.remove(&o);
+                    overrides.insert(
+                        o,
+                        match best[&o] {
+                            row::RowResult::Stale => Outcome::Stale { conflict: false },
+                            row::RowResult::Conflict => Outcome::Stale { conflict: true },
+                            _ => Outcome::Duplicate,
+                        },
+                    );
+                }
+            }
+        }
+
+        // 3b. Projections, only when something landed.
         if !landed.is_empty() {
             for (stmt, proj) in self.prepared.projections.iter().zip(&p.projections) {
+                let Some(stmt) = stmt else { continue };
                 tx.execute(stmt, &[])
                     .await
                     .map_err(|e| match classify(e, false) {
@@ -513,6 +618,9 @@ impl Sink {
 
         for it in &batch.items {
             outcomes.push(match &it.pending {
+                Pending::Claim { .. } if overrides.contains_key(&it.offset) => {
+                    overrides[&it.offset].clone()
+                }
                 Pending::Claim { .. } if landed.contains(&it.offset) => Outcome::Landed,
                 Pending::Claim { .. } => Outcome::Duplicate,
                 Pending::Filtered(rule) => Outcome::Filtered(rule.clone()),
@@ -534,4 +642,124 @@ impl Sink {
         }
         Ok(outcomes)
     }
+}
+
+/// Of two row-projection results for one record, the one that decides its outcome.
+fn strongest(a: row::RowResult, b: row::RowResult) -> row::RowResult {
+    use row::RowResult::*;
+    let rank = |r| match r {
+        Applied => 3,
+        Conflict => 2,
+        Stale => 1,
+        Same => 0,
+    };
+    if rank(a) >= rank(b) {
+        a
+    } else {
+        b
+    }
+}
+
+/// The delivery key of a claimed record as a JSON array text: generation, then the identity key fields.
+fn delivery_text(p: &Pipeline, fields: &crate::decode::Fields) -> String {
+    let mut v = vec![serde_json::Value::String(
+        p.identity.generation.clone().unwrap_or_default(),
+    )];
+    for &i in &p.identity.key {
+        v.push(
+            fields[i]
+                .as_ref()
+                .map(|f| serde_json::Value::String(f.text.clone()))
+                .unwrap_or(serde_json::Value::Null),
+        );
+    }
+    serde_json::Value::Array(v).to_string()
+}
+
+/// The changes of `batch` that row projection `rp` takes: newly claimed, passing its filter, of its source table
+/// (Debezium) — in offset order.
+fn row_changes(
+    p: &Pipeline,
+    rp: &row::Prepared,
+    batch: &Batch,
+    landed: &HashSet<i64>,
+) -> std::result::Result<Vec<row::RowChange>, ApplyError> {
+    let proj = &p.projections[rp.shape.index];
+    let plan = proj.row.as_ref().expect("row");
+    let mut out = Vec::new();
+    for it in &batch.items {
+        let Pending::Claim {
+            fields,
+            passes,
+            change,
+            deletes,
+        } = &it.pending
+        else {
+            continue;
+        };
+        if !landed.contains(&it.offset) {
+            continue;
+        }
+        if let Some(pc) = proj.pass_column {
+            if !passes.get(pc).copied().unwrap_or(false) {
+                continue;
+            }
+        }
+        let delivery = delivery_text(p, fields);
+        match change {
+            Some(ch) => {
+                if !row::matches(plan, &plan.table, ch) {
+                    continue;
+                }
+                let rc = row::from_change(&rp.shape, plan, it.offset, ch, delivery).map_err(
+                    |rejection| ApplyError::Record {
+                        offset: it.offset,
+                        rejection,
+                    },
+                )?;
+                out.push(rc);
+            }
+            None => {
+                let text = |i: usize| fields[i].as_ref().map(|f| f.text.clone());
+                let key = rp
+                    .shape
+                    .key
+                    .iter()
+                    .map(|&k| {
+                        text(rp.shape.columns[k].field.expect("json column")).unwrap_or_default()
+                    })
+                    .collect();
+                let version = match plan.version {
+                    crate::config::VersionPlan::Field(i) => {
+                        vec![text(i)
+                            .and_then(|t| t.parse::<i64>().ok())
+                            .unwrap_or(i64::MIN)]
+                    }
+                    _ => vec![it.offset],
+                };
+                let delete = deletes.get(rp.shape.index).copied().unwrap_or(false);
+                out.push(row::RowChange {
+                    offset: it.offset,
+                    key,
+                    version,
+                    kind: if delete {
+                        row::ChangeKind::Delete
+                    } else {
+                        row::ChangeKind::Upsert
+                    },
+                    values: rp
+                        .shape
+                        .columns
+                        .iter()
+                        .map(|c| match c.field.and_then(text) {
+                            Some(t) => crate::convert::Pg::Text(t),
+                            None => crate::convert::Pg::Null,
+                        })
+                        .collect(),
+                    delivery,
+                });
+            }
+        }
+    }
+    Ok(out)
 }

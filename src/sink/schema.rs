@@ -44,6 +44,11 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
             })?;
         }
     }
+    for (i, proj) in p.projections.iter().enumerate() {
+        if proj.row.is_some() {
+            super::row::setup(&tx, p, i).await?;
+        }
+    }
     tx.commit().await?;
     check_ledger(client, p).await?;
     check_owner(client, p).await?;
@@ -186,12 +191,17 @@ async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
         ),
     ]
     .into_iter()
-    .chain(p.projections.iter().map(|proj| {
-        (
-            format!("projection `{}`", proj.name),
-            proj.statement.clone(),
-        )
-    })) {
+    .chain(
+        p.projections
+            .iter()
+            .filter(|proj| proj.row.is_none())
+            .map(|proj| {
+                (
+                    format!("projection `{}`", proj.name),
+                    proj.statement.clone(),
+                )
+            }),
+    ) {
         tx.prepare(&stmt)
             .await
             .map_err(|e| schema_error(&what, &stmt, e))?;

@@ -1,0 +1,415 @@
+//! Debezium column values → PostgreSQL text input, driven by the Connect schema when the message has one and by
+//! the projection column's type otherwise.
+//!
+//! Sources: Debezium PostgreSQL connector documentation, "Data type mappings" — `Decimal` is the unscaled value as
+//! big-endian two's-complement bytes with the scale in the schema parameters (`decimal.handling.mode=precise`),
+//! `VariableScaleDecimal` is `{scale, value}`, `io.debezium.time.Date` is days since the epoch,
+//! `Timestamp`/`MicroTimestamp`/`NanoTimestamp` are ms/µs/ns since the epoch without a zone, `ZonedTimestamp` is
+//! an ISO-8601 string, `Time`/`MicroTime`/`NanoTime` count since midnight; `bytes` are base64 in the JSON
+//! converter. The output follows PostgreSQL's own output format where it matters for comparisons (timestamps
+//! `YYYY-MM-DD HH:MM:SS.ffffff`, bytea `\x…`, arrays `{a,b}`).
+
+use std::str::FromStr;
+
+use base64::Engine;
+use bigdecimal::BigDecimal;
+use chrono::{DateTime, NaiveDate, NaiveTime};
+use num_bigint::BigInt;
+use serde_json::Value;
+
+use crate::config::{ColumnSpec, Kind, SqlType, Unit};
+use crate::debezium::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
+
+/// A converted value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pg {
+    /// PostgreSQL input text.
+    Text(String),
+    /// SQL NULL.
+    Null,
+    /// Debezium's placeholder for an unchanged TOASTed value: keep what is stored.
+    Unchanged,
+}
+
+fn b64(s: &str) -> Result<Vec<u8>, String> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s.trim())
+        .map_err(|e| format!("`{}` is not base64: {e}", short(s)))
+}
+
+fn short(s: &str) -> String {
+    if s.chars().count() > 60 {
+        format!("{}…", s.chars().take(60).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+fn is_placeholder(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s == UNAVAILABLE || s == UNAVAILABLE_BASE64,
+        Value::Array(a) => a.iter().any(is_placeholder),
+        _ => false,
+    }
+}
+
+/// Decimal text of an unscaled big-endian two's-complement integer and a scale.
+pub fn decimal_from_bytes(bytes: &[u8], scale: i64) -> String {
+    let unscaled = BigInt::from_signed_bytes_be(bytes);
+    BigDecimal::new(unscaled, scale).to_string()
+}
+
+fn schema_name(s: Option<&Value>) -> Option<&str> {
+    s.and_then(|s| s.get("name")).and_then(Value::as_str)
+}
+
+fn int(v: &Value) -> Result<i64, String> {
+    match v {
+        Value::Number(n) => n
+            .to_string()
+            .parse::<i64>()
+            .map_err(|_| format!("`{n}` is not a whole number")),
+        Value::String(s) => s
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| format!("`{}` is not a whole number", short(s))),
+        other => Err(format!("expected a whole number, got {other}")),
+    }
+}
+
+fn timestamp(n: i64, unit: Unit) -> Result<String, String> {
+    let (secs, nanos) = match unit {
+        Unit::Millis => (n.div_euclid(1_000), n.rem_euclid(1_000) * 1_000_000),
+        Unit::Micros => (n.div_euclid(1_000_000), n.rem_euclid(1_000_000) * 1_000),
+        Unit::Nanos => (n.div_euclid(1_000_000_000), n.rem_euclid(1_000_000_000)),
+        Unit::Days => return date(n),
+    };
+    let t = DateTime::from_timestamp(secs, nanos as u32)
+        .ok_or_else(|| format!("{n} is out of range for a timestamp"))?
+        .naive_utc();
+    Ok(trim_fraction(t.format("%Y-%m-%d %H:%M:%S%.9f").to_string()))
+}
+
+fn time(n: i64, unit: Unit) -> Result<String, String> {
+    let nanos = match unit {
+        Unit::Millis => n * 1_000_000,
+        Unit::Micros => n * 1_000,
+        Unit::Nanos => n,
+        Unit::Days => return Err("a time is not counted in days".into()),
+    };
+    let t = NaiveTime::from_num_seconds_from_midnight_opt(
+        (nanos.div_euclid(1_000_000_000)) as u32,
+        (nanos.rem_euclid(1_000_000_000)) as u32,
+    )
+    .ok_or_else(|| format!("{n} is out of range for a time of day"))?;
+    Ok(trim_fraction(t.format("%H:%M:%S%.9f").to_string()))
+}
+
+fn date(days: i64) -> Result<String, String> {
+    let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid");
+    epoch
+        .checked_add_signed(chrono::Duration::days(days))
+        .map(|d| d.format("%Y-%m-%d").to_string())
+        .ok_or_else(|| format!("{days} days is out of range for a date"))
+}
+
+/// `12:00:00.500000000` → `12:00:00.5`; `12:00:00.000000000` → `12:00:00` (PostgreSQL's output).
+fn trim_fraction(s: String) -> String {
+    match s.rfind('.') {
+        Some(i) => {
+            let t = s.trim_end_matches('0');
+            let t = t.strip_suffix('.').unwrap_or(t);
+            if t.len() < i {
+                s[..i].to_string()
+            } else {
+                t.to_string()
+            }
+        }
+        None => s,
+    }
+}
+
+fn default_unit(ty: &SqlType) -> Unit {
+    match ty.kind {
+        Kind::Date => Unit::Days,
+        // time.precision.mode=adaptive: precision 0..=3 → milliseconds, 4..=6 (and none) → microseconds.
+        Kind::Timestamp | Kind::Time | Kind::Timestamptz => match ty.precision {
+            Some(p) if p <= 3 => Unit::Millis,
+            _ => Unit::Micros,
+        },
+        _ => Unit::Micros,
+    }
+}
+
+/// Array literal element quoting, as PostgreSQL's array output does it.
+fn array_element(s: &str) -> String {
+    let plain = !s.is_empty()
+        && !s.eq_ignore_ascii_case("null")
+        && !s
+            .chars()
+            .any(|c| matches!(c, '{' | '}' | ',' | '"' | '\\') || c.is_whitespace());
+    if plain {
+        s.to_string()
+    } else {
+        let mut out = String::from("\"");
+        for c in s.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+        out
+    }
+}
+
+/// Converts one scalar (non-array) value.
+fn scalar(
+    v: &Value,
+    schema: Option<&Value>,
+    kind: Kind,
+    unit: Unit,
+    scale: Option<u32>,
+) -> Result<String, String> {
+    let name = schema_name(schema);
+    // Logical types first: the schema says what the JSON value encodes.
+    match name {
+        Some("org.apache.kafka.connect.data.Decimal") => {
+            let sc = schema
+                .and_then(|s| s.pointer("/parameters/scale"))
+                .and_then(|s| s.as_str().map(str::to_string).or(Some(s.to_string())))
+                .and_then(|s| s.trim_matches('"').parse::<i64>().ok())
+                .ok_or("Decimal schema without a `scale` parameter")?;
+            return match v {
+                Value::String(s) => Ok(decimal_from_bytes(&b64(s)?, sc)),
+                Value::Number(n) => Ok(n.to_string()),
+                other => Err(format!("Decimal value must be base64 bytes, got {other}")),
+            };
+        }
+        Some("io.debezium.data.VariableScaleDecimal") => {
+            let sc = v
+                .get("scale")
+                .map(int)
+                .transpose()?
+                .ok_or("VariableScaleDecimal without `scale`")?;
+            let raw = v
+                .get("value")
+                .and_then(Value::as_str)
+                .ok_or("VariableScaleDecimal without `value`")?;
+            return Ok(decimal_from_bytes(&b64(raw)?, sc));
+        }
+        Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
+            return date(int(v)?)
+        }
+        Some("io.debezium.time.Timestamp" | "org.apache.kafka.connect.data.Timestamp") => {
+            return timestamp(int(v)?, Unit::Millis)
+        }
+        Some("io.debezium.time.MicroTimestamp") => return timestamp(int(v)?, Unit::Micros),
+        Some("io.debezium.time.NanoTimestamp") => return timestamp(int(v)?, Unit::Nanos),
+        Some("io.debezium.time.Time" | "org.apache.kafka.connect.data.Time") => {
+            return time(int(v)?, Unit::Millis)
+        }
+        Some("io.debezium.time.MicroTime") => return time(int(v)?, Unit::Micros),
+        Some("io.debezium.time.NanoTime") => return time(int(v)?, Unit::Nanos),
+        _ => {}
+    }
+    let is_bytes = schema.and_then(|s| s.get("type")).and_then(Value::as_str) == Some("bytes");
+    match kind {
+        Kind::Bytea => match v {
+            Value::String(s) => Ok(format!("\\x{}", hex::encode(b64(s)?))),
+            other => Err(format!("expected base64 bytes, got {other}")),
+        },
+        Kind::Numeric => match v {
+            Value::Number(n) => Ok(n.to_string()),
+            Value::String(s) if BigDecimal::from_str(s.trim()).is_ok() && !is_bytes => {
+                Ok(s.trim().to_string())
+            }
+            Value::String(s) => match scale {
+                // precise mode without schemas: base64 unscaled bytes, the scale from the column type.
+                Some(sc) => Ok(decimal_from_bytes(&b64(s)?, i64::from(sc))),
+                None => Err(format!(
+                    "`{}` is not a decimal; with decimal.handling.mode=precise and schemas disabled, declare the column as numeric(p,s) so the scale is known",
+                    short(s)
+                )),
+            },
+            Value::Object(o) if o.contains_key("scale") && o.contains_key("value") => {
+                let sc = int(&o["scale"])?;
+                let raw = o["value"].as_str().ok_or("variable-scale decimal without base64 `value`")?;
+                Ok(decimal_from_bytes(&b64(raw)?, sc))
+            }
+            other => Err(format!("expected a decimal, got {other}")),
+        },
+        Kind::Date => match v {
+            Value::Number(_) => date(int(v)?),
+            Value::String(s) => Ok(s.clone()),
+            other => Err(format!("expected a date, got {other}")),
+        },
+        Kind::Timestamp | Kind::Timestamptz => match v {
+            Value::Number(_) => timestamp(int(v)?, unit),
+            Value::String(s) => Ok(s.clone()),
+            other => Err(format!("expected a timestamp, got {other}")),
+        },
+        Kind::Time => match v {
+            Value::Number(_) => time(int(v)?, unit),
+            Value::String(s) => Ok(s.clone()),
+            other => Err(format!("expected a time, got {other}")),
+        },
+        Kind::Json => match v {
+            Value::String(s) => Ok(s.clone()),
+            other => Ok(other.to_string()),
+        },
+        Kind::Integer => Ok(int(v)?.to_string()),
+        Kind::Boolean => match v {
+            Value::Bool(b) => Ok(b.to_string()),
+            other => Err(format!("expected a boolean, got {other}")),
+        },
+        Kind::Float | Kind::Uuid | Kind::Text => match v {
+            Value::String(s) => Ok(s.clone()),
+            Value::Number(n) => Ok(n.to_string()),
+            Value::Bool(b) => Ok(b.to_string()),
+            other => Ok(other.to_string()),
+        },
+    }
+}
+
+/// Converts a cell of a Debezium row image for column `col`.
+///
+/// # Errors
+/// A message naming what is wrong with the value (the record is then quarantined as `invalid-field`).
+pub fn to_pg(cell: &Cell, col: &ColumnSpec) -> Result<Pg, String> {
+    if cell.value.is_null() {
+        return Ok(Pg::Null);
+    }
+    if is_placeholder(&cell.value) {
+        return Ok(Pg::Unchanged);
+    }
+    let unit = col.unit.unwrap_or_else(|| default_unit(&col.ty));
+    let schema = cell.schema.as_deref();
+    let text = if col.ty.array {
+        let items = cell
+            .value
+            .as_array()
+            .ok_or_else(|| format!("expected an array, got {}", cell.value))?;
+        let item_schema = schema.and_then(|s| s.get("items"));
+        let mut parts = Vec::with_capacity(items.len());
+        for it in items {
+            if it.is_null() {
+                parts.push("NULL".to_string());
+            } else {
+                parts.push(array_element(&scalar(
+                    it,
+                    item_schema,
+                    col.ty.kind,
+                    unit,
+                    col.ty.scale,
+                )?));
+            }
+        }
+        format!("{{{}}}", parts.join(","))
+    } else {
+        scalar(&cell.value, schema, col.ty.kind, unit, col.ty.scale)?
+    };
+    if text.contains('\0') {
+        return Err("contains a NUL character, which PostgreSQL text cannot store".into());
+    }
+    Ok(Pg::Text(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ident::Ident;
+
+    fn col(ty: &str) -> ColumnSpec {
+        ColumnSpec {
+            name: Ident::new("c").unwrap(),
+            ty: SqlType::parse(ty).unwrap(),
+            unit: None,
+            field: None,
+        }
+    }
+
+    fn cell(v: Value, schema: Option<Value>) -> Cell {
+        Cell {
+            value: v,
+            schema: schema.map(std::sync::Arc::new),
+        }
+    }
+
+    #[test]
+    fn decimal_bytes_are_signed_and_scaled() {
+        let s = serde_json::json!({"type":"bytes","name":"org.apache.kafka.connect.data.Decimal","parameters":{"scale":"2"}});
+        for (b, want) in [("AxY=", "7.90"), ("/5w=", "-1.00"), ("EtZ2", "12345.50")] {
+            let got = to_pg(
+                &cell(Value::String(b.into()), Some(s.clone())),
+                &col("numeric"),
+            )
+            .unwrap();
+            assert_eq!(got, Pg::Text(want.into()), "{b}");
+        }
+        // Without schemas: the scale comes from numeric(p,s).
+        let got = to_pg(
+            &cell(Value::String("/5w=".into()), None),
+            &col("numeric(12,2)"),
+        )
+        .unwrap();
+        assert_eq!(got, Pg::Text("-1.00".into()));
+    }
+
+    #[test]
+    fn temporal_units_follow_schema_or_column() {
+        let micro = serde_json::json!({"type":"int64","name":"io.debezium.time.MicroTimestamp"});
+        let v = serde_json::json!(1690366967048491i64);
+        assert_eq!(
+            to_pg(&cell(v.clone(), Some(micro)), &col("timestamp")).unwrap(),
+            Pg::Text("2023-07-26 10:22:47.048491".into())
+        );
+        assert_eq!(
+            to_pg(&cell(v, None), &col("timestamp(6)")).unwrap(),
+            Pg::Text("2023-07-26 10:22:47.048491".into())
+        );
+        assert_eq!(
+            to_pg(
+                &cell(serde_json::json!(1690366967048i64), None),
+                &col("timestamp(3)")
+            )
+            .unwrap(),
+            Pg::Text("2023-07-26 10:22:47.048".into())
+        );
+        assert_eq!(
+            to_pg(&cell(serde_json::json!(20088), None), &col("date")).unwrap(),
+            Pg::Text("2024-12-31".into())
+        );
+        assert_eq!(
+            to_pg(&cell(serde_json::json!(45296500000i64), None), &col("time")).unwrap(),
+            Pg::Text("12:34:56.5".into())
+        );
+    }
+
+    #[test]
+    fn toast_placeholders_mean_unchanged() {
+        for (v, ty) in [
+            (serde_json::json!(UNAVAILABLE), "text"),
+            (serde_json::json!([UNAVAILABLE]), "text[]"),
+            (serde_json::json!(UNAVAILABLE_BASE64), "bytea"),
+        ] {
+            assert_eq!(to_pg(&cell(v, None), &col(ty)).unwrap(), Pg::Unchanged);
+        }
+        assert_eq!(
+            to_pg(
+                &cell(serde_json::json!(["vip", "beta", "a b", null]), None),
+                &col("text[]")
+            )
+            .unwrap(),
+            Pg::Text("{vip,beta,\"a b\",NULL}".into())
+        );
+        assert_eq!(
+            to_pg(
+                &cell(serde_json::json!("iVBORw0KGgo="), None),
+                &col("bytea")
+            )
+            .unwrap(),
+            Pg::Text("\\x89504e470d0a1a0a".into())
+        );
+    }
+}

@@ -1,0 +1,354 @@
+//! Debezium change events (the JSON converter's output, `schemas.enable` on or off) turned into a [`Change`]
+//! and a flat document the pipeline's `[fields]` read.
+//!
+//! Envelope reference: Debezium PostgreSQL connector documentation, "Data change events" (`before`, `after`,
+//! `source`, `op` c/u/d/r/t/m, `ts_ms`) and "Data type mappings" (Connect logical types such as
+//! `org.apache.kafka.connect.data.Decimal`, `io.debezium.time.MicroTimestamp`). The JSON converter wraps key and
+//! value in `{"schema": …, "payload": …}` when `schemas.enable=true` (Kafka Connect `JsonConverter`).
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::decode::{Reason, Rejection};
+
+/// Placeholder Debezium writes for an unchanged TOASTed column (`unavailable.value.placeholder`).
+pub const UNAVAILABLE: &str = "__debezium_unavailable_value";
+/// The placeholder as base64 (how it appears in `bytea` columns with the JSON converter).
+pub const UNAVAILABLE_BASE64: &str = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==";
+
+/// The kind of change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `c`: insert.
+    Create,
+    /// `u`: update.
+    Update,
+    /// `d`: delete.
+    Delete,
+    /// `r`: snapshot read (observed state, not a business action).
+    Read,
+    /// `t`: truncate of the whole table.
+    Truncate,
+}
+
+impl Op {
+    /// The envelope's letter.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Op::Create => "c",
+            Op::Update => "u",
+            Op::Delete => "d",
+            Op::Read => "r",
+            Op::Truncate => "t",
+        }
+    }
+}
+
+/// One column value of a row image, with the Connect schema of its field when the message carried one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// The JSON value as sent.
+    pub value: Value,
+    /// The field's Connect schema (`type`, `name`, `parameters`, `items`), when schemas are enabled.
+    pub schema: Option<Arc<Value>>,
+}
+
+/// A row image (`before`/`after`) or a key: column name → value, in message order.
+pub type Row = Vec<(String, Cell)>;
+
+/// One row change (or truncate) as the row projections need it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The operation.
+    pub op: Op,
+    /// `source.schema` + `.` + `source.table`.
+    pub table: String,
+    /// The version of this change: `[commit LSN, change LSN]` from `source.sequence` (elements may be null: a
+    /// null commit LSN — snapshot reads — is taken as the change LSN, i.e. the snapshot's consistent point).
+    pub position: [i64; 2],
+    /// The Debezium key (unwrapped), when the record had one.
+    pub key: Option<Row>,
+    /// `before` (deletes and REPLICA IDENTITY FULL updates).
+    pub before: Option<Row>,
+    /// `after` (creates, updates, reads).
+    pub after: Option<Row>,
+}
+
+/// What a Debezium record is.
+#[derive(Debug)]
+pub enum Record {
+    /// A row change or truncate: the change and the document `[fields]` read.
+    Change(Arc<Change>, Value),
+    /// Not a row change: acknowledged and counted as filtered under this built-in rule name.
+    Skip(&'static str),
+}
+
+/// Unwraps the JSON converter's `{"schema": …, "payload": …}` form: only when those are the only two members
+/// (a stray `payload` member of a bare envelope is not a wrapper).
+pub fn unwrap(v: Value) -> (Value, Option<Value>) {
+    match v {
+        Value::Object(mut m)
+            if m.len() == 2 && m.contains_key("schema") && m.contains_key("payload") =>
+        {
+            let payload = m.remove("payload").unwrap_or(Value::Null);
+            let schema = m.remove("schema");
+            (payload, schema)
+        }
+        other => (other, None),
+    }
+}
+
+fn reject(detail: impl Into<String>) -> Rejection {
+    Rejection {
+        reason: Reason::InvalidField,
+        detail: detail.into(),
+    }
+}
+
+fn parse_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.to_string().parse().ok(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// The Connect schema of each field of struct field `name` in an envelope schema.
+fn struct_fields(schema: Option<&Value>, name: &str) -> Vec<(String, Arc<Value>)> {
+    let Some(fields) = schema
+        .and_then(|s| s.get("fields"))
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    let Some(st) = fields
+        .iter()
+        .find(|f| f.get("field").and_then(Value::as_str) == Some(name))
+    else {
+        return Vec::new();
+    };
+    row_schema(Some(st))
+}
+
+fn row_schema(st: Option<&Value>) -> Vec<(String, Arc<Value>)> {
+    st.and_then(|s| s.get("fields"))
+        .and_then(Value::as_array)
+        .map(|fs| {
+            fs.iter()
+                .filter_map(|f| Some((f.get("field")?.as_str()?.to_string(), Arc::new(f.clone()))))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn row(v: Option<&Value>, schema: &[(String, Arc<Value>)]) -> Result<Option<Row>, Rejection> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(
+            m.iter()
+                .map(|(k, v)| {
+                    let s = schema.iter().find(|(n, _)| n == k).map(|(_, s)| s.clone());
+                    (
+                        k.clone(),
+                        Cell {
+                            value: v.clone(),
+                            schema: s,
+                        },
+                    )
+                })
+                .collect(),
+        )),
+        Some(other) => Err(reject(format!(
+            "row image is not an object: {}",
+            excerpt(other)
+        ))),
+    }
+}
+
+fn excerpt(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 80 {
+        format!("{}…", s.chars().take(80).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// Decodes one Debezium record (raw key and value bytes).
+///
+/// # Errors
+/// A [`Rejection`] (`invalid-json`, `invalid-field`) naming what is wrong with the envelope.
+pub fn decode(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Record, Rejection> {
+    let Some(bytes) = value else {
+        // A Kafka tombstone after a delete: log compaction's marker; the `op = d` record carried the delete.
+        return Ok(Record::Skip("cdc-kafka-tombstone"));
+    };
+    let json: Value = serde_json::from_slice(bytes).map_err(|e| Rejection {
+        reason: Reason::InvalidJson,
+        detail: format!("value is not valid JSON: {e}"),
+    })?;
+    let (payload, schema) = unwrap(json);
+    let env = match payload {
+        Value::Null => return Ok(Record::Skip("cdc-kafka-tombstone")),
+        Value::Object(m) => m,
+        _ => {
+            return Err(Rejection {
+                reason: Reason::InvalidJson,
+                detail: "value is not a JSON object".into(),
+            })
+        }
+    };
+    // Transaction metadata (provide.transaction.metadata): {status: BEGIN|END, id, event_count, …}.
+    if matches!(
+        env.get("status").and_then(Value::as_str),
+        Some("BEGIN" | "END")
+    ) && env.contains_key("id")
+        && !env.contains_key("op")
+    {
+        return Ok(Record::Skip("cdc-transaction-metadata"));
+    }
+    let op = match env.get("op").and_then(Value::as_str) {
+        Some("c") => Op::Create,
+        Some("u") => Op::Update,
+        Some("d") => Op::Delete,
+        Some("r") => Op::Read,
+        Some("t") => Op::Truncate,
+        Some("m") => return Ok(Record::Skip("cdc-message")),
+        Some(other) => return Err(reject(format!("unknown Debezium op `{other}`"))),
+        None if !env.contains_key("source") => return Ok(Record::Skip("cdc-heartbeat")),
+        None => return Err(reject("Debezium envelope without `op`")),
+    };
+    let source = env
+        .get("source")
+        .and_then(Value::as_object)
+        .ok_or_else(|| reject("Debezium envelope without a `source` block"))?;
+    let text = |k: &str| {
+        source
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (db, sch, tbl) = (text("db"), text("schema"), text("table"));
+    if tbl.is_empty() {
+        return Err(reject("`source.table` is missing"));
+    }
+    let lsn = source.get("lsn").and_then(parse_i64);
+    let seq: Option<Vec<Option<i64>>> = match source.get("sequence") {
+        Some(Value::String(s)) => {
+            let arr: Vec<Value> = serde_json::from_str(s)
+                .map_err(|_| reject(format!("`source.sequence` is not a JSON array: {s}")))?;
+            Some(arr.iter().map(parse_i64).collect())
+        }
+        _ => None,
+    };
+    let change_lsn = seq
+        .as_ref()
+        .and_then(|s| s.get(1).copied().flatten())
+        .or(lsn)
+        .ok_or_else(|| {
+            reject("no source position: `source.sequence` and `source.lsn` are both missing")
+        })?;
+    let commit_lsn = seq
+        .as_ref()
+        .and_then(|s| s.first().copied().flatten())
+        .unwrap_or(change_lsn);
+    let tx = source.get("txId").and_then(parse_i64);
+    let snapshot = op == Op::Read;
+    let ts_ms = source
+        .get("ts_ms")
+        .and_then(parse_i64)
+        .or_else(|| env.get("ts_ms").and_then(parse_i64))
+        .ok_or_else(|| reject("`source.ts_ms` is missing"))?;
+    let day = chrono::DateTime::from_timestamp_millis(ts_ms)
+        .ok_or_else(|| reject(format!("`source.ts_ms` {ts_ms} is out of range")))?
+        .date_naive();
+
+    // The key: unwrapped the same way (a connector may switch schemas.enable mid-topic).
+    let key_json = match key {
+        None => None,
+        Some(k) => match serde_json::from_slice::<Value>(k) {
+            Ok(v) => Some(unwrap(v)),
+            Err(_) => None,
+        },
+    };
+    let key_row = match &key_json {
+        Some((Value::Object(_), ks)) => row(
+            Some(&key_json.as_ref().expect("some").0),
+            &row_schema(ks.as_ref()),
+        )?,
+        _ => None,
+    };
+    let before = row(env.get("before"), &struct_fields(schema.as_ref(), "before"))?;
+    let after = row(env.get("after"), &struct_fields(schema.as_ref(), "after"))?;
+    if matches!(op, Op::Create | Op::Update | Op::Read) && after.is_none() {
+        return Err(reject(format!("op `{}` without `after`", op.letter())));
+    }
+    if op == Op::Delete && before.is_none() && key_row.is_none() {
+        return Err(reject("delete without `before` and without a key"));
+    }
+
+    // The entity: the key's columns (sorted), or the whole row image for tables without a primary key.
+    let entity = match (&key_json, op) {
+        (_, Op::Truncate) => String::new(),
+        (Some((v @ Value::Object(_), _)), _) => canonical(v),
+        _ => {
+            let img = if op == Op::Delete {
+                env.get("before")
+            } else {
+                env.get("after")
+            };
+            img.map(canonical).unwrap_or_default()
+        }
+    };
+    let source_id = format!("{db}.{sch}.{tbl}");
+    let position = match tx {
+        Some(t) => format!("{commit_lsn}/{change_lsn}/{t}"),
+        None => format!("{commit_lsn}/{change_lsn}"),
+    };
+    let mut doc = env.clone();
+    doc.insert("_source".into(), Value::String(source_id));
+    doc.insert("_entity".into(), Value::String(entity));
+    doc.insert("_position".into(), Value::String(position));
+    doc.insert("_op".into(), Value::String(op.letter().into()));
+    doc.insert("_snapshot".into(), Value::Bool(snapshot));
+    doc.insert(
+        "_day".into(),
+        Value::String(day.format("%Y-%m-%d").to_string()),
+    );
+    if let Some((k, _)) = &key_json {
+        doc.insert("key".into(), k.clone());
+    }
+    Ok(Record::Change(
+        Arc::new(Change {
+            op,
+            table: format!("{sch}.{tbl}"),
+            position: [commit_lsn, change_lsn],
+            key: key_row,
+            before,
+            after,
+        }),
+        Value::Object(doc),
+    ))
+}
+
+/// JSON text with object members sorted, so that one key always gives one entity string.
+fn canonical(v: &Value) -> String {
+    fn sort(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                let mut out = Map::new();
+                for k in keys {
+                    out.insert(k.clone(), sort(&m[k]));
+                }
+                Value::Object(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sort).collect()),
+            other => other.clone(),
+        }
+    }
+    sort(v).to_string()
+}

@@ -1,0 +1,1015 @@
+//! Row projections in the batch transaction: the changes a batch newly claimed are grouped per entity, ordered
+//! by version, folded against the stored state (read `FOR UPDATE`), and written once per entity.
+//!
+//! Rules (README "Debezium CDC to a table"):
+//! - an upsert applies only when its version is strictly newer than the stored one (live row or tombstone);
+//! - a delete leaves a tombstone `(key, _version, _deleted_at)` so an older write can never resurrect the row;
+//! - an equal version with the same row state is a duplicate; with a different state it is a conflict, recorded in
+//!   `replaysafe_conflicts`, and the stored row is left unchanged;
+//! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{GenericClient, Statement, Transaction};
+
+use crate::config::{
+    ColumnSpec, Pipeline, ProjectionPlan, RowPlan, SqlType, TombstoneMode, TruncatePolicy,
+    VersionPlan,
+};
+use crate::convert::{to_pg, Pg};
+use crate::debezium::{Change, Op};
+use crate::decode::{Reason, Rejection};
+use crate::error::{Error, Result};
+use crate::ident::{Ident, QualifiedName};
+
+/// Name of the conflicts table (in the pipeline schema).
+pub const CONFLICTS: &str = "replaysafe_conflicts";
+
+/// A row projection resolved against the database: its columns (from the pipeline file or the catalog) and key.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// Index of the projection in `Pipeline::projections`.
+    pub index: usize,
+    /// The projection's name.
+    pub name: String,
+    /// Its columns.
+    pub columns: Vec<ColumnSpec>,
+    /// Indices into `columns` of the primary key.
+    pub key: Vec<usize>,
+}
+
+async fn catalog_columns(
+    c: &impl GenericClient,
+    table: &QualifiedName,
+) -> Result<Option<Vec<(String, String)>>> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             JOIN pg_class r ON r.oid = a.attrelid JOIN pg_namespace n ON n.oid = r.relnamespace \
+             WHERE n.nspname = $1 AND r.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&table.schema.as_str(), &table.name.as_str()],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+}
+
+async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec<String>> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text FROM pg_index i JOIN pg_class r ON r.oid = i.indrelid \
+             JOIN pg_namespace n ON n.oid = r.relnamespace \
+             JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true \
+             JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum = k.attnum \
+             WHERE n.nspname = $1 AND r.relname = $2 AND i.indisprimary ORDER BY k.ord",
+            &[&table.schema.as_str(), &table.name.as_str()],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Resolves a row projection's columns and key: from the pipeline file, or from the existing table.
+///
+/// # Errors
+/// [`Error::Schema`] when the table is missing and `columns` is not given, has no primary key and `key` is not
+/// given, or has a column type replaysafe cannot convert to.
+pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<Shape> {
+    let proj = &p.projections[index];
+    let plan = proj.row.as_ref().expect("row projection");
+    let columns: Vec<ColumnSpec> = match &plan.columns {
+        Some(cols) => cols.clone(),
+        None => {
+            let found = catalog_columns(c, &plan.table).await?.ok_or_else(|| {
+                Error::Schema(format!(
+                    "row projection `{}`: table {} does not exist; create it (the source table's DDL) or declare `columns`",
+                    proj.name, plan.table
+                ))
+            })?;
+            let mut out = Vec::new();
+            for (name, ty) in found {
+                if name.starts_with('_') {
+                    continue;
+                }
+                let ty = SqlType::parse(&ty).map_err(|m| {
+                    Error::Schema(format!(
+                        "row projection `{}`: column {name} of {}: {m}",
+                        proj.name, plan.table
+                    ))
+                })?;
+                out.push(ColumnSpec {
+                    name: Ident::new(&name).map_err(|m| {
+                        Error::Schema(format!(
+                            "row projection `{}`: column `{name}`: {m}",
+                            proj.name
+                        ))
+                    })?,
+                    ty,
+                    unit: None,
+                    field: None,
+                });
+            }
+            out
+        }
+    };
+    let key_names: Vec<String> = if plan.key.is_empty() {
+        let pk = catalog_pk(c, &plan.table).await?;
+        if pk.is_empty() {
+            return Err(Error::Schema(format!(
+                "row projection `{}`: set `key` (the table {} has no primary key yet)",
+                proj.name, plan.table
+            )));
+        }
+        pk
+    } else {
+        plan.key.iter().map(|k| k.as_str().to_string()).collect()
+    };
+    let mut key = Vec::new();
+    for k in &key_names {
+        let i = columns
+            .iter()
+            .position(|c| c.name.as_str() == k)
+            .ok_or_else(|| {
+                Error::Schema(format!(
+                    "row projection `{}`: key column `{k}` is not a column of {}",
+                    proj.name, plan.table
+                ))
+            })?;
+        key.push(i);
+    }
+    Ok(Shape {
+        index,
+        name: proj.name.clone(),
+        columns,
+        key,
+    })
+}
+
+/// DDL for a row projection: the table (when `columns` are declared) or the bookkeeping columns added to an
+/// existing one, the tombstone table, and the conflicts table. Idempotent.
+///
+/// # Errors
+/// As [`resolve`], and [`Error::Postgres`].
+pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<()> {
+    let proj = &p.projections[index];
+    let plan = proj.row.as_ref().expect("row projection");
+    let t = &plan.table;
+    let deleted = if plan.tombstones == TombstoneMode::Column {
+        ", _deleted_at timestamptz"
+    } else {
+        ""
+    };
+    let exec = |sql: String| async move {
+        c.batch_execute(&sql).await.map_err(|e| {
+            Error::Schema(format!(
+                "setup of row projection `{}`: {e}: {sql}",
+                proj.name
+            ))
+        })
+    };
+    exec(format!("CREATE SCHEMA IF NOT EXISTS {}", t.schema)).await?;
+    if let Some(cols) = &plan.columns {
+        let defs: Vec<String> = cols
+            .iter()
+            .map(|c| {
+                let null = if plan.key.contains(&c.name) {
+                    " NOT NULL"
+                } else {
+                    ""
+                };
+                format!("{} {}{null}", c.name, c.ty.sql)
+            })
+            .collect();
+        let key: Vec<String> = plan.key.iter().map(|k| k.to_string()).collect();
+        exec(format!(
+            "CREATE TABLE IF NOT EXISTS {t} ({}, _version bigint[] NOT NULL, _sha256 bytea NOT NULL, _delivery text, \
+             _updated_at timestamptz NOT NULL DEFAULT now(){deleted}, PRIMARY KEY ({}))",
+            defs.join(", "),
+            key.join(", ")
+        ))
+        .await?;
+    } else {
+        exec(format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _version bigint[], ADD COLUMN IF NOT EXISTS _sha256 bytea, \
+             ADD COLUMN IF NOT EXISTS _delivery text, ADD COLUMN IF NOT EXISTS _updated_at timestamptz DEFAULT now(){}",
+            if deleted.is_empty() { "" } else { ", ADD COLUMN IF NOT EXISTS _deleted_at timestamptz" }
+        ))
+        .await?;
+    }
+    let shape = resolve(c, p, index).await?;
+    if plan.tombstones == TombstoneMode::Table {
+        let defs: Vec<String> = shape
+            .key
+            .iter()
+            .map(|&i| {
+                format!(
+                    "{} {} NOT NULL",
+                    shape.columns[i].name, shape.columns[i].ty.sql
+                )
+            })
+            .collect();
+        let key: Vec<String> = shape
+            .key
+            .iter()
+            .map(|&i| shape.columns[i].name.to_string())
+            .collect();
+        exec(format!(
+            "CREATE TABLE IF NOT EXISTS {} ({}, _version bigint[] NOT NULL, _delivery text, \
+             _deleted_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ({}))",
+            plan.tombstone_table,
+            defs.join(", "),
+            key.join(", ")
+        ))
+        .await?;
+    }
+    exec(create_conflicts(p)).await?;
+    Ok(())
+}
+
+/// `CREATE TABLE` for `replaysafe_conflicts`: one row per change that claimed a stored version with a different
+/// row state.
+pub fn create_conflicts(p: &Pipeline) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, projection text NOT NULL, table_name text NOT NULL, \
+         entity jsonb NOT NULL, version bigint[] NOT NULL, stored_delivery text, incoming_delivery text, \
+         stored_sha256 bytea, incoming_sha256 bytea NOT NULL, stored jsonb, incoming jsonb NOT NULL, \
+         topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, consumer_group text NOT NULL, \
+         detected_at timestamptz NOT NULL DEFAULT now(), UNIQUE (projection, entity, version, incoming_sha256))",
+        p.table(CONFLICTS)
+    )
+}
+
+/// The prepared statements of one row projection on one connection.
+pub struct Prepared {
+    /// The resolved shape.
+    pub shape: Shape,
+    fetch_live: Statement,
+    fetch_tomb: Option<Statement>,
+    upsert: Statement,
+    delete_live: Option<Statement>,
+    upsert_tomb: Option<Statement>,
+    delete_tomb: Option<Statement>,
+    conflict: Statement,
+    truncate: Statement,
+}
+
+fn key_unnest(shape: &Shape, first: usize) -> (String, String, String) {
+    // (unnest params, alias columns, join condition against `t`)
+    let params: Vec<String> = (0..shape.key.len())
+        .map(|i| format!("${}::text[]", first + i))
+        .collect();
+    let alias: Vec<String> = (0..shape.key.len()).map(|i| format!("k{i}")).collect();
+    let join: Vec<String> = shape
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            format!(
+                "t.{} = u.k{i}::{}",
+                shape.columns[c].name, shape.columns[c].ty.sql
+            )
+        })
+        .collect();
+    (params.join(", "), alias.join(", "), join.join(" AND "))
+}
+
+/// Prepares a row projection's statements.
+///
+/// # Errors
+/// [`Error::Schema`] when a statement does not compile (missing table or column).
+pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> Result<Prepared> {
+    let plan = p.projections[shape.index].row.as_ref().expect("row");
+    let t = &plan.table;
+    let tomb = &plan.tombstone_table;
+    let column_mode = plan.tombstones == TombstoneMode::Column;
+    let prep = |sql: String| async move {
+        c.prepare(&sql)
+            .await
+            .map_err(|e| Error::Schema(format!("row projection: {e}: {sql}")))
+    };
+    let (kp, ka, kj) = key_unnest(&shape, 1);
+    let cols_text: Vec<String> = shape
+        .columns
+        .iter()
+        .map(|c| format!("t.{}::text", c.name))
+        .collect();
+    let deleted_expr = if column_mode {
+        "t._deleted_at IS NOT NULL"
+    } else {
+        "false"
+    };
+    let fetch_live = prep(format!(
+        "SELECT u.ord, t._version, t._sha256, t._delivery, {deleted_expr}, {} FROM unnest({kp}) WITH ORDINALITY \
+         AS u({ka}, ord) JOIN {t} t ON {kj} FOR UPDATE OF t",
+        cols_text.join(", ")
+    ))
+    .await?;
+    let fetch_tomb = if column_mode {
+        None
+    } else {
+        Some(
+            prep(format!(
+                "SELECT u.ord, t._version, t._delivery FROM unnest({kp}) WITH ORDINALITY AS u({ka}, ord) \
+                 JOIN {tomb} t ON {kj} FOR UPDATE OF t"
+            ))
+            .await?,
+        )
+    };
+    // Upsert: one text[] per column, then versions (text '{a,b}'), hashes, deliveries (, deleted flags).
+    let n = shape.columns.len();
+    let mut params: Vec<String> = (1..=n).map(|i| format!("${i}::text[]")).collect();
+    params.push(format!("${}::text[]", n + 1));
+    params.push(format!("${}::bytea[]", n + 2));
+    params.push(format!("${}::text[]", n + 3));
+    if column_mode {
+        params.push(format!("${}::boolean[]", n + 4));
+    }
+    let mut alias: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
+    alias.extend(["v", "h", "d"].map(String::from));
+    if column_mode {
+        alias.push("del".into());
+    }
+    let names: Vec<String> = shape.columns.iter().map(|c| c.name.to_string()).collect();
+    let mut select: Vec<String> = shape
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("u.c{i}::{}", c.ty.sql))
+        .collect();
+    select.extend(["u.v::bigint[]", "u.h", "u.d", "now()"].map(String::from));
+    let mut target = names.clone();
+    target.extend(["_version", "_sha256", "_delivery", "_updated_at"].map(String::from));
+    if column_mode {
+        select.push("CASE WHEN u.del THEN now() END".into());
+        target.push("_deleted_at".into());
+    }
+    let key_cols: Vec<String> = shape.key.iter().map(|&i| names[i].clone()).collect();
+    let updates: Vec<String> = target
+        .iter()
+        .filter(|c| !key_cols.contains(c))
+        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .collect();
+    let upsert = prep(format!(
+        "INSERT INTO {t} AS t ({}) SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
+         WHERE t._version <= EXCLUDED._version",
+        target.join(", "),
+        select.join(", "),
+        params.join(", "),
+        alias.join(", "),
+        key_cols.join(", "),
+        updates.join(", ")
+    ))
+    .await?;
+    let (delete_live, upsert_tomb, delete_tomb) = if column_mode {
+        (None, None, None)
+    } else {
+        let k = shape.key.len();
+        let kv = format!("${}::text[]", k + 1);
+        let kd = format!("${}::text[]", k + 2);
+        let key_select: Vec<String> = shape
+            .key
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| format!("u.k{i}::{}", shape.columns[c].ty.sql))
+            .collect();
+        (
+            Some(
+                prep(format!(
+                    "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND t._version < u.v::bigint[]"
+                ))
+                .await?,
+            ),
+            Some(
+                prep(format!(
+                    "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at) SELECT {}, u.v::bigint[], u.d, now() \
+                     FROM unnest({kp}, {kv}, {kd}) AS u({ka}, v, d) ON CONFLICT ({}) DO UPDATE SET \
+                     _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at \
+                     WHERE t._version < EXCLUDED._version",
+                    key_cols.join(", "),
+                    key_select.join(", "),
+                    key_cols.join(", ")
+                ))
+                .await?,
+            ),
+            Some(
+                prep(format!(
+                    "DELETE FROM {tomb} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND t._version < u.v::bigint[]"
+                ))
+                .await?,
+            ),
+        )
+    };
+    let conflict = prep(format!(
+        "INSERT INTO {} (projection, table_name, entity, version, stored_delivery, incoming_delivery, stored_sha256, \
+         incoming_sha256, stored, incoming, topic, partition, \"offset\", consumer_group) \
+         SELECT $1, $2, u.e::jsonb, u.v::bigint[], u.sd, u.id, u.sh, u.ih, u.s::jsonb, u.i::jsonb, $3, $4, u.o, $5 \
+         FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::text[], \
+         $13::text[], $14::bigint[]) AS u(e, v, sd, id, sh, ih, s, i, o) \
+         ON CONFLICT (projection, entity, version, incoming_sha256) DO NOTHING",
+        p.table(CONFLICTS)
+    ))
+    .await?;
+    let truncate = if column_mode {
+        prep(format!(
+            "UPDATE {t} SET _deleted_at = now(), _version = $1::text::bigint[], _updated_at = now() \
+             WHERE _deleted_at IS NULL AND _version < $1::text::bigint[]"
+        ))
+        .await?
+    } else {
+        prep(format!(
+            "WITH gone AS (DELETE FROM {t} WHERE _version < $1::text::bigint[] RETURNING {kc}) \
+             INSERT INTO {tomb} AS t ({kc}, _version, _delivery, _deleted_at) SELECT {kc}, $1::text::bigint[], $2, now() \
+             FROM gone ON CONFLICT ({kc}) DO UPDATE SET _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, \
+             _deleted_at = EXCLUDED._deleted_at WHERE t._version < EXCLUDED._version",
+            kc = key_cols.join(", ")
+        ))
+        .await?
+    };
+    Ok(Prepared {
+        shape,
+        fetch_live,
+        fetch_tomb,
+        upsert,
+        delete_live,
+        upsert_tomb,
+        delete_tomb,
+        conflict,
+        truncate,
+    })
+}
+
+/// One claimed record as a row projection sees it.
+#[derive(Debug, Clone)]
+pub struct RowChange {
+    /// Kafka offset (the record's identity in the batch).
+    pub offset: i64,
+    /// Key column texts, in key order.
+    pub key: Vec<String>,
+    /// The version (compared element-wise).
+    pub version: Vec<i64>,
+    /// Upsert, delete or truncate.
+    pub kind: ChangeKind,
+    /// Upserts: one value per column.
+    pub values: Vec<Pg>,
+    /// The delivery key, as a JSON array text (for the conflicts table and `_delivery`).
+    pub delivery: String,
+}
+
+/// What a change does to its entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Insert, update or snapshot read.
+    Upsert,
+    /// Delete (leaves a tombstone).
+    Delete,
+    /// Truncate of the whole table.
+    Truncate,
+}
+
+/// How one claimed record fared in a row projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowResult {
+    /// The entity's stored state changed.
+    Applied,
+    /// The same state was already stored (at this or an older version).
+    Same,
+    /// Older than the stored version (or tombstone).
+    Stale,
+    /// The stored version is equal and the state differs: recorded in `replaysafe_conflicts`.
+    Conflict,
+}
+
+/// Whether a change belongs to this row projection.
+pub fn matches(plan: &RowPlan, table: &QualifiedName, change: &Change) -> bool {
+    match &plan.source_table {
+        Some(s) => s == &change.table,
+        None => change.table.rsplit('.').next() == Some(table.name.as_str()),
+    }
+}
+
+fn key_from(change: &Change, name: &str) -> Option<crate::debezium::Cell> {
+    let find = |r: &Option<crate::debezium::Row>| {
+        r.as_ref()
+            .and_then(|r| r.iter().find(|(n, _)| n == name).map(|(_, c)| c.clone()))
+    };
+    find(&change.key)
+        .or_else(|| find(&change.after))
+        .or_else(|| find(&change.before))
+}
+
+/// Builds the row projection's view of one Debezium change.
+///
+/// # Errors
+/// A [`Rejection`] when a value cannot be converted to its column's type or a key/version column is missing.
+pub fn from_change(
+    shape: &Shape,
+    plan: &RowPlan,
+    offset: i64,
+    change: &Change,
+    delivery: String,
+) -> std::result::Result<RowChange, Rejection> {
+    let bad = |m: String| Rejection {
+        reason: Reason::InvalidField,
+        detail: m,
+    };
+    let kind = match change.op {
+        Op::Truncate => ChangeKind::Truncate,
+        Op::Delete => ChangeKind::Delete,
+        _ => ChangeKind::Upsert,
+    };
+    let mut key = Vec::new();
+    if kind != ChangeKind::Truncate {
+        for &k in &shape.key {
+            let col = &shape.columns[k];
+            let cell = key_from(change, col.name.as_str()).ok_or_else(|| {
+                bad(format!(
+                    "key column `{}` is in neither the Debezium key nor the row",
+                    col.name.as_str()
+                ))
+            })?;
+            match to_pg(&cell, col)
+                .map_err(|m| bad(format!("key column `{}`: {m}", col.name.as_str())))?
+            {
+                Pg::Text(t) => key.push(t),
+                _ => return Err(bad(format!("key column `{}` is null", col.name.as_str()))),
+            }
+        }
+    }
+    let version = match &plan.version {
+        VersionPlan::SourcePosition | VersionPlan::Field(_) => change.position.to_vec(),
+        VersionPlan::Column(c) => {
+            let img = if kind == ChangeKind::Delete {
+                &change.before
+            } else {
+                &change.after
+            };
+            let v = img
+                .as_ref()
+                .and_then(|r| r.iter().find(|(n, _)| n == c.as_str()))
+                .and_then(|(_, cell)| match &cell.value {
+                    serde_json::Value::Number(n) => n.to_string().parse::<i64>().ok(),
+                    serde_json::Value::String(s) => s.parse::<i64>().ok(),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    bad(format!(
+                        "version column `{}` is missing or not a whole number",
+                        c.as_str()
+                    ))
+                })?;
+            vec![v]
+        }
+    };
+    let mut values = Vec::new();
+    if kind == ChangeKind::Upsert {
+        let after = change.after.as_ref().expect("upserts have after");
+        for col in &shape.columns {
+            let v = match after.iter().find(|(n, _)| n == col.name.as_str()) {
+                Some((_, cell)) => to_pg(cell, col)
+                    .map_err(|m| bad(format!("column `{}`: {m}", col.name.as_str())))?,
+                None => Pg::Null,
+            };
+            values.push(v);
+        }
+    }
+    Ok(RowChange {
+        offset,
+        key,
+        version,
+        kind,
+        values,
+        delivery,
+    })
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    version: Vec<i64>,
+    deleted: bool,
+    sha: Vec<u8>,
+    delivery: Option<String>,
+    values: Vec<Option<String>>,
+}
+
+fn hash(values: &[Option<String>], deleted: bool) -> Vec<u8> {
+    let mut h = Sha256::new();
+    if deleted {
+        h.update(b"deleted");
+    } else {
+        for v in values {
+            match v {
+                None => h.update(b"N"),
+                Some(t) => {
+                    h.update(b"V");
+                    h.update((t.len() as u64).to_be_bytes());
+                    h.update(t.as_bytes());
+                }
+            }
+        }
+    }
+    h.finalize().to_vec()
+}
+
+fn version_text(v: &[i64]) -> String {
+    format!(
+        "{{{}}}",
+        v.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+    )
+}
+
+fn object(shape: &Shape, values: &[Option<String>]) -> String {
+    let m: serde_json::Map<String, serde_json::Value> = shape
+        .columns
+        .iter()
+        .zip(values)
+        .map(|(c, v)| {
+            (
+                c.name.as_str().to_string(),
+                v.clone()
+                    .map(serde_json::Value::String)
+                    .unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(m).to_string()
+}
+
+fn entity(shape: &Shape, key: &[String]) -> String {
+    let m: serde_json::Map<String, serde_json::Value> = shape
+        .key
+        .iter()
+        .zip(key)
+        .map(|(&c, v)| {
+            (
+                shape.columns[c].name.as_str().to_string(),
+                serde_json::Value::String(v.clone()),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(m).to_string()
+}
+
+/// Where the batch is: for the conflicts table.
+pub struct Coordinates<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Consumer group.
+    pub group: &'a str,
+}
+
+fn pg_err(e: tokio_postgres::Error) -> crate::sink::ApplyError {
+    crate::sink::classify(e, false)
+}
+
+/// Applies a row projection's changes (in offset order; truncates split the batch) and returns each change's
+/// result by offset.
+///
+/// # Errors
+/// [`crate::sink::ApplyError`] from PostgreSQL, or `Fatal` for a truncate under `truncate = "stop"`.
+pub async fn apply(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    proj: &ProjectionPlan,
+    changes: Vec<RowChange>,
+    at: &Coordinates<'_>,
+) -> std::result::Result<HashMap<i64, RowResult>, crate::sink::ApplyError> {
+    let plan = proj.row.as_ref().expect("row");
+    let mut results = HashMap::new();
+    let mut segment: Vec<RowChange> = Vec::new();
+    for c in changes {
+        if c.kind == ChangeKind::Truncate {
+            fold_segment(
+                tx,
+                prepared,
+                proj,
+                std::mem::take(&mut segment),
+                at,
+                &mut results,
+            )
+            .await?;
+            match plan.truncate {
+                TruncatePolicy::Stop => {
+                    return Err(crate::sink::ApplyError::Fatal(Error::Other(format!(
+                        "{}/{} offset {}: TRUNCATE of the source table (Debezium op=t) reached row projection `{}`, \
+                         whose policy is truncate = \"stop\"; nothing of this batch was committed. Set truncate = \
+                         \"truncate\" (tombstone every older row) or \"ignore\" and restart",
+                        at.topic, at.partition, c.offset, proj.name
+                    ))))
+                }
+                TruncatePolicy::Ignore => {
+                    results.insert(c.offset, RowResult::Same);
+                }
+                TruncatePolicy::Truncate => {
+                    let v = version_text(&c.version);
+                    let n = if plan.tombstones == TombstoneMode::Column {
+                        tx.execute(&prepared.truncate, &[&v]).await
+                    } else {
+                        tx.execute(&prepared.truncate, &[&v, &c.delivery]).await
+                    }
+                    .map_err(pg_err)?;
+                    tracing::info!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, rows = n, "truncate applied");
+                    results.insert(c.offset, RowResult::Applied);
+                }
+            }
+        } else {
+            segment.push(c);
+        }
+    }
+    fold_segment(tx, prepared, proj, segment, at, &mut results).await?;
+    Ok(results)
+}
+
+type Params<'a> = Vec<&'a (dyn ToSql + Sync)>;
+
+async fn fold_segment(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    proj: &ProjectionPlan,
+    changes: Vec<RowChange>,
+    at: &Coordinates<'_>,
+    results: &mut HashMap<i64, RowResult>,
+) -> std::result::Result<(), crate::sink::ApplyError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let shape = &prepared.shape;
+    let plan = proj.row.as_ref().expect("row");
+    // Entities in first-seen order, with their changes sorted by (version, offset).
+    let mut order: Vec<Vec<String>> = Vec::new();
+    let mut groups: HashMap<Vec<String>, Vec<RowChange>> = HashMap::new();
+    for c in changes {
+        if !groups.contains_key(&c.key) {
+            order.push(c.key.clone());
+        }
+        groups.entry(c.key.clone()).or_default().push(c);
+    }
+    for g in groups.values_mut() {
+        g.sort_by(|a, b| a.version.cmp(&b.version).then(a.offset.cmp(&b.offset)));
+    }
+    // Stored state, locked.
+    let nk = shape.key.len();
+    let key_cols: Vec<Vec<&str>> = (0..nk)
+        .map(|i| order.iter().map(|k| k[i].as_str()).collect())
+        .collect();
+    let params: Params = key_cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    let mut state: Vec<Option<State>> = vec![None; order.len()];
+    for r in tx
+        .query(&prepared.fetch_live, &params)
+        .await
+        .map_err(pg_err)?
+    {
+        let ord: i64 = r.get(0);
+        let values = (0..shape.columns.len())
+            .map(|i| r.get::<_, Option<String>>(5 + i))
+            .collect();
+        state[(ord - 1) as usize] = Some(State {
+            version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
+            sha: r.get::<_, Option<Vec<u8>>>(2).unwrap_or_default(),
+            delivery: r.get(3),
+            deleted: r.get(4),
+            values,
+        });
+    }
+    if let Some(ft) = &prepared.fetch_tomb {
+        for r in tx.query(ft, &params).await.map_err(pg_err)? {
+            let ord: i64 = r.get(0);
+            let version: Vec<i64> = r.get(1);
+            let slot = &mut state[(ord - 1) as usize];
+            // A live row and a tombstone for one key should not coexist; the newer one wins.
+            if slot.as_ref().is_none_or(|s| s.version < version) {
+                *slot = Some(State {
+                    version,
+                    deleted: true,
+                    sha: hash(&[], true),
+                    delivery: r.get(2),
+                    values: vec![None; shape.columns.len()],
+                });
+            }
+        }
+    }
+
+    // Fold.
+    struct Conflict {
+        entity: String,
+        version: String,
+        stored_delivery: Option<String>,
+        incoming_delivery: String,
+        stored_sha: Vec<u8>,
+        incoming_sha: Vec<u8>,
+        stored: String,
+        incoming: String,
+        offset: i64,
+    }
+    let mut conflicts: Vec<Conflict> = Vec::new();
+    let mut finals: Vec<(usize, State)> = Vec::new();
+    for (ei, key) in order.iter().enumerate() {
+        let before = state[ei].clone();
+        let mut cur = state[ei].clone();
+        for c in &groups[key] {
+            let incoming_values: Vec<Option<String>> = match c.kind {
+                ChangeKind::Delete => cur
+                    .as_ref()
+                    .filter(|s| !s.deleted)
+                    .map(|s| s.values.clone())
+                    .unwrap_or_else(|| vec![None; shape.columns.len()]),
+                _ => c
+                    .values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| match v {
+                        Pg::Text(t) => Some(t.clone()),
+                        Pg::Null => None,
+                        // Unchanged TOAST value: the stored (or last real) value carries forward.
+                        Pg::Unchanged => cur
+                            .as_ref()
+                            .filter(|s| !s.deleted)
+                            .and_then(|s| s.values[i].clone()),
+                    })
+                    .collect(),
+            };
+            let deleted = c.kind == ChangeKind::Delete;
+            let sha = hash(&incoming_values, deleted);
+            let result = match &cur {
+                Some(s) if s.version > c.version => RowResult::Stale,
+                Some(s) if s.version == c.version => {
+                    if s.sha == sha {
+                        RowResult::Same
+                    } else {
+                        conflicts.push(Conflict {
+                            entity: entity(shape, key),
+                            version: version_text(&c.version),
+                            stored_delivery: s.delivery.clone(),
+                            incoming_delivery: c.delivery.clone(),
+                            stored_sha: s.sha.clone(),
+                            incoming_sha: sha.clone(),
+                            stored: if s.deleted {
+                                "null".into()
+                            } else {
+                                object(shape, &s.values)
+                            },
+                            incoming: if deleted {
+                                "null".into()
+                            } else {
+                                object(shape, &incoming_values)
+                            },
+                            offset: c.offset,
+                        });
+                        RowResult::Conflict
+                    }
+                }
+                Some(s) if s.sha == sha && s.deleted == deleted => {
+                    cur = Some(State {
+                        version: c.version.clone(),
+                        delivery: Some(c.delivery.clone()),
+                        ..s.clone()
+                    });
+                    RowResult::Same
+                }
+                None if deleted => {
+                    // A delete of an entity never seen: still leave the tombstone (a late older insert must not
+                    // create it).
+                    cur = Some(State {
+                        version: c.version.clone(),
+                        deleted: true,
+                        sha,
+                        delivery: Some(c.delivery.clone()),
+                        values: incoming_values,
+                    });
+                    RowResult::Applied
+                }
+                _ => {
+                    cur = Some(State {
+                        version: c.version.clone(),
+                        deleted,
+                        sha,
+                        delivery: Some(c.delivery.clone()),
+                        values: incoming_values,
+                    });
+                    RowResult::Applied
+                }
+            };
+            if result == RowResult::Conflict {
+                metrics::counter!("replaysafe_conflicts_total", "projection" => proj.name.clone())
+                    .increment(1);
+                tracing::warn!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, "conflict: equal version, different row state; stored row kept");
+            }
+            results.insert(c.offset, result);
+        }
+        if let Some(s) = cur {
+            let changed = before.as_ref().is_none_or(|b| b.version != s.version);
+            if changed {
+                finals.push((ei, s));
+            }
+        }
+    }
+
+    // Writes.
+    let column_mode = plan.tombstones == TombstoneMode::Column;
+    type Final<'a> = Vec<&'a (usize, State)>;
+    let (live, dead): (Final, Final) = finals.iter().partition(|(_, s)| !s.deleted || column_mode);
+    if !live.is_empty() {
+        let mut cols: Vec<Vec<Option<&str>>> =
+            vec![Vec::with_capacity(live.len()); shape.columns.len()];
+        let mut versions = Vec::new();
+        let mut shas = Vec::new();
+        let mut deliveries = Vec::new();
+        let mut dels = Vec::new();
+        for (ei, s) in &live {
+            for (i, c) in cols.iter_mut().enumerate() {
+                // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
+                let v = match shape.key.iter().position(|&k| k == i) {
+                    Some(kp) => Some(order[*ei][kp].as_str()),
+                    None => s.values[i].as_deref(),
+                };
+                c.push(v);
+            }
+            versions.push(version_text(&s.version));
+            shas.push(s.sha.clone());
+            deliveries.push(s.delivery.clone());
+            dels.push(s.deleted);
+        }
+        let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        params.push(&versions);
+        params.push(&shas);
+        params.push(&deliveries);
+        if column_mode {
+            params.push(&dels);
+        }
+        tx.execute(&prepared.upsert, &params)
+            .await
+            .map_err(pg_err)?;
+        if let Some(dt) = &prepared.delete_tomb {
+            let keys: Vec<Vec<&str>> = (0..nk)
+                .map(|i| live.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
+                .collect();
+            let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+            p.push(&versions);
+            tx.execute(dt, &p).await.map_err(pg_err)?;
+        }
+    }
+    if !dead.is_empty() {
+        let keys: Vec<Vec<&str>> = (0..nk)
+            .map(|i| dead.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
+            .collect();
+        let versions: Vec<String> = dead.iter().map(|(_, s)| version_text(&s.version)).collect();
+        let deliveries: Vec<Option<String>> =
+            dead.iter().map(|(_, s)| s.delivery.clone()).collect();
+        let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        p.push(&versions);
+        tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
+            .await
+            .map_err(pg_err)?;
+        p.push(&deliveries);
+        tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
+            .await
+            .map_err(pg_err)?;
+    }
+    if !conflicts.is_empty() {
+        let e: Vec<&str> = conflicts.iter().map(|c| c.entity.as_str()).collect();
+        let v: Vec<&str> = conflicts.iter().map(|c| c.version.as_str()).collect();
+        let sd: Vec<Option<&str>> = conflicts
+            .iter()
+            .map(|c| c.stored_delivery.as_deref())
+            .collect();
+        let id: Vec<&str> = conflicts
+            .iter()
+            .map(|c| c.incoming_delivery.as_str())
+            .collect();
+        let sh: Vec<&[u8]> = conflicts.iter().map(|c| c.stored_sha.as_slice()).collect();
+        let ih: Vec<&[u8]> = conflicts
+            .iter()
+            .map(|c| c.incoming_sha.as_slice())
+            .collect();
+        let s: Vec<&str> = conflicts.iter().map(|c| c.stored.as_str()).collect();
+        let i: Vec<&str> = conflicts.iter().map(|c| c.incoming.as_str()).collect();
+        let o: Vec<i64> = conflicts.iter().map(|c| c.offset).collect();
+        let table = plan.table.to_string();
+        tx.execute(
+            &prepared.conflict,
+            &[
+                &proj.name,
+                &table,
+                &at.topic,
+                &at.partition,
+                &at.group,
+                &e,
+                &v,
+                &sd,
+                &id,
+                &sh,
+                &ih,
+                &s,
+                &i,
+                &o,
+            ],
+        )
+        .await
+        .map_err(pg_err)?;
+    }
+    Ok(())
+}
