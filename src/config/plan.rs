@@ -911,20 +911,21 @@ fn projection(
     pass_column: Option<usize>,
 ) -> Result<ProjectionPlan> {
     let rp = p.get_ref();
-    let kind =
-        match rp.kind.get_ref().as_str() {
-            "counter" => ProjectionKind::Counter,
-            "sum" => ProjectionKind::Sum,
-            "sql" => ProjectionKind::Sql,
-            "outbox" => ProjectionKind::Outbox,
-            "row" => ProjectionKind::Row,
-            other => return Err(src.error(
+    let kind = match rp.kind.get_ref().as_str() {
+        "counter" => ProjectionKind::Counter,
+        "sum" => ProjectionKind::Sum,
+        "sql" => ProjectionKind::Sql,
+        "outbox" => ProjectionKind::Outbox,
+        "row" => ProjectionKind::Row,
+        other => {
+            return Err(src.error(
                 rp.kind.span(),
                 format!(
                     "unknown projection kind `{other}`: expected counter, sum, sql, outbox or row"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     // Reject keys that do not apply to this kind, so a typo never silently does nothing.
     let allowed: &[&str] = match kind {
         ProjectionKind::Counter => &["table", "group-by", "column"],

@@ -739,7 +739,7 @@ async fn fold_segment(
     }
     let shape = &prepared.shape;
     let plan = proj.row.as_ref().expect("row");
-    // Entities in first-seen order, with their changes sorted by (version, offset).
+    // Entities in first-seen order.
     let mut order: Vec<Vec<String>> = Vec::new();
     let mut groups: HashMap<Vec<String>, Vec<RowChange>> = HashMap::new();
     for c in changes {
@@ -748,9 +748,9 @@ async fn fold_segment(
         }
         groups.entry(c.key.clone()).or_default().push(c);
     }
-    for g in groups.values_mut() {
-        g.sort_by(|a, b| a.version.cmp(&b.version).then(a.offset.cmp(&b.offset)));
-    }
+    // Each entity's changes stay in offset order and each is judged against the state before it, exactly as if
+    // the batch held one record: outcomes never depend on batch boundaries (a late older change is stale even
+    // when the newer one is in the same batch).
     // Stored state, locked.
     let nk = shape.key.len();
     let key_cols: Vec<Vec<&str>> = (0..nk)

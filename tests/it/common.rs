@@ -253,19 +253,49 @@ impl Out {
                     self.stdout, self.stderr
                 )
             });
-        let nums: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter(|s| !s.is_empty())
-            .take(5)
-            .map(|s| s.parse().unwrap())
-            .collect();
-        Tally {
-            consumed: nums[0],
-            landed: nums[1],
-            duplicate: nums[2],
-            filtered: nums[3],
-            quarantined: nums[4],
-        }
+        let head = line.split(" [").next().unwrap_or(line);
+        let num = |label: &str| -> u64 {
+            head.replace(" = ", " + ")
+                .split(" + ")
+                .filter_map(|part| part.trim().strip_prefix(label))
+                .filter_map(|rest| rest.trim().parse().ok())
+                .next()
+                .unwrap_or(0)
+        };
+        let consumed = head
+            .strip_prefix("consumed ")
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        let t = Tally {
+            consumed,
+            landed: num("landed "),
+            duplicate: num("duplicate "),
+            filtered: num("filtered "),
+            quarantined: num("quarantined "),
+        };
+        let stale = num("stale ");
+        assert_eq!(
+            t.landed + t.duplicate + stale + t.filtered + t.quarantined,
+            t.consumed,
+            "the tally adds up: {line}"
+        );
+        t
+    }
+
+    /// The `stale N` part of the tally line (0 when absent).
+    pub fn stale(&self) -> u64 {
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("consumed "))
+            .unwrap_or("");
+        line.split(" + ")
+            .filter_map(|p| p.strip_prefix("stale "))
+            .filter_map(|n| n.trim().parse().ok())
+            .next()
+            .unwrap_or(0)
     }
 
     pub fn assert_ok(&self) -> &Self {

@@ -3,6 +3,7 @@
 
 mod backfill;
 mod cases;
+mod cdc;
 mod common;
 mod config_errors;
 mod core;

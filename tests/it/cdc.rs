@@ -1,0 +1,634 @@
+//! Debezium change events into version-guarded row projections: the handed cases (C04 C05 C07 C09 C11 C12 C19
+//! C20 C22 C23 C31 C32) and the seed 004 fixture (applied once, twice, with restarts, shuffled across
+//! partitions). Each asserts the final table, tombstones, conflicts, ledger rows and Kafka offsets.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::cases::{load, produce_case, CaseRecord};
+use crate::common::*;
+
+/// `accounts` from Debezium, with an outbox that (by default) ignores snapshot reads.
+const ACCOUNTS: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = [TOPICS]
+start = "earliest"
+
+[postgres]
+schema = "{schema}"
+
+[batch]
+max-records = MAXREC
+linger-ms = 10
+
+[source]
+format = "debezium"
+
+[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+columns = { id = "bigint", owner = "text", balance = "numeric(12,2)", updated_at = "timestamptz" }
+truncate = "TRUNCATE"
+
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["_op", "_entity", "_position"]
+"#;
+
+fn accounts_pipeline(
+    topics: &[&str],
+    group: &str,
+    db: &Db,
+    truncate: &str,
+    max: usize,
+) -> Pipeline {
+    let list = topics
+        .iter()
+        .map(|t| format!("\"{t}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = ACCOUNTS
+        .replace("TOPICS", &list)
+        .replace("TRUNCATE", truncate)
+        .replace("MAXREC", &max.to_string());
+    pipeline(&text, topics[0], group, &db.schema)
+}
+
+fn run_pipeline(p: &Pipeline) -> Out {
+    let out = run_caught_up(&p.path);
+    out.assert_ok();
+    out
+}
+
+fn balance(db: &Db, id: i64) -> Option<String> {
+    db.query(
+        "SELECT balance::text FROM {s}.accounts WHERE id = $1",
+        &[&id],
+    )
+    .first()
+    .map(|r| r.get(0))
+}
+
+fn version(db: &Db, table: &str, id: i64) -> Option<Vec<i64>> {
+    db.query(
+        &format!("SELECT _version FROM {{s}}.{table} WHERE id = $1"),
+        &[&id],
+    )
+    .first()
+    .map(|r| r.get(0))
+}
+
+fn all<'a>(records: &'a [CaseRecord]) -> Vec<&'a CaseRecord> {
+    records.iter().collect()
+}
+
+/// C04: a connector restart re-emits a change with a new offset and envelope ts_ms but the same source
+/// position: a duplicate by source identity (no ledger row, no outbox row).
+#[test]
+fn c04_debezium_reemission_is_a_duplicate_by_source_position() {
+    let db = Db::fresh("c04");
+    let topic = unique("c04");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C04", None);
+    let map = produce_case(&topic, &all(&records));
+    let group = unique("g");
+    let p = accounts_pipeline(&[&topic], &group, &db, "stop", 100);
+    let t = run_pipeline(&p).tally();
+    assert_eq!((t.consumed, t.landed, t.duplicate), (4, 3, 1));
+    assert_eq!(balance(&db, 1).as_deref(), Some("175.00"));
+    assert_eq!(version(&db, "accounts", 1), Some(vec![33000236, 33000300]));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 3);
+    assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 503)] + 1)]);
+    // A full replay under another group changes nothing.
+    let again = run_pipeline(&accounts_pipeline(
+        &[&topic],
+        &unique("g"),
+        &db,
+        "stop",
+        100,
+    ))
+    .tally();
+    assert_eq!((again.landed, again.duplicate), (0, 4));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 3);
+    assert_eq!(balance(&db, 1).as_deref(), Some("175.00"));
+}
+
+/// C05: a second snapshot mid-stream is an idempotent upsert under the version guard: no double counting, no
+/// unique-key error; B stays because no delete was ever emitted.
+#[test]
+fn c05_resnapshot_mid_stream() {
+    let db = Db::fresh("c05");
+    let topic = unique("c05");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C05", None);
+    produce_case(&topic, &all(&records));
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "t"
+key = ["f1"]
+columns = { f1 = "text", f2 = "integer" }
+[[projection]]
+kind = "counter"
+table = "changes"
+group-by = ["_day"]
+"#;
+    let p = pipeline(text, &topic, &unique("g"), &db.schema);
+    let out = run_pipeline(&p);
+    let t = out.tally();
+    // The second snapshot's A holds the state already stored: a duplicate, not an applied change.
+    assert_eq!((t.consumed, t.landed, t.duplicate), (4, 3, 1));
+    let rows = db.query("SELECT f1, f2 FROM {s}.t ORDER BY f1", &[]);
+    let got: Vec<(String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(got, vec![("A".to_string(), 2), ("B".to_string(), 5)]);
+    assert_eq!(
+        db.query("SELECT _version FROM {s}.t WHERE f1 = 'A'", &[])[0].get::<_, Vec<i64>>(0),
+        vec![23500800, 23500800],
+        "the snapshot's consistent point is the newest version of A"
+    );
+    // Counters of business actions skip snapshot reads: only the streaming update counts.
+    assert_eq!(db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.changes"), 1);
+}
+
+/// C07: an older business event after a newer one for the same entity is stale: recorded in the ledger, no
+/// projection change, no outbox message.
+#[test]
+fn c07_out_of_order_business_event_is_stale() {
+    let db = Db::fresh("c07");
+    let topic = unique("c07");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C07", None);
+    let map = produce_case(&topic, &all(&records));
+    let group = unique("g");
+    let p = pipeline(ORDERS_ROW, &topic, &group, &db.schema);
+    let out = run_pipeline(&p);
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed, out.stale()), (3, 2, 1));
+    let o = db.query(
+        "SELECT status, version, _version FROM {s}.orders WHERE entity_id = 'o-2002'",
+        &[],
+    );
+    assert_eq!(o[0].get::<_, String>(0), "SHIPPED");
+    assert_eq!(o[0].get::<_, i64>(1), 3);
+    assert_eq!(o[0].get::<_, Vec<i64>>(2), vec![3]);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.processed_events"),
+        3,
+        "the stale event is in the ledger, never retried"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 2);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE payload->>'event_id' = 'c1000000-0000-4000-8000-000000000021'"),
+        0
+    );
+    assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 21)] + 1)]);
+}
+
+/// JSON events into a row projection: the latest status per order, guarded by the event's version.
+const ORDERS_ROW: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+event_type = { path = "/event_type", type = "text" }
+entity_id = { path = "/entity_id", type = "text" }
+version = { path = "/version", type = "bigint" }
+status = { path = "/data/status", type = "text", optional = true }
+email = { path = "/data/email", type = "text", optional = true }
+[identity]
+key = ["event_id"]
+[ledger]
+table = "processed_events"
+[[projection]]
+kind = "row"
+table = "orders"
+filter = "event_type == 'OrderStatusChanged'"
+key = ["entity_id"]
+version = "version"
+columns = ["entity_id", "status", "version", "event_id"]
+[[projection]]
+kind = "row"
+table = "customers"
+filter = "event_type.startsWith('Customer')"
+key = ["entity_id"]
+version = "version"
+columns = ["entity_id", "email", "version"]
+delete-if = "event_type == 'CustomerDeleted'"
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["event_id", "event_type", "entity_id", "version"]
+"#;
+
+/// C31: two events claim version 5 of one order with different payloads: the first applied keeps it, the second
+/// is a conflict row (both deliveries, both hashes), the verbatim re-send a duplicate; a full replay is identical.
+#[test]
+fn c31_equal_version_different_payload_is_a_conflict() {
+    let db = Db::fresh("c31");
+    let topic = unique("c31");
+    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let records = load("C31", None);
+    let map = produce_case(&topic, &all(&records));
+    let group = unique("g");
+    let p = pipeline(ORDERS_ROW, &topic, &group, &db.schema);
+    let out = run_pipeline(&p);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale()),
+        (3, 1, 1, 1)
+    );
+    let check = |db: &Db| {
+        let o = db.query(
+            "SELECT status, version FROM {s}.orders WHERE entity_id = 'o-3003'",
+            &[],
+        );
+        assert_eq!(o[0].get::<_, String>(0), "PACKED");
+        assert_eq!(o[0].get::<_, i64>(1), 5);
+        let c = db.query(
+            "SELECT entity->>'entity_id', version, stored_delivery, incoming_delivery, stored_sha256 <> incoming_sha256, \
+             incoming->>'status', stored->>'status' FROM {s}.replaysafe_conflicts",
+            &[],
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].get::<_, String>(0), "o-3003");
+        assert_eq!(c[0].get::<_, Vec<i64>>(1), vec![5]);
+        assert!(c[0]
+            .get::<_, String>(2)
+            .contains("b3000000-0000-4000-8000-000000000700"));
+        assert!(c[0]
+            .get::<_, String>(3)
+            .contains("b3000000-0000-4000-8000-000000000701"));
+        assert!(c[0].get::<_, bool>(4));
+        assert_eq!(c[0].get::<_, String>(5), "ON_HOLD");
+        assert_eq!(c[0].get::<_, String>(6), "PACKED");
+    };
+    check(&db);
+    assert_eq!(committed(&group, &topic, 2)[1], Some(map[&(1, 702)] + 1));
+    let again = run_pipeline(&pipeline(ORDERS_ROW, &topic, &unique("g"), &db.schema)).tally();
+    assert_eq!((again.landed, again.duplicate), (0, 3));
+    check(&db);
+}
+
+/// C09: several rows of one statement share an LSN and sequence: the delivery key separates them by table and
+/// primary key; a redelivery is a no-op; `transaction.id` is opaque.
+#[test]
+fn c09_rows_sharing_an_lsn_are_distinct_changes() {
+    let db = Db::fresh("c09");
+    let topic = unique("c09");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C09", None);
+    let mut map = produce_case(&topic, &all(&records));
+    // The redelivery of offset 41 after a consumer restart: the same record again.
+    let last: Vec<&CaseRecord> = records.iter().filter(|r| r.offset == 41).collect();
+    let again = produce_case(&topic, &last);
+    map.insert((0, 42), again[&(0, 41)]);
+    let group = unique("g");
+    let t = run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "stop", 100)).tally();
+    assert_eq!((t.consumed, t.landed, t.duplicate), (3, 2, 1));
+    assert_eq!(balance(&db, 10).as_deref(), Some("1.00"));
+    assert_eq!(balance(&db, 11).as_deref(), Some("2.00"));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2);
+    assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 42)] + 1)]);
+}
+
+/// C11: a re-emitted DELETE (same source position, later envelope ts_ms) after a re-insert never wins: versions
+/// come from the source position, not from processing or envelope time.
+#[test]
+fn c11_reemitted_delete_does_not_outrank_reinsert() {
+    let topic = unique("c11");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C11", None);
+    let map = produce_case(&topic, &all(&records));
+    let group = unique("g");
+    // One record per batch too: the order of batches must not matter.
+    for max in [100, 1] {
+        let db = Db::fresh("c11");
+        let g = if max == 100 {
+            group.clone()
+        } else {
+            unique("g")
+        };
+        let t = run_pipeline(&accounts_pipeline(&[&topic], &g, &db, "stop", max)).tally();
+        assert_eq!(
+            (t.consumed, t.landed, t.duplicate, t.filtered),
+            (5, 3, 1, 1),
+            "max-records {max}"
+        );
+        assert_eq!(balance(&db, 5).as_deref(), Some("0.00"));
+        assert_eq!(version(&db, "accounts", 5), Some(vec![42000236, 42000300]));
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts_tombstones"), 0);
+    }
+    assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 63)] + 1)]);
+}
+
+/// C12: a delete leaves a versioned tombstone; a late older write (business event or snapshot read) cannot
+/// resurrect the row.
+#[test]
+fn c12_tombstones_stop_resurrection() {
+    let db = Db::fresh("c12");
+    // CDC part.
+    let cdc = unique("c12cdc");
+    create_topic(&cdc, 1, &[("retention.ms", "-1")]);
+    let records = load("C12", Some("pg.public.accounts"));
+    let map = produce_case(&cdc, &all(&records));
+    let group = unique("g");
+    let out = run_pipeline(&accounts_pipeline(&[&cdc], &group, &db, "stop", 100));
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.filtered, out.stale()),
+        (3, 1, 1, 1)
+    );
+    assert_eq!(balance(&db, 8), None);
+    let tomb = db.query("SELECT id, _version FROM {s}.accounts_tombstones", &[]);
+    assert_eq!(tomb.len(), 1);
+    assert_eq!(tomb[0].get::<_, i64>(0), 8);
+    assert_eq!(tomb[0].get::<_, Vec<i64>>(1), vec![43000436, 43000500]);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox"),
+        1,
+        "the stale snapshot read has no side effect"
+    );
+    assert_eq!(committed(&group, &cdc, 1), vec![Some(map[&(0, 82)] + 1)]);
+
+    // Business part.
+    let biz = unique("c12biz");
+    create_topic(&biz, 3, &[("retention.ms", "-1")]);
+    let records = load("C12", Some("shop.order-events"));
+    let map = produce_case(&biz, &all(&records));
+    let group = unique("g");
+    let out = run_pipeline(&pipeline(ORDERS_ROW, &biz, &group, &db.schema));
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed, out.stale()), (3, 2, 1));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.customers"), 0);
+    let tomb = db.query(
+        "SELECT entity_id, _version FROM {s}.customers_tombstones",
+        &[],
+    );
+    assert_eq!(tomb.len(), 1);
+    assert_eq!(tomb[0].get::<_, String>(0), "c-9");
+    assert_eq!(tomb[0].get::<_, Vec<i64>>(1), vec![3]);
+    assert_eq!(committed(&group, &biz, 3)[2], Some(map[&(2, 72)] + 1));
+}
+
+/// C19: unchanged TOAST values (`__debezium_unavailable_value` in text, in an array, base64 in bytea) keep the
+/// stored value — also when several updates of one key fold inside one batch.
+#[test]
+fn c19_toast_placeholders_keep_stored_values() {
+    let topic = unique("c19");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C19", None);
+    let map = produce_case(&topic, &all(&records));
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[batch]
+max-records = MAXREC
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "customers"
+key = ["id"]
+columns = { id = "bigint", name = "text", bio = "text", tags = "text[]", avatar = "bytea" }
+"#;
+    for max in [100, 1] {
+        let db = Db::fresh("c19");
+        let group = unique("g");
+        let p = pipeline(
+            &text.replace("MAXREC", &max.to_string()),
+            &topic,
+            &group,
+            &db.schema,
+        );
+        let t = run_pipeline(&p).tally();
+        assert_eq!((t.consumed, t.landed), (3, 3));
+        let r = db.query(
+            "SELECT name, bio, tags, avatar, position('__debezium' in bio) FROM {s}.customers WHERE id = 42",
+            &[],
+        );
+        assert_eq!(r[0].get::<_, String>(0), "Ada Lovelace");
+        assert_eq!(r[0].get::<_, String>(1), "b".repeat(3000));
+        assert_eq!(r[0].get::<_, Vec<String>>(2), vec!["vip", "beta"]);
+        assert_eq!(
+            r[0].get::<_, Vec<u8>>(3),
+            vec![0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]
+        );
+        assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 2)] + 1)]);
+    }
+}
+
+/// C20: NUMERIC as base64 big-endian two's-complement bytes with the scale from the schema: never unsigned,
+/// never through f64, the base64 text never stored.
+#[test]
+fn c20_decimal_bytes_with_schema() {
+    let db = Db::fresh("c20");
+    let topic = unique("c20");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C20", None);
+    let map = produce_case(&topic, &all(&records));
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "accounts"
+key = ["id"]
+columns = { id = "bigint", balance = "numeric(12,2)" }
+"#;
+    let group = unique("g");
+    run_pipeline(&pipeline(text, &topic, &group, &db.schema));
+    assert_eq!(balance(&db, 1).as_deref(), Some("-1.00"));
+    assert_eq!(balance(&db, 2).as_deref(), Some("12345.50"));
+    assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 2)] + 1)]);
+}
+
+/// C22: temporal units from the column types when schemas are off (timestamp(6) µs, timestamp(3) ms, date days,
+/// timestamptz an ISO string).
+#[test]
+fn c22_temporal_units() {
+    let db = Db::fresh("c22");
+    let topic = unique("c22");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C22", None);
+    let map = produce_case(&topic, &all(&records));
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "events"
+key = ["id"]
+columns = { id = "bigint", created_at = "timestamp(6)", updated_at = "timestamp(3)", seen_at = "timestamptz", due = "date" }
+"#;
+    let group = unique("g");
+    run_pipeline(&pipeline(text, &topic, &group, &db.schema));
+    let r = db.query(
+        "SELECT created_at::text, updated_at::text, (seen_at AT TIME ZONE 'UTC')::text, due::text FROM {s}.events WHERE id = 1",
+        &[],
+    );
+    assert_eq!(r[0].get::<_, String>(0), "2023-07-26 10:22:47.048491");
+    assert_eq!(r[0].get::<_, String>(1), "2023-07-26 10:22:47.048");
+    assert_eq!(r[0].get::<_, String>(2), "2023-07-26 10:22:47.048491");
+    assert_eq!(r[0].get::<_, String>(3), "2024-12-31");
+    assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 0)] + 1)]);
+}
+
+/// C23: `{schema, payload}` and bare envelopes (keys too) in one topic; a stray top-level `payload` member of a
+/// bare envelope does not trigger unwrapping.
+#[test]
+fn c23_wrapped_and_bare_envelopes() {
+    let db = Db::fresh("c23");
+    let topic = unique("c23");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C23", None);
+    let map = produce_case(&topic, &all(&records));
+    let group = unique("g");
+    let t = run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "stop", 100)).tally();
+    assert_eq!((t.consumed, t.landed), (3, 3));
+    assert_eq!(balance(&db, 1).as_deref(), Some("12.00"));
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.accounts"),
+        1,
+        "both key forms are one entity"
+    );
+    assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 2)] + 1)]);
+}
+
+/// C32: truncate follows the projection's policy (default: stop with a clear error, nothing committed;
+/// `truncate`: tombstone every older row in the batch transaction); heartbeats and logical messages are
+/// acknowledged as filtered.
+#[test]
+fn c32_truncate_heartbeat_and_messages() {
+    let accounts = unique("c32acc");
+    let heartbeat = unique("c32hb");
+    let message = unique("c32msg");
+    for t in [&accounts, &heartbeat, &message] {
+        create_topic(t, 1, &[("retention.ms", "-1")]);
+    }
+    // A row that exists before the truncate (older position).
+    let before = Rec {
+        partition: 0,
+        key: Some(br#"{"id":2}"#.to_vec()),
+        value: Some(
+            json!({"before":null,"after":{"id":2,"owner":"acct-two","balance":"2.00","updated_at":"2024-04-25T00:00:00Z"},
+                "source":{"connector":"postgresql","name":"pg","ts_ms":1714003100000i64,"snapshot":"false","db":"app",
+                "sequence":"[\"51000036\",\"51000100\"]","schema":"public","table":"accounts","txId":1800,"lsn":51000100},
+                "op":"c","ts_ms":1714003100100i64})
+            .to_string()
+            .into_bytes(),
+        ),
+        timestamp_ms: Some(1714003100000),
+    };
+    produce(&accounts, &[before]);
+    let records = load("C32", None);
+    let on = |t: &str| -> Vec<&CaseRecord> {
+        records
+            .iter()
+            .filter(|r| {
+                let v: Value =
+                    serde_json::from_slice(r.rec.value.as_deref().unwrap_or(b"null")).unwrap();
+                let is_hb = v.get("source").is_none();
+                let is_msg = v.get("op").and_then(Value::as_str) == Some("m");
+                match t {
+                    "hb" => is_hb,
+                    "msg" => is_msg,
+                    _ => !is_hb && !is_msg,
+                }
+            })
+            .collect()
+    };
+    let acc_map = produce_case(&accounts, &on("acc"));
+    let hb_map = produce_case(&heartbeat, &on("hb"));
+    let msg_map = produce_case(&message, &on("msg"));
+    let topics = [accounts.as_str(), heartbeat.as_str(), message.as_str()];
+
+    // Default policy: stop, naming the offset; the truncate is not committed.
+    let db = Db::fresh("c32");
+    let group = unique("g");
+    let p = accounts_pipeline(&topics, &group, &db, "stop", 100);
+    let out = replaysafe_with(
+        &[
+            "run",
+            "--config",
+            p.path.to_str().unwrap(),
+            "--until-caught-up",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert_ne!(out.code, Some(0), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("TRUNCATE")
+            && out
+                .stderr
+                .contains(&format!("offset {}", acc_map[&(0, 800)])),
+        "{}",
+        out.stderr
+    );
+    assert!(db.checkpoint(&group, &accounts, 0).unwrap_or(0) <= acc_map[&(0, 800)]);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE _position LIKE '52000000/%'"),
+        0
+    );
+
+    // `truncate = "truncate"`.
+    let db = Db::fresh("c32t");
+    let group = unique("g");
+    let t = run_pipeline(&accounts_pipeline(&topics, &group, &db, "truncate", 100)).tally();
+    assert_eq!((t.consumed, t.landed, t.filtered), (5, 3, 2));
+    let rows = db.query(
+        "SELECT id, balance::text FROM {s}.accounts ORDER BY id",
+        &[],
+    );
+    let got: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(got, vec![(1, "1.00".to_string())]);
+    let tomb = db.query("SELECT id, _version FROM {s}.accounts_tombstones", &[]);
+    assert_eq!(tomb.len(), 1);
+    assert_eq!(tomb[0].get::<_, Vec<i64>>(1), vec![52000000, 52000000]);
+    assert_eq!(
+        committed(&group, &accounts, 1),
+        vec![Some(acc_map[&(0, 801)] + 1)]
+    );
+    assert_eq!(
+        committed(&group, &heartbeat, 1),
+        vec![Some(hb_map[&(0, 12)] + 1)]
+    );
+    assert_eq!(
+        committed(&group, &message, 1),
+        vec![Some(msg_map[&(0, 3)] + 1)]
+    );
+}
