@@ -597,8 +597,14 @@ pub fn backfill(
                     continue;
                 }
                 let value = msg.payload();
-                let (pending, day) =
-                    decide(&pipeline, msg.key(), value, keep.as_ref(), opts.day_window);
+                let (pending, day) = decide(
+                    &pipeline,
+                    msg.key(),
+                    value,
+                    crate::debezium::old_key_header(&msg),
+                    keep.as_ref(),
+                    opts.day_window,
+                );
                 if let Pending::Filtered(rule) = &pending {
                     if let Some(detail) = rule.strip_prefix(FILTER_FAILED) {
                         break Err(usage(format!(
@@ -775,10 +781,11 @@ fn decide(
     pipeline: &Pipeline,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
+    old_key: Option<&[u8]>,
     keep: Option<&cel_interpreter::Program>,
     window: Option<(NaiveDate, NaiveDate)>,
 ) -> (Pending, Option<NaiveDate>) {
-    let (fields, change) = match decode::record(pipeline, key, value) {
+    let (fields, change) = match decode::record(pipeline, key, value, old_key) {
         Ok(decode::Decoded::Fields { fields, change }) => (fields, change),
         Ok(decode::Decoded::Skip(rule)) => return (Pending::Filtered(rule.to_string()), None),
         Err(r) => return (Pending::Quarantine(r), None),

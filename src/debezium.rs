@@ -73,7 +73,13 @@ pub struct Change {
     pub before: Option<Row>,
     /// `after` (creates, updates, reads).
     pub after: Option<Row>,
+    /// The previous key of a primary-key change (the create's `__debezium.oldkey` header): unchanged TOASTed
+    /// values of the new key are those of the old one.
+    pub old_key: Option<Row>,
 }
+
+/// The record header Debezium puts on the create of a primary-key change, naming the old key.
+pub const OLD_KEY_HEADER: &str = "__debezium.oldkey";
 
 /// What a Debezium record is.
 #[derive(Debug)]
@@ -179,7 +185,11 @@ fn excerpt(v: &Value) -> String {
 ///
 /// # Errors
 /// A [`Rejection`] (`invalid-json`, `invalid-field`) naming what is wrong with the envelope.
-pub fn decode(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Record, Rejection> {
+pub fn decode(
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    old_key: Option<&[u8]>,
+) -> Result<Record, Rejection> {
     let Some(bytes) = value else {
         // A Kafka tombstone after a delete: log compaction's marker; the `op = d` record carried the delete.
         return Ok(Record::Skip("cdc-kafka-tombstone"));
@@ -328,6 +338,13 @@ pub fn decode(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Record, Reject
             key: key_row,
             before,
             after,
+            old_key: match old_key.and_then(|k| serde_json::from_slice::<Value>(k).ok()) {
+                Some(v) => {
+                    let (k, ks) = unwrap(v);
+                    row(Some(&k), &row_schema(ks.as_ref())).ok().flatten()
+                }
+                None => None,
+            },
         }),
         Value::Object(doc),
     ))
@@ -351,4 +368,14 @@ fn canonical(v: &Value) -> String {
         }
     }
     sort(v).to_string()
+}
+
+/// The value of the [`OLD_KEY_HEADER`] header of a consumed record, if any.
+pub fn old_key_header<M: rdkafka::message::Message>(msg: &M) -> Option<&[u8]> {
+    use rdkafka::message::Headers;
+    let headers = msg.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == OLD_KEY_HEADER)
+        .and_then(|h| h.value)
 }

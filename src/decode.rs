@@ -118,6 +118,7 @@ pub fn record(
     pipeline: &Pipeline,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
+    old_key: Option<&[u8]>,
 ) -> Result<Decoded, Rejection> {
     if pipeline.format == crate::config::Format::Json {
         return decode(pipeline, value).map(|fields| Decoded::Fields {
@@ -128,7 +129,7 @@ pub fn record(
     if let Some(v) = value {
         check_size(pipeline, v)?;
     }
-    match crate::debezium::decode(key, value)? {
+    match crate::debezium::decode(key, value, old_key)? {
         crate::debezium::Record::Skip(rule) => Ok(Decoded::Skip(rule)),
         crate::debezium::Record::Change(change, doc) => {
             let fields = pipeline

@@ -522,9 +522,10 @@ pub fn decide(
     pipeline: &Pipeline,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
+    old_key: Option<&[u8]>,
     horizon: Option<chrono::NaiveDate>,
 ) -> Pending {
-    let (fields, change) = match decode::record(pipeline, key, value) {
+    let (fields, change) = match decode::record(pipeline, key, value, old_key) {
         Ok(decode::Decoded::Fields { fields, change }) => (fields, change),
         Ok(decode::Decoded::Skip(rule)) => return Pending::Filtered(rule.to_string()),
         Err(r) => return Pending::Quarantine(r),
@@ -667,7 +668,13 @@ pub fn run_on(
             Some(Ok(msg)) => {
                 idle_checks = 0;
                 let value = msg.payload();
-                let pending = decide(&pipeline, msg.key(), value, horizon);
+                let pending = decide(
+                    &pipeline,
+                    msg.key(),
+                    value,
+                    crate::debezium::old_key_header(&msg),
+                    horizon,
+                );
                 let item = Item::from_message(&msg, pending);
                 let topic = msg.topic().to_string();
                 let partition = msg.partition();

@@ -69,19 +69,15 @@ impl SqlType {
             Some(b) => (b.trim().to_string(), true),
             None => (t.clone(), false),
         };
-        let (name, modifier) = match base.find('(') {
-            Some(i) => {
-                let inner = base[i + 1..]
-                    .strip_suffix(')')
-                    .ok_or_else(|| format!("`{raw}` is not a type name"))?;
-                (base[..i].trim().to_string(), Some(inner.to_string()))
-            }
-            None => (base.clone(), None),
-        };
-        // A time zone suffix (`timestamp(3) with time zone`) follows the modifier in format_type's output.
-        let (name, tail) = match (modifier.is_some(), base.rfind(')')) {
-            (true, Some(j)) => (name, base[j + 1..].trim().to_string()),
-            _ => (name, String::new()),
+        // `name(p[,s]) [tail]`, e.g. format_type's `timestamp(3) with time zone`.
+        let (name, modifier, tail) = match (base.find('('), base.find(')')) {
+            (Some(i), Some(j)) if j > i => (
+                base[..i].trim().to_string(),
+                Some(base[i + 1..j].to_string()),
+                base[j + 1..].trim().to_string(),
+            ),
+            (None, None) => (base.clone(), None, String::new()),
+            _ => return Err(format!("`{raw}` is not a type name")),
         };
         let full = if tail.is_empty() {
             name.clone()
@@ -494,4 +490,41 @@ fn columns(
         return Err(bad("`columns` must name at least one column"));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sql_types_as_format_type_prints_them() {
+        let t = SqlType::parse("timestamp(6) without time zone").unwrap();
+        assert_eq!(
+            (t.kind, t.precision, t.array),
+            (Kind::Timestamp, Some(6), false)
+        );
+        let t = SqlType::parse("timestamp(3) with time zone").unwrap();
+        assert_eq!((t.kind, t.precision), (Kind::Timestamptz, Some(3)));
+        let t = SqlType::parse("numeric(12,2)").unwrap();
+        assert_eq!(
+            (t.kind, t.precision, t.scale),
+            (Kind::Numeric, Some(12), Some(2))
+        );
+        let t = SqlType::parse("text[]").unwrap();
+        assert_eq!((t.kind, t.array), (Kind::Text, true));
+        assert_eq!(
+            SqlType::parse("character varying(20)").unwrap().kind,
+            Kind::Text
+        );
+        for bad in [
+            "int; drop table x",
+            "numeric(1",
+            "text)",
+            "numeric(a)",
+            "",
+            "geometry",
+        ] {
+            assert!(SqlType::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -757,6 +757,7 @@ fn row_changes(
                         })
                         .collect(),
                     delivery,
+                    old_key: None,
                 });
             }
         }

@@ -170,7 +170,16 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
             ))
         })
     };
-    exec(format!("CREATE SCHEMA IF NOT EXISTS {}", t.schema)).await?;
+    let schema_exists = !c
+        .query(
+            "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+            &[&t.schema.as_str()],
+        )
+        .await?
+        .is_empty();
+    if !schema_exists {
+        exec(format!("CREATE SCHEMA IF NOT EXISTS {}", t.schema)).await?;
+    }
     if let Some(cols) = &plan.columns {
         let defs: Vec<String> = cols
             .iter()
@@ -218,7 +227,7 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
             .collect();
         exec(format!(
             "CREATE TABLE IF NOT EXISTS {} ({}, _version bigint[] NOT NULL, _delivery text, \
-             _deleted_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ({}))",
+             _deleted_at timestamptz NOT NULL DEFAULT now(), _last jsonb, PRIMARY KEY ({}))",
             plan.tombstone_table,
             defs.join(", "),
             key.join(", ")
@@ -312,7 +321,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     } else {
         Some(
             prep(format!(
-                "SELECT u.ord, t._version, t._delivery FROM unnest({kp}) WITH ORDINALITY AS u({ka}, ord) \
+                "SELECT u.ord, t._version, t._delivery, t._last FROM unnest({kp}) WITH ORDINALITY AS u({ka}, ord) \
                  JOIN {tomb} t ON {kj} FOR UPDATE OF t"
             ))
             .await?,
@@ -369,6 +378,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         let k = shape.key.len();
         let kv = format!("${}::text[]", k + 1);
         let kd = format!("${}::text[]", k + 2);
+        let kl = format!("${}::text[]", k + 3);
         let key_select: Vec<String> = shape
             .key
             .iter()
@@ -384,8 +394,8 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
             ),
             Some(
                 prep(format!(
-                    "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at) SELECT {}, u.v::bigint[], u.d, now() \
-                     FROM unnest({kp}, {kv}, {kd}) AS u({ka}, v, d) ON CONFLICT ({}) DO UPDATE SET \
+                    "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at, _last) SELECT {}, u.v::bigint[], u.d, now(), u.l::jsonb \
+                     FROM unnest({kp}, {kv}, {kd}, {kl}) AS u({ka}, v, d, l) ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, \
                      _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at \
                      WHERE t._version < EXCLUDED._version",
                     key_cols.join(", "),
@@ -456,6 +466,8 @@ pub struct RowChange {
     pub values: Vec<Pg>,
     /// The delivery key, as a JSON array text (for the conflicts table and `_delivery`).
     pub delivery: String,
+    /// A primary-key change's previous key (key column texts): where unchanged TOASTed values come from.
+    pub old_key: Option<Vec<String>>,
 }
 
 /// What a change does to its entity.
@@ -563,6 +575,24 @@ pub fn from_change(
             vec![v]
         }
     };
+    let old_key = match &change.old_key {
+        Some(row) if kind == ChangeKind::Upsert => {
+            let mut k = Vec::new();
+            for &i in &shape.key {
+                let col = &shape.columns[i];
+                match row
+                    .iter()
+                    .find(|(n, _)| n == col.name.as_str())
+                    .map(|(_, c)| to_pg(c, col))
+                {
+                    Some(Ok(Pg::Text(t))) => k.push(t),
+                    _ => break,
+                }
+            }
+            (k.len() == shape.key.len()).then_some(k)
+        }
+        _ => None,
+    };
     let mut values = Vec::new();
     if kind == ChangeKind::Upsert {
         let after = change.after.as_ref().expect("upserts have after");
@@ -582,6 +612,7 @@ pub fn from_change(
         kind,
         values,
         delivery,
+        old_key,
     })
 }
 
@@ -726,6 +757,68 @@ pub async fn apply(
 
 type Params<'a> = Vec<&'a (dyn ToSql + Sync)>;
 
+/// The stored state of each key (live row or tombstone), locked `FOR UPDATE`.
+async fn fetch_states(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    keys: &[Vec<String>],
+) -> std::result::Result<Vec<Option<State>>, crate::sink::ApplyError> {
+    let shape = &prepared.shape;
+    let mut state: Vec<Option<State>> = vec![None; keys.len()];
+    if keys.is_empty() {
+        return Ok(state);
+    }
+    let key_cols: Vec<Vec<&str>> = (0..shape.key.len())
+        .map(|i| keys.iter().map(|k| k[i].as_str()).collect())
+        .collect();
+    let params: Params = key_cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    for r in tx
+        .query(&prepared.fetch_live, &params)
+        .await
+        .map_err(pg_err)?
+    {
+        let ord: i64 = r.get(0);
+        let values = (0..shape.columns.len())
+            .map(|i| r.get::<_, Option<String>>(5 + i))
+            .collect();
+        state[(ord - 1) as usize] = Some(State {
+            version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
+            sha: r.get::<_, Option<Vec<u8>>>(2).unwrap_or_default(),
+            delivery: r.get(3),
+            deleted: r.get(4),
+            values,
+        });
+    }
+    if let Some(ft) = &prepared.fetch_tomb {
+        for r in tx.query(ft, &params).await.map_err(pg_err)? {
+            let ord: i64 = r.get(0);
+            let version: Vec<i64> = r.get(1);
+            let last: Option<serde_json::Value> = r.get(3);
+            let slot = &mut state[(ord - 1) as usize];
+            // A live row and a tombstone for one key should not coexist; the newer one wins.
+            if slot.as_ref().is_none_or(|s| s.version < version) {
+                *slot = Some(State {
+                    version,
+                    deleted: true,
+                    sha: hash(&[], true),
+                    delivery: r.get(2),
+                    // The values the delete removed (for a later primary-key change's unchanged values).
+                    values: shape
+                        .columns
+                        .iter()
+                        .map(|c| {
+                            last.as_ref()
+                                .and_then(|l| l.get(c.name.as_str()))
+                                .and_then(|v| v.as_str().map(str::to_string))
+                        })
+                        .collect(),
+                });
+            }
+        }
+    }
+    Ok(state)
+}
+
 async fn fold_segment(
     tx: &Transaction<'_>,
     prepared: &Prepared,
@@ -751,45 +844,32 @@ async fn fold_segment(
     // Each entity's changes stay in offset order and each is judged against the state before it, exactly as if
     // the batch held one record: outcomes never depend on batch boundaries (a late older change is stale even
     // when the newer one is in the same batch).
-    // Stored state, locked.
-    let nk = shape.key.len();
-    let key_cols: Vec<Vec<&str>> = (0..nk)
-        .map(|i| order.iter().map(|k| k[i].as_str()).collect())
-        .collect();
-    let params: Params = key_cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-    let mut state: Vec<Option<State>> = vec![None; order.len()];
-    for r in tx
-        .query(&prepared.fetch_live, &params)
-        .await
-        .map_err(pg_err)?
-    {
-        let ord: i64 = r.get(0);
-        let values = (0..shape.columns.len())
-            .map(|i| r.get::<_, Option<String>>(5 + i))
-            .collect();
-        state[(ord - 1) as usize] = Some(State {
-            version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
-            sha: r.get::<_, Option<Vec<u8>>>(2).unwrap_or_default(),
-            delivery: r.get(3),
-            deleted: r.get(4),
-            values,
-        });
-    }
-    if let Some(ft) = &prepared.fetch_tomb {
-        for r in tx.query(ft, &params).await.map_err(pg_err)? {
-            let ord: i64 = r.get(0);
-            let version: Vec<i64> = r.get(1);
-            let slot = &mut state[(ord - 1) as usize];
-            // A live row and a tombstone for one key should not coexist; the newer one wins.
-            if slot.as_ref().is_none_or(|s| s.version < version) {
-                *slot = Some(State {
-                    version,
-                    deleted: true,
-                    sha: hash(&[], true),
-                    delivery: r.get(2),
-                    values: vec![None; shape.columns.len()],
-                });
+    // Stored state, locked; plus the state of old keys of primary-key changes that need unchanged values.
+    let mut old_keys: Vec<Vec<String>> = Vec::new();
+    for g in groups.values() {
+        for c in g {
+            if let Some(k) = &c.old_key {
+                if c.values.contains(&Pg::Unchanged)
+                    && !groups.contains_key(k)
+                    && !old_keys.contains(k)
+                {
+                    old_keys.push(k.clone());
+                }
             }
+        }
+    }
+    let nk = shape.key.len();
+    let state = fetch_states(tx, prepared, &order).await?;
+    // Last known values per key (live values, or the values a delete removed): unchanged TOASTed values of a
+    // primary-key change come from the old key's.
+    let mut last_values: HashMap<Vec<String>, Vec<Option<String>>> = HashMap::new();
+    for (k, s) in old_keys
+        .iter()
+        .zip(fetch_states(tx, prepared, &old_keys).await?)
+        .chain(order.iter().zip(state.iter().cloned()))
+    {
+        if let Some(s) = s {
+            last_values.insert(k.clone(), s.values);
         }
     }
 
@@ -824,11 +904,16 @@ async fn fold_segment(
                     .map(|(i, v)| match v {
                         Pg::Text(t) => Some(t.clone()),
                         Pg::Null => None,
-                        // Unchanged TOAST value: the stored (or last real) value carries forward.
-                        Pg::Unchanged => cur
-                            .as_ref()
-                            .filter(|s| !s.deleted)
-                            .and_then(|s| s.values[i].clone()),
+                        // Unchanged TOAST value: the stored (or last real) value carries forward; for the new
+                        // key of a primary-key change, the old key's.
+                        Pg::Unchanged => match cur.as_ref().filter(|s| !s.deleted) {
+                            Some(s) => s.values[i].clone(),
+                            None => c
+                                .old_key
+                                .as_ref()
+                                .and_then(|k| last_values.get(k))
+                                .and_then(|v| v[i].clone()),
+                        },
                     })
                     .collect(),
             };
@@ -898,6 +983,11 @@ async fn fold_segment(
                     .increment(1);
                 tracing::warn!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, "conflict: equal version, different row state; stored row kept");
             }
+            if result == RowResult::Applied {
+                if let Some(s) = &cur {
+                    last_values.insert(key.clone(), s.values.clone());
+                }
+            }
             results.insert(c.offset, result);
         }
         if let Some(s) = cur {
@@ -959,12 +1049,14 @@ async fn fold_segment(
         let versions: Vec<String> = dead.iter().map(|(_, s)| version_text(&s.version)).collect();
         let deliveries: Vec<Option<String>> =
             dead.iter().map(|(_, s)| s.delivery.clone()).collect();
+        let lasts: Vec<String> = dead.iter().map(|(_, s)| object(shape, &s.values)).collect();
         let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
         p.push(&versions);
         tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
             .await
             .map_err(pg_err)?;
         p.push(&deliveries);
+        p.push(&lasts);
         tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
             .await
             .map_err(pg_err)?;

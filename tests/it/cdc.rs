@@ -83,7 +83,7 @@ fn version(db: &Db, table: &str, id: i64) -> Option<Vec<i64>> {
     .map(|r| r.get(0))
 }
 
-fn all<'a>(records: &'a [CaseRecord]) -> Vec<&'a CaseRecord> {
+fn all(records: &[CaseRecord]) -> Vec<&CaseRecord> {
     records.iter().collect()
 }
 
@@ -161,7 +161,10 @@ group-by = ["_day"]
         "the snapshot's consistent point is the newest version of A"
     );
     // Counters of business actions skip snapshot reads: only the streaming update counts.
-    assert_eq!(db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.changes"), 1);
+    assert_eq!(
+        db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.changes"),
+        1
+    );
 }
 
 /// C07: an older business event after a newer one for the same entity is stale: recorded in the ledger, no
@@ -631,4 +634,228 @@ fn c32_truncate_heartbeat_and_messages() {
         committed(&group, &message, 1),
         vec![Some(msg_map[&(0, 3)] + 1)]
     );
+}
+
+/// C14 (Debezium part): a delete followed by its Kafka tombstone (null value) on a CDC topic, composite key in
+/// the `{schema, payload}` form: the delete leaves one tombstone row, the null value is acknowledged as filtered.
+#[test]
+fn c14_debezium_delete_then_kafka_tombstone() {
+    let db = Db::fresh("c14d");
+    let topic = unique("c14d");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C14", Some("prod_db.public.products_to_categories"));
+    let map = produce_case(&topic, &all(&records));
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "products_to_categories"
+key = ["products_id", "categories_id"]
+columns = { products_id = "integer", categories_id = "integer" }
+"#;
+    let group = unique("g");
+    let t = run_pipeline(&pipeline(text, &topic, &group, &db.schema)).tally();
+    assert_eq!((t.consumed, t.landed, t.filtered), (2, 1, 1));
+    let tomb = db.query(
+        "SELECT products_id, categories_id FROM {s}.products_to_categories_tombstones",
+        &[],
+    );
+    assert_eq!(tomb.len(), 1);
+    assert_eq!(
+        (tomb[0].get::<_, i32>(0), tomb[0].get::<_, i32>(1)),
+        (16056, 601)
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.products_to_categories"), 0);
+    assert_eq!(
+        committed(&group, &topic, 1),
+        vec![Some(map[&(0, 543501)] + 1)]
+    );
+}
+
+/// Seed 004: per entity an insert, two updates, a delete and a re-creation — as Debezium envelopes (the key in
+/// the message key; positions increasing per transaction).
+fn seed004(entities: i64) -> Vec<(i64, Value, Option<Value>)> {
+    let mut out = Vec::new();
+    let mut lsn = 60_000_000i64;
+    let mut tx = 3000i64;
+    for step in 0..5 {
+        for id in 1..=entities {
+            lsn += 100;
+            tx += 1;
+            let row = |qty: i64, name: &str| json!({"id": id, "name": name, "qty": qty});
+            let (op, before, after) = match step {
+                0 => ("c", Value::Null, row(1, "first")),
+                1 => ("u", Value::Null, row(2, "first")),
+                2 => ("u", Value::Null, row(3, "renamed")),
+                3 => ("d", row(3, "renamed"), Value::Null),
+                _ => ("c", Value::Null, row(10 + id, "again")),
+            };
+            let value = json!({
+                "before": before, "after": after, "op": op, "ts_ms": 1714003200000i64 + lsn,
+                "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": "items",
+                    "snapshot": "false", "txId": tx, "lsn": lsn, "ts_ms": 1714003200000i64 + lsn,
+                    "sequence": format!("[\"{}\",\"{}\"]", lsn - 36, lsn)},
+                "transaction": null
+            });
+            out.push((id, value, None));
+            if op == "d" {
+                out.push((id, Value::Null, None)); // the Kafka tombstone after a delete
+            }
+        }
+    }
+    out
+}
+
+const ITEMS: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[batch]
+max-records = MAXREC
+linger-ms = 10
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "items"
+key = ["id"]
+columns = { id = "bigint", name = "text", qty = "bigint" }
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["_op", "_entity"]
+"#;
+
+fn produce_seed004(topic: &str, partitions: i32, changes: &[(i64, Value, Option<Value>)]) {
+    let recs: Vec<Rec> = changes
+        .iter()
+        .map(|(id, v, _)| Rec {
+            partition: (*id % i64::from(partitions)) as i32,
+            key: Some(json!({ "id": id }).to_string().into_bytes()),
+            value: if v.is_null() {
+                None
+            } else {
+                Some(v.to_string().into_bytes())
+            },
+            timestamp_ms: None,
+        })
+        .collect();
+    produce(topic, &recs);
+}
+
+type ItemRow = (i64, String, i64, Vec<i64>);
+
+fn items_state(db: &Db) -> (Vec<ItemRow>, i64, i64) {
+    let rows = db
+        .query(
+            "SELECT id, name, qty, _version FROM {s}.items ORDER BY id",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    (
+        rows,
+        db.i64("SELECT count(*) FROM {s}.items_tombstones"),
+        db.i64("SELECT count(*) FROM {s}.outbox"),
+    )
+}
+
+/// Seed 004 applied once, applied twice, with a crash between every destination commit and Kafka commit, and
+/// shuffled across partitions (never within one key's order): the same final table, tombstones and outbox.
+#[test]
+fn seed004_row_state_is_the_same_however_it_is_delivered() {
+    let n = 6;
+    let changes = seed004(n);
+    let expected: Vec<ItemRow> = (1..=n)
+        .map(|id| {
+            let lsn = 60_000_000 + (4 * n + id) * 100;
+            (id, "again".to_string(), 10 + id, vec![lsn - 36, lsn])
+        })
+        .collect();
+    let records = changes.len() as u64;
+
+    // Once, then twice (a replay under another group).
+    let db = Db::fresh("s004");
+    let topic = unique("s004");
+    create_topic(&topic, 3, &[("retention.ms", "-1")]);
+    produce_seed004(&topic, 3, &changes);
+    let p = pipeline(
+        &ITEMS.replace("MAXREC", "100"),
+        &topic,
+        &unique("g"),
+        &db.schema,
+    );
+    let t = run_pipeline(&p).tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.filtered),
+        (records, 5 * n as u64, n as u64)
+    );
+    let once = items_state(&db);
+    assert_eq!(once, (expected.clone(), 0, 5 * n));
+    let p2 = pipeline(
+        &ITEMS.replace("MAXREC", "100"),
+        &topic,
+        &unique("g"),
+        &db.schema,
+    );
+    let t = run_pipeline(&p2).tally();
+    assert_eq!((t.landed, t.duplicate), (0, 5 * n as u64));
+    assert_eq!(items_state(&db), once);
+
+    // A crash after every database commit, before its Kafka commit; small batches.
+    let db = Db::fresh("s004c");
+    let group = unique("g");
+    let p = pipeline(&ITEMS.replace("MAXREC", "4"), &topic, &group, &db.schema);
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs < 60, "did not converge");
+        let out = replaysafe_with(
+            &[
+                "run",
+                "--config",
+                p.path.to_str().unwrap(),
+                "--until-caught-up",
+            ],
+            &[(
+                "REPLAYSAFE_FAILPOINTS",
+                "after-db-commit-before-kafka-commit=return",
+            )],
+            Duration::from_secs(120),
+        );
+        if out.code == Some(0) {
+            break;
+        }
+    }
+    assert!(runs > 2, "the failpoint interrupted runs");
+    assert_eq!(items_state(&db), once);
+
+    // Shuffled across partitions: one partition, keys interleaved differently, each key's order kept.
+    let db = Db::fresh("s004s");
+    let topic = unique("s004s");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let mut shuffled = Vec::new();
+    for id in (1..=n).rev() {
+        shuffled.extend(changes.iter().filter(|(i, _, _)| *i == id).cloned());
+    }
+    produce_seed004(&topic, 1, &shuffled);
+    let p = pipeline(
+        &ITEMS.replace("MAXREC", "7"),
+        &topic,
+        &unique("g"),
+        &db.schema,
+    );
+    run_pipeline(&p);
+    assert_eq!(items_state(&db), once);
 }

@@ -6,5 +6,7 @@ mod cases;
 mod cdc;
 mod common;
 mod config_errors;
+mod connect;
 mod core;
+mod debezium;
 mod hardening;
