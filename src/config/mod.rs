@@ -93,8 +93,48 @@ mod tests {
     #[test]
     fn reference_toml_is_a_valid_pipeline() {
         let p = parse("reference.toml", REFERENCE).expect("reference.toml parses");
-        assert_eq!(p.projections.len(), 4);
+        assert_eq!(p.projections.len(), 5);
         assert_eq!(p.filters.len(), 1);
+    }
+
+    const REFERENCE_DEBEZIUM: &str = include_str!("../../reference-debezium.toml");
+
+    #[test]
+    fn reference_debezium_toml_is_a_valid_pipeline_and_sets_every_cdc_key() {
+        let p = parse("reference-debezium.toml", REFERENCE_DEBEZIUM).expect("parses");
+        assert_eq!(p.format, Format::Debezium);
+        assert_eq!(p.projections.iter().filter(|x| x.row.is_some()).count(), 2);
+        for k in [
+            "format",
+            "source-table",
+            "columns",
+            "unit",
+            "version",
+            "tombstones",
+            "truncate",
+            "snapshots",
+            "partition-by",
+        ] {
+            assert!(
+                REFERENCE_DEBEZIUM
+                    .lines()
+                    .any(|l| !l.trim_start().starts_with('#') && l.contains(k)),
+                "reference-debezium.toml does not set `{k}`"
+            );
+        }
+        // Snapshot reads skip the outbox by default, reach the counter that includes them.
+        let outbox = p
+            .projections
+            .iter()
+            .find(|x| x.name == "account_events")
+            .unwrap();
+        assert!(outbox.filter.as_ref().unwrap().0.contains("!_snapshot"));
+        let counter = p
+            .projections
+            .iter()
+            .find(|x| x.name == "changes_per_day")
+            .unwrap();
+        assert!(counter.filter.is_none());
     }
 
     #[test]
@@ -131,6 +171,9 @@ mod tests {
             "sql",
             "setup",
             "payload",
+            "version",
+            "delete-if",
+            "tombstones",
         ];
         for k in keys {
             assert!(

@@ -335,10 +335,51 @@ impl Pipeline {
             ),
             _ => "no horizon: the ledger keeps every delivery key forever".to_string(),
         };
+        let rows: Vec<String> = self
+            .projections
+            .iter()
+            .filter_map(|p| {
+                let r = p.row.as_ref()?;
+                let version = match &r.version {
+                    super::row::VersionPlan::SourcePosition => {
+                        "the source position [commit LSN, change LSN]".to_string()
+                    }
+                    super::row::VersionPlan::Field(i) => {
+                        format!("the field `{}`", self.fields[*i].name.as_str())
+                    }
+                    super::row::VersionPlan::Column(c) => format!("the column `{}`", c.as_str()),
+                };
+                let tomb = match r.tombstones {
+                    super::row::TombstoneMode::Table => {
+                        format!("tombstones in {}", r.tombstone_table)
+                    }
+                    super::row::TombstoneMode::Column => "tombstones as `_deleted_at`".to_string(),
+                };
+                Some(format!("{} by {version} ({tomb})", r.table))
+            })
+            .collect();
+        let order = if rows.is_empty() {
+            "offsets within a partition; aggregates are commutative increments, so order between partitions does not \
+             matter; a duplicate delivery key is never applied twice"
+                .to_string()
+        } else {
+            format!(
+                "per entity, a version: row projections {} only accept a strictly newer version; deletes leave a \
+                 versioned tombstone (kept for good, longer than any horizon), so an older write never resurrects a row; \
+                 an equal version with a different state is a conflict recorded in replaysafe_conflicts; changes that \
+                 are stale or already stored reach no other projection; aggregates are commutative increments of the \
+                 changes applied",
+                rows.join(", ")
+            )
+        };
+        let key = if self.format == Format::Debezium {
+            format!("{key} (Debezium: the source table, the record key and the source position — never the Kafka offset)")
+        } else {
+            key
+        };
         format!(
             "1. What identifies a change: the delivery key {key}, claimed in {ledger}.\n\
-             2. What orders changes: offsets within a partition; aggregates are commutative increments, so order between \
-             partitions does not matter; a duplicate delivery key is never applied twice.\n\
+             2. What orders changes: {order}.\n\
              3. What commits atomically: one transaction per partition batch (at most {max} records or {linger} ms): ledger \
              claims, projections [{projections}], dead letters and the checkpoint of group `{group}`; the Kafka offset is \
              committed after it.\n\
