@@ -758,6 +758,7 @@ fn row_changes(
                         .collect(),
                     delivery,
                     old_key: None,
+                    snapshot: false,
                 });
             }
         }

@@ -468,6 +468,8 @@ pub struct RowChange {
     pub delivery: String,
     /// A primary-key change's previous key (key column texts): where unchanged TOASTed values come from.
     pub old_key: Option<Vec<String>>,
+    /// A snapshot read (`op = r`).
+    pub snapshot: bool,
 }
 
 /// What a change does to its entity.
@@ -613,6 +615,7 @@ pub fn from_change(
         values,
         delivery,
         old_key,
+        snapshot: change.op == Op::Read,
     })
 }
 
@@ -886,11 +889,15 @@ async fn fold_segment(
         offset: i64,
     }
     let mut conflicts: Vec<Conflict> = Vec::new();
+    let mut resnapshot = 0u64;
     let mut finals: Vec<(usize, State)> = Vec::new();
     for (ei, key) in order.iter().enumerate() {
         let before = state[ei].clone();
         let mut cur = state[ei].clone();
         for c in &groups[key] {
+            if c.snapshot && cur.is_some() {
+                resnapshot += 1;
+            }
             let incoming_values: Vec<Option<String>> = match c.kind {
                 ChangeKind::Delete => cur
                     .as_ref()
@@ -996,6 +1003,22 @@ async fn fold_segment(
                 finals.push((ei, s));
             }
         }
+    }
+
+    if resnapshot > 0 {
+        // C05: a snapshot read of an entity already stored means the connector snapshotted again (lost offsets,
+        // a new slot). Rows deleted while it was down got no delete event and stay.
+        metrics::counter!("replaysafe_resnapshot_reads_total", "projection" => proj.name.clone())
+            .increment(resnapshot);
+        tracing::warn!(
+            projection = %proj.name,
+            topic = at.topic,
+            partition = at.partition,
+            reads = resnapshot,
+            "re-snapshot detected: snapshot reads of rows already stored (applied under the version guard); rows \
+             deleted at the source while the connector was down received no delete event and remain — compare \
+             with the source if that matters"
+        );
     }
 
     // Writes.

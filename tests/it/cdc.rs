@@ -160,6 +160,11 @@ group-by = ["_day"]
         vec![23500800, 23500800],
         "the snapshot's consistent point is the newest version of A"
     );
+    assert!(
+        out.stderr.contains("re-snapshot detected"),
+        "the second snapshot is reported: {}",
+        out.stderr
+    );
     // Counters of business actions skip snapshot reads: only the streaming update counts.
     assert_eq!(
         db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.changes"),
@@ -865,4 +870,54 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
     );
     run_pipeline(&p);
     assert_eq!(items_state(&db), once);
+}
+
+/// C12 with `tombstones = "column"`: the deleted row stays with `_deleted_at` and the delete's version; the late
+/// snapshot read is stale; a newer create revives it.
+#[test]
+fn c12_tombstone_column_mode() {
+    let db = Db::fresh("c12col");
+    let topic = unique("c12col");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let records = load("C12", Some("pg.public.accounts"));
+    produce_case(&topic, &all(&records));
+    let text = ACCOUNTS
+        .replace("TOPICS", "\"{topic}\"")
+        .replace("TRUNCATE", "stop")
+        .replace("MAXREC", "100")
+        .replace(
+            "truncate = \"stop\"",
+            "truncate = \"stop\"\ntombstones = \"column\"",
+        );
+    let out = run_pipeline(&pipeline(&text, &topic, &unique("g"), &db.schema));
+    assert_eq!(out.stale(), 1);
+    let r = db.query(
+        "SELECT _deleted_at IS NOT NULL, _version FROM {s}.accounts WHERE id = 8",
+        &[],
+    );
+    assert_eq!(r.len(), 1);
+    assert!(r[0].get::<_, bool>(0));
+    assert_eq!(r[0].get::<_, Vec<i64>>(1), vec![43000436, 43000500]);
+    // A newer create recreates it.
+    let recreate = Rec {
+        partition: 0,
+        key: Some(br#"{"id":8}"#.to_vec()),
+        value: Some(
+            json!({"before":null,"after":{"id":8,"owner":"acct-eight","balance":"8.00","updated_at":"2024-04-26T00:00:00Z"},
+                "source":{"connector":"postgresql","db":"app","schema":"public","table":"accounts","txId":980,
+                "lsn":43000900,"sequence":"[\"43000836\",\"43000900\"]","ts_ms":1714003300000i64,"snapshot":"false"},
+                "op":"c","ts_ms":1714003300100i64})
+            .to_string()
+            .into_bytes(),
+        ),
+        timestamp_ms: None,
+    };
+    produce(&topic, &[recreate]);
+    run_pipeline(&pipeline(&text, &topic, &unique("g"), &db.schema));
+    let r = db.query(
+        "SELECT _deleted_at IS NULL, balance::text FROM {s}.accounts WHERE id = 8",
+        &[],
+    );
+    assert!(r[0].get::<_, bool>(0));
+    assert_eq!(r[0].get::<_, String>(1), "8.00");
 }

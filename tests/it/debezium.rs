@@ -186,6 +186,21 @@ payload = ["_op", "_entity", "_position"]
         db.i64(&format!("SELECT count(*) FROM {src}.items")),
         db.i64("SELECT count(*) FROM {s}.items")
     );
+    // Column by column, types included.
+    let types = |schema: &str| -> Vec<(String, String)> {
+        db.query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = 'items' AND a.attnum > 0 AND NOT a.attisdropped \
+             AND a.attname NOT LIKE '\\_%' ORDER BY a.attnum",
+            &[&schema],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    assert_eq!(types(&src).len(), 10);
+    assert_eq!(types(&src), types(&db.schema));
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.items_tombstones WHERE id = 1"),
         1,
