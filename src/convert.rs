@@ -17,7 +17,7 @@ use chrono::{DateTime, NaiveDate, NaiveTime};
 use num_bigint::BigInt;
 use serde_json::Value;
 
-use crate::config::{ColumnSpec, Kind, SqlType, Unit};
+use crate::config::{ColumnSpec, DecimalHandling, Kind, SqlType, Unit};
 use crate::debezium::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
 
 /// A converted value.
@@ -170,6 +170,7 @@ fn scalar(
     kind: Kind,
     unit: Unit,
     scale: Option<u32>,
+    dec: DecimalHandling,
 ) -> Result<String, String> {
     let name = schema_name(schema);
     // Logical types first: the schema says what the JSON value encodes.
@@ -211,6 +212,7 @@ fn scalar(
         }
         Some("io.debezium.time.MicroTime") => return time(int(v)?, Unit::Micros),
         Some("io.debezium.time.NanoTime") => return time(int(v)?, Unit::Nanos),
+        Some("io.debezium.time.MicroDuration") => return Ok(format!("{} microseconds", int(v)?)),
         _ => {}
     }
     let is_bytes = schema.and_then(|s| s.get("type")).and_then(Value::as_str) == Some("bytes");
@@ -221,20 +223,46 @@ fn scalar(
         },
         Kind::Numeric => match v {
             Value::Number(n) => Ok(n.to_string()),
-            Value::String(s) if BigDecimal::from_str(s.trim()).is_ok() && !is_bytes => {
-                Ok(s.trim().to_string())
+            Value::String(s) => {
+                let t = s.trim();
+                let decimal = t
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'))
+                    && BigDecimal::from_str(t).is_ok();
+                // base64 of the unscaled integer (precise mode): a multiple of 4 characters that decodes.
+                let bytes = t.len() % 4 == 0 && b64(t).is_ok();
+                let precise = |sc: Option<u32>| {
+                    match sc {
+                    Some(sc) => Ok(decimal_from_bytes(&b64(t)?, i64::from(sc))),
+                    None => Err(format!(
+                        "`{}` is base64 decimal bytes (decimal.handling.mode=precise) but the scale is unknown: \
+                         declare the column as numeric(p,s)",
+                        short(s)
+                    )),
+                }
+                };
+                match dec {
+                    _ if is_bytes => precise(scale),
+                    DecimalHandling::Precise => precise(scale),
+                    DecimalHandling::String | DecimalHandling::Double if decimal => Ok(t.to_string()),
+                    DecimalHandling::String | DecimalHandling::Double => {
+                        Err(format!("`{}` is not a decimal", short(s)))
+                    }
+                    DecimalHandling::Auto if decimal && bytes && scale.is_some() => Err(format!(
+                        "`{}` is ambiguous without schemas: a decimal string or base64 decimal bytes; set \
+                         [source] decimal-handling to the connector's decimal.handling.mode",
+                        short(s)
+                    )),
+                    DecimalHandling::Auto if decimal => Ok(t.to_string()),
+                    DecimalHandling::Auto if bytes => precise(scale),
+                    DecimalHandling::Auto => Err(format!("`{}` is not a decimal", short(s))),
+                }
             }
-            Value::String(s) => match scale {
-                // precise mode without schemas: base64 unscaled bytes, the scale from the column type.
-                Some(sc) => Ok(decimal_from_bytes(&b64(s)?, i64::from(sc))),
-                None => Err(format!(
-                    "`{}` is not a decimal; with decimal.handling.mode=precise and schemas disabled, declare the column as numeric(p,s) so the scale is known",
-                    short(s)
-                )),
-            },
             Value::Object(o) if o.contains_key("scale") && o.contains_key("value") => {
                 let sc = int(&o["scale"])?;
-                let raw = o["value"].as_str().ok_or("variable-scale decimal without base64 `value`")?;
+                let raw = o["value"]
+                    .as_str()
+                    .ok_or("variable-scale decimal without base64 `value`")?;
                 Ok(decimal_from_bytes(&b64(raw)?, sc))
             }
             other => Err(format!("expected a decimal, got {other}")),
@@ -253,6 +281,13 @@ fn scalar(
             Value::Number(_) => time(int(v)?, unit),
             Value::String(s) => Ok(s.clone()),
             other => Err(format!("expected a time, got {other}")),
+        },
+        Kind::Interval => match v {
+            // MicroDuration (interval.handling.mode=numeric, the default): microseconds.
+            Value::Number(_) => Ok(format!("{} microseconds", int(v)?)),
+            // interval.handling.mode=string: ISO 8601 (`P1DT2H`), which PostgreSQL reads as is.
+            Value::String(s) => Ok(s.clone()),
+            other => Err(format!("expected an interval, got {other}")),
         },
         Kind::Json => match v {
             Value::String(s) => Ok(s.clone()),
@@ -276,7 +311,7 @@ fn scalar(
 ///
 /// # Errors
 /// A message naming what is wrong with the value (the record is then quarantined as `invalid-field`).
-pub fn to_pg(cell: &Cell, col: &ColumnSpec) -> Result<Pg, String> {
+pub fn to_pg(cell: &Cell, col: &ColumnSpec, dec: DecimalHandling) -> Result<Pg, String> {
     if cell.value.is_null() {
         return Ok(Pg::Null);
     }
@@ -302,12 +337,13 @@ pub fn to_pg(cell: &Cell, col: &ColumnSpec) -> Result<Pg, String> {
                     col.ty.kind,
                     unit,
                     col.ty.scale,
+                    dec,
                 )?));
             }
         }
         format!("{{{}}}", parts.join(","))
     } else {
-        scalar(&cell.value, schema, col.ty.kind, unit, col.ty.scale)?
+        scalar(&cell.value, schema, col.ty.kind, unit, col.ty.scale, dec)?
     };
     if text.contains('\0') {
         return Err("contains a NUL character, which PostgreSQL text cannot store".into());
@@ -343,14 +379,37 @@ mod tests {
             let got = to_pg(
                 &cell(Value::String(b.into()), Some(s.clone())),
                 &col("numeric"),
+                DecimalHandling::Auto,
             )
             .unwrap();
             assert_eq!(got, Pg::Text(want.into()), "{b}");
         }
+        // Without schemas: the scale comes from numeric(p,s); a string that is both a decimal and base64 needs the
+        // connector's mode.
+        let c = || cell(Value::String("1234".into()), None);
+        assert!(to_pg(&c(), &col("numeric(12,2)"), DecimalHandling::Auto).is_err());
+        assert_eq!(
+            to_pg(&c(), &col("numeric(12,2)"), DecimalHandling::String).unwrap(),
+            Pg::Text("1234".into())
+        );
+        assert_eq!(
+            to_pg(&c(), &col("numeric(12,2)"), DecimalHandling::Precise).unwrap(),
+            Pg::Text("-26588.24".into())
+        );
+        assert_eq!(
+            to_pg(
+                &cell(serde_json::json!(3600000000i64), None),
+                &col("interval"),
+                DecimalHandling::Auto
+            )
+            .unwrap(),
+            Pg::Text("3600000000 microseconds".into())
+        );
         // Without schemas: the scale comes from numeric(p,s).
         let got = to_pg(
             &cell(Value::String("/5w=".into()), None),
             &col("numeric(12,2)"),
+            DecimalHandling::Auto,
         )
         .unwrap();
         assert_eq!(got, Pg::Text("-1.00".into()));
@@ -361,27 +420,43 @@ mod tests {
         let micro = serde_json::json!({"type":"int64","name":"io.debezium.time.MicroTimestamp"});
         let v = serde_json::json!(1690366967048491i64);
         assert_eq!(
-            to_pg(&cell(v.clone(), Some(micro)), &col("timestamp")).unwrap(),
+            to_pg(
+                &cell(v.clone(), Some(micro)),
+                &col("timestamp"),
+                DecimalHandling::Auto
+            )
+            .unwrap(),
             Pg::Text("2023-07-26 10:22:47.048491".into())
         );
         assert_eq!(
-            to_pg(&cell(v, None), &col("timestamp(6)")).unwrap(),
+            to_pg(&cell(v, None), &col("timestamp(6)"), DecimalHandling::Auto).unwrap(),
             Pg::Text("2023-07-26 10:22:47.048491".into())
         );
         assert_eq!(
             to_pg(
                 &cell(serde_json::json!(1690366967048i64), None),
-                &col("timestamp(3)")
+                &col("timestamp(3)"),
+                DecimalHandling::Auto
             )
             .unwrap(),
             Pg::Text("2023-07-26 10:22:47.048".into())
         );
         assert_eq!(
-            to_pg(&cell(serde_json::json!(20088), None), &col("date")).unwrap(),
+            to_pg(
+                &cell(serde_json::json!(20088), None),
+                &col("date"),
+                DecimalHandling::Auto
+            )
+            .unwrap(),
             Pg::Text("2024-12-31".into())
         );
         assert_eq!(
-            to_pg(&cell(serde_json::json!(45296500000i64), None), &col("time")).unwrap(),
+            to_pg(
+                &cell(serde_json::json!(45296500000i64), None),
+                &col("time"),
+                DecimalHandling::Auto
+            )
+            .unwrap(),
             Pg::Text("12:34:56.5".into())
         );
     }
@@ -393,12 +468,16 @@ mod tests {
             (serde_json::json!([UNAVAILABLE]), "text[]"),
             (serde_json::json!(UNAVAILABLE_BASE64), "bytea"),
         ] {
-            assert_eq!(to_pg(&cell(v, None), &col(ty)).unwrap(), Pg::Unchanged);
+            assert_eq!(
+                to_pg(&cell(v, None), &col(ty), DecimalHandling::Auto).unwrap(),
+                Pg::Unchanged
+            );
         }
         assert_eq!(
             to_pg(
                 &cell(serde_json::json!(["vip", "beta", "a b", null]), None),
-                &col("text[]")
+                &col("text[]"),
+                DecimalHandling::Auto
             )
             .unwrap(),
             Pg::Text("{vip,beta,\"a b\",NULL}".into())
@@ -406,7 +485,8 @@ mod tests {
         assert_eq!(
             to_pg(
                 &cell(serde_json::json!("iVBORw0KGgo="), None),
-                &col("bytea")
+                &col("bytea"),
+                DecimalHandling::Auto
             )
             .unwrap(),
             Pg::Text("\\x89504e470d0a1a0a".into())

@@ -32,6 +32,8 @@ pub const DEFAULT_OUTBOX_TABLE: &str = "replaysafe_outbox";
 pub struct Pipeline {
     /// What the record values are: JSON events or Debezium change events.
     pub format: Format,
+    /// Debezium without schemas: how `numeric` values are encoded.
+    pub decimal_handling: DecimalHandling,
     /// Where the pipeline came from (for messages).
     pub source: Source,
     /// `[kafka]`.
@@ -99,6 +101,22 @@ pub enum Format {
     /// Debezium change events (JSON converter, with or without `schemas.enable`): the delivery key is the
     /// source position, `[fields]` point into the unwrapped envelope, and `row` projections apply changes.
     Debezium,
+}
+
+/// `[source] decimal-handling`: how schemaless Debezium messages encode `numeric` (the connector's
+/// `decimal.handling.mode`). With schemas enabled the Connect schema decides and this is not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecimalHandling {
+    /// Decide per value: a JSON number or a string that is a decimal and not valid base64 is a decimal; a
+    /// string that is base64 and not a decimal is `precise` bytes; a string that is both (e.g. `"1234"`) is
+    /// quarantined as ambiguous.
+    Auto,
+    /// `precise`: base64 of the unscaled two's-complement integer; the scale comes from `numeric(p,s)`.
+    Precise,
+    /// `string`: decimal strings.
+    String,
+    /// `double`: JSON numbers.
+    Double,
 }
 
 /// Built-in fields of Debezium pipelines: `(name, type)`, read from the decoded envelope.
@@ -696,6 +714,36 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         },
     };
 
+    let decimal_handling = match raw
+        .source
+        .as_ref()
+        .and_then(|s| s.get_ref().decimal_handling.as_ref())
+    {
+        None => DecimalHandling::Auto,
+        Some(d) => {
+            if format != Format::Debezium {
+                return Err(src.error(
+                    d.span(),
+                    "`decimal-handling` applies to format = \"debezium\"",
+                ));
+            }
+            match d.get_ref().as_str() {
+                "auto" => DecimalHandling::Auto,
+                "precise" => DecimalHandling::Precise,
+                "string" => DecimalHandling::String,
+                "double" => DecimalHandling::Double,
+                other => {
+                    return Err(src.error(
+                        d.span(),
+                        format!(
+                        "`decimal-handling` must be auto, precise, string or double, not `{other}`"
+                    ),
+                    ))
+                }
+            }
+        }
+    };
+
     // [fields]
     let mut plans = Vec::new();
     match &raw.fields {
@@ -901,6 +949,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
 
     Ok(Pipeline {
         format,
+        decimal_handling,
         source: src.clone(),
         kafka,
         postgres,
@@ -1265,7 +1314,7 @@ fn projection(
             let statement = format!(
                 "INSERT INTO {table} (delivery_key, source_topic, source_partition, source_offset, message_key, payload) \
                  SELECT json_build_array({})::text, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
-                 FROM landed{where_pass} ON CONFLICT (delivery_key) DO NOTHING",
+                 FROM landed{where_pass} ORDER BY _offset ON CONFLICT (delivery_key) DO NOTHING",
                 dk.join(", ")
             );
             let setup = vec![format!(

@@ -32,6 +32,7 @@ pub struct RawPipeline {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RawSource {
     pub format: Spanned<String>,
+    pub decimal_handling: Option<Spanned<String>>,
 }
 
 /// `[kafka]`

@@ -2,8 +2,6 @@
 //! key, holding the newest state seen), with tombstones for deletes and a conflict record for equal versions
 //! with different payloads.
 
-use std::collections::BTreeMap;
-
 use cel_interpreter::Program;
 use toml::Spanned;
 
@@ -56,6 +54,8 @@ pub enum Kind {
     Uuid,
     /// bytea.
     Bytea,
+    /// interval (Debezium `MicroDuration` µs, or an ISO 8601 string with `interval.handling.mode=string`).
+    Interval,
 }
 
 impl SqlType {
@@ -111,6 +111,7 @@ impl SqlType {
             "json" | "jsonb" => Kind::Json,
             "uuid" => Kind::Uuid,
             "bytea" => Kind::Bytea,
+            "interval" => Kind::Interval,
             "text"
             | "varchar"
             | "character varying"
@@ -122,7 +123,6 @@ impl SqlType {
             | "inet"
             | "cidr"
             | "macaddr"
-            | "interval"
             | "money"
             | "xml"
             | "timetz"
@@ -132,6 +132,23 @@ impl SqlType {
             | "varbit" => Kind::Text,
             other => return Err(format!("unsupported column type `{other}`")),
         };
+        let bad_modifier = match kind {
+            Kind::Numeric => {
+                nums.len() > 2
+                    || nums.first().is_some_and(|p| !(1..=1000).contains(p))
+                    || matches!((nums.first(), nums.get(1)), (Some(p), Some(s)) if s > p)
+            }
+            Kind::Timestamp | Kind::Timestamptz | Kind::Time | Kind::Interval => {
+                nums.len() > 1 || nums.first().is_some_and(|p| *p > 6)
+            }
+            Kind::Text => {
+                nums.len() > 1 || nums.first().is_some_and(|n| !(1..=10_485_760).contains(n))
+            }
+            _ => !nums.is_empty(),
+        };
+        if bad_modifier {
+            return Err(format!("`{raw}`: invalid type modifier"));
+        }
         Ok(SqlType {
             sql: t,
             kind,
@@ -340,6 +357,17 @@ pub(super) fn compile(
         }
     }
     // version
+    if let (Some(v), Some(cols)) = (&rp.version, &columns) {
+        if !json
+            && v.get_ref() != "source-position"
+            && !cols.iter().any(|c| c.name.as_str() == v.get_ref())
+        {
+            return Err(src.error(
+                v.span(),
+                format!("version column `{}` is not one of `columns`", v.get_ref()),
+            ));
+        }
+    }
     let version = match &rp.version {
         None if json => {
             return Err(src.error(
@@ -447,7 +475,7 @@ fn columns(
             }
         }
         toml::Value::Table(t) if !json => {
-            let t: &BTreeMap<String, toml::Value> = &t.clone().into_iter().collect();
+            // In file order (toml's `preserve_order`): the table is created with its columns in this order.
             for (name, spec) in t {
                 let id = Ident::new(name).map_err(|m| bad(&format!("column `{name}`: {m}")))?;
                 let (ty, unit_s) = match spec {
@@ -517,6 +545,10 @@ mod tests {
             Kind::Text
         );
         for bad in [
+            "numeric(5,2,1)",
+            "varchar(0)",
+            "numeric(1000,2000)",
+            "timestamp(7)",
             "int; drop table x",
             "numeric(1",
             "text)",

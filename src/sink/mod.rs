@@ -501,6 +501,7 @@ impl Sink {
                 partition: batch.partition,
                 group,
             };
+            warn_unmatched_tables(&p, batch);
             for rp in &self.prepared.rows {
                 let proj = &p.projections[rp.shape.index];
                 let changes = row_changes(&p, rp, batch, &landed)?;
@@ -644,6 +645,42 @@ impl Sink {
     }
 }
 
+/// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like
+/// this: everything lands, the table stays empty).
+fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
+    static WARNED: std::sync::OnceLock<std::sync::Mutex<HashSet<String>>> =
+        std::sync::OnceLock::new();
+    for it in &batch.items {
+        let Pending::Claim {
+            change: Some(ch), ..
+        } = &it.pending
+        else {
+            continue;
+        };
+        let matched = p.projections.iter().any(|proj| {
+            proj.row
+                .as_ref()
+                .is_some_and(|r| row::matches(r, &r.table, ch))
+        });
+        if !matched {
+            let mut w = WARNED
+                .get_or_init(Default::default)
+                .lock()
+                .expect("warned set");
+            if w.insert(ch.table.clone()) {
+                tracing::warn!(
+                    source_table = %ch.table,
+                    topic = %batch.topic,
+                    partition = batch.partition,
+                    offset = it.offset,
+                    "changes of this source table reach no row projection (check `source-table`); they are claimed \
+                     and reach the other projections only"
+                );
+            }
+        }
+    }
+}
+
 /// Of two row-projection results for one record, the one that decides its outcome.
 fn strongest(a: row::RowResult, b: row::RowResult) -> row::RowResult {
     use row::RowResult::*;
@@ -711,12 +748,12 @@ fn row_changes(
                 if !row::matches(plan, &plan.table, ch) {
                     continue;
                 }
-                let rc = row::from_change(&rp.shape, plan, it.offset, ch, delivery).map_err(
-                    |rejection| ApplyError::Record {
-                        offset: it.offset,
-                        rejection,
-                    },
-                )?;
+                let rc =
+                    row::from_change(&rp.shape, plan, it.offset, ch, delivery, p.decimal_handling)
+                        .map_err(|rejection| ApplyError::Record {
+                            offset: it.offset,
+                            rejection,
+                        })?;
                 out.push(rc);
             }
             None => {

@@ -26,6 +26,10 @@ use crate::ident::{Ident, QualifiedName};
 
 /// Name of the conflicts table (in the pipeline schema).
 pub const CONFLICTS: &str = "replaysafe_conflicts";
+/// Name of the truncate table (in the pipeline schema): one row per truncate applied, per projection; the
+/// newest is the projection's *truncate watermark* (source-position versions older than it are stale on every
+/// entity, also ones that arrive later from another partition).
+pub const TRUNCATES: &str = "replaysafe_truncates";
 
 /// A row projection resolved against the database: its columns (from the pipeline file or the catalog) and key.
 #[derive(Debug, Clone)]
@@ -235,6 +239,13 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
         .await?;
     }
     exec(create_conflicts(p)).await?;
+    exec(format!(
+        "CREATE TABLE IF NOT EXISTS {} (projection text NOT NULL, version bigint[] NOT NULL, topic text NOT NULL, \
+         partition integer NOT NULL, \"offset\" bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (projection, version))",
+        p.table(TRUNCATES)
+    ))
+    .await?;
     Ok(())
 }
 
@@ -263,6 +274,8 @@ pub struct Prepared {
     delete_tomb: Option<Statement>,
     conflict: Statement,
     truncate: Statement,
+    mark_truncate: Statement,
+    watermark: Option<Statement>,
 }
 
 fn key_unnest(shape: &Shape, first: usize) -> (String, String, String) {
@@ -388,7 +401,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         (
             Some(
                 prep(format!(
-                    "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND t._version < u.v::bigint[]"
+                    "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND t._version <= u.v::bigint[]"
                 ))
                 .await?,
             ),
@@ -424,21 +437,42 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     .await?;
     let truncate = if column_mode {
         prep(format!(
-            "UPDATE {t} SET _deleted_at = now(), _version = $1::text::bigint[], _updated_at = now() \
-             WHERE _deleted_at IS NULL AND _version < $1::text::bigint[]"
+            "UPDATE {t} SET _deleted_at = now(), _version = coalesce($1::text::bigint[], _version), _updated_at = now() \
+             WHERE _deleted_at IS NULL AND ($1::text IS NULL OR _version < $1::text::bigint[])"
         ))
         .await?
     } else {
         prep(format!(
-            "WITH gone AS (DELETE FROM {t} WHERE _version < $1::text::bigint[] RETURNING {kc}) \
-             INSERT INTO {tomb} AS t ({kc}, _version, _delivery, _deleted_at) SELECT {kc}, $1::text::bigint[], $2, now() \
+            "WITH gone AS (DELETE FROM {t} WHERE $1::text IS NULL OR _version < $1::text::bigint[] \
+             RETURNING {kc}, _version) \
+             INSERT INTO {tomb} AS t ({kc}, _version, _delivery, _deleted_at) \
+             SELECT {kc}, coalesce($1::text::bigint[], gone._version), $2, now() \
              FROM gone ON CONFLICT ({kc}) DO UPDATE SET _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, \
              _deleted_at = EXCLUDED._deleted_at WHERE t._version < EXCLUDED._version",
             kc = key_cols.join(", ")
         ))
         .await?
     };
+    let mark_truncate = prep(format!(
+        "INSERT INTO {} (projection, version, topic, partition, \"offset\") VALUES ($1, $2::text::bigint[], $3, $4, $5) \
+         ON CONFLICT DO NOTHING",
+        p.table(TRUNCATES)
+    ))
+    .await?;
+    let watermark = if plan.version == VersionPlan::SourcePosition {
+        Some(
+            prep(format!(
+                "SELECT max(version) FROM {} WHERE projection = $1",
+                p.table(TRUNCATES)
+            ))
+            .await?,
+        )
+    } else {
+        None
+    };
     Ok(Prepared {
+        mark_truncate,
+        watermark,
         shape,
         fetch_live,
         fetch_tomb,
@@ -524,6 +558,7 @@ pub fn from_change(
     offset: i64,
     change: &Change,
     delivery: String,
+    dec: crate::config::DecimalHandling,
 ) -> std::result::Result<RowChange, Rejection> {
     let bad = |m: String| Rejection {
         reason: Reason::InvalidField,
@@ -544,7 +579,7 @@ pub fn from_change(
                     col.name.as_str()
                 ))
             })?;
-            match to_pg(&cell, col)
+            match to_pg(&cell, col, dec)
                 .map_err(|m| bad(format!("key column `{}`: {m}", col.name.as_str())))?
             {
                 Pg::Text(t) => key.push(t),
@@ -554,16 +589,36 @@ pub fn from_change(
     }
     let version = match &plan.version {
         VersionPlan::SourcePosition | VersionPlan::Field(_) => change.position.to_vec(),
+        // A truncate has no row: with a version column it tombstones every row at its own version.
+        VersionPlan::Column(_) if kind == ChangeKind::Truncate => Vec::new(),
         VersionPlan::Column(c) => {
             let img = if kind == ChangeKind::Delete {
                 &change.before
             } else {
                 &change.after
             };
-            let v = img
+            let found = img
                 .as_ref()
                 .and_then(|r| r.iter().find(|(n, _)| n == c.as_str()))
-                .and_then(|(_, cell)| match &cell.value {
+                .map(|(_, cell)| cell.value.clone())
+                .filter(|v| !v.is_null());
+            // A delete under REPLICA IDENTITY DEFAULT carries only the key in `before`: its version is "whatever
+            // is stored" (resolved in the fold).
+            if kind == ChangeKind::Delete && found.is_none() {
+                return Ok(RowChange {
+                    offset,
+                    key,
+                    version: Vec::new(),
+                    kind,
+                    values: Vec::new(),
+                    delivery,
+                    old_key: None,
+                    snapshot: false,
+                });
+            }
+            let v = found
+                .as_ref()
+                .and_then(|value| match value {
                     serde_json::Value::Number(n) => n.to_string().parse::<i64>().ok(),
                     serde_json::Value::String(s) => s.parse::<i64>().ok(),
                     _ => None,
@@ -585,7 +640,7 @@ pub fn from_change(
                 match row
                     .iter()
                     .find(|(n, _)| n == col.name.as_str())
-                    .map(|(_, c)| to_pg(c, col))
+                    .map(|(_, c)| to_pg(c, col, dec))
                 {
                     Some(Ok(Pg::Text(t))) => k.push(t),
                     _ => break,
@@ -600,7 +655,7 @@ pub fn from_change(
         let after = change.after.as_ref().expect("upserts have after");
         for col in &shape.columns {
             let v = match after.iter().find(|(n, _)| n == col.name.as_str()) {
-                Some((_, cell)) => to_pg(cell, col)
+                Some((_, cell)) => to_pg(cell, col, dec)
                     .map_err(|m| bad(format!("column `{}`: {m}", col.name.as_str())))?,
                 None => Pg::Null,
             };
@@ -736,10 +791,18 @@ pub async fn apply(
                     ))))
                 }
                 TruncatePolicy::Ignore => {
-                    results.insert(c.offset, RowResult::Same);
+                    results.insert(c.offset, RowResult::Applied);
                 }
                 TruncatePolicy::Truncate => {
-                    let v = version_text(&c.version);
+                    let v = (!c.version.is_empty()).then(|| version_text(&c.version));
+                    if let Some(v) = &v {
+                        tx.execute(
+                            &prepared.mark_truncate,
+                            &[&proj.name, v, &at.topic, &at.partition, &c.offset],
+                        )
+                        .await
+                        .map_err(pg_err)?;
+                    }
                     let n = if plan.tombstones == TombstoneMode::Column {
                         tx.execute(&prepared.truncate, &[&v]).await
                     } else {
@@ -799,7 +862,7 @@ async fn fetch_states(
             let last: Option<serde_json::Value> = r.get(3);
             let slot = &mut state[(ord - 1) as usize];
             // A live row and a tombstone for one key should not coexist; the newer one wins.
-            if slot.as_ref().is_none_or(|s| s.version < version) {
+            if slot.as_ref().is_none_or(|s| s.version <= version) {
                 *slot = Some(State {
                     version,
                     deleted: true,
@@ -888,6 +951,15 @@ async fn fold_segment(
         incoming: String,
         offset: i64,
     }
+    // The newest truncate this projection applied: older source positions are stale on every entity.
+    let watermark: Option<Vec<i64>> = match &prepared.watermark {
+        Some(st) => tx
+            .query_one(st, &[&proj.name])
+            .await
+            .map_err(pg_err)?
+            .get(0),
+        None => None,
+    };
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut resnapshot = 0u64;
     let mut finals: Vec<(usize, State)> = Vec::new();
@@ -915,19 +987,56 @@ async fn fold_segment(
                         // key of a primary-key change, the old key's.
                         Pg::Unchanged => match cur.as_ref().filter(|s| !s.deleted) {
                             Some(s) => s.values[i].clone(),
-                            None => c
-                                .old_key
-                                .as_ref()
-                                .and_then(|k| last_values.get(k))
-                                .and_then(|v| v[i].clone()),
+                            None => {
+                                let v = c
+                                    .old_key
+                                    .as_ref()
+                                    .and_then(|k| last_values.get(k))
+                                    .and_then(|v| v[i].clone());
+                                if v.is_none() {
+                                    tracing::warn!(
+                                        projection = %proj.name,
+                                        topic = at.topic,
+                                        partition = at.partition,
+                                        offset = c.offset,
+                                        column = shape.columns[i].name.as_str(),
+                                        "unchanged-TOAST placeholder for a row with no stored value: written as NULL"
+                                    );
+                                }
+                                v
+                            }
                         },
                     })
                     .collect(),
             };
             let deleted = c.kind == ChangeKind::Delete;
             let sha = hash(&incoming_values, deleted);
+            // A delete under a version column: the version of the row it deletes (inclusive), or, when `before`
+            // does not carry it, whatever is stored.
+            let inclusive = deleted && matches!(plan.version, VersionPlan::Column(_));
+            let mut c = c.clone();
+            if c.version.is_empty() {
+                c.version = cur
+                    .as_ref()
+                    .map(|s| s.version.clone())
+                    .unwrap_or(vec![i64::MIN]);
+            }
+            let c = &c;
             let result = match &cur {
+                _ if watermark.as_ref().is_some_and(|w| &c.version < w) => RowResult::Stale,
                 Some(s) if s.version > c.version => RowResult::Stale,
+                // The same version as a tombstone: that state was deleted.
+                Some(s) if s.version == c.version && s.deleted && !deleted => RowResult::Stale,
+                Some(s) if s.version == c.version && inclusive && !s.deleted => {
+                    cur = Some(State {
+                        version: c.version.clone(),
+                        deleted: true,
+                        sha,
+                        delivery: Some(c.delivery.clone()),
+                        values: incoming_values,
+                    });
+                    RowResult::Applied
+                }
                 Some(s) if s.version == c.version => {
                     if s.sha == sha {
                         RowResult::Same
@@ -998,7 +1107,9 @@ async fn fold_segment(
             results.insert(c.offset, result);
         }
         if let Some(s) = cur {
-            let changed = before.as_ref().is_none_or(|b| b.version != s.version);
+            let changed = before
+                .as_ref()
+                .is_none_or(|b| b.version != s.version || b.deleted != s.deleted || b.sha != s.sha);
             if changed {
                 finals.push((ei, s));
             }

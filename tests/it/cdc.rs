@@ -921,3 +921,272 @@ fn c12_tombstone_column_mode() {
     assert!(r[0].get::<_, bool>(0));
     assert_eq!(r[0].get::<_, String>(1), "8.00");
 }
+
+/// A schemaless Debezium envelope of `public.<table>` at position `[lsn - 36, lsn]` (or `[lsn, lsn]` for
+/// truncates), key `{"id": id}` (none for truncates).
+fn envelope(
+    partition: i32,
+    table: &str,
+    op: &str,
+    id: Option<i64>,
+    before: Value,
+    after: Value,
+    lsn: i64,
+) -> Rec {
+    let value = json!({
+        "before": before, "after": after, "op": op, "ts_ms": 1714003200000i64 + lsn,
+        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": table,
+            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1714003200000i64 + lsn,
+            "sequence": format!("[\"{}\",\"{}\"]", if op == "t" { lsn } else { lsn - 36 }, lsn)},
+    });
+    Rec {
+        partition,
+        key: id.map(|i| json!({ "id": i }).to_string().into_bytes()),
+        value: Some(value.to_string().into_bytes()),
+        timestamp_ms: None,
+    }
+}
+
+const VERSIONED: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[batch]
+max-records = MAXREC
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "customers"
+key = ["id"]
+columns = { id = "bigint", name = "text", version = "bigint" }
+version = "version"
+truncate = "truncate"
+"#;
+
+/// `version = "<column>"`: a delete carries the version of the row it deletes — or, under REPLICA IDENTITY
+/// DEFAULT, no version at all — and still applies; a truncate tombstones every row at its own version; an
+/// insert at a tombstone's version is stale; a newer one recreates the row. Batch size does not matter.
+#[test]
+fn version_column_deletes_and_truncates() {
+    let topic = unique("vcol");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
+    let key_only = |id: i64| json!({"id": id, "name": null, "version": null});
+    produce(
+        &topic,
+        &[
+            envelope(
+                0,
+                "customers",
+                "c",
+                Some(1),
+                Value::Null,
+                row(1, "a", 1),
+                100,
+            ),
+            envelope(
+                0,
+                "customers",
+                "c",
+                Some(2),
+                Value::Null,
+                row(2, "b", 1),
+                110,
+            ),
+            envelope(
+                0,
+                "customers",
+                "u",
+                Some(1),
+                Value::Null,
+                row(1, "a2", 2),
+                120,
+            ),
+            envelope(0, "customers", "d", Some(1), key_only(1), Value::Null, 130),
+            envelope(
+                0,
+                "customers",
+                "d",
+                Some(2),
+                row(2, "b", 1),
+                Value::Null,
+                140,
+            ),
+            envelope(
+                0,
+                "customers",
+                "c",
+                Some(1),
+                Value::Null,
+                row(1, "a2", 2),
+                150,
+            ),
+            envelope(
+                0,
+                "customers",
+                "c",
+                Some(3),
+                Value::Null,
+                row(3, "c", 1),
+                160,
+            ),
+            envelope(0, "customers", "t", None, Value::Null, Value::Null, 170),
+            envelope(
+                0,
+                "customers",
+                "c",
+                Some(3),
+                Value::Null,
+                row(3, "c2", 2),
+                180,
+            ),
+        ],
+    );
+    for max in [100, 1] {
+        let db = Db::fresh("vcol");
+        let p = pipeline(
+            &VERSIONED.replace("MAXREC", &max.to_string()),
+            &topic,
+            &unique("g"),
+            &db.schema,
+        );
+        let out = run_pipeline(&p);
+        let t = out.tally();
+        assert_eq!(
+            (t.consumed, t.landed, out.stale(), t.quarantined),
+            (9, 8, 1, 0),
+            "max {max}"
+        );
+        let live = db.query(
+            "SELECT id, name, version FROM {s}.customers ORDER BY id",
+            &[],
+        );
+        let live: Vec<(i64, String, i64)> = live
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert_eq!(live, vec![(3, "c2".to_string(), 2)], "max {max}");
+        let tomb = db.query(
+            "SELECT id, _version FROM {s}.customers_tombstones ORDER BY id",
+            &[],
+        );
+        let tomb: Vec<(i64, Vec<i64>)> = tomb.iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(tomb, vec![(1, vec![2]), (2, vec![1])], "max {max}");
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
+    }
+}
+
+/// A truncate is a table-wide watermark: a change older than it that arrives later from another partition is
+/// stale, not a resurrection; newer changes apply.
+#[test]
+fn truncate_watermark_holds_across_partitions() {
+    let db = Db::fresh("twm");
+    let topic = unique("twm");
+    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": "1.00", "updated_at": "2024-04-25T00:00:00Z"});
+    produce(
+        &topic,
+        &[
+            envelope(0, "accounts", "c", Some(1), Value::Null, row(1), 100),
+            envelope(0, "accounts", "t", None, Value::Null, Value::Null, 200),
+        ],
+    );
+    let group = unique("g");
+    run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "truncate", 100));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts"), 0);
+    produce(
+        &topic,
+        &[
+            envelope(1, "accounts", "c", Some(5), Value::Null, row(5), 150),
+            envelope(1, "accounts", "c", Some(6), Value::Null, row(6), 250),
+        ],
+    );
+    let out = run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "truncate", 100));
+    assert_eq!((out.tally().landed, out.stale()), (1, 1));
+    let ids: Vec<i64> = db
+        .query("SELECT id FROM {s}.accounts ORDER BY id", &[])
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, vec![6]);
+    assert_eq!(
+        db.query("SELECT version FROM {s}.replaysafe_truncates", &[])[0].get::<_, Vec<i64>>(0),
+        vec![200, 200]
+    );
+}
+
+/// Schemaless numerics: a string that is both a decimal and base64 (`"1234"`) is quarantined as ambiguous
+/// unless `[source] decimal-handling` names the connector's mode; the rest of the batch lands. Intervals are
+/// Debezium's MicroDuration microseconds.
+#[test]
+fn ambiguous_decimals_and_intervals() {
+    let topic = unique("amb");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let row = |id: i64, amt: &str| json!({"id": id, "amt": amt, "iv": 3600000000i64});
+    produce(
+        &topic,
+        &[
+            envelope(0, "prices", "c", Some(1), Value::Null, row(1, "1234"), 100),
+            envelope(0, "prices", "c", Some(2), Value::Null, row(2, "AxY="), 110),
+        ],
+    );
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[source]
+format = "debezium"
+MODE
+[[projection]]
+kind = "row"
+table = "prices"
+key = ["id"]
+columns = { id = "bigint", amt = "numeric(12,2)", iv = "interval" }
+"#;
+    let db = Db::fresh("amb");
+    let out = run_pipeline(&pipeline(
+        &text.replace("MODE", ""),
+        &topic,
+        &unique("g"),
+        &db.schema,
+    ));
+    assert_eq!((out.tally().landed, out.tally().quarantined), (1, 1));
+    let dl = db.query(
+        "SELECT reason, detail FROM {s}.replaysafe_dead_letters",
+        &[],
+    );
+    assert_eq!(dl[0].get::<_, String>(0), "invalid-field");
+    assert!(
+        dl[0].get::<_, String>(1).contains("ambiguous"),
+        "{}",
+        dl[0].get::<_, String>(1)
+    );
+    let r = db.query(
+        "SELECT amt::text, iv::text FROM {s}.prices WHERE id = 2",
+        &[],
+    );
+    assert_eq!(r[0].get::<_, String>(0), "7.90");
+    assert_eq!(r[0].get::<_, String>(1), "01:00:00");
+
+    let db = Db::fresh("amb2");
+    let p = pipeline(
+        &text.replace("MODE", "decimal-handling = \"precise\""),
+        &topic,
+        &unique("g"),
+        &db.schema,
+    );
+    assert_eq!(run_pipeline(&p).tally().landed, 2);
+    let amounts: Vec<String> = db
+        .query("SELECT amt::text FROM {s}.prices ORDER BY id", &[])
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(amounts, vec!["-26588.24", "7.90"]);
+}
