@@ -56,7 +56,7 @@ fn repo_root() -> PathBuf {
 impl Connect {
     /// Starts a worker for `instance` (created if missing) with the connector options `props` on top of
     /// `scripts/connect-start`'s defaults (pgoutput, filtered publication, snapshot.mode=initial,
-    /// decimal.handling.mode=precise, binary.handling.mode=base64, skipped.operations=none, name, slot and
+    /// decimal.handling.mode=precise, binary.handling.mode=bytes, skipped.operations=none, name, slot and
     /// publication `dbz_<instance dir name>`, topic.prefix `dbzkit`). Returns once the task is RUNNING and
     /// streaming (initial snapshot done). Panics with the script's output when it fails.
     pub fn start(instance: &Path, props: &[(&str, &str)], schemas_enable: bool) -> Connect {
