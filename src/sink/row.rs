@@ -1027,17 +1027,8 @@ async fn fold_segment(
                 Some(s) if s.version > c.version => RowResult::Stale,
                 // The same version as a tombstone: that state was deleted.
                 Some(s) if s.version == c.version && s.deleted && !deleted => RowResult::Stale,
-                Some(s) if s.version == c.version && inclusive && !s.deleted => {
-                    cur = Some(State {
-                        version: c.version.clone(),
-                        deleted: true,
-                        sha,
-                        delivery: Some(c.delivery.clone()),
-                        values: incoming_values,
-                    });
-                    RowResult::Applied
-                }
-                Some(s) if s.version == c.version => {
+                // Equal version (but an inclusive delete of the stored row, which applies).
+                Some(s) if s.version == c.version && (s.deleted || !inclusive) => {
                     if s.sha == sha {
                         RowResult::Same
                     } else {
@@ -1071,18 +1062,8 @@ async fn fold_segment(
                     });
                     RowResult::Same
                 }
-                None if deleted => {
-                    // A delete of an entity never seen: still leave the tombstone (a late older insert must not
-                    // create it).
-                    cur = Some(State {
-                        version: c.version.clone(),
-                        deleted: true,
-                        sha,
-                        delivery: Some(c.delivery.clone()),
-                        values: incoming_values,
-                    });
-                    RowResult::Applied
-                }
+                // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
+                // must not create it), or an inclusive delete of the stored version.
                 _ => {
                     cur = Some(State {
                         version: c.version.clone(),

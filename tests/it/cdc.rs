@@ -10,6 +10,27 @@ use crate::cases::{load, produce_case, CaseRecord};
 use crate::common::*;
 
 /// `accounts` from Debezium, with an outbox that (by default) ignores snapshot reads.
+/// A Debezium pipeline with one row projection `table` (key `id`) and the given `columns` inline table.
+fn row_pipeline(table: &str, columns: &str) -> String {
+    format!(
+        r#"
+[kafka]
+group-id = "{{group}}"
+topics = ["{{topic}}"]
+start = "earliest"
+[postgres]
+schema = "{{schema}}"
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "{table}"
+key = ["id"]
+columns = {columns}
+"#
+    )
+}
+
 const ACCOUNTS: &str = r#"
 [kafka]
 group-id = "{group}"
@@ -456,23 +477,12 @@ fn c20_decimal_bytes_with_schema() {
     create_topic(&topic, 1, &[("retention.ms", "-1")]);
     let records = load("C20", None);
     let map = produce_case(&topic, &all(&records));
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
-kind = "row"
-table = "accounts"
-key = ["id"]
-columns = { id = "bigint", balance = "numeric(12,2)" }
-"#;
+    let text = row_pipeline(
+        "accounts",
+        r#"{ id = "bigint", balance = "numeric(12,2)" }"#,
+    );
     let group = unique("g");
-    run_pipeline(&pipeline(text, &topic, &group, &db.schema));
+    run_pipeline(&pipeline(&text, &topic, &group, &db.schema));
     assert_eq!(balance(&db, 1).as_deref(), Some("-1.00"));
     assert_eq!(balance(&db, 2).as_deref(), Some("12345.50"));
     assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 2)] + 1)]);
@@ -487,23 +497,12 @@ fn c22_temporal_units() {
     create_topic(&topic, 1, &[("retention.ms", "-1")]);
     let records = load("C22", None);
     let map = produce_case(&topic, &all(&records));
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
-kind = "row"
-table = "events"
-key = ["id"]
-columns = { id = "bigint", created_at = "timestamp(6)", updated_at = "timestamp(3)", seen_at = "timestamptz", due = "date" }
-"#;
+    let text = row_pipeline(
+        "events",
+        r#"{ id = "bigint", created_at = "timestamp(6)", updated_at = "timestamp(3)", seen_at = "timestamptz", due = "date" }"#,
+    );
     let group = unique("g");
-    run_pipeline(&pipeline(text, &topic, &group, &db.schema));
+    run_pipeline(&pipeline(&text, &topic, &group, &db.schema));
     let r = db.query(
         "SELECT created_at::text, updated_at::text, (seen_at AT TIME ZONE 'UTC')::text, due::text FROM {s}.events WHERE id = 1",
         &[],
