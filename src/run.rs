@@ -79,6 +79,9 @@ struct Engine {
     fatal: Option<Error>,
     opts: RunOptions,
     crashed: bool,
+    /// When the first record was buffered and when the last batch committed (throughput log line).
+    first_record: Option<Instant>,
+    last_commit: Option<Instant>,
 }
 
 struct Ctx {
@@ -329,6 +332,7 @@ impl Engine {
             st.oldest = Some(Instant::now());
         }
         st.buffer.push(item);
+        self.first_record.get_or_insert_with(Instant::now);
     }
 
     /// Flushes partitions selected by `which`, then commits their Kafka offsets with `mode`.
@@ -411,6 +415,7 @@ impl Engine {
             match r {
                 Ok(Applied::Committed(outcomes)) => {
                     self.batches += 1;
+                    self.last_commit = Some(Instant::now());
                     metrics::counter!("replaysafe_batches_total").increment(1);
                     for o in &outcomes {
                         self.tally.add(o);
@@ -626,6 +631,8 @@ pub fn run_on(
         fatal: None,
         opts: opts.clone(),
         crashed: false,
+        first_record: None,
+        last_commit: None,
     }));
     let consumer: BaseConsumer<Ctx> =
         consumer_config(&pipeline, &opts).create_with_context(Ctx {
@@ -731,7 +738,19 @@ pub fn run_on(
     }
     // Closing the consumer serves any pending revoke (which applies what is still buffered).
     drop(consumer);
-    let tally = engine.lock().expect("engine").tally.clone();
+    let (tally, first, last) = {
+        let eng = engine.lock().expect("engine");
+        (eng.tally.clone(), eng.first_record, eng.last_commit)
+    };
+    if let (Some(a), Some(b)) = (first, last) {
+        let secs = b.saturating_duration_since(a).as_secs_f64();
+        tracing::info!(
+            records = tally.total(),
+            seconds = secs,
+            rate = tally.total() as f64 / secs.max(1e-9),
+            "throughput from first record to last checkpoint commit"
+        );
+    }
     tracing::info!("{}", tally.line());
     result.map(|_| tally)
 }

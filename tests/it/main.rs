@@ -6,4 +6,5 @@ mod cases;
 mod common;
 mod config_errors;
 mod core;
+mod file_source;
 mod hardening;
