@@ -324,9 +324,8 @@ impl Engine {
             }
             return settled;
         }
-        let result = settled.and_then(|()| {
-            self.flush(consumer, |tp, _| revoked.contains(tp), CommitMode::Sync)
-        });
+        let result = settled
+            .and_then(|()| self.flush(consumer, |tp, _| revoked.contains(tp), CommitMode::Sync));
         for tp in revoked {
             self.parts.remove(tp);
         }
@@ -407,6 +406,12 @@ impl Engine {
             let lane = (b.partition as usize + b.topic.len()) % n;
             lanes[lane].push(b);
         }
+        tracing::debug!(
+            batches = lanes.iter().map(Vec::len).sum::<usize>(),
+            lanes = lanes.iter().filter(|l| !l.is_empty()).count(),
+            records = lanes.iter().flatten().map(|b| b.items.len()).sum::<usize>(),
+            "flush launched"
+        );
         let mut sinks = std::mem::take(&mut self.sinks);
         let rt = self.rt.clone();
         let stop = self.give_up_flag();
@@ -452,11 +457,17 @@ impl Engine {
         let Some(flight) = self.inflight.take() else {
             return Ok(());
         };
+        let waited = Instant::now();
         let (sinks, results) = flight
             .handle
             .join()
             .map_err(|_| Error::Other("the flush thread panicked".into()))?;
         self.sinks = sinks;
+        tracing::debug!(
+            applied_ms = flight.started.elapsed().as_millis() as u64,
+            waited_ms = waited.elapsed().as_millis() as u64,
+            "flush settled"
+        );
         metrics::histogram!("replaysafe_flush_seconds")
             .record(flight.started.elapsed().as_secs_f64());
         let mut commit = TopicPartitionList::new();
@@ -754,6 +765,7 @@ pub fn run_on(
         let now = Instant::now();
         {
             let mut eng = engine.lock().expect("engine");
+            let in_flight = eng.inflight.as_ref().map(|f| f.handle.is_finished());
             if eng.due(now) {
                 // One partition is full or has waited long enough: once the flush in flight has settled, start
                 // one for every partition with buffered records (they commit in parallel on their connections)
@@ -764,11 +776,7 @@ pub fn run_on(
                 if !eng.crashed {
                     eng.launch(|_, st| !st.buffer.is_empty());
                 }
-            } else if eng
-                .inflight
-                .as_ref()
-                .is_some_and(|f| f.handle.is_finished())
-            {
+            } else if in_flight.is_some() {
                 if let Err(e) = eng.settle(&consumer, CommitMode::Async) {
                     break Err(e);
                 }
