@@ -117,89 +117,64 @@ pub fn load(pipeline: Arc<Pipeline>, path: &Path, opts: LoadOptions) -> Result<T
         first_record: None,
         last_commit: None,
     };
-    let horizon = schema::horizon_start(&pipeline);
-    let where_ = |n: usize| format!("{}:{n}", path.display());
-    let mut line = String::new();
-    let mut reader = reader;
-    let mut n = 0usize;
+    // A reader thread parses and decodes the file while this thread applies batches: decoding overlaps the
+    // transactions. The channel is bounded (chunks of `CHUNK` records), so memory stays flat.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Read>>>(4);
+    let reader = {
+        let pipeline = pipeline.clone();
+        let path = path.to_path_buf();
+        std::thread::spawn(move || read_file(&pipeline, &path, reader, &tx))
+    };
     let result: Result<()> = (|| {
-        loop {
+        for chunk in &rx {
             if opts.shutdown.load(Ordering::Relaxed) {
                 loader.flush_all(&rt, &mut sinks, &give_up)?;
                 return Err(Error::Other(format!(
-                    "interrupted after {}: what was read is applied and checkpointed; rerun to resume",
-                    where_(n)
+                    "interrupted while reading {}: what was read is applied and checkpointed; rerun to resume",
+                    path.display()
                 )));
             }
-            line.clear();
-            let read = reader
-                .read_line(&mut line)
-                .map_err(|e| Error::Other(format!("reading {}: {e}", where_(n + 1))))?;
-            if read == 0 {
-                break;
-            }
-            n += 1;
-            let text = line.trim();
-            if text.is_empty() {
-                continue;
-            }
-            let env: Envelope = serde_json::from_str(text).map_err(|e| {
-                Error::Other(format!(
-                    "{}: not a kcat -J record (topic, partition, offset, key, payload): {e}",
-                    where_(n)
-                ))
-            })?;
-            if !pipeline.kafka.topics.contains(&env.topic) {
-                return Err(Error::Other(format!(
-                    "{}: topic `{}` is not in the pipeline's [kafka] topics",
-                    where_(n),
-                    env.topic
-                )));
-            }
-            let tp = (env.topic.clone(), env.partition);
-            if !loader.parts.contains_key(&tp) {
-                let part = loader.take_over(&rt, &mut sinks[0], &tp, &give_up)?;
-                loader.parts.insert(tp.clone(), part);
-            }
-            let part = loader.parts.get_mut(&tp).expect("taken over");
-            if part.last.is_some_and(|l| env.offset <= l) {
-                return Err(Error::Other(format!(
-                    "{}: offset {} of {}/{} does not ascend (previous {})",
-                    where_(n),
-                    env.offset,
-                    tp.0,
-                    tp.1,
-                    part.last.unwrap_or_default()
-                )));
-            }
-            part.last = Some(env.offset);
-            if part.next.is_some_and(|next| env.offset < next) {
-                loader.skipped += 1;
-                continue;
-            }
-            let value = env.payload.map(String::into_bytes);
-            let pending = decide(&pipeline, value.as_deref(), horizon);
-            let timestamp_ms = match env.tstype.as_deref() {
-                Some("create" | "logappend") | None => env.ts,
-                Some(_) => None,
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => return Err(loader.stop(&rt, &mut sinks, &give_up, e)),
             };
-            loader.first_record.get_or_insert_with(Instant::now);
-            part.buffer.push(Item {
-                offset: env.offset,
-                timestamp_ms,
-                key: env.key.map(String::into_bytes),
-                value,
-                pending,
-            });
-            if part.buffer.len() >= pipeline.max_records {
-                loader.take_batch(&tp);
-                if loader.ready.len() >= sinks.len() {
-                    loader.apply_ready(&rt, &mut sinks, &give_up)?;
+            for Read { line, tp, item } in chunk {
+                if !loader.parts.contains_key(&tp) {
+                    let part = loader.take_over(&rt, &mut sinks[0], &tp, &give_up)?;
+                    loader.parts.insert(tp.clone(), part);
+                }
+                let part = loader.parts.get_mut(&tp).expect("taken over");
+                if part.last.is_some_and(|l| item.offset <= l) {
+                    let e = Error::Other(format!(
+                        "{}:{line}: offset {} of {}/{} does not ascend (previous {})",
+                        path.display(),
+                        item.offset,
+                        tp.0,
+                        tp.1,
+                        part.last.unwrap_or_default()
+                    ));
+                    return Err(loader.stop(&rt, &mut sinks, &give_up, e));
+                }
+                part.last = Some(item.offset);
+                if part.next.is_some_and(|next| item.offset < next) {
+                    loader.skipped += 1;
+                    continue;
+                }
+                loader.first_record.get_or_insert_with(Instant::now);
+                part.buffer.push(item);
+                if part.buffer.len() >= pipeline.max_records {
+                    loader.take_batch(&tp);
+                    if loader.ready.len() >= sinks.len() {
+                        loader.apply_ready(&rt, &mut sinks, &give_up)?;
+                    }
                 }
             }
         }
         loader.flush_all(&rt, &mut sinks, &give_up)
     })();
+    // Stops the reader (its next send fails) when we stopped early.
+    drop(rx);
+    let _ = reader.join();
     if loader.skipped > 0 {
         tracing::info!(
             skipped = loader.skipped,
@@ -217,6 +192,90 @@ pub fn load(pipeline: Arc<Pipeline>, path: &Path, opts: LoadOptions) -> Result<T
     }
     tracing::info!("{}", loader.tally.line());
     result.map(|()| loader.tally)
+}
+
+/// Records sent from the reader thread at a time.
+const CHUNK: usize = 1024;
+
+/// One decoded record of the file, with its line number.
+struct Read {
+    line: usize,
+    tp: Tp,
+    item: Item,
+}
+
+/// The reader thread: parses kcat lines, checks the topic, decodes and filters each record, and sends them in
+/// chunks; the first bad line ends the stream with an error naming `file:line`.
+fn read_file(
+    pipeline: &Pipeline,
+    path: &Path,
+    mut reader: impl BufRead,
+    tx: &std::sync::mpsc::SyncSender<Result<Vec<Read>>>,
+) {
+    let horizon = schema::horizon_start(pipeline);
+    let at = |n: usize| format!("{}:{n}", path.display());
+    let mut line = String::new();
+    let mut n = 0usize;
+    let mut chunk = Vec::with_capacity(CHUNK);
+    let end = loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => break Ok(()),
+            Ok(_) => {}
+            Err(e) => break Err(Error::Other(format!("reading {}: {e}", at(n + 1)))),
+        }
+        n += 1;
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let env: Envelope = match serde_json::from_str(text) {
+            Ok(env) => env,
+            Err(e) => {
+                break Err(Error::Other(format!(
+                    "{}: not a kcat -J record (topic, partition, offset, key, payload): {e}",
+                    at(n)
+                )))
+            }
+        };
+        if !pipeline.kafka.topics.contains(&env.topic) {
+            break Err(Error::Other(format!(
+                "{}: topic `{}` is not in the pipeline's [kafka] topics",
+                at(n),
+                env.topic
+            )));
+        }
+        let value = env.payload.map(String::into_bytes);
+        let pending = decide(pipeline, value.as_deref(), horizon);
+        let timestamp_ms = match env.tstype.as_deref() {
+            Some("create" | "logappend") | None => env.ts,
+            Some(_) => None,
+        };
+        chunk.push(Read {
+            line: n,
+            tp: (env.topic, env.partition),
+            item: Item {
+                offset: env.offset,
+                timestamp_ms,
+                key: env.key.map(String::into_bytes),
+                value,
+                pending,
+            },
+        });
+        if chunk.len() >= CHUNK
+            && tx
+                .send(Ok(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK))))
+                .is_err()
+        {
+            return;
+        }
+    };
+    if !chunk.is_empty() && tx.send(Ok(chunk)).is_err() {
+        return;
+    }
+    if let Err(e) = end {
+        let _ = tx.send(Err(e));
+    }
 }
 
 struct Loader {
@@ -308,6 +367,21 @@ impl Loader {
             end,
             items,
         });
+    }
+
+    /// Applies what is buffered (the records before a bad line), then returns `e` — or the error that
+    /// prevented applying them.
+    fn stop(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        sinks: &mut [Sink],
+        give_up: &(dyn Fn() -> bool + Sync),
+        e: Error,
+    ) -> Error {
+        match self.flush_all(rt, sinks, give_up) {
+            Ok(()) => e,
+            Err(f) => f,
+        }
     }
 
     fn flush_all(

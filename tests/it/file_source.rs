@@ -123,6 +123,8 @@ fn load_refuses_a_bad_file() {
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("records.jsonl:3"), "{}", out.stderr);
     assert!(out.stderr.contains("does not ascend"), "{}", out.stderr);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2);
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
 
     // A topic the pipeline does not consume.
     std::fs::write(&file, kcat_line("another.topic", 0, 0, &recs[0]) + "\n").unwrap();
