@@ -613,8 +613,11 @@ pub fn consumer_config(p: &Pipeline, opts: &RunOptions) -> ClientConfig {
     c.set("bootstrap.servers", &opts.brokers)
         .set("group.id", &p.kafka.group_id)
         .set("client.id", "replaysafe")
-        // Bounded prefetch keeps memory flat (librdkafka default is 64 MiB per partition queue).
-        .set("queued.max.messages.kbytes", "16384")
+        // Bounded prefetch keeps memory flat (librdkafka defaults: 64 MiB and 100,000 messages per partition
+        // queue). 4 MiB per partition still holds ~20,000 seed events, more than a flush takes; at 16 MiB a
+        // 1M-event first pass peaked at 150 MiB RSS, at 4 MiB at 68 MiB, with no loss of throughput.
+        .set("queued.max.messages.kbytes", "4096")
+        .set("queued.min.messages", "20000")
         // librdkafka (≥ 2.4) pauses a partition's fetching this long once the queue is full (default 1000 ms).
         .set("fetch.queue.backoff.ms", "50");
     for (k, v) in &p.kafka.properties {
