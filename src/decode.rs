@@ -349,6 +349,23 @@ pub fn partition_day(pipeline: &Pipeline, fields: &Fields) -> Option<NaiveDate> 
         .and_then(|v| NaiveDate::parse_from_str(&v.text, "%Y-%m-%d").ok())
 }
 
+/// The delivery key of a decoded record, as the ledger's primary key holds it: the generation (`""` for
+/// none), the `[identity] key` fields' normalised text (UUIDs hyphenated lower case), then the `partition-by`
+/// day when it is not already a key field. `None` when a key field is absent (an optional field left out).
+pub fn delivery_key<'a>(pipeline: &'a Pipeline, fields: &'a Fields) -> Option<Vec<&'a str>> {
+    let mut key = Vec::with_capacity(pipeline.identity.key.len() + 2);
+    key.push(pipeline.identity.generation.as_deref().unwrap_or(""));
+    for &i in &pipeline.identity.key {
+        key.push(fields[i].as_ref()?.text.as_str());
+    }
+    if let Some(pb) = pipeline.identity.partition_by {
+        if !pipeline.identity.key.contains(&pb) {
+            key.push(fields[pb].as_ref()?.text.as_str());
+        }
+    }
+    Some(key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

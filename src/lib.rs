@@ -27,6 +27,7 @@ pub mod metrics_http;
 pub mod offsets;
 pub mod run;
 pub mod sink;
+pub mod source_file;
 pub mod verify;
 
 pub use error::{Error, Result};

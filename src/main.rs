@@ -40,6 +40,20 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         summary_interval: u64,
     },
+    /// Apply the records of a file in `kcat -C -J` format (one JSON envelope per line) through the same
+    /// decode → batch → transaction → checkpoint path as `run`, without a broker; exit 0 when the whole file is
+    /// applied, 1 on a bad line or runtime failure (earlier lines stay applied; a rerun resumes), 2 when the file
+    /// cannot be opened or the database does not match.
+    Load {
+        /// The pipeline file (its fields, projections and database; `[kafka] topics` must name the file's topics).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Checkpoints, ledger and dead-letter rows under this consumer group (default: the pipeline's).
+        #[arg(long)]
+        group_id: Option<String>,
+        /// The records: `kcat -C -J -e -b BROKERS -t TOPIC > FILE`.
+        file: PathBuf,
+    },
     /// Validate the pipeline file and print the four answers; exit 0 when valid, 2 when not.
     Check {
         /// The pipeline file.
@@ -319,6 +333,22 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 replaysafe::metrics_http::install(addr)?;
             }
             let tally = run::run_on(rt.handle().clone(), p, opts).context("run failed")?;
+            println!("{}", tally.line());
+            Ok(())
+        }
+        Command::Load {
+            config,
+            group_id,
+            file,
+        } => {
+            let p = Arc::new(config::load(&config)?);
+            let opts = replaysafe::source_file::LoadOptions {
+                database_url: database_url(&p)?,
+                group: group_id,
+                shutdown: Arc::new(AtomicBool::new(false)),
+            };
+            signals(opts.shutdown.clone());
+            let tally = replaysafe::source_file::load(p, &file, opts).context("load failed")?;
             println!("{}", tally.line());
             Ok(())
         }

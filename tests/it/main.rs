@@ -9,4 +9,5 @@ mod config_errors;
 mod connect;
 mod core;
 mod debezium;
+mod file_source;
 mod hardening;
