@@ -734,10 +734,17 @@ pub fn run_on(
             } else {
                 Duration::from_millis(100)
             };
+            // A batch may be overdue while a flush runs (it waits for the flush): poll briefly, never spin.
+            let floor = if eng.inflight.is_some() {
+                Duration::from_millis(2)
+            } else {
+                Duration::ZERO
+            };
             eng.next_deadline()
                 .map(|d| d.saturating_duration_since(Instant::now()))
                 .unwrap_or(cap)
                 .min(cap)
+                .max(floor)
         };
         let polled = consumer.poll(timeout);
         let mut idle = false;
@@ -779,7 +786,11 @@ pub fn run_on(
         {
             let mut eng = engine.lock().expect("engine");
             let in_flight = eng.inflight.as_ref().map(|f| f.handle.is_finished());
-            if eng.due(now) {
+            // While a flush runs, records keep accumulating (up to a full batch per connection), so the next
+            // flush usually carries several partitions' batches and uses the connections in parallel.
+            let cap = pipeline.max_records * pipeline.postgres.connections;
+            let running = in_flight == Some(false);
+            if eng.due(now) && !(running && eng.buffered() < cap) {
                 // One partition is full or has waited long enough: once the flush in flight has settled, start
                 // one for every partition with buffered records (they commit in parallel on their connections)
                 // and go on polling and decoding while it runs.
@@ -789,7 +800,7 @@ pub fn run_on(
                 if !eng.crashed {
                     eng.launch(|_, st| !st.buffer.is_empty());
                 }
-            } else if in_flight.is_some() {
+            } else if in_flight == Some(true) {
                 if let Err(e) = eng.settle(&consumer, CommitMode::Async) {
                     break Err(e);
                 }

@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::ident::{Ident, QualifiedName};
 
 /// Default `batch.max-records`.
-pub const DEFAULT_MAX_RECORDS: usize = 1000;
+pub const DEFAULT_MAX_RECORDS: usize = 5000;
 /// Default `batch.linger-ms`.
 pub const DEFAULT_LINGER_MS: u64 = 50;
 /// Default `batch.max-record-bytes` (8 MiB): larger record values are quarantined as `oversize`.
