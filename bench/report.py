@@ -55,8 +55,10 @@ res["ratios"] = {
 }
 target = min(100000.0, 0.5 * ceil)
 peak = max(res[p]["peak_rss_mib"] for p in ("first_pass", "replay", "file"))
+# The first-pass target: min(100,000 events/s, 0.5 x the ceiling measured in the same run).
+res["first_pass_target_events_per_s"] = target
 res["targets"] = {
-    f"first pass >= {target:,.0f}/s": first >= target,
+    "first pass >= min(100k/s, 0.5x ceiling)": first >= target,
     "first pass >= 30x baseline": first / base >= 30,
     "replay >= 1.5x first pass": res["ratios"]["replay_over_first"] >= 1.5,
     "peak RSS < 200 MiB": peak < 200,
@@ -93,4 +95,5 @@ print(
     f"\nreplaysafe/baseline {ra['first_over_baseline']:.1f}x   replaysafe/ceiling {ra['first_over_ceiling']:.2f}   "
     f"replay/first {ra['replay_over_first']:.2f}   ledger bytes/event {res['ledger_bytes_per_event']}"
 )
+print(f"first-pass target: {target:,.0f} events/s (min of 100,000 and 0.5 x ceiling)")
 print("targets: " + ", ".join(f"{k}: {'ok' if v else 'MISSED'}" for k, v in res["targets"].items()))
