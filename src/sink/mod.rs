@@ -650,6 +650,8 @@ impl Sink {
 fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
     static WARNED: std::sync::OnceLock<std::sync::Mutex<HashSet<String>>> =
         std::sync::OnceLock::new();
+    // Tables already looked at in this batch: the shared set is locked once per table, not per record.
+    let mut seen: HashSet<&str> = HashSet::new();
     for it in &batch.items {
         let Pending::Claim {
             change: Some(ch), ..
@@ -657,6 +659,9 @@ fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
         else {
             continue;
         };
+        if !seen.insert(ch.table.as_str()) {
+            continue;
+        }
         let matched = p.projections.iter().any(|proj| {
             proj.row
                 .as_ref()

@@ -1014,27 +1014,29 @@ async fn fold_segment(
             // A delete under a version column: the version of the row it deletes (inclusive), or, when `before`
             // does not carry it, whatever is stored.
             let inclusive = deleted && matches!(plan.version, VersionPlan::Column(_));
-            let mut c = c.clone();
-            if c.version.is_empty() {
-                c.version = cur
+            let resolved: Vec<i64>;
+            let version: &Vec<i64> = if c.version.is_empty() {
+                resolved = cur
                     .as_ref()
                     .map(|s| s.version.clone())
                     .unwrap_or(vec![i64::MIN]);
-            }
-            let c = &c;
+                &resolved
+            } else {
+                &c.version
+            };
             let result = match &cur {
-                _ if watermark.as_ref().is_some_and(|w| &c.version < w) => RowResult::Stale,
-                Some(s) if s.version > c.version => RowResult::Stale,
+                _ if watermark.as_ref().is_some_and(|w| version < w) => RowResult::Stale,
+                Some(s) if &s.version > version => RowResult::Stale,
                 // The same version as a tombstone: that state was deleted.
-                Some(s) if s.version == c.version && s.deleted && !deleted => RowResult::Stale,
+                Some(s) if &s.version == version && s.deleted && !deleted => RowResult::Stale,
                 // Equal version (but an inclusive delete of the stored row, which applies).
-                Some(s) if s.version == c.version && (s.deleted || !inclusive) => {
+                Some(s) if &s.version == version && (s.deleted || !inclusive) => {
                     if s.sha == sha {
                         RowResult::Same
                     } else {
                         conflicts.push(Conflict {
                             entity: entity(shape, key),
-                            version: version_text(&c.version),
+                            version: version_text(version),
                             stored_delivery: s.delivery.clone(),
                             incoming_delivery: c.delivery.clone(),
                             stored_sha: s.sha.clone(),
@@ -1056,7 +1058,7 @@ async fn fold_segment(
                 }
                 Some(s) if s.sha == sha && s.deleted == deleted => {
                     cur = Some(State {
-                        version: c.version.clone(),
+                        version: version.clone(),
                         delivery: Some(c.delivery.clone()),
                         ..s.clone()
                     });
@@ -1066,7 +1068,7 @@ async fn fold_segment(
                 // must not create it), or an inclusive delete of the stored version.
                 _ => {
                     cur = Some(State {
-                        version: c.version.clone(),
+                        version: version.clone(),
                         deleted,
                         sha,
                         delivery: Some(c.delivery.clone()),

@@ -2,6 +2,7 @@
 //! C20 C22 C23 C31 C32) and the seed 004 fixture (applied once, twice, with restarts, shuffled across
 //! partitions). Each asserts the final table, tombstones, conflicts, ledger rows and Kafka offsets.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -104,6 +105,21 @@ fn version(db: &Db, table: &str, id: i64) -> Option<Vec<i64>> {
     .map(|r| r.get(0))
 }
 
+/// A fresh topic named after `prefix` (`partitions`, no retention) holding case `id`'s records (only those of
+/// `topic_filter` when given); returns the topic and case offset → broker offset.
+fn case_topic(
+    id: &str,
+    prefix: &str,
+    partitions: i32,
+    topic_filter: Option<&str>,
+) -> (String, BTreeMap<(i32, i64), i64>) {
+    let topic = unique(prefix);
+    create_topic(&topic, partitions, &[("retention.ms", "-1")]);
+    let records = load(id, topic_filter);
+    let map = produce_case(&topic, &all(&records));
+    (topic, map)
+}
+
 fn all(records: &[CaseRecord]) -> Vec<&CaseRecord> {
     records.iter().collect()
 }
@@ -113,10 +129,7 @@ fn all(records: &[CaseRecord]) -> Vec<&CaseRecord> {
 #[test]
 fn c04_debezium_reemission_is_a_duplicate_by_source_position() {
     let db = Db::fresh("c04");
-    let topic = unique("c04");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C04", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C04", "c04", 1, None);
     let group = unique("g");
     let p = accounts_pipeline(&[&topic], &group, &db, "stop", 100);
     let t = run_pipeline(&p).tally();
@@ -145,10 +158,7 @@ fn c04_debezium_reemission_is_a_duplicate_by_source_position() {
 #[test]
 fn c05_resnapshot_mid_stream() {
     let db = Db::fresh("c05");
-    let topic = unique("c05");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C05", None);
-    produce_case(&topic, &all(&records));
+    let (topic, _) = case_topic("C05", "c05", 1, None);
     let text = r#"
 [kafka]
 group-id = "{group}"
@@ -198,10 +208,7 @@ group-by = ["_day"]
 #[test]
 fn c07_out_of_order_business_event_is_stale() {
     let db = Db::fresh("c07");
-    let topic = unique("c07");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C07", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C07", "c07", 1, None);
     let group = unique("g");
     let p = pipeline(ORDERS_ROW, &topic, &group, &db.schema);
     let out = run_pipeline(&p);
@@ -272,10 +279,7 @@ payload = ["event_id", "event_type", "entity_id", "version"]
 #[test]
 fn c31_equal_version_different_payload_is_a_conflict() {
     let db = Db::fresh("c31");
-    let topic = unique("c31");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
-    let records = load("C31", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C31", "c31", 2, None);
     let group = unique("g");
     let p = pipeline(ORDERS_ROW, &topic, &group, &db.schema);
     let out = run_pipeline(&p);
@@ -321,11 +325,9 @@ fn c31_equal_version_different_payload_is_a_conflict() {
 #[test]
 fn c09_rows_sharing_an_lsn_are_distinct_changes() {
     let db = Db::fresh("c09");
-    let topic = unique("c09");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C09", None);
-    let mut map = produce_case(&topic, &all(&records));
+    let (topic, mut map) = case_topic("C09", "c09", 1, None);
     // The redelivery of offset 41 after a consumer restart: the same record again.
+    let records = load("C09", None);
     let last: Vec<&CaseRecord> = records.iter().filter(|r| r.offset == 41).collect();
     let again = produce_case(&topic, &last);
     map.insert((0, 42), again[&(0, 41)]);
@@ -342,10 +344,7 @@ fn c09_rows_sharing_an_lsn_are_distinct_changes() {
 /// come from the source position, not from processing or envelope time.
 #[test]
 fn c11_reemitted_delete_does_not_outrank_reinsert() {
-    let topic = unique("c11");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C11", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C11", "c11", 1, None);
     let group = unique("g");
     // One record per batch too: the order of batches must not matter.
     for max in [100, 1] {
@@ -374,10 +373,7 @@ fn c11_reemitted_delete_does_not_outrank_reinsert() {
 fn c12_tombstones_stop_resurrection() {
     let db = Db::fresh("c12");
     // CDC part.
-    let cdc = unique("c12cdc");
-    create_topic(&cdc, 1, &[("retention.ms", "-1")]);
-    let records = load("C12", Some("pg.public.accounts"));
-    let map = produce_case(&cdc, &all(&records));
+    let (cdc, map) = case_topic("C12", "c12cdc", 1, Some("pg.public.accounts"));
     let group = unique("g");
     let out = run_pipeline(&accounts_pipeline(&[&cdc], &group, &db, "stop", 100));
     let t = out.tally();
@@ -398,10 +394,7 @@ fn c12_tombstones_stop_resurrection() {
     assert_eq!(committed(&group, &cdc, 1), vec![Some(map[&(0, 82)] + 1)]);
 
     // Business part.
-    let biz = unique("c12biz");
-    create_topic(&biz, 3, &[("retention.ms", "-1")]);
-    let records = load("C12", Some("shop.order-events"));
-    let map = produce_case(&biz, &all(&records));
+    let (biz, map) = case_topic("C12", "c12biz", 3, Some("shop.order-events"));
     let group = unique("g");
     let out = run_pipeline(&pipeline(ORDERS_ROW, &biz, &group, &db.schema));
     let t = out.tally();
@@ -421,10 +414,7 @@ fn c12_tombstones_stop_resurrection() {
 /// stored value — also when several updates of one key fold inside one batch.
 #[test]
 fn c19_toast_placeholders_keep_stored_values() {
-    let topic = unique("c19");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C19", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C19", "c19", 1, None);
     let text = r#"
 [kafka]
 group-id = "{group}"
@@ -473,10 +463,7 @@ columns = { id = "bigint", name = "text", bio = "text", tags = "text[]", avatar 
 #[test]
 fn c20_decimal_bytes_with_schema() {
     let db = Db::fresh("c20");
-    let topic = unique("c20");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C20", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C20", "c20", 1, None);
     let text = row_pipeline(
         "accounts",
         r#"{ id = "bigint", balance = "numeric(12,2)" }"#,
@@ -493,10 +480,7 @@ fn c20_decimal_bytes_with_schema() {
 #[test]
 fn c22_temporal_units() {
     let db = Db::fresh("c22");
-    let topic = unique("c22");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C22", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C22", "c22", 1, None);
     let text = row_pipeline(
         "events",
         r#"{ id = "bigint", created_at = "timestamp(6)", updated_at = "timestamp(3)", seen_at = "timestamptz", due = "date" }"#,
@@ -519,10 +503,7 @@ fn c22_temporal_units() {
 #[test]
 fn c23_wrapped_and_bare_envelopes() {
     let db = Db::fresh("c23");
-    let topic = unique("c23");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C23", None);
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic("C23", "c23", 1, None);
     let group = unique("g");
     let t = run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "stop", 100)).tally();
     assert_eq!((t.consumed, t.landed), (3, 3));
@@ -645,10 +626,12 @@ fn c32_truncate_heartbeat_and_messages() {
 #[test]
 fn c14_debezium_delete_then_kafka_tombstone() {
     let db = Db::fresh("c14d");
-    let topic = unique("c14d");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C14", Some("prod_db.public.products_to_categories"));
-    let map = produce_case(&topic, &all(&records));
+    let (topic, map) = case_topic(
+        "C14",
+        "c14d",
+        1,
+        Some("prod_db.public.products_to_categories"),
+    );
     let text = r#"
 [kafka]
 group-id = "{group}"
@@ -876,10 +859,7 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
 #[test]
 fn c12_tombstone_column_mode() {
     let db = Db::fresh("c12col");
-    let topic = unique("c12col");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
-    let records = load("C12", Some("pg.public.accounts"));
-    produce_case(&topic, &all(&records));
+    let (topic, _) = case_topic("C12", "c12col", 1, Some("pg.public.accounts"));
     let text = ACCOUNTS
         .replace("TOPICS", "\"{topic}\"")
         .replace("TRUNCATE", "stop")
