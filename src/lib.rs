@@ -28,6 +28,7 @@ pub mod offsets;
 pub mod run;
 pub mod sink;
 pub mod source_file;
+pub mod start;
 pub mod verify;
 
 pub use error::{Error, Result};

@@ -26,11 +26,12 @@ use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::ClientContext;
 
 use crate::apply::{apply_batch, backoff, is_transient, retry_db, Applied};
-use crate::config::{Pipeline, StartPolicy};
+use crate::config::Pipeline;
 use crate::decode::{self, Reason, Rejection};
 use crate::error::{Error, Result};
 use crate::filter;
 use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
+use crate::start;
 
 /// Options of one run.
 #[derive(Clone)]
@@ -241,33 +242,29 @@ impl Engine {
             let (low, high) =
                 self.side
                     .fetch_watermarks(&topic, partition, Duration::from_secs(30))?;
-            let (offset, from) = match (next, committed.get(&(topic.clone(), partition)), p.kafka.start) {
-                (Some(n), _, _) => (Offset::Offset(n), "checkpoint"),
-                (None, Some(&c), _) => (Offset::Offset(c), "committed offset"),
-                (None, None, Some(StartPolicy::Earliest)) => (Offset::Offset(low), "start = earliest"),
-                (None, None, Some(StartPolicy::Latest)) => (Offset::Offset(high), "start = latest"),
-                (None, None, None) => {
-                    return Err(Error::NoStartPosition(format!(
-                        "{topic}/{partition} has no checkpoint in PostgreSQL and no committed offset for group `{group}`; \
-                         set `start = \"earliest\"` or `start = \"latest\"` in [kafka] to decide where a new group begins"
-                    )))
+            let (start, from) = match next {
+                Some(n) => (n, "checkpoint".to_string()),
+                None => {
+                    let u = start::Unpositioned {
+                        committed: committed.get(&(topic.clone(), partition)).copied(),
+                        topic: topic.clone(),
+                        partition,
+                        low,
+                        high,
+                    };
+                    let s = self.unpositioned_start(&u, &committed)?;
+                    (s.offset, s.from)
                 }
             };
-            if let Offset::Offset(o) = offset {
-                if o < low {
-                    return Err(Error::Other(format!(
-                        "{topic}/{partition}: the {from} is offset {o} but the broker's log starts at {low}: records \
-                         {o}..{low} were deleted (retention) before they were applied. Nothing was consumed; decide \
-                         explicitly (e.g. reset the checkpoint) after checking what was lost"
-                    )));
-                }
+            if start < low {
+                return Err(Error::Other(format!(
+                    "{topic}/{partition}: the {from} is offset {start} but the broker's log starts at {low}: records \
+                     {start}..{low} were deleted (retention) before they were applied. Nothing was consumed; decide \
+                     explicitly (e.g. reset the checkpoint) after checking what was lost"
+                )));
             }
-            tracing::info!(%topic, partition, ?offset, from, fence, low, high, "partition assigned");
-            tpl.set_partition_offset(&topic, partition, offset)?;
-            let start = match offset {
-                Offset::Offset(o) => o,
-                _ => low,
-            };
+            tracing::info!(%topic, partition, offset = start, from, fence, low, high, "partition assigned");
+            tpl.set_partition_offset(&topic, partition, Offset::Offset(start))?;
             if next.is_none() {
                 resolved.push((topic.clone(), partition, fence, start));
             }
@@ -305,6 +302,52 @@ impl Engine {
             })?;
         }
         Ok(())
+    }
+
+    /// Where a partition without a checkpoint in this generation starts ([`start`] module docs): another
+    /// generation's checkpoint, Kafka's committed offset, "added after the group began", or `start`.
+    fn unpositioned_start(
+        &mut self,
+        u: &start::Unpositioned,
+        committed: &HashMap<Tp, i64>,
+    ) -> Result<start::Start> {
+        let p = self.pipeline.clone();
+        let group = p.kafka.group_id.clone();
+        let generation = p.identity.generation.clone().unwrap_or_default();
+        let client = self.sinks[0].client();
+        let old = self.rt.block_on(start::old_checkpoints(
+            client,
+            &p,
+            &group,
+            &generation,
+            &u.topic,
+        ))?;
+        if !old.is_empty() {
+            let config = consumer_config(&p, &self.opts);
+            return start::after_generation_change(
+                u,
+                &generation,
+                old.get(&u.partition),
+                |o, ts, sha| start::read_back(&config, &u.topic, u.partition, o, (ts, sha)),
+            );
+        }
+        let now = crate::offsets::partitions(&self.side, std::slice::from_ref(&u.topic))?.len();
+        let positioned: Vec<i32> = committed
+            .keys()
+            .filter(|(t, _)| *t == u.topic)
+            .map(|(_, part)| *part)
+            .collect();
+        let client = self.sinks[0].client();
+        let began = self.rt.block_on(start::group_began_with(
+            client,
+            &p,
+            &group,
+            &generation,
+            &u.topic,
+            i32::try_from(now).unwrap_or(i32::MAX),
+            &positioned,
+        ))?;
+        start::without_generation_change(u, &group, began, p.kafka.start)
     }
 
     fn on_revoke(

@@ -412,6 +412,17 @@ impl Sink {
             .map_err(|e| classify(e, false))?;
 
         // 1. The checkpoint first: it locks the partition's row, so a new owner's fence bump waits for us.
+        let (last_offset, last_ts, last_sha) = match batch.items.last() {
+            Some(it) => (
+                Some(it.offset),
+                it.timestamp_ms,
+                Some(crate::start::fingerprint(
+                    it.key.as_deref(),
+                    it.value.as_deref(),
+                )),
+            ),
+            None => (None, None, None),
+        };
         let moved = tx
             .execute(
                 &self.prepared.advance,
@@ -423,6 +434,9 @@ impl Sink {
                     &batch.expected,
                     &batch.end,
                     &generation,
+                    &last_offset,
+                    &last_ts,
+                    &last_sha,
                 ],
             )
             .await

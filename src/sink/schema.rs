@@ -32,6 +32,7 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
         sql::create_ledger(p),
         sql::create_checkpoints(p),
         sql::create_dead_letters(p),
+        sql::create_group_starts(p),
     ] {
         tx.batch_execute(&stmt)
             .await

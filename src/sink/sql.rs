@@ -75,13 +75,34 @@ pub fn create_ledger(p: &Pipeline) -> String {
 }
 
 /// `CREATE TABLE` for the checkpoint table: `(consumer_group, topic, partition) → next_offset` (the next
-/// offset to read, Kafka's convention), plus the fence epoch bumped by every new owner of the partition.
+/// offset to read, Kafka's convention), plus the fence epoch bumped by every new owner of the partition, and
+/// the *fingerprint* of the last record applied (`last_offset`, `last_timestamp` in ms, `last_sha256` of its key
+/// and value, see [`crate::start::fingerprint`]): a new stream generation reads that record back to tell whether
+/// the topic is the same one or was recreated. The `ALTER` adds the fingerprint to tables of earlier versions.
 pub fn create_checkpoints(p: &Pipeline) -> String {
+    let t = p.table(CHECKPOINTS);
     format!(
-        "CREATE TABLE IF NOT EXISTS {} (consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \
+        "CREATE TABLE IF NOT EXISTS {t} (consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \
          generation text NOT NULL DEFAULT '', next_offset bigint, fence bigint NOT NULL DEFAULT 0, \
-         updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer_group, generation, topic, partition))",
-        p.table(CHECKPOINTS)
+         updated_at timestamptz NOT NULL DEFAULT now(), last_offset bigint, last_timestamp bigint, last_sha256 bytea, \
+         PRIMARY KEY (consumer_group, generation, topic, partition)); \
+         ALTER TABLE {t} ADD COLUMN IF NOT EXISTS last_offset bigint, ADD COLUMN IF NOT EXISTS last_timestamp bigint, \
+         ADD COLUMN IF NOT EXISTS last_sha256 bytea"
+    )
+}
+
+/// Name of the table recording where a consumer group began on a topic (in the pipeline schema).
+pub const GROUP_STARTS: &str = "replaysafe_group_starts";
+
+/// `CREATE TABLE` for group starts: `(consumer_group, generation, topic) → partitions`, the topic's partition
+/// count when the group (in that generation) first resolved a position from `start`. A partition numbered at or
+/// above it was added later: it holds only records newer than the group and is read from its beginning.
+pub fn create_group_starts(p: &Pipeline) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (consumer_group text NOT NULL, generation text NOT NULL, topic text NOT NULL, \
+         partitions integer NOT NULL, began_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (consumer_group, generation, topic))",
+        p.table(GROUP_STARTS)
     )
 }
 
@@ -204,11 +225,14 @@ pub fn insert_dead_letters(p: &Pipeline) -> String {
 
 /// Compare-and-set of a partition's checkpoint, guarded by the fence. Parameters: `$1` group, `$2` topic,
 /// `$3` partition, `$4` fence, `$5` expected next_offset (null: no checkpoint yet), `$6` new next_offset,
-/// `$7` generation.
+/// `$7` generation, then the fingerprint of the batch's last record: `$8` offset, `$9` timestamp ms,
+/// `$10` SHA-256 (nulls keep the stored fingerprint).
 /// Affects one row when this owner still holds the partition and nobody moved the checkpoint.
 pub fn advance_checkpoint(p: &Pipeline) -> String {
     format!(
-        "UPDATE {} SET next_offset = $6, updated_at = now() WHERE consumer_group = $1 AND topic = $2 \
+        "UPDATE {} SET next_offset = $6, updated_at = now(), last_offset = coalesce($8, last_offset), \
+         last_timestamp = CASE WHEN $8::bigint IS NULL THEN last_timestamp ELSE $9 END, \
+         last_sha256 = coalesce($10, last_sha256) WHERE consumer_group = $1 AND topic = $2 \
          AND partition = $3 AND fence = $4 AND next_offset IS NOT DISTINCT FROM $5 AND generation = $7",
         p.table(CHECKPOINTS)
     )

@@ -474,3 +474,24 @@ pub fn delete_topic(name: &str) {
     });
     std::thread::sleep(Duration::from_secs(1));
 }
+
+/// Raises a topic's partition count to `total` (the admin CreatePartitions call).
+pub fn add_partitions(topic: &str, total: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let res = rt
+        .block_on(admin.create_partitions(
+            [&rdkafka::admin::NewPartitions::new(topic, total)],
+            &AdminOptions::new(),
+        ))
+        .unwrap();
+    for r in res {
+        r.unwrap_or_else(|(t, e)| panic!("create partitions of {t}: {e}"));
+    }
+}

@@ -1,0 +1,445 @@
+//! Where an assigned partition starts when PostgreSQL holds no checkpoint for it in this stream generation
+//! (README "Where a partition starts").
+//!
+//! In order:
+//! 1. **Another generation's checkpoint** of the same group (the file's `[identity] generation` changed): the
+//!    record that generation applied last is read back from the broker and compared with the fingerprint stored
+//!    beside its checkpoint ([`fingerprint`]). The same record → the topic is the same one: continue from that
+//!    checkpoint (re-reading from Kafka's lagging committed offset would land the records in between again under
+//!    new delivery keys). Another record, none, or a log that ends below it → the topic was recreated: start at
+//!    its beginning. A checkpoint without a fingerprint (written by an earlier version) whose offset the log still
+//!    holds cannot be told apart: refused, naming the two statements that decide it. Kafka's committed offsets
+//!    are not used: they belong to whichever generation committed last.
+//! 2. **Kafka's committed offset** for the group.
+//! 3. **A partition added after the group began** (its number is at or above the topic's partition count when
+//!    the group first resolved a start, kept in `replaysafe_group_starts`): it holds only records newer than the
+//!    group, so it is read from its beginning — also under `start = "latest"` (whose "latest" would skip the
+//!    records produced between the partition's creation and its assignment) and when `start` is unset.
+//! 4. **`[kafka] start`** for a group that begins; the partition count is recorded for step 3.
+//! 5. Otherwise [`Error::NoStartPosition`] (exit 3).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+use crate::config::{Pipeline, StartPolicy};
+use crate::error::{Error, Result};
+use crate::sink::sql;
+
+/// How long reading back one record of an old generation may take before the assignment fails.
+pub const READ_BACK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The fingerprint of a record stored beside a checkpoint: SHA-256 over the key and the value, each as a
+/// presence byte, an 8-byte big-endian length and the bytes. 32 bytes.
+pub fn fingerprint(key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
+    let mut h = Sha256::new();
+    for part in [key, value] {
+        match part {
+            None => h.update([0u8]),
+            Some(b) => {
+                h.update([1u8]);
+                h.update((b.len() as u64).to_be_bytes());
+                h.update(b);
+            }
+        }
+    }
+    h.finalize().to_vec()
+}
+
+/// A partition that has no checkpoint in this generation, with what the broker and the group say of it.
+#[derive(Debug, Clone)]
+pub struct Unpositioned {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The broker's log start offset.
+    pub low: i64,
+    /// The broker's log end offset (next offset to be written).
+    pub high: i64,
+    /// Kafka's committed offset for the group (next offset to read), if any.
+    pub committed: Option<i64>,
+}
+
+/// Where a partition starts (next offset to read) and why, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Start {
+    /// The first offset to read.
+    pub offset: i64,
+    /// Why, in words.
+    pub from: String,
+}
+
+/// A checkpoint another generation of the group left for a partition.
+#[derive(Debug, Clone)]
+pub struct OldCheckpoint {
+    /// That generation ('' for none).
+    pub generation: String,
+    /// Its next offset to read.
+    pub next_offset: i64,
+    /// The fingerprint of the last record it applied: offset, timestamp ms, SHA-256 ([`fingerprint`]).
+    pub last: Option<(i64, Option<i64>, Vec<u8>)>,
+}
+
+/// What reading back an old generation's last record found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadBack {
+    /// The record at that offset has the stored timestamp and fingerprint.
+    Same,
+    /// Another record, or none at that offset.
+    Different,
+}
+
+/// Decides the start of a partition after a generation change (step 1 of the module docs). `read` reads the
+/// record at an offset back from the broker and compares it with the stored timestamp and fingerprint
+/// ([`read_back`]); it is only called for an offset in `low..high`.
+///
+/// # Errors
+/// [`Error::NoStartPosition`] when the topic cannot be told to be the same or recreated; errors of `read`.
+pub fn after_generation_change(
+    u: &Unpositioned,
+    generation: &str,
+    old: Option<&OldCheckpoint>,
+    read: impl FnOnce(i64, Option<i64>, &[u8]) -> Result<ReadBack>,
+) -> Result<Start> {
+    let at = format!("{}/{}", u.topic, u.partition);
+    let Some(old) = old else {
+        return Ok(Start {
+            offset: u.low,
+            from: "generation change: the earlier generation never read this partition, so from its beginning"
+                .into(),
+        });
+    };
+    let g = &old.generation;
+    let recreated = |why: String| Start {
+        offset: u.low,
+        from: format!("generation change: topic recreated ({why}), so from its beginning"),
+    };
+    if old.next_offset > u.high {
+        return Ok(recreated(format!(
+            "its log ends at {} below generation `{g}`'s checkpoint {}",
+            u.high, old.next_offset
+        )));
+    }
+    let Some((last, ts, sha)) = &old.last else {
+        return Err(Error::NoStartPosition(format!(
+            "{at}: [identity] generation changed to `{generation}`; generation `{g}` stopped at offset {next} but \
+             its checkpoint (written by an earlier replaysafe) has no record fingerprint, so it cannot be told \
+             whether the topic is the same one (continue at {next}) or was recreated (start at {low}). Decide in \
+             {tbl}: to continue, UPDATE it SET generation = '{generation}' for this group, topic and partition; to \
+             start over, DELETE generation `{g}`'s row",
+            next = old.next_offset,
+            low = u.low,
+            tbl = sql::CHECKPOINTS,
+        )));
+    };
+    if *last >= u.high {
+        return Ok(recreated(format!(
+            "no record at offset {last}, which generation `{g}` applied last"
+        )));
+    }
+    if *last < u.low {
+        // Retention removed the record; everything up to the checkpoint is gone either way.
+        if old.next_offset <= u.low {
+            return Ok(Start {
+                offset: u.low,
+                from: format!(
+                    "generation change: generation `{g}`'s checkpoint {} is below the log start, from the log start",
+                    old.next_offset
+                ),
+            });
+        }
+        return Err(Error::NoStartPosition(format!(
+            "{at}: [identity] generation changed to `{generation}`; the record generation `{g}` applied last \
+             (offset {last}) was deleted by retention, so it cannot be told whether the topic is the same one \
+             (continue at {}) or was recreated (start at {}); decide in {} as for a checkpoint without fingerprint",
+            old.next_offset,
+            u.low,
+            sql::CHECKPOINTS
+        )));
+    }
+    match read(*last, *ts, sha)? {
+        ReadBack::Same => Ok(Start {
+            offset: old.next_offset,
+            from: format!(
+                "generation change: topic unchanged (offset {last} is the record generation `{g}` applied last), \
+                 so from generation `{g}`'s checkpoint"
+            ),
+        }),
+        ReadBack::Different => Ok(recreated(format!(
+            "offset {last} is not the record generation `{g}` applied last"
+        ))),
+    }
+}
+
+/// Reads the record at `offset` back and compares it with a stored fingerprint, waiting at most
+/// [`READ_BACK_TIMEOUT`]. `config` is the pipeline's consumer configuration: the partition is assigned by hand
+/// (librdkafka needs a `group.id` for that, but joins no group and, with auto-commit off, commits nothing).
+///
+/// # Errors
+/// [`Error::Kafka`] for client errors, [`Error::Other`] when nothing arrives in time.
+pub fn read_back(
+    config: &ClientConfig,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    stored: (Option<i64>, &[u8]),
+) -> Result<ReadBack> {
+    let c: BaseConsumer = config.create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    c.assign(&tpl)?;
+    let deadline = Instant::now() + READ_BACK_TIMEOUT;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match c.poll(left.min(Duration::from_millis(500))) {
+            Some(Ok(m)) if m.topic() == topic && m.partition() == partition => {
+                let same = m.offset() == offset
+                    && m.timestamp().to_millis() == stored.0
+                    && fingerprint(m.key(), m.payload()) == stored.1;
+                return Ok(if same {
+                    ReadBack::Same
+                } else {
+                    ReadBack::Different
+                });
+            }
+            Some(Err(e)) => return Err(Error::Kafka(e)),
+            _ => {}
+        }
+    }
+    Err(Error::Other(format!(
+        "{topic}/{partition}: reading offset {offset} back (to compare it with the earlier generation's last \
+         record) took longer than {} s",
+        READ_BACK_TIMEOUT.as_secs()
+    )))
+}
+
+/// The newest checkpoint of every other generation of `group` on `topic`, by partition.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn old_checkpoints(
+    client: &Client,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+    topic: &str,
+) -> Result<HashMap<i32, OldCheckpoint>> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT DISTINCT ON (partition) partition, generation, next_offset, last_offset, last_timestamp, \
+                 last_sha256 FROM {} WHERE consumer_group = $1 AND topic = $2 AND generation <> $3 \
+                 AND next_offset IS NOT NULL ORDER BY partition, updated_at DESC",
+                p.table(sql::CHECKPOINTS)
+            ),
+            &[&group, &topic, &generation],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let last = match (r.get::<_, Option<i64>>(3), r.get::<_, Option<Vec<u8>>>(5)) {
+                (Some(o), Some(sha)) => Some((o, r.get::<_, Option<i64>>(4), sha)),
+                _ => None,
+            };
+            (
+                r.get(0),
+                OldCheckpoint {
+                    generation: r.get(1),
+                    next_offset: r.get(2),
+                    last,
+                },
+            )
+        })
+        .collect())
+}
+
+/// The topic's partition count when `group` began on it in `generation` (steps 3–4 of the module docs),
+/// recording it now when nothing is recorded: as `partitions_now`, or — for a group that already holds
+/// positions on the topic (checkpoints of an earlier version, or `positioned` partitions with a Kafka committed
+/// offset) — one above the highest positioned partition.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn group_began_with(
+    client: &Client,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+    topic: &str,
+    partitions_now: i32,
+    positioned: &[i32],
+) -> Result<i32> {
+    let t = p.table(sql::GROUP_STARTS);
+    let select = format!(
+        "SELECT partitions FROM {t} WHERE consumer_group = $1 AND generation = $2 AND topic = $3"
+    );
+    if let Some(r) = client
+        .query_opt(&select, &[&group, &generation, &topic])
+        .await?
+    {
+        return Ok(r.get(0));
+    }
+    let checkpointed: Option<i32> = client
+        .query_one(
+            &format!(
+                "SELECT max(partition) FROM {} WHERE consumer_group = $1 AND generation = $2 AND topic = $3 \
+                 AND next_offset IS NOT NULL",
+                p.table(sql::CHECKPOINTS)
+            ),
+            &[&group, &generation, &topic],
+        )
+        .await?
+        .get(0);
+    let began = match checkpointed
+        .into_iter()
+        .chain(positioned.iter().copied())
+        .max()
+    {
+        Some(highest) => highest + 1,
+        None => partitions_now,
+    };
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {t} (consumer_group, generation, topic, partitions) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT DO NOTHING"
+            ),
+            &[&group, &generation, &topic, &began],
+        )
+        .await?;
+    Ok(client
+        .query_one(&select, &[&group, &generation, &topic])
+        .await?
+        .get(0))
+}
+
+/// Steps 2–5 of the module docs for a partition of a group whose generation did not change.
+///
+/// # Errors
+/// [`Error::NoStartPosition`] when nothing gives a position.
+pub fn without_generation_change(
+    u: &Unpositioned,
+    group: &str,
+    began_with: i32,
+    start: Option<StartPolicy>,
+) -> Result<Start> {
+    if let Some(c) = u.committed {
+        return Ok(Start {
+            offset: c,
+            from: "committed offset".into(),
+        });
+    }
+    if u.partition >= began_with {
+        return Ok(Start {
+            offset: u.low,
+            from: format!(
+                "partition added after the group began (the topic had {began_with} partition(s) then), so from \
+                 its beginning"
+            ),
+        });
+    }
+    match start {
+        Some(StartPolicy::Earliest) => Ok(Start {
+            offset: u.low,
+            from: "start = earliest".into(),
+        }),
+        Some(StartPolicy::Latest) => Ok(Start {
+            offset: u.high,
+            from: "start = latest".into(),
+        }),
+        None => Err(Error::NoStartPosition(format!(
+            "{}/{} has no checkpoint in PostgreSQL and no committed offset for group `{group}`; set \
+             `start = \"earliest\"` or `start = \"latest\"` in [kafka] to decide where a new group begins",
+            u.topic, u.partition
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u(partition: i32, low: i64, high: i64, committed: Option<i64>) -> Unpositioned {
+        Unpositioned {
+            topic: "t".into(),
+            partition,
+            low,
+            high,
+            committed,
+        }
+    }
+
+    fn old(next: i64, last: Option<i64>) -> OldCheckpoint {
+        OldCheckpoint {
+            generation: "g1".into(),
+            next_offset: next,
+            last: last.map(|o| (o, Some(1), vec![1])),
+        }
+    }
+
+    #[test]
+    fn a_partition_added_after_the_group_began_starts_at_its_beginning() {
+        let s = without_generation_change(&u(1, 0, 5, None), "g", 1, Some(StartPolicy::Latest))
+            .unwrap();
+        assert_eq!(s.offset, 0);
+        let s = without_generation_change(&u(1, 3, 5, None), "g", 1, None).unwrap();
+        assert_eq!(s.offset, 3);
+        // A partition that existed when the group began follows `start`.
+        let s = without_generation_change(&u(0, 0, 5, None), "g", 1, Some(StartPolicy::Latest))
+            .unwrap();
+        assert_eq!(s.offset, 5);
+        assert!(without_generation_change(&u(0, 0, 5, None), "g", 1, None).is_err());
+        // The committed offset comes first.
+        let s = without_generation_change(&u(1, 0, 5, Some(2)), "g", 1, None).unwrap();
+        assert_eq!(s.offset, 2);
+    }
+
+    #[test]
+    fn a_generation_change_continues_only_on_the_same_topic() {
+        let same = |_, _, _: &[u8]| Ok(ReadBack::Same);
+        let diff = |_, _, _: &[u8]| Ok(ReadBack::Different);
+        let never = |_: i64, _: Option<i64>, _: &[u8]| -> Result<ReadBack> { panic!("not read") };
+        assert_eq!(
+            after_generation_change(&u(0, 0, 10, Some(4)), "g2", Some(&old(7, Some(6))), same)
+                .unwrap()
+                .offset,
+            7
+        );
+        assert_eq!(
+            after_generation_change(&u(0, 0, 10, None), "g2", Some(&old(7, Some(6))), diff)
+                .unwrap()
+                .offset,
+            0
+        );
+        // The log ends below the checkpoint, or at the last record: recreated.
+        for o in [old(12, Some(11)), old(7, Some(6))] {
+            let s = after_generation_change(&u(0, 0, 5, None), "g2", Some(&o), never).unwrap();
+            assert_eq!(s.offset, 0, "{s:?}");
+        }
+        // No fingerprint and the log still holds the offset: refused.
+        let e = after_generation_change(&u(0, 0, 10, None), "g2", Some(&old(7, None)), never)
+            .unwrap_err();
+        assert!(matches!(e, Error::NoStartPosition(_)), "{e}");
+        // Never read by the earlier generation.
+        assert_eq!(
+            after_generation_change(&u(3, 2, 10, None), "g2", None, never)
+                .unwrap()
+                .offset,
+            2
+        );
+        // The last record was deleted by retention and the checkpoint is below the log start.
+        assert_eq!(
+            after_generation_change(&u(0, 9, 10, None), "g2", Some(&old(7, Some(6))), never)
+                .unwrap()
+                .offset,
+            9
+        );
+    }
+}

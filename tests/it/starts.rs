@@ -1,0 +1,202 @@
+//! Where a partition starts without a checkpoint in its generation: partitions added to a running group, and a
+//! changed `[identity] generation` on the same topic or a recreated one (README "Where a partition starts").
+
+use std::time::Duration;
+
+use crate::common::*;
+use crate::core::{counts, seed_events, SEED};
+
+fn ledger(db: &Db) -> i64 {
+    db.i64("SELECT count(*) FROM {s}.replaysafe_ledger")
+}
+
+fn event(partition: i32, n: u32) -> Rec {
+    Rec::json(
+        partition,
+        "c",
+        &format!(
+            r#"{{"event_id":"{}","customer_id":"c","amount":"1","occurred_at":"2024-04-25T10:00:00Z"}}"#,
+            uuid::Uuid::from_u128(u128::from(n) + 0xabc0_0000)
+        ),
+        1_714_039_200_000,
+    )
+}
+
+/// Issue 19.2: under `start = "latest"` a partition added to the topic while the group runs holds only new
+/// records: it is read from its beginning (it used to start at its end and skip its first record).
+#[test]
+fn a_partition_added_under_start_latest_is_read_from_its_beginning() {
+    let db = Db::fresh("addpart");
+    let topic = unique("addpart");
+    create_topic(&topic, 1, &[]);
+    // Records before the group began: `latest` skips them.
+    produce(&topic, &[event(0, 1), event(0, 2)]);
+    let group = unique("g");
+    // Metadata refreshed often, so the running group sees the new partition at once.
+    let text = SEED.replace(
+        "start = \"earliest\"\n",
+        "start = \"latest\"\n[kafka.properties]\n\"topic.metadata.refresh.interval.ms\" = \"500\"\n",
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let mut child = spawn(
+        &["run", "--config", p.path.to_str().unwrap()],
+        &[],
+        p.dir.path(),
+        "run",
+    );
+    wait_until(Duration::from_secs(60), "partition 0 assigned", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && db.query(
+            "SELECT 1 FROM {s}.replaysafe_checkpoints WHERE topic = $1 AND partition = 0 AND next_offset = 2",
+            &[&topic],
+        )
+        .len()
+            == 1
+    });
+    produce(&topic, &[event(0, 3)]);
+    add_partitions(&topic, 2);
+    produce(&topic, &[event(1, 4)]);
+    std::thread::sleep(Duration::from_secs(3));
+    produce(&topic, &[event(1, 5)]);
+    wait_until(Duration::from_secs(60), "both partitions applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(3) && db.checkpoint(&group, &topic, 1) == Some(2)
+    });
+    assert_eq!(terminate(&mut child), Some(0));
+    let out = std::fs::read_to_string(p.dir.path().join("run.out")).unwrap();
+    let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
+    assert!(
+        out.contains("consumed 3 = landed 3 + duplicate 0 + filtered 0 + quarantined 0"),
+        "{out}\n{err}"
+    );
+    assert!(
+        err.contains("partition added after the group began"),
+        "{err}"
+    );
+    assert_eq!(ledger(&db), 3);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE partition = 1"),
+        2,
+        "both records of the added partition are in the ledger"
+    );
+    assert_eq!(counts(&db).values().sum::<i64>(), 3);
+    assert_eq!(
+        db.i64("SELECT partitions::bigint FROM {s}.replaysafe_group_starts"),
+        1,
+        "the group began with one partition"
+    );
+}
+
+/// The generation of a running pipeline, changed on the same topic after a crash between the database commit
+/// and the Kafka commit.
+fn generation(text: &str, g: &str) -> String {
+    text.replace(
+        "key = [\"event_id\"]",
+        &format!("key = [\"event_id\"]\ngeneration = \"{g}\""),
+    )
+}
+
+/// Issue 20.4: a generation bump on a topic that was not recreated continues from the earlier generation's
+/// checkpoint (the record it applied last is still at its offset) — it used to fall back to Kafka's committed
+/// offset, which lags after a crash, and land the records in between again under new delivery keys.
+#[test]
+fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
+    let db = Db::fresh("genbump");
+    let topic = unique("genbump");
+    create_topic(&topic, 2, &[]);
+    let (recs, truth) = seed_events(300, 2);
+    produce(&topic, &recs[..200]);
+    let group = unique("g");
+    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    run_caught_up(&g1.path).assert_ok();
+    // More records, applied in the database but never acknowledged to Kafka (a crash between the two commits).
+    produce(&topic, &recs[200..250]);
+    let crash = replaysafe_with(
+        &[
+            "run",
+            "--config",
+            g1.path.to_str().unwrap(),
+            "--until-caught-up",
+        ],
+        &[(
+            "REPLAYSAFE_FAILPOINTS",
+            "after-db-commit-before-kafka-commit=return",
+        )],
+        Duration::from_secs(120),
+    );
+    assert_ne!(crash.code, Some(0), "the crash failpoint fired");
+    let applied = ledger(&db);
+    let acked: i64 = committed(&group, &topic, 2)
+        .iter()
+        .map(|o| o.unwrap_or(0))
+        .sum();
+    assert!(
+        applied > 200 && acked < applied,
+        "applied {applied}, Kafka's committed offsets lag at {acked}"
+    );
+    produce(&topic, &recs[250..]);
+    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let out = run_caught_up(&g2.path);
+    let t = out.tally();
+    let rest = 300 - applied as u64;
+    assert_eq!((t.consumed, t.landed), (rest, rest), "{}", out.stderr);
+    assert!(out.stderr.contains("topic unchanged"), "{}", out.stderr);
+    assert_eq!(counts(&db), truth, "every event counted once");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE generation = 'g2'"),
+        300 - applied
+    );
+}
+
+/// Issue 20.4, the other direction: a generation bump on a recreated topic starts at its beginning even when
+/// the new topic already has more records than the old checkpoint (the record at the old generation's last
+/// offset is another one).
+#[test]
+fn a_generation_bump_on_a_recreated_topic_starts_at_its_beginning() {
+    let db = Db::fresh("genrecreate");
+    let topic = unique("genrecreate");
+    create_topic(&topic, 1, &[]);
+    let (first, _) = seed_events(50, 1);
+    produce(&topic, &first);
+    let group = unique("g");
+    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 50);
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    let (second, _) = seed_events(120, 1);
+    produce(&topic, &second);
+    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let out = run_caught_up(&g2.path);
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed), (120, 120), "{}", out.stderr);
+    assert!(out.stderr.contains("topic recreated"), "{}", out.stderr);
+    assert_eq!(ledger(&db), 170);
+}
+
+/// A checkpoint written before fingerprints existed cannot tell the same topic from a recreated one: the
+/// generation change is refused with exit 3 and nothing is consumed.
+#[test]
+fn a_generation_bump_without_a_fingerprint_is_refused() {
+    let db = Db::fresh("genlegacy");
+    let topic = unique("genlegacy");
+    create_topic(&topic, 1, &[]);
+    let (recs, _) = seed_events(40, 1);
+    produce(&topic, &recs);
+    let group = unique("g");
+    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    run_caught_up(&g1.path).assert_ok();
+    db.execute("UPDATE {s}.replaysafe_checkpoints SET last_offset = NULL, last_sha256 = NULL");
+    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        g2.path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no record fingerprint"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(ledger(&db), 40);
+}
