@@ -7,7 +7,7 @@ pub mod raw;
 pub mod row;
 
 pub use plan::{
-    DecimalHandling, FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan, LedgerPlan,
+    DecimalHandling, EpochUnit, FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan, LedgerPlan,
     Pipeline, PostgresPlan, ProjectionKind, ProjectionPlan, StartPolicy,
 };
 pub use row::{

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use cel_interpreter::Program;
+use chrono::NaiveDate;
 use chrono_tz::Tz;
 use toml::Spanned;
 
@@ -180,6 +181,52 @@ impl FieldType {
     }
 }
 
+/// Unit of epoch numbers in `date` and `timestamptz` fields (`unit`): time since 1970-01-01T00:00:00Z.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochUnit {
+    /// `s`: seconds.
+    Seconds,
+    /// `ms`: milliseconds (the default).
+    Millis,
+    /// `us`: microseconds.
+    Micros,
+}
+
+impl EpochUnit {
+    /// Every unit, coarsest first.
+    pub const ALL: [EpochUnit; 3] = [EpochUnit::Seconds, EpochUnit::Millis, EpochUnit::Micros];
+
+    /// The name used in the pipeline file: `s`, `ms` or `us`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EpochUnit::Seconds => "s",
+            EpochUnit::Millis => "ms",
+            EpochUnit::Micros => "us",
+        }
+    }
+
+    /// Microseconds per unit.
+    pub fn micros(self) -> i64 {
+        match self {
+            EpochUnit::Seconds => 1_000_000,
+            EpochUnit::Millis => 1_000,
+            EpochUnit::Micros => 1,
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        EpochUnit::ALL.into_iter().find(|u| u.as_str() == s)
+    }
+}
+
+/// Default `plausible-range` of `date`/`timestamptz` epoch numbers: 1990-01-01 to 2100-12-31.
+pub fn default_plausible_range() -> (NaiveDate, NaiveDate) {
+    (
+        NaiveDate::from_ymd_opt(1990, 1, 1).expect("valid"),
+        NaiveDate::from_ymd_opt(2100, 12, 31).expect("valid"),
+    )
+}
+
 /// One typed column extracted from each record value.
 #[derive(Debug, Clone)]
 pub struct FieldPlan {
@@ -191,6 +238,11 @@ pub struct FieldPlan {
     pub ty: FieldType,
     /// For `date` fields taken from a timestamp: the zone whose calendar day is taken (default UTC).
     pub time_zone: Tz,
+    /// `date` and `timestamptz` fields: the unit of epoch numbers (JSON numbers and numeric strings).
+    pub unit: EpochUnit,
+    /// `date` and `timestamptz` fields: the first and last day (UTC, inclusive) an epoch number may fall on;
+    /// outside, the record is quarantined as `invalid-field` naming the unit that would fit.
+    pub plausible: (NaiveDate, NaiveDate),
     /// Missing or null is allowed (the column is NULL) instead of a quarantine.
     pub optional: bool,
 }
@@ -563,11 +615,55 @@ fn field_plan(src: &Source, name: &Spanned<String>, f: &Spanned<RawField>) -> Re
             })?
         }
     };
+    let temporal = matches!(ty, FieldType::Date | FieldType::Timestamptz);
+    let unit = match &raw.unit {
+        None => EpochUnit::Millis,
+        Some(u) if !temporal => {
+            return Err(src.error(u.span(), "`unit` only applies to `date` and `timestamptz` fields"))
+        }
+        Some(u) => EpochUnit::parse(u.get_ref()).ok_or_else(|| {
+            src.error(
+                u.span(),
+                format!("unknown unit `{}`: expected \"s\", \"ms\" or \"us\"", u.get_ref()),
+            )
+        })?,
+    };
+    let plausible = match &raw.plausible_range {
+        None => default_plausible_range(),
+        Some(r) if !temporal => {
+            return Err(src.error(
+                r.span(),
+                "`plausible-range` only applies to `date` and `timestamptz` fields",
+            ))
+        }
+        Some(r) => {
+            let days = r
+                .get_ref()
+                .iter()
+                .map(|d| {
+                    NaiveDate::parse_from_str(d.get_ref(), "%Y-%m-%d").map_err(|_| {
+                        src.error(d.span(), format!("`{}` is not a date (YYYY-MM-DD)", d.get_ref()))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            match days.as_slice() {
+                [a, b] if a <= b => (*a, *b),
+                _ => {
+                    return Err(src.error(
+                        r.span(),
+                        "`plausible-range` must be two dates, first ≤ last, e.g. [\"1990-01-01\", \"2100-12-31\"]",
+                    ))
+                }
+            }
+        }
+    };
     Ok(FieldPlan {
         name: name_ident,
         pointer: raw.path.get_ref().clone(),
         ty,
         time_zone,
+        unit,
+        plausible,
         optional: raw.optional,
     })
 }
@@ -765,6 +861,8 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
                 pointer: format!("/{name}"),
                 ty,
                 time_zone: Tz::UTC,
+                unit: EpochUnit::Millis,
+                plausible: default_plausible_range(),
                 optional: false,
             });
         }
@@ -966,6 +1064,45 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         filters,
         projections,
     })
+}
+
+/// SQL over `landed`: the delivery key of a row as text — a JSON array (PostgreSQL's `json` text) of the
+/// generation (`""` for none), the `[identity] key` fields as text, then the `partition-by` day when it is not a
+/// key field. The outbox's `delivery_key` and a resolved dead letter's `resolved_by` hold it.
+pub fn delivery_key_sql(fields: &[FieldPlan], key: &[usize], partition_by: Option<usize>) -> String {
+    let mut dk: Vec<String> = vec!["_generation".into()];
+    dk.extend(key.iter().map(|&i| format!("{}::text", fields[i].name)));
+    if let Some(pb) = partition_by {
+        if !key.contains(&pb) {
+            dk.push(format!("{}::text", fields[pb].name));
+        }
+    }
+    format!("json_build_array({})::text", dk.join(", "))
+}
+
+/// SQL over `landed`: an outbox message key — a JSON array with one element per `key` field, in `key` order:
+/// the value's canonical text as a JSON string, or `null` for a missing optional field, as PostgreSQL's `json`
+/// text prints it (`["eu", null]`: elements separated by `, `, strings JSON-escaped, non-ASCII kept as UTF-8).
+/// Canonical text, independent of session settings: text as is; uuid lower-case hyphenated; bigint and numeric
+/// in PostgreSQL's output (numeric keeps its scale); boolean `true`/`false`; date `YYYY-MM-DD`; timestamptz
+/// `YYYY-MM-DDTHH:MI:SS.ffffffZ` in UTC (always six fraction digits); jsonb PostgreSQL's jsonb text. This
+/// encoding is part of replaysafe's interface (README "Tables"): changing it would re-key every consumer.
+pub fn message_key_sql(fields: &[FieldPlan], key: &[usize]) -> String {
+    let parts: Vec<String> = key
+        .iter()
+        .map(|&i| {
+            let n = &fields[i].name;
+            match fields[i].ty {
+                FieldType::Text => n.to_string(),
+                FieldType::Date => format!("to_char({n}, 'YYYY-MM-DD')"),
+                FieldType::Timestamptz => format!(
+                    "to_char({n} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+                ),
+                _ => format!("{n}::text"),
+            }
+        })
+        .collect();
+    format!("json_build_array({})::text", parts.join(", "))
 }
 
 fn table_name(src: &Source, schema: &Ident, t: &Spanned<String>) -> Result<QualifiedName> {
@@ -1278,28 +1415,10 @@ fn projection(
                 None => (0..fields.plans.len()).collect(),
             };
             let message_key = match &rp.key {
-                Some(k) => {
-                    let ix = fields.list(k, "key")?;
-                    format!(
-                        "concat_ws('|', {})",
-                        ix.iter()
-                            .map(|&i| format!("{}::text", fields.plans[i].name))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
+                Some(k) => message_key_sql(&fields.plans, &fields.list(k, "key")?),
                 None => "NULL".to_string(),
             };
-            let mut dk: Vec<String> = vec!["_generation".into()];
-            dk.extend(
-                key.iter()
-                    .map(|&i| format!("{}::text", fields.plans[i].name)),
-            );
-            if let Some(pb) = partition_by {
-                if !key.contains(&pb) {
-                    dk.push(format!("{}::text", fields.plans[pb].name));
-                }
-            }
+            let dk = delivery_key_sql(&fields.plans, key, partition_by);
             let obj = payload
                 .iter()
                 .map(|&i| {
@@ -1313,9 +1432,8 @@ fn projection(
                 .join(", ");
             let statement = format!(
                 "INSERT INTO {table} (delivery_key, source_topic, source_partition, source_offset, message_key, payload) \
-                 SELECT json_build_array({})::text, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
-                 FROM landed{where_pass} ORDER BY _offset ON CONFLICT (delivery_key) DO NOTHING",
-                dk.join(", ")
+                 SELECT {dk}, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
+                 FROM landed{where_pass} ORDER BY _offset ON CONFLICT (delivery_key) DO NOTHING"
             );
             let setup = vec![format!(
                 "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, delivery_key text NOT NULL UNIQUE, \
