@@ -299,7 +299,9 @@ fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
                 .format("%Y-%m-%d")
                 .to_string()))
         }
-        FieldType::Timestamptz => Ok(s(instant(f, v)?.to_rfc3339_opts(SecondsFormat::AutoSi, true))),
+        FieldType::Timestamptz => Ok(s(
+            instant(f, v)?.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+        )),
         FieldType::Boolean => {
             let b = match v {
                 Value::Bool(b) => *b,
@@ -432,7 +434,11 @@ fn epoch_micros(raw: &str, unit: EpochUnit) -> Option<i64> {
         let d = kept.as_bytes().get(i).map_or(0, |b| i64::from(b - b'0'));
         fraction = fraction * 10 + d;
     }
-    let whole = int.parse::<i64>().ok()?.checked_mul(per)?.checked_add(fraction)?;
+    let whole = int
+        .parse::<i64>()
+        .ok()?
+        .checked_mul(per)?
+        .checked_add(fraction)?;
     Some(if neg { -whole } else { whole })
 }
 
@@ -599,7 +605,12 @@ key = ["id"]
     #[test]
     fn epoch_numbers_follow_the_unit_and_numeric_strings_read_the_same() {
         let secs = temporal(", unit = \"s\"");
-        for t in ["1782864000", "\"1782864000\"", "\" 1782864000 \"", "1782864000.0"] {
+        for t in [
+            "1782864000",
+            "\"1782864000\"",
+            "\" 1782864000 \"",
+            "1782864000.0",
+        ] {
             assert_eq!(
                 at_and_day(&secs, t).unwrap(),
                 ("2026-07-01T00:00:00Z".into(), "2026-07-01".into()),
@@ -657,7 +668,11 @@ key = ["id"]
         .unwrap();
         let r = decode(&p, Some(br#"{"id":"x","t":1782864000000000}"#)).unwrap_err();
         assert!(r.detail.contains("field `day` (/t)"), "{}", r.detail);
-        assert!(r.detail.contains("likely unit: microseconds"), "{}", r.detail);
+        assert!(
+            r.detail.contains("likely unit: microseconds"),
+            "{}",
+            r.detail
+        );
         let r = decode(&p, Some(br#"{"id":"x","t":"12"}"#)).unwrap_err();
         assert!(r.detail.contains("no unit (s, ms, us)"), "{}", r.detail);
         // Explicit dates and RFC 3339 text are not range-checked.

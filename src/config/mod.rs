@@ -7,8 +7,8 @@ pub mod raw;
 pub mod row;
 
 pub use plan::{
-    DecimalHandling, EpochUnit, FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan, LedgerPlan,
-    Pipeline, PostgresPlan, ProjectionKind, ProjectionPlan, StartPolicy,
+    DecimalHandling, EpochUnit, FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan,
+    LedgerPlan, Pipeline, PostgresPlan, ProjectionKind, ProjectionPlan, StartPolicy,
 };
 pub use row::{
     ColumnSpec, Kind, RowPlan, SqlType, TombstoneMode, TruncatePolicy, Unit, VersionPlan,

@@ -321,6 +321,10 @@ pub struct ProjectionPlan {
     pub aggregate: Option<Aggregate>,
     /// row: the row projection.
     pub row: Option<RowPlan>,
+    /// What determines the projection's result, `setting → value` (kind, effective filter, the kind's keys
+    /// resolved, and `field <name>` definitions of the fields it reads). Recorded with the ledger, so a ledger
+    /// whose claims were projected under other settings is refused (`sink::schema`).
+    pub settings: BTreeMap<String, String>,
 }
 
 /// The shape of a counter or sum projection's table.
@@ -619,12 +623,18 @@ fn field_plan(src: &Source, name: &Spanned<String>, f: &Spanned<RawField>) -> Re
     let unit = match &raw.unit {
         None => EpochUnit::Millis,
         Some(u) if !temporal => {
-            return Err(src.error(u.span(), "`unit` only applies to `date` and `timestamptz` fields"))
+            return Err(src.error(
+                u.span(),
+                "`unit` only applies to `date` and `timestamptz` fields",
+            ))
         }
         Some(u) => EpochUnit::parse(u.get_ref()).ok_or_else(|| {
             src.error(
                 u.span(),
-                format!("unknown unit `{}`: expected \"s\", \"ms\" or \"us\"", u.get_ref()),
+                format!(
+                    "unknown unit `{}`: expected \"s\", \"ms\" or \"us\"",
+                    u.get_ref()
+                ),
             )
         })?,
     };
@@ -642,7 +652,10 @@ fn field_plan(src: &Source, name: &Spanned<String>, f: &Spanned<RawField>) -> Re
                 .iter()
                 .map(|d| {
                     NaiveDate::parse_from_str(d.get_ref(), "%Y-%m-%d").map_err(|_| {
-                        src.error(d.span(), format!("`{}` is not a date (YYYY-MM-DD)", d.get_ref()))
+                        src.error(
+                            d.span(),
+                            format!("`{}` is not a date (YYYY-MM-DD)", d.get_ref()),
+                        )
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -1069,7 +1082,11 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
 /// SQL over `landed`: the delivery key of a row as text — a JSON array (PostgreSQL's `json` text) of the
 /// generation (`""` for none), the `[identity] key` fields as text, then the `partition-by` day when it is not a
 /// key field. The outbox's `delivery_key` and a resolved dead letter's `resolved_by` hold it.
-pub fn delivery_key_sql(fields: &[FieldPlan], key: &[usize], partition_by: Option<usize>) -> String {
+pub fn delivery_key_sql(
+    fields: &[FieldPlan],
+    key: &[usize],
+    partition_by: Option<usize>,
+) -> String {
     let mut dk: Vec<String> = vec!["_generation".into()];
     dk.extend(key.iter().map(|&i| format!("{}::text", fields[i].name)));
     if let Some(pb) = partition_by {
@@ -1095,9 +1112,9 @@ pub fn message_key_sql(fields: &[FieldPlan], key: &[usize]) -> String {
             match fields[i].ty {
                 FieldType::Text => n.to_string(),
                 FieldType::Date => format!("to_char({n}, 'YYYY-MM-DD')"),
-                FieldType::Timestamptz => format!(
-                    "to_char({n} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-                ),
+                FieldType::Timestamptz => {
+                    format!("to_char({n} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+                }
                 _ => format!("{n}::text"),
             }
         })
@@ -1467,6 +1484,13 @@ fn projection(
         Some(nm) => nm.get_ref().clone(),
         None => name,
     };
+    let settings = settings(
+        &fields.plans,
+        schema,
+        rp,
+        filter.as_ref().map(|f| f.0.as_str()),
+        row.as_ref(),
+    );
     Ok(ProjectionPlan {
         name,
         kind,
@@ -1476,5 +1500,208 @@ fn projection(
         pass_column,
         aggregate,
         row,
+        settings,
     })
+}
+
+/// What determines a projection's result, as `setting → value` text (see [`ProjectionPlan::settings`]): the
+/// kind, the effective filter, the kind's own keys resolved (tables qualified, defaults filled in), and the
+/// definition of every field the projection reads (`field <name>`: path, type, unit, time zone, plausible range,
+/// optional). Every key of a kind is always present, so two definitions of one replaysafe version compare
+/// key by key.
+fn settings(
+    fields: &[FieldPlan],
+    schema: &Ident,
+    rp: &RawProjection,
+    filter: Option<&str>,
+    row: Option<&RowPlan>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut used: Vec<String> = Vec::new();
+    let list = |v: &Option<Spanned<Vec<Spanned<String>>>>| -> Vec<String> {
+        v.as_ref()
+            .map(|l| l.get_ref().iter().map(|s| s.get_ref().clone()).collect())
+            .unwrap_or_default()
+    };
+    let text = |v: &Option<Spanned<String>>| v.as_ref().map(|s| s.get_ref().clone());
+    let mut put = |k: &str, v: String| {
+        out.insert(k.to_string(), v);
+    };
+    let kind = rp.kind.get_ref().as_str();
+    put("kind", kind.to_string());
+    put("filter", filter.unwrap_or("").to_string());
+    let table = |default: &str| {
+        let t = text(&rp.table).unwrap_or_else(|| default.to_string());
+        if t.contains('.') {
+            t
+        } else {
+            format!("{}.{t}", schema.as_str())
+        }
+    };
+    let group_by = list(&rp.group_by);
+    match kind {
+        "counter" => {
+            put("table", table(""));
+            put("group-by", group_by.join(", "));
+            put("column", text(&rp.column).unwrap_or_else(|| "n".into()));
+            used.extend(group_by.iter().cloned());
+        }
+        "sum" => {
+            put("table", table(""));
+            put("group-by", group_by.join(", "));
+            let add: Vec<(String, String)> = rp
+                .add
+                .as_ref()
+                .map(|a| {
+                    a.get_ref()
+                        .iter()
+                        .map(|(t, f)| (t.get_ref().clone(), f.get_ref().clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            put(
+                "add",
+                add.iter()
+                    .map(|(t, f)| format!("{t} = {f}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+            used.extend(group_by.iter().cloned());
+            used.extend(add.iter().map(|(_, f)| f.clone()));
+        }
+        "sql" => {
+            let sql = text(&rp.sql).unwrap_or_default();
+            let sql = sql.trim().trim_end_matches(';').trim().to_string();
+            // Fields the statement may read: every declared field named as a word in it.
+            let words: HashSet<&str> = sql
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .collect();
+            used.extend(
+                fields
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .filter(|n| words.contains(n))
+                    .map(str::to_string),
+            );
+            put("sql", sql);
+        }
+        "outbox" => {
+            put("table", table(DEFAULT_OUTBOX_TABLE));
+            let payload = match &rp.payload {
+                Some(_) => list(&rp.payload),
+                None => fields.iter().map(|f| f.name.as_str().to_string()).collect(),
+            };
+            let key = list(&rp.key);
+            put("payload", payload.join(", "));
+            put("key", key.join(", "));
+            put("message-key-encoding", "json-array-v1".into());
+            used.extend(payload.iter().chain(&key).cloned());
+        }
+        _ => {}
+    }
+    if let Some(r) = row {
+        put("table", r.table.to_string());
+        put(
+            "key",
+            r.key
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        put(
+            "columns",
+            match &r.columns {
+                None => "(the existing table's)".to_string(),
+                Some(cols) => cols
+                    .iter()
+                    .map(|c| {
+                        let unit = c.unit.map(|u| format!(" unit {u:?}")).unwrap_or_default();
+                        format!("{} {}{unit}", c.name.as_str(), c.ty.sql)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            },
+        );
+        for c in r.columns.iter().flatten() {
+            if let Some(i) = c.field {
+                used.push(fields[i].name.as_str().to_string());
+            }
+        }
+        put(
+            "version",
+            match &r.version {
+                super::row::VersionPlan::SourcePosition => "source-position".to_string(),
+                super::row::VersionPlan::Field(i) => {
+                    used.push(fields[*i].name.as_str().to_string());
+                    fields[*i].name.as_str().to_string()
+                }
+                super::row::VersionPlan::Column(c) => format!("column {}", c.as_str()),
+            },
+        );
+        put(
+            "delete-if",
+            r.delete_if
+                .as_ref()
+                .map(|d| d.0.clone())
+                .unwrap_or_default(),
+        );
+        put("tombstones", format!("{:?}", r.tombstones).to_lowercase());
+        put("truncate", format!("{:?}", r.truncate).to_lowercase());
+        put("source-table", r.source_table.clone().unwrap_or_default());
+        if let Some((_, program)) = &r.delete_if {
+            let vars: Vec<String> = program
+                .references()
+                .variables()
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            for v in vars {
+                if let Some(f) = fields.iter().find(|f| f.name.as_str() == v) {
+                    used.push(f.name.as_str().to_string());
+                }
+            }
+        }
+    }
+    if let Some(f) = filter {
+        if let Ok(program) = Program::compile(f) {
+            let vars: Vec<String> = program
+                .references()
+                .variables()
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            for v in vars {
+                if let Some(f) = fields.iter().find(|f| f.name.as_str() == v) {
+                    used.push(f.name.as_str().to_string());
+                }
+            }
+        }
+    }
+    for f in fields {
+        if used.iter().any(|u| u == f.name.as_str()) {
+            out.insert(format!("field {}", f.name.as_str()), field_definition(f));
+        }
+    }
+    out
+}
+
+/// A field's definition as compared by the ledger check: path, type, and what changes its values.
+fn field_definition(f: &FieldPlan) -> String {
+    let mut d = format!("path {} type {}", f.pointer, f.ty.sql());
+    if matches!(f.ty, FieldType::Date | FieldType::Timestamptz) {
+        d.push_str(&format!(
+            " unit {} plausible-range {}..{}",
+            f.unit.as_str(),
+            f.plausible.0,
+            f.plausible.1
+        ));
+    }
+    if f.ty == FieldType::Date {
+        d.push_str(&format!(" time-zone {}", f.time_zone.name()));
+    }
+    if f.optional {
+        d.push_str(" optional");
+    }
+    d
 }
