@@ -154,6 +154,8 @@ mod tests {
             "path",
             "type",
             "time-zone",
+            "unit",
+            "plausible-range",
             "optional",
             "key",
             "generation",

@@ -156,8 +156,8 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
         .get(0);
     let fix = "The records already claimed were projected under the recorded definition and are never projected \
                again, so the tables would mix both. To apply the change, give this pipeline its own [ledger] table \
-               and new projection tables (a fresh ledger starts from the topic's beginning), or rebuild the \
-               projection tables from the topic; changing a projection of a live pipeline in place is not supported \
+               and new projection tables (a fresh ledger starts from the topic's beginning), or empty the ledger \
+               and those tables and consume from the beginning; changing a projection of a live pipeline in place is not supported \
                yet";
     match have.as_deref() {
         Some(h) if has_rows => {
