@@ -195,7 +195,9 @@ fn epoch_unit_and_plausible_range_are_validated() {
         "`plausible-range` must be two dates, first ≤ last",
     );
     assert_error(
-        &with("d = { path = \"/d\", type = \"date\", plausible-range = [\"1990\", \"2100-01-01\"] }"),
+        &with(
+            "d = { path = \"/d\", type = \"date\", plausible-range = [\"1990\", \"2100-01-01\"] }",
+        ),
         8,
         "`1990` is not a date (YYYY-MM-DD)",
     );

@@ -530,6 +530,8 @@ topics = ["{topic}"]
 start = "earliest"
 [postgres]
 schema = "{schema}"
+[batch]
+max-records = MAXREC
 [fields]
 id = { path = "/id", type = "text" }
 cust = { path = "/cust", type = "text" }
@@ -546,8 +548,15 @@ group-by = ["cust"]
 
 /// A record quarantined by production (`note` missing) and applied later by a backfill with `note` optional:
 /// its dead letter is marked resolved by the backfill's delivery key; the other dead letter stays outstanding.
+/// Batches of 1 and of 5000 records.
 #[test]
 fn a_backfill_resolves_the_dead_letters_of_the_records_it_applies() {
+    for max_records in [1, 5000] {
+        backfill_resolves_dead_letters(max_records);
+    }
+}
+
+fn backfill_resolves_dead_letters(max_records: usize) {
     let db = Db::fresh("dlres");
     let topic = unique("dlres");
     create_topic(&topic, 2, &[]);
@@ -563,7 +572,8 @@ fn a_backfill_resolves_the_dead_letters_of_the_records_it_applies() {
         ],
     );
     let group = unique("g");
-    let p = pipeline(&NOTES.replace("OPTIONAL", ""), &topic, &group, &db.schema);
+    let notes = NOTES.replace("MAXREC", &max_records.to_string());
+    let p = pipeline(&notes.replace("OPTIONAL", ""), &topic, &group, &db.schema);
     let t = run_caught_up(&p.path).tally();
     assert_eq!((t.landed, t.quarantined), (3, 3));
     assert_eq!(
@@ -572,7 +582,7 @@ fn a_backfill_resolves_the_dead_letters_of_the_records_it_applies() {
     );
 
     let fixed = pipeline(
-        &NOTES.replace("OPTIONAL", ", optional = true"),
+        &notes.replace("OPTIONAL", ", optional = true"),
         &topic,
         &group,
         &db.schema,
