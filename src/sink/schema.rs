@@ -527,3 +527,50 @@ pub async fn drop_expired_partitions(client: &mut Client, p: &Pipeline) -> Resul
     tx.commit().await?;
     Ok(old)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(entries: &[(&str, &[(&str, &str)])]) -> Settings {
+        entries
+            .iter()
+            .map(|(name, kv)| {
+                (
+                    name.to_string(),
+                    kv.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn settings_changes_name_what_changed_and_ignore_settings_one_side_lacks() {
+        let old = settings(&[
+            ("totals", &[("kind", "sum"), ("filter", "amount > 0.0")]),
+            ("gone", &[("kind", "counter")]),
+        ]);
+        let new = settings(&[
+            (
+                "totals",
+                &[
+                    ("kind", "sum"),
+                    ("filter", "amount > 100.0"),
+                    ("later", "x"),
+                ],
+            ),
+            ("added", &[("kind", "outbox")]),
+        ]);
+        assert_eq!(
+            settings_changes(&old, &new),
+            [
+                "projection `gone` (counter) is no longer in the pipeline",
+                "projection `totals`: `filter` was `amount > 0.0`, now `amount > 100.0`",
+                "projection `added` (outbox) is new",
+            ]
+        );
+        assert!(settings_changes(&new, &new).is_empty());
+    }
+}
