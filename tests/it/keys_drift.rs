@@ -623,3 +623,34 @@ fn backfill_resolves_dead_letters(max_records: usize) {
         .collect();
     assert_eq!(counts, [("c".to_string(), 3), ("d".to_string(), 2)]);
 }
+
+/// A dead-letter table created by an earlier replaysafe (without `resolved_at`/`resolved_by`) gets the columns
+/// at start-up; its rows stay outstanding.
+#[test]
+fn an_existing_dead_letter_table_gets_the_resolution_columns() {
+    let db = Db::fresh("dlupg");
+    db.execute(
+        "CREATE TABLE {s}.replaysafe_dead_letters (id bigserial PRIMARY KEY, generation text NOT NULL DEFAULT '', \
+         topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, record_timestamp timestamptz, \
+         key bytea, value bytea, value_bytes integer, value_sha256 bytea, reason text NOT NULL, detail text NOT NULL, \
+         consumer_group text NOT NULL, quarantined_at timestamptz NOT NULL DEFAULT now(), \
+         UNIQUE (generation, topic, partition, \"offset\"));
+         INSERT INTO {s}.replaysafe_dead_letters (topic, partition, \"offset\", reason, detail, consumer_group) \
+         VALUES ('t', 0, 7, 'invalid-json', 'x', 'g')",
+    );
+    let topic = unique("dlupg");
+    init(
+        &NOTES.replace("MAXREC", "10").replace("OPTIONAL", ""),
+        &topic,
+        "g",
+        &db,
+    )
+    .assert_ok();
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE \"offset\" = 7 AND resolved_at IS NULL \
+             AND resolved_by IS NULL"
+        ),
+        1
+    );
+}
