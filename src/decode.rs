@@ -10,7 +10,7 @@ use bigdecimal::BigDecimal;
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde_json::Value;
 
-use crate::config::{FieldPlan, FieldType, Pipeline};
+use crate::config::{EpochUnit, FieldPlan, FieldType, Pipeline};
 
 /// Why a record was quarantined; the `reason` column of `replaysafe_dead_letters` and the `reason` metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -287,35 +287,21 @@ fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
             })
         }
         FieldType::Date => {
-            let raw = v
-                .as_str()
-                .ok_or_else(|| format!("expected a date string, got {}", excerpt(v)))?
-                .trim();
-            let date = if let Ok(d) = NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
-                d
-            } else {
-                let ts = DateTime::parse_from_rfc3339(raw).map_err(|_| {
-                    format!("`{raw}` is neither a date (YYYY-MM-DD) nor an RFC 3339 timestamp")
-                })?;
-                ts.with_timezone(&f.time_zone).date_naive()
-            };
-            Ok(s(date.format("%Y-%m-%d").to_string()))
+            if let Some(raw) = v.as_str().map(str::trim) {
+                if let Ok(d) = NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
+                    return Ok(s(d.format("%Y-%m-%d").to_string()));
+                }
+            }
+            let ts = instant(f, v)?;
+            Ok(s(ts
+                .with_timezone(&f.time_zone)
+                .date_naive()
+                .format("%Y-%m-%d")
+                .to_string()))
         }
-        FieldType::Timestamptz => {
-            let ts: DateTime<Utc> = match v {
-                Value::String(t) => DateTime::parse_from_rfc3339(t.trim())
-                    .map_err(|_| format!("`{t}` is not an RFC 3339 timestamp"))?
-                    .with_timezone(&Utc),
-                Value::Number(n) => n
-                    .to_string()
-                    .parse::<i64>()
-                    .ok()
-                    .and_then(DateTime::from_timestamp_millis)
-                    .ok_or_else(|| format!("`{n}` is not a timestamp in epoch milliseconds"))?,
-                _ => return Err(format!("expected a timestamp, got {}", excerpt(v))),
-            };
-            Ok(s(ts.to_rfc3339_opts(SecondsFormat::AutoSi, true)))
-        }
+        FieldType::Timestamptz => Ok(s(
+            instant(f, v)?.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+        )),
         FieldType::Boolean => {
             let b = match v {
                 Value::Bool(b) => *b,
@@ -339,6 +325,121 @@ fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
             })
         }
     }
+}
+
+/// The instant a `date` or `timestamptz` value names: an RFC 3339 timestamp, or an epoch number (a JSON number
+/// or a numeric string, the same rule for both) in the field's `unit` that must fall within its
+/// `plausible-range`. A leap second (`23:59:60`) is read as the second after it (`00:00:00` of the next minute),
+/// as PostgreSQL and Unix time read it — for `date` and `timestamptz` fields alike.
+fn instant(f: &FieldPlan, v: &Value) -> Result<DateTime<Utc>, String> {
+    let raw = match v {
+        Value::Number(n) => n.to_string(),
+        Value::String(t) => t.trim().to_string(),
+        _ => return Err(format!("expected a timestamp, got {}", excerpt(v))),
+    };
+    if !looks_numeric(&raw) {
+        let ts = DateTime::parse_from_rfc3339(&raw).map_err(|_| {
+            let what = if f.ty == FieldType::Date {
+                "a date (YYYY-MM-DD), an RFC 3339 timestamp"
+            } else {
+                "an RFC 3339 timestamp"
+            };
+            format!(
+                "{} is neither {what} nor an epoch number",
+                excerpt(&Value::String(raw.clone()))
+            )
+        })?;
+        let utc = ts.with_timezone(&Utc);
+        let ns = utc.timestamp_subsec_nanos();
+        return Ok(if ns >= 1_000_000_000 {
+            DateTime::from_timestamp(utc.timestamp() + 1, ns - 1_000_000_000).unwrap_or(utc)
+        } else {
+            utc
+        });
+    }
+    let at = |u: EpochUnit| {
+        epoch_micros(&raw, u)
+            .and_then(DateTime::from_timestamp_micros)
+            .filter(|t| (f.plausible.0..=f.plausible.1).contains(&t.date_naive()))
+    };
+    if let Some(t) = at(f.unit) {
+        return Ok(t);
+    }
+    let name = |u: EpochUnit| match u {
+        EpochUnit::Seconds => "seconds",
+        EpochUnit::Millis => "milliseconds",
+        EpochUnit::Micros => "microseconds",
+    };
+    let read = match epoch_micros(&raw, f.unit).and_then(DateTime::from_timestamp_micros) {
+        Some(t) => format!("is {}", t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+        None => "is out of range or finer than a microsecond".to_string(),
+    };
+    let fits: Vec<String> = EpochUnit::ALL
+        .into_iter()
+        .filter(|&u| u != f.unit)
+        .filter_map(|u| {
+            at(u).map(|t| {
+                format!(
+                    "likely unit: {} (unit = \"{}\" reads it as {})",
+                    name(u),
+                    u.as_str(),
+                    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+                )
+            })
+        })
+        .collect();
+    let hint = if fits.is_empty() {
+        "no unit (s, ms, us) gives a time in that range".to_string()
+    } else {
+        fits.join("; ")
+    };
+    Err(format!(
+        "epoch number `{raw}` read as {} (unit = \"{}\") {read}, outside the plausible range {} .. {}; {hint}",
+        name(f.unit),
+        f.unit.as_str(),
+        f.plausible.0,
+        f.plausible.1
+    ))
+}
+
+/// `-?digits(.digits)?`: an epoch number written as a JSON number or a string.
+fn looks_numeric(raw: &str) -> bool {
+    let body = raw.strip_prefix('-').unwrap_or(raw);
+    let (int, frac) = body.split_once('.').unwrap_or((body, "0"));
+    !int.is_empty()
+        && !frac.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// An epoch number (see [`looks_numeric`]) in `unit` as microseconds; `None` when it overflows or has non-zero
+/// digits finer than a microsecond.
+fn epoch_micros(raw: &str, unit: EpochUnit) -> Option<i64> {
+    if !looks_numeric(raw) {
+        return None;
+    }
+    let (neg, body) = match raw.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, raw),
+    };
+    let (int, frac) = body.split_once('.').unwrap_or((body, ""));
+    let per = unit.micros();
+    let digits = per.ilog10() as usize;
+    let (kept, rest) = frac.split_at(frac.len().min(digits));
+    if rest.bytes().any(|b| b != b'0') {
+        return None;
+    }
+    let mut fraction: i64 = 0;
+    for i in 0..digits {
+        let d = kept.as_bytes().get(i).map_or(0, |b| i64::from(b - b'0'));
+        fraction = fraction * 10 + d;
+    }
+    let whole = int
+        .parse::<i64>()
+        .ok()?
+        .checked_mul(per)?
+        .checked_add(fraction)?;
+    Some(if neg { -whole } else { whole })
 }
 
 /// The partition-by day of a decoded record, when the pipeline has one.
@@ -469,6 +570,130 @@ partition-by = "day"
                 .unwrap_err()
                 .reason,
             Reason::MissingField
+        );
+    }
+
+    fn temporal(unit: &str) -> Pipeline {
+        crate::config::parse(
+            "t.toml",
+            &format!(
+                r#"
+[kafka]
+group-id = "g"
+topics = ["t"]
+[fields]
+id = {{ path = "/id", type = "text" }}
+at = {{ path = "/t", type = "timestamptz"{unit} }}
+day = {{ path = "/t", type = "date"{unit} }}
+[identity]
+key = ["id"]
+"#
+            ),
+        )
+        .unwrap()
+    }
+
+    fn at_and_day(p: &Pipeline, t: &str) -> Result<(String, String), Rejection> {
+        let v = format!(r#"{{"id":"x","t":{t}}}"#);
+        let f = decode(p, Some(v.as_bytes()))?;
+        Ok((
+            f[idx(p, "at")].clone().unwrap().text,
+            f[idx(p, "day")].clone().unwrap().text,
+        ))
+    }
+
+    #[test]
+    fn epoch_numbers_follow_the_unit_and_numeric_strings_read_the_same() {
+        let secs = temporal(", unit = \"s\"");
+        for t in [
+            "1782864000",
+            "\"1782864000\"",
+            "\" 1782864000 \"",
+            "1782864000.0",
+        ] {
+            assert_eq!(
+                at_and_day(&secs, t).unwrap(),
+                ("2026-07-01T00:00:00Z".into(), "2026-07-01".into()),
+                "{t}"
+            );
+        }
+        assert_eq!(
+            at_and_day(&secs, "1782864000.25").unwrap().0,
+            "2026-07-01T00:00:00.250Z"
+        );
+        let ms = temporal("");
+        for t in ["1782864000123", "\"1782864000123\""] {
+            assert_eq!(
+                at_and_day(&ms, t).unwrap(),
+                ("2026-07-01T00:00:00.123Z".into(), "2026-07-01".into())
+            );
+        }
+        let us = temporal(", unit = \"us\"");
+        assert_eq!(
+            at_and_day(&us, "\"1782864000123456\"").unwrap().0,
+            "2026-07-01T00:00:00.123456Z"
+        );
+        // Finer than a microsecond: refused, not rounded.
+        assert!(at_and_day(&ms, "1782864000123.0004").is_err());
+    }
+
+    #[test]
+    fn implausible_epoch_numbers_are_quarantined_naming_field_and_likely_unit() {
+        let ms = temporal("");
+        for t in ["1782864000", "\"1782864000\""] {
+            let r = at_and_day(&ms, t).unwrap_err();
+            assert_eq!(r.reason, Reason::InvalidField);
+            assert!(r.detail.contains("field `at` (/t)"), "{}", r.detail);
+            assert!(r.detail.contains("1970-01-21"), "{}", r.detail);
+            assert!(
+                r.detail.contains("likely unit: seconds (unit = \"s\""),
+                "{}",
+                r.detail
+            );
+        }
+        // A date field alone says the same (its own name).
+        let p = crate::config::parse(
+            "t.toml",
+            r#"
+[kafka]
+group-id = "g"
+topics = ["t"]
+[fields]
+id = { path = "/id", type = "text" }
+day = { path = "/t", type = "date", plausible-range = ["2000-01-01", "2030-12-31"] }
+[identity]
+key = ["id"]
+"#,
+        )
+        .unwrap();
+        let r = decode(&p, Some(br#"{"id":"x","t":1782864000000000}"#)).unwrap_err();
+        assert!(r.detail.contains("field `day` (/t)"), "{}", r.detail);
+        assert!(
+            r.detail.contains("likely unit: microseconds"),
+            "{}",
+            r.detail
+        );
+        let r = decode(&p, Some(br#"{"id":"x","t":"12"}"#)).unwrap_err();
+        assert!(r.detail.contains("no unit (s, ms, us)"), "{}", r.detail);
+        // Explicit dates and RFC 3339 text are not range-checked.
+        assert!(decode(&p, Some(br#"{"id":"x","t":"1950-03-01"}"#)).is_ok());
+        assert!(decode(&p, Some(br#"{"id":"x","t":"1950-03-01T10:00:00Z"}"#)).is_ok());
+    }
+
+    #[test]
+    fn a_leap_second_is_the_next_second_for_date_and_timestamptz_alike() {
+        let p = temporal("");
+        assert_eq!(
+            at_and_day(&p, "\"2016-12-31T23:59:60Z\"").unwrap(),
+            ("2017-01-01T00:00:00Z".into(), "2017-01-01".into())
+        );
+        assert_eq!(
+            at_and_day(&p, "\"2016-12-31T23:59:60.5Z\"").unwrap(),
+            ("2017-01-01T00:00:00.500Z".into(), "2017-01-01".into())
+        );
+        assert_eq!(
+            at_and_day(&p, "\"2016-12-31T23:59:59.999Z\"").unwrap(),
+            ("2016-12-31T23:59:59.999Z".into(), "2016-12-31".into())
         );
     }
 }

@@ -7,8 +7,8 @@ pub mod raw;
 pub mod row;
 
 pub use plan::{
-    DecimalHandling, FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan, LedgerPlan,
-    Pipeline, PostgresPlan, ProjectionKind, ProjectionPlan, StartPolicy,
+    DecimalHandling, EpochUnit, FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan,
+    LedgerPlan, Pipeline, PostgresPlan, ProjectionKind, ProjectionPlan, StartPolicy,
 };
 pub use row::{
     ColumnSpec, Kind, RowPlan, SqlType, TombstoneMode, TruncatePolicy, Unit, VersionPlan,
@@ -154,6 +154,8 @@ mod tests {
             "path",
             "type",
             "time-zone",
+            "unit",
+            "plausible-range",
             "optional",
             "key",
             "generation",

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use cel_interpreter::Program;
+use chrono::NaiveDate;
 use chrono_tz::Tz;
 use toml::Spanned;
 
@@ -180,6 +181,52 @@ impl FieldType {
     }
 }
 
+/// Unit of epoch numbers in `date` and `timestamptz` fields (`unit`): time since 1970-01-01T00:00:00Z.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochUnit {
+    /// `s`: seconds.
+    Seconds,
+    /// `ms`: milliseconds (the default).
+    Millis,
+    /// `us`: microseconds.
+    Micros,
+}
+
+impl EpochUnit {
+    /// Every unit, coarsest first.
+    pub const ALL: [EpochUnit; 3] = [EpochUnit::Seconds, EpochUnit::Millis, EpochUnit::Micros];
+
+    /// The name used in the pipeline file: `s`, `ms` or `us`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EpochUnit::Seconds => "s",
+            EpochUnit::Millis => "ms",
+            EpochUnit::Micros => "us",
+        }
+    }
+
+    /// Microseconds per unit.
+    pub fn micros(self) -> i64 {
+        match self {
+            EpochUnit::Seconds => 1_000_000,
+            EpochUnit::Millis => 1_000,
+            EpochUnit::Micros => 1,
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        EpochUnit::ALL.into_iter().find(|u| u.as_str() == s)
+    }
+}
+
+/// Default `plausible-range` of `date`/`timestamptz` epoch numbers: 1990-01-01 to 2100-12-31.
+pub fn default_plausible_range() -> (NaiveDate, NaiveDate) {
+    (
+        NaiveDate::from_ymd_opt(1990, 1, 1).expect("valid"),
+        NaiveDate::from_ymd_opt(2100, 12, 31).expect("valid"),
+    )
+}
+
 /// One typed column extracted from each record value.
 #[derive(Debug, Clone)]
 pub struct FieldPlan {
@@ -191,6 +238,11 @@ pub struct FieldPlan {
     pub ty: FieldType,
     /// For `date` fields taken from a timestamp: the zone whose calendar day is taken (default UTC).
     pub time_zone: Tz,
+    /// `date` and `timestamptz` fields: the unit of epoch numbers (JSON numbers and numeric strings).
+    pub unit: EpochUnit,
+    /// `date` and `timestamptz` fields: the first and last day (UTC, inclusive) an epoch number may fall on;
+    /// outside, the record is quarantined as `invalid-field` naming the unit that would fit.
+    pub plausible: (NaiveDate, NaiveDate),
     /// Missing or null is allowed (the column is NULL) instead of a quarantine.
     pub optional: bool,
 }
@@ -269,6 +321,10 @@ pub struct ProjectionPlan {
     pub aggregate: Option<Aggregate>,
     /// row: the row projection.
     pub row: Option<RowPlan>,
+    /// What determines the projection's result, `setting → value` (kind, effective filter, the kind's keys
+    /// resolved, and `field <name>` definitions of the fields it reads). Recorded with the ledger, so a ledger
+    /// whose claims were projected under other settings is refused (`sink::schema`).
+    pub settings: BTreeMap<String, String>,
 }
 
 /// The shape of a counter or sum projection's table.
@@ -563,11 +619,64 @@ fn field_plan(src: &Source, name: &Spanned<String>, f: &Spanned<RawField>) -> Re
             })?
         }
     };
+    let temporal = matches!(ty, FieldType::Date | FieldType::Timestamptz);
+    let unit = match &raw.unit {
+        None => EpochUnit::Millis,
+        Some(u) if !temporal => {
+            return Err(src.error(
+                u.span(),
+                "`unit` only applies to `date` and `timestamptz` fields",
+            ))
+        }
+        Some(u) => EpochUnit::parse(u.get_ref()).ok_or_else(|| {
+            src.error(
+                u.span(),
+                format!(
+                    "unknown unit `{}`: expected \"s\", \"ms\" or \"us\"",
+                    u.get_ref()
+                ),
+            )
+        })?,
+    };
+    let plausible = match &raw.plausible_range {
+        None => default_plausible_range(),
+        Some(r) if !temporal => {
+            return Err(src.error(
+                r.span(),
+                "`plausible-range` only applies to `date` and `timestamptz` fields",
+            ))
+        }
+        Some(r) => {
+            let days = r
+                .get_ref()
+                .iter()
+                .map(|d| {
+                    NaiveDate::parse_from_str(d.get_ref(), "%Y-%m-%d").map_err(|_| {
+                        src.error(
+                            d.span(),
+                            format!("`{}` is not a date (YYYY-MM-DD)", d.get_ref()),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            match days.as_slice() {
+                [a, b] if a <= b => (*a, *b),
+                _ => {
+                    return Err(src.error(
+                        r.span(),
+                        "`plausible-range` must be two dates, first ≤ last, e.g. [\"1990-01-01\", \"2100-12-31\"]",
+                    ))
+                }
+            }
+        }
+    };
     Ok(FieldPlan {
         name: name_ident,
         pointer: raw.path.get_ref().clone(),
         ty,
         time_zone,
+        unit,
+        plausible,
         optional: raw.optional,
     })
 }
@@ -765,6 +874,8 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
                 pointer: format!("/{name}"),
                 ty,
                 time_zone: Tz::UTC,
+                unit: EpochUnit::Millis,
+                plausible: default_plausible_range(),
                 optional: false,
             });
         }
@@ -966,6 +1077,49 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         filters,
         projections,
     })
+}
+
+/// SQL over `landed`: the delivery key of a row as text — a JSON array (PostgreSQL's `json` text) of the
+/// generation (`""` for none), the `[identity] key` fields as text, then the `partition-by` day when it is not a
+/// key field. The outbox's `delivery_key` and a resolved dead letter's `resolved_by` hold it.
+pub fn delivery_key_sql(
+    fields: &[FieldPlan],
+    key: &[usize],
+    partition_by: Option<usize>,
+) -> String {
+    let mut dk: Vec<String> = vec!["_generation".into()];
+    dk.extend(key.iter().map(|&i| format!("{}::text", fields[i].name)));
+    if let Some(pb) = partition_by {
+        if !key.contains(&pb) {
+            dk.push(format!("{}::text", fields[pb].name));
+        }
+    }
+    format!("json_build_array({})::text", dk.join(", "))
+}
+
+/// SQL over `landed`: an outbox message key — a JSON array with one element per `key` field, in `key` order:
+/// the value's canonical text as a JSON string, or `null` for a missing optional field, as PostgreSQL's `json`
+/// text prints it (`["eu", null]`: elements separated by `, `, strings JSON-escaped, non-ASCII kept as UTF-8).
+/// Canonical text, independent of session settings: text as is; uuid lower-case hyphenated; bigint and numeric
+/// in PostgreSQL's output (numeric keeps its scale); boolean `true`/`false`; date `YYYY-MM-DD`; timestamptz
+/// `YYYY-MM-DDTHH:MI:SS.ffffffZ` in UTC (always six fraction digits); jsonb PostgreSQL's jsonb text. This
+/// encoding is part of replaysafe's interface (README "Tables"): changing it would re-key every consumer.
+pub fn message_key_sql(fields: &[FieldPlan], key: &[usize]) -> String {
+    let parts: Vec<String> = key
+        .iter()
+        .map(|&i| {
+            let n = &fields[i].name;
+            match fields[i].ty {
+                FieldType::Text => n.to_string(),
+                FieldType::Date => format!("to_char({n}, 'YYYY-MM-DD')"),
+                FieldType::Timestamptz => {
+                    format!("to_char({n} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+                }
+                _ => format!("{n}::text"),
+            }
+        })
+        .collect();
+    format!("json_build_array({})::text", parts.join(", "))
 }
 
 fn table_name(src: &Source, schema: &Ident, t: &Spanned<String>) -> Result<QualifiedName> {
@@ -1278,28 +1432,10 @@ fn projection(
                 None => (0..fields.plans.len()).collect(),
             };
             let message_key = match &rp.key {
-                Some(k) => {
-                    let ix = fields.list(k, "key")?;
-                    format!(
-                        "concat_ws('|', {})",
-                        ix.iter()
-                            .map(|&i| format!("{}::text", fields.plans[i].name))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
+                Some(k) => message_key_sql(&fields.plans, &fields.list(k, "key")?),
                 None => "NULL".to_string(),
             };
-            let mut dk: Vec<String> = vec!["_generation".into()];
-            dk.extend(
-                key.iter()
-                    .map(|&i| format!("{}::text", fields.plans[i].name)),
-            );
-            if let Some(pb) = partition_by {
-                if !key.contains(&pb) {
-                    dk.push(format!("{}::text", fields.plans[pb].name));
-                }
-            }
+            let dk = delivery_key_sql(&fields.plans, key, partition_by);
             let obj = payload
                 .iter()
                 .map(|&i| {
@@ -1313,9 +1449,8 @@ fn projection(
                 .join(", ");
             let statement = format!(
                 "INSERT INTO {table} (delivery_key, source_topic, source_partition, source_offset, message_key, payload) \
-                 SELECT json_build_array({})::text, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
-                 FROM landed{where_pass} ORDER BY _offset ON CONFLICT (delivery_key) DO NOTHING",
-                dk.join(", ")
+                 SELECT {dk}, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
+                 FROM landed{where_pass} ORDER BY _offset ON CONFLICT (delivery_key) DO NOTHING"
             );
             let setup = vec![format!(
                 "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, delivery_key text NOT NULL UNIQUE, \
@@ -1349,6 +1484,13 @@ fn projection(
         Some(nm) => nm.get_ref().clone(),
         None => name,
     };
+    let settings = settings(
+        &fields.plans,
+        schema,
+        rp,
+        filter.as_ref().map(|f| f.0.as_str()),
+        row.as_ref(),
+    );
     Ok(ProjectionPlan {
         name,
         kind,
@@ -1358,5 +1500,208 @@ fn projection(
         pass_column,
         aggregate,
         row,
+        settings,
     })
+}
+
+/// What determines a projection's result, as `setting → value` text (see [`ProjectionPlan::settings`]): the
+/// kind, the effective filter, the kind's own keys resolved (tables qualified, defaults filled in), and the
+/// definition of every field the projection reads (`field <name>`: path, type, unit, time zone, plausible range,
+/// optional). Every key of a kind is always present, so two definitions of one replaysafe version compare
+/// key by key.
+fn settings(
+    fields: &[FieldPlan],
+    schema: &Ident,
+    rp: &RawProjection,
+    filter: Option<&str>,
+    row: Option<&RowPlan>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut used: Vec<String> = Vec::new();
+    let list = |v: &Option<Spanned<Vec<Spanned<String>>>>| -> Vec<String> {
+        v.as_ref()
+            .map(|l| l.get_ref().iter().map(|s| s.get_ref().clone()).collect())
+            .unwrap_or_default()
+    };
+    let text = |v: &Option<Spanned<String>>| v.as_ref().map(|s| s.get_ref().clone());
+    let mut put = |k: &str, v: String| {
+        out.insert(k.to_string(), v);
+    };
+    let kind = rp.kind.get_ref().as_str();
+    put("kind", kind.to_string());
+    put("filter", filter.unwrap_or("").to_string());
+    let table = |default: &str| {
+        let t = text(&rp.table).unwrap_or_else(|| default.to_string());
+        if t.contains('.') {
+            t
+        } else {
+            format!("{}.{t}", schema.as_str())
+        }
+    };
+    let group_by = list(&rp.group_by);
+    match kind {
+        "counter" => {
+            put("table", table(""));
+            put("group-by", group_by.join(", "));
+            put("column", text(&rp.column).unwrap_or_else(|| "n".into()));
+            used.extend(group_by.iter().cloned());
+        }
+        "sum" => {
+            put("table", table(""));
+            put("group-by", group_by.join(", "));
+            let add: Vec<(String, String)> = rp
+                .add
+                .as_ref()
+                .map(|a| {
+                    a.get_ref()
+                        .iter()
+                        .map(|(t, f)| (t.get_ref().clone(), f.get_ref().clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            put(
+                "add",
+                add.iter()
+                    .map(|(t, f)| format!("{t} = {f}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+            used.extend(group_by.iter().cloned());
+            used.extend(add.iter().map(|(_, f)| f.clone()));
+        }
+        "sql" => {
+            let sql = text(&rp.sql).unwrap_or_default();
+            let sql = sql.trim().trim_end_matches(';').trim().to_string();
+            // Fields the statement may read: every declared field named as a word in it.
+            let words: HashSet<&str> = sql
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .collect();
+            used.extend(
+                fields
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .filter(|n| words.contains(n))
+                    .map(str::to_string),
+            );
+            put("sql", sql);
+        }
+        "outbox" => {
+            put("table", table(DEFAULT_OUTBOX_TABLE));
+            let payload = match &rp.payload {
+                Some(_) => list(&rp.payload),
+                None => fields.iter().map(|f| f.name.as_str().to_string()).collect(),
+            };
+            let key = list(&rp.key);
+            put("payload", payload.join(", "));
+            put("key", key.join(", "));
+            put("message-key-encoding", "json-array-v1".into());
+            used.extend(payload.iter().chain(&key).cloned());
+        }
+        _ => {}
+    }
+    if let Some(r) = row {
+        put("table", r.table.to_string());
+        put(
+            "key",
+            r.key
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        put(
+            "columns",
+            match &r.columns {
+                None => "(the existing table's)".to_string(),
+                Some(cols) => cols
+                    .iter()
+                    .map(|c| {
+                        let unit = c.unit.map(|u| format!(" unit {u:?}")).unwrap_or_default();
+                        format!("{} {}{unit}", c.name.as_str(), c.ty.sql)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            },
+        );
+        for c in r.columns.iter().flatten() {
+            if let Some(i) = c.field {
+                used.push(fields[i].name.as_str().to_string());
+            }
+        }
+        put(
+            "version",
+            match &r.version {
+                super::row::VersionPlan::SourcePosition => "source-position".to_string(),
+                super::row::VersionPlan::Field(i) => {
+                    used.push(fields[*i].name.as_str().to_string());
+                    fields[*i].name.as_str().to_string()
+                }
+                super::row::VersionPlan::Column(c) => format!("column {}", c.as_str()),
+            },
+        );
+        put(
+            "delete-if",
+            r.delete_if
+                .as_ref()
+                .map(|d| d.0.clone())
+                .unwrap_or_default(),
+        );
+        put("tombstones", format!("{:?}", r.tombstones).to_lowercase());
+        put("truncate", format!("{:?}", r.truncate).to_lowercase());
+        put("source-table", r.source_table.clone().unwrap_or_default());
+        if let Some((_, program)) = &r.delete_if {
+            let vars: Vec<String> = program
+                .references()
+                .variables()
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            for v in vars {
+                if let Some(f) = fields.iter().find(|f| f.name.as_str() == v) {
+                    used.push(f.name.as_str().to_string());
+                }
+            }
+        }
+    }
+    if let Some(f) = filter {
+        if let Ok(program) = Program::compile(f) {
+            let vars: Vec<String> = program
+                .references()
+                .variables()
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            for v in vars {
+                if let Some(f) = fields.iter().find(|f| f.name.as_str() == v) {
+                    used.push(f.name.as_str().to_string());
+                }
+            }
+        }
+    }
+    for f in fields {
+        if used.iter().any(|u| u == f.name.as_str()) {
+            out.insert(format!("field {}", f.name.as_str()), field_definition(f));
+        }
+    }
+    out
+}
+
+/// A field's definition as compared by the ledger check: path, type, and what changes its values.
+fn field_definition(f: &FieldPlan) -> String {
+    let mut d = format!("path {} type {}", f.pointer, f.ty.sql());
+    if matches!(f.ty, FieldType::Date | FieldType::Timestamptz) {
+        d.push_str(&format!(
+            " unit {} plausible-range {}..{}",
+            f.unit.as_str(),
+            f.plausible.0,
+            f.plausible.1
+        ));
+    }
+    if f.ty == FieldType::Date {
+        d.push_str(&format!(" time-zone {}", f.time_zone.name()));
+    }
+    if f.optional {
+        d.push_str(" optional");
+    }
+    d
 }

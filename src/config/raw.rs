@@ -73,6 +73,8 @@ pub struct RawField {
     #[serde(rename = "type")]
     pub ty: Spanned<String>,
     pub time_zone: Option<Spanned<String>>,
+    pub unit: Option<Spanned<String>>,
+    pub plausible_range: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
     pub optional: bool,
 }

@@ -268,6 +268,8 @@ pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
 struct Prepared {
     claim: Statement,
     dead: Statement,
+    /// Marks dead letters of landed records resolved.
+    resolve: Statement,
     advance: Statement,
     /// One per projection; `None` for row projections (see `rows`).
     projections: Vec<Option<Statement>>,
@@ -318,6 +320,7 @@ impl Sink {
         let prepared = Prepared {
             claim: prep(sql::claim(&pipeline)).await?,
             dead: prep(sql::insert_dead_letters(&pipeline)).await?,
+            resolve: prep(sql::resolve_dead_letters(&pipeline)).await?,
             advance: prep(sql::advance_checkpoint(&pipeline)).await?,
             projections: {
                 let mut v = Vec::new();
@@ -574,6 +577,11 @@ impl Sink {
             }
         }
 
+        // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
+        if !landed.is_empty() {
+            resolve_dead_letters(&tx, &self.prepared.resolve, batch, &generation).await?;
+        }
+
         // 4. Dead letters.
         let dead: Vec<(&Item, &Rejection)> = batch
             .items
@@ -657,6 +665,32 @@ impl Sink {
         }
         Ok(outcomes)
     }
+}
+
+/// Marks the dead letters of the records a batch landed as resolved, by the delivery key that applied them
+/// ([`sql::resolve_dead_letters`]).
+async fn resolve_dead_letters(
+    tx: &tokio_postgres::Transaction<'_>,
+    stmt: &Statement,
+    batch: &Batch,
+    generation: &str,
+) -> std::result::Result<(), ApplyError> {
+    let (Some(first), Some(last)) = (batch.items.first(), batch.items.last()) else {
+        return Ok(());
+    };
+    tx.execute(
+        stmt,
+        &[
+            &generation,
+            &batch.topic,
+            &batch.partition,
+            &first.offset,
+            &last.offset,
+        ],
+    )
+    .await
+    .map_err(|e| classify(e, false))?;
+    Ok(())
 }
 
 /// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like

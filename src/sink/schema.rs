@@ -1,6 +1,6 @@
 //! Creating and checking the tables a pipeline needs, and the ledger's day partitions.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use chrono::{Days, NaiveDate, Utc};
 use sha2::{Digest, Sha256};
@@ -38,6 +38,17 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
             .await
             .map_err(|e| schema_error("creating replaysafe tables", &stmt, e))?;
     }
+    let resolvable: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+             AND attname = 'resolved_by' AND NOT attisdropped)",
+            &[&p.table(sql::DEAD_LETTERS).to_string()],
+        )
+        .await?
+        .get(0);
+    if !resolvable {
+        tx.batch_execute(&sql::upgrade_dead_letters(p)).await?;
+    }
     for proj in &p.projections {
         for stmt in &proj.setup {
             tx.batch_execute(stmt).await.map_err(|e| {
@@ -51,15 +62,20 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
         }
     }
     tx.commit().await?;
+    check_column_types(client, p).await?;
     check_ledger(client, p).await?;
     check_owner(client, p).await?;
     check_statements(client, p).await
 }
 
-/// The projections a ledger's claims were made for, as a digest stored in the ledger's table comment. A
-/// delivery key claimed for one set of projections is never seen by projections added later or by another
-/// pipeline sharing the ledger, so a different set on a ledger that holds rows is refused.
-fn projection_digest(p: &Pipeline) -> String {
+/// Prefix of the ledger table comment recording the projections its claims were made for (format 2): followed by
+/// a JSON object `{projection name: {setting: value}}` ([`crate::config::ProjectionPlan::settings`]).
+const OWNER_V2: &str = "replaysafe projections v2 ";
+/// Prefix of the format-1 comment (replaysafe before format 2): a digest of the projections' names and kinds.
+const OWNER_V1: &str = "replaysafe projections sha256:";
+
+/// Format 1: the digest of the projections' names and kinds (kept to recognise ledgers written before format 2).
+fn projection_digest_v1(p: &Pipeline) -> String {
     let mut parts: Vec<String> = p
         .projections
         .iter()
@@ -67,11 +83,63 @@ fn projection_digest(p: &Pipeline) -> String {
         .collect();
     parts.sort();
     let digest = Sha256::digest(parts.join("\n").as_bytes());
-    format!("replaysafe projections sha256:{}", hex::encode(digest))
+    format!("{OWNER_V1}{}", hex::encode(digest))
+}
+
+type Settings = BTreeMap<String, BTreeMap<String, String>>;
+
+fn projection_settings(p: &Pipeline) -> Settings {
+    p.projections
+        .iter()
+        .map(|x| (x.name.clone(), x.settings.clone()))
+        .collect()
+}
+
+/// The projections a ledger's claims were made for, as recorded in the ledger's table comment. A delivery key
+/// claimed under one definition of the projections is never projected again, so a ledger that holds rows and
+/// was recorded with other projections — another set, or one whose settings (filter, group-by, targets,
+/// payload, key, columns, version, the fields it reads …) differ — is refused.
+fn projection_record(p: &Pipeline) -> String {
+    format!(
+        "{OWNER_V2}{}",
+        serde_json::to_string(&projection_settings(p)).expect("strings serialise")
+    )
+}
+
+/// What differs between the recorded projections and the pipeline's, one sentence each. Settings present on one
+/// side only (written by another version of replaysafe) are not compared.
+fn settings_changes(old: &Settings, new: &Settings) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, o) in old {
+        match new.get(name) {
+            None => out.push(format!(
+                "projection `{name}` ({}) is no longer in the pipeline",
+                o.get("kind").map_or("?", String::as_str)
+            )),
+            Some(n) => {
+                for (k, ov) in o {
+                    if let Some(nv) = n.get(k) {
+                        if nv != ov {
+                            out.push(format!("projection `{name}`: `{k}` was `{ov}`, now `{nv}`"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (name, n) in new {
+        if !old.contains_key(name) {
+            out.push(format!(
+                "projection `{name}` ({}) is new",
+                n.get("kind").map_or("?", String::as_str)
+            ));
+        }
+    }
+    out
 }
 
 async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
-    let want = projection_digest(p);
+    let want = projection_record(p);
     let table = p.ledger.table.to_string();
     let have: Option<String> = client
         .query_one(
@@ -87,19 +155,156 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
         .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {table})"), &[])
         .await?
         .get(0);
-    if has_rows && have.is_some() {
-        let names: Vec<&str> = p.projections.iter().map(|x| x.name.as_str()).collect();
-        return Err(Error::Schema(format!(
-            "ledger {table} already holds delivery keys claimed for a different set of projections than this \
-             pipeline's [{}]: records already in the ledger would never reach the new or other projections. Give \
-             this pipeline its own [ledger] table (a fresh table starts from the topic's beginning), or rebuild",
-            names.join(", ")
-        )));
+    let fix = "The records already claimed were projected under the recorded definition and are never projected \
+               again, so the tables would mix both. To apply the change, give this pipeline its own [ledger] table \
+               and new projection tables (a fresh ledger starts from the topic's beginning), or empty the ledger \
+               and those tables and consume from the beginning; changing a projection of a live pipeline in place is not supported \
+               yet";
+    match have.as_deref() {
+        Some(h) if has_rows => {
+            if let Some(json) = h.strip_prefix(OWNER_V2) {
+                let old: Settings = serde_json::from_str(json).map_err(|e| {
+                    Error::Schema(format!(
+                        "ledger {table}: its comment records projections in an unreadable form ({e}); restore it or \
+                         use another [ledger] table"
+                    ))
+                })?;
+                let changes = settings_changes(&old, &projection_settings(p));
+                if !changes.is_empty() {
+                    return Err(Error::Schema(format!(
+                        "ledger {table} already holds delivery keys claimed for other projections: {}. {fix}",
+                        changes.join("; ")
+                    )));
+                }
+                // Equal on every setting both record (another replaysafe version may record more).
+            } else if h == projection_digest_v1(p) {
+                // Format 1 recorded only names and kinds: those match, the settings cannot be compared. Recorded
+                // in format 2 from now on, so later changes are caught.
+                tracing::info!(
+                    ledger = %table,
+                    "ledger recorded its projections' names and kinds only (replaysafe before format 2); recording \
+                     their settings now — a settings change made before this start cannot be detected"
+                );
+            } else {
+                let names: Vec<&str> = p.projections.iter().map(|x| x.name.as_str()).collect();
+                return Err(Error::Schema(format!(
+                    "ledger {table} already holds delivery keys claimed for a different set of projections than \
+                     this pipeline's [{}]: records already in the ledger would never reach the new or other \
+                     projections. {fix}",
+                    names.join(", ")
+                )));
+            }
+        }
+        _ => {}
     }
-    // The digest is hex: safe as a literal (COMMENT takes no parameters).
-    client
-        .batch_execute(&format!("COMMENT ON TABLE {table} IS '{want}'"))
-        .await?;
+    let stmt: String = client
+        .query_one(
+            "SELECT format('COMMENT ON TABLE %s IS %L', $1::text, $2::text)",
+            &[&table, &want],
+        )
+        .await?
+        .get(0);
+    client.batch_execute(&stmt).await?;
+    Ok(())
+}
+
+/// A column of a projection table that holds a field's values (or a declared row column), with what the
+/// pipeline expects it to be.
+struct TypedColumn<'a> {
+    projection: &'a str,
+    table: String,
+    column: &'a str,
+    /// The type the pipeline writes (PostgreSQL spelling as in the pipeline).
+    ty: String,
+    /// Where that type comes from, for the message.
+    from: String,
+}
+
+/// Checks that every projection column holding a field's values (counter/sum group-by columns, row projection
+/// columns) has the type the pipeline writes: PostgreSQL would otherwise cast new values into the old type, so
+/// `'007'` (text) and `7` (bigint) would become two groups of one entity, silently.
+///
+/// # Errors
+/// [`Error::Schema`] naming the projection, the column, the table's type and the field's type.
+async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
+    let mut cols: Vec<TypedColumn<'_>> = Vec::new();
+    for proj in &p.projections {
+        if let Some(a) = &proj.aggregate {
+            for &i in &a.group_by {
+                let f = &p.fields[i];
+                cols.push(TypedColumn {
+                    projection: &proj.name,
+                    table: a.table.to_string(),
+                    column: f.name.as_str(),
+                    ty: f.ty.sql().to_string(),
+                    from: format!("field `{}`", f.name.as_str()),
+                });
+            }
+        }
+        if let Some(r) = &proj.row {
+            for c in r.columns.iter().flatten() {
+                cols.push(TypedColumn {
+                    projection: &proj.name,
+                    table: r.table.to_string(),
+                    column: c.name.as_str(),
+                    ty: c.ty.sql.clone(),
+                    from: match c.field {
+                        Some(i) => format!("field `{}`", p.fields[i].name.as_str()),
+                        None => format!("`columns` of projection `{}`", proj.name),
+                    },
+                });
+            }
+        }
+    }
+    if cols.is_empty() {
+        return Ok(());
+    }
+    let tx = client.transaction().await?;
+    // PostgreSQL spells the expected types itself: a throw-away table with them (types are validated names).
+    let defs: Vec<String> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("c{i} {}", c.ty))
+        .collect();
+    tx.batch_execute(&format!(
+        "CREATE TEMP TABLE replaysafe_typecheck ({}) ON COMMIT DROP",
+        defs.join(", ")
+    ))
+    .await?;
+    let expected: Vec<String> = tx
+        .query(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+             WHERE attrelid = 'pg_temp.replaysafe_typecheck'::regclass AND attnum > 0 ORDER BY attnum",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (c, want) in cols.iter().zip(&expected) {
+        let have: Option<String> = tx
+            .query_opt(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+                &[&c.table, &c.column],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if let Some(have) = have {
+            // varchar holds text values unchanged (a too long one fails loudly): the one accepted difference.
+            let same = &have == want || (want == "text" && have.starts_with("character varying"));
+            if !same {
+                return Err(Error::Schema(format!(
+                    "projection `{}`: column `{}` of {} is {have}, but {} is {want}: PostgreSQL would cast the \
+                     new values into the column's type, so one entity could land in two groups or rows (or fail). \
+                     Change the type back, or migrate deliberately: ALTER the column to {want} and convert its rows, \
+                     or drop the table and rebuild it from the topic with its own [ledger] table",
+                    c.projection, c.column, c.table, c.from
+                )));
+            }
+        }
+    }
+    tx.rollback().await?;
     Ok(())
 }
 
@@ -189,6 +394,10 @@ async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
         (
             "the checkpoint update".to_string(),
             sql::advance_checkpoint(p),
+        ),
+        (
+            "the dead-letter resolution".to_string(),
+            sql::resolve_dead_letters(p),
         ),
     ]
     .into_iter()
@@ -318,4 +527,51 @@ pub async fn drop_expired_partitions(client: &mut Client, p: &Pipeline) -> Resul
     }
     tx.commit().await?;
     Ok(old)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(entries: &[(&str, &[(&str, &str)])]) -> Settings {
+        entries
+            .iter()
+            .map(|(name, kv)| {
+                (
+                    name.to_string(),
+                    kv.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn settings_changes_name_what_changed_and_ignore_settings_one_side_lacks() {
+        let old = settings(&[
+            ("totals", &[("kind", "sum"), ("filter", "amount > 0.0")]),
+            ("gone", &[("kind", "counter")]),
+        ]);
+        let new = settings(&[
+            (
+                "totals",
+                &[
+                    ("kind", "sum"),
+                    ("filter", "amount > 100.0"),
+                    ("later", "x"),
+                ],
+            ),
+            ("added", &[("kind", "outbox")]),
+        ]);
+        assert_eq!(
+            settings_changes(&old, &new),
+            [
+                "projection `gone` (counter) is no longer in the pipeline",
+                "projection `totals`: `filter` was `amount > 0.0`, now `amount > 100.0`",
+                "projection `added` (outbox) is new",
+            ]
+        );
+        assert!(settings_changes(&new, &new).is_empty());
+    }
 }

@@ -113,7 +113,32 @@ pub fn create_dead_letters(p: &Pipeline) -> String {
          topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, record_timestamp timestamptz, \
          key bytea, value bytea, value_bytes integer, value_sha256 bytea, reason text NOT NULL, detail text NOT NULL, \
          consumer_group text NOT NULL, quarantined_at timestamptz NOT NULL DEFAULT now(), \
-         UNIQUE (generation, topic, partition, \"offset\"))",
+         resolved_at timestamptz, resolved_by text, UNIQUE (generation, topic, partition, \"offset\"))",
+        p.table(DEAD_LETTERS)
+    )
+}
+
+/// Adds `resolved_at` / `resolved_by` to a dead-letter table created before they existed.
+pub fn upgrade_dead_letters(p: &Pipeline) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS resolved_at timestamptz, ADD COLUMN IF NOT EXISTS resolved_by text",
+        p.table(DEAD_LETTERS)
+    )
+}
+
+/// Marks the dead letters of records this batch landed as resolved: `resolved_at = now()`, `resolved_by` = the
+/// delivery key that applied them (as the outbox's `delivery_key` spells it). Parameters: `$1` generation,
+/// `$2` topic, `$3` partition, `$4` and `$5` the batch's first and last offset. Run in the batch transaction
+/// after the projections, only when something landed; the offset range keeps it to one index range scan of
+/// the dead letters' unique key.
+pub fn resolve_dead_letters(p: &Pipeline) -> String {
+    let dk =
+        crate::config::plan::delivery_key_sql(&p.fields, &p.identity.key, p.identity.partition_by);
+    format!(
+        "UPDATE {} d SET resolved_at = now(), resolved_by = l.dk \
+         FROM (SELECT _offset, {dk} AS dk FROM pg_temp.landed) l \
+         WHERE d.generation = $1 AND d.topic = $2 AND d.partition = $3 AND d.\"offset\" BETWEEN $4 AND $5 \
+         AND d.\"offset\" = l._offset AND d.resolved_at IS NULL",
         p.table(DEAD_LETTERS)
     )
 }

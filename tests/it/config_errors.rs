@@ -175,3 +175,34 @@ fn new_group_without_start_exits_3_and_consumes_nothing() {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
 }
+
+#[test]
+fn epoch_unit_and_plausible_range_are_validated() {
+    let with = |field: &str| GOOD.replace("[identity]", &format!("{field}\n\n[identity]"));
+    assert_error(
+        &with("at = { path = \"/at\", type = \"timestamptz\", unit = \"sec\" }"),
+        8,
+        "unknown unit `sec`: expected \"s\", \"ms\" or \"us\"",
+    );
+    assert_error(
+        &with("n = { path = \"/n\", type = \"bigint\", unit = \"s\" }"),
+        8,
+        "`unit` only applies to `date` and `timestamptz` fields",
+    );
+    assert_error(
+        &with("d = { path = \"/d\", type = \"date\", plausible-range = [\"2100-01-01\", \"1990-01-01\"] }"),
+        8,
+        "`plausible-range` must be two dates, first ≤ last",
+    );
+    assert_error(
+        &with(
+            "d = { path = \"/d\", type = \"date\", plausible-range = [\"1990\", \"2100-01-01\"] }",
+        ),
+        8,
+        "`1990` is not a date (YYYY-MM-DD)",
+    );
+    let (ok, _) = check(&with(
+        "at = { path = \"/at\", type = \"timestamptz\", unit = \"s\", plausible-range = [\"2000-01-01\", \"2040-12-31\"] }",
+    ));
+    ok.assert_ok();
+}

@@ -11,4 +11,5 @@ mod core;
 mod debezium;
 mod file_source;
 mod hardening;
+mod keys_drift;
 mod starts;
