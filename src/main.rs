@@ -389,6 +389,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 dry_run: a.dry_run,
                 missing_stop: a.missing_stop,
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                cover: Default::default(),
             };
             let shutdown = Arc::new(AtomicBool::new(false));
             signals(shutdown.clone());
@@ -422,7 +423,12 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 shutdown,
             )?;
             eprintln!("{}", report.accounting);
-            write_json(&report, a.output.as_ref())
+            write_json(&report, a.output.as_ref())?;
+            // A day that ends with fewer ledger rows than it had: exit 1 (the report says which rows).
+            match report.rebuild_shortfall() {
+                Some(msg) => Err(Error::Other(msg).into()),
+                None => Ok(()),
+            }
         }
         Command::Verify {
             command:

@@ -101,7 +101,10 @@ pub fn snapshot(config_path: &Path, table: &str, filter: Option<&str>) -> Result
     let rows = rt.block_on(async {
         let mut client = sink::connect(&url).await?;
         let tx = client.build_transaction().read_only(true).start().await?;
-        let rows = tx.query(&sql, &[]).await?;
+        let rows = tx
+            .query(&sql, &[])
+            .await
+            .map_err(|e| where_error(e, filter))?;
         tx.rollback().await?;
         Ok::<_, Error>(rows)
     })?;
@@ -119,6 +122,19 @@ pub fn snapshot(config_path: &Path, table: &str, filter: Option<&str>) -> Result
         snap.rows.insert(k, r.get(2));
     }
     Ok(snap)
+}
+
+/// A `--where` that PostgreSQL rejects as written (SQLSTATE class 42: unknown column, syntax; class 22: a bad
+/// literal) is bad usage, not a runtime failure.
+fn where_error(e: tokio_postgres::Error, filter: Option<&str>) -> Error {
+    let class = e.code().map(|c| &c.code()[..2]);
+    match (filter, class) {
+        (Some(f), Some("42" | "22")) => Error::Usage(format!(
+            "--where `{f}`: {}",
+            e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
+        )),
+        _ => Error::Postgres(e),
+    }
 }
 
 fn database_url(p: &Pipeline) -> Result<String> {
