@@ -1053,6 +1053,23 @@ fn decide(
             return (Pending::Filtered("outside-rebuild-window".into()), day);
         }
     }
+    // The window is chosen by record time, the horizon judges the event day: a late event of a day older than
+    // the horizon (its ledger partition may be gone) is quarantined, as `run` does. A rebuild re-creates its days.
+    if let (None, Some(h), Some(d)) = (window, schema::horizon_start(pipeline), day) {
+        if d < h {
+            return (
+                Pending::Quarantine(decode::Rejection {
+                    reason: decode::Reason::BeyondHorizon,
+                    detail: format!(
+                        "partition day {d} is older than the ledger horizon (oldest kept day {h}); its ledger \
+                         partition may be gone, so applying it could double-count — use `replaysafe rebuild` for \
+                         old windows"
+                    ),
+                }),
+                day,
+            );
+        }
+    }
     if let Some(program) = keep {
         let ctx = filter::context(pipeline, &fields);
         match filter::eval(program, "--filter", &ctx) {

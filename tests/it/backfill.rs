@@ -1143,3 +1143,67 @@ fn offsets_snapshot_without_positions_warns_and_bad_where_is_usage() {
     assert!(bad.stderr.contains("--where `nosuch_column = 1`"), "{}", bad.stderr);
     assert!(!p.dir.path().join("snap.json").exists());
 }
+
+/// Issue 17, the same class in `backfill`: its window is chosen by record time, but the horizon judges the
+/// event day. A late event (recent Kafka timestamp) of a day older than the horizon, whose ledger partition was
+/// dropped, is quarantined `beyond-horizon` — never claimed and counted a second time.
+#[test]
+fn backfill_quarantines_a_late_event_older_than_the_horizon() {
+    let db = Db::fresh("bf_hz");
+    let topic = unique("bf_hz");
+    create_topic(&topic, 1, &[]);
+    let now = chrono::Utc::now().timestamp_millis();
+    let recs = vec![
+        event(0, "c-old", now - 40 * DAY_MS, now - 3_600_000), // event day 40 days ago, arrived an hour ago
+        event(0, "c-new", now - 3_600_000, now - 3_600_000),
+    ];
+    produce(&topic, &recs);
+    let prod = unique("prod");
+    run_caught_up(&pipeline(SEED, &topic, &prod, &db.schema).path);
+    let old_day = db.text("SELECT day::text FROM {s}.daily_counts WHERE customer_id = 'c-old'");
+    // The horizon is set to 30 days; the next start drops the old day's ledger partition.
+    let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
+    let p = pipeline(&horizon, &topic, &prod, &db.schema);
+    run_caught_up(&p.path);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        1,
+        "the old day's ledger partition was dropped"
+    );
+    let from = chrono::DateTime::from_timestamp_millis(now - DAY_MS)
+        .unwrap()
+        .to_rfc3339();
+    let out = replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        &from,
+        "--to-group",
+        &prod,
+        "--group-id",
+        &unique("bf"),
+    ]);
+    out.assert_ok();
+    assert!(
+        out.stderr
+            .contains("consumed 2 = landed 0 + duplicate 1 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"),
+        "{}",
+        out.stderr
+    );
+    let n: Vec<(String, i64)> = db
+        .query("SELECT customer_id, n FROM {s}.daily_counts ORDER BY 1", &[])
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(n, vec![("c-new".into(), 1), ("c-old".into(), 1)], "counted once");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
+    let dl = db.query(
+        "SELECT reason, \"offset\" FROM {s}.replaysafe_dead_letters",
+        &[],
+    );
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0].get::<_, String>(0), "beyond-horizon");
+    assert_eq!(dl[0].get::<_, i64>(1), 0);
+    assert!(old_day.is_some());
+}
