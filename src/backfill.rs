@@ -889,7 +889,8 @@ pub fn backfill(
     result?;
     report.accounting = tally.line();
     if let StopSpec::Time(to) = opts.stop {
-        report.past_the_stop = past_the_stop(brokers, &group, &report.partitions, opts.from_ms, to)?;
+        report.past_the_stop =
+            past_the_stop(brokers, &group, &report.partitions, opts.from_ms, to)?;
     }
     Ok(report)
 }
@@ -917,13 +918,17 @@ fn past_the_stop(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "error")
         .create()?;
-    let parts: Vec<(String, i32)> = plans.iter().map(|p| (p.topic.clone(), p.partition)).collect();
+    let parts: Vec<(String, i32)> = plans
+        .iter()
+        .map(|p| (p.topic.clone(), p.partition))
+        .collect();
     let ends = lookup_times(&consumer, &parts, to_ms.saturating_add(PAST_STOP_SCAN_MS))?;
     let mut scans: BTreeMap<(String, i32), PastTheStop> = BTreeMap::new();
     let mut tpl = TopicPartitionList::new();
     for p in plans {
         let tp = (p.topic.clone(), p.partition);
-        let (low, high) = consumer.fetch_watermarks(&p.topic, p.partition, Duration::from_secs(30))?;
+        let (low, high) =
+            consumer.fetch_watermarks(&p.topic, p.partition, Duration::from_secs(30))?;
         let by_time = match ends.get(&tp) {
             Some(Offset::Offset(o)) => *o,
             _ => high,
@@ -984,10 +989,15 @@ fn past_the_stop(
                     // Bounded: report what was read (the backfill itself has completed).
                     for (t, p) in &open {
                         let s = scans.get_mut(&(t.clone(), *p)).expect("scanned");
-                        if let Some(Offset::Offset(o)) = pos.find_partition(t, *p).map(|e| e.offset()) {
+                        if let Some(Offset::Offset(o)) =
+                            pos.find_partition(t, *p).map(|e| e.offset())
+                        {
                             s.scanned_to = o.clamp(s.scanned_from, s.scanned_to);
                         }
-                        tracing::warn!("{t}/{p}: no record for 30 s past the stop; scan ends at {}", s.scanned_to);
+                        tracing::warn!(
+                            "{t}/{p}: no record for 30 s past the stop; scan ends at {}",
+                            s.scanned_to
+                        );
                     }
                     break;
                 }
@@ -1091,7 +1101,8 @@ pub struct RebuildOptions {
     pub to: NaiveDate,
     /// The fresh group id that replays the window.
     pub group_id: String,
-    /// Hours of record time read before `from` and after `to` (events are produced near their event day).
+    /// Hours of record time read before `from` and after `to`, for events never landed (landed ones are re-read
+    /// from the offsets their ledger rows hold).
     pub slack_hours: i64,
     /// The operator confirmed that other writers of the projection tables are paused.
     pub others_paused: bool,
@@ -1100,11 +1111,17 @@ pub struct RebuildOptions {
 }
 
 /// Rebuilds a window of event days: in one transaction deletes the window's rows from every counter/sum
-/// projection and from the ledger, then replays the records of those days under a fresh group id.
+/// projection and from the ledger, then replays the records of those days under a fresh group id. The replay
+/// reads, per partition, at least the offsets the window's ledger rows came from (lowest to highest) and the
+/// record times `slack_hours` around the window. The report's `rebuild` section compares the window's ledger
+/// rows per day before and after ([`Report::rebuild_shortfall`]).
 ///
 /// # Errors
 /// [`Error::Usage`] without `others_paused`, without `partition-by`, or when a projection cannot be zeroed per
-/// day (kind sql or outbox, or not grouped by the day); then as [`backfill`].
+/// day (kind sql or outbox, or not grouped by the day); [`Error::Other`] before deleting anything when the window's
+/// ledger rows came from offsets the topic no longer holds (retention, recreated topic), another generation or a
+/// foreign topic, or when ledger rows appeared outside the planned offsets (a writer not paused); then as
+/// [`backfill`].
 pub fn rebuild(
     pipeline: Arc<Pipeline>,
     brokers: &str,
@@ -1198,7 +1215,13 @@ pub fn rebuild(
     // Plan first (retention, the ledger's offsets still in the topic) so nothing is deleted when the replay
     // cannot re-read it all.
     plan(&pipeline, brokers, database_url, &bopts)?;
-    rt.block_on(delete_window(&mut client, &pipeline, opts, &deletes, &cover))?;
+    rt.block_on(delete_window(
+        &mut client,
+        &pipeline,
+        opts,
+        &deletes,
+        &cover,
+    ))?;
     let mut report = backfill(pipeline.clone(), brokers, database_url, &bopts, shutdown)?;
     report.rebuild = Some(rt.block_on(rebuild_check(&client, &pipeline, opts))?);
     Ok(report)
@@ -1288,13 +1311,21 @@ async fn delete_window(
             &[&opts.from, &opts.to],
         )
         .await?;
-    tracing::info!(rows = n, "ledger rows of {}..={} deleted", opts.from, opts.to);
+    tracing::info!(
+        rows = n,
+        "ledger rows of {}..={} deleted",
+        opts.from,
+        opts.to
+    );
     let q = format!(
         "SELECT topic, partition, min(\"offset\"), max(\"offset\") FROM {REMOVED} GROUP BY 1, 2"
     );
     for r in tx.query(&q, &[]).await? {
         let (t, p, lo, hi): (String, i32, i64, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
-        if !cover.get(&(t.clone(), p)).is_some_and(|&(a, b)| a <= lo && hi <= b) {
+        if !cover
+            .get(&(t.clone(), p))
+            .is_some_and(|&(a, b)| a <= lo && hi <= b)
+        {
             tx.rollback().await?;
             return Err(Error::Other(format!(
                 "{t}/{p}: ledger rows of the window appeared at offsets {lo}..={hi} after the rebuild was planned — \
@@ -1316,7 +1347,10 @@ async fn rebuild_check(
     let ledger = &pipeline.ledger.table;
     let mut check = RebuildCheck::default();
     for r in client
-        .query(&format!("SELECT {day}::text, count(*) FROM {REMOVED} GROUP BY 1"), &[])
+        .query(
+            &format!("SELECT {day}::text, count(*) FROM {REMOVED} GROUP BY 1"),
+            &[],
+        )
         .await?
     {
         check.per_day.entry(r.get(0)).or_default().before = r.get::<_, i64>(1) as u64;

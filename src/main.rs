@@ -169,7 +169,8 @@ struct RebuildArgs {
     /// Confirms that every other writer of the projection tables is paused.
     #[arg(long)]
     i_paused_other_writers: bool,
-    /// Hours of record time read before --from and after --to.
+    /// Hours of record time read before --from and after --to, to reach events never landed; landed events
+    /// are re-read from the offsets the ledger holds for them, however late they arrived.
     #[arg(long, default_value_t = 24)]
     slack_hours: i64,
     /// Write the report (JSON) here (default: stdout).

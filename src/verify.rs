@@ -131,7 +131,8 @@ fn where_error(e: tokio_postgres::Error, filter: Option<&str>) -> Error {
     match (filter, class) {
         (Some(f), Some("42" | "22")) => Error::Usage(format!(
             "--where `{f}`: {}",
-            e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_string())
         )),
         _ => Error::Postgres(e),
     }

@@ -705,7 +705,9 @@ fn event(partition: i32, customer: &str, occurred_ms: i64, ts: i64) -> Rec {
     Rec::json(
         partition,
         customer,
-        &format!(r#"{{"event_id":"{id}","customer_id":"{customer}","amount":"1.50","occurred_at":"{occurred}"}}"#),
+        &format!(
+            r#"{{"event_id":"{id}","customer_id":"{customer}","amount":"1.50","occurred_at":"{occurred}"}}"#
+        ),
         ts,
     )
 }
@@ -759,7 +761,11 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
     out.assert_ok();
     assert_eq!(counts(&db), counts0, "every count as before the damage");
     assert_eq!(totals_of(&db), totals0, "every total as before the damage");
-    assert_eq!(ledger_rows(&db), ledger0, "the same ledger rows, from the same offsets");
+    assert_eq!(
+        ledger_rows(&db),
+        ledger0,
+        "the same ledger rows, from the same offsets"
+    );
     let r = json(&report);
     let check = &r["rebuild"];
     assert_eq!(check["missing_total"], 0, "{check}");
@@ -817,10 +823,18 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
     );
     let named = r2["rebuild"]["missing"].as_array().unwrap();
     assert_eq!(named.len() as i64, c1);
-    let ids: Vec<&str> = named.iter().map(|m| m["key"][1].as_str().unwrap()).collect();
+    let ids: Vec<&str> = named
+        .iter()
+        .map(|m| m["key"][1].as_str().unwrap())
+        .collect();
     for id in ids {
-        let origin = ledger0.iter().find(|x| x.0 == id).expect("a row of the window");
-        assert!(named.iter().any(|m| m["offset"] == origin.4 && m["partition"] == origin.3));
+        let origin = ledger0
+            .iter()
+            .find(|x| x.0 == id)
+            .expect("a row of the window");
+        assert!(named
+            .iter()
+            .any(|m| m["offset"] == origin.4 && m["partition"] == origin.3));
     }
 }
 
@@ -863,7 +877,11 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
         "names partition and lost offsets: {}",
         out.stderr
     );
-    assert!(out.stderr.contains("refused before deleting"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("refused before deleting"),
+        "{}",
+        out.stderr
+    );
     assert_eq!(counts(&db), counts0, "the aggregate is untouched");
     assert_eq!(ledger_rows(&db), ledger0, "the ledger is untouched");
     // A window whose events are all still in the topic is rebuilt (the late event at offset 20 included).
@@ -923,7 +941,9 @@ fn account_event(partition: i32, entity: &str, v: i64, status: &str, day: &str, 
     Rec::json(
         partition,
         entity,
-        &format!(r#"{{"event_id":"{id}","entity":"{entity}","status":"{status}","v":{v},"occurred_at":"{day}T10:00:00Z"}}"#),
+        &format!(
+            r#"{{"event_id":"{id}","entity":"{entity}","status":"{status}","v":{v},"occurred_at":"{day}T10:00:00Z"}}"#
+        ),
         ts,
     )
 }
@@ -941,11 +961,32 @@ fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
     // 2024-04-25; one `closed` v1 of a new entity per partition on 2024-04-26.
     for e in 0..6i32 {
         let ent = format!("a-{e}");
-        recs.push(account_event(e % 2, &ent, 2, "active", "2024-04-25", APR25 + 1000 * e as i64));
-        recs.push(account_event(e % 2, &ent, 1, "closed", "2024-04-25", APR25 + 60_000 + 1000 * e as i64));
+        recs.push(account_event(
+            e % 2,
+            &ent,
+            2,
+            "active",
+            "2024-04-25",
+            APR25 + 1000 * e as i64,
+        ));
+        recs.push(account_event(
+            e % 2,
+            &ent,
+            1,
+            "closed",
+            "2024-04-25",
+            APR25 + 60_000 + 1000 * e as i64,
+        ));
     }
     for p in 0..2 {
-        recs.push(account_event(p, &format!("b-{p}"), 1, "closed", "2024-04-26", APR25 + DAY_MS + p as i64));
+        recs.push(account_event(
+            p,
+            &format!("b-{p}"),
+            1,
+            "closed",
+            "2024-04-26",
+            APR25 + DAY_MS + p as i64,
+        ));
     }
     produce(&topic, &recs);
     let prod = unique("prod");
@@ -956,7 +997,12 @@ fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
     );
     let t = run_caught_up(&pipeline(&buggy, &topic, &prod, &db.schema).path).tally();
     assert_eq!((t.landed, t.filtered), (6, 8));
-    let p = pipeline(&ROW_AND_COUNTER.replace("FILTER", ""), &topic, &prod, &db.schema);
+    let p = pipeline(
+        &ROW_AND_COUNTER.replace("FILTER", ""),
+        &topic,
+        &prod,
+        &db.schema,
+    );
     let dir = p.dir.path();
     let (before, report) = (dir.join("before.json"), dir.join("report.json"));
     replaysafe(&[
@@ -993,13 +1039,32 @@ fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
     let r = json(&report);
     let day = |d: &str, k: &str| r["per_day"][d][k].as_u64().unwrap_or(0);
     assert_eq!(
-        (day("2024-04-25", "landed"), day("2024-04-25", "duplicate"), day("2024-04-25", "stale")),
+        (
+            day("2024-04-25", "landed"),
+            day("2024-04-25", "duplicate"),
+            day("2024-04-25", "stale")
+        ),
         (0, 6, 6),
         "{r}"
     );
     assert_eq!(day("2024-04-26", "landed"), 2, "{r}");
-    let sum = |k: &str| -> u64 { r["per_day"].as_object().unwrap().values().map(|c| c[k].as_u64().unwrap_or(0)).sum() };
-    assert_eq!((sum("landed"), sum("duplicate"), sum("stale"), sum("filtered")), (2, 6, 6, 0));
+    let sum = |k: &str| -> u64 {
+        r["per_day"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|c| c[k].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        (
+            sum("landed"),
+            sum("duplicate"),
+            sum("stale"),
+            sum("filtered")
+        ),
+        (2, 6, 6, 0)
+    );
     // The stale records are in the ledger (claimed), the row table keeps v2, the counter saw the two landed.
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 14);
     let rows: Vec<(String, String, i64)> = db
@@ -1008,8 +1073,14 @@ fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
         .map(|x| (x.get(0), x.get(1), x.get(2)))
         .collect();
     assert_eq!(rows.len(), 8);
-    assert!(rows[..6].iter().all(|x| x.1 == "active" && x.2 == 2), "{rows:?}");
-    assert!(rows[6..].iter().all(|x| x.1 == "closed" && x.2 == 1), "{rows:?}");
+    assert!(
+        rows[..6].iter().all(|x| x.1 == "active" && x.2 == 2),
+        "{rows:?}"
+    );
+    assert!(
+        rows[6..].iter().all(|x| x.1 == "closed" && x.2 == 1),
+        "{rows:?}"
+    );
     let n: Vec<(String, i64)> = db
         .query("SELECT day::text, n FROM {s}.daily_counts ORDER BY 1", &[])
         .iter()
@@ -1062,7 +1133,12 @@ fn backfill_to_time_reports_records_past_the_stop_and_a_stop_below_the_start() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
     let past = &r["past_the_stop"][0];
     assert_eq!(
-        (past["partition"].as_i64(), past["scanned_from"].as_i64(), past["scanned_to"].as_i64(), past["earlier"].as_u64()),
+        (
+            past["partition"].as_i64(),
+            past["scanned_from"].as_i64(),
+            past["scanned_to"].as_i64(),
+            past["earlier"].as_u64()
+        ),
         (Some(0), Some(1), Some(4), Some(1)),
         "{r}"
     );
@@ -1095,7 +1171,10 @@ fn backfill_to_time_reports_records_past_the_stop_and_a_stop_below_the_start() {
             .contains("stop offset 0 is below the start offset 1"),
         "{r}"
     );
-    assert!(r["past_the_stop"].is_null(), "only --to TIME scans past the stop: {r}");
+    assert!(
+        r["past_the_stop"].is_null(),
+        "only --to TIME scans past the stop: {r}"
+    );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }
 
@@ -1123,9 +1202,20 @@ fn offsets_snapshot_without_positions_warns_and_bad_where_is_usage() {
         file.to_str().unwrap(),
     ]);
     out.assert_ok();
-    assert!(out.stderr.contains("has no position on any partition"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("has no position on any partition"),
+        "{}",
+        out.stderr
+    );
     let s = json(&file);
-    assert!(s["partitions"].as_array().unwrap().iter().all(|e| e["next_offset"].is_null()), "{s}");
+    assert!(
+        s["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["next_offset"].is_null()),
+        "{s}"
+    );
     assert!(s["warnings"].to_string().contains(&nobody), "{s}");
     let bad = replaysafe(&[
         "verify",
@@ -1140,7 +1230,11 @@ fn offsets_snapshot_without_positions_warns_and_bad_where_is_usage() {
         p.dir.path().join("snap.json").to_str().unwrap(),
     ]);
     assert_eq!(bad.code, Some(2), "{}", bad.stderr);
-    assert!(bad.stderr.contains("--where `nosuch_column = 1`"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("--where `nosuch_column = 1`"),
+        "{}",
+        bad.stderr
+    );
     assert!(!p.dir.path().join("snap.json").exists());
 }
 
@@ -1192,11 +1286,18 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
         out.stderr
     );
     let n: Vec<(String, i64)> = db
-        .query("SELECT customer_id, n FROM {s}.daily_counts ORDER BY 1", &[])
+        .query(
+            "SELECT customer_id, n FROM {s}.daily_counts ORDER BY 1",
+            &[],
+        )
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(n, vec![("c-new".into(), 1), ("c-old".into(), 1)], "counted once");
+    assert_eq!(
+        n,
+        vec![("c-new".into(), 1), ("c-old".into(), 1)],
+        "counted once"
+    );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
     let dl = db.query(
         "SELECT reason, \"offset\" FROM {s}.replaysafe_dead_letters",
