@@ -1215,6 +1215,10 @@ pub fn rebuild(
     // Plan first (retention, the ledger's offsets still in the topic) so nothing is deleted when the replay
     // cannot re-read it all.
     plan(&pipeline, brokers, database_url, &bopts)?;
+    let beyond = beyond_horizon_note(&pipeline, opts);
+    if let Some(n) = &beyond {
+        tracing::warn!("{n}");
+    }
     rt.block_on(delete_window(
         &mut client,
         &pipeline,
@@ -1223,8 +1227,24 @@ pub fn rebuild(
         &cover,
     ))?;
     let mut report = backfill(pipeline.clone(), brokers, database_url, &bopts, shutdown)?;
+    report.retention.extend(beyond);
     report.rebuild = Some(rt.block_on(rebuild_check(&client, &pipeline, opts))?);
     Ok(report)
+}
+
+/// Days of the window older than the ledger horizon have no ledger rows any more (their partitions were
+/// dropped): nothing tells the rebuild where their late events are, only `--slack-hours` reaches them.
+fn beyond_horizon_note(pipeline: &Pipeline, opts: &RebuildOptions) -> Option<String> {
+    let h = schema::horizon_start(pipeline)?;
+    (opts.from < h).then(|| {
+        format!(
+            "days {}..={} are older than the ledger horizon ({h}): their ledger rows were dropped, so the rebuild \
+             re-reads them by record time only ({} h of slack) and cannot name events it did not find",
+            opts.from,
+            opts.to.min(h.pred_opt().unwrap_or(h)),
+            opts.slack_hours
+        )
+    })
 }
 
 /// Per `(generation, topic, partition)`: lowest and highest offset and the number of the window's ledger rows.

@@ -884,11 +884,14 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     );
     assert_eq!(counts(&db), counts0, "the aggregate is untouched");
     assert_eq!(ledger_rows(&db), ledger0, "the ledger is untouched");
-    // A window whose events are all still in the topic is rebuilt (the late event at offset 20 included).
-    replaysafe(&[
+    // A window whose events are all still in the topic is rebuilt. With a horizon that the window's days are
+    // older than, the report says that only the slack reaches their never-landed events.
+    let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
+    let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
+    let ok = replaysafe(&[
         "rebuild",
         "--config",
-        cfg(&p),
+        cfg(&ph),
         "--from",
         "2024-04-26",
         "--to",
@@ -896,8 +899,16 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
         "--group-id",
         &unique("rb"),
         "--i-paused-other-writers",
-    ])
-    .assert_ok();
+    ]);
+    ok.assert_ok();
+    let r: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert!(
+        r["retention"]
+            .to_string()
+            .contains("older than the ledger horizon"),
+        "{r}"
+    );
+    assert_eq!(r["rebuild"]["per_day"]["2024-04-26"]["after"], 10, "{r}");
     assert_eq!(counts(&db), counts0);
     assert_eq!(ledger_rows(&db), ledger0);
 }
