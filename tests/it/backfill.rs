@@ -1189,10 +1189,9 @@ fn backfill_to_time_reports_records_past_the_stop_and_a_stop_below_the_start() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }
 
-/// Issue 20 item 6: `offsets snapshot` of a group with no position warns (the file keeps nulls, never 0);
-/// `verify snapshot --where` naming a missing column is bad usage (exit 2).
+/// Issue 20 item 6: `offsets snapshot` of a group with no position warns (the file keeps nulls, never 0).
 #[test]
-fn offsets_snapshot_without_positions_warns_and_bad_where_is_usage() {
+fn offsets_snapshot_without_positions_warns() {
     let db = Db::fresh("snap_warn");
     let topic = unique("snap_warn");
     create_topic(&topic, 2, &[]);
@@ -1228,6 +1227,18 @@ fn offsets_snapshot_without_positions_warns_and_bad_where_is_usage() {
         "{s}"
     );
     assert!(s["warnings"].to_string().contains(&nobody), "{s}");
+}
+
+/// Issue 20 item 6: `verify snapshot --where` naming a missing column is bad usage (exit 2), nothing written.
+#[test]
+fn verify_snapshot_where_naming_a_missing_column_is_usage() {
+    let db = Db::fresh("where_bad");
+    let topic = unique("where_bad");
+    create_topic(&topic, 1, &[]);
+    let (recs, _) = seed_events(10, 1);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
     let bad = replaysafe(&[
         "verify",
         "snapshot",
