@@ -889,8 +889,17 @@ pub fn backfill(
     result?;
     report.accounting = tally.line();
     if let StopSpec::Time(to) = opts.stop {
-        report.past_the_stop =
-            past_the_stop(brokers, &group, &report.partitions, opts.from_ms, to)?;
+        // Information about records not in the window: a failure to read it never fails the applied backfill.
+        match past_the_stop(brokers, &group, &report.partitions, opts.from_ms, to) {
+            Ok(found) => report.past_the_stop = found,
+            Err(e) => {
+                let note = format!(
+                    "reading past the stop offsets for out-of-order timestamps failed: {e}"
+                );
+                tracing::warn!("{note}");
+                report.retention.push(note);
+            }
+        }
     }
     Ok(report)
 }
@@ -1139,6 +1148,12 @@ pub fn rebuild(
     let day = pipeline.identity.partition_by.ok_or_else(|| {
         usage("rebuild works per event day: the pipeline needs identity.partition-by".into())
     })?;
+    if opts.to < opts.from || opts.slack_hours < 0 {
+        return Err(usage(format!(
+            "rebuild --from {} --to {} --slack-hours {}: the window needs --from <= --to and a slack >= 0",
+            opts.from, opts.to, opts.slack_hours
+        )));
+    }
     let mut deletes = Vec::new();
     for p in &pipeline.projections {
         match &p.aggregate {
