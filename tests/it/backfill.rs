@@ -922,7 +922,7 @@ start = "earliest"
 [postgres]
 schema = "{schema}"
 [batch]
-max-records = 5000
+max-records = MAXRECORDS
 linger-ms = 20
 [fields]
 event_id = { path = "/event_id", type = "uuid" }
@@ -964,6 +964,12 @@ fn account_event(partition: i32, entity: &str, v: i64, status: &str, day: &str, 
 /// `landed` for its day, and `verify diff` agrees with the report.
 #[test]
 fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
+    for batch in ["1", "5000"] {
+        per_day_counts_with_a_row_projection(&ROW_AND_COUNTER.replace("MAXRECORDS", batch));
+    }
+}
+
+fn per_day_counts_with_a_row_projection(text: &str) {
     let db = Db::fresh("bf_row");
     let topic = unique("bf_row");
     create_topic(&topic, 2, &[]);
@@ -1002,18 +1008,13 @@ fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
     produce(&topic, &recs);
     let prod = unique("prod");
     // The buggy deployment dropped every `closed` event.
-    let buggy = ROW_AND_COUNTER.replace(
+    let buggy = text.replace(
         "FILTER",
         "[[filter]]\nname = \"no-closed\"\ndrop-if = \"status == 'closed'\"",
     );
     let t = run_caught_up(&pipeline(&buggy, &topic, &prod, &db.schema).path).tally();
     assert_eq!((t.landed, t.filtered), (6, 8));
-    let p = pipeline(
-        &ROW_AND_COUNTER.replace("FILTER", ""),
-        &topic,
-        &prod,
-        &db.schema,
-    );
+    let p = pipeline(&text.replace("FILTER", ""), &topic, &prod, &db.schema);
     let dir = p.dir.path();
     let (before, report) = (dir.join("before.json"), dir.join("report.json"));
     replaysafe(&[
