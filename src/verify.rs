@@ -191,12 +191,21 @@ pub fn diff(before: &Snapshot, report: &Report) -> Result<(Vec<Mismatch>, String
     for d in days {
         let c = changed.get(&d).copied().unwrap_or(0);
         let e = report.per_day.get(&d).map_or(0, |x| x.landed as i64);
+        // A late event lands on its own event day, which the snapshot's --where may not cover.
+        let unseen =
+            !before.days.values().any(|x| *x == d) && !after.days.values().any(|x| *x == d);
         table += &format!(
             "{:<12} {:>12} {:>12}{}\n",
             d,
             c,
             e,
-            if c == e { "" } else { "   MISMATCH" }
+            match (c == e, unseen) {
+                (true, _) => "",
+                (false, false) => "   MISMATCH",
+                (false, true) =>
+                    "   MISMATCH (no row of this day in either snapshot: does --where cover every day the backfill \
+                     can land on?)",
+            }
         );
         if c != e {
             mismatches.push(Mismatch {

@@ -1351,3 +1351,83 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     assert_eq!(dl[0].get::<_, i64>(1), 0);
     assert!(old_day.is_some());
 }
+
+/// Issue 17, the same class in `verify`: a backfill picks records by record time, `verify` compares event days.
+/// A late event in the window lands on an earlier day; a `before` snapshot whose `--where` misses that day shows
+/// it as a MISMATCH saying so (exit 1) — never as verified; a snapshot covering it verifies.
+#[test]
+fn verify_flags_a_late_event_day_outside_the_snapshot() {
+    let db = Db::fresh("vf_late");
+    let topic = unique("vf_late");
+    create_topic(&topic, 1, &[]);
+    let mut recs: Vec<Rec> = (0..3)
+        .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
+        .collect();
+    recs.push(event(0, "c-1", APR25 - 7_200_000, APR25 + 3_600_000)); // 2024-04-24, arrived on the 25th
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    replaysafe(&["init", "--config", cfg(&p)]).assert_ok();
+    let dir = p.dir.path();
+    let snap = |name: &str, filter: &str| {
+        let f = dir.join(name);
+        replaysafe(&[
+            "verify",
+            "snapshot",
+            "--config",
+            cfg(&p),
+            "--table",
+            "daily_counts",
+            "--where",
+            filter,
+            "-o",
+            f.to_str().unwrap(),
+        ])
+        .assert_ok();
+        f
+    };
+    let narrow = snap("narrow.json", "day between '2024-04-25' and '2024-04-26'");
+    let wide = snap("wide.json", "day between '2024-04-18' and '2024-04-26'");
+    let report = dir.join("report.json");
+    replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-04-27",
+        "--group-id",
+        &unique("bf"),
+        "-o",
+        report.to_str().unwrap(),
+    ])
+    .assert_ok();
+    let r = json(&report);
+    assert_eq!(r["per_day"]["2024-04-24"]["landed"], 1, "{r}");
+    assert_eq!(r["per_day"]["2024-04-25"]["landed"], 3, "{r}");
+    let diff = |before: &std::path::Path| {
+        replaysafe(&[
+            "verify",
+            "diff",
+            "--before",
+            before.to_str().unwrap(),
+            "--expect",
+            report.to_str().unwrap(),
+        ])
+    };
+    let bad = diff(&narrow);
+    assert_eq!(bad.code, Some(1), "{}", bad.stdout);
+    let line = bad
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("2024-04-24"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("MISMATCH") && line.contains("--where"),
+        "{}",
+        bad.stdout
+    );
+    let good = diff(&wide);
+    good.assert_ok();
+    assert!(good.stdout.contains("verified"), "{}", good.stdout);
+}
