@@ -1431,3 +1431,62 @@ fn verify_flags_a_late_event_day_outside_the_snapshot() {
     good.assert_ok();
     assert!(good.stdout.contains("verified"), "{}", good.stdout);
 }
+
+/// Issue 17: ledger rows of the window that no replay of this pipeline can bring back — another generation, or
+/// offsets past the end of a recreated topic — make the rebuild refuse before deleting anything.
+#[test]
+fn rebuild_refuses_ledger_rows_it_cannot_reread() {
+    let db = Db::fresh("rb_gen");
+    let topic = unique("rb_gen");
+    create_topic(&topic, 1, &[]);
+    let recs: Vec<Rec> = (0..6)
+        .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
+        .collect();
+    produce(&topic, &recs);
+    let gen_a = SEED.replace(
+        "partition-by = \"day\"",
+        "partition-by = \"day\"\ngeneration = \"a\"",
+    );
+    run_caught_up(&pipeline(&gen_a, &topic, &unique("prod"), &db.schema).path);
+    let (counts0, ledger0) = (counts(&db), ledger_rows(&db));
+    let rebuild = |text: &str| {
+        let p = pipeline(text, &topic, &unique("prod"), &db.schema);
+        replaysafe(&[
+            "rebuild",
+            "--config",
+            cfg(&p),
+            "--from",
+            "2024-04-25",
+            "--to",
+            "2024-04-25",
+            "--group-id",
+            &unique("rb"),
+            "--i-paused-other-writers",
+        ])
+    };
+    let other = rebuild(&gen_a.replace("generation = \"a\"", "generation = \"b\""));
+    assert_eq!(other.code, Some(1), "{}", other.stderr);
+    assert!(
+        other.stderr.contains("generation 'a'") && other.stderr.contains("refused before deleting"),
+        "{}",
+        other.stderr
+    );
+    assert_eq!(
+        (counts(&db), ledger_rows(&db)),
+        (counts0.clone(), ledger0.clone())
+    );
+    // The topic recreated with fewer records, the generation left unchanged.
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    produce(&topic, &recs[..2]);
+    let recreated = rebuild(&gen_a);
+    assert_eq!(recreated.code, Some(1), "{}", recreated.stderr);
+    assert!(
+        recreated.stderr.contains(&format!("{topic}/0"))
+            && recreated.stderr.contains("offsets up to 5")
+            && recreated.stderr.contains("ends at 2"),
+        "{}",
+        recreated.stderr
+    );
+    assert_eq!((counts(&db), ledger_rows(&db)), (counts0, ledger0));
+}
