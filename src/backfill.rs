@@ -72,6 +72,9 @@ pub struct BackfillOptions {
     pub missing_stop: MissingStop,
     /// Show a progress bar (when stderr is a terminal).
     pub progress: bool,
+    /// Offsets the replay must read whatever the times say, per `(topic, partition)`: `(lowest, highest)`,
+    /// both inclusive (rebuild: where the window's ledger rows came from). Empty for a plain backfill.
+    pub cover: BTreeMap<(String, i32), (i64, i64)>,
 }
 
 /// One partition of the plan.
@@ -85,7 +88,8 @@ pub struct PartitionPlan {
     pub start_offset: i64,
     /// Stop offset (exclusive): next offset to read after the window.
     pub stop_offset: i64,
-    /// How the start was found (`time`, `end-at-lookup`, `empty`, `checkpoint`).
+    /// How the start was found (`time`, `end-at-lookup`, `empty`, `checkpoint`; `ledger` when a rebuild's
+    /// ledger rows lie below the time-based start).
     pub start_from: String,
 }
 
@@ -94,8 +98,11 @@ pub struct PartitionPlan {
 pub struct DayCounts {
     /// Newly claimed and projected.
     pub landed: u64,
-    /// Already in the ledger.
+    /// Already in the ledger, or a row projection already holds that state.
     pub duplicate: u64,
+    /// Claimed, but a row projection holds a newer version (or the same version with another state).
+    #[serde(default)]
+    pub stale: u64,
     /// Dropped by `--filter` or a pipeline filter rule.
     pub filtered: u64,
     /// Dead-lettered.
@@ -119,12 +126,112 @@ pub struct Report {
     pub partitions: Vec<PartitionPlan>,
     /// Retention findings and actions.
     pub retention: Vec<String>,
-    /// Per partition-by day (`YYYY-MM-DD`, or `unknown` for undecodable records).
+    /// Per partition-by day (`YYYY-MM-DD`, or `unknown` for undecodable records): the outcomes of the records
+    /// this run consumed — the same outcomes as `accounting` (a resumed backfill: this session's records).
     pub per_day: BTreeMap<String, DayCounts>,
     /// The accounting line.
     pub accounting: String,
     /// Whether this was a dry run.
     pub dry_run: bool,
+    /// `--to TIME` only: partitions where records after the stop offset carry a timestamp inside the window
+    /// (out-of-order timestamps); they were not applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub past_the_stop: Vec<PastTheStop>,
+    /// Rebuild only: the window's ledger rows per day before and after, and the rows that did not come back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildCheck>,
+}
+
+/// Records after a partition's `--to TIME` stop whose timestamps lie in `[--from, --to)`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PastTheStop {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// First offset read past the stop (the stop offset).
+    pub scanned_from: i64,
+    /// End of the scan (exclusive).
+    pub scanned_to: i64,
+    /// Records in the scanned range with a timestamp inside the window (not applied).
+    pub earlier: u64,
+}
+
+/// Ledger rows of a rebuild's window of event days.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RebuildCheck {
+    /// Per event day (`YYYY-MM-DD`): ledger rows before the rebuild deleted them, and after the replay.
+    pub per_day: BTreeMap<String, LedgerRows>,
+    /// Ledger rows of the window that the replay did not bring back (first [`MISSING_LISTED`]).
+    pub missing: Vec<MissingRow>,
+    /// How many ledger rows of the window did not come back.
+    pub missing_total: u64,
+}
+
+/// Ledger rows of one day.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LedgerRows {
+    /// Rows before the rebuild.
+    pub before: u64,
+    /// Rows after the replay.
+    pub after: u64,
+}
+
+/// A ledger row deleted by a rebuild that the replay did not claim again.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MissingRow {
+    /// Event day.
+    pub day: String,
+    /// The delivery key (generation first), as stored.
+    pub key: Vec<String>,
+    /// Where it had come from.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+}
+
+/// How many missing rows a rebuild report lists by name.
+pub const MISSING_LISTED: usize = 100;
+
+impl Report {
+    /// Rebuild only: `Some(message)` when a day of the window ends with fewer ledger rows than it had, naming
+    /// the days and the first rows that did not come back.
+    pub fn rebuild_shortfall(&self) -> Option<String> {
+        let check = self.rebuild.as_ref()?;
+        let short: Vec<String> = check
+            .per_day
+            .iter()
+            .filter(|(_, r)| r.after < r.before)
+            .map(|(d, r)| format!("{d}: {} before, {} after", r.before, r.after))
+            .collect();
+        if short.is_empty() && check.missing_total == 0 {
+            return None;
+        }
+        let named: Vec<String> = check
+            .missing
+            .iter()
+            .take(10)
+            .map(|m| {
+                format!(
+                    "{} key {} from {}/{} offset {}",
+                    m.day,
+                    m.key.join("|"),
+                    m.topic,
+                    m.partition,
+                    m.offset
+                )
+            })
+            .collect();
+        Some(format!(
+            "the rebuild did not bring back {} ledger row(s) of the window ({}); first: {}; see `rebuild.missing` \
+             in the report and the per-day filtered/quarantined counts",
+            check.missing_total,
+            if short.is_empty() { "no day ended short".to_string() } else { short.join(", ") },
+            named.join(", ")
+        ))
+    }
 }
 
 /// Marks a record on which `--filter` failed to evaluate; the backfill stops before applying it.
@@ -331,6 +438,17 @@ pub fn plan(
         } else {
             stop
         };
+        let (start, stop, start_from) = match opts.cover.get(tp) {
+            Some(&range) => cover(tp, range, (low, high), (start, stop, start_from))?,
+            None => (start, stop, start_from),
+        };
+        if stop < start {
+            retention.push(format!(
+                "{}/{}: stop offset {stop} is below the start offset {start} (from {start_from}): nothing of this \
+                 partition is in the window; stop raised to {start}",
+                tp.0, tp.1
+            ));
+        }
         if start < low {
             return Err(Error::Other(format!(
                 "{}/{}: offsets {start}..{low} of the window are gone from the broker (log start offset {low}); \
@@ -346,8 +464,42 @@ pub fn plan(
             start_from: start_from.into(),
         });
     }
+    if let Some((tp, _)) = opts.cover.iter().find(|(tp, _)| !parts.contains(tp)) {
+        return Err(Error::Other(format!(
+            "{}/{}: the window's ledger rows came from this partition, which the topic no longer has; refused \
+             before deleting anything",
+            tp.0, tp.1
+        )));
+    }
     retention.extend(check_retention(brokers, pipeline, opts)?);
     Ok((plans, retention, stop_desc))
+}
+
+/// Widens a partition's `(start, stop, start_from)` to cover the offsets `lo..=hi` a rebuild must re-read, or
+/// refuses when part of that range is no longer in the partition (`marks`: log start and end offsets).
+fn cover(
+    tp: &(String, i32),
+    (lo, hi): (i64, i64),
+    (low, high): (i64, i64),
+    (start, stop, start_from): (i64, i64, &'static str),
+) -> Result<(i64, i64, &'static str)> {
+    if lo < low {
+        return Err(Error::Other(format!(
+            "{}/{}: the window's ledger rows came from offsets {lo}..={hi}, but offsets [{lo}, {low}) are gone from \
+             the topic (log start offset {low}, retention): the rebuild would delete events it cannot re-read; \
+             refused before deleting anything",
+            tp.0, tp.1
+        )));
+    }
+    if hi >= high {
+        return Err(Error::Other(format!(
+            "{}/{}: the window's ledger rows came from offsets up to {hi}, but the partition ends at {high} (was the \
+             topic recreated? then set [identity] generation): refused before deleting anything",
+            tp.0, tp.1
+        )));
+    }
+    let from = if lo < start { "ledger" } else { start_from };
+    Ok((start.min(lo), stop.max(hi + 1), from))
 }
 
 /// Margin before retention would delete the window's oldest records during the run.
@@ -458,6 +610,8 @@ pub fn backfill(
         per_day: BTreeMap::new(),
         accounting: String::new(),
         dry_run: opts.dry_run,
+        past_the_stop: Vec::new(),
+        rebuild: None,
     };
     if opts.dry_run {
         report.accounting = Tally::default().line();
@@ -508,6 +662,13 @@ pub fn backfill(
                          --group-id starts the window again from what is left)",
                         pl.topic, pl.partition
                     )));
+                }
+                if n > pl.start_offset && n < pl.stop_offset {
+                    report.retention.push(format!(
+                        "{}/{}: resumed at offset {n} (this backfill group's checkpoint); offsets [{}, {n}) were \
+                         applied by an earlier session and are not in this report's counts",
+                        pl.topic, pl.partition, pl.start_offset
+                    ));
                 }
                 n.max(pl.start_offset)
             }
@@ -671,7 +832,8 @@ pub fn backfill(
                             let c = report.per_day.entry(key).or_default();
                             match o {
                                 Outcome::Landed => c.landed += 1,
-                                Outcome::Duplicate | Outcome::Stale { .. } => c.duplicate += 1,
+                                Outcome::Duplicate => c.duplicate += 1,
+                                Outcome::Stale { .. } => c.stale += 1,
                                 Outcome::Filtered(_) => c.filtered += 1,
                                 Outcome::Quarantined(_) => c.quarantined += 1,
                             }
@@ -726,26 +888,140 @@ pub fn backfill(
     bar.finish_and_clear();
     result?;
     report.accounting = tally.line();
-    // Landed per day across every session of this backfill group (a resumed run's own tally misses the
-    // earlier sessions): the ledger rows it claimed are the record.
-    if let Some(d) = pipeline.identity.partition_by {
-        let q = format!(
-            "SELECT {}::text, count(*)::bigint FROM {} WHERE consumer_group = $1 GROUP BY 1",
-            pipeline.fields[d].name, pipeline.ledger.table
-        );
-        let rows = rt.block_on(sink.client().query(&q, &[&group]))?;
-        for c in report.per_day.values_mut() {
-            c.landed = 0;
-        }
-        for r in rows {
-            report
-                .per_day
-                .entry(r.get::<_, String>(0))
-                .or_default()
-                .landed = r.get::<_, i64>(1) as u64;
+    if let StopSpec::Time(to) = opts.stop {
+        // Information about records not in the window: a failure to read it never fails the applied backfill.
+        match past_the_stop(brokers, &group, &report.partitions, opts.from_ms, to) {
+            Ok(found) => report.past_the_stop = found,
+            Err(e) => {
+                let note = format!(
+                    "reading past the stop offsets for out-of-order timestamps failed: {e}"
+                );
+                tracing::warn!("{note}");
+                report.retention.push(note);
+            }
         }
     }
     Ok(report)
+}
+
+/// `--to TIME`: how far past each partition's stop the scan for out-of-order timestamps reads — up to the
+/// first record at or after `--to` + this (ms) …
+pub const PAST_STOP_SCAN_MS: i64 = 3_600_000;
+/// … and at least this many records (or to the partition's end).
+pub const PAST_STOP_SCAN_RECORDS: i64 = 1_000;
+
+/// A partition stops at its first record at or after `--to`; records after it may still carry earlier
+/// timestamps (several producers, retries). Reads past each stop — up to the first record at or after
+/// `to_ms + PAST_STOP_SCAN_MS`, at least [`PAST_STOP_SCAN_RECORDS`] records, never beyond the end — and counts
+/// the records whose timestamp lies in `[from_ms, to_ms)`. Nothing read here is applied.
+fn past_the_stop(
+    brokers: &str,
+    group: &str,
+    plans: &[PartitionPlan],
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<Vec<PastTheStop>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "error")
+        .create()?;
+    let parts: Vec<(String, i32)> = plans
+        .iter()
+        .map(|p| (p.topic.clone(), p.partition))
+        .collect();
+    let ends = lookup_times(&consumer, &parts, to_ms.saturating_add(PAST_STOP_SCAN_MS))?;
+    let mut scans: BTreeMap<(String, i32), PastTheStop> = BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in plans {
+        let tp = (p.topic.clone(), p.partition);
+        let (low, high) =
+            consumer.fetch_watermarks(&p.topic, p.partition, Duration::from_secs(30))?;
+        let by_time = match ends.get(&tp) {
+            Some(Offset::Offset(o)) => *o,
+            _ => high,
+        };
+        let from = p.stop_offset.max(low);
+        let to = by_time.max(from + PAST_STOP_SCAN_RECORDS).min(high);
+        if to > from {
+            tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(from))?;
+            scans.insert(
+                tp,
+                PastTheStop {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    scanned_from: from,
+                    scanned_to: to,
+                    earlier: 0,
+                },
+            );
+        }
+    }
+    if scans.is_empty() {
+        return Ok(Vec::new());
+    }
+    consumer.assign(&tpl)?;
+    let mut open: std::collections::BTreeSet<(String, i32)> = scans.keys().cloned().collect();
+    let mut idle_since = Instant::now();
+    while !open.is_empty() {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(msg)) => {
+                idle_since = Instant::now();
+                let tp = (msg.topic().to_string(), msg.partition());
+                let Some(s) = scans.get_mut(&tp) else {
+                    continue;
+                };
+                if msg.offset() >= s.scanned_to {
+                    open.remove(&tp);
+                    continue;
+                }
+                let ts = msg.timestamp().to_millis().unwrap_or(i64::MAX);
+                if ts >= from_ms && ts < to_ms {
+                    s.earlier += 1;
+                }
+                if msg.offset() + 1 >= s.scanned_to {
+                    open.remove(&tp);
+                }
+            }
+            Some(Err(e)) => {
+                return Err(Error::Other(format!("reading past the stop offsets: {e}")));
+            }
+            None => {
+                // Transaction markers or compaction can leave the last offsets without a record.
+                let pos = consumer.position()?;
+                open.retain(|(t, p)| {
+                    !matches!(pos.find_partition(t, *p).map(|e| e.offset()),
+                        Some(Offset::Offset(o)) if o >= scans[&(t.clone(), *p)].scanned_to)
+                });
+                if !open.is_empty() && idle_since.elapsed() >= Duration::from_secs(30) {
+                    // Bounded: report what was read (the backfill itself has completed).
+                    for (t, p) in &open {
+                        let s = scans.get_mut(&(t.clone(), *p)).expect("scanned");
+                        if let Some(Offset::Offset(o)) =
+                            pos.find_partition(t, *p).map(|e| e.offset())
+                        {
+                            s.scanned_to = o.clamp(s.scanned_from, s.scanned_to);
+                        }
+                        tracing::warn!(
+                            "{t}/{p}: no record for 30 s past the stop; scan ends at {}",
+                            s.scanned_to
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    let found: Vec<PastTheStop> = scans.into_values().filter(|s| s.earlier > 0).collect();
+    for s in &found {
+        tracing::warn!(
+            "{}/{}: {} record(s) after the stop offset {} carry timestamps inside the window and were not applied \
+             (offsets [{}, {}) read); --to-offsets reaches them",
+            s.topic, s.partition, s.earlier, s.scanned_from, s.scanned_from, s.scanned_to
+        );
+    }
+    Ok(found)
 }
 
 fn watermarks(brokers: &str, group: &str, topic: &str, partition: i32) -> Result<(i64, i64)> {
@@ -796,6 +1072,23 @@ fn decide(
             return (Pending::Filtered("outside-rebuild-window".into()), day);
         }
     }
+    // The window is chosen by record time, the horizon judges the event day: a late event of a day older than
+    // the horizon (its ledger partition may be gone) is quarantined, as `run` does. A rebuild re-creates its days.
+    if let (None, Some(h), Some(d)) = (window, schema::horizon_start(pipeline), day) {
+        if d < h {
+            return (
+                Pending::Quarantine(decode::Rejection {
+                    reason: decode::Reason::BeyondHorizon,
+                    detail: format!(
+                        "partition day {d} is older than the ledger horizon (oldest kept day {h}); its ledger \
+                         partition may be gone, so applying it could double-count — use `replaysafe rebuild` for \
+                         old windows"
+                    ),
+                }),
+                day,
+            );
+        }
+    }
     if let Some(program) = keep {
         let ctx = filter::context(pipeline, &fields);
         match filter::eval(program, "--filter", &ctx) {
@@ -817,7 +1110,8 @@ pub struct RebuildOptions {
     pub to: NaiveDate,
     /// The fresh group id that replays the window.
     pub group_id: String,
-    /// Hours of record time read before `from` and after `to` (events are produced near their event day).
+    /// Hours of record time read before `from` and after `to`, for events never landed (landed ones are re-read
+    /// from the offsets their ledger rows hold).
     pub slack_hours: i64,
     /// The operator confirmed that other writers of the projection tables are paused.
     pub others_paused: bool,
@@ -826,11 +1120,17 @@ pub struct RebuildOptions {
 }
 
 /// Rebuilds a window of event days: in one transaction deletes the window's rows from every counter/sum
-/// projection and from the ledger, then replays the records of those days under a fresh group id.
+/// projection and from the ledger, then replays the records of those days under a fresh group id. The replay
+/// reads, per partition, at least the offsets the window's ledger rows came from (lowest to highest) and the
+/// record times `slack_hours` around the window. The report's `rebuild` section compares the window's ledger
+/// rows per day before and after ([`Report::rebuild_shortfall`]).
 ///
 /// # Errors
 /// [`Error::Usage`] without `others_paused`, without `partition-by`, or when a projection cannot be zeroed per
-/// day (kind sql or outbox, or not grouped by the day); then as [`backfill`].
+/// day (kind sql or outbox, or not grouped by the day); [`Error::Other`] before deleting anything when the window's
+/// ledger rows came from offsets the topic no longer holds (retention, recreated topic), another generation or a
+/// foreign topic, or when ledger rows appeared outside the planned offsets (a writer not paused); then as
+/// [`backfill`].
 pub fn rebuild(
     pipeline: Arc<Pipeline>,
     brokers: &str,
@@ -848,6 +1148,12 @@ pub fn rebuild(
     let day = pipeline.identity.partition_by.ok_or_else(|| {
         usage("rebuild works per event day: the pipeline needs identity.partition-by".into())
     })?;
+    if opts.to < opts.from || opts.slack_hours < 0 {
+        return Err(usage(format!(
+            "rebuild --from {} --to {} --slack-hours {}: the window needs --from <= --to and a slack >= 0",
+            opts.from, opts.to, opts.slack_hours
+        )));
+    }
     let mut deletes = Vec::new();
     for p in &pipeline.projections {
         match &p.aggregate {
@@ -864,10 +1170,6 @@ pub fn rebuild(
             }
         }
     }
-    deletes.push(format!(
-        "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
-        pipeline.ledger.table, pipeline.fields[day].name
-    ));
     let slack = opts.slack_hours * 3_600_000;
     let from_ms = opts
         .from
@@ -885,6 +1187,34 @@ pub fn rebuild(
         .and_utc()
         .timestamp_millis()
         + slack;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    // This connection lives until the report is complete: it keeps the deleted ledger rows (a temporary table).
+    let mut client = rt.block_on(async {
+        let mut client = crate::sink::connect(database_url).await?;
+        schema::init(&mut client, &pipeline).await?;
+        Ok::<_, Error>(client)
+    })?;
+    // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.
+    let table = pipeline.table(sql::CHECKPOINTS).to_string();
+    let used: bool = rt
+        .block_on(client.query_one(
+            &format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE consumer_group = $1)"),
+            &[&opts.group_id],
+        ))?
+        .get(0);
+    if used {
+        return Err(usage(format!(
+            "--group-id {} has been used before: a rebuild deletes the window again and must replay it from the \
+             start, so give every rebuild (also a rerun after an interruption) a new group id",
+            opts.group_id
+        )));
+    }
+    // Where the window's events came from: the replay reads at least those offsets, whatever their times.
+    let sources = rt.block_on(window_sources(&client, &pipeline, opts))?;
+    let cover = cover_of(&pipeline, &sources)?;
     let bopts = BackfillOptions {
         from_ms,
         stop: StopSpec::Time(to_ms),
@@ -895,55 +1225,210 @@ pub fn rebuild(
         dry_run: false,
         missing_stop: MissingStop::End,
         progress: opts.progress,
+        cover: cover.clone(),
     };
-    // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.
-    let used: bool = {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Other(e.to_string()))?;
-        rt.block_on(async {
-            let client = crate::sink::connect(database_url).await?;
-            let table = pipeline.table(sql::CHECKPOINTS).to_string();
-            let exists: Option<String> = client
-                .query_one("SELECT to_regclass($1)::text", &[&table])
-                .await?
-                .get(0);
-            if exists.is_none() {
-                return Ok::<_, Error>(false);
-            }
-            Ok(client
-                .query_one(
-                    &format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE consumer_group = $1)"),
-                    &[&opts.group_id],
-                )
-                .await?
-                .get(0))
-        })?
-    };
-    if used {
-        return Err(usage(format!(
-            "--group-id {} has been used before: a rebuild deletes the window again and must replay it from the \
-             start, so give every rebuild (also a rerun after an interruption) a new group id",
-            opts.group_id
+    // Plan first (retention, the ledger's offsets still in the topic) so nothing is deleted when the replay
+    // cannot re-read it all.
+    plan(&pipeline, brokers, database_url, &bopts)?;
+    let beyond = beyond_horizon_note(&pipeline, opts);
+    if let Some(n) = &beyond {
+        tracing::warn!("{n}");
+    }
+    rt.block_on(delete_window(
+        &mut client,
+        &pipeline,
+        opts,
+        &deletes,
+        &cover,
+    ))?;
+    let mut report = backfill(pipeline.clone(), brokers, database_url, &bopts, shutdown)?;
+    report.retention.extend(beyond);
+    report.rebuild = Some(rt.block_on(rebuild_check(&client, &pipeline, opts))?);
+    Ok(report)
+}
+
+/// Days of the window older than the ledger horizon have no ledger rows any more (their partitions were
+/// dropped): nothing tells the rebuild where their late events are, only `--slack-hours` reaches them.
+fn beyond_horizon_note(pipeline: &Pipeline, opts: &RebuildOptions) -> Option<String> {
+    let h = schema::horizon_start(pipeline)?;
+    (opts.from < h).then(|| {
+        format!(
+            "days {}..={} are older than the ledger horizon ({h}): their ledger rows were dropped, so the rebuild \
+             re-reads them by record time only ({} h of slack) and cannot name events it did not find",
+            opts.from,
+            opts.to.min(h.pred_opt().unwrap_or(h)),
+            opts.slack_hours
+        )
+    })
+}
+
+/// Per `(generation, topic, partition)`: lowest and highest offset and the number of the window's ledger rows.
+type Sources = Vec<(String, String, i32, i64, i64, i64)>;
+
+async fn window_sources(
+    client: &tokio_postgres::Client,
+    pipeline: &Pipeline,
+    opts: &RebuildOptions,
+) -> Result<Sources> {
+    let day = pipeline.identity.partition_by.expect("checked");
+    let q = format!(
+        "SELECT generation, topic, partition, min(\"offset\"), max(\"offset\"), count(*) FROM {} \
+         WHERE {} BETWEEN $1 AND $2 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+        pipeline.ledger.table, pipeline.fields[day].name
+    );
+    let rows = client.query(&q, &[&opts.from, &opts.to]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect())
+}
+
+/// The offsets the replay must cover; refuses ledger rows that no replay of this pipeline can bring back (another
+/// generation, a topic no longer in the pipeline).
+fn cover_of(pipeline: &Pipeline, sources: &Sources) -> Result<BTreeMap<(String, i32), (i64, i64)>> {
+    let generation = pipeline.identity.generation.clone().unwrap_or_default();
+    let foreign: Vec<String> = sources
+        .iter()
+        .filter(|s| s.0 != generation || !pipeline.kafka.topics.contains(&s.1))
+        .map(|s| {
+            format!(
+                "{} row(s) of generation '{}' from {}/{} offsets {}..={}",
+                s.5, s.0, s.1, s.2, s.3, s.4
+            )
+        })
+        .collect();
+    if !foreign.is_empty() {
+        return Err(Error::Other(format!(
+            "the window's ledger holds events this pipeline cannot re-read (generation '{generation}', topics {:?}): \
+             {}; the rebuild would delete them for good — refused before deleting anything",
+            pipeline.kafka.topics,
+            foreign.join(", ")
         )));
     }
-    // Plan first (retention, fresh group) so nothing is deleted when the replay cannot happen.
-    plan(&pipeline, brokers, database_url, &bopts)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Other(e.to_string()))?;
-    rt.block_on(async {
-        let mut client = crate::sink::connect(database_url).await?;
-        schema::init(&mut client, &pipeline).await?;
-        let tx = client.transaction().await?;
-        for d in &deletes {
-            let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
-            tracing::info!(rows = n, "{d}");
+    Ok(sources
+        .iter()
+        .map(|s| ((s.1.clone(), s.2), (s.3, s.4)))
+        .collect())
+}
+
+/// Temporary table (on the rebuild's own connection) holding the ledger rows the rebuild deleted.
+const REMOVED: &str = "pg_temp.replaysafe_rebuild_removed";
+
+/// In one transaction: deletes the window from every aggregate and from the ledger, keeping the deleted ledger
+/// rows in [`REMOVED`]; rolls back when they came from offsets the plan does not cover (a writer was not paused).
+async fn delete_window(
+    client: &mut tokio_postgres::Client,
+    pipeline: &Pipeline,
+    opts: &RebuildOptions,
+    deletes: &[String],
+    cover: &BTreeMap<(String, i32), (i64, i64)>,
+) -> Result<()> {
+    let day = pipeline.identity.partition_by.expect("checked");
+    let ledger = &pipeline.ledger.table;
+    client
+        .batch_execute(&format!(
+            "CREATE TEMP TABLE IF NOT EXISTS replaysafe_rebuild_removed AS SELECT * FROM {ledger} WHERE false; \
+             TRUNCATE {REMOVED}"
+        ))
+        .await?;
+    let tx = client.transaction().await?;
+    for d in deletes {
+        let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
+        tracing::info!(rows = n, "{d}");
+    }
+    let n = tx
+        .execute(
+            &format!(
+                "WITH d AS (DELETE FROM {ledger} WHERE {} BETWEEN $1 AND $2 RETURNING *) \
+                 INSERT INTO {REMOVED} SELECT * FROM d",
+                pipeline.fields[day].name
+            ),
+            &[&opts.from, &opts.to],
+        )
+        .await?;
+    tracing::info!(
+        rows = n,
+        "ledger rows of {}..={} deleted",
+        opts.from,
+        opts.to
+    );
+    let q = format!(
+        "SELECT topic, partition, min(\"offset\"), max(\"offset\") FROM {REMOVED} GROUP BY 1, 2"
+    );
+    for r in tx.query(&q, &[]).await? {
+        let (t, p, lo, hi): (String, i32, i64, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
+        if !cover
+            .get(&(t.clone(), p))
+            .is_some_and(|&(a, b)| a <= lo && hi <= b)
+        {
+            tx.rollback().await?;
+            return Err(Error::Other(format!(
+                "{t}/{p}: ledger rows of the window appeared at offsets {lo}..={hi} after the rebuild was planned — \
+                 another writer is running; nothing was deleted"
+            )));
         }
-        tx.commit().await?;
-        Ok::<_, Error>(())
-    })?;
-    backfill(pipeline, brokers, database_url, &bopts, shutdown)
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// After the replay: ledger rows per day before and after, and the deleted rows that did not come back.
+async fn rebuild_check(
+    client: &tokio_postgres::Client,
+    pipeline: &Pipeline,
+    opts: &RebuildOptions,
+) -> Result<RebuildCheck> {
+    let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
+    let ledger = &pipeline.ledger.table;
+    let mut check = RebuildCheck::default();
+    for r in client
+        .query(
+            &format!("SELECT {day}::text, count(*) FROM {REMOVED} GROUP BY 1"),
+            &[],
+        )
+        .await?
+    {
+        check.per_day.entry(r.get(0)).or_default().before = r.get::<_, i64>(1) as u64;
+    }
+    for r in client
+        .query(
+            &format!("SELECT {day}::text, count(*) FROM {ledger} WHERE {day} BETWEEN $1 AND $2 GROUP BY 1"),
+            &[&opts.from, &opts.to],
+        )
+        .await?
+    {
+        check.per_day.entry(r.get(0)).or_default().after = r.get::<_, i64>(1) as u64;
+    }
+    let pk = sql::ledger_pk(pipeline);
+    let same: Vec<String> = pk.iter().map(|c| format!("l.{c} = r.{c}")).collect();
+    let key: Vec<String> = pk.iter().map(|c| format!("r.{c}::text")).collect();
+    let gone = format!(
+        "FROM {REMOVED} r WHERE NOT EXISTS (SELECT 1 FROM {ledger} l WHERE {})",
+        same.join(" AND ")
+    );
+    check.missing_total = client
+        .query_one(&format!("SELECT count(*) {gone}"), &[])
+        .await?
+        .get::<_, i64>(0) as u64;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT r.{day}::text, ARRAY[{}], r.topic, r.partition, r.\"offset\" {gone} \
+                 ORDER BY 3, 4, 5 LIMIT {MISSING_LISTED}",
+                key.join(", ")
+            ),
+            &[],
+        )
+        .await?;
+    check.missing = rows
+        .iter()
+        .map(|r| MissingRow {
+            day: r.get(0),
+            key: r.get(1),
+            topic: r.get(2),
+            partition: r.get(3),
+            offset: r.get(4),
+        })
+        .collect();
+    Ok(check)
 }

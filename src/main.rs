@@ -169,7 +169,8 @@ struct RebuildArgs {
     /// Confirms that every other writer of the projection tables is paused.
     #[arg(long)]
     i_paused_other_writers: bool,
-    /// Hours of record time read before --from and after --to.
+    /// Hours of record time read before --from and after --to, to reach events never landed; landed events
+    /// are re-read from the offsets the ledger holds for them, however late they arrived.
     #[arg(long, default_value_t = 24)]
     slack_hours: i64,
     /// Write the report (JSON) here (default: stdout).
@@ -389,6 +390,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 dry_run: a.dry_run,
                 missing_stop: a.missing_stop,
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                cover: Default::default(),
             };
             let shutdown = Arc::new(AtomicBool::new(false));
             signals(shutdown.clone());
@@ -422,7 +424,12 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 shutdown,
             )?;
             eprintln!("{}", report.accounting);
-            write_json(&report, a.output.as_ref())
+            write_json(&report, a.output.as_ref())?;
+            // A day that ends with fewer ledger rows than it had: exit 1 (the report says which rows).
+            match report.rebuild_shortfall() {
+                Some(msg) => Err(Error::Other(msg).into()),
+                None => Ok(()),
+            }
         }
         Command::Verify {
             command:

@@ -138,6 +138,7 @@ pub fn snapshot(
             next_offset,
         });
     }
+    warnings.extend(no_position(group, &entries));
     for w in &warnings {
         tracing::warn!("{w}");
     }
@@ -153,4 +154,28 @@ pub fn snapshot(
         warnings,
         partitions: entries,
     })
+}
+
+/// Warnings for partitions where the group has no position (written as `null`, never as 0).
+fn no_position(group: &str, entries: &[StopEntry]) -> Vec<String> {
+    let missing: Vec<String> = entries
+        .iter()
+        .filter(|e| e.next_offset.is_none())
+        .map(|e| format!("{}/{}", e.topic, e.partition))
+        .collect();
+    if missing.is_empty() {
+        Vec::new()
+    } else if missing.len() == entries.len() {
+        vec![format!(
+            "group {group} has no position on any partition ({}): no checkpoint in PostgreSQL and no committed \
+             offset in Kafka — is the group name right? A backfill with this file needs --missing-stop",
+            missing.join(", ")
+        )]
+    } else {
+        vec![format!(
+            "group {group} has no position on {} (written as null; a backfill with this file needs \
+             --missing-stop for them)",
+            missing.join(", ")
+        )]
+    }
 }

@@ -101,7 +101,10 @@ pub fn snapshot(config_path: &Path, table: &str, filter: Option<&str>) -> Result
     let rows = rt.block_on(async {
         let mut client = sink::connect(&url).await?;
         let tx = client.build_transaction().read_only(true).start().await?;
-        let rows = tx.query(&sql, &[]).await?;
+        let rows = tx
+            .query(&sql, &[])
+            .await
+            .map_err(|e| where_error(e, filter))?;
         tx.rollback().await?;
         Ok::<_, Error>(rows)
     })?;
@@ -119,6 +122,20 @@ pub fn snapshot(config_path: &Path, table: &str, filter: Option<&str>) -> Result
         snap.rows.insert(k, r.get(2));
     }
     Ok(snap)
+}
+
+/// A `--where` that PostgreSQL rejects as written (SQLSTATE class 42: unknown column, syntax; class 22: a bad
+/// literal) is bad usage, not a runtime failure.
+fn where_error(e: tokio_postgres::Error, filter: Option<&str>) -> Error {
+    let class = e.code().map(|c| &c.code()[..2]);
+    match (filter, class) {
+        (Some(f), Some("42" | "22")) => Error::Usage(format!(
+            "--where `{f}`: {}",
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_string())
+        )),
+        _ => Error::Postgres(e),
+    }
 }
 
 fn database_url(p: &Pipeline) -> Result<String> {
@@ -174,12 +191,21 @@ pub fn diff(before: &Snapshot, report: &Report) -> Result<(Vec<Mismatch>, String
     for d in days {
         let c = changed.get(&d).copied().unwrap_or(0);
         let e = report.per_day.get(&d).map_or(0, |x| x.landed as i64);
+        // A late event lands on its own event day, which the snapshot's --where may not cover.
+        let unseen =
+            !before.days.values().any(|x| *x == d) && !after.days.values().any(|x| *x == d);
         table += &format!(
             "{:<12} {:>12} {:>12}{}\n",
             d,
             c,
             e,
-            if c == e { "" } else { "   MISMATCH" }
+            match (c == e, unseen) {
+                (true, _) => "",
+                (false, false) => "   MISMATCH",
+                (false, true) =>
+                    "   MISMATCH (no row of this day in either snapshot: does --where cover every day the backfill \
+                     can land on?)",
+            }
         );
         if c != e {
             mismatches.push(Mismatch {

@@ -674,3 +674,819 @@ fn retention_margin_and_horizon_checks() {
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(refused.stderr.contains("rebuild"), "{}", refused.stderr);
 }
+
+/// The ledger's identity and origin of every row (not the group that claimed it).
+fn ledger_rows(db: &Db) -> Vec<(String, String, String, i32, i64)> {
+    db.query(
+        "SELECT event_id::text, day::text, topic, partition, \"offset\" FROM {s}.replaysafe_ledger ORDER BY 1, 2",
+        &[],
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+    .collect()
+}
+
+fn totals_of(db: &Db) -> BTreeMap<(String, String), String> {
+    db.query(
+        "SELECT day::text, customer_id, total::text FROM {s}.daily_totals",
+        &[],
+    )
+    .iter()
+    .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+    .collect()
+}
+
+/// One seed-pipeline event: `occurred` is the event time (its day is the event day), `ts` the Kafka timestamp.
+fn event(partition: i32, customer: &str, occurred_ms: i64, ts: i64) -> Rec {
+    let occurred = chrono::DateTime::from_timestamp_millis(occurred_ms)
+        .unwrap()
+        .to_rfc3339();
+    let id = uuid::Uuid::new_v4();
+    Rec::json(
+        partition,
+        customer,
+        &format!(
+            r#"{{"event_id":"{id}","customer_id":"{customer}","amount":"1.50","occurred_at":"{occurred}"}}"#
+        ),
+        ts,
+    )
+}
+
+const DAY_MS: i64 = 86_400_000;
+const APR25: i64 = 1_714_003_200_000; // 2024-04-25T00:00:00Z
+
+/// Issue 17: events of the window's days that arrived (Kafka timestamp) more than the default 24 h slack after
+/// their day. A rebuild with default options must re-read them — it reads at least the offsets the window's
+/// ledger rows came from — and end with the aggregates and the ledger exactly as before the damage. A rebuild
+/// whose replay does not bring every row back (here: a filter rule added since) exits 1 naming the rows.
+#[test]
+fn rebuild_rereads_late_events_beyond_the_slack() {
+    let db = Db::fresh("rb_late");
+    let topic = unique("rb_late");
+    create_topic(&topic, 2, &[]);
+    let (mut recs, _) = seed_events(600, 2);
+    // Late arrivals: events of 2024-04-26 and 2024-04-27 produced two to four days later.
+    for i in 0..24i64 {
+        let day = 1 + i % 2;
+        let occurred = APR25 + day * DAY_MS + 3_600_000 * (i % 20);
+        let ts = occurred + (2 + i % 3) * DAY_MS;
+        recs.push(event((i % 2) as i32, &format!("c-{}", i % 5), occurred, ts));
+    }
+    recs.sort_by_key(|r| r.timestamp_ms);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
+    let (counts0, totals0, ledger0) = (counts(&db), totals_of(&db), ledger_rows(&db));
+    assert_eq!(ledger0.len(), 624);
+    // Damage the window.
+    db.execute(
+        "UPDATE {s}.daily_counts SET n = n * 2 + 1 WHERE day BETWEEN '2024-04-26' AND '2024-04-27'",
+    );
+    db.execute("UPDATE {s}.daily_totals SET total = 0 WHERE day = '2024-04-26'");
+    let report = p.dir.path().join("rebuild.json");
+    let out = replaysafe(&[
+        "rebuild",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-26",
+        "--to",
+        "2024-04-27",
+        "--group-id",
+        &unique("rb"),
+        "--i-paused-other-writers",
+        "-o",
+        report.to_str().unwrap(),
+    ]);
+    out.assert_ok();
+    assert_eq!(counts(&db), counts0, "every count as before the damage");
+    assert_eq!(totals_of(&db), totals0, "every total as before the damage");
+    assert_eq!(
+        ledger_rows(&db),
+        ledger0,
+        "the same ledger rows, from the same offsets"
+    );
+    let r = json(&report);
+    let check = &r["rebuild"];
+    assert_eq!(check["missing_total"], 0, "{check}");
+    for d in ["2024-04-26", "2024-04-27"] {
+        let n = ledger0.iter().filter(|x| x.1 == d).count() as u64;
+        assert_eq!(check["per_day"][d]["before"], n, "{check}");
+        assert_eq!(check["per_day"][d]["after"], n, "{check}");
+    }
+    assert!(
+        r["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["stop_offset"].as_i64().unwrap() > 0),
+        "{r}"
+    );
+
+    // A replay that does not bring every row back (the pipeline now drops customer c-1): exit 1, rows named.
+    let filtered = SEED.replace(
+        "[identity]",
+        "[[filter]]\nname = \"no-c1\"\ndrop-if = \"customer_id == 'c-1'\"\n\n[identity]",
+    );
+    let pf = pipeline(&filtered, &topic, &unique("prod"), &db.schema);
+    let c1 = db.i64(
+        "SELECT coalesce(sum(n), 0)::bigint FROM {s}.daily_counts WHERE day = '2024-04-26' AND customer_id = 'c-1'",
+    );
+    assert!(c1 > 0);
+    let report2 = pf.dir.path().join("rebuild2.json");
+    let short = replaysafe(&[
+        "rebuild",
+        "--config",
+        cfg(&pf),
+        "--from",
+        "2024-04-26",
+        "--to",
+        "2024-04-26",
+        "--group-id",
+        &unique("rb"),
+        "--i-paused-other-writers",
+        "-o",
+        report2.to_str().unwrap(),
+    ]);
+    assert_eq!(short.code, Some(1), "{}", short.stderr);
+    assert!(
+        short.stderr.contains("did not bring back"),
+        "{}",
+        short.stderr
+    );
+    let r2 = json(&report2);
+    assert_eq!(r2["rebuild"]["missing_total"], c1, "{}", r2["rebuild"]);
+    let d = &r2["rebuild"]["per_day"]["2024-04-26"];
+    assert_eq!(
+        d["before"].as_i64().unwrap() - d["after"].as_i64().unwrap(),
+        c1
+    );
+    let named = r2["rebuild"]["missing"].as_array().unwrap();
+    assert_eq!(named.len() as i64, c1);
+    let ids: Vec<&str> = named
+        .iter()
+        .map(|m| m["key"][1].as_str().unwrap())
+        .collect();
+    for id in ids {
+        let origin = ledger0
+            .iter()
+            .find(|x| x.0 == id)
+            .expect("a row of the window");
+        assert!(named
+            .iter()
+            .any(|m| m["offset"] == origin.4 && m["partition"] == origin.3));
+    }
+}
+
+/// Issue 17: retention removed part of the offsets the window's ledger rows came from. The rebuild refuses
+/// before deleting anything (aggregate and ledger unchanged), exit 1, naming the partition and the offsets.
+#[test]
+fn rebuild_refuses_when_retention_removed_part_of_the_window() {
+    let db = Db::fresh("rb_ret");
+    let topic = unique("rb_ret");
+    create_topic(&topic, 1, &[]);
+    // 04-25: offsets 0..10; 04-26: 10..20; a late 04-25 event at 20 (Kafka time 04-28); 04-28: 21..25.
+    let mut recs: Vec<Rec> = (0..10)
+        .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
+        .collect();
+    recs.extend((0..10).map(|i| event(0, "c-0", APR25 + DAY_MS + i, APR25 + DAY_MS + i)));
+    recs.push(event(0, "c-1", APR25 + 7_200_000, APR25 + 3 * DAY_MS));
+    recs.extend((0..4).map(|i| event(0, "c-2", APR25 + 3 * DAY_MS + i, APR25 + 3 * DAY_MS + i)));
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
+    let (counts0, ledger0) = (counts(&db), ledger_rows(&db));
+    assert_eq!(ledger0.len(), 25);
+    // Retention deletes offsets 0..5 (five events of 2024-04-25).
+    delete_records_before(&topic, 0, 5);
+    let out = replaysafe(&[
+        "rebuild",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-04-25",
+        "--group-id",
+        &unique("rb"),
+        "--i-paused-other-writers",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("{topic}/0")) && out.stderr.contains("[0, 5)"),
+        "names partition and lost offsets: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("refused before deleting"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(counts(&db), counts0, "the aggregate is untouched");
+    assert_eq!(ledger_rows(&db), ledger0, "the ledger is untouched");
+    // A window whose events are all still in the topic is rebuilt. With a horizon that the window's days are
+    // older than, the report says that only the slack reaches their never-landed events.
+    let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
+    let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
+    let ok = replaysafe(&[
+        "rebuild",
+        "--config",
+        cfg(&ph),
+        "--from",
+        "2024-04-26",
+        "--to",
+        "2024-04-26",
+        "--group-id",
+        &unique("rb"),
+        "--i-paused-other-writers",
+    ]);
+    ok.assert_ok();
+    let r: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert!(
+        r["retention"]
+            .to_string()
+            .contains("older than the ledger horizon"),
+        "{r}"
+    );
+    assert_eq!(r["rebuild"]["per_day"]["2024-04-26"]["after"], 10, "{r}");
+    assert_eq!(counts(&db), counts0);
+    assert_eq!(ledger_rows(&db), ledger0);
+}
+
+/// A row projection (`accounts`, key `entity`, version `v`) next to a counter per day.
+const ROW_AND_COUNTER: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[batch]
+max-records = MAXRECORDS
+linger-ms = 20
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+entity = { path = "/entity", type = "text" }
+status = { path = "/status", type = "text" }
+v = { path = "/v", type = "bigint" }
+day = { path = "/occurred_at", type = "date" }
+FILTER
+[identity]
+key = ["event_id"]
+partition-by = "day"
+[[projection]]
+kind = "row"
+table = "accounts"
+key = ["entity"]
+version = "v"
+columns = ["entity", "status", "v"]
+[[projection]]
+kind = "counter"
+table = "daily_counts"
+group-by = ["day"]
+column = "n"
+"#;
+
+fn account_event(partition: i32, entity: &str, v: i64, status: &str, day: &str, ts: i64) -> Rec {
+    let id = uuid::Uuid::new_v4();
+    Rec::json(
+        partition,
+        entity,
+        &format!(
+            r#"{{"event_id":"{id}","entity":"{entity}","status":"{status}","v":{v},"occurred_at":"{day}T10:00:00Z"}}"#
+        ),
+        ts,
+    )
+}
+
+/// Issue 19 item 4: with a row projection in the pipeline, the backfill's per-day figures come from the same
+/// outcomes as its accounting line: a record the row projection judged stale is claimed in the ledger but is not
+/// `landed` for its day, and `verify diff` agrees with the report.
+#[test]
+fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
+    for batch in ["1", "5000"] {
+        per_day_counts_with_a_row_projection(&ROW_AND_COUNTER.replace("MAXRECORDS", batch));
+    }
+}
+
+fn per_day_counts_with_a_row_projection(text: &str) {
+    let db = Db::fresh("bf_row");
+    let topic = unique("bf_row");
+    create_topic(&topic, 2, &[]);
+    let mut recs = Vec::new();
+    // Entities spread over both partitions; per entity v2 `active` first, then an older v1 `closed`, on
+    // 2024-04-25; one `closed` v1 of a new entity per partition on 2024-04-26.
+    for e in 0..6i32 {
+        let ent = format!("a-{e}");
+        recs.push(account_event(
+            e % 2,
+            &ent,
+            2,
+            "active",
+            "2024-04-25",
+            APR25 + 1000 * e as i64,
+        ));
+        recs.push(account_event(
+            e % 2,
+            &ent,
+            1,
+            "closed",
+            "2024-04-25",
+            APR25 + 60_000 + 1000 * e as i64,
+        ));
+    }
+    for p in 0..2 {
+        recs.push(account_event(
+            p,
+            &format!("b-{p}"),
+            1,
+            "closed",
+            "2024-04-26",
+            APR25 + DAY_MS + p as i64,
+        ));
+    }
+    produce(&topic, &recs);
+    let prod = unique("prod");
+    // The buggy deployment dropped every `closed` event.
+    let buggy = text.replace(
+        "FILTER",
+        "[[filter]]\nname = \"no-closed\"\ndrop-if = \"status == 'closed'\"",
+    );
+    let t = run_caught_up(&pipeline(&buggy, &topic, &prod, &db.schema).path).tally();
+    assert_eq!((t.landed, t.filtered), (6, 8));
+    let p = pipeline(&text.replace("FILTER", ""), &topic, &prod, &db.schema);
+    let dir = p.dir.path();
+    let (before, report) = (dir.join("before.json"), dir.join("report.json"));
+    replaysafe(&[
+        "verify",
+        "snapshot",
+        "--config",
+        cfg(&p),
+        "--table",
+        "daily_counts",
+        "-o",
+        before.to_str().unwrap(),
+    ])
+    .assert_ok();
+    let out = replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-05-01",
+        "--group-id",
+        &unique("bf"),
+        "-o",
+        report.to_str().unwrap(),
+    ]);
+    out.assert_ok();
+    assert!(
+        out.stderr
+            .contains("consumed 14 = landed 2 + duplicate 6 + stale 6"),
+        "{}",
+        out.stderr
+    );
+    let r = json(&report);
+    let day = |d: &str, k: &str| r["per_day"][d][k].as_u64().unwrap_or(0);
+    assert_eq!(
+        (
+            day("2024-04-25", "landed"),
+            day("2024-04-25", "duplicate"),
+            day("2024-04-25", "stale")
+        ),
+        (0, 6, 6),
+        "{r}"
+    );
+    assert_eq!(day("2024-04-26", "landed"), 2, "{r}");
+    let sum = |k: &str| -> u64 {
+        r["per_day"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|c| c[k].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        (
+            sum("landed"),
+            sum("duplicate"),
+            sum("stale"),
+            sum("filtered")
+        ),
+        (2, 6, 6, 0)
+    );
+    // The stale records are in the ledger (claimed), the row table keeps v2, the counter saw the two landed.
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 14);
+    let rows: Vec<(String, String, i64)> = db
+        .query("SELECT entity, status, v FROM {s}.accounts ORDER BY 1", &[])
+        .iter()
+        .map(|x| (x.get(0), x.get(1), x.get(2)))
+        .collect();
+    assert_eq!(rows.len(), 8);
+    assert!(
+        rows[..6].iter().all(|x| x.1 == "active" && x.2 == 2),
+        "{rows:?}"
+    );
+    assert!(
+        rows[6..].iter().all(|x| x.1 == "closed" && x.2 == 1),
+        "{rows:?}"
+    );
+    let n: Vec<(String, i64)> = db
+        .query("SELECT day::text, n FROM {s}.daily_counts ORDER BY 1", &[])
+        .iter()
+        .map(|x| (x.get(0), x.get(1)))
+        .collect();
+    assert_eq!(n, vec![("2024-04-25".into(), 6), ("2024-04-26".into(), 2)]);
+    let v = replaysafe(&[
+        "verify",
+        "diff",
+        "--before",
+        before.to_str().unwrap(),
+        "--expect",
+        report.to_str().unwrap(),
+    ]);
+    v.assert_ok();
+    assert!(v.stdout.contains("verified"), "{}", v.stdout);
+}
+
+/// Issue 20 item 6: `--to TIME` stops each partition at its first record at or after the time; records after
+/// it with earlier timestamps are not applied, and the report counts them.
+#[test]
+fn backfill_to_time_reports_records_past_the_stop() {
+    let db = Db::fresh("bf_cut");
+    let topic = unique("bf_cut");
+    create_topic(&topic, 1, &[]);
+    let t = APR25 + DAY_MS; // --to 2024-04-26
+    let recs = vec![
+        event(0, "c-0", t - 7_200_000, t - 7_200_000), // inside
+        event(0, "c-0", t + 3_600_000, t + 3_600_000), // past --to: the stop
+        event(0, "c-0", t - 3_600_000, t - 3_600_000), // inside, after the stop: not applied
+        event(0, "c-0", t + 7_200_000, t + 7_200_000),
+    ];
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    let out = replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-04-26",
+        "--group-id",
+        &unique("bf"),
+    ]);
+    out.assert_ok();
+    let r: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(r["partitions"][0]["stop_offset"], 1, "{r}");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
+    let past = &r["past_the_stop"][0];
+    assert_eq!(
+        (
+            past["partition"].as_i64(),
+            past["scanned_from"].as_i64(),
+            past["scanned_to"].as_i64(),
+            past["earlier"].as_u64()
+        ),
+        (Some(0), Some(1), Some(4), Some(1)),
+        "{r}"
+    );
+    assert!(out.stderr.contains("were not applied"), "{}", out.stderr);
+}
+
+/// Issue 20 item 6: a stop offset below the window's start is noted in the report (like the beyond-the-end cap).
+#[test]
+fn backfill_notes_a_stop_offset_below_the_start() {
+    let db = Db::fresh("bf_below");
+    let topic = unique("bf_below");
+    create_topic(&topic, 1, &[]);
+    let t = APR25 + DAY_MS; // --to 2024-04-26
+    let recs = vec![
+        event(0, "c-0", t - 7_200_000, t - 7_200_000), // inside
+        event(0, "c-0", t + 3_600_000, t + 3_600_000), // past --to: the stop
+        event(0, "c-0", t - 3_600_000, t - 3_600_000), // inside, after the stop: not applied
+        event(0, "c-0", t + 7_200_000, t + 7_200_000),
+    ];
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    // A stop file whose offset lies below the window's start.
+    let stop = p.dir.path().join("stop.json");
+    std::fs::write(
+        &stop,
+        format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":0}}]}}"#),
+    )
+    .unwrap();
+    let below = replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-26T00:30:00Z",
+        "--to-offsets",
+        stop.to_str().unwrap(),
+        "--group-id",
+        &unique("bf"),
+    ]);
+    below.assert_ok();
+    let r: serde_json::Value = serde_json::from_str(&below.stdout).unwrap();
+    assert_eq!(r["partitions"][0]["start_offset"], 1, "{r}");
+    assert_eq!(r["partitions"][0]["stop_offset"], 1, "{r}");
+    assert!(
+        r["retention"]
+            .to_string()
+            .contains("stop offset 0 is below the start offset 1"),
+        "{r}"
+    );
+    assert!(
+        r["past_the_stop"].is_null(),
+        "only --to TIME scans past the stop: {r}"
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        0,
+        "nothing of the partition is in the window"
+    );
+}
+
+/// Issue 20 item 6: `offsets snapshot` of a group with no position warns (the file keeps nulls, never 0).
+#[test]
+fn offsets_snapshot_without_positions_warns() {
+    let db = Db::fresh("snap_warn");
+    let topic = unique("snap_warn");
+    create_topic(&topic, 2, &[]);
+    let (recs, _) = seed_events(20, 2);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
+    let file = p.dir.path().join("stop.json");
+    let nobody = unique("nobody");
+    let out = replaysafe(&[
+        "offsets",
+        "snapshot",
+        "--config",
+        cfg(&p),
+        "--group",
+        &nobody,
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    out.assert_ok();
+    assert!(
+        out.stderr.contains("has no position on any partition"),
+        "{}",
+        out.stderr
+    );
+    let s = json(&file);
+    assert!(
+        s["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["next_offset"].is_null()),
+        "{s}"
+    );
+    assert!(s["warnings"].to_string().contains(&nobody), "{s}");
+}
+
+/// Issue 20 item 6: `verify snapshot --where` naming a missing column is bad usage (exit 2), nothing written.
+#[test]
+fn verify_snapshot_where_naming_a_missing_column_is_usage() {
+    let db = Db::fresh("where_bad");
+    let topic = unique("where_bad");
+    create_topic(&topic, 1, &[]);
+    let (recs, _) = seed_events(10, 1);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
+    let bad = replaysafe(&[
+        "verify",
+        "snapshot",
+        "--config",
+        cfg(&p),
+        "--table",
+        "daily_counts",
+        "--where",
+        "nosuch_column = 1",
+        "-o",
+        p.dir.path().join("snap.json").to_str().unwrap(),
+    ]);
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("--where `nosuch_column = 1`"),
+        "{}",
+        bad.stderr
+    );
+    assert!(!p.dir.path().join("snap.json").exists());
+}
+
+/// Issue 17, the same class in `backfill`: its window is chosen by record time, but the horizon judges the
+/// event day. A late event (recent Kafka timestamp) of a day older than the horizon, whose ledger partition was
+/// dropped, is quarantined `beyond-horizon` — never claimed and counted a second time.
+#[test]
+fn backfill_quarantines_a_late_event_older_than_the_horizon() {
+    let db = Db::fresh("bf_hz");
+    let topic = unique("bf_hz");
+    create_topic(&topic, 1, &[]);
+    let now = chrono::Utc::now().timestamp_millis();
+    let recs = vec![
+        event(0, "c-old", now - 40 * DAY_MS, now - 3_600_000), // event day 40 days ago, arrived an hour ago
+        event(0, "c-new", now - 3_600_000, now - 3_600_000),
+    ];
+    produce(&topic, &recs);
+    let prod = unique("prod");
+    run_caught_up(&pipeline(SEED, &topic, &prod, &db.schema).path);
+    let old_day = db.text("SELECT day::text FROM {s}.daily_counts WHERE customer_id = 'c-old'");
+    // The horizon is set to 30 days; the next start drops the old day's ledger partition.
+    let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
+    let p = pipeline(&horizon, &topic, &prod, &db.schema);
+    run_caught_up(&p.path);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        1,
+        "the old day's ledger partition was dropped"
+    );
+    let from = chrono::DateTime::from_timestamp_millis(now - DAY_MS)
+        .unwrap()
+        .to_rfc3339();
+    let out = replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        &from,
+        "--to-group",
+        &prod,
+        "--group-id",
+        &unique("bf"),
+    ]);
+    out.assert_ok();
+    assert!(
+        out.stderr
+            .contains("consumed 2 = landed 0 + duplicate 1 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"),
+        "{}",
+        out.stderr
+    );
+    let n: Vec<(String, i64)> = db
+        .query(
+            "SELECT customer_id, n FROM {s}.daily_counts ORDER BY 1",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        n,
+        vec![("c-new".into(), 1), ("c-old".into(), 1)],
+        "counted once"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
+    let dl = db.query(
+        "SELECT reason, \"offset\" FROM {s}.replaysafe_dead_letters",
+        &[],
+    );
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0].get::<_, String>(0), "beyond-horizon");
+    assert_eq!(dl[0].get::<_, i64>(1), 0);
+    assert!(old_day.is_some());
+}
+
+/// Issue 17, the same class in `verify`: a backfill picks records by record time, `verify` compares event days.
+/// A late event in the window lands on an earlier day; a `before` snapshot whose `--where` misses that day shows
+/// it as a MISMATCH saying so (exit 1) — never as verified; a snapshot covering it verifies.
+#[test]
+fn verify_flags_a_late_event_day_outside_the_snapshot() {
+    let db = Db::fresh("vf_late");
+    let topic = unique("vf_late");
+    create_topic(&topic, 1, &[]);
+    let mut recs: Vec<Rec> = (0..3)
+        .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
+        .collect();
+    recs.push(event(0, "c-1", APR25 - 7_200_000, APR25 + 3_600_000)); // 2024-04-24, arrived on the 25th
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    replaysafe(&["init", "--config", cfg(&p)]).assert_ok();
+    let dir = p.dir.path();
+    let snap = |name: &str, filter: &str| {
+        let f = dir.join(name);
+        replaysafe(&[
+            "verify",
+            "snapshot",
+            "--config",
+            cfg(&p),
+            "--table",
+            "daily_counts",
+            "--where",
+            filter,
+            "-o",
+            f.to_str().unwrap(),
+        ])
+        .assert_ok();
+        f
+    };
+    let narrow = snap("narrow.json", "day between '2024-04-25' and '2024-04-26'");
+    let wide = snap("wide.json", "day between '2024-04-18' and '2024-04-26'");
+    let report = dir.join("report.json");
+    replaysafe(&[
+        "backfill",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-04-27",
+        "--group-id",
+        &unique("bf"),
+        "-o",
+        report.to_str().unwrap(),
+    ])
+    .assert_ok();
+    let r = json(&report);
+    assert_eq!(r["per_day"]["2024-04-24"]["landed"], 1, "{r}");
+    assert_eq!(r["per_day"]["2024-04-25"]["landed"], 3, "{r}");
+    let diff = |before: &std::path::Path| {
+        replaysafe(&[
+            "verify",
+            "diff",
+            "--before",
+            before.to_str().unwrap(),
+            "--expect",
+            report.to_str().unwrap(),
+        ])
+    };
+    let bad = diff(&narrow);
+    assert_eq!(bad.code, Some(1), "{}", bad.stdout);
+    let line = bad
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("2024-04-24"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("MISMATCH") && line.contains("--where"),
+        "{}",
+        bad.stdout
+    );
+    let good = diff(&wide);
+    good.assert_ok();
+    assert!(good.stdout.contains("verified"), "{}", good.stdout);
+}
+
+/// Issue 17: ledger rows of the window that no replay of this pipeline can bring back — another generation, or
+/// offsets past the end of a recreated topic — make the rebuild refuse before deleting anything.
+#[test]
+fn rebuild_refuses_ledger_rows_it_cannot_reread() {
+    let db = Db::fresh("rb_gen");
+    let topic = unique("rb_gen");
+    create_topic(&topic, 1, &[]);
+    let recs: Vec<Rec> = (0..6)
+        .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
+        .collect();
+    produce(&topic, &recs);
+    let gen_a = SEED.replace(
+        "partition-by = \"day\"",
+        "partition-by = \"day\"\ngeneration = \"a\"",
+    );
+    run_caught_up(&pipeline(&gen_a, &topic, &unique("prod"), &db.schema).path);
+    let (counts0, ledger0) = (counts(&db), ledger_rows(&db));
+    let rebuild = |text: &str| {
+        let p = pipeline(text, &topic, &unique("prod"), &db.schema);
+        replaysafe(&[
+            "rebuild",
+            "--config",
+            cfg(&p),
+            "--from",
+            "2024-04-25",
+            "--to",
+            "2024-04-25",
+            "--group-id",
+            &unique("rb"),
+            "--i-paused-other-writers",
+        ])
+    };
+    let other = rebuild(&gen_a.replace("generation = \"a\"", "generation = \"b\""));
+    assert_eq!(other.code, Some(1), "{}", other.stderr);
+    assert!(
+        other.stderr.contains("generation 'a'") && other.stderr.contains("refused before deleting"),
+        "{}",
+        other.stderr
+    );
+    assert_eq!(
+        (counts(&db), ledger_rows(&db)),
+        (counts0.clone(), ledger0.clone())
+    );
+    // The topic recreated with fewer records, the generation left unchanged.
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    produce(&topic, &recs[..2]);
+    let recreated = rebuild(&gen_a);
+    assert_eq!(recreated.code, Some(1), "{}", recreated.stderr);
+    assert!(
+        recreated.stderr.contains(&format!("{topic}/0"))
+            && recreated.stderr.contains("offsets up to 5")
+            && recreated.stderr.contains("ends at 2"),
+        "{}",
+        recreated.stderr
+    );
+    assert_eq!((counts(&db), ledger_rows(&db)), (counts0, ledger0));
+}
