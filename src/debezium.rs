@@ -218,6 +218,14 @@ pub fn decode(
     {
         return Ok(Record::Skip("cdc-transaction-metadata"));
     }
+    // Heartbeats (heartbeat.interval.ms), recognised by what they are: the Heartbeat schema, or a payload that is
+    // only `ts_ms`. Never by what is missing: a flattened row has no `op` and no `source` either.
+    if is_heartbeat(&env, schema.as_ref()) {
+        return Ok(Record::Skip("cdc-heartbeat"));
+    }
+    if !env.contains_key("source") && !env.contains_key("before") && !env.contains_key("after") {
+        return Err(flattened(&env));
+    }
     let op = match env.get("op").and_then(Value::as_str) {
         Some("c") => Op::Create,
         Some("u") => Op::Update,
@@ -226,7 +234,6 @@ pub fn decode(
         Some("t") => Op::Truncate,
         Some("m") => return Ok(Record::Skip("cdc-message")),
         Some(other) => return Err(reject(format!("unknown Debezium op `{other}`"))),
-        None if !env.contains_key("source") => return Ok(Record::Skip("cdc-heartbeat")),
         None => return Err(reject("Debezium envelope without `op`")),
     };
     let source = env
@@ -348,6 +355,39 @@ pub fn decode(
         }),
         Value::Object(doc),
     ))
+}
+
+/// Connect schema name of Debezium's heartbeat value (`heartbeat.interval.ms`).
+pub const HEARTBEAT_SCHEMA: &str = "io.debezium.connector.common.Heartbeat";
+
+/// Whether a record value is a Debezium heartbeat: its schema is [`HEARTBEAT_SCHEMA`], or (schemaless) its
+/// payload holds `ts_ms` and nothing else.
+fn is_heartbeat(env: &Map<String, Value>, schema: Option<&Value>) -> bool {
+    let named = schema
+        .and_then(|s| s.get("name"))
+        .and_then(Value::as_str)
+        .is_some_and(|n| n == HEARTBEAT_SCHEMA);
+    named || (env.len() == 1 && env.contains_key("ts_ms"))
+}
+
+/// The quarantine of a record flattened by Debezium's `ExtractNewRecordState` transform (the row alone, no
+/// `op`/`source`/`before`/`after`): it carries no source position and no table, so it cannot be ordered or
+/// identified as a change.
+fn flattened(env: &Map<String, Value>) -> Rejection {
+    let mut members: Vec<&str> = env.keys().map(String::as_str).take(8).collect();
+    if env.len() > members.len() {
+        members.push("…");
+    }
+    Rejection {
+        reason: Reason::Flattened,
+        detail: format!(
+            "flattened record (Debezium's ExtractNewRecordState transform, `io.debezium.transforms.\
+             ExtractNewRecordState`: no `op`, `source`, `before` or `after`; members: {}): it carries no source \
+             position, so it can neither be identified nor ordered. Remove the transform from the connector's \
+             `transforms` and replay the topic",
+            members.join(", ")
+        ),
+    }
 }
 
 /// JSON text with object members sorted, so that one key always gives one entity string.
