@@ -661,9 +661,15 @@ pub fn from_change(
                 .and_then(|r| r.iter().find(|(n, _)| n == c.as_str()))
                 .map(|(_, cell)| cell.value.clone())
                 .filter(|v| !v.is_null());
-            // A delete under REPLICA IDENTITY DEFAULT carries only the key in `before`: it has no version of its
-            // own and is ordered by its source position (in the fold).
-            if kind == ChangeKind::Delete && found.is_none() {
+            let v = found.as_ref().and_then(|value| match value {
+                serde_json::Value::Number(n) => n.to_string().parse::<i64>().ok(),
+                serde_json::Value::String(s) => s.parse::<i64>().ok(),
+                _ => None,
+            });
+            // A delete under REPLICA IDENTITY DEFAULT carries only the key in `before`: Debezium fills the other
+            // columns with null, or with 0 when the column is NOT NULL. Such a delete (version null, 0 or not a
+            // number) has no version of its own and is ordered by its source position (in the fold).
+            if kind == ChangeKind::Delete && v.is_none_or(|v| v == 0) {
                 return Ok(RowChange {
                     offset,
                     key,
@@ -676,19 +682,12 @@ pub fn from_change(
                     position: Some(change.position.to_vec()),
                 });
             }
-            let v = found
-                .as_ref()
-                .and_then(|value| match value {
-                    serde_json::Value::Number(n) => n.to_string().parse::<i64>().ok(),
-                    serde_json::Value::String(s) => s.parse::<i64>().ok(),
-                    _ => None,
-                })
-                .ok_or_else(|| {
-                    bad(format!(
-                        "version column `{}` is missing or not a whole number",
-                        c.as_str()
-                    ))
-                })?;
+            let v = v.ok_or_else(|| {
+                bad(format!(
+                    "version column `{}` is missing or not a whole number",
+                    c.as_str()
+                ))
+            })?;
             vec![v]
         }
     };
