@@ -88,9 +88,13 @@ fn customers(
 }
 
 type Live = Vec<(i64, Option<String>, i64)>;
+/// Tombstones `(id, _version, _position)`.
+type Tombs = Vec<(i64, Vec<i64>, Option<Vec<i64>>)>;
+/// Live `(id, status)` and tombstones `(id, _version)` of the filter test.
+type Accounts = (Vec<(i64, String)>, Vec<(i64, Vec<i64>)>);
 
 /// Live rows `(id, name, version)` and tombstones `(id, _version, _position)`, in either tombstone mode.
-fn customers_state(db: &Db, mode: &str) -> (Live, Vec<(i64, Vec<i64>, Option<Vec<i64>>)>) {
+fn customers_state(db: &Db, mode: &str) -> (Live, Tombs) {
     let (live_where, tomb_sql) = if mode == "column" {
         (
             "WHERE _deleted_at IS NULL",
@@ -394,7 +398,7 @@ tombstones = "TOMBSTONES"
                     &db.schema,
                 )
             };
-            let state = |db: &Db| -> (Vec<(i64, String)>, Vec<(i64, Vec<i64>)>) {
+            let state = |db: &Db| -> Accounts {
                 let (live, tombs) = if mode == "column" {
                     (
                         "SELECT id, status FROM {s}.accounts WHERE _deleted_at IS NULL ORDER BY id",
