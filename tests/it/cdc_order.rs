@@ -567,3 +567,65 @@ fn truncate_then_reload_under_a_version_column() {
         }
     }
 }
+
+/// Item 1, the case that cannot be ordered: a key-only delete meeting a row stored without a source position (by
+/// a replaysafe that did not keep them) is quarantined with a message naming the entity, the row kept — never
+/// applied blindly.
+#[test]
+fn key_only_delete_against_a_row_without_position_is_quarantined() {
+    let topic = unique("kodq");
+    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let row = json!({"id": 7, "name": "seven", "version": 3});
+    produce(
+        &topic,
+        &[envelope(
+            0,
+            "customers",
+            "c",
+            Some(7),
+            Value::Null,
+            row,
+            100,
+        )],
+    );
+    let db = Db::fresh("kodq");
+    let group = unique("g");
+    let p = customers(&db, &topic, &group, "", 5000, "table", "");
+    run_caught_up(&p.path);
+    // As an older replaysafe left it.
+    db.execute("UPDATE {s}.customers SET _position = NULL");
+    produce(
+        &topic,
+        &[envelope(
+            0,
+            "customers",
+            "d",
+            Some(7),
+            json!({"id": 7, "name": null, "version": 0}),
+            Value::Null,
+            200,
+        )],
+    );
+    let out = run_caught_up(&p.path);
+    assert_eq!(tally_of(&out), (1, 0, 0, 0, 0, 1), "{}", out.stdout);
+    let dead = db.query(
+        "SELECT reason, detail FROM {s}.replaysafe_dead_letters",
+        &[],
+    );
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].get::<_, String>(0), "invalid-field");
+    let detail: String = dead[0].get(1);
+    assert!(
+        detail.contains("cannot be ordered") && detail.contains("\"id\":\"7\""),
+        "{detail}"
+    );
+    assert_eq!(
+        customers_state(&db, "table"),
+        (vec![(7, Some("seven".into()), 3)], vec![])
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        1,
+        "the quarantined delete is not claimed"
+    );
+}
