@@ -419,3 +419,60 @@ pub fn old_key_header<M: rdkafka::message::Message>(msg: &M) -> Option<&[u8]> {
         .find(|h| h.key == OLD_KEY_HEADER)
         .and_then(|h| h.value)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every record real Debezium 3.6.1 produced in `tests/fixtures/debezium/` (schemas on and off): heartbeats
+    /// are recognised as heartbeats, everything else is a change or another built-in skip — nothing rejected.
+    #[test]
+    fn real_debezium_records_heartbeats_and_changes() {
+        for file in [
+            "schema-on.jsonl",
+            "schema-off.jsonl",
+            "schema-off-bytes-numeric.jsonl",
+        ] {
+            let path = format!(
+                "{}/tests/fixtures/debezium/{file}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let text = std::fs::read_to_string(&path).unwrap();
+            let mut heartbeats = 0;
+            for line in text.lines() {
+                let r: Value = serde_json::from_str(line).unwrap();
+                let bytes = |v: &Value| (!v.is_null()).then(|| serde_json::to_vec(v).unwrap());
+                let (key, value) = (bytes(&r["key"]), bytes(&r["value"]));
+                let topic = r["topic"].as_str().unwrap();
+                let got = decode(key.as_deref(), value.as_deref(), None)
+                    .unwrap_or_else(|e| panic!("{file}: {line}: {}", e.detail));
+                let heartbeat = matches!(got, Record::Skip("cdc-heartbeat"));
+                assert_eq!(
+                    heartbeat,
+                    topic.starts_with("__debezium-heartbeat."),
+                    "{file}: {line}"
+                );
+                heartbeats += usize::from(heartbeat);
+            }
+            assert!(heartbeats > 0, "{file}");
+        }
+    }
+
+    /// A flattened row (ExtractNewRecordState) is rejected as `flattened-record`, never taken for a heartbeat.
+    #[test]
+    fn flattened_rows_are_not_heartbeats() {
+        for v in [
+            r#"{"id":1,"name":"a"}"#,
+            r#"{"id":1,"__deleted":"true"}"#,
+            r#"{"ts_ms":1,"id":1}"#,
+        ] {
+            let e = decode(None, Some(v.as_bytes()), None).unwrap_err();
+            assert_eq!(e.reason, Reason::Flattened, "{v}");
+            assert!(e.detail.contains("ExtractNewRecordState"), "{v}");
+        }
+        assert!(matches!(
+            decode(None, Some(br#"{"ts_ms":1}"#), None),
+            Ok(Record::Skip("cdc-heartbeat"))
+        ));
+    }
+}
