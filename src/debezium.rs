@@ -218,6 +218,14 @@ pub fn decode(
     {
         return Ok(Record::Skip("cdc-transaction-metadata"));
     }
+    // Heartbeats (heartbeat.interval.ms), recognised by what they are: the Heartbeat schema, or a payload that is
+    // only `ts_ms`. Never by what is missing: a flattened row has no `op` and no `source` either.
+    if is_heartbeat(&env, schema.as_ref()) {
+        return Ok(Record::Skip("cdc-heartbeat"));
+    }
+    if !env.contains_key("source") && !env.contains_key("before") && !env.contains_key("after") {
+        return Err(flattened(&env));
+    }
     let op = match env.get("op").and_then(Value::as_str) {
         Some("c") => Op::Create,
         Some("u") => Op::Update,
@@ -226,7 +234,6 @@ pub fn decode(
         Some("t") => Op::Truncate,
         Some("m") => return Ok(Record::Skip("cdc-message")),
         Some(other) => return Err(reject(format!("unknown Debezium op `{other}`"))),
-        None if !env.contains_key("source") => return Ok(Record::Skip("cdc-heartbeat")),
         None => return Err(reject("Debezium envelope without `op`")),
     };
     let source = env
@@ -350,6 +357,39 @@ pub fn decode(
     ))
 }
 
+/// Connect schema name of Debezium's heartbeat value (`heartbeat.interval.ms`).
+pub const HEARTBEAT_SCHEMA: &str = "io.debezium.connector.common.Heartbeat";
+
+/// Whether a record value is a Debezium heartbeat: its schema is [`HEARTBEAT_SCHEMA`], or (schemaless) its
+/// payload holds `ts_ms` and nothing else.
+fn is_heartbeat(env: &Map<String, Value>, schema: Option<&Value>) -> bool {
+    let named = schema
+        .and_then(|s| s.get("name"))
+        .and_then(Value::as_str)
+        .is_some_and(|n| n == HEARTBEAT_SCHEMA);
+    named || (env.len() == 1 && env.contains_key("ts_ms"))
+}
+
+/// The quarantine of a record flattened by Debezium's `ExtractNewRecordState` transform (the row alone, no
+/// `op`/`source`/`before`/`after`): it carries no source position and no table, so it cannot be ordered or
+/// identified as a change.
+fn flattened(env: &Map<String, Value>) -> Rejection {
+    let mut members: Vec<&str> = env.keys().map(String::as_str).take(8).collect();
+    if env.len() > members.len() {
+        members.push("…");
+    }
+    Rejection {
+        reason: Reason::Flattened,
+        detail: format!(
+            "flattened record (Debezium's ExtractNewRecordState transform, `io.debezium.transforms.\
+             ExtractNewRecordState`: no `op`, `source`, `before` or `after`; members: {}): it carries no source \
+             position, so it can neither be identified nor ordered. Remove the transform from the connector's \
+             `transforms` and replay the topic",
+            members.join(", ")
+        ),
+    }
+}
+
 /// JSON text with object members sorted, so that one key always gives one entity string.
 fn canonical(v: &Value) -> String {
     fn sort(v: &Value) -> Value {
@@ -378,4 +418,61 @@ pub fn old_key_header<M: rdkafka::message::Message>(msg: &M) -> Option<&[u8]> {
         .iter()
         .find(|h| h.key == OLD_KEY_HEADER)
         .and_then(|h| h.value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every record real Debezium 3.6.1 produced in `tests/fixtures/debezium/` (schemas on and off): heartbeats
+    /// are recognised as heartbeats, everything else is a change or another built-in skip — nothing rejected.
+    #[test]
+    fn real_debezium_records_heartbeats_and_changes() {
+        for file in [
+            "schema-on.jsonl",
+            "schema-off.jsonl",
+            "schema-off-bytes-numeric.jsonl",
+        ] {
+            let path = format!(
+                "{}/tests/fixtures/debezium/{file}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let text = std::fs::read_to_string(&path).unwrap();
+            let mut heartbeats = 0;
+            for line in text.lines() {
+                let r: Value = serde_json::from_str(line).unwrap();
+                let bytes = |v: &Value| (!v.is_null()).then(|| serde_json::to_vec(v).unwrap());
+                let (key, value) = (bytes(&r["key"]), bytes(&r["value"]));
+                let topic = r["topic"].as_str().unwrap();
+                let got = decode(key.as_deref(), value.as_deref(), None)
+                    .unwrap_or_else(|e| panic!("{file}: {line}: {}", e.detail));
+                let heartbeat = matches!(got, Record::Skip("cdc-heartbeat"));
+                assert_eq!(
+                    heartbeat,
+                    topic.starts_with("__debezium-heartbeat."),
+                    "{file}: {line}"
+                );
+                heartbeats += usize::from(heartbeat);
+            }
+            assert!(heartbeats > 0, "{file}");
+        }
+    }
+
+    /// A flattened row (ExtractNewRecordState) is rejected as `flattened-record`, never taken for a heartbeat.
+    #[test]
+    fn flattened_rows_are_not_heartbeats() {
+        for v in [
+            r#"{"id":1,"name":"a"}"#,
+            r#"{"id":1,"__deleted":"true"}"#,
+            r#"{"ts_ms":1,"id":1}"#,
+        ] {
+            let e = decode(None, Some(v.as_bytes()), None).unwrap_err();
+            assert_eq!(e.reason, Reason::Flattened, "{v}");
+            assert!(e.detail.contains("ExtractNewRecordState"), "{v}");
+        }
+        assert!(matches!(
+            decode(None, Some(br#"{"ts_ms":1}"#), None),
+            Ok(Record::Skip("cdc-heartbeat"))
+        ));
+    }
 }

@@ -32,6 +32,8 @@ pub enum Reason {
     /// PostgreSQL rejected the record's values (a data exception or constraint, found by replaying the batch
     /// record by record).
     RejectedByDatabase,
+    /// A Debezium record flattened by the `ExtractNewRecordState` transform (the row alone, no change envelope).
+    Flattened,
 }
 
 impl Reason {
@@ -46,6 +48,7 @@ impl Reason {
             Reason::BeyondHorizon => "beyond-horizon",
             Reason::FilterError => "filter-error",
             Reason::RejectedByDatabase => "rejected-by-database",
+            Reason::Flattened => "flattened-record",
         }
     }
 }

@@ -766,8 +766,9 @@ fn delivery_text(p: &Pipeline, fields: &crate::decode::Fields) -> String {
     serde_json::Value::Array(v).to_string()
 }
 
-/// The changes of `batch` that row projection `rp` takes: newly claimed, passing its filter, of its source table
-/// (Debezium) — in offset order.
+/// The changes of `batch` that row projection `rp` takes: newly claimed, of its source table (Debezium) — in
+/// offset order. Its `filter`: JSON events that fail it do not reach it; a Debezium change whose row fails it
+/// becomes a delete of the row (the filter says which rows belong in the table).
 fn row_changes(
     p: &Pipeline,
     rp: &row::Prepared,
@@ -790,25 +791,30 @@ fn row_changes(
         if !landed.contains(&it.offset) {
             continue;
         }
-        if let Some(pc) = proj.pass_column {
-            if !passes.get(pc).copied().unwrap_or(false) {
-                continue;
-            }
-        }
+        let in_filter = proj
+            .pass_column
+            .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false));
         let delivery = delivery_text(p, fields);
         match change {
             Some(ch) => {
                 if !row::matches(plan, &plan.table, ch) {
                     continue;
                 }
-                let rc =
+                let mut rc =
                     row::from_change(&rp.shape, plan, it.offset, ch, delivery, p.decimal_handling)
                         .map_err(|rejection| ApplyError::Record {
                             offset: it.offset,
                             rejection,
                         })?;
+                // A Debezium row projection's `filter` says which rows belong in the table: a change whose row
+                // leaves it removes the row (a tombstone at the change's version); deletes and truncates always
+                // apply (a delete has no `after` for the filter to pass).
+                if !in_filter {
+                    row::leave_filter(&mut rc);
+                }
                 out.push(rc);
             }
+            None if !in_filter => continue,
             None => {
                 let text = |i: usize| fields[i].as_ref().map(|f| f.text.clone());
                 let key = rp
@@ -849,6 +855,7 @@ fn row_changes(
                     delivery,
                     old_key: None,
                     snapshot: false,
+                    position: None,
                 });
             }
         }

@@ -199,7 +199,7 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
         let key: Vec<String> = plan.key.iter().map(|k| k.to_string()).collect();
         exec(format!(
             "CREATE TABLE IF NOT EXISTS {t} ({}, _version bigint[] NOT NULL, _sha256 bytea NOT NULL, _delivery text, \
-             _updated_at timestamptz NOT NULL DEFAULT now(){deleted}, PRIMARY KEY ({}))",
+             _updated_at timestamptz NOT NULL DEFAULT now(){deleted}, _position bigint[], PRIMARY KEY ({}))",
             defs.join(", "),
             key.join(", ")
         ))
@@ -212,6 +212,11 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
         ))
         .await?;
     }
+    // The source position of the change that wrote each state (tables made before it was kept get the column).
+    exec(format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _position bigint[]"
+    ))
+    .await?;
     let shape = resolve(c, p, index).await?;
     if plan.tombstones == TombstoneMode::Table {
         let defs: Vec<String> = shape
@@ -231,10 +236,15 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
             .collect();
         exec(format!(
             "CREATE TABLE IF NOT EXISTS {} ({}, _version bigint[] NOT NULL, _delivery text, \
-             _deleted_at timestamptz NOT NULL DEFAULT now(), _last jsonb, PRIMARY KEY ({}))",
+             _deleted_at timestamptz NOT NULL DEFAULT now(), _last jsonb, _position bigint[], PRIMARY KEY ({}))",
             plan.tombstone_table,
             defs.join(", "),
             key.join(", ")
+        ))
+        .await?;
+        exec(format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS _position bigint[]",
+            plan.tombstone_table
         ))
         .await?;
     }
@@ -274,6 +284,9 @@ pub struct Prepared {
     delete_tomb: Option<Statement>,
     conflict: Statement,
     truncate: Statement,
+    /// Version-column projections with a tombstone table: the truncate turns older tombstones into ones without a
+    /// version of their own, at its position.
+    truncate_tombs: Option<Statement>,
     mark_truncate: Statement,
     watermark: Option<Statement>,
 }
@@ -324,8 +337,8 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         "false"
     };
     let fetch_live = prep(format!(
-        "SELECT u.ord, t._version, t._sha256, t._delivery, {deleted_expr}, {} FROM unnest({kp}) WITH ORDINALITY \
-         AS u({ka}, ord) JOIN {t} t ON {kj} FOR UPDATE OF t",
+        "SELECT u.ord, t._version, t._sha256, t._delivery, {deleted_expr}, {}, t._position FROM unnest({kp}) \
+         WITH ORDINALITY AS u({ka}, ord) JOIN {t} t ON {kj} FOR UPDATE OF t",
         cols_text.join(", ")
     ))
     .await?;
@@ -334,8 +347,8 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     } else {
         Some(
             prep(format!(
-                "SELECT u.ord, t._version, t._delivery, t._last FROM unnest({kp}) WITH ORDINALITY AS u({ka}, ord) \
-                 JOIN {tomb} t ON {kj} FOR UPDATE OF t"
+                "SELECT u.ord, t._version, t._delivery, t._last, t._position FROM unnest({kp}) WITH ORDINALITY \
+                 AS u({ka}, ord) JOIN {tomb} t ON {kj} FOR UPDATE OF t"
             ))
             .await?,
         )
@@ -349,11 +362,13 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     if column_mode {
         params.push(format!("${}::boolean[]", n + 4));
     }
+    params.push(format!("${}::text[]", n + 4 + usize::from(column_mode)));
     let mut alias: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
     alias.extend(["v", "h", "d"].map(String::from));
     if column_mode {
         alias.push("del".into());
     }
+    alias.push("pos".into());
     let names: Vec<String> = shape.columns.iter().map(|c| c.name.to_string()).collect();
     let mut select: Vec<String> = shape
         .columns
@@ -368,6 +383,8 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         select.push("CASE WHEN u.del THEN now() END".into());
         target.push("_deleted_at".into());
     }
+    select.push("u.pos::bigint[]".into());
+    target.push("_position".into());
     let key_cols: Vec<String> = shape.key.iter().map(|&i| names[i].clone()).collect();
     let updates: Vec<String> = target
         .iter()
@@ -376,7 +393,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         .collect();
     let upsert = prep(format!(
         "INSERT INTO {t} AS t ({}) SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
-         WHERE t._version <= EXCLUDED._version",
+         WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0",
         target.join(", "),
         select.join(", "),
         params.join(", "),
@@ -392,6 +409,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         let kv = format!("${}::text[]", k + 1);
         let kd = format!("${}::text[]", k + 2);
         let kl = format!("${}::text[]", k + 3);
+        let kpos = format!("${}::text[]", k + 4);
         let key_select: Vec<String> = shape
             .key
             .iter()
@@ -401,16 +419,19 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         (
             Some(
                 prep(format!(
-                    "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND t._version <= u.v::bigint[]"
+                    "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version <= u.v::bigint[] \
+                     OR cardinality(u.v::bigint[]) = 0)"
                 ))
                 .await?,
             ),
             Some(
                 prep(format!(
-                    "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at, _last) SELECT {}, u.v::bigint[], u.d, now(), u.l::jsonb \
-                     FROM unnest({kp}, {kv}, {kd}, {kl}) AS u({ka}, v, d, l) ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, \
-                     _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at \
-                     WHERE t._version < EXCLUDED._version",
+                    "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at, _last, _position) SELECT {}, u.v::bigint[], u.d, \
+                     now(), u.l::jsonb, u.pos::bigint[] FROM unnest({kp}, {kv}, {kd}, {kl}, {kpos}) AS u({ka}, v, d, l, pos) \
+                     ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, _version = EXCLUDED._version, \
+                     _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
+                     WHERE t._version < EXCLUDED._version OR cardinality(t._version) = 0 \
+                     OR cardinality(EXCLUDED._version) = 0",
                     key_cols.join(", "),
                     key_select.join(", "),
                     key_cols.join(", ")
@@ -435,23 +456,47 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         p.table(CONFLICTS)
     ))
     .await?;
+    // Truncate: $1 its source position, $2 its delivery. Ordered by source position: every older row becomes a
+    // tombstone at the truncate's position. Under a version column the tombstones have no version of their own
+    // (`{}`): rows inserted after the truncate are ordered against them by source position, whatever their
+    // version (a reload at the same or a lower version applies).
+    let by_column = matches!(plan.version, VersionPlan::Column(_));
+    let (tomb_version, older) = if by_column {
+        (
+            "'{}'::bigint[]",
+            "(_position IS NULL OR _position < $1::text::bigint[])",
+        )
+    } else {
+        ("$1::text::bigint[]", "_version < $1::text::bigint[]")
+    };
     let truncate = if column_mode {
         prep(format!(
-            "UPDATE {t} SET _deleted_at = now(), _version = coalesce($1::text::bigint[], _version), _updated_at = now() \
-             WHERE _deleted_at IS NULL AND ($1::text IS NULL OR _version < $1::text::bigint[])"
+            "UPDATE {t} SET _deleted_at = coalesce(_deleted_at, now()), _version = {tomb_version}, \
+             _position = $1::text::bigint[], _delivery = $2, _updated_at = now() \
+             WHERE {older} AND ({by_column} OR _deleted_at IS NULL)"
         ))
         .await?
     } else {
         prep(format!(
-            "WITH gone AS (DELETE FROM {t} WHERE $1::text IS NULL OR _version < $1::text::bigint[] \
-             RETURNING {kc}, _version) \
-             INSERT INTO {tomb} AS t ({kc}, _version, _delivery, _deleted_at) \
-             SELECT {kc}, coalesce($1::text::bigint[], gone._version), $2, now() \
+            "WITH gone AS (DELETE FROM {t} WHERE {older} RETURNING {kc}) \
+             INSERT INTO {tomb} AS t ({kc}, _version, _delivery, _deleted_at, _position) \
+             SELECT {kc}, {tomb_version}, $2, now(), $1::text::bigint[] \
              FROM gone ON CONFLICT ({kc}) DO UPDATE SET _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, \
-             _deleted_at = EXCLUDED._deleted_at WHERE t._version < EXCLUDED._version",
+             _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
+             WHERE t._version < EXCLUDED._version OR {by_column}",
             kc = key_cols.join(", ")
         ))
         .await?
+    };
+    let truncate_tombs = if by_column && !column_mode {
+        Some(
+            prep(format!(
+                "UPDATE {tomb} SET _version = '{{}}', _position = $1::text::bigint[] WHERE {older}"
+            ))
+            .await?,
+        )
+    } else {
+        None
     };
     let mark_truncate = prep(format!(
         "INSERT INTO {} (projection, version, topic, partition, \"offset\") VALUES ($1, $2::text::bigint[], $3, $4, $5) \
@@ -459,7 +504,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         p.table(TRUNCATES)
     ))
     .await?;
-    let watermark = if plan.version == VersionPlan::SourcePosition {
+    let watermark = if plan.version == VersionPlan::SourcePosition || by_column {
         Some(
             prep(format!(
                 "SELECT max(version) FROM {} WHERE projection = $1",
@@ -482,6 +527,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         delete_tomb,
         conflict,
         truncate,
+        truncate_tombs,
     })
 }
 
@@ -504,6 +550,19 @@ pub struct RowChange {
     pub old_key: Option<Vec<String>>,
     /// A snapshot read (`op = r`).
     pub snapshot: bool,
+    /// Debezium: the source position `[commit LSN, change LSN]` (the version too, unless a version column is
+    /// used). What orders a change against a state when either has no version of its own.
+    pub position: Option<Vec<i64>>,
+}
+
+/// Turns an upsert whose new row leaves a row projection's `filter` into a delete of the row at the upsert's
+/// version (deletes and truncates are left as they are).
+pub fn leave_filter(change: &mut RowChange) {
+    if change.kind == ChangeKind::Upsert {
+        change.kind = ChangeKind::Delete;
+        change.values.clear();
+        change.old_key = None;
+    }
 }
 
 /// What a change does to its entity.
@@ -602,9 +661,15 @@ pub fn from_change(
                 .and_then(|r| r.iter().find(|(n, _)| n == c.as_str()))
                 .map(|(_, cell)| cell.value.clone())
                 .filter(|v| !v.is_null());
-            // A delete under REPLICA IDENTITY DEFAULT carries only the key in `before`: its version is "whatever
-            // is stored" (resolved in the fold).
-            if kind == ChangeKind::Delete && found.is_none() {
+            let v = found.as_ref().and_then(|value| match value {
+                serde_json::Value::Number(n) => n.to_string().parse::<i64>().ok(),
+                serde_json::Value::String(s) => s.parse::<i64>().ok(),
+                _ => None,
+            });
+            // A delete under REPLICA IDENTITY DEFAULT carries only the key in `before`: Debezium fills the other
+            // columns with null, or with 0 when the column is NOT NULL. Such a delete (version null, 0 or not a
+            // number) has no version of its own and is ordered by its source position (in the fold).
+            if kind == ChangeKind::Delete && v.is_none_or(|v| v == 0) {
                 return Ok(RowChange {
                     offset,
                     key,
@@ -614,21 +679,15 @@ pub fn from_change(
                     delivery,
                     old_key: None,
                     snapshot: false,
+                    position: Some(change.position.to_vec()),
                 });
             }
-            let v = found
-                .as_ref()
-                .and_then(|value| match value {
-                    serde_json::Value::Number(n) => n.to_string().parse::<i64>().ok(),
-                    serde_json::Value::String(s) => s.parse::<i64>().ok(),
-                    _ => None,
-                })
-                .ok_or_else(|| {
-                    bad(format!(
-                        "version column `{}` is missing or not a whole number",
-                        c.as_str()
-                    ))
-                })?;
+            let v = v.ok_or_else(|| {
+                bad(format!(
+                    "version column `{}` is missing or not a whole number",
+                    c.as_str()
+                ))
+            })?;
             vec![v]
         }
     };
@@ -671,16 +730,34 @@ pub fn from_change(
         delivery,
         old_key,
         snapshot: change.op == Op::Read,
+        position: Some(change.position.to_vec()),
     })
 }
 
 #[derive(Debug, Clone)]
 struct State {
+    /// Empty: no version of its own (a tombstone of a key-only delete or of a truncate under a version column).
     version: Vec<i64>,
     deleted: bool,
     sha: Vec<u8>,
     delivery: Option<String>,
     values: Vec<Option<String>>,
+    /// The source position of the change that wrote it (`None`: JSON events, or written before it was kept).
+    position: Option<Vec<i64>>,
+}
+
+/// How a change compares with a stored state: by version when both have one of their own, else by source
+/// position. A state replaysafe never versioned (an existing table's row) is older than any change. `None`: the
+/// two cannot be ordered (a state written before positions were kept, against a change without a version).
+fn compare(version: &[i64], position: Option<&Vec<i64>>, s: &State) -> Option<std::cmp::Ordering> {
+    if !version.is_empty() && !s.version.is_empty() {
+        return Some(version.cmp(&s.version));
+    }
+    match (position, &s.position) {
+        (Some(a), Some(b)) => Some(a.cmp(b)),
+        _ if s.version.is_empty() => Some(std::cmp::Ordering::Greater),
+        _ => None,
+    }
 }
 
 fn hash(values: &[Option<String>], deleted: bool) -> Vec<u8> {
@@ -794,21 +871,21 @@ pub async fn apply(
                     results.insert(c.offset, RowResult::Applied);
                 }
                 TruncatePolicy::Truncate => {
-                    let v = (!c.version.is_empty()).then(|| version_text(&c.version));
-                    if let Some(v) = &v {
-                        tx.execute(
-                            &prepared.mark_truncate,
-                            &[&proj.name, v, &at.topic, &at.partition, &c.offset],
-                        )
+                    // Ordered by its source position (also under a version column: a truncate has no version).
+                    let at_pos = version_text(c.position.as_deref().unwrap_or(&c.version));
+                    tx.execute(
+                        &prepared.mark_truncate,
+                        &[&proj.name, &at_pos, &at.topic, &at.partition, &c.offset],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                    let n = tx
+                        .execute(&prepared.truncate, &[&at_pos, &c.delivery])
                         .await
                         .map_err(pg_err)?;
+                    if let Some(st) = &prepared.truncate_tombs {
+                        tx.execute(st, &[&at_pos]).await.map_err(pg_err)?;
                     }
-                    let n = if plan.tombstones == TombstoneMode::Column {
-                        tx.execute(&prepared.truncate, &[&v]).await
-                    } else {
-                        tx.execute(&prepared.truncate, &[&v, &c.delivery]).await
-                    }
-                    .map_err(pg_err)?;
                     tracing::info!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, rows = n, "truncate applied");
                     results.insert(c.offset, RowResult::Applied);
                 }
@@ -853,6 +930,7 @@ async fn fetch_states(
             delivery: r.get(3),
             deleted: r.get(4),
             values,
+            position: r.get(5 + shape.columns.len()),
         });
     }
     if let Some(ft) = &prepared.fetch_tomb {
@@ -860,11 +938,15 @@ async fn fetch_states(
             let ord: i64 = r.get(0);
             let version: Vec<i64> = r.get(1);
             let last: Option<serde_json::Value> = r.get(3);
+            let position: Option<Vec<i64>> = r.get(4);
             let slot = &mut state[(ord - 1) as usize];
             // A live row and a tombstone for one key should not coexist; the newer one wins.
-            if slot.as_ref().is_none_or(|s| s.version <= version) {
+            if slot.as_ref().is_none_or(|s| {
+                compare(&version, position.as_ref(), s) != Some(std::cmp::Ordering::Less)
+            }) {
                 *slot = Some(State {
                     version,
+                    position,
                     deleted: true,
                     sha: hash(&[], true),
                     delivery: r.get(2),
@@ -1011,26 +1093,45 @@ async fn fold_segment(
             };
             let deleted = c.kind == ChangeKind::Delete;
             let sha = hash(&incoming_values, deleted);
-            // A delete under a version column: the version of the row it deletes (inclusive), or, when `before`
-            // does not carry it, whatever is stored.
+            // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
+            // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
+            // position — it never wins over a change it cannot be ordered against.
             let inclusive = deleted && matches!(plan.version, VersionPlan::Column(_));
-            let resolved: Vec<i64>;
-            let version: &Vec<i64> = if c.version.is_empty() {
-                resolved = cur
+            let version = &c.version;
+            let order = cur
+                .as_ref()
+                .map(|s| compare(version, c.position.as_ref(), s));
+            use std::cmp::Ordering::{Equal, Less};
+            let result = match (&cur, order) {
+                // Older than the newest truncate (by source position): that truncate removed it.
+                _ if watermark
                     .as_ref()
-                    .map(|s| s.version.clone())
-                    .unwrap_or(vec![i64::MIN]);
-                &resolved
-            } else {
-                &c.version
-            };
-            let result = match &cur {
-                _ if watermark.as_ref().is_some_and(|w| version < w) => RowResult::Stale,
-                Some(s) if &s.version > version => RowResult::Stale,
+                    .is_some_and(|w| c.position.as_ref().is_some_and(|p| p < w)) =>
+                {
+                    RowResult::Stale
+                }
+                (Some(_), Some(None)) => {
+                    return Err(crate::sink::ApplyError::Record {
+                        offset: c.offset,
+                        rejection: Rejection {
+                            reason: Reason::InvalidField,
+                            detail: format!(
+                                "row projection `{}`: a delete without a version of its own (`before` holds only the \
+                                 key: REPLICA IDENTITY DEFAULT) for {} cannot be ordered against the stored state, \
+                                 which has no source position (written before replaysafe kept them); the row is kept. \
+                                 Delete it by hand if the source no longer has it; set REPLICA IDENTITY FULL on the \
+                                 source table so deletes carry the version column",
+                                proj.name,
+                                entity(shape, key)
+                            ),
+                        },
+                    })
+                }
+                (Some(_), Some(Some(Less))) => RowResult::Stale,
                 // The same version as a tombstone: that state was deleted.
-                Some(s) if &s.version == version && s.deleted && !deleted => RowResult::Stale,
+                (Some(s), Some(Some(Equal))) if s.deleted && !deleted => RowResult::Stale,
                 // Equal version (but an inclusive delete of the stored row, which applies).
-                Some(s) if &s.version == version && (s.deleted || !inclusive) => {
+                (Some(s), Some(Some(Equal))) if s.deleted || !inclusive => {
                     if s.sha == sha {
                         RowResult::Same
                     } else {
@@ -1056,10 +1157,11 @@ async fn fold_segment(
                         RowResult::Conflict
                     }
                 }
-                Some(s) if s.sha == sha && s.deleted == deleted => {
+                (Some(s), _) if s.sha == sha && s.deleted == deleted => {
                     cur = Some(State {
                         version: version.clone(),
                         delivery: Some(c.delivery.clone()),
+                        position: c.position.clone(),
                         ..s.clone()
                     });
                     RowResult::Same
@@ -1073,6 +1175,7 @@ async fn fold_segment(
                         sha,
                         delivery: Some(c.delivery.clone()),
                         values: incoming_values,
+                        position: c.position.clone(),
                     });
                     RowResult::Applied
                 }
@@ -1126,6 +1229,7 @@ async fn fold_segment(
         let mut shas = Vec::new();
         let mut deliveries = Vec::new();
         let mut dels = Vec::new();
+        let mut positions: Vec<Option<String>> = Vec::new();
         for (ei, s) in &live {
             for (i, c) in cols.iter_mut().enumerate() {
                 // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
@@ -1139,6 +1243,7 @@ async fn fold_segment(
             shas.push(s.sha.clone());
             deliveries.push(s.delivery.clone());
             dels.push(s.deleted);
+            positions.push(s.position.as_deref().map(version_text));
         }
         let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
         params.push(&versions);
@@ -1147,6 +1252,7 @@ async fn fold_segment(
         if column_mode {
             params.push(&dels);
         }
+        params.push(&positions);
         tx.execute(&prepared.upsert, &params)
             .await
             .map_err(pg_err)?;
@@ -1167,6 +1273,10 @@ async fn fold_segment(
         let deliveries: Vec<Option<String>> =
             dead.iter().map(|(_, s)| s.delivery.clone()).collect();
         let lasts: Vec<String> = dead.iter().map(|(_, s)| object(shape, &s.values)).collect();
+        let positions: Vec<Option<String>> = dead
+            .iter()
+            .map(|(_, s)| s.position.as_deref().map(version_text))
+            .collect();
         let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
         p.push(&versions);
         tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
@@ -1174,6 +1284,7 @@ async fn fold_segment(
             .map_err(pg_err)?;
         p.push(&deliveries);
         p.push(&lasts);
+        p.push(&positions);
         tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
             .await
             .map_err(pg_err)?;

@@ -4,6 +4,7 @@
 mod backfill;
 mod cases;
 mod cdc;
+mod cdc_order;
 mod common;
 mod config_errors;
 mod connect;
