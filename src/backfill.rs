@@ -897,7 +897,7 @@ pub fn rebuild(
         progress: opts.progress,
     };
     // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.
-    let used: bool = {
+    let (used, horizon) = {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -909,18 +909,28 @@ pub fn rebuild(
                 .query_one("SELECT to_regclass($1)::text", &[&table])
                 .await?
                 .get(0);
+            let horizon = schema::current_horizon(&client, &pipeline).await?;
             if exists.is_none() {
-                return Ok::<_, Error>(false);
+                return Ok::<_, Error>((false, horizon));
             }
-            Ok(client
+            let used: bool = client
                 .query_one(
                     &format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE consumer_group = $1)"),
                     &[&opts.group_id],
                 )
                 .await?
-                .get(0))
+                .get(0);
+            Ok((used, horizon))
         })?
     };
+    if let Some(oldest) = horizon.and_then(|h| h.oldest).filter(|o| opts.from < *o) {
+        return Err(usage(format!(
+            "the window starts {} but the ledger horizon only recognises event days from {oldest} (older days \
+             were pruned, or are past horizon-days): their records would be quarantined as beyond-horizon after \
+             the window was zeroed; rebuild from {oldest} on",
+            opts.from
+        )));
+    }
     if used {
         return Err(usage(format!(
             "--group-id {} has been used before: a rebuild deletes the window again and must replay it from the \
