@@ -11,3 +11,4 @@ mod core;
 mod debezium;
 mod file_source;
 mod hardening;
+mod horizon;
