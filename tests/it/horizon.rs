@@ -352,9 +352,9 @@ const BEYOND: Outcome = Outcome::Quarantined(replaysafe::decode::Reason::BeyondH
 
 /// Issue 22 item 3 and issue 19 item 3: process A's first connection cached the day's partition (it landed e1
 /// there), its second connection had never seen the day; process B (horizon 5) prunes the day between their
-/// batches. A replay of e1 and a new event of that day on the first connection are `beyond-horizon` (not
-/// `rejected-by-database`), on the second connection the replay is `beyond-horizon` and the day is not
-/// re-created (no second count). Records of days inside the horizon in the same batches land.
+/// batches. On the second connection the replay of e1 is `beyond-horizon` and the day is not re-created (no
+/// second count); on the first, a replay of e1 and a new event of that day are `beyond-horizon` (not
+/// `rejected-by-database`). Records of days inside the horizon in the same batches land or are duplicates.
 #[test]
 fn a_day_pruned_by_another_process_is_beyond_horizon_everywhere() {
     let h = Harness::new("hz_two");
@@ -369,15 +369,15 @@ fn a_day_pruned_by_another_process_is_beyond_horizon_everywhere() {
     assert_eq!(h.prune(5), vec![d], "process B drops the day");
     assert_eq!(pruned_below(&h.db), Some(days_ago(5)));
 
-    // The connection that cached the partition.
-    assert_eq!(
-        h.batch(&mut a1, &[(E1, d), (E2, d), (E3, today)]),
-        vec![BEYOND, BEYOND, Outcome::Landed]
-    );
-    // The connection that never saw the day.
+    // The connection that never saw the day: the replay neither re-creates the day nor lands again.
     assert_eq!(
         h.batch(&mut a2, &[(E1, d), (E3, today)]),
-        vec![BEYOND, Outcome::Duplicate]
+        vec![BEYOND, Outcome::Landed]
+    );
+    // The connection that cached the partition: the horizon decides, not a missing partition.
+    assert_eq!(
+        h.batch(&mut a1, &[(E1, d), (E2, d), (E3, today)]),
+        vec![BEYOND, BEYOND, Outcome::Duplicate]
     );
     assert_eq!(counter(&h.db, d), 1, "the pruned day is counted once");
     assert_eq!(counter(&h.db, today), 1);
@@ -386,9 +386,9 @@ fn a_day_pruned_by_another_process_is_beyond_horizon_everywhere() {
     assert_eq!(
         dead_letters(&h.db),
         vec![
+            ("hz_group".to_string(), 0, "beyond-horizon".to_string()),
             ("hz_group".to_string(), 1, "beyond-horizon".to_string()),
             ("hz_group".to_string(), 2, "beyond-horizon".to_string()),
-            ("hz_group".to_string(), 0, "beyond-horizon".to_string()),
         ]
     );
     let detail = h.db.text("SELECT detail FROM {s}.replaysafe_dead_letters ORDER BY id LIMIT 1");
@@ -398,11 +398,11 @@ fn a_day_pruned_by_another_process_is_beyond_horizon_everywhere() {
     );
     assert_eq!(
         a1.tally.line(),
-        "consumed 4 = landed 2 + duplicate 0 + filtered 0 + quarantined 2 [quarantined beyond-horizon: 2]"
+        "consumed 4 = landed 1 + duplicate 1 + filtered 0 + quarantined 2 [quarantined beyond-horizon: 2]"
     );
     assert_eq!(
         a2.tally.line(),
-        "consumed 2 = landed 0 + duplicate 1 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"
+        "consumed 2 = landed 1 + duplicate 0 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"
     );
 }
 
