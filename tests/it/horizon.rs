@@ -490,3 +490,111 @@ fn a_running_process_prunes_periodically() {
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
     assert_eq!(dead_letters(&db)[0].2, "beyond-horizon");
 }
+
+/// A claim and a prune serialize on the horizon row: a batch that starts while another process's prune holds
+/// it (horizon row raised, partition dropped, not yet committed) waits, then decides with the new pruned-below
+/// day — `beyond-horizon`, never an insert into the dropped partition.
+#[test]
+fn a_batch_waits_for_a_prune_in_progress_and_sees_its_horizon() {
+    let h = Harness::new("hz_lock");
+    let d = days_ago(10);
+    let mut a = h.open(0);
+    assert_eq!(h.batch(&mut a, &[(E1, d)]), vec![Outcome::Landed]);
+    // The prune of another process, in progress.
+    h.db.execute(&format!(
+        "BEGIN; UPDATE {{s}}.replaysafe_horizon SET pruned_below = '{}'; DROP TABLE {{s}}.replaysafe_ledger_p{}",
+        days_ago(5),
+        d.format("%Y%m%d")
+    ));
+    let outcomes = std::thread::scope(|scope| {
+        let batch = scope.spawn(|| h.batch(&mut a, &[(E2, d), (E3, days_ago(0))]));
+        let schema = h.db.schema.clone();
+        wait_until(Duration::from_secs(60), "the batch waits for the prune", || {
+            let other = waiting_for_locks(&schema);
+            other > 0
+        });
+        h.db.execute("COMMIT");
+        batch.join().unwrap()
+    });
+    assert_eq!(outcomes, vec![BEYOND, Outcome::Landed]);
+    assert_eq!(counter(&h.db, d), 1);
+    assert_eq!(partition_days(&h.db), vec![days_ago(0)]);
+    assert_eq!(
+        dead_letters(&h.db),
+        vec![("hz_group".to_string(), 1, "beyond-horizon".to_string())]
+    );
+    assert_eq!(
+        a.tally.line(),
+        "consumed 3 = landed 2 + duplicate 0 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"
+    );
+}
+
+/// Backends of this test's schema waiting for a lock (own connection: the test's is inside a transaction).
+fn waiting_for_locks(schema: &str) -> i64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = replaysafe::sink::connect(&database_url()).await.unwrap();
+        c.query_one(
+            "SELECT count(*)::bigint FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND position($1 in query) > 0",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    })
+}
+
+/// A rebuild of a window that starts below the durable horizon is refused before anything is deleted (its
+/// records could only be quarantined after the window was zeroed); from the pruned-below day on it rebuilds.
+#[test]
+fn rebuild_below_the_pruned_day_is_refused() {
+    let db = Db::fresh("hz_rb");
+    let topic = unique("hz_rb");
+    create_topic(&topic, 1, &[]);
+    let d = days_ago(10);
+    produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
+    run_caught_up(&pipeline(&text(30), &topic, &unique("g30"), &db.schema).path);
+    let short = pipeline(&text(5), &topic, &unique("g5"), &db.schema);
+    run_caught_up(&short.path);
+    let rebuild = |from: NaiveDate| {
+        replaysafe(&[
+            "rebuild",
+            "--config",
+            short.path.to_str().unwrap(),
+            "--from",
+            &from.to_string(),
+            "--to",
+            &days_ago(0).to_string(),
+            "--group-id",
+            &unique("rb"),
+            "--i-paused-other-writers",
+        ])
+    };
+    let refused = rebuild(d);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(&format!("from {}", days_ago(5))),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(counter(&db, d), 1, "nothing deleted");
+    assert_eq!(counter(&db, days_ago(1)), 1);
+    assert_eq!(ledger_rows(&db), 1);
+    let ok = rebuild(days_ago(5));
+    ok.assert_ok();
+    let report: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert_eq!(
+        report["accounting"].as_str().unwrap(),
+        "consumed 2 = landed 1 + duplicate 0 + filtered 1 + quarantined 0 [filtered outside-rebuild-window: 1]",
+        "{}",
+        ok.stdout
+    );
+    assert_eq!(counter(&db, d), 1, "outside the window");
+    assert_eq!(counter(&db, days_ago(1)), 1, "rebuilt");
+    assert_eq!(ledger_rows(&db), 1);
+    assert_eq!(partition_days(&db), vec![days_ago(1)]);
+}
