@@ -67,7 +67,13 @@ struct Pruner {
 }
 
 impl Pruner {
-    fn tick(&mut self, rt: &tokio::runtime::Handle, p: &Arc<Pipeline>, opts: &RunOptions, now: Instant) {
+    fn tick(
+        &mut self,
+        rt: &tokio::runtime::Handle,
+        p: &Arc<Pipeline>,
+        opts: &RunOptions,
+        now: Instant,
+    ) {
         if p.ledger.horizon_days.is_none()
             || now.duration_since(self.last) < opts.prune_interval
             || self.task.as_ref().is_some_and(|t| !t.is_finished())
@@ -86,7 +92,9 @@ impl Pruner {
                     tracing::info!(?dropped, "dropped ledger partitions older than the horizon")
                 }
                 Ok(Ok(_)) => tracing::debug!("ledger prune: nothing to drop"),
-                Ok(Err(e)) => tracing::warn!("ledger prune failed, retried at the next interval: {e}"),
+                Ok(Err(e)) => {
+                    tracing::warn!("ledger prune failed, retried at the next interval: {e}")
+                }
                 Err(_) => tracing::warn!(
                     "ledger prune did not finish in {PRUNE_TIMEOUT:?}; retried at the next interval"
                 ),

@@ -441,10 +441,7 @@ impl Sink {
         })
     }
 
-    async fn apply_once(
-        &mut self,
-        batch: &Batch,
-    ) -> std::result::Result<Vec<Outcome>, ApplyError> {
+    async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
         let p = self.pipeline.clone();
         if p.identity.partition_by.is_some() {
             let days: Vec<NaiveDate> = batch
@@ -462,11 +459,11 @@ impl Sink {
                 &mut self.floor,
                 days,
             )
-                .await
-                .map_err(|e| match e {
-                    Error::Postgres(pg) => classify(pg, false),
-                    other => ApplyError::Fatal(other),
-                })?;
+            .await
+            .map_err(|e| match e {
+                Error::Postgres(pg) => classify(pg, false),
+                other => ApplyError::Fatal(other),
+            })?;
         }
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();

@@ -51,7 +51,10 @@ const E2: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000002";
 const E3: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000003";
 
 fn days_ago(n: u64) -> NaiveDate {
-    Utc::now().date_naive().checked_sub_days(Days::new(n)).unwrap()
+    Utc::now()
+        .date_naive()
+        .checked_sub_days(Days::new(n))
+        .unwrap()
 }
 
 fn event(id: &str, day: NaiveDate) -> String {
@@ -114,12 +117,9 @@ fn partition_days(db: &Db) -> Vec<NaiveDate> {
 }
 
 fn pruned_below(db: &Db) -> Option<NaiveDate> {
-    db.query(
-        "SELECT pruned_below FROM {s}.replaysafe_horizon",
-        &[],
-    )
-    .first()
-    .and_then(|r| r.get(0))
+    db.query("SELECT pruned_below FROM {s}.replaysafe_horizon", &[])
+        .first()
+        .and_then(|r| r.get(0))
 }
 
 fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
@@ -159,7 +159,10 @@ fn backfill_quarantines_events_older_than_the_horizon() {
     let t = run_caught_up(&short.path).tally();
     assert_eq!((t.consumed, t.quarantined), (1, 1));
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
-    assert!(!partition_days(&db).contains(&d), "the day's partition was dropped");
+    assert!(
+        !partition_days(&db).contains(&d),
+        "the day's partition was dropped"
+    );
 
     for n in 0..2 {
         let group = unique("bf");
@@ -182,7 +185,10 @@ fn backfill_quarantines_events_older_than_the_horizon() {
             "backfill {n} did not re-create the pruned day"
         );
         // One dead letter per record (unique by its coordinates): the production run's.
-        assert_eq!(dead_letters(&db), vec![(short_group.clone(), 0, "beyond-horizon".to_string())]);
+        assert_eq!(
+            dead_letters(&db),
+            vec![(short_group.clone(), 0, "beyond-horizon".to_string())]
+        );
         // The next production run prunes again; nothing reopens.
         let t = run_caught_up(&short.path).tally();
         assert_eq!(t.consumed, 0);
@@ -230,7 +236,10 @@ fn lengthening_the_horizon_does_not_reopen_pruned_days() {
     assert_eq!(partition_days(&db), vec![days_ago(1)], "nothing re-created");
     assert_eq!(ledger_rows(&db), 1);
     // One dead letter per record (unique by its coordinates): the first group's.
-    assert_eq!(dead_letters(&db), vec![(g5, 0, "beyond-horizon".to_string())]);
+    assert_eq!(
+        dead_letters(&db),
+        vec![(g5, 0, "beyond-horizon".to_string())]
+    );
 }
 
 /// Two processes sharing a ledger, driven batch by batch: their `Sink`s (connections) and a prune of the
@@ -319,7 +328,12 @@ impl Harness {
                     timestamp_ms: Some(Utc::now().timestamp_millis()),
                     key: Some(id.as_bytes().to_vec()),
                     value: Some(value.as_bytes().to_vec()),
-                    pending: replaysafe::run::decide(&p, Some(id.as_bytes()), Some(value.as_bytes()), None),
+                    pending: replaysafe::run::decide(
+                        &p,
+                        Some(id.as_bytes()),
+                        Some(value.as_bytes()),
+                        None,
+                    ),
                 }
             })
             .collect();
@@ -381,7 +395,11 @@ fn a_day_pruned_by_another_process_is_beyond_horizon_everywhere() {
     );
     assert_eq!(counter(&h.db, d), 1, "the pruned day is counted once");
     assert_eq!(counter(&h.db, today), 1);
-    assert_eq!(partition_days(&h.db), vec![today], "the pruned day is not re-created");
+    assert_eq!(
+        partition_days(&h.db),
+        vec![today],
+        "the pruned day is not re-created"
+    );
     assert_eq!(ledger_rows(&h.db), 1);
     assert_eq!(
         dead_letters(&h.db),
@@ -391,9 +409,13 @@ fn a_day_pruned_by_another_process_is_beyond_horizon_everywhere() {
             ("hz_group".to_string(), 2, "beyond-horizon".to_string()),
         ]
     );
-    let detail = h.db.text("SELECT detail FROM {s}.replaysafe_dead_letters ORDER BY id LIMIT 1");
+    let detail =
+        h.db.text("SELECT detail FROM {s}.replaysafe_dead_letters ORDER BY id LIMIT 1");
     assert!(
-        detail.as_deref().unwrap_or("").contains(&format!("from {}", days_ago(5))),
+        detail
+            .as_deref()
+            .unwrap_or("")
+            .contains(&format!("from {}", days_ago(5))),
         "{detail:?}"
     );
     assert_eq!(
@@ -471,9 +493,11 @@ fn a_running_process_prunes_periodically() {
         || !partition_days(&db).contains(&d),
     );
     produce(&topic, &[rec(E1, d)]);
-    wait_until(Duration::from_secs(60), "the replay was quarantined", || {
-        !dead_letters(&db).is_empty()
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "the replay was quarantined",
+        || !dead_letters(&db).is_empty(),
+    );
     assert_eq!(terminate(&mut child), Some(0));
     let out = std::fs::read_to_string(p.dir.path().join("run.out")).unwrap();
     let line = out
@@ -509,10 +533,14 @@ fn a_batch_waits_for_a_prune_in_progress_and_sees_its_horizon() {
     let outcomes = std::thread::scope(|scope| {
         let batch = scope.spawn(|| h.batch(&mut a, &[(E2, d), (E3, days_ago(0))]));
         let schema = h.db.schema.clone();
-        wait_until(Duration::from_secs(60), "the batch waits for the prune", || {
-            let other = waiting_for_locks(&schema);
-            other > 0
-        });
+        wait_until(
+            Duration::from_secs(60),
+            "the batch waits for the prune",
+            || {
+                let other = waiting_for_locks(&schema);
+                other > 0
+            },
+        );
         h.db.execute("COMMIT");
         batch.join().unwrap()
     });
