@@ -626,3 +626,49 @@ fn rebuild_below_the_pruned_day_is_refused() {
     assert_eq!(ledger_rows(&db), 1);
     assert_eq!(partition_days(&db), vec![days_ago(1)]);
 }
+
+/// `load` makes the same per-record decision: a kcat file with a ten-day-old event lands under a 30-day horizon;
+/// after a 5-day horizon's load pruned the day, a load under 30 days again (a fresh group) quarantines it.
+#[test]
+fn load_decides_the_durable_horizon_per_record() {
+    let db = Db::fresh("hz_load");
+    let topic = unique("hz_load");
+    let d = days_ago(10);
+    let ts = Utc::now().timestamp_millis();
+    let line = serde_json::json!({
+        "topic": topic, "partition": 0, "offset": 0, "tstype": "create", "ts": ts,
+        "key": E1, "payload": event(E1, d),
+    })
+    .to_string();
+    let load = |horizon: u32| {
+        let p = pipeline(&text(horizon), &topic, &unique("load"), &db.schema);
+        let file = p.dir.path().join("records.jsonl");
+        std::fs::write(&file, format!("{line}\n")).unwrap();
+        let out = replaysafe(&[
+            "load",
+            "--config",
+            p.path.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ]);
+        out.assert_ok();
+        out
+    };
+    let t = load(30).tally();
+    assert_eq!((t.consumed, t.landed), (1, 1));
+    let t = load(5).tally();
+    assert_eq!((t.consumed, t.quarantined), (1, 1));
+    let out = load(30);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.quarantined),
+        (1, 0, 1),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stderr.contains("pruned below"), "{}", out.stderr);
+    assert_eq!(counter(&db, d), 1);
+    assert_eq!(ledger_rows(&db), 0);
+    assert_eq!(pruned_below(&db), Some(days_ago(5)));
+    assert_eq!(dead_letters(&db).len(), 1);
+    assert_eq!(dead_letters(&db)[0].2, "beyond-horizon");
+}
