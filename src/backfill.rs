@@ -223,7 +223,7 @@ pub fn plan(
         if opts.day_window.is_none() && from.date_naive() < h {
             return Err(usage(format!(
                 "the window starts {} but the ledger horizon only covers days from {h}: duplicates older than that \
-                 cannot be recognised; use `replaysafe rebuild` for this window",
+                 cannot be recognised; start the window at {h} or later, or `replaysafe rebuild` the days from {h}",
                 from.date_naive()
             )));
         }
