@@ -330,7 +330,7 @@ pub fn plan(
         if opts.day_window.is_none() && from.date_naive() < h {
             return Err(usage(format!(
                 "the window starts {} but the ledger horizon only covers days from {h}: duplicates older than that \
-                 cannot be recognised; use `replaysafe rebuild` for this window",
+                 cannot be recognised; start the window at {h} or later, or `replaysafe rebuild` the days from {h}",
                 from.date_naive()
             )));
         }
@@ -1072,23 +1072,6 @@ fn decide(
             return (Pending::Filtered("outside-rebuild-window".into()), day);
         }
     }
-    // The window is chosen by record time, the horizon judges the event day: a late event of a day older than
-    // the horizon (its ledger partition may be gone) is quarantined, as `run` does. A rebuild re-creates its days.
-    if let (None, Some(h), Some(d)) = (window, schema::horizon_start(pipeline), day) {
-        if d < h {
-            return (
-                Pending::Quarantine(decode::Rejection {
-                    reason: decode::Reason::BeyondHorizon,
-                    detail: format!(
-                        "partition day {d} is older than the ledger horizon (oldest kept day {h}); its ledger \
-                         partition may be gone, so applying it could double-count — use `replaysafe rebuild` for \
-                         old windows"
-                    ),
-                }),
-                day,
-            );
-        }
-    }
     if let Some(program) = keep {
         let ctx = filter::context(pipeline, &fields);
         match filter::eval(program, "--filter", &ctx) {
@@ -1212,6 +1195,17 @@ pub fn rebuild(
             opts.group_id
         )));
     }
+    // Days the ledger no longer remembers (the durable horizon, README answer 4): their records would be
+    // quarantined as beyond-horizon after the window was zeroed.
+    let horizon = rt.block_on(schema::current_horizon(&client, &pipeline))?;
+    if let Some(oldest) = horizon.and_then(|h| h.oldest).filter(|o| opts.from < *o) {
+        return Err(usage(format!(
+            "the window starts {} but the ledger horizon only recognises event days from {oldest} (older days \
+             were pruned, or are past horizon-days): their records would be quarantined as beyond-horizon after \
+             the window was zeroed; rebuild from {oldest} on",
+            opts.from
+        )));
+    }
     // Where the window's events came from: the replay reads at least those offsets, whatever their times.
     let sources = rt.block_on(window_sources(&client, &pipeline, opts))?;
     let cover = cover_of(&pipeline, &sources)?;
@@ -1230,10 +1224,6 @@ pub fn rebuild(
     // Plan first (retention, the ledger's offsets still in the topic) so nothing is deleted when the replay
     // cannot re-read it all.
     plan(&pipeline, brokers, database_url, &bopts)?;
-    let beyond = beyond_horizon_note(&pipeline, opts);
-    if let Some(n) = &beyond {
-        tracing::warn!("{n}");
-    }
     rt.block_on(delete_window(
         &mut client,
         &pipeline,
@@ -1242,24 +1232,8 @@ pub fn rebuild(
         &cover,
     ))?;
     let mut report = backfill(pipeline.clone(), brokers, database_url, &bopts, shutdown)?;
-    report.retention.extend(beyond);
     report.rebuild = Some(rt.block_on(rebuild_check(&client, &pipeline, opts))?);
     Ok(report)
-}
-
-/// Days of the window older than the ledger horizon have no ledger rows any more (their partitions were
-/// dropped): nothing tells the rebuild where their late events are, only `--slack-hours` reaches them.
-fn beyond_horizon_note(pipeline: &Pipeline, opts: &RebuildOptions) -> Option<String> {
-    let h = schema::horizon_start(pipeline)?;
-    (opts.from < h).then(|| {
-        format!(
-            "days {}..={} are older than the ledger horizon ({h}): their ledger rows were dropped, so the rebuild \
-             re-reads them by record time only ({} h of slack) and cannot name events it did not find",
-            opts.from,
-            opts.to.min(h.pred_opt().unwrap_or(h)),
-            opts.slack_hours
-        )
-    })
 }
 
 /// Per `(generation, topic, partition)`: lowest and highest offset and the number of the window's ledger rows.

@@ -272,6 +272,7 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         summary_interval: Duration::from_secs(3600),
         crash_after_batches: crash,
         extra_properties: vec![("session.timeout.ms".into(), "6000".into())],
+        prune_interval: Duration::from_secs(3600),
     };
     let phase = |title: &str, group: &str, crash: Option<u64>, all: &[Event]| -> Result<Tally> {
         let p = parse(group)?;

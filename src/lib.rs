@@ -8,8 +8,9 @@
 //! 3. **What commits atomically**: one PostgreSQL transaction per partition batch holds the checkpoint
 //!    (compare-and-set + fence), the ledger claims, every projection over the rows claimed, and the dead
 //!    letters. The Kafka offset is committed after it.
-//! 4. **How long the guarantees survive**: the ledger's horizon (`[ledger] horizon-days`); older events are
-//!    quarantined, never applied blindly.
+//! 4. **How long the guarantees survive**: the ledger's horizon (`[ledger] horizon-days`, by the database's UTC
+//!    date, and the durable pruned-below day in `replaysafe_horizon`); older events are quarantined in the batch
+//!    transaction, never applied blindly.
 //!
 //! Every consumed record ends as exactly one [`sink::Outcome`]; a run's [`sink::Tally`] adds up.
 

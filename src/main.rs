@@ -39,6 +39,10 @@ enum Command {
         /// Seconds between summary log lines.
         #[arg(long, default_value_t = 10)]
         summary_interval: u64,
+        /// Seconds between ledger prunes while running (dropping day partitions older than the horizon; also
+        /// done on start).
+        #[arg(long, default_value_t = 3600)]
+        prune_interval: u64,
     },
     /// Apply the records of a file in `kcat -C -J` format (one JSON envelope per line) through the same
     /// decode → batch → transaction → checkpoint path as `run`, without a broker; exit 0 when the whole file is
@@ -313,6 +317,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             metrics_addr,
             until_caught_up,
             summary_interval,
+            prune_interval,
         } => {
             let p = Arc::new(config::load(&config)?);
             let opts = run::RunOptions {
@@ -323,6 +328,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 summary_interval: Duration::from_secs(summary_interval.max(1)),
                 crash_after_batches: None,
                 extra_properties: Vec::new(),
+                prune_interval: Duration::from_secs(prune_interval.max(1)),
             };
             signals(opts.shutdown.clone());
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -27,7 +27,7 @@ use rdkafka::ClientContext;
 
 use crate::apply::{apply_batch, backoff, is_transient, retry_db, Applied};
 use crate::config::Pipeline;
-use crate::decode::{self, Reason, Rejection};
+use crate::decode;
 use crate::error::{Error, Result};
 use crate::filter;
 use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
@@ -51,6 +51,57 @@ pub struct RunOptions {
     pub crash_after_batches: Option<u64>,
     /// Extra librdkafka properties applied last (tests, demo).
     pub extra_properties: Vec<(String, String)>,
+    /// Interval of the ledger prune while running (it also runs on start); `run --prune-interval`, default an
+    /// hour.
+    pub prune_interval: Duration,
+}
+
+/// Longest a periodic prune may take (connecting, waiting for locks, dropping) before it is abandoned and
+/// tried again at the next interval.
+const PRUNE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The periodic ledger prune of a running `run`: every `prune_interval`, one prune in the background on its
+/// own connection (never two at once), bounded by [`PRUNE_TIMEOUT`].
+struct Pruner {
+    last: Instant,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Pruner {
+    fn tick(
+        &mut self,
+        rt: &tokio::runtime::Handle,
+        p: &Arc<Pipeline>,
+        opts: &RunOptions,
+        now: Instant,
+    ) {
+        if p.ledger.horizon_days.is_none()
+            || now.duration_since(self.last) < opts.prune_interval
+            || self.task.as_ref().is_some_and(|t| !t.is_finished())
+        {
+            return;
+        }
+        self.last = now;
+        let (p, url) = (p.clone(), opts.database_url.clone());
+        self.task = Some(rt.spawn(async move {
+            let work = async {
+                let mut client = crate::sink::connect(&url).await?;
+                schema::drop_expired_partitions(&mut client, &p).await
+            };
+            match tokio::time::timeout(PRUNE_TIMEOUT, work).await {
+                Ok(Ok(dropped)) if !dropped.is_empty() => {
+                    tracing::info!(?dropped, "dropped ledger partitions older than the horizon")
+                }
+                Ok(Ok(_)) => tracing::debug!("ledger prune: nothing to drop"),
+                Ok(Err(e)) => {
+                    tracing::warn!("ledger prune failed, retried at the next interval: {e}")
+                }
+                Err(_) => tracing::warn!(
+                    "ledger prune did not finish in {PRUNE_TIMEOUT:?}; retried at the next interval"
+                ),
+            }
+        }));
+    }
 }
 
 /// A partition's state while assigned.
@@ -627,30 +678,19 @@ fn count_metric(o: &Outcome) {
     }
 }
 
-/// Decides what to do with a record: decode, horizon check, filters.
+/// Decides what to do with a record: decode, filters. The ledger horizon is decided per record in the batch
+/// transaction ([`Sink::apply`]), against the database's clock and its durable pruned-below day.
 pub fn decide(
     pipeline: &Pipeline,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
     old_key: Option<&[u8]>,
-    horizon: Option<chrono::NaiveDate>,
 ) -> Pending {
     let (fields, change) = match decode::record(pipeline, key, value, old_key) {
         Ok(decode::Decoded::Fields { fields, change }) => (fields, change),
         Ok(decode::Decoded::Skip(rule)) => return Pending::Filtered(rule.to_string()),
         Err(r) => return Pending::Quarantine(r),
     };
-    if let (Some(h), Some(day)) = (horizon, decode::partition_day(pipeline, &fields)) {
-        if day < h {
-            return Pending::Quarantine(Rejection {
-                reason: Reason::BeyondHorizon,
-                detail: format!(
-                    "partition day {day} is older than the ledger horizon (oldest kept day {h}); its ledger partition \
-                     may be gone, so applying it could double-count — use `replaysafe rebuild` for old windows"
-                ),
-            });
-        }
-    }
     filter::pending(pipeline, fields, change)
 }
 
@@ -756,8 +796,10 @@ pub fn run_on(
     tracing::info!(group = %pipeline.kafka.group_id, ?topics, "consuming");
 
     let mut last_summary = Instant::now();
-    let mut horizon = schema::horizon_start(&pipeline);
-    let mut horizon_at = Instant::now();
+    let mut pruner = Pruner {
+        last: Instant::now(),
+        task: None,
+    };
     let mut idle_checks = 0u32;
     let result = loop {
         if let Some(e) = engine.lock().expect("engine").fatal.take() {
@@ -801,7 +843,6 @@ pub fn run_on(
                     msg.key(),
                     value,
                     crate::debezium::old_key_header(&msg),
-                    horizon,
                 );
                 let item = Item::from_message(&msg, pending);
                 let topic = msg.topic().to_string();
@@ -858,10 +899,7 @@ pub fn run_on(
             let eng = engine.lock().expect("engine");
             tracing::info!("{} (batches {})", eng.tally.line(), eng.batches);
         }
-        if now.duration_since(horizon_at) >= Duration::from_secs(3600) {
-            horizon_at = now;
-            horizon = schema::horizon_start(&pipeline);
-        }
+        pruner.tick(&rt, &pipeline, &opts, now);
         if opts.until_caught_up && idle {
             idle_checks += 1;
             if idle_checks >= 3 && caught_up(&consumer, &engine) {

@@ -212,7 +212,6 @@ fn read_file(
     mut reader: impl BufRead,
     tx: &std::sync::mpsc::SyncSender<Result<Vec<Read>>>,
 ) {
-    let horizon = schema::horizon_start(pipeline);
     let at = |n: usize| format!("{}:{n}", path.display());
     let mut line = String::new();
     let mut n = 0usize;
@@ -248,7 +247,7 @@ fn read_file(
         let value = env.payload.map(String::into_bytes);
         let key = env.key.map(String::into_bytes);
         // kcat -J does not carry headers (a primary-key change's old key then comes from nowhere).
-        let pending = decide(pipeline, key.as_deref(), value.as_deref(), None, horizon);
+        let pending = decide(pipeline, key.as_deref(), value.as_deref(), None);
         let timestamp_ms = match env.tstype.as_deref() {
             Some("create" | "logappend") | None => env.ts,
             Some(_) => None,

@@ -271,6 +271,8 @@ struct Prepared {
     /// Marks dead letters of landed records resolved.
     resolve: Statement,
     advance: Statement,
+    /// The claim horizon read under a share lock ([`sql::claim_horizon`]); `None` without `partition-by`.
+    horizon: Option<Statement>,
     /// One per projection; `None` for row projections (see `rows`).
     projections: Vec<Option<Statement>>,
     rows: Vec<row::Prepared>,
@@ -284,6 +286,9 @@ pub struct Sink {
     client: Client,
     prepared: Prepared,
     partitions: HashSet<NaiveDate>,
+    /// The oldest claimable day last read from the database (it only moves forward); days before it get no
+    /// partition. The claim transaction decides again.
+    floor: Option<NaiveDate>,
 }
 
 /// Opens a connection (TLS off; see README).
@@ -322,6 +327,10 @@ impl Sink {
             dead: prep(sql::insert_dead_letters(&pipeline)).await?,
             resolve: prep(sql::resolve_dead_letters(&pipeline)).await?,
             advance: prep(sql::advance_checkpoint(&pipeline)).await?,
+            horizon: match pipeline.identity.partition_by {
+                Some(_) => Some(prep(sql::claim_horizon(&pipeline)).await?),
+                None => None,
+            },
             projections: {
                 let mut v = Vec::new();
                 for p in &pipeline.projections {
@@ -352,6 +361,7 @@ impl Sink {
             client,
             prepared,
             partitions,
+            floor: None,
         })
     }
 
@@ -384,11 +394,57 @@ impl Sink {
         &mut self.client
     }
 
-    /// Applies one batch in one transaction and returns each record's outcome, in item order.
+    /// Applies one batch in one transaction and returns each record's outcome, in item order. A record whose
+    /// event day is older than the ledger's claim horizon (read in the transaction, see [`schema::Horizon`]) is
+    /// quarantined as `beyond-horizon` in that transaction. A ledger partition that vanished under the batch
+    /// (dropped by another process) is an infrastructure condition: the partitions are read again and the batch
+    /// retried, so the horizon decides (bounded: [`MISSING_PARTITION_RETRIES`]).
     ///
     /// # Errors
     /// See [`ApplyError`].
     pub async fn apply(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
+        let mut attempt = 0u32;
+        loop {
+            match self.apply_once(batch).await {
+                Err(ApplyError::Data(e)) if self.is_missing_partition(&e) => {
+                    attempt += 1;
+                    if attempt > MISSING_PARTITION_RETRIES {
+                        return Err(ApplyError::Fatal(Error::Other(format!(
+                            "ledger {}: a day partition keeps disappearing under {}/{} ({e}); is something other \
+                             than replaysafe dropping partitions?",
+                            self.pipeline.ledger.table, batch.topic, batch.partition
+                        ))));
+                    }
+                    tracing::warn!(
+                        topic = %batch.topic,
+                        partition = batch.partition,
+                        attempt,
+                        "a ledger day partition was dropped by another process; re-reading partitions and the horizon"
+                    );
+                    self.floor = None;
+                    self.partitions = schema::existing_partitions(&self.client, &self.pipeline)
+                        .await
+                        .map_err(|e| match e {
+                            Error::Postgres(pg) => classify(pg, false),
+                            other => ApplyError::Fatal(other),
+                        })?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether `e` is PostgreSQL finding no partition of the ledger for a claimed row.
+    fn is_missing_partition(&self, e: &tokio_postgres::Error) -> bool {
+        let ledger = format!("\"{}\"", self.pipeline.ledger.table.name.as_str());
+        e.as_db_error().is_some_and(|d| {
+            d.code() == &tokio_postgres::error::SqlState::CHECK_VIOLATION
+                && d.message().starts_with("no partition of relation")
+                && d.message().contains(&ledger)
+        })
+    }
+
+    async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
         let p = self.pipeline.clone();
         if p.identity.partition_by.is_some() {
             let days: Vec<NaiveDate> = batch
@@ -399,12 +455,18 @@ impl Sink {
                     _ => None,
                 })
                 .collect();
-            schema::ensure_partitions(&mut self.client, &p, &mut self.partitions, days)
-                .await
-                .map_err(|e| match e {
-                    Error::Postgres(pg) => classify(pg, false),
-                    other => ApplyError::Fatal(other),
-                })?;
+            schema::ensure_partitions(
+                &mut self.client,
+                &p,
+                &mut self.partitions,
+                &mut self.floor,
+                days,
+            )
+            .await
+            .map_err(|e| match e {
+                Error::Postgres(pg) => classify(pg, false),
+                other => ApplyError::Fatal(other),
+            })?;
         }
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
@@ -458,6 +520,24 @@ impl Sink {
             let (next_offset, fence) = row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
             return Err(ApplyError::Fenced { next_offset, fence });
         }
+
+        // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
+        let horizoned;
+        let batch = match &self.prepared.horizon {
+            Some(stmt) => {
+                let h = schema::claim_horizon(&tx, stmt, &p)
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                match beyond_horizon(&p, batch, &h) {
+                    Some(b) => {
+                        horizoned = b;
+                        &horizoned
+                    }
+                    None => batch,
+                }
+            }
+            None => batch,
+        };
 
         // 2. Ledger claims → landed.
         let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch.items.len());
@@ -691,6 +771,34 @@ async fn resolve_dead_letters(
     .await
     .map_err(|e| classify(e, false))?;
     Ok(())
+}
+
+/// How often [`Sink::apply`] re-reads the partitions and retries a batch whose ledger partition vanished.
+pub const MISSING_PARTITION_RETRIES: u32 = 3;
+
+/// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine;
+/// `None` when there is none.
+fn beyond_horizon(p: &Pipeline, batch: &Batch, h: &schema::Horizon) -> Option<Batch> {
+    let oldest = h.oldest?;
+    let old = |it: &Item| match &it.pending {
+        Pending::Claim { fields, .. } => {
+            crate::decode::partition_day(p, fields).filter(|d| *d < oldest)
+        }
+        _ => None,
+    };
+    if !batch.items.iter().any(|it| old(it).is_some()) {
+        return None;
+    }
+    let mut b = batch.clone();
+    for it in &mut b.items {
+        if let Some(day) = old(it) {
+            it.pending = Pending::Quarantine(Rejection {
+                reason: Reason::BeyondHorizon,
+                detail: h.refusal(p, day),
+            });
+        }
+    }
+    Some(b)
 }
 
 /// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like

@@ -7,6 +7,8 @@ use crate::config::Pipeline;
 pub const CHECKPOINTS: &str = "replaysafe_checkpoints";
 /// Name of the dead-letter table (in the pipeline schema).
 pub const DEAD_LETTERS: &str = "replaysafe_dead_letters";
+/// Name of the horizon table (in the pipeline schema): the durable pruned-below day of each ledger.
+pub const HORIZON: &str = "replaysafe_horizon";
 
 /// Ledger columns other than the fixed bookkeeping ones: `(column, type)` for the key fields, the
 /// partition-by field and `ledger.columns`, in that order without repeats.
@@ -140,6 +142,34 @@ pub fn resolve_dead_letters(p: &Pipeline) -> String {
          WHERE d.generation = $1 AND d.topic = $2 AND d.partition = $3 AND d.\"offset\" BETWEEN $4 AND $5 \
          AND d.\"offset\" = l._offset AND d.resolved_at IS NULL",
         p.table(DEAD_LETTERS)
+    )
+}
+
+/// `CREATE TABLE` for the horizon table: one row per ledger table (`ledger`, its schema-qualified name as
+/// written in SQL), holding `pruned_below`: no delivery key of an event day before it is remembered any more
+/// (those day partitions were dropped, or are to be dropped by the next prune). Claims of such days are
+/// quarantined as `beyond-horizon` and their partitions are never re-created. `NULL`: nothing pruned yet. It
+/// only moves forward, raised by the prune in the transaction that drops the partitions.
+pub fn create_horizon(p: &Pipeline) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (ledger text PRIMARY KEY, pruned_below date, \
+         updated_at timestamptz NOT NULL DEFAULT now())",
+        p.table(HORIZON)
+    )
+}
+
+/// The ledger's claim horizon, read under a share lock on its horizon row (the prune updates that row, so a
+/// claim and a prune serialize). Parameters: `$1` the ledger table (as in [`create_horizon`]), `$2` the
+/// pipeline's `horizon-days` (int4, null for none). Returns one row: the oldest claimable day (the later of
+/// `pruned_below` and the database's UTC date minus `$2`; null when neither), `pruned_below`, and the
+/// database's UTC date.
+pub fn claim_horizon(p: &Pipeline) -> String {
+    format!(
+        "WITH h AS (SELECT pruned_below FROM {} WHERE ledger = $1 FOR SHARE), \
+         d AS (SELECT (now() AT TIME ZONE 'UTC')::date AS today) \
+         SELECT greatest((SELECT pruned_below FROM h), d.today - $2::int), (SELECT pruned_below FROM h), d.today \
+         FROM d",
+        p.table(HORIZON)
     )
 }
 

@@ -12,5 +12,6 @@ mod core;
 mod debezium;
 mod file_source;
 mod hardening;
+mod horizon;
 mod keys_drift;
 mod starts;

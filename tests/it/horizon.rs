@@ -1,0 +1,674 @@
+//! The ledger horizon as a durable fact in the database (`replaysafe_horizon.pruned_below`): every claim path
+//! checks it in the batch transaction, a lengthened horizon does not reopen pruned days, and a day pruned by
+//! another process is `beyond-horizon` for every other process — never re-created, never the record's fault.
+//!
+//! The ledger is partitioned by the event day; "today" is the database's UTC date (the machine's, here).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{Days, NaiveDate, Utc};
+use replaysafe::apply::{apply_batch, Applied};
+use replaysafe::sink::{schema, sql, Batch, Item, Outcome, Sink, Tally as SinkTally};
+
+use crate::common::*;
+
+/// One counter per (day, customer); the ledger keeps `{horizon}` days.
+const HZ: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+
+[postgres]
+schema = "{schema}"
+
+[batch]
+max-records = 50
+linger-ms = 20
+
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+customer_id = { path = "/customer_id", type = "text" }
+
+[identity]
+key = ["event_id"]
+partition-by = "day"
+
+[ledger]
+horizon-days = {horizon}
+
+[[projection]]
+kind = "counter"
+table = "daily_counts"
+group-by = ["day", "customer_id"]
+column = "n"
+"#;
+
+const E1: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000001";
+const E2: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000002";
+const E3: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000003";
+
+fn days_ago(n: u64) -> NaiveDate {
+    Utc::now()
+        .date_naive()
+        .checked_sub_days(Days::new(n))
+        .unwrap()
+}
+
+fn event(id: &str, day: NaiveDate) -> String {
+    format!(r#"{{"event_id":"{id}","occurred_at":"{day}T12:00:00Z","customer_id":"c1"}}"#)
+}
+
+/// A record produced now (its Kafka time is recent; its event day is `day`).
+fn rec(id: &str, day: NaiveDate) -> Rec {
+    Rec::json(0, id, &event(id, day), Utc::now().timestamp_millis())
+}
+
+fn text(horizon: u32) -> String {
+    HZ.replace("{horizon}", &horizon.to_string())
+}
+
+fn counter(db: &Db, day: NaiveDate) -> i64 {
+    if db
+        .text("SELECT to_regclass('{s}.daily_counts')::text")
+        .is_none()
+    {
+        return 0;
+    }
+    db.query(
+        "SELECT coalesce(sum(n), 0)::bigint FROM {s}.daily_counts WHERE day = $1",
+        &[&day],
+    )[0]
+    .get(0)
+}
+
+fn ledger_rows(db: &Db) -> i64 {
+    db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger")
+}
+
+/// `(consumer_group, offset, reason)` of every dead letter, ordered.
+fn dead_letters(db: &Db) -> Vec<(String, i64, String)> {
+    db.query(
+        "SELECT consumer_group, \"offset\", reason FROM {s}.replaysafe_dead_letters ORDER BY id",
+        &[],
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+fn partition_days(db: &Db) -> Vec<NaiveDate> {
+    let mut days: Vec<NaiveDate> = db
+        .query(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+             WHERE i.inhparent = to_regclass($1)",
+            &[&format!("\"{}\".replaysafe_ledger", db.schema)],
+        )
+        .iter()
+        .filter_map(|r| {
+            let name: String = r.get(0);
+            NaiveDate::parse_from_str(name.strip_prefix("replaysafe_ledger_p")?, "%Y%m%d").ok()
+        })
+        .collect();
+    days.sort();
+    days
+}
+
+fn pruned_below(db: &Db) -> Option<NaiveDate> {
+    db.query("SELECT pruned_below FROM {s}.replaysafe_horizon", &[])
+        .first()
+        .and_then(|r| r.get(0))
+}
+
+fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
+    let from = (Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    let to = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    replaysafe(&[
+        "backfill",
+        "--config",
+        p.path.to_str().unwrap(),
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--group-id",
+        group,
+    ])
+}
+
+/// Issue 22 item 1: a backfill decides the horizon per record, like `run`. An event ten days old (produced an
+/// hour ago, so `--from <an hour ago>` passes the window check) with the horizon at 5 days is quarantined as
+/// `beyond-horizon` by every backfill group; the counter stays at the 1 it had under a 30-day horizon.
+#[test]
+fn backfill_quarantines_events_older_than_the_horizon() {
+    let db = Db::fresh("hz_bf");
+    let topic = unique("hz_bf");
+    create_topic(&topic, 1, &[]);
+    let d = days_ago(10);
+    produce(&topic, &[rec(E1, d)]);
+    let long = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
+    let t = run_caught_up(&long.path).tally();
+    assert_eq!((t.consumed, t.landed), (1, 1));
+    assert_eq!(counter(&db, d), 1);
+
+    // The horizon shortened to 5 days: the run prunes the day (durably) and lands nothing.
+    let short_group = unique("prod");
+    let short = pipeline(&text(5), &topic, &short_group, &db.schema);
+    let t = run_caught_up(&short.path).tally();
+    assert_eq!((t.consumed, t.quarantined), (1, 1));
+    assert_eq!(pruned_below(&db), Some(days_ago(5)));
+    assert!(
+        !partition_days(&db).contains(&d),
+        "the day's partition was dropped"
+    );
+
+    for n in 0..2 {
+        let group = unique("bf");
+        let out = backfill_last_hour(&short, &group);
+        out.assert_ok();
+        let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(
+            report["accounting"].as_str().unwrap(),
+            "consumed 1 = landed 0 + duplicate 0 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]",
+            "backfill {n}: {}",
+            out.stdout
+        );
+        let day = &report["per_day"][d.to_string()];
+        assert_eq!(day["quarantined"], 1, "{}", out.stdout);
+        assert_eq!(day["landed"], 0, "{}", out.stdout);
+        assert_eq!(counter(&db, d), 1, "backfill {n} counted nothing again");
+        assert_eq!(ledger_rows(&db), 0, "backfill {n} claimed nothing");
+        assert!(
+            !partition_days(&db).contains(&d),
+            "backfill {n} did not re-create the pruned day"
+        );
+        // One dead letter per record (unique by its coordinates): the production run's.
+        assert_eq!(
+            dead_letters(&db),
+            vec![(short_group.clone(), 0, "beyond-horizon".to_string())]
+        );
+        // The next production run prunes again; nothing reopens.
+        let t = run_caught_up(&short.path).tally();
+        assert_eq!(t.consumed, 0);
+    }
+}
+
+/// Issue 22 item 2: lengthening `horizon-days` does not reopen pruned days. Horizon 30 (counter 1), then 5
+/// (the day is pruned), then 30 again under a fresh group: the event is `beyond-horizon`, the counter stays 1,
+/// and the run says that the ledger was pruned below the day the file asks for.
+#[test]
+fn lengthening_the_horizon_does_not_reopen_pruned_days() {
+    let db = Db::fresh("hz_len");
+    let topic = unique("hz_len");
+    create_topic(&topic, 1, &[]);
+    let d = days_ago(10);
+    produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
+    let g30 = unique("g30");
+    let t = run_caught_up(&pipeline(&text(30), &topic, &g30, &db.schema).path).tally();
+    assert_eq!((t.consumed, t.landed), (2, 2));
+    assert_eq!(counter(&db, d), 1);
+
+    let g5 = unique("g5");
+    let t = run_caught_up(&pipeline(&text(5), &topic, &g5, &db.schema).path).tally();
+    assert_eq!((t.consumed, t.duplicate, t.quarantined), (2, 1, 1));
+    assert_eq!(pruned_below(&db), Some(days_ago(5)));
+    assert_eq!(partition_days(&db), vec![days_ago(1)]);
+
+    let out = run_caught_up(&pipeline(&text(30), &topic, &unique("g30b"), &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.quarantined),
+        (2, 0, 1, 1),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("pruned below") || out.stderr.contains("pruned below"),
+        "the run warns that the longer horizon holds only from the pruned-below day:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(counter(&db, d), 1, "the pruned day is not counted again");
+    assert_eq!(counter(&db, days_ago(1)), 1);
+    assert_eq!(pruned_below(&db), Some(days_ago(5)), "never moves back");
+    assert_eq!(partition_days(&db), vec![days_ago(1)], "nothing re-created");
+    assert_eq!(ledger_rows(&db), 1);
+    // One dead letter per record (unique by its coordinates): the first group's.
+    assert_eq!(
+        dead_letters(&db),
+        vec![(g5, 0, "beyond-horizon".to_string())]
+    );
+}
+
+/// Two processes sharing a ledger, driven batch by batch: their `Sink`s (connections) and a prune of the
+/// other process in between.
+struct Proc {
+    sink: Sink,
+    topic: String,
+    partition: i32,
+    fence: i64,
+    next: Option<i64>,
+    tally: SinkTally,
+}
+
+struct Harness {
+    db: Db,
+    text: String,
+}
+
+impl Harness {
+    fn new(prefix: &str) -> Harness {
+        let db = Db::fresh(prefix);
+        let text = text(30)
+            .replace("{topic}", "hz_topic")
+            .replace("{group}", "hz_group")
+            .replace("{schema}", &db.schema);
+        let h = Harness { db, text };
+        let p = h.pipeline(30);
+        h.db.rt.block_on(async {
+            let mut c = replaysafe::sink::connect(&database_url()).await.unwrap();
+            schema::init(&mut c, &p).await.unwrap();
+        });
+        h
+    }
+
+    fn pipeline(&self, horizon: u32) -> Arc<replaysafe::config::Pipeline> {
+        let t = self
+            .text
+            .replace("horizon-days = 30", &format!("horizon-days = {horizon}"));
+        Arc::new(replaysafe::config::parse("hz.toml", &t).unwrap())
+    }
+
+    /// A process (one connection) owning `partition` of the pipeline's topic.
+    fn open(&self, partition: i32) -> Proc {
+        let p = self.pipeline(30);
+        self.db.rt.block_on(async {
+            let mut sink = Sink::open(p.clone(), &database_url()).await.unwrap();
+            let row = sink
+                .client()
+                .query_one(
+                    &sql::acquire_checkpoint(&p),
+                    &[&"hz_group", &"hz_topic", &partition, &""],
+                )
+                .await
+                .unwrap();
+            Proc {
+                sink,
+                topic: "hz_topic".into(),
+                partition,
+                fence: row.get(1),
+                next: row.get(0),
+                tally: SinkTally::default(),
+            }
+        })
+    }
+
+    /// Another process with `horizon` days starts: its prune.
+    fn prune(&self, horizon: u32) -> Vec<NaiveDate> {
+        let p = self.pipeline(horizon);
+        self.db.rt.block_on(async {
+            let mut c = replaysafe::sink::connect(&database_url()).await.unwrap();
+            schema::drop_expired_partitions(&mut c, &p).await.unwrap()
+        })
+    }
+
+    /// Applies `events` (id, day) as the next batch of `proc`, through the same retry/isolation path as `run`.
+    fn batch(&self, proc: &mut Proc, events: &[(&str, NaiveDate)]) -> Vec<Outcome> {
+        let p = self.pipeline(30);
+        let start = proc.next.unwrap_or(0);
+        let items: Vec<Item> = events
+            .iter()
+            .enumerate()
+            .map(|(i, (id, day))| {
+                let value = event(id, *day);
+                Item {
+                    offset: start + i as i64,
+                    timestamp_ms: Some(Utc::now().timestamp_millis()),
+                    key: Some(id.as_bytes().to_vec()),
+                    value: Some(value.as_bytes().to_vec()),
+                    pending: replaysafe::run::decide(
+                        &p,
+                        Some(id.as_bytes()),
+                        Some(value.as_bytes()),
+                        None,
+                    ),
+                }
+            })
+            .collect();
+        let batch = Batch {
+            topic: proc.topic.clone(),
+            partition: proc.partition,
+            fence: proc.fence,
+            expected: proc.next,
+            end: start + items.len() as i64,
+            items,
+        };
+        let never = || false;
+        let applied = self
+            .db
+            .rt
+            .block_on(apply_batch(&mut proc.sink, &batch, &never))
+            .unwrap();
+        let Applied::Committed(outcomes) = applied else {
+            panic!("fenced")
+        };
+        proc.next = Some(batch.end);
+        for o in &outcomes {
+            proc.tally.add(o);
+        }
+        outcomes
+    }
+}
+
+const BEYOND: Outcome = Outcome::Quarantined(replaysafe::decode::Reason::BeyondHorizon);
+
+/// Issue 22 item 3 and issue 19 item 3: process A's first connection cached the day's partition (it landed e1
+/// there), its second connection had never seen the day; process B (horizon 5) prunes the day between their
+/// batches. On the second connection the replay of e1 is `beyond-horizon` and the day is not re-created (no
+/// second count); on the first, a replay of e1 and a new event of that day are `beyond-horizon` (not
+/// `rejected-by-database`). Records of days inside the horizon in the same batches land or are duplicates.
+#[test]
+fn a_day_pruned_by_another_process_is_beyond_horizon_everywhere() {
+    let h = Harness::new("hz_two");
+    let d = days_ago(10);
+    let today = days_ago(0);
+    let mut a1 = h.open(0);
+    let mut a2 = h.open(1);
+    assert_eq!(h.batch(&mut a1, &[(E1, d)]), vec![Outcome::Landed]);
+    assert_eq!(counter(&h.db, d), 1);
+    assert!(partition_days(&h.db).contains(&d));
+
+    assert_eq!(h.prune(5), vec![d], "process B drops the day");
+    assert_eq!(pruned_below(&h.db), Some(days_ago(5)));
+
+    // The connection that never saw the day: the replay neither re-creates the day nor lands again.
+    assert_eq!(
+        h.batch(&mut a2, &[(E1, d), (E3, today)]),
+        vec![BEYOND, Outcome::Landed]
+    );
+    // The connection that cached the partition: the horizon decides, not a missing partition.
+    assert_eq!(
+        h.batch(&mut a1, &[(E1, d), (E2, d), (E3, today)]),
+        vec![BEYOND, BEYOND, Outcome::Duplicate]
+    );
+    assert_eq!(counter(&h.db, d), 1, "the pruned day is counted once");
+    assert_eq!(counter(&h.db, today), 1);
+    assert_eq!(
+        partition_days(&h.db),
+        vec![today],
+        "the pruned day is not re-created"
+    );
+    assert_eq!(ledger_rows(&h.db), 1);
+    assert_eq!(
+        dead_letters(&h.db),
+        vec![
+            ("hz_group".to_string(), 0, "beyond-horizon".to_string()),
+            ("hz_group".to_string(), 1, "beyond-horizon".to_string()),
+            ("hz_group".to_string(), 2, "beyond-horizon".to_string()),
+        ]
+    );
+    let detail =
+        h.db.text("SELECT detail FROM {s}.replaysafe_dead_letters ORDER BY id LIMIT 1");
+    assert!(
+        detail
+            .as_deref()
+            .unwrap_or("")
+            .contains(&format!("from {}", days_ago(5))),
+        "{detail:?}"
+    );
+    assert_eq!(
+        a1.tally.line(),
+        "consumed 4 = landed 1 + duplicate 1 + filtered 0 + quarantined 2 [quarantined beyond-horizon: 2]"
+    );
+    assert_eq!(
+        a2.tally.line(),
+        "consumed 2 = landed 1 + duplicate 0 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"
+    );
+}
+
+/// A ledger partition that vanished under a connection that cached it, for a day still inside the horizon, is
+/// an infrastructure condition: the batch re-reads the partitions and the horizon, re-creates the day and lands
+/// the new event — it is not dead-lettered as `rejected-by-database`.
+#[test]
+fn a_vanished_partition_inside_the_horizon_is_recreated_not_dead_lettered() {
+    let h = Harness::new("hz_gone");
+    let d = days_ago(2);
+    let mut a = h.open(0);
+    assert_eq!(h.batch(&mut a, &[(E1, d)]), vec![Outcome::Landed]);
+    h.db.execute(&format!(
+        "DROP TABLE {{s}}.replaysafe_ledger_p{}",
+        d.format("%Y%m%d")
+    ));
+    assert_eq!(h.batch(&mut a, &[(E2, d)]), vec![Outcome::Landed]);
+    assert_eq!(counter(&h.db, d), 2);
+    assert_eq!(partition_days(&h.db), vec![d]);
+    assert_eq!(ledger_rows(&h.db), 1);
+    assert!(dead_letters(&h.db).is_empty(), "{:?}", dead_letters(&h.db));
+    assert_eq!(
+        a.tally.line(),
+        "consumed 2 = landed 2 + duplicate 0 + filtered 0 + quarantined 0"
+    );
+}
+
+/// Issue 19 item 3 (the hourly check): a running `run` prunes periodically (`--prune-interval`), to the durable
+/// pruned-below day — here moved forward in the horizon table as another process's prune would (the day
+/// "aged" past the horizon without waiting). After its own periodic prune dropped the day, a replay of the
+/// event it landed is `beyond-horizon`; the counter stays 1.
+#[test]
+fn a_running_process_prunes_periodically() {
+    let db = Db::fresh("hz_tick");
+    let topic = unique("hz_tick");
+    create_topic(&topic, 1, &[]);
+    let d = days_ago(10);
+    produce(&topic, &[rec(E1, d)]);
+    let p = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
+    let mut child = spawn(
+        &[
+            "run",
+            "--config",
+            p.path.to_str().unwrap(),
+            "--prune-interval",
+            "1",
+            "--summary-interval",
+            "1",
+        ],
+        &[],
+        p.dir.path(),
+        "run",
+    );
+    wait_until(Duration::from_secs(60), "the event landed", || {
+        counter(&db, d) == 1
+    });
+    assert!(partition_days(&db).contains(&d));
+    // The day ages past the horizon: the durable pruned-below day moves to 5 days ago.
+    db.execute(&format!(
+        "UPDATE {{s}}.replaysafe_horizon SET pruned_below = '{}'",
+        days_ago(5)
+    ));
+    wait_until(
+        Duration::from_secs(60),
+        "the running process dropped the day",
+        || !partition_days(&db).contains(&d),
+    );
+    produce(&topic, &[rec(E1, d)]);
+    wait_until(
+        Duration::from_secs(60),
+        "the replay was quarantined",
+        || !dead_letters(&db).is_empty(),
+    );
+    assert_eq!(terminate(&mut child), Some(0));
+    let out = std::fs::read_to_string(p.dir.path().join("run.out")).unwrap();
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("consumed "))
+        .unwrap_or_else(|| panic!("no tally line:\n{out}"));
+    assert_eq!(
+        line,
+        "consumed 2 = landed 1 + duplicate 0 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"
+    );
+    assert_eq!(counter(&db, d), 1);
+    assert_eq!(ledger_rows(&db), 0);
+    assert_eq!(pruned_below(&db), Some(days_ago(5)));
+    assert_eq!(dead_letters(&db)[0].2, "beyond-horizon");
+}
+
+/// A claim and a prune serialize on the horizon row: a batch that starts while another process's prune holds
+/// it (horizon row raised, partition dropped, not yet committed) waits, then decides with the new pruned-below
+/// day — `beyond-horizon`, never an insert into the dropped partition.
+#[test]
+fn a_batch_waits_for_a_prune_in_progress_and_sees_its_horizon() {
+    let h = Harness::new("hz_lock");
+    let d = days_ago(10);
+    let mut a = h.open(0);
+    assert_eq!(h.batch(&mut a, &[(E1, d)]), vec![Outcome::Landed]);
+    // The prune of another process, in progress.
+    h.db.execute(&format!(
+        "BEGIN; UPDATE {{s}}.replaysafe_horizon SET pruned_below = '{}'; DROP TABLE {{s}}.replaysafe_ledger_p{}",
+        days_ago(5),
+        d.format("%Y%m%d")
+    ));
+    let outcomes = std::thread::scope(|scope| {
+        let batch = scope.spawn(|| h.batch(&mut a, &[(E2, d), (E3, days_ago(0))]));
+        let schema = h.db.schema.clone();
+        wait_until(
+            Duration::from_secs(60),
+            "the batch waits for the prune",
+            || {
+                let other = waiting_for_locks(&schema);
+                other > 0
+            },
+        );
+        h.db.execute("COMMIT");
+        batch.join().unwrap()
+    });
+    assert_eq!(outcomes, vec![BEYOND, Outcome::Landed]);
+    assert_eq!(counter(&h.db, d), 1);
+    assert_eq!(partition_days(&h.db), vec![days_ago(0)]);
+    assert_eq!(
+        dead_letters(&h.db),
+        vec![("hz_group".to_string(), 1, "beyond-horizon".to_string())]
+    );
+    assert_eq!(
+        a.tally.line(),
+        "consumed 3 = landed 2 + duplicate 0 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"
+    );
+}
+
+/// Backends of this test's schema waiting for a lock (own connection: the test's is inside a transaction).
+fn waiting_for_locks(schema: &str) -> i64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = replaysafe::sink::connect(&database_url()).await.unwrap();
+        c.query_one(
+            "SELECT count(*)::bigint FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND position($1 in query) > 0",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    })
+}
+
+/// A rebuild of a window that starts below the durable horizon is refused before anything is deleted (its
+/// records could only be quarantined after the window was zeroed); from the pruned-below day on it rebuilds.
+#[test]
+fn rebuild_below_the_pruned_day_is_refused() {
+    let db = Db::fresh("hz_rb");
+    let topic = unique("hz_rb");
+    create_topic(&topic, 1, &[]);
+    let d = days_ago(10);
+    produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
+    run_caught_up(&pipeline(&text(30), &topic, &unique("g30"), &db.schema).path);
+    let short = pipeline(&text(5), &topic, &unique("g5"), &db.schema);
+    run_caught_up(&short.path);
+    let rebuild = |from: NaiveDate| {
+        replaysafe(&[
+            "rebuild",
+            "--config",
+            short.path.to_str().unwrap(),
+            "--from",
+            &from.to_string(),
+            "--to",
+            &days_ago(0).to_string(),
+            "--group-id",
+            &unique("rb"),
+            "--i-paused-other-writers",
+        ])
+    };
+    let refused = rebuild(d);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(&format!("from {}", days_ago(5))),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(counter(&db, d), 1, "nothing deleted");
+    assert_eq!(counter(&db, days_ago(1)), 1);
+    assert_eq!(ledger_rows(&db), 1);
+    let ok = rebuild(days_ago(5));
+    ok.assert_ok();
+    let report: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert_eq!(
+        report["accounting"].as_str().unwrap(),
+        "consumed 2 = landed 1 + duplicate 0 + filtered 1 + quarantined 0 [filtered outside-rebuild-window: 1]",
+        "{}",
+        ok.stdout
+    );
+    assert_eq!(counter(&db, d), 1, "outside the window");
+    assert_eq!(counter(&db, days_ago(1)), 1, "rebuilt");
+    assert_eq!(ledger_rows(&db), 1);
+    assert_eq!(partition_days(&db), vec![days_ago(1)]);
+}
+
+/// `load` makes the same per-record decision: a kcat file with a ten-day-old event lands under a 30-day horizon;
+/// after a 5-day horizon's load pruned the day, a load under 30 days again (a fresh group) quarantines it.
+#[test]
+fn load_decides_the_durable_horizon_per_record() {
+    let db = Db::fresh("hz_load");
+    let topic = unique("hz_load");
+    let d = days_ago(10);
+    let ts = Utc::now().timestamp_millis();
+    let line = serde_json::json!({
+        "topic": topic, "partition": 0, "offset": 0, "tstype": "create", "ts": ts,
+        "key": E1, "payload": event(E1, d),
+    })
+    .to_string();
+    let load = |horizon: u32| {
+        let p = pipeline(&text(horizon), &topic, &unique("load"), &db.schema);
+        let file = p.dir.path().join("records.jsonl");
+        std::fs::write(&file, format!("{line}\n")).unwrap();
+        let out = replaysafe(&[
+            "load",
+            "--config",
+            p.path.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ]);
+        out.assert_ok();
+        out
+    };
+    let t = load(30).tally();
+    assert_eq!((t.consumed, t.landed), (1, 1));
+    let t = load(5).tally();
+    assert_eq!((t.consumed, t.quarantined), (1, 1));
+    let out = load(30);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.quarantined),
+        (1, 0, 1),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stderr.contains("pruned below"), "{}", out.stderr);
+    assert_eq!(counter(&db, d), 1);
+    assert_eq!(ledger_rows(&db), 0);
+    assert_eq!(pruned_below(&db), Some(days_ago(5)));
+    assert_eq!(dead_letters(&db).len(), 1);
+    assert_eq!(dead_letters(&db)[0].2, "beyond-horizon");
+}
