@@ -276,6 +276,22 @@ pub struct Prepared {
     truncate: Statement,
     mark_truncate: Statement,
     watermark: Option<Statement>,
+    lock: Locks,
+}
+
+/// The statements that serialize one projection table's entities across concurrent batch transactions.
+struct Locks {
+    /// `$1` classid, `$2` objid: the table-wide lock, shared (every batch that touches the table).
+    table_shared: Statement,
+    /// The same lock, exclusive (a batch that applies a truncate to the table).
+    table_exclusive: Statement,
+    /// `$1..$k` key column texts, `$k+1` the table's seed: one exclusive lock per distinct entity, taken in
+    /// ascending lock-id order.
+    entities: Statement,
+    /// The table lock's `(classid, objid)`.
+    table_id: (i32, i32),
+    /// Seed of the entity lock ids (derived from the table name: two tables never share an entity lock).
+    seed: i64,
 }
 
 fn key_unnest(shape: &Shape, first: usize) -> (String, String, String) {
@@ -296,6 +312,102 @@ fn key_unnest(shape: &Shape, first: usize) -> (String, String, String) {
         })
         .collect();
     (params.join(", "), alias.join(", "), join.join(" AND "))
+}
+
+/// `classid` of replaysafe's table-wide advisory locks (two-`int4` key space, apart from the `bigint` one of the
+/// entity locks): "rsaf".
+const TABLE_LOCK_CLASS: i32 = 0x7273_6166;
+
+/// The first 8 bytes of SHA-256 of `text`, as a signed integer.
+fn hash64(text: &str) -> i64 {
+    let d = Sha256::digest(text.as_bytes());
+    i64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+/// The entity-lock statements of a row projection table (README "The four answers", 2).
+///
+/// An entity's lock id is `hashtextextended` (PostgreSQL's 64-bit text hash) of its key values cast to the key
+/// columns' types and back to text — the form PostgreSQL compares, so `{ABC…}` and `abc…` of a uuid key, or
+/// `007` and `7` of a bigint key, are one entity — seeded by the table name. The ids are deduplicated and sorted
+/// by `array_agg(DISTINCT … ORDER BY …)` (an ordered aggregate: its order is part of its result), and the locks
+/// are taken by a function scan of that array, which reads the elements in array order: there is no sort that
+/// could run after the lock function was already evaluated, so every transaction takes its locks in ascending
+/// id order and two batches cannot deadlock on them.
+async fn prepare_locks(
+    c: &tokio_postgres::Client,
+    shape: &Shape,
+    table: &QualifiedName,
+) -> Result<Locks> {
+    let prep = |sql: String| async move {
+        c.prepare(&sql)
+            .await
+            .map_err(|e| Error::Schema(format!("row projection locks: {e}: {sql}")))
+    };
+    let (kp, ka, _) = key_unnest(shape, 1);
+    let canonical: Vec<String> = shape
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, &col)| format!("u.k{i}::{}::text", shape.columns[col].ty.sql))
+        .collect();
+    let seed = shape.key.len() + 1;
+    let entities = prep(format!(
+        "SELECT pg_advisory_xact_lock(l.id) FROM unnest((SELECT array_agg(DISTINCT s.id ORDER BY s.id) FROM \
+         (SELECT hashtextextended(json_build_array({})::text, ${seed}::bigint) AS id FROM unnest({kp}) AS u({ka})) s)) \
+         AS l(id)",
+        canonical.join(", ")
+    ))
+    .await?;
+    let name = table.to_string();
+    Ok(Locks {
+        table_shared: prep("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)".into())
+            .await?,
+        table_exclusive: prep("SELECT pg_advisory_xact_lock($1::int4, $2::int4)".into()).await?,
+        entities,
+        table_id: (TABLE_LOCK_CLASS, hash64(&name) as i32),
+        seed: hash64(&name),
+    })
+}
+
+/// Serializes this batch's entities of one projection table against every other batch transaction, before any
+/// stored state is read: the table-wide lock (exclusive when the batch applies a truncate, which touches every
+/// row; shared otherwise), then one lock per entity the fold reads or writes — its changes' keys and the old keys
+/// of primary-key changes — in ascending id order. Locks are held until the transaction ends.
+///
+/// Row projections lock in projection order, after the ledger claims and the checkpoint row: a transaction only
+/// ever waits for a lock later in that one order than every lock it holds, so these locks add no deadlock (see
+/// README "The four answers", 2).
+async fn lock_entities(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    changes: &[RowChange],
+    exclusive: bool,
+) -> std::result::Result<(), crate::sink::ApplyError> {
+    let l = &prepared.lock;
+    let table = if exclusive {
+        &l.table_exclusive
+    } else {
+        &l.table_shared
+    };
+    tx.execute(table, &[&l.table_id.0, &l.table_id.1])
+        .await
+        .map_err(pg_err)?;
+    let keys: Vec<&Vec<String>> = changes
+        .iter()
+        .filter(|c| c.kind != ChangeKind::Truncate)
+        .flat_map(|c| std::iter::once(&c.key).chain(c.old_key.as_ref()))
+        .collect();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let nk = prepared.shape.key.len();
+    let cols: Vec<Vec<&str>> = (0..nk)
+        .map(|i| keys.iter().map(|k| k[i].as_str()).collect())
+        .collect();
+    let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    params.push(&l.seed);
+    tx.execute(&l.entities, &params).await.map_err(pg_err)?;
+    Ok(())
 }
 
 /// Prepares a row projection's statements.
@@ -470,9 +582,11 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     } else {
         None
     };
+    let lock = prepare_locks(c, &shape, t).await?;
     Ok(Prepared {
         mark_truncate,
         watermark,
+        lock,
         shape,
         fetch_live,
         fetch_tomb,
@@ -769,6 +883,12 @@ pub async fn apply(
 ) -> std::result::Result<HashMap<i64, RowResult>, crate::sink::ApplyError> {
     let plan = proj.row.as_ref().expect("row");
     let mut results = HashMap::new();
+    if changes.is_empty() {
+        return Ok(results);
+    }
+    let truncates = plan.truncate == TruncatePolicy::Truncate
+        && changes.iter().any(|c| c.kind == ChangeKind::Truncate);
+    lock_entities(tx, prepared, &changes, truncates).await?;
     let mut segment: Vec<RowChange> = Vec::new();
     for c in changes {
         if c.kind == ChangeKind::Truncate {

@@ -9,5 +9,6 @@ mod config_errors;
 mod connect;
 mod core;
 mod debezium;
+mod entities;
 mod file_source;
 mod hardening;
