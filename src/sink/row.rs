@@ -6,6 +6,10 @@
 //! - a delete leaves a tombstone `(key, _version, _deleted_at)` so an older write can never resurrect the row;
 //! - an equal version with the same row state is a duplicate; with a different state it is a conflict, recorded in
 //!   `replaysafe_conflicts`, and the stored row is left unchanged;
+//! - a strictly newer version with the same row state only moves the stored version: the record is landed (a
+//!   snapshot read of an unchanged row is a duplicate);
+//! - each batch first locks its entities (transaction-scoped advisory locks, in one global order), so concurrent
+//!   batches of other partitions apply one entity's changes one transaction at a time;
 //! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
 
 use std::collections::HashMap;
@@ -636,7 +640,11 @@ pub enum ChangeKind {
 pub enum RowResult {
     /// The entity's stored state changed.
     Applied,
-    /// The same state was already stored (at this or an older version).
+    /// A strictly newer version with the row state already stored (another field changed, or the same state
+    /// confirmed again): the row takes the new version and delivery; the record is `landed`.
+    Unchanged,
+    /// The same state was already stored at this version, or a snapshot read (`op = r`) found the state already
+    /// stored: a `duplicate`, no side effects.
     Same,
     /// Older than the stored version (or tombstone).
     Stale,
@@ -1176,13 +1184,19 @@ async fn fold_segment(
                         RowResult::Conflict
                     }
                 }
+                // Newer, same row state: the row takes the version (and delivery). A newer business event is
+                // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
                 Some(s) if s.sha == sha && s.deleted == deleted => {
                     cur = Some(State {
                         version: version.clone(),
                         delivery: Some(c.delivery.clone()),
                         ..s.clone()
                     });
-                    RowResult::Same
+                    if c.snapshot {
+                        RowResult::Same
+                    } else {
+                        RowResult::Unchanged
+                    }
                 }
                 // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
                 // must not create it), or an inclusive delete of the stored version.

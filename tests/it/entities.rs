@@ -647,3 +647,171 @@ fn debezium_entities_moved_by_a_partition_increase() {
     );
     assert_eq!(dbz_state(&live, false), serial);
 }
+
+/// A row projection (columns `customer`, `status`; not the version), a counter and an outbox.
+const UNCHANGED_JSON: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[batch]
+max-records = MAXREC
+[fields]
+id = { path = "/id", type = "text" }
+customer = { path = "/customer", type = "text" }
+status = { path = "/status", type = "text" }
+v = { path = "/v", type = "bigint" }
+[identity]
+key = ["id"]
+[[projection]]
+kind = "row"
+table = "customers"
+key = ["customer"]
+version = "v"
+columns = ["customer", "status"]
+[[projection]]
+kind = "counter"
+table = "events"
+group-by = ["customer"]
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["id", "customer", "status", "v"]
+"#;
+
+/// Issue 19, item 1 (JSON): a strictly newer version whose row columns did not change is a real event: `landed`
+/// (counter and outbox see it; the row keeps its state and takes the new version and delivery). Only an equal
+/// version with the same state is a `duplicate`. The same under batch sizes 1 and 5000.
+#[test]
+fn newer_version_with_unchanged_row_lands() {
+    let topic = unique("unch");
+    create_topic(&topic, 1, &[]);
+    let ev = |id: &str, status: &str, v: i64| {
+        let body = json!({"id": id, "customer": "c1", "status": status, "v": v});
+        Rec::json(0, id, &body.to_string(), 1_760_000_000_000)
+    };
+    produce(
+        &topic,
+        &[
+            ev("e1", "active", 1),
+            ev("e2", "active", 2),
+            // The same version and state under another event id: a duplicate.
+            ev("e3", "active", 2),
+            // An older version: stale.
+            ev("e0", "active", 1),
+        ],
+    );
+    for max in [5000, 1] {
+        let db = Db::fresh("unch");
+        let text = UNCHANGED_JSON.replace("MAXREC", &max.to_string());
+        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let t = out.tally();
+        assert_eq!(
+            (t.consumed, t.landed, t.duplicate, out.stale()),
+            (4, 2, 1, 1),
+            "max-records {max}: {}",
+            out.stdout
+        );
+        assert_eq!(db.i64("SELECT n FROM {s}.events WHERE customer = 'c1'"), 2);
+        assert_eq!(
+            lines(&db, "SELECT payload->>'id' FROM {s}.outbox ORDER BY id"),
+            vec!["e1", "e2"]
+        );
+        let r = db.query(
+            "SELECT status, _version, _delivery FROM {s}.customers WHERE customer = 'c1'",
+            &[],
+        );
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].get::<_, String>(0), "active");
+        assert_eq!(r[0].get::<_, Vec<i64>>(1), vec![2]);
+        assert!(r[0].get::<_, String>(2).contains("e2"), "max-records {max}");
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 4);
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
+    }
+}
+
+/// The Debezium layout of `reference-debezium.toml`: the row projection keeps id/owner/balance, the outbox payload
+/// carries `status` (a column the row projection does not keep), a counter counts changes per op.
+const UNCHANGED_DBZ: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[batch]
+max-records = MAXREC
+[source]
+format = "debezium"
+[fields]
+status = { path = "/after/status", type = "text", optional = true }
+[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+columns = { id = "bigint", owner = "text", balance = "bigint" }
+[[projection]]
+kind = "outbox"
+table = "account_events"
+payload = ["_op", "_entity", "status"]
+snapshots = "skip"
+[[projection]]
+kind = "counter"
+table = "changes"
+group-by = ["_op"]
+snapshots = "include"
+"#;
+
+/// Issue 19, item 1 (Debezium): an update changing only `status` (not kept by the row projection, carried by the
+/// outbox) lands — one outbox row, counted — and the row takes its version; a resnapshot read (`op = r`) of the
+/// unchanged row is a `duplicate` with no side effects (no outbox row, no count, even with `snapshots =
+/// "include"`).
+#[test]
+fn debezium_update_of_an_unkept_column_lands() {
+    let topic = unique("unchd");
+    create_topic(&topic, 1, &[]);
+    let row = |status: &str| json!({"id": 7, "owner": "o7", "balance": 5, "status": status});
+    produce(
+        &topic,
+        &[
+            change(0, "c", 7, Value::Null, row("new"), 100),
+            change(0, "u", 7, Value::Null, row("verified"), 200),
+            change(0, "r", 7, Value::Null, row("verified"), 300),
+        ],
+    );
+    for max in [5000, 1] {
+        let db = Db::fresh("unchd");
+        let text = UNCHANGED_DBZ.replace("MAXREC", &max.to_string());
+        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let t = out.tally();
+        assert_eq!(
+            (t.consumed, t.landed, t.duplicate, out.stale()),
+            (3, 2, 1, 0),
+            "max-records {max}: {}",
+            out.stdout
+        );
+        assert_eq!(
+            lines(
+                &db,
+                "SELECT payload->>'_op' || ' ' || (payload->>'status') FROM {s}.account_events ORDER BY id"
+            ),
+            vec!["c new", "u verified"]
+        );
+        assert_eq!(
+            lines(&db, "SELECT _op || ' ' || n FROM {s}.changes ORDER BY 1"),
+            vec!["c 1", "u 1"]
+        );
+        let r = db.query(
+            "SELECT owner, balance, _version FROM {s}.accounts WHERE id = 7",
+            &[],
+        );
+        assert_eq!(r[0].get::<_, String>(0), "o7");
+        assert_eq!(r[0].get::<_, i64>(1), 5);
+        // The resnapshot's consistent point is the newest version (applied under the guard, no side effects).
+        assert_eq!(r[0].get::<_, Vec<i64>>(2), vec![300, 300]);
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3);
+    }
+}
