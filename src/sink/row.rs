@@ -373,10 +373,18 @@ async fn prepare_locks(
     })
 }
 
+/// Most entity locks one batch takes per row projection; a batch with more distinct entities takes the table lock
+/// exclusively instead. Every advisory lock occupies a slot of PostgreSQL's shared lock table
+/// (`max_locks_per_transaction` × connections, shared by all sessions): `postgres.connections` batches of
+/// `batch.max-records` distinct entities each would exhaust it ("out of shared memory"). Small batches (live
+/// traffic) lock per entity and run side by side; large ones (catch-up, snapshots) serialize per table.
+pub const MAX_ENTITY_LOCKS: usize = 512;
+
 /// Serializes this batch's entities of one projection table against every other batch transaction, before any
-/// stored state is read: the table-wide lock (exclusive when the batch applies a truncate, which touches every
-/// row; shared otherwise), then one lock per entity the fold reads or writes — its changes' keys and the old keys
-/// of primary-key changes — in ascending id order. Locks are held until the transaction ends.
+/// stored state is read: the table-wide lock — exclusive when the batch applies a truncate (which touches every
+/// row) or has more than [`MAX_ENTITY_LOCKS`] distinct entities, shared otherwise — then, under the shared lock,
+/// one lock per entity the fold reads or writes (its changes' keys and the old keys of primary-key changes) in
+/// ascending id order. Locks are held until the transaction ends.
 ///
 /// Row projections lock in projection order, after the ledger claims and the checkpoint row: a transaction only
 /// ever waits for a lock later in that one order than every lock it holds, so these locks add no deadlock (see
@@ -385,9 +393,17 @@ async fn lock_entities(
     tx: &Transaction<'_>,
     prepared: &Prepared,
     changes: &[RowChange],
-    exclusive: bool,
+    truncates: bool,
 ) -> std::result::Result<(), crate::sink::ApplyError> {
     let l = &prepared.lock;
+    let keys: Vec<&Vec<String>> = changes
+        .iter()
+        .filter(|c| c.kind != ChangeKind::Truncate)
+        .flat_map(|c| std::iter::once(&c.key).chain(c.old_key.as_ref()))
+        .collect::<std::collections::HashSet<_>>()
+        .into_iter()
+        .collect();
+    let exclusive = truncates || keys.len() > MAX_ENTITY_LOCKS;
     let table = if exclusive {
         &l.table_exclusive
     } else {
@@ -396,12 +412,7 @@ async fn lock_entities(
     tx.execute(table, &[&l.table_id.0, &l.table_id.1])
         .await
         .map_err(pg_err)?;
-    let keys: Vec<&Vec<String>> = changes
-        .iter()
-        .filter(|c| c.kind != ChangeKind::Truncate)
-        .flat_map(|c| std::iter::once(&c.key).chain(c.old_key.as_ref()))
-        .collect();
-    if keys.is_empty() {
+    if exclusive || keys.is_empty() {
         return Ok(());
     }
     let nk = prepared.shape.key.len();
