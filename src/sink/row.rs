@@ -287,7 +287,8 @@ pub struct Prepared {
 struct Locks {
     /// `$1` classid, `$2` objid: the table-wide lock, shared (every batch that touches the table).
     table_shared: Statement,
-    /// The same lock, exclusive (a batch that applies a truncate to the table).
+    /// The same lock, exclusive (a batch that applies a truncate to the table, or has more than
+    /// [`MAX_ENTITY_LOCKS`] entities of it).
     table_exclusive: Statement,
     /// `$1..$k` key column texts, `$k+1` the table's seed: one exclusive lock per distinct entity, taken in
     /// ascending lock-id order.
