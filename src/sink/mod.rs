@@ -87,7 +87,7 @@ pub enum Outcome {
     /// Newly claimed: every projection saw it.
     Landed,
     /// Its delivery key was already in the ledger (or earlier in the same batch), or a row projection already
-    /// holds the same state.
+    /// holds the same state at the same version (or, for a snapshot read, at any version).
     Duplicate,
     /// Claimed, but a row projection holds a newer version (or tombstone) of the entity; `conflict`: the stored
     /// version is equal and the state differs (recorded in `replaysafe_conflicts`).
@@ -588,8 +588,9 @@ impl Sink {
             landed.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
         }
 
-        // 3a. Row projections first: a claimed change that is older than the stored state (or the same state) is
-        // taken out of `landed`, so counters and the outbox never see it.
+        // 3a. Row projections first: a claimed change that is older than the stored state (stale, conflict) or
+        // the state already stored at its version (or an unchanged snapshot read: duplicate) is taken out of
+        // `landed`, so counters and the outbox never see it. A newer version with an unchanged row state stays.
         let mut overrides: HashMap<i64, Outcome> = HashMap::new();
         if !landed.is_empty() && !self.prepared.rows.is_empty() {
             let mut best: HashMap<i64, row::RowResult> = HashMap::new();
@@ -610,7 +611,7 @@ impl Sink {
             }
             let gone: Vec<i64> = best
                 .iter()
-                .filter(|(_, r)| **r != row::RowResult::Applied)
+                .filter(|(_, r)| !matches!(r, row::RowResult::Applied | row::RowResult::Unchanged))
                 .map(|(o, _)| *o)
                 .collect();
             if !gone.is_empty() {
@@ -846,7 +847,8 @@ fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
 fn strongest(a: row::RowResult, b: row::RowResult) -> row::RowResult {
     use row::RowResult::*;
     let rank = |r| match r {
-        Applied => 3,
+        Applied => 4,
+        Unchanged => 3,
         Conflict => 2,
         Stale => 1,
         Same => 0,

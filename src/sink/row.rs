@@ -6,6 +6,10 @@
 //! - a delete leaves a tombstone `(key, _version, _deleted_at)` so an older write can never resurrect the row;
 //! - an equal version with the same row state is a duplicate; with a different state it is a conflict, recorded in
 //!   `replaysafe_conflicts`, and the stored row is left unchanged;
+//! - a strictly newer version with the same row state only moves the stored version: the record is landed (a
+//!   snapshot read of an unchanged row is a duplicate);
+//! - each batch first locks its entities (transaction-scoped advisory locks, in one global order), so concurrent
+//!   batches of other partitions apply one entity's changes one transaction at a time;
 //! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
 
 use std::collections::HashMap;
@@ -289,6 +293,23 @@ pub struct Prepared {
     truncate_tombs: Option<Statement>,
     mark_truncate: Statement,
     watermark: Option<Statement>,
+    lock: Locks,
+}
+
+/// The statements that serialize one projection table's entities across concurrent batch transactions.
+struct Locks {
+    /// `$1` classid, `$2` objid: the table-wide lock, shared (every batch that touches the table).
+    table_shared: Statement,
+    /// The same lock, exclusive (a batch that applies a truncate to the table, or has more than
+    /// [`MAX_ENTITY_LOCKS`] entities of it).
+    table_exclusive: Statement,
+    /// `$1..$k` key column texts, `$k+1` the table's seed: one exclusive lock per distinct entity, taken in
+    /// ascending lock-id order.
+    entities: Statement,
+    /// The table lock's `(classid, objid)`.
+    table_id: (i32, i32),
+    /// Seed of the entity lock ids (derived from the table name: two tables never share an entity lock).
+    seed: i64,
 }
 
 fn key_unnest(shape: &Shape, first: usize) -> (String, String, String) {
@@ -309,6 +330,113 @@ fn key_unnest(shape: &Shape, first: usize) -> (String, String, String) {
         })
         .collect();
     (params.join(", "), alias.join(", "), join.join(" AND "))
+}
+
+/// `classid` of replaysafe's table-wide advisory locks (two-`int4` key space, apart from the `bigint` one of the
+/// entity locks): "rsaf".
+const TABLE_LOCK_CLASS: i32 = 0x7273_6166;
+
+/// The first 8 bytes of SHA-256 of `text`, as a signed integer.
+fn hash64(text: &str) -> i64 {
+    let d = Sha256::digest(text.as_bytes());
+    i64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+/// The entity-lock statements of a row projection table (README "The four answers", 2).
+///
+/// An entity's lock id is `hashtextextended` (PostgreSQL's 64-bit text hash) of its key values cast to the key
+/// columns' types and back to text — the form PostgreSQL compares, so `{ABC…}` and `abc…` of a uuid key, or
+/// `007` and `7` of a bigint key, are one entity — seeded by the table name. The ids are deduplicated and sorted
+/// by `array_agg(DISTINCT … ORDER BY …)` (an ordered aggregate: its order is part of its result), and the locks
+/// are taken by a function scan of that array, which reads the elements in array order: there is no sort that
+/// could run after the lock function was already evaluated, so every transaction takes its locks in ascending
+/// id order and two batches cannot deadlock on them.
+async fn prepare_locks(
+    c: &tokio_postgres::Client,
+    shape: &Shape,
+    table: &QualifiedName,
+) -> Result<Locks> {
+    let prep = |sql: String| async move {
+        c.prepare(&sql)
+            .await
+            .map_err(|e| Error::Schema(format!("row projection locks: {e}: {sql}")))
+    };
+    let (kp, ka, _) = key_unnest(shape, 1);
+    let canonical: Vec<String> = shape
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, &col)| format!("u.k{i}::{}::text", shape.columns[col].ty.sql))
+        .collect();
+    let seed = shape.key.len() + 1;
+    let entities = prep(format!(
+        "SELECT pg_advisory_xact_lock(l.id) FROM unnest((SELECT array_agg(DISTINCT s.id ORDER BY s.id) FROM \
+         (SELECT hashtextextended(json_build_array({})::text, ${seed}::bigint) AS id FROM unnest({kp}) AS u({ka})) s)) \
+         AS l(id)",
+        canonical.join(", ")
+    ))
+    .await?;
+    let name = table.to_string();
+    Ok(Locks {
+        table_shared: prep("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)".into())
+            .await?,
+        table_exclusive: prep("SELECT pg_advisory_xact_lock($1::int4, $2::int4)".into()).await?,
+        entities,
+        table_id: (TABLE_LOCK_CLASS, hash64(&name) as i32),
+        seed: hash64(&name),
+    })
+}
+
+/// Most entity locks one batch takes per row projection; a batch with more distinct entities takes the table lock
+/// exclusively instead. Every advisory lock occupies a slot of PostgreSQL's shared lock table
+/// (`max_locks_per_transaction` × connections, shared by all sessions): `postgres.connections` batches of
+/// `batch.max-records` distinct entities each would exhaust it ("out of shared memory"). Small batches (live
+/// traffic) lock per entity and run side by side; large ones (catch-up, snapshots) serialize per table.
+pub const MAX_ENTITY_LOCKS: usize = 512;
+
+/// Serializes this batch's entities of one projection table against every other batch transaction, before any
+/// stored state is read: the table-wide lock — exclusive when the batch applies a truncate (which touches every
+/// row) or has more than [`MAX_ENTITY_LOCKS`] distinct entities, shared otherwise — then, under the shared lock,
+/// one lock per entity the fold reads or writes (its changes' keys and the old keys of primary-key changes) in
+/// ascending id order. Locks are held until the transaction ends.
+///
+/// Row projections lock in projection order, after the ledger claims and the checkpoint row: a transaction only
+/// ever waits for a lock later in that one order than every lock it holds, so these locks add no deadlock (see
+/// README "The four answers", 2).
+async fn lock_entities(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    changes: &[RowChange],
+    truncates: bool,
+) -> std::result::Result<(), crate::sink::ApplyError> {
+    let l = &prepared.lock;
+    let keys: Vec<&Vec<String>> = changes
+        .iter()
+        .filter(|c| c.kind != ChangeKind::Truncate)
+        .flat_map(|c| std::iter::once(&c.key).chain(c.old_key.as_ref()))
+        .collect::<std::collections::HashSet<_>>()
+        .into_iter()
+        .collect();
+    let exclusive = truncates || keys.len() > MAX_ENTITY_LOCKS;
+    let table = if exclusive {
+        &l.table_exclusive
+    } else {
+        &l.table_shared
+    };
+    tx.execute(table, &[&l.table_id.0, &l.table_id.1])
+        .await
+        .map_err(pg_err)?;
+    if exclusive || keys.is_empty() {
+        return Ok(());
+    }
+    let nk = prepared.shape.key.len();
+    let cols: Vec<Vec<&str>> = (0..nk)
+        .map(|i| keys.iter().map(|k| k[i].as_str()).collect())
+        .collect();
+    let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    params.push(&l.seed);
+    tx.execute(&l.entities, &params).await.map_err(pg_err)?;
+    Ok(())
 }
 
 /// Prepares a row projection's statements.
@@ -515,9 +643,11 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     } else {
         None
     };
+    let lock = prepare_locks(c, &shape, t).await?;
     Ok(Prepared {
         mark_truncate,
         watermark,
+        lock,
         shape,
         fetch_live,
         fetch_tomb,
@@ -581,7 +711,11 @@ pub enum ChangeKind {
 pub enum RowResult {
     /// The entity's stored state changed.
     Applied,
-    /// The same state was already stored (at this or an older version).
+    /// A strictly newer version with the row state already stored (another field changed, or the same state
+    /// confirmed again): the row takes the new version and delivery; the record is `landed`.
+    Unchanged,
+    /// The same state was already stored at this version, or a snapshot read (`op = r`) found the state already
+    /// stored: a `duplicate`, no side effects.
     Same,
     /// Older than the stored version (or tombstone).
     Stale,
@@ -846,6 +980,12 @@ pub async fn apply(
 ) -> std::result::Result<HashMap<i64, RowResult>, crate::sink::ApplyError> {
     let plan = proj.row.as_ref().expect("row");
     let mut results = HashMap::new();
+    if changes.is_empty() {
+        return Ok(results);
+    }
+    let truncates = plan.truncate == TruncatePolicy::Truncate
+        && changes.iter().any(|c| c.kind == ChangeKind::Truncate);
+    lock_entities(tx, prepared, &changes, truncates).await?;
     let mut segment: Vec<RowChange> = Vec::new();
     for c in changes {
         if c.kind == ChangeKind::Truncate {
@@ -1157,6 +1297,8 @@ async fn fold_segment(
                         RowResult::Conflict
                     }
                 }
+                // Newer, same row state: the row takes the version (and delivery). A newer business event is
+                // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
                 (Some(s), _) if s.sha == sha && s.deleted == deleted => {
                     cur = Some(State {
                         version: version.clone(),
@@ -1164,7 +1306,11 @@ async fn fold_segment(
                         position: c.position.clone(),
                         ..s.clone()
                     });
-                    RowResult::Same
+                    if c.snapshot {
+                        RowResult::Same
+                    } else {
+                        RowResult::Unchanged
+                    }
                 }
                 // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
                 // must not create it), or an inclusive delete of the stored version.

@@ -10,6 +10,7 @@ mod config_errors;
 mod connect;
 mod core;
 mod debezium;
+mod entities;
 mod file_source;
 mod hardening;
 mod horizon;
