@@ -336,6 +336,8 @@ pub struct Aggregate {
     pub group_by: Vec<usize>,
     /// The value columns (counter: one; sum: the `add` targets).
     pub values: Vec<Ident>,
+    /// Per value column, the field it adds (sum: the `add` field's index; counter: `None`).
+    pub value_fields: Vec<Option<usize>>,
 }
 
 impl std::fmt::Debug for ProjectionPlan {
@@ -1313,12 +1315,14 @@ fn projection(
             let g = gcols.join(", ");
             // (target column, select expression, column type)
             let mut targets: Vec<(Ident, String, &str)> = Vec::new();
+            let mut value_fields: Vec<Option<usize>> = Vec::new();
             if kind == ProjectionKind::Counter {
                 let c = match &rp.column {
                     Some(c) => ident(src, c)?,
                     None => Ident::new("n").expect("static"),
                 };
                 targets.push((c, "count(*)".to_string(), "bigint"));
+                value_fields.push(None);
             } else {
                 let add = rp
                     .add
@@ -1345,6 +1349,7 @@ fn projection(
                         ));
                     }
                     targets.push((t, format!("coalesce(sum({}), 0)", f.name), "numeric"));
+                    value_fields.push(Some(fi));
                 }
             }
             let tcols = targets
@@ -1379,6 +1384,7 @@ fn projection(
                 table: table.clone(),
                 group_by: group_by.clone(),
                 values: targets.iter().map(|(t, _, _)| t.clone()).collect(),
+                value_fields,
             });
             (table.name.as_str().to_string(), statement, setup)
         }

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, GenericClient};
 
 use super::sql;
-use crate::config::Pipeline;
+use crate::config::{FieldType, Pipeline};
 use crate::error::{Error, Result};
 
 /// Advisory lock key serialising DDL from concurrent replaysafe processes (`hashtext('replaysafe-ddl')`).
@@ -227,10 +227,12 @@ struct TypedColumn<'a> {
     ty: String,
     /// Where that type comes from, for the message.
     from: String,
+    /// A sum target adding a bigint field: `bigint` is accepted besides `numeric` (exact either way).
+    or_bigint: bool,
 }
 
 /// Checks that every projection column holding a field's values (counter/sum group-by columns, row projection
-/// columns) has the type the pipeline writes: PostgreSQL would otherwise cast new values into the old type, so
+/// columns, sum targets: `numeric`, or `bigint` for a bigint field) has the type the pipeline writes: PostgreSQL would otherwise cast new values into the old type, so
 /// `'007'` (text) and `7` (bigint) would become two groups of one entity, silently.
 ///
 /// # Errors
@@ -247,7 +249,23 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
                     column: f.name.as_str(),
                     ty: f.ty.sql().to_string(),
                     from: format!("field `{}`", f.name.as_str()),
+                    or_bigint: false,
                 });
+            }
+            // Sum targets: anything but numeric (or bigint for a bigint field) rounds or truncates the sums
+            // silently (PostgreSQL's assignment cast: 1.5 into bigint is 2).
+            for (col, fi) in a.values.iter().zip(&a.value_fields) {
+                if let Some(i) = fi {
+                    let f = &p.fields[*i];
+                    cols.push(TypedColumn {
+                        projection: &proj.name,
+                        table: a.table.to_string(),
+                        column: col.as_str(),
+                        ty: "numeric".to_string(),
+                        from: format!("the sum of field `{}` ({})", f.name.as_str(), f.ty.sql()),
+                        or_bigint: f.ty == FieldType::Bigint,
+                    });
+                }
             }
         }
         if let Some(r) = &proj.row {
@@ -261,6 +279,7 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
                         Some(i) => format!("field `{}`", p.fields[i].name.as_str()),
                         None => format!("`columns` of projection `{}`", proj.name),
                     },
+                    or_bigint: false,
                 });
             }
         }
@@ -301,11 +320,14 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
             .map(|r| r.get(0));
         if let Some(have) = have {
             // varchar holds text values unchanged (a too long one fails loudly): the one accepted difference.
-            let same = &have == want || (want == "text" && have.starts_with("character varying"));
+            let same = &have == want
+                || (want == "text" && have.starts_with("character varying"))
+                || (c.or_bigint && have == "bigint");
             if !same {
                 return Err(Error::Schema(format!(
                     "projection `{}`: column `{}` of {} is {have}, but {} is {want}: PostgreSQL would cast the \
-                     new values into the column's type, so one entity could land in two groups or rows (or fail). \
+                     new values into the column's type (one entity could land in two groups or rows, a sum be \
+                     rounded) or fail. \
                      Change the type back, or migrate deliberately: ALTER the column to {want} and convert its rows, \
                      or drop the table and rebuild it from the topic with its own [ledger] table",
                     c.projection, c.column, c.table, c.from

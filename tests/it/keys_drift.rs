@@ -385,6 +385,60 @@ fn a_changed_field_type_is_refused_before_anything_is_consumed() {
     }
 }
 
+/// A sum's `add` target whose column would round the field's values (a hand-made `bigint` column for a
+/// `numeric` field, e.g. one created while the field was bigint) is refused at start-up (exit 2) naming the
+/// column, its type and the field's: nothing is consumed, no 1.5 becomes 2. A `bigint` target for a `bigint`
+/// field is exact and accepted.
+#[test]
+fn a_sum_target_that_would_round_the_field_is_refused() {
+    let db = Db::fresh("sumtype");
+    let topic = unique("sumtype");
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[rec(
+            0,
+            json!({"id": "e1", "cust": "c", "amount": "1.5", "v": 1}),
+        )],
+    );
+    db.execute(
+        "CREATE TABLE {s}.totals (cust text PRIMARY KEY, total bigint NOT NULL DEFAULT 0); \
+         INSERT INTO {s}.totals VALUES ('c', 1)",
+    );
+    let group = unique("g");
+    let p = pipeline(
+        &GROUPS.replace("CUST_TYPE", "text"),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        p.path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    for needle in [
+        format!("column `total` of \"{}\".\"totals\" is bigint", db.schema),
+        "the sum of field `amount` (numeric) is numeric".to_string(),
+    ] {
+        assert!(out.stderr.contains(&needle), "`{needle}` in {}", out.stderr);
+    }
+    assert_eq!(db.i64("SELECT total FROM {s}.totals WHERE cust = 'c'"), 1);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(db.checkpoint(&group, &topic, 0), None);
+
+    // A bigint field into a bigint target is exact: accepted, the sum lands.
+    let bigint = GROUPS
+        .replace("CUST_TYPE", "text")
+        .replace("add = { total = \"amount\" }", "add = { total = \"v\" }");
+    let p = pipeline(&bigint, &topic, &group, &db.schema);
+    let t = run_caught_up(&p.path).tally();
+    assert_eq!(t.landed, 1);
+    assert_eq!(db.i64("SELECT total FROM {s}.totals WHERE cust = 'c'"), 2);
+}
+
 const SUMS: &str = r#"
 [kafka]
 group-id = "{group}"
