@@ -129,7 +129,18 @@ fn settings_changes(old: &Settings, new: &Settings) -> Vec<String> {
                 for (k, ov) in o {
                     if let Some(nv) = n.get(k) {
                         if nv != ov {
-                            out.push(format!("projection `{name}`: `{k}` was `{ov}`, now `{nv}`"));
+                            let shown = |v: &str| {
+                                if v.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    format!("`{v}`")
+                                }
+                            };
+                            out.push(format!(
+                                "projection `{name}`: `{k}` was {}, now {}",
+                                shown(ov),
+                                shown(nv)
+                            ));
                         }
                     }
                 }

@@ -493,7 +493,12 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     assert_eq!(run_caught_up(&p.path).tally().landed, 1);
     init(SUMS, &topic, &group, &db).assert_ok();
 
-    let changes: [(&str, &str, &str); 6] = [
+    let changes: [(&str, &str, &str); 7] = [
+        (
+            "filter = \"amount > 0.0\"",
+            "",
+            "`filter` was `amount > 0.0`, now none",
+        ),
         (
             "filter = \"amount > 0.0\"",
             "filter = \"amount > 100.0\"",
