@@ -82,6 +82,8 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
 const OWNER_V2: &str = "replaysafe projections v2 ";
 /// Prefix of the format-1 comment (replaysafe before format 2): a digest of the projections' names and kinds.
 const OWNER_V1: &str = "replaysafe projections sha256:";
+/// What every projection record written by replaysafe starts with; any other comment is not one.
+const OWNER_PREFIX: &str = "replaysafe projections ";
 
 /// Format 1: the digest of the projections' names and kinds (kept to recognise ledgers written before format 2).
 fn projection_digest_v1(p: &Pipeline) -> String {
@@ -181,6 +183,16 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
                and those tables and consume from the beginning; changing a projection of a live pipeline in place is not supported \
                yet";
     match have.as_deref() {
+        // A comment replaysafe did not write (a DBA's note on a ledger from before the check): no record of
+        // the projections, as with no comment; replaced, and said so.
+        Some(h) if has_rows && !h.starts_with(OWNER_PREFIX) => {
+            tracing::warn!(
+                ledger = %table,
+                replaced = %h,
+                "the ledger's table comment is not a replaysafe projection record; replacing it with the record of \
+                 this pipeline's projections (replaysafe keeps its projection record in the ledger's comment)"
+            );
+        }
         Some(h) if has_rows => {
             if let Some(json) = h.strip_prefix(OWNER_V2) {
                 let old: Settings = serde_json::from_str(json).map_err(|e| {

@@ -580,6 +580,26 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         "{}",
         out.stderr
     );
+
+    // A comment replaysafe did not write (a DBA's note on a ledger from before the check) locks nobody out:
+    // accepted, replaced by the record, and a later change is caught again.
+    comment("purchases ledger, owner: team shop");
+    init(SUMS, &topic, &group, &db).assert_ok();
+    let recorded = db
+        .text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
+        .unwrap();
+    assert!(
+        recorded.starts_with("replaysafe projections v2 {"),
+        "{recorded}"
+    );
+    let out = init(
+        &SUMS.replace("amount > 0.0", "amount > 1.0"),
+        &topic,
+        &group,
+        &db,
+    );
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }
 
 const NOTES: &str = r#"
