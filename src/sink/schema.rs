@@ -178,9 +178,11 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
         .await?
         .get(0);
     let fix = "The records already claimed were projected under the recorded definition and are never projected \
-               again, so the tables would mix both. To apply the change, give this pipeline its own [ledger] table \
-               and new projection tables (a fresh ledger starts from the topic's beginning), or empty the ledger \
-               and those tables and consume from the beginning; changing a projection of a live pipeline in place is not supported \
+               again, so the tables would mix both. To apply the change, give this pipeline its own [ledger] table, \
+               new projection tables and a new [kafka] group-id with start = \"earliest\" (checkpoints belong to \
+               the group: under the old group-id it would resume where the old pipeline stopped, and the new \
+               tables would miss every earlier record), or empty the ledger and those tables and consume from the \
+               beginning under a new group-id; changing a projection of a live pipeline in place is not supported \
                yet";
     match have.as_deref() {
         // A comment replaysafe did not write (a DBA's note on a ledger from before the check): no record of
@@ -352,7 +354,8 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
                      new values into the column's type (one entity could land in two groups or rows, a sum be \
                      rounded) or fail. \
                      Change the type back, or migrate deliberately: ALTER the column to {want} and convert its rows, \
-                     or drop the table and rebuild it from the topic with its own [ledger] table",
+                     or rebuild from the topic: a new [ledger] table, new (or emptied) projection tables and a \
+                     new [kafka] group-id with start = \"earliest\"",
                     c.projection, c.column, c.table, c.from
                 )));
             }

@@ -535,6 +535,11 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         assert_eq!(out.code, Some(2), "{to}: {}", out.stderr);
         assert!(out.stderr.contains(needle), "`{needle}` in {}", out.stderr);
         assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("new [kafka] group-id"),
+            "{}",
+            out.stderr
+        );
     }
     // Nothing of the refused runs changed the record.
     init(SUMS, &topic, &group, &db).assert_ok();
