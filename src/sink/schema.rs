@@ -229,6 +229,7 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
                 )));
             }
         }
+        None if !has_rows => warn_new_ledger_behind_checkpoints(client, p).await?,
         _ => {}
     }
     let stmt: String = client
@@ -239,6 +240,38 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
         .await?
         .get(0);
     client.batch_execute(&stmt).await?;
+    Ok(())
+}
+
+/// A new, empty ledger under a group that already has checkpoints (a changed pipeline given its own ledger but
+/// the old `group-id`): `run` resumes at those checkpoints, so the records before them never reach the new
+/// ledger and its tables. Said as a warning naming a checkpoint (a deliberate `start = "latest"`-like choice
+/// stays possible).
+///
+/// # Errors
+/// [`Error::Postgres`] when the checkpoints cannot be read.
+async fn warn_new_ledger_behind_checkpoints(client: &Client, p: &Pipeline) -> Result<()> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT topic, partition, next_offset FROM {} WHERE consumer_group = $1 AND next_offset > 0 \
+                 ORDER BY topic, partition LIMIT 1",
+                p.table(sql::CHECKPOINTS)
+            ),
+            &[&p.kafka.group_id],
+        )
+        .await?;
+    if let Some(r) = row {
+        let (topic, partition, next): (String, i32, i64) = (r.get(0), r.get(1), r.get(2));
+        tracing::warn!(
+            ledger = %p.ledger.table,
+            group = %p.kafka.group_id,
+            "the ledger is new, but group `{}` already has checkpoints (e.g. {topic}/{partition} at offset {next}): \
+             `run` resumes there, and the records before them never reach this ledger and its projection tables; \
+             to build them from the topic's beginning use a new [kafka] group-id with start = \"earliest\"",
+            p.kafka.group_id
+        );
+    }
     Ok(())
 }
 

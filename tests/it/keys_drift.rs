@@ -738,3 +738,55 @@ fn an_existing_dead_letter_table_gets_the_resolution_columns() {
         1
     );
 }
+
+/// A changed pipeline given its own ledger and tables but the old group-id resumes at the group's checkpoints:
+/// the new tables miss the earlier records. That is said (a warning naming the checkpoint and the fix), and a
+/// new group-id with `start = "earliest"` builds the new tables from the topic's beginning.
+#[test]
+fn a_new_ledger_under_an_old_group_is_warned_and_a_new_group_builds_it() {
+    let db = Db::fresh("newledger");
+    let topic = unique("newledger");
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[
+            rec(
+                0,
+                json!({"id": "e1", "cust": "c", "day": "2026-07-01", "amount": "50"}),
+            ),
+            rec(
+                0,
+                json!({"id": "e2", "cust": "c", "day": "2026-07-01", "amount": "150"}),
+            ),
+        ],
+    );
+    let group = unique("g");
+    let p = pipeline(SUMS, &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    let changed = SUMS
+        .replace("amount > 0.0", "amount > 100.0")
+        .replace("table = \"totals\"", "table = \"totals_b\"")
+        .replace("table = \"out\"", "table = \"out_b\"")
+        .replace("[identity]", "[ledger]\ntable = \"ledger_b\"\n[identity]");
+    let p = pipeline(&changed, &topic, &group, &db.schema);
+    let out = run_caught_up(&p.path);
+    out.assert_ok();
+    assert_eq!(out.tally().consumed, 0);
+    assert!(
+        out.stderr.contains("the ledger is new, but group")
+            && out.stderr.contains("at offset 2")
+            && out.stderr.contains("new [kafka] group-id"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.ledger_b"), 0);
+    // A new group (start = "earliest") builds the new ledger and tables from the beginning.
+    let p = pipeline(&changed, &topic, &unique("g"), &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.ledger_b"), 2);
+    assert_eq!(
+        db.text("SELECT total::text FROM {s}.totals_b WHERE cust = 'c'"),
+        Some("150".to_string())
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.out_b"), 2);
+}
