@@ -1090,13 +1090,28 @@ pub fn delivery_key_sql(
     partition_by: Option<usize>,
 ) -> String {
     let mut dk: Vec<String> = vec!["_generation".into()];
-    dk.extend(key.iter().map(|&i| format!("{}::text", fields[i].name)));
+    dk.extend(key.iter().map(|&i| session_free_text(&fields[i])));
     if let Some(pb) = partition_by {
         if !key.contains(&pb) {
-            dk.push(format!("{}::text", fields[pb].name));
+            dk.push(session_free_text(&fields[pb]));
         }
     }
     format!("json_build_array({})::text", dk.join(", "))
+}
+
+/// SQL text of a field's value that does not depend on the session's `DateStyle` or `TimeZone` (a database or
+/// role default, `PGOPTIONS`): a date as `YYYY-MM-DD`, a timestamptz as PostgreSQL's ISO output in UTC
+/// (`2026-07-01 00:00:00.5+00`) — what `::text` gives under the defaults (ISO, UTC), so delivery keys keep
+/// their spelling; other types print the same under any setting.
+fn session_free_text(f: &FieldPlan) -> String {
+    let n = &f.name;
+    match f.ty {
+        FieldType::Date => format!("to_char({n}, 'YYYY-MM-DD')"),
+        FieldType::Timestamptz => format!(
+            "(rtrim(rtrim(to_char({n} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), '0'), '.') || '+00')"
+        ),
+        _ => format!("{n}::text"),
+    }
 }
 
 /// SQL over `landed`: an outbox message key — a JSON array with one element per `key` field, in `key` order:

@@ -790,3 +790,79 @@ fn a_new_ledger_under_an_old_group_is_warned_and_a_new_group_builds_it() {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.out_b"), 2);
 }
+
+/// The outbox's `delivery_key` (and a resolved dead letter's `resolved_by`) spells dates and timestamps the same
+/// under any session `DateStyle`/`TimeZone` (a database default, `PGOPTIONS`): two processes, one with
+/// `DateStyle = 'SQL, DMY'` and `TimeZone = 'Asia/Kolkata'`, write `2026-07-01`, never `01/07/2026`.
+#[test]
+fn delivery_keys_do_not_depend_on_session_settings() {
+    let db = Db::fresh("dkstyle");
+    let topic = unique("dkstyle");
+    create_topic(&topic, 1, &[]);
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[fields]
+id = { path = "/id", type = "text" }
+at = { path = "/at", type = "timestamptz" }
+day = { path = "/at", type = "date" }
+[identity]
+key = ["id", "at"]
+partition-by = "day"
+[[projection]]
+kind = "outbox"
+table = "out"
+payload = ["id"]
+"#;
+    let group = unique("g");
+    let p = pipeline(text, &topic, &group, &db.schema);
+    produce(
+        &topic,
+        &[rec(0, json!({"id": "e1", "at": "2026-07-01T00:00:10.5Z"}))],
+    );
+    run_caught_up(&p.path);
+    produce(
+        &topic,
+        &[rec(0, json!({"id": "e2", "at": "2026-07-01T00:00:10Z"}))],
+    );
+    let sep = if database_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let url = format!(
+        "{}{sep}options=-c%20DateStyle%3DSQL,DMY%20-c%20TimeZone%3DAsia/Kolkata",
+        database_url()
+    );
+    let out = replaysafe_with(
+        &[
+            "run",
+            "--config",
+            p.path.to_str().unwrap(),
+            "--until-caught-up",
+        ],
+        &[("DATABASE_URL", url.as_str())],
+        std::time::Duration::from_secs(120),
+    );
+    out.assert_ok();
+    assert_eq!(out.tally().landed, 1);
+    let keys: Vec<String> = db
+        .query(
+            "SELECT delivery_key FROM {s}.out ORDER BY source_offset",
+            &[],
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            r#"["", "e1", "2026-07-01 00:00:10.5+00", "2026-07-01"]"#,
+            r#"["", "e2", "2026-07-01 00:00:10+00", "2026-07-01"]"#,
+        ]
+    );
+}
