@@ -430,13 +430,17 @@ async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
             None => {
                 return Err(Error::Schema(format!(
                     "ledger {} has no column `{name}` ({ty}); it was created for another pipeline — use another \
-                     [ledger] table or migrate it",
+                     [ledger] table (with a new [kafka] group-id: checkpoints belong to the group) or migrate it",
                     p.ledger.table
                 )))
             }
             Some((_, t)) if t != ty => {
                 return Err(Error::Schema(format!(
-                    "ledger {} column `{name}` is {t}, the pipeline expects {ty}",
+                    "ledger {} column `{name}` is {t}, the pipeline expects {ty} (field `{name}`'s type changed?): \
+                     the delivery keys and columns already claimed hold the old type's values, so a key would no \
+                     longer be recognised or a column mix both. Change the field's type back, or give the pipeline \
+                     its own [ledger] table, new projection tables and a new [kafka] group-id (README \
+                     \"Changing a field type or a projection\")",
                     p.ledger.table
                 )))
             }
