@@ -362,6 +362,7 @@ fn instant(f: &FieldPlan, v: &Value) -> Result<DateTime<Utc>, String> {
     }
     let at = |u: EpochUnit| {
         epoch_micros(&raw, u)
+            .ok()
             .and_then(DateTime::from_timestamp_micros)
             .filter(|t| (f.plausible.0..=f.plausible.1).contains(&t.date_naive()))
     };
@@ -373,9 +374,20 @@ fn instant(f: &FieldPlan, v: &Value) -> Result<DateTime<Utc>, String> {
         EpochUnit::Millis => "milliseconds",
         EpochUnit::Micros => "microseconds",
     };
-    let read = match epoch_micros(&raw, f.unit).and_then(DateTime::from_timestamp_micros) {
-        Some(t) => format!("is {}", t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
-        None => "is out of range or finer than a microsecond".to_string(),
+    let read = match epoch_micros(&raw, f.unit) {
+        Err(EpochError::TooFine) => {
+            return Err(format!(
+                "epoch number `{raw}` read as {} (unit = \"{}\") has non-zero digits finer than a microsecond \
+                 (timestamps keep microseconds; it is not rounded)",
+                name(f.unit),
+                f.unit.as_str()
+            ))
+        }
+        Ok(us) => match DateTime::from_timestamp_micros(us) {
+            Some(t) => format!("is {}", t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+            None => "is out of range".to_string(),
+        },
+        Err(EpochError::OutOfRange) => "is out of range".to_string(),
     };
     let fits: Vec<String> = EpochUnit::ALL
         .into_iter()
@@ -405,22 +417,58 @@ fn instant(f: &FieldPlan, v: &Value) -> Result<DateTime<Utc>, String> {
     ))
 }
 
-/// `-?digits(.digits)?`: an epoch number written as a JSON number or a string.
+/// `-?digits(.digits)?`, optionally followed by an exponent (`e`/`E`, sign, digits): an epoch number written as
+/// a JSON number or a string — Jackson, for one, writes a double `1782864000.5` as `1.7828640005E9`.
 fn looks_numeric(raw: &str) -> bool {
-    let body = raw.strip_prefix('-').unwrap_or(raw);
+    let (mantissa, exp) = match raw.find(['e', 'E']) {
+        Some(i) => (&raw[..i], Some(&raw[i + 1..])),
+        None => (raw, None),
+    };
+    let body = mantissa.strip_prefix('-').unwrap_or(mantissa);
     let (int, frac) = body.split_once('.').unwrap_or((body, "0"));
-    !int.is_empty()
+    let exp_ok = exp.is_none_or(|e| {
+        let d = e.strip_prefix(['-', '+']).unwrap_or(e);
+        !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+    });
+    exp_ok
+        && !int.is_empty()
         && !frac.is_empty()
         && int.bytes().all(|b| b.is_ascii_digit())
         && frac.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// An epoch number (see [`looks_numeric`]) in `unit` as microseconds; `None` when it overflows or has non-zero
-/// digits finer than a microsecond.
-fn epoch_micros(raw: &str, unit: EpochUnit) -> Option<i64> {
+/// Why an epoch number has no instant in a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EpochError {
+    /// Beyond what a 64-bit microsecond count (or a timestamp) holds.
+    OutOfRange,
+    /// Non-zero digits finer than a microsecond.
+    TooFine,
+}
+
+/// An epoch number (see [`looks_numeric`]) in `unit` as microseconds.
+///
+/// # Errors
+/// [`EpochError::OutOfRange`] when it overflows, [`EpochError::TooFine`] when it has non-zero digits finer than
+/// a microsecond.
+fn epoch_micros(raw: &str, unit: EpochUnit) -> Result<i64, EpochError> {
     if !looks_numeric(raw) {
-        return None;
+        return Err(EpochError::OutOfRange);
     }
+    let expanded;
+    let raw = if raw.contains(['e', 'E']) {
+        // Exponent form: written out in plain digits (an exponent beyond ±40 is out of any range: no
+        // 64-bit count of microseconds has more than 19 digits).
+        let d = BigDecimal::from_str(raw).map_err(|_| EpochError::OutOfRange)?;
+        let (digits, scale) = d.as_bigint_and_exponent();
+        if !(-40..=40).contains(&scale) || digits.to_string().len() > 60 {
+            return Err(EpochError::OutOfRange);
+        }
+        expanded = d.to_plain_string();
+        expanded.as_str()
+    } else {
+        raw
+    };
     let (neg, body) = match raw.strip_prefix('-') {
         Some(b) => (true, b),
         None => (false, raw),
@@ -430,7 +478,7 @@ fn epoch_micros(raw: &str, unit: EpochUnit) -> Option<i64> {
     let digits = per.ilog10() as usize;
     let (kept, rest) = frac.split_at(frac.len().min(digits));
     if rest.bytes().any(|b| b != b'0') {
-        return None;
+        return Err(EpochError::TooFine);
     }
     let mut fraction: i64 = 0;
     for i in 0..digits {
@@ -439,10 +487,10 @@ fn epoch_micros(raw: &str, unit: EpochUnit) -> Option<i64> {
     }
     let whole = int
         .parse::<i64>()
-        .ok()?
-        .checked_mul(per)?
-        .checked_add(fraction)?;
-    Some(if neg { -whole } else { whole })
+        .ok()
+        .and_then(|w| w.checked_mul(per)?.checked_add(fraction))
+        .ok_or(EpochError::OutOfRange)?;
+    Ok(if neg { -whole } else { whole })
 }
 
 /// The partition-by day of a decoded record, when the pipeline has one.
@@ -636,8 +684,32 @@ key = ["id"]
             at_and_day(&us, "\"1782864000123456\"").unwrap().0,
             "2026-07-01T00:00:00.123456Z"
         );
-        // Finer than a microsecond: refused, not rounded.
-        assert!(at_and_day(&ms, "1782864000123.0004").is_err());
+        // Finer than a microsecond: refused, not rounded, and said so (not "outside the plausible range").
+        let r = at_and_day(&ms, "1782864000123.0004").unwrap_err();
+        assert!(
+            r.detail.contains("finer than a microsecond"),
+            "{}",
+            r.detail
+        );
+        assert!(!r.detail.contains("plausible"), "{}", r.detail);
+        // Exponent notation (Jackson writes doubles so), as a number or a string, reads the same; a huge
+        // exponent is out of range, quarantined, not expanded.
+        for t in [
+            "1.7828640005E9",
+            "\"1.7828640005e9\"",
+            "17828640005e-1",
+            "1.7828640005e+9",
+        ] {
+            assert_eq!(
+                at_and_day(&secs, t).unwrap(),
+                ("2026-07-01T00:00:00.500Z".into(), "2026-07-01".into()),
+                "{t}"
+            );
+        }
+        for t in ["1e300", "\"1e-300\"", "1e999999999999"] {
+            let r = at_and_day(&secs, t).unwrap_err();
+            assert!(r.detail.contains("epoch number"), "{t}: {}", r.detail);
+        }
     }
 
     #[test]

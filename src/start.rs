@@ -128,9 +128,21 @@ pub fn after_generation_change(
         )));
     }
     let Some((last, ts, sha)) = &old.last else {
+        if old.next_offset <= u.low {
+            // Nothing between the log start and the checkpoint: continuing and starting over are the same.
+            return Ok(Start {
+                offset: u.low,
+                from: format!(
+                    "generation change: generation `{g}`'s checkpoint {} is at or below the log start (no record \
+                     to tell the topic by), from the log start",
+                    old.next_offset
+                ),
+            });
+        }
         return Err(Error::NoStartPosition(format!(
             "{at}: [identity] generation changed to `{generation}`; generation `{g}` stopped at offset {next} but \
-             its checkpoint (written by an earlier replaysafe) has no record fingerprint, so it cannot be told \
+             its checkpoint (written by an earlier replaysafe, or taken over without applying a record) has no \
+             record fingerprint, so it cannot be told \
              whether the topic is the same one (continue at {next}) or was recreated (start at {low}). Decide in \
              {tbl}: to continue, UPDATE it SET generation = '{generation}' for this group, topic and partition; to \
              start over, DELETE generation `{g}`'s row",
@@ -427,6 +439,14 @@ mod tests {
         let e = after_generation_change(&u(0, 0, 10, None), "g2", Some(&old(7, None)), never)
             .unwrap_err();
         assert!(matches!(e, Error::NoStartPosition(_)), "{e}");
+        // No fingerprint but nothing applied past the log start (an empty partition's checkpoint at 0): from
+        // the log start, not refused.
+        for (low, next) in [(0, 0), (4, 4), (4, 2)] {
+            let s =
+                after_generation_change(&u(0, low, 10, None), "g2", Some(&old(next, None)), never)
+                    .unwrap();
+            assert_eq!(s.offset, low, "{s:?}");
+        }
         // Never read by the earlier generation.
         assert_eq!(
             after_generation_change(&u(3, 2, 10, None), "g2", None, never)

@@ -336,6 +336,8 @@ pub struct Aggregate {
     pub group_by: Vec<usize>,
     /// The value columns (counter: one; sum: the `add` targets).
     pub values: Vec<Ident>,
+    /// Per value column, the field it adds (sum: the `add` field's index; counter: `None`).
+    pub value_fields: Vec<Option<usize>>,
 }
 
 impl std::fmt::Debug for ProjectionPlan {
@@ -404,7 +406,7 @@ impl Pipeline {
             .join(", ");
         let horizon = match (self.ledger.horizon_days, self.identity.partition_by) {
             (Some(d), Some(p)) => format!(
-                "the ledger keeps {d} days of `{}` (by the database's clock); older partitions are dropped on start and every --prune-interval, the day pruned below is kept in replaysafe_horizon and only moves forward (a longer horizon-days later does not reopen pruned days), and every claim older than it — run, load, backfill, rebuild — is quarantined as beyond-horizon in its batch transaction",
+                "the ledger keeps the days of `{}` from today − {d} on (by the database's UTC date); older partitions are dropped on start and every --prune-interval, the day pruned below is kept in replaysafe_horizon and only moves forward (a longer horizon-days later does not reopen pruned days), and every claim older than it — run, load, backfill, rebuild — is quarantined as beyond-horizon in its batch transaction",
                 self.fields[p].name.as_str()
             ),
             _ => "no horizon: the ledger keeps every delivery key forever".to_string(),
@@ -1088,13 +1090,28 @@ pub fn delivery_key_sql(
     partition_by: Option<usize>,
 ) -> String {
     let mut dk: Vec<String> = vec!["_generation".into()];
-    dk.extend(key.iter().map(|&i| format!("{}::text", fields[i].name)));
+    dk.extend(key.iter().map(|&i| session_free_text(&fields[i])));
     if let Some(pb) = partition_by {
         if !key.contains(&pb) {
-            dk.push(format!("{}::text", fields[pb].name));
+            dk.push(session_free_text(&fields[pb]));
         }
     }
     format!("json_build_array({})::text", dk.join(", "))
+}
+
+/// SQL text of a field's value that does not depend on the session's `DateStyle` or `TimeZone` (a database or
+/// role default, `PGOPTIONS`): a date as `YYYY-MM-DD`, a timestamptz as PostgreSQL's ISO output in UTC
+/// (`2026-07-01 00:00:00.5+00`) — what `::text` gives under the defaults (ISO, UTC), so delivery keys keep
+/// their spelling; other types print the same under any setting.
+fn session_free_text(f: &FieldPlan) -> String {
+    let n = &f.name;
+    match f.ty {
+        FieldType::Date => format!("to_char({n}, 'YYYY-MM-DD')"),
+        FieldType::Timestamptz => format!(
+            "(rtrim(rtrim(to_char({n} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), '0'), '.') || '+00')"
+        ),
+        _ => format!("{n}::text"),
+    }
 }
 
 /// SQL over `landed`: an outbox message key — a JSON array with one element per `key` field, in `key` order:
@@ -1313,12 +1330,14 @@ fn projection(
             let g = gcols.join(", ");
             // (target column, select expression, column type)
             let mut targets: Vec<(Ident, String, &str)> = Vec::new();
+            let mut value_fields: Vec<Option<usize>> = Vec::new();
             if kind == ProjectionKind::Counter {
                 let c = match &rp.column {
                     Some(c) => ident(src, c)?,
                     None => Ident::new("n").expect("static"),
                 };
                 targets.push((c, "count(*)".to_string(), "bigint"));
+                value_fields.push(None);
             } else {
                 let add = rp
                     .add
@@ -1345,6 +1364,7 @@ fn projection(
                         ));
                     }
                     targets.push((t, format!("coalesce(sum({}), 0)", f.name), "numeric"));
+                    value_fields.push(Some(fi));
                 }
             }
             let tcols = targets
@@ -1379,6 +1399,7 @@ fn projection(
                 table: table.clone(),
                 group_by: group_by.clone(),
                 values: targets.iter().map(|(t, _, _)| t.clone()).collect(),
+                value_fields,
             });
             (table.name.as_str().to_string(), statement, setup)
         }

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, GenericClient};
 
 use super::sql;
-use crate::config::Pipeline;
+use crate::config::{FieldType, Pipeline};
 use crate::error::{Error, Result};
 
 /// Advisory lock key serialising DDL from concurrent replaysafe processes (`hashtext('replaysafe-ddl')`).
@@ -82,6 +82,8 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
 const OWNER_V2: &str = "replaysafe projections v2 ";
 /// Prefix of the format-1 comment (replaysafe before format 2): a digest of the projections' names and kinds.
 const OWNER_V1: &str = "replaysafe projections sha256:";
+/// What every projection record written by replaysafe starts with; any other comment is not one.
+const OWNER_PREFIX: &str = "replaysafe projections ";
 
 /// Format 1: the digest of the projections' names and kinds (kept to recognise ledgers written before format 2).
 fn projection_digest_v1(p: &Pipeline) -> String {
@@ -129,7 +131,18 @@ fn settings_changes(old: &Settings, new: &Settings) -> Vec<String> {
                 for (k, ov) in o {
                     if let Some(nv) = n.get(k) {
                         if nv != ov {
-                            out.push(format!("projection `{name}`: `{k}` was `{ov}`, now `{nv}`"));
+                            let shown = |v: &str| {
+                                if v.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    format!("`{v}`")
+                                }
+                            };
+                            out.push(format!(
+                                "projection `{name}`: `{k}` was {}, now {}",
+                                shown(ov),
+                                shown(nv)
+                            ));
                         }
                     }
                 }
@@ -165,11 +178,23 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
         .await?
         .get(0);
     let fix = "The records already claimed were projected under the recorded definition and are never projected \
-               again, so the tables would mix both. To apply the change, give this pipeline its own [ledger] table \
-               and new projection tables (a fresh ledger starts from the topic's beginning), or empty the ledger \
-               and those tables and consume from the beginning; changing a projection of a live pipeline in place is not supported \
+               again, so the tables would mix both. To apply the change, give this pipeline its own [ledger] table, \
+               new projection tables and a new [kafka] group-id with start = \"earliest\" (checkpoints belong to \
+               the group: under the old group-id it would resume where the old pipeline stopped, and the new \
+               tables would miss every earlier record), or empty the ledger and those tables and consume from the \
+               beginning under a new group-id; changing a projection of a live pipeline in place is not supported \
                yet";
     match have.as_deref() {
+        // A comment replaysafe did not write (a DBA's note on a ledger from before the check): no record of
+        // the projections, as with no comment; replaced, and said so.
+        Some(h) if has_rows && !h.starts_with(OWNER_PREFIX) => {
+            tracing::warn!(
+                ledger = %table,
+                replaced = %h,
+                "the ledger's table comment is not a replaysafe projection record; replacing it with the record of \
+                 this pipeline's projections (replaysafe keeps its projection record in the ledger's comment)"
+            );
+        }
         Some(h) if has_rows => {
             if let Some(json) = h.strip_prefix(OWNER_V2) {
                 let old: Settings = serde_json::from_str(json).map_err(|e| {
@@ -204,6 +229,7 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
                 )));
             }
         }
+        None if !has_rows => warn_new_ledger_behind_checkpoints(client, p).await?,
         _ => {}
     }
     let stmt: String = client
@@ -217,6 +243,38 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
     Ok(())
 }
 
+/// A new, empty ledger under a group that already has checkpoints (a changed pipeline given its own ledger but
+/// the old `group-id`): `run` resumes at those checkpoints, so the records before them never reach the new
+/// ledger and its tables. Said as a warning naming a checkpoint (a deliberate `start = "latest"`-like choice
+/// stays possible).
+///
+/// # Errors
+/// [`Error::Postgres`] when the checkpoints cannot be read.
+async fn warn_new_ledger_behind_checkpoints(client: &Client, p: &Pipeline) -> Result<()> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT topic, partition, next_offset FROM {} WHERE consumer_group = $1 AND next_offset > 0 \
+                 ORDER BY topic, partition LIMIT 1",
+                p.table(sql::CHECKPOINTS)
+            ),
+            &[&p.kafka.group_id],
+        )
+        .await?;
+    if let Some(r) = row {
+        let (topic, partition, next): (String, i32, i64) = (r.get(0), r.get(1), r.get(2));
+        tracing::warn!(
+            ledger = %p.ledger.table,
+            group = %p.kafka.group_id,
+            "the ledger is new, but group `{}` already has checkpoints (e.g. {topic}/{partition} at offset {next}): \
+             `run` resumes there, and the records before them never reach this ledger and its projection tables; \
+             to build them from the topic's beginning use a new [kafka] group-id with start = \"earliest\"",
+            p.kafka.group_id
+        );
+    }
+    Ok(())
+}
+
 /// A column of a projection table that holds a field's values (or a declared row column), with what the
 /// pipeline expects it to be.
 struct TypedColumn<'a> {
@@ -227,10 +285,12 @@ struct TypedColumn<'a> {
     ty: String,
     /// Where that type comes from, for the message.
     from: String,
+    /// A sum target adding a bigint field: `bigint` is accepted besides `numeric` (exact either way).
+    or_bigint: bool,
 }
 
 /// Checks that every projection column holding a field's values (counter/sum group-by columns, row projection
-/// columns) has the type the pipeline writes: PostgreSQL would otherwise cast new values into the old type, so
+/// columns, sum targets: `numeric`, or `bigint` for a bigint field) has the type the pipeline writes: PostgreSQL would otherwise cast new values into the old type, so
 /// `'007'` (text) and `7` (bigint) would become two groups of one entity, silently.
 ///
 /// # Errors
@@ -247,7 +307,23 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
                     column: f.name.as_str(),
                     ty: f.ty.sql().to_string(),
                     from: format!("field `{}`", f.name.as_str()),
+                    or_bigint: false,
                 });
+            }
+            // Sum targets: anything but numeric (or bigint for a bigint field) rounds or truncates the sums
+            // silently (PostgreSQL's assignment cast: 1.5 into bigint is 2).
+            for (col, fi) in a.values.iter().zip(&a.value_fields) {
+                if let Some(i) = fi {
+                    let f = &p.fields[*i];
+                    cols.push(TypedColumn {
+                        projection: &proj.name,
+                        table: a.table.to_string(),
+                        column: col.as_str(),
+                        ty: "numeric".to_string(),
+                        from: format!("the sum of field `{}` ({})", f.name.as_str(), f.ty.sql()),
+                        or_bigint: f.ty == FieldType::Bigint,
+                    });
+                }
             }
         }
         if let Some(r) = &proj.row {
@@ -261,6 +337,7 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
                         Some(i) => format!("field `{}`", p.fields[i].name.as_str()),
                         None => format!("`columns` of projection `{}`", proj.name),
                     },
+                    or_bigint: false,
                 });
             }
         }
@@ -301,13 +378,17 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
             .map(|r| r.get(0));
         if let Some(have) = have {
             // varchar holds text values unchanged (a too long one fails loudly): the one accepted difference.
-            let same = &have == want || (want == "text" && have.starts_with("character varying"));
+            let same = &have == want
+                || (want == "text" && have.starts_with("character varying"))
+                || (c.or_bigint && have == "bigint");
             if !same {
                 return Err(Error::Schema(format!(
                     "projection `{}`: column `{}` of {} is {have}, but {} is {want}: PostgreSQL would cast the \
-                     new values into the column's type, so one entity could land in two groups or rows (or fail). \
+                     new values into the column's type (one entity could land in two groups or rows, a sum be \
+                     rounded) or fail. \
                      Change the type back, or migrate deliberately: ALTER the column to {want} and convert its rows, \
-                     or drop the table and rebuild it from the topic with its own [ledger] table",
+                     or rebuild from the topic: a new [ledger] table, new (or emptied) projection tables and a \
+                     new [kafka] group-id with start = \"earliest\"",
                     c.projection, c.column, c.table, c.from
                 )));
             }
@@ -349,13 +430,17 @@ async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
             None => {
                 return Err(Error::Schema(format!(
                     "ledger {} has no column `{name}` ({ty}); it was created for another pipeline — use another \
-                     [ledger] table or migrate it",
+                     [ledger] table (with a new [kafka] group-id: checkpoints belong to the group) or migrate it",
                     p.ledger.table
                 )))
             }
             Some((_, t)) if t != ty => {
                 return Err(Error::Schema(format!(
-                    "ledger {} column `{name}` is {t}, the pipeline expects {ty}",
+                    "ledger {} column `{name}` is {t}, the pipeline expects {ty} (field `{name}`'s type changed?): \
+                     the delivery keys and columns already claimed hold the old type's values, so a key would no \
+                     longer be recognised or a column mix both. Change the field's type back, or give the pipeline \
+                     its own [ledger] table, new projection tables and a new [kafka] group-id (README \
+                     \"Changing a field type or a projection\")",
                     p.ledger.table
                 )))
             }

@@ -385,6 +385,60 @@ fn a_changed_field_type_is_refused_before_anything_is_consumed() {
     }
 }
 
+/// A sum's `add` target whose column would round the field's values (a hand-made `bigint` column for a
+/// `numeric` field, e.g. one created while the field was bigint) is refused at start-up (exit 2) naming the
+/// column, its type and the field's: nothing is consumed, no 1.5 becomes 2. A `bigint` target for a `bigint`
+/// field is exact and accepted.
+#[test]
+fn a_sum_target_that_would_round_the_field_is_refused() {
+    let db = Db::fresh("sumtype");
+    let topic = unique("sumtype");
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[rec(
+            0,
+            json!({"id": "e1", "cust": "c", "amount": "1.5", "v": 1}),
+        )],
+    );
+    db.execute(
+        "CREATE TABLE {s}.totals (cust text PRIMARY KEY, total bigint NOT NULL DEFAULT 0); \
+         INSERT INTO {s}.totals VALUES ('c', 1)",
+    );
+    let group = unique("g");
+    let p = pipeline(
+        &GROUPS.replace("CUST_TYPE", "text"),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        p.path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    for needle in [
+        format!("column `total` of \"{}\".\"totals\" is bigint", db.schema),
+        "the sum of field `amount` (numeric) is numeric".to_string(),
+    ] {
+        assert!(out.stderr.contains(&needle), "`{needle}` in {}", out.stderr);
+    }
+    assert_eq!(db.i64("SELECT total FROM {s}.totals WHERE cust = 'c'"), 1);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(db.checkpoint(&group, &topic, 0), None);
+
+    // A bigint field into a bigint target is exact: accepted, the sum lands.
+    let bigint = GROUPS
+        .replace("CUST_TYPE", "text")
+        .replace("add = { total = \"amount\" }", "add = { total = \"v\" }");
+    let p = pipeline(&bigint, &topic, &group, &db.schema);
+    let t = run_caught_up(&p.path).tally();
+    assert_eq!(t.landed, 1);
+    assert_eq!(db.i64("SELECT total FROM {s}.totals WHERE cust = 'c'"), 2);
+}
+
 const SUMS: &str = r#"
 [kafka]
 group-id = "{group}"
@@ -439,7 +493,12 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     assert_eq!(run_caught_up(&p.path).tally().landed, 1);
     init(SUMS, &topic, &group, &db).assert_ok();
 
-    let changes: [(&str, &str, &str); 6] = [
+    let changes: [(&str, &str, &str); 7] = [
+        (
+            "filter = \"amount > 0.0\"",
+            "",
+            "`filter` was `amount > 0.0`, now none",
+        ),
         (
             "filter = \"amount > 0.0\"",
             "filter = \"amount > 100.0\"",
@@ -476,6 +535,11 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         assert_eq!(out.code, Some(2), "{to}: {}", out.stderr);
         assert!(out.stderr.contains(needle), "`{needle}` in {}", out.stderr);
         assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("new [kafka] group-id"),
+            "{}",
+            out.stderr
+        );
     }
     // Nothing of the refused runs changed the record.
     init(SUMS, &topic, &group, &db).assert_ok();
@@ -521,6 +585,26 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         "{}",
         out.stderr
     );
+
+    // A comment replaysafe did not write (a DBA's note on a ledger from before the check) locks nobody out:
+    // accepted, replaced by the record, and a later change is caught again.
+    comment("purchases ledger, owner: team shop");
+    init(SUMS, &topic, &group, &db).assert_ok();
+    let recorded = db
+        .text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
+        .unwrap();
+    assert!(
+        recorded.starts_with("replaysafe projections v2 {"),
+        "{recorded}"
+    );
+    let out = init(
+        &SUMS.replace("amount > 0.0", "amount > 1.0"),
+        &topic,
+        &group,
+        &db,
+    );
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }
 
 const NOTES: &str = r#"
@@ -652,5 +736,133 @@ fn an_existing_dead_letter_table_gets_the_resolution_columns() {
              AND resolved_by IS NULL"
         ),
         1
+    );
+}
+
+/// A changed pipeline given its own ledger and tables but the old group-id resumes at the group's checkpoints:
+/// the new tables miss the earlier records. That is said (a warning naming the checkpoint and the fix), and a
+/// new group-id with `start = "earliest"` builds the new tables from the topic's beginning.
+#[test]
+fn a_new_ledger_under_an_old_group_is_warned_and_a_new_group_builds_it() {
+    let db = Db::fresh("newledger");
+    let topic = unique("newledger");
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[
+            rec(
+                0,
+                json!({"id": "e1", "cust": "c", "day": "2026-07-01", "amount": "50"}),
+            ),
+            rec(
+                0,
+                json!({"id": "e2", "cust": "c", "day": "2026-07-01", "amount": "150"}),
+            ),
+        ],
+    );
+    let group = unique("g");
+    let p = pipeline(SUMS, &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    let changed = SUMS
+        .replace("amount > 0.0", "amount > 100.0")
+        .replace("table = \"totals\"", "table = \"totals_b\"")
+        .replace("table = \"out\"", "table = \"out_b\"")
+        .replace("[identity]", "[ledger]\ntable = \"ledger_b\"\n[identity]");
+    let p = pipeline(&changed, &topic, &group, &db.schema);
+    let out = run_caught_up(&p.path);
+    out.assert_ok();
+    assert_eq!(out.tally().consumed, 0);
+    assert!(
+        out.stderr.contains("the ledger is new, but group")
+            && out.stderr.contains("at offset 2")
+            && out.stderr.contains("new [kafka] group-id"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.ledger_b"), 0);
+    // A new group (start = "earliest") builds the new ledger and tables from the beginning.
+    let p = pipeline(&changed, &topic, &unique("g"), &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.ledger_b"), 2);
+    assert_eq!(
+        db.text("SELECT total::text FROM {s}.totals_b WHERE cust = 'c'"),
+        Some("150".to_string())
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.out_b"), 2);
+}
+
+/// The outbox's `delivery_key` (and a resolved dead letter's `resolved_by`) spells dates and timestamps the same
+/// under any session `DateStyle`/`TimeZone` (a database default, `PGOPTIONS`): two processes, one with
+/// `DateStyle = 'SQL, DMY'` and `TimeZone = 'Asia/Kolkata'`, write `2026-07-01`, never `01/07/2026`.
+#[test]
+fn delivery_keys_do_not_depend_on_session_settings() {
+    let db = Db::fresh("dkstyle");
+    let topic = unique("dkstyle");
+    create_topic(&topic, 1, &[]);
+    let text = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[fields]
+id = { path = "/id", type = "text" }
+at = { path = "/at", type = "timestamptz" }
+day = { path = "/at", type = "date" }
+[identity]
+key = ["id", "at"]
+partition-by = "day"
+[[projection]]
+kind = "outbox"
+table = "out"
+payload = ["id"]
+"#;
+    let group = unique("g");
+    let p = pipeline(text, &topic, &group, &db.schema);
+    produce(
+        &topic,
+        &[rec(0, json!({"id": "e1", "at": "2026-07-01T00:00:10.5Z"}))],
+    );
+    run_caught_up(&p.path);
+    produce(
+        &topic,
+        &[rec(0, json!({"id": "e2", "at": "2026-07-01T00:00:10Z"}))],
+    );
+    let sep = if database_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let url = format!(
+        "{}{sep}options=-c%20DateStyle%3DSQL,DMY%20-c%20TimeZone%3DAsia/Kolkata",
+        database_url()
+    );
+    let out = replaysafe_with(
+        &[
+            "run",
+            "--config",
+            p.path.to_str().unwrap(),
+            "--until-caught-up",
+        ],
+        &[("DATABASE_URL", url.as_str())],
+        std::time::Duration::from_secs(120),
+    );
+    out.assert_ok();
+    assert_eq!(out.tally().landed, 1);
+    let keys: Vec<String> = db
+        .query(
+            "SELECT delivery_key FROM {s}.out ORDER BY source_offset",
+            &[],
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            r#"["", "e1", "2026-07-01 00:00:10.5+00", "2026-07-01"]"#,
+            r#"["", "e2", "2026-07-01 00:00:10+00", "2026-07-01"]"#,
+        ]
     );
 }

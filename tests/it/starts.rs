@@ -200,3 +200,35 @@ fn a_generation_bump_without_a_fingerprint_is_refused() {
     );
     assert_eq!(ledger(&db), 40);
 }
+
+/// A partition that was empty while the old generation ran has a checkpoint at 0 and no fingerprint: nothing
+/// lies between the log start and it, so a generation bump reads it from its beginning instead of refusing the
+/// whole run with exit 3 ("written by an earlier replaysafe"); the other partition continues from its checkpoint.
+#[test]
+fn a_generation_bump_with_a_partition_empty_before_continues() {
+    let db = Db::fresh("genempty");
+    let topic = unique("genempty");
+    create_topic(&topic, 2, &[]);
+    produce(&topic, &[event(0, 1), event(0, 2)]);
+    let group = unique("g");
+    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&g1.path).tally().landed, 2);
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(0));
+    produce(&topic, &[event(0, 3), event(1, 4), event(1, 5)]);
+    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let out = run_caught_up(&g2.path);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed), (3, 3), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("at or below the log start"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(ledger(&db), 5);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE generation = 'g2'"),
+        3
+    );
+    assert_eq!(counts(&db).values().sum::<i64>(), 5);
+}
