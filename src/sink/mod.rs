@@ -291,7 +291,14 @@ pub struct Sink {
     floor: Option<NaiveDate>,
 }
 
-/// Opens a connection (TLS off; see README).
+/// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
+/// keys, entity lock ids, row states, outbox keys — must be spelled alike by every process, whatever the
+/// server's or the role's defaults (PostgreSQL manual, "Client Connection Defaults": DateStyle, TimeZone,
+/// IntervalStyle).
+pub const SESSION_SETTINGS: &str =
+    "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; SET intervalstyle = 'postgres'";
+
+/// Opens a connection (TLS off; see README) with [`SESSION_SETTINGS`].
 ///
 /// # Errors
 /// [`Error::Postgres`].
@@ -302,6 +309,7 @@ pub async fn connect(url: &str) -> Result<Client> {
             tracing::debug!("postgres connection ended: {e}");
         }
     });
+    client.batch_execute(SESSION_SETTINGS).await?;
     Ok(client)
 }
 
