@@ -1236,7 +1236,8 @@ async fn fold_segment(
             // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
             // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
             // position — it never wins over a change it cannot be ordered against.
-            let inclusive = deleted && matches!(plan.version, VersionPlan::Column(_));
+            let by_column = matches!(plan.version, VersionPlan::Column(_));
+            let inclusive = deleted && by_column;
             let version = &c.version;
             let order = cur
                 .as_ref()
@@ -1268,8 +1269,10 @@ async fn fold_segment(
                     })
                 }
                 (Some(_), Some(Some(Less))) => RowResult::Stale,
-                // The same version as a tombstone: that state was deleted.
-                (Some(s), Some(Some(Equal))) if s.deleted && !deleted => RowResult::Stale,
+                // Under a version column a delete carries the version of the row it deletes: a write at the
+                // tombstone's version is that deleted state. (A version field or source position gives a delete a
+                // version of its own: a write at it is another state at the same version, a conflict below.)
+                (Some(s), Some(Some(Equal))) if s.deleted && !deleted && by_column => RowResult::Stale,
                 // Equal version (but an inclusive delete of the stored row, which applies).
                 (Some(s), Some(Some(Equal))) if s.deleted || !inclusive => {
                     if s.sha == sha {

@@ -903,3 +903,134 @@ fn debezium_update_of_an_unkept_column_lands() {
         assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3);
     }
 }
+
+/// The conflict rows, per projection: `projection entity version stored incoming` (amounts only).
+fn conflict_lines(db: &Db) -> Vec<String> {
+    lines(
+        db,
+        "SELECT projection || ' ' || (entity->>'customer_id') || ' ' || version::text || ' ' || \
+         coalesce(stored->>'amount', stored::text) || ' ' || coalesce(incoming->>'amount', incoming::text) \
+         FROM {s}.replaysafe_conflicts ORDER BY 1",
+    )
+}
+
+/// An equal-version conflict is recorded whichever of the two states committed first: a change at the version of
+/// a delete that arrives later from the other partition is a conflict against the tombstone (not a plain `stale`
+/// that nothing records), exactly as a delete at the version of a stored row is one. Customer `d`: the close (v2)
+/// commits first, then a change at v2 arrives from partition 0; customer `u`: the change at v2 first, then the
+/// close at v2 from partition 1. Both tombstone modes, batch sizes 1 and 5000; the first committed state is kept;
+/// replays under a fresh group and under a new generation change nothing.
+#[test]
+fn equal_version_after_a_delete_is_a_conflict() {
+    let topic = unique("eqdel");
+    create_topic(&topic, 2, &[]);
+    let ev = |partition: i32, id: &str, customer: &str, ty: &str, amount: Value| {
+        let body = json!({"event_id": id, "event_type": ty, "customer_id": customer, "amount": amount, "version": 2});
+        Rec::json(partition, id, &body.to_string(), 1_760_000_000_000)
+    };
+    let first = [
+        ev(1, "d-close", "d", "CustomerClosed", Value::Null),
+        ev(0, "u-change", "u", "CustomerChanged", json!(7)),
+    ];
+    let second = [
+        ev(0, "d-change", "d", "CustomerChanged", json!(9)),
+        ev(1, "u-close", "u", "CustomerClosed", Value::Null),
+    ];
+    produce(&topic, &first);
+    let dbs: Vec<(Db, String)> = [5000, 1]
+        .iter()
+        .map(|max| {
+            let db = Db::fresh("eqdel");
+            let text = JSON_ROWS.replace("MAXREC", &max.to_string());
+            let group = unique("g");
+            let out = run_caught_up(&pipeline(&text, &topic, &group, &db.schema).path);
+            let t = out.tally();
+            assert_eq!((t.consumed, t.landed), (2, 2), "{}", out.stdout);
+            (db, text)
+        })
+        .collect();
+    produce(&topic, &second);
+    let want_conflicts = vec![
+        "cust_c d {2} null 9",
+        "cust_c u {2} 7 null",
+        "cust_t d {2} null 9",
+        "cust_t u {2} 7 null",
+    ];
+    let state = |db: &Db| {
+        [
+            lines(
+                db,
+                "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+            ),
+            lines(
+                db,
+                "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+            ),
+            lines(
+                db,
+                "SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
+                 FROM {s}.cust_c ORDER BY 1",
+            ),
+            lines(db, "SELECT payload->>'event_id' FROM {s}.outbox ORDER BY 1"),
+        ]
+        .concat()
+    };
+    let want_state = vec![
+        "u 7 {2}",
+        "d {2}",
+        "d {2} true",
+        "u {2} false",
+        "d-close",
+        "u-change",
+    ];
+    for (db, text) in &dbs {
+        // The same group continues with the second pair: both records are conflicts.
+        let group = db
+            .text("SELECT min(consumer_group) FROM {s}.replaysafe_checkpoints")
+            .unwrap();
+        let out = run_caught_up(&pipeline(text, &topic, &group, &db.schema).path);
+        let t = out.tally();
+        assert_eq!(
+            (t.consumed, t.landed, t.duplicate, out.stale()),
+            (2, 0, 0, 2),
+            "{}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("[stale: 2 conflict(s)]"),
+            "{}",
+            out.stdout
+        );
+        assert_eq!(conflict_lines(db), want_conflicts, "{text}");
+        assert_eq!(state(db), want_state);
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 4);
+    }
+    // Replays: a fresh group (every record a duplicate) and a new generation (claimed again, judged again: the
+    // same two conflicts, not recorded twice).
+    let (db, text) = &dbs[0];
+    let out = run_caught_up(&pipeline(text, &topic, &unique("g"), &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale()),
+        (4, 0, 4, 0),
+        "{}",
+        out.stdout
+    );
+    let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
+    let out = run_caught_up(&pipeline(&text2, &topic, &unique("g"), &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale()),
+        (4, 0, 2, 2),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("[stale: 2 conflict(s)]"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(conflict_lines(db), want_conflicts);
+    assert_eq!(state(db), want_state);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 8);
+}
