@@ -291,6 +291,9 @@ pub struct Prepared {
     /// Version-column projections with a tombstone table: the truncate turns older tombstones into ones without a
     /// version of their own, at its position.
     truncate_tombs: Option<Statement>,
+    /// A version column under `truncate = "truncate"`: a change after the stored state in source order applies
+    /// even when its version did not grow (see [`compare`]).
+    reloads: bool,
     mark_truncate: Statement,
     watermark: Option<Statement>,
     lock: Locks,
@@ -521,7 +524,8 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         .collect();
     let upsert = prep(format!(
         "INSERT INTO {t} AS t ({}) SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
-         WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0",
+         WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0 \
+         OR EXCLUDED._position > t._position",
         target.join(", "),
         select.join(", "),
         params.join(", "),
@@ -530,6 +534,10 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         updates.join(", ")
     ))
     .await?;
+    // A version column under `truncate = "truncate"` may order a state by its source position ([`compare`]): the
+    // fold, which decided under the entity's lock, then removes the other table's row whatever its version.
+    let reloads =
+        matches!(plan.version, VersionPlan::Column(_)) && plan.truncate == TruncatePolicy::Truncate;
     let (delete_live, upsert_tomb, delete_tomb) = if column_mode {
         (None, None, None)
     } else {
@@ -548,7 +556,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
             Some(
                 prep(format!(
                     "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version <= u.v::bigint[] \
-                     OR cardinality(u.v::bigint[]) = 0)"
+                     OR cardinality(u.v::bigint[]) = 0 OR {reloads})"
                 ))
                 .await?,
             ),
@@ -559,7 +567,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
                      ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, _version = EXCLUDED._version, \
                      _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
                      WHERE t._version < EXCLUDED._version OR cardinality(t._version) = 0 \
-                     OR cardinality(EXCLUDED._version) = 0",
+                     OR cardinality(EXCLUDED._version) = 0 OR EXCLUDED._position > t._position",
                     key_cols.join(", "),
                     key_select.join(", "),
                     key_cols.join(", ")
@@ -568,7 +576,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
             ),
             Some(
                 prep(format!(
-                    "DELETE FROM {tomb} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND t._version < u.v::bigint[]"
+                    "DELETE FROM {tomb} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version < u.v::bigint[] OR {reloads})"
                 ))
                 .await?,
             ),
@@ -658,6 +666,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         conflict,
         truncate,
         truncate_tombs,
+        reloads,
     })
 }
 
@@ -883,9 +892,29 @@ struct State {
 /// How a change compares with a stored state: by version when both have one of their own, else by source
 /// position. A state replaysafe never versioned (an existing table's row) is older than any change. `None`: the
 /// two cannot be ordered (a state written before positions were kept, against a change without a version).
-fn compare(version: &[i64], position: Option<&Vec<i64>>, s: &State) -> Option<std::cmp::Ordering> {
+///
+/// `reloads` (a version column under `truncate = "truncate"`): a change that comes after the stored state in
+/// source order is newer even when its version did not grow. A version column grows with every change of a row
+/// except across a truncate, and a truncate has no key: it lands on any partition, so the rows reloaded after it
+/// can be applied before it is — they must not be judged against the rows it will remove (stale, or a conflict),
+/// or the truncate then removes them too. A change newer by version applies as before (positions of another
+/// database after a move are not comparable).
+fn compare(
+    version: &[i64],
+    position: Option<&Vec<i64>>,
+    s: &State,
+    reloads: bool,
+) -> Option<std::cmp::Ordering> {
     if !version.is_empty() && !s.version.is_empty() {
-        return Some(version.cmp(&s.version));
+        let by_version = version.cmp(&s.version);
+        if reloads && by_version != std::cmp::Ordering::Greater {
+            if let (Some(a), Some(b)) = (position, &s.position) {
+                if a > b {
+                    return Some(std::cmp::Ordering::Greater);
+                }
+            }
+        }
+        return Some(by_version);
     }
     match (position, &s.position) {
         (Some(a), Some(b)) => Some(a.cmp(b)),
@@ -1082,7 +1111,8 @@ async fn fetch_states(
             let slot = &mut state[(ord - 1) as usize];
             // A live row and a tombstone for one key should not coexist; the newer one wins.
             if slot.as_ref().is_none_or(|s| {
-                compare(&version, position.as_ref(), s) != Some(std::cmp::Ordering::Less)
+                compare(&version, position.as_ref(), s, prepared.reloads)
+                    != Some(std::cmp::Ordering::Less)
             }) {
                 *slot = Some(State {
                     version,
@@ -1241,7 +1271,7 @@ async fn fold_segment(
             let version = &c.version;
             let order = cur
                 .as_ref()
-                .map(|s| compare(version, c.position.as_ref(), s));
+                .map(|s| compare(version, c.position.as_ref(), s, prepared.reloads));
             use std::cmp::Ordering::{Equal, Less};
             let result = match (&cur, order) {
                 // Older than the newest truncate (by source position): that truncate removed it.
