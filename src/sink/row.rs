@@ -222,6 +222,9 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
     ))
     .await?;
     let shape = resolve(c, p, index).await?;
+    if plan.tombstones == TombstoneMode::Column {
+        refuse_not_null(c, &proj.name, &shape, t).await?;
+    }
     if plan.tombstones == TombstoneMode::Table {
         let defs: Vec<String> = shape
             .key
@@ -261,6 +264,47 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
     ))
     .await?;
     Ok(())
+}
+
+/// Refuses `tombstones = "column"` on a table whose non-key columns are `NOT NULL`: the tombstone of an entity
+/// never seen (its delete arrives before its create — from another partition, or the create is past the topic's
+/// retention) is a row with only its key, which such a table rejects — the delete would be quarantined and a later
+/// older insert would resurrect the row.
+async fn refuse_not_null(
+    c: &impl GenericClient,
+    projection: &str,
+    shape: &Shape,
+    table: &QualifiedName,
+) -> Result<()> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class r ON r.oid = a.attrelid \
+             JOIN pg_namespace n ON n.oid = r.relnamespace WHERE n.nspname = $1 AND r.relname = $2 \
+             AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull ORDER BY a.attnum",
+            &[&table.schema.as_str(), &table.name.as_str()],
+        )
+        .await?;
+    let keys: Vec<&str> = shape
+        .key
+        .iter()
+        .map(|&i| shape.columns[i].name.as_str())
+        .collect();
+    let bad: Vec<String> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|n| {
+            shape.columns.iter().any(|c| c.name.as_str() == n) && !keys.contains(&n.as_str())
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Schema(format!(
+        "row projection `{projection}`: tombstones = \"column\" keeps a row with only its key for an entity deleted \
+         before it was seen, but column(s) {} of {table} are NOT NULL; drop the constraint (ALTER TABLE {table} ALTER \
+         COLUMN … DROP NOT NULL) or use tombstones = \"table\"",
+        bad.join(", ")
+    )))
 }
 
 /// `CREATE TABLE` for `replaysafe_conflicts`: one row per change that claimed a stored version with a different

@@ -762,3 +762,89 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
         );
     }
 }
+
+/// An existing table (the source's DDL: NOT NULL columns) as a row projection with `tombstones = "column"`: the
+/// tombstone of an entity never seen (its delete arrives before its create, from another partition, or its
+/// create is past the topic's retention) is a row without values.
+const EXISTING_COLUMN_MODE: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "accounts"
+tombstones = "column"
+"#;
+
+/// Such a table is refused at start (exit 2, naming the columns) instead of quarantining the delete as
+/// `rejected-by-database` and letting the older create, arriving later from another partition, resurrect the row;
+/// with the constraint dropped the delete leaves its tombstone row and the create is `stale`.
+#[test]
+fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
+    let db = Db::fresh("cmnn");
+    db.execute(
+        "CREATE TABLE {s}.accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance bigint NOT NULL)",
+    );
+    let topic = unique("cmnn");
+    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": 5});
+    produce(
+        &topic,
+        &[envelope(
+            1,
+            "accounts",
+            "d",
+            Some(9),
+            row(9),
+            Value::Null,
+            200,
+        )],
+    );
+    let group = unique("g");
+    let p = pipeline(EXISTING_COLUMN_MODE, &topic, &group, &db.schema);
+    let cfg = p.path.to_str().unwrap();
+    let out = replaysafe(&["run", "--config", cfg, "--until-caught-up"]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("owner, balance") && out.stderr.contains("NOT NULL"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts"), 0);
+    assert_eq!(committed(&group, &topic, 2), vec![None, None]);
+
+    db.execute("ALTER TABLE {s}.accounts ALTER COLUMN owner DROP NOT NULL, ALTER COLUMN balance DROP NOT NULL");
+    let out = run_caught_up(&p.path);
+    assert_eq!(tally_of(&out), (1, 1, 0, 0, 0, 0), "{}", out.stdout);
+    produce(
+        &topic,
+        &[envelope(
+            0,
+            "accounts",
+            "c",
+            Some(9),
+            Value::Null,
+            row(9),
+            100,
+        )],
+    );
+    let out = run_caught_up(&p.path);
+    assert_eq!(tally_of(&out), (1, 0, 0, 1, 0, 0), "{}", out.stdout);
+    let rows = db.query(
+        "SELECT id, _deleted_at IS NOT NULL, _position FROM {s}.accounts",
+        &[],
+    );
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, i64>(0), 9);
+    assert!(rows[0].get::<_, bool>(1), "row 9 stays deleted");
+    assert_eq!(rows[0].get::<_, Option<Vec<i64>>>(2), Some(vec![164, 200]));
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+}
