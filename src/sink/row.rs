@@ -222,6 +222,9 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
     ))
     .await?;
     let shape = resolve(c, p, index).await?;
+    if plan.tombstones == TombstoneMode::Column {
+        refuse_not_null(c, &proj.name, &shape, t).await?;
+    }
     if plan.tombstones == TombstoneMode::Table {
         let defs: Vec<String> = shape
             .key
@@ -263,6 +266,47 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
     Ok(())
 }
 
+/// Refuses `tombstones = "column"` on a table whose non-key columns are `NOT NULL`: the tombstone of an entity
+/// never seen (its delete arrives before its create — from another partition, or the create is past the topic's
+/// retention) is a row with only its key, which such a table rejects — the delete would be quarantined and a later
+/// older insert would resurrect the row.
+async fn refuse_not_null(
+    c: &impl GenericClient,
+    projection: &str,
+    shape: &Shape,
+    table: &QualifiedName,
+) -> Result<()> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class r ON r.oid = a.attrelid \
+             JOIN pg_namespace n ON n.oid = r.relnamespace WHERE n.nspname = $1 AND r.relname = $2 \
+             AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull ORDER BY a.attnum",
+            &[&table.schema.as_str(), &table.name.as_str()],
+        )
+        .await?;
+    let keys: Vec<&str> = shape
+        .key
+        .iter()
+        .map(|&i| shape.columns[i].name.as_str())
+        .collect();
+    let bad: Vec<String> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|n| {
+            shape.columns.iter().any(|c| c.name.as_str() == n) && !keys.contains(&n.as_str())
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Schema(format!(
+        "row projection `{projection}`: tombstones = \"column\" keeps a row with only its key for an entity deleted \
+         before it was seen, but column(s) {} of {table} are NOT NULL; drop the constraint (ALTER TABLE {table} ALTER \
+         COLUMN … DROP NOT NULL) or use tombstones = \"table\"",
+        bad.join(", ")
+    )))
+}
+
 /// `CREATE TABLE` for `replaysafe_conflicts`: one row per change that claimed a stored version with a different
 /// row state.
 pub fn create_conflicts(p: &Pipeline) -> String {
@@ -291,6 +335,9 @@ pub struct Prepared {
     /// Version-column projections with a tombstone table: the truncate turns older tombstones into ones without a
     /// version of their own, at its position.
     truncate_tombs: Option<Statement>,
+    /// A version column under `truncate = "truncate"`: a change after the stored state in source order applies
+    /// even when its version did not grow (see [`compare`]).
+    reloads: bool,
     mark_truncate: Statement,
     watermark: Option<Statement>,
     lock: Locks,
@@ -521,7 +568,8 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         .collect();
     let upsert = prep(format!(
         "INSERT INTO {t} AS t ({}) SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
-         WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0",
+         WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0 \
+         OR EXCLUDED._position > t._position",
         target.join(", "),
         select.join(", "),
         params.join(", "),
@@ -530,6 +578,10 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         updates.join(", ")
     ))
     .await?;
+    // A version column under `truncate = "truncate"` may order a state by its source position ([`compare`]): the
+    // fold, which decided under the entity's lock, then removes the other table's row whatever its version.
+    let reloads =
+        matches!(plan.version, VersionPlan::Column(_)) && plan.truncate == TruncatePolicy::Truncate;
     let (delete_live, upsert_tomb, delete_tomb) = if column_mode {
         (None, None, None)
     } else {
@@ -548,7 +600,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
             Some(
                 prep(format!(
                     "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version <= u.v::bigint[] \
-                     OR cardinality(u.v::bigint[]) = 0)"
+                     OR cardinality(u.v::bigint[]) = 0 OR {reloads})"
                 ))
                 .await?,
             ),
@@ -559,7 +611,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
                      ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, _version = EXCLUDED._version, \
                      _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
                      WHERE t._version < EXCLUDED._version OR cardinality(t._version) = 0 \
-                     OR cardinality(EXCLUDED._version) = 0",
+                     OR cardinality(EXCLUDED._version) = 0 OR EXCLUDED._position > t._position",
                     key_cols.join(", "),
                     key_select.join(", "),
                     key_cols.join(", ")
@@ -568,7 +620,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
             ),
             Some(
                 prep(format!(
-                    "DELETE FROM {tomb} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND t._version < u.v::bigint[]"
+                    "DELETE FROM {tomb} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version < u.v::bigint[] OR {reloads})"
                 ))
                 .await?,
             ),
@@ -658,6 +710,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         conflict,
         truncate,
         truncate_tombs,
+        reloads,
     })
 }
 
@@ -883,9 +936,29 @@ struct State {
 /// How a change compares with a stored state: by version when both have one of their own, else by source
 /// position. A state replaysafe never versioned (an existing table's row) is older than any change. `None`: the
 /// two cannot be ordered (a state written before positions were kept, against a change without a version).
-fn compare(version: &[i64], position: Option<&Vec<i64>>, s: &State) -> Option<std::cmp::Ordering> {
+///
+/// `reloads` (a version column under `truncate = "truncate"`): a change that comes after the stored state in
+/// source order is newer even when its version did not grow. A version column grows with every change of a row
+/// except across a truncate, and a truncate has no key: it lands on any partition, so the rows reloaded after it
+/// can be applied before it is — they must not be judged against the rows it will remove (stale, or a conflict),
+/// or the truncate then removes them too. A change newer by version applies as before (positions of another
+/// database after a move are not comparable).
+fn compare(
+    version: &[i64],
+    position: Option<&Vec<i64>>,
+    s: &State,
+    reloads: bool,
+) -> Option<std::cmp::Ordering> {
     if !version.is_empty() && !s.version.is_empty() {
-        return Some(version.cmp(&s.version));
+        let by_version = version.cmp(&s.version);
+        if reloads && by_version != std::cmp::Ordering::Greater {
+            if let (Some(a), Some(b)) = (position, &s.position) {
+                if a > b {
+                    return Some(std::cmp::Ordering::Greater);
+                }
+            }
+        }
+        return Some(by_version);
     }
     match (position, &s.position) {
         (Some(a), Some(b)) => Some(a.cmp(b)),
@@ -1082,7 +1155,8 @@ async fn fetch_states(
             let slot = &mut state[(ord - 1) as usize];
             // A live row and a tombstone for one key should not coexist; the newer one wins.
             if slot.as_ref().is_none_or(|s| {
-                compare(&version, position.as_ref(), s) != Some(std::cmp::Ordering::Less)
+                compare(&version, position.as_ref(), s, prepared.reloads)
+                    != Some(std::cmp::Ordering::Less)
             }) {
                 *slot = Some(State {
                     version,
@@ -1236,11 +1310,12 @@ async fn fold_segment(
             // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
             // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
             // position — it never wins over a change it cannot be ordered against.
-            let inclusive = deleted && matches!(plan.version, VersionPlan::Column(_));
+            let by_column = matches!(plan.version, VersionPlan::Column(_));
+            let inclusive = deleted && by_column;
             let version = &c.version;
             let order = cur
                 .as_ref()
-                .map(|s| compare(version, c.position.as_ref(), s));
+                .map(|s| compare(version, c.position.as_ref(), s, prepared.reloads));
             use std::cmp::Ordering::{Equal, Less};
             let result = match (&cur, order) {
                 // Older than the newest truncate (by source position): that truncate removed it.
@@ -1268,8 +1343,10 @@ async fn fold_segment(
                     })
                 }
                 (Some(_), Some(Some(Less))) => RowResult::Stale,
-                // The same version as a tombstone: that state was deleted.
-                (Some(s), Some(Some(Equal))) if s.deleted && !deleted => RowResult::Stale,
+                // Under a version column a delete carries the version of the row it deletes: a write at the
+                // tombstone's version is that deleted state. (A version field or source position gives a delete a
+                // version of its own: a write at it is another state at the same version, a conflict below.)
+                (Some(s), Some(Some(Equal))) if s.deleted && !deleted && by_column => RowResult::Stale,
                 // Equal version (but an inclusive delete of the stored row, which applies).
                 (Some(s), Some(Some(Equal))) if s.deleted || !inclusive => {
                     if s.sha == sha {

@@ -629,3 +629,419 @@ fn key_only_delete_against_a_row_without_position_is_quarantined() {
         "the quarantined delete is not claimed"
     );
 }
+
+/// A truncate in the middle of a multi-partition stream, arriving *after* the rows reloaded behind it: Debezium
+/// sends a truncate with no key, so it lands on any partition, while each row's changes follow its key's
+/// partition. Partition 1 holds, in source order, the rows before the truncate (position < 200) and their reload
+/// after it (id 1 at a lower version, id 2 at the same version with other values, id 3 at a higher one; id 4 not
+/// reloaded); partition 0 holds the truncate (position 200), consumed after partition 1 has been applied. The
+/// serial application in source order leaves exactly the reloaded rows (1, 2, 3) and a tombstone for 4, every
+/// record landed, no conflict — whatever the order the partitions are read in.
+#[test]
+fn truncate_arriving_after_its_reload_from_another_partition() {
+    let topic = unique("trlate");
+    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
+    let c = |id, name, v, lsn| {
+        envelope(
+            1,
+            "customers",
+            "c",
+            Some(id),
+            Value::Null,
+            row(id, name, v),
+            lsn,
+        )
+    };
+    let u = |id, name, v, lsn| {
+        envelope(
+            1,
+            "customers",
+            "u",
+            Some(id),
+            Value::Null,
+            row(id, name, v),
+            lsn,
+        )
+    };
+    produce(
+        &topic,
+        &[
+            c(1, "one", 1, 100),
+            c(2, "two", 3, 110),
+            c(3, "three", 1, 120),
+            c(4, "four", 1, 130),
+            u(1, "one b", 2, 150),
+            // After the truncate (position 200).
+            c(1, "one reloaded", 1, 300),
+            c(2, "two reloaded", 3, 310),
+            c(3, "three reloaded", 5, 320),
+        ],
+    );
+    let expected: Live = vec![
+        (1, Some("one reloaded".into()), 1),
+        (2, Some("two reloaded".into()), 3),
+        (3, Some("three reloaded".into()), 5),
+    ];
+    let mut dbs = Vec::new();
+    for mode in ["table", "column"] {
+        for max in [1, 5000] {
+            let db = Db::fresh("trlate");
+            let group = unique("g");
+            let p = customers(
+                &db,
+                &topic,
+                &group,
+                "",
+                max,
+                mode,
+                "truncate = \"truncate\"",
+            );
+            let out = run_caught_up(&p.path);
+            assert_eq!(
+                tally_of(&out),
+                (8, 8, 0, 0, 0, 0),
+                "{mode} {max}: {}",
+                out.stdout
+            );
+            dbs.push((db, group, mode, max));
+        }
+    }
+    produce(
+        &topic,
+        &[envelope(
+            0,
+            "customers",
+            "t",
+            None,
+            Value::Null,
+            Value::Null,
+            200,
+        )],
+    );
+    for (db, group, mode, max) in &dbs {
+        let ctx = format!("tombstones {mode}, max-records {max}");
+        let p = customers(db, &topic, group, "", *max, mode, "truncate = \"truncate\"");
+        let out = run_caught_up(&p.path);
+        assert_eq!(tally_of(&out), (1, 1, 0, 0, 0, 0), "{ctx}: {}", out.stdout);
+        let (live, tombs) = customers_state(db, mode);
+        assert_eq!(live, expected, "{ctx}");
+        assert_eq!(
+            tombs.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![4],
+            "{ctx}: only the row not reloaded is gone"
+        );
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"),
+            0,
+            "{ctx}"
+        );
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+            9,
+            "{ctx}"
+        );
+        // The whole topic again under a new generation: the changes before the truncate are stale (its
+        // watermark), the truncate finds nothing older than itself, the reloaded rows are duplicates.
+        let again = customers(
+            db,
+            &topic,
+            &unique("g"),
+            "g2",
+            *max,
+            mode,
+            "truncate = \"truncate\"",
+        );
+        let out = run_caught_up(&again.path);
+        assert_eq!(tally_of(&out), (9, 1, 3, 5, 0, 0), "{ctx}: {}", out.stdout);
+        assert_eq!(customers_state(db, mode).0, expected, "{ctx}");
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"),
+            0,
+            "{ctx}"
+        );
+    }
+}
+
+/// An existing table (the source's DDL: NOT NULL columns) as a row projection with `tombstones = "column"`: the
+/// tombstone of an entity never seen (its delete arrives before its create, from another partition, or its
+/// create is past the topic's retention) is a row without values.
+const EXISTING_COLUMN_MODE: &str = r#"
+[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "accounts"
+tombstones = "column"
+"#;
+
+/// Such a table is refused at start (exit 2, naming the columns) instead of quarantining the delete as
+/// `rejected-by-database` and letting the older create, arriving later from another partition, resurrect the row;
+/// with the constraint dropped the delete leaves its tombstone row and the create is `stale`.
+#[test]
+fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
+    let db = Db::fresh("cmnn");
+    db.execute(
+        "CREATE TABLE {s}.accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance bigint NOT NULL)",
+    );
+    let topic = unique("cmnn");
+    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": 5});
+    produce(
+        &topic,
+        &[envelope(
+            1,
+            "accounts",
+            "d",
+            Some(9),
+            row(9),
+            Value::Null,
+            200,
+        )],
+    );
+    let group = unique("g");
+    let p = pipeline(EXISTING_COLUMN_MODE, &topic, &group, &db.schema);
+    let cfg = p.path.to_str().unwrap();
+    let out = replaysafe(&["run", "--config", cfg, "--until-caught-up"]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("owner, balance") && out.stderr.contains("NOT NULL"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts"), 0);
+    assert_eq!(committed(&group, &topic, 2), vec![None, None]);
+
+    db.execute("ALTER TABLE {s}.accounts ALTER COLUMN owner DROP NOT NULL, ALTER COLUMN balance DROP NOT NULL");
+    let out = run_caught_up(&p.path);
+    assert_eq!(tally_of(&out), (1, 1, 0, 0, 0, 0), "{}", out.stdout);
+    produce(
+        &topic,
+        &[envelope(
+            0,
+            "accounts",
+            "c",
+            Some(9),
+            Value::Null,
+            row(9),
+            100,
+        )],
+    );
+    let out = run_caught_up(&p.path);
+    assert_eq!(tally_of(&out), (1, 0, 0, 1, 0, 0), "{}", out.stdout);
+    let rows = db.query(
+        "SELECT id, _deleted_at IS NOT NULL, _position FROM {s}.accounts",
+        &[],
+    );
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, i64>(0), 9);
+    assert!(rows[0].get::<_, bool>(1), "row 9 stays deleted");
+    assert_eq!(rows[0].get::<_, Option<Vec<i64>>>(2), Some(vec![164, 200]));
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+}
+
+/// A pseudo-random CDC stream of `n` rows under a version column and `truncate = "truncate"`: creates, updates,
+/// full deletes (REPLICA IDENTITY FULL), key-only deletes (REPLICA IDENTITY DEFAULT: `before` holds the key, the
+/// version 0), re-inserts, and truncates after which the versions start again at 1. Rows sit on partition
+/// `id % 3`, truncates on any partition. Returns the records and the live rows of a serial application in source
+/// order.
+fn random_cdc(n: i64, seed: u64) -> (Vec<Rec>, Vec<Rec>, Live) {
+    let mut s = seed;
+    let mut next = |m: u64| {
+        s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (s >> 33) % m
+    };
+    let row = |id: i64, name: String, v: i64| json!({"id": id, "name": name, "version": v});
+    let mut rows: std::collections::BTreeMap<i64, (String, i64)> = Default::default();
+    let mut version: std::collections::BTreeMap<i64, i64> = Default::default();
+    let (mut changes, mut truncates) = (Vec::new(), Vec::new());
+    let mut lsn = 1000;
+    for step in 0..(n * 8) {
+        lsn += 40;
+        if next(25) == 0 {
+            truncates.push(envelope(
+                next(3) as i32,
+                "customers",
+                "t",
+                None,
+                Value::Null,
+                Value::Null,
+                lsn,
+            ));
+            rows.clear();
+            version.clear();
+            continue;
+        }
+        let id = 1 + next(n as u64) as i64;
+        let p = (id % 3) as i32;
+        let v = version.entry(id).or_insert(0);
+        *v += 1;
+        let v = *v;
+        match rows.get(&id).cloned() {
+            None => {
+                let name = format!("n{id}-{step}");
+                changes.push(envelope(
+                    p,
+                    "customers",
+                    "c",
+                    Some(id),
+                    Value::Null,
+                    row(id, name.clone(), v),
+                    lsn,
+                ));
+                rows.insert(id, (name, v));
+            }
+            Some((old, ov)) => match next(4) {
+                0 => {
+                    changes.push(envelope(
+                        p,
+                        "customers",
+                        "d",
+                        Some(id),
+                        row(id, old, ov),
+                        Value::Null,
+                        lsn,
+                    ));
+                    rows.remove(&id);
+                }
+                1 => {
+                    let key_only = json!({"id": id, "name": null, "version": 0});
+                    changes.push(envelope(
+                        p,
+                        "customers",
+                        "d",
+                        Some(id),
+                        key_only,
+                        Value::Null,
+                        lsn,
+                    ));
+                    rows.remove(&id);
+                }
+                _ => {
+                    let name = format!("n{id}-{step}");
+                    changes.push(envelope(
+                        p,
+                        "customers",
+                        "u",
+                        Some(id),
+                        Value::Null,
+                        row(id, name.clone(), v),
+                        lsn,
+                    ));
+                    rows.insert(id, (name, v));
+                }
+            },
+        }
+    }
+    let live = rows
+        .into_iter()
+        .map(|(id, (name, v))| (id, Some(name), v))
+        .collect();
+    (changes, truncates, live)
+}
+
+/// The random CDC stream against the serial oracle, with the truncates consumed after every row change (the
+/// adversarial order: each reload is applied before the truncate it follows) and with everything at once, in both
+/// tombstone modes and batch sizes 1 and 5000: the live rows are those of a serial application in source order,
+/// nothing is quarantined, no conflict; a replay under a new generation changes nothing.
+#[test]
+fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
+    let (changes, truncates, live) = random_cdc(12, 20);
+    assert!(!truncates.is_empty() && !live.is_empty());
+    let n = (changes.len() + truncates.len()) as u64;
+    let late = unique("rcdc");
+    create_topic(&late, 3, &[("retention.ms", "-1")]);
+    produce(&late, &changes);
+    let all = unique("rcdc");
+    create_topic(&all, 3, &[("retention.ms", "-1")]);
+    let mut mixed = changes.clone();
+    mixed.extend(truncates.iter().cloned());
+    produce(&all, &mixed);
+    let mut late_dbs = Vec::new();
+    for mode in ["table", "column"] {
+        for max in [1, 5000] {
+            let db = Db::fresh("rcdc");
+            let group = unique("g");
+            let p = customers(&db, &late, &group, "", max, mode, "truncate = \"truncate\"");
+            let out = run_caught_up(&p.path);
+            assert_eq!(out.tally().quarantined, 0, "{}", out.stdout);
+            late_dbs.push((db, group, mode, max));
+            let db = Db::fresh("rcdc");
+            let p = customers(
+                &db,
+                &all,
+                &unique("g"),
+                "",
+                max,
+                mode,
+                "truncate = \"truncate\"",
+            );
+            let out = run_caught_up(&p.path);
+            let t = out.tally();
+            assert_eq!((t.consumed, t.quarantined), (n, 0), "{}", out.stdout);
+            let ctx = format!("all at once, {mode} {max}");
+            assert_eq!(customers_state(&db, mode).0, live, "{ctx}");
+            assert_eq!(
+                db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"),
+                0,
+                "{ctx}"
+            );
+            assert_eq!(
+                db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+                n as i64,
+                "{ctx}"
+            );
+            let again = customers(
+                &db,
+                &all,
+                &unique("g"),
+                "g2",
+                max,
+                mode,
+                "truncate = \"truncate\"",
+            );
+            let out = run_caught_up(&again.path);
+            let t = out.tally();
+            assert_eq!(
+                (
+                    t.consumed,
+                    t.landed - (truncates.len() as u64),
+                    t.quarantined
+                ),
+                (n, 0, 0),
+                "{ctx}: {}",
+                out.stdout
+            );
+            assert_eq!(customers_state(&db, mode).0, live, "{ctx}: replay");
+        }
+    }
+    produce(&late, &truncates);
+    for (db, group, mode, max) in &late_dbs {
+        let ctx = format!("truncates late, {mode} {max}");
+        let p = customers(db, &late, group, "", *max, mode, "truncate = \"truncate\"");
+        let out = run_caught_up(&p.path);
+        assert_eq!(out.tally().quarantined, 0, "{ctx}: {}", out.stdout);
+        assert_eq!(customers_state(db, mode).0, live, "{ctx}");
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"),
+            0,
+            "{ctx}"
+        );
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+            n as i64,
+            "{ctx}"
+        );
+    }
+}

@@ -903,3 +903,454 @@ fn debezium_update_of_an_unkept_column_lands() {
         assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3);
     }
 }
+
+/// The conflict rows, per projection: `projection entity version stored incoming` (amounts only).
+fn conflict_lines(db: &Db) -> Vec<String> {
+    lines(
+        db,
+        "SELECT projection || ' ' || (entity->>'customer_id') || ' ' || version::text || ' ' || \
+         coalesce(stored->>'amount', stored::text) || ' ' || coalesce(incoming->>'amount', incoming::text) \
+         FROM {s}.replaysafe_conflicts ORDER BY 1",
+    )
+}
+
+/// An equal-version conflict is recorded whichever of the two states committed first: a change at the version of
+/// a delete that arrives later from the other partition is a conflict against the tombstone (not a plain `stale`
+/// that nothing records), exactly as a delete at the version of a stored row is one. Customer `d`: the close (v2)
+/// commits first, then a change at v2 arrives from partition 0; customer `u`: the change at v2 first, then the
+/// close at v2 from partition 1. Both tombstone modes, batch sizes 1 and 5000; the first committed state is kept;
+/// replays under a fresh group and under a new generation change nothing.
+#[test]
+fn equal_version_after_a_delete_is_a_conflict() {
+    let topic = unique("eqdel");
+    create_topic(&topic, 2, &[]);
+    let ev = |partition: i32, id: &str, customer: &str, ty: &str, amount: Value| {
+        let body = json!({"event_id": id, "event_type": ty, "customer_id": customer, "amount": amount, "version": 2});
+        Rec::json(partition, id, &body.to_string(), 1_760_000_000_000)
+    };
+    let first = [
+        ev(1, "d-close", "d", "CustomerClosed", Value::Null),
+        ev(0, "u-change", "u", "CustomerChanged", json!(7)),
+    ];
+    let second = [
+        ev(0, "d-change", "d", "CustomerChanged", json!(9)),
+        ev(1, "u-close", "u", "CustomerClosed", Value::Null),
+    ];
+    produce(&topic, &first);
+    let dbs: Vec<(Db, String)> = [5000, 1]
+        .iter()
+        .map(|max| {
+            let db = Db::fresh("eqdel");
+            let text = JSON_ROWS.replace("MAXREC", &max.to_string());
+            let group = unique("g");
+            let out = run_caught_up(&pipeline(&text, &topic, &group, &db.schema).path);
+            let t = out.tally();
+            assert_eq!((t.consumed, t.landed), (2, 2), "{}", out.stdout);
+            (db, text)
+        })
+        .collect();
+    produce(&topic, &second);
+    let want_conflicts = vec![
+        "cust_c d {2} null 9",
+        "cust_c u {2} 7 null",
+        "cust_t d {2} null 9",
+        "cust_t u {2} 7 null",
+    ];
+    let state = |db: &Db| {
+        [
+            lines(
+                db,
+                "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+            ),
+            lines(
+                db,
+                "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+            ),
+            lines(
+                db,
+                "SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
+                 FROM {s}.cust_c ORDER BY 1",
+            ),
+            lines(db, "SELECT payload->>'event_id' FROM {s}.outbox ORDER BY 1"),
+        ]
+        .concat()
+    };
+    let want_state = vec![
+        "u 7 {2}",
+        "d {2}",
+        "d {2} true",
+        "u {2} false",
+        "d-close",
+        "u-change",
+    ];
+    for (db, text) in &dbs {
+        // The same group continues with the second pair: both records are conflicts.
+        let group = db
+            .text("SELECT min(consumer_group) FROM {s}.replaysafe_checkpoints")
+            .unwrap();
+        let out = run_caught_up(&pipeline(text, &topic, &group, &db.schema).path);
+        let t = out.tally();
+        assert_eq!(
+            (t.consumed, t.landed, t.duplicate, out.stale()),
+            (2, 0, 0, 2),
+            "{}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("[stale: 2 conflict(s)]"),
+            "{}",
+            out.stdout
+        );
+        assert_eq!(conflict_lines(db), want_conflicts, "{text}");
+        assert_eq!(state(db), want_state);
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 4);
+    }
+    // Replays: a fresh group (every record a duplicate) and a new generation (claimed again, judged again: the
+    // same two conflicts, not recorded twice).
+    let (db, text) = &dbs[0];
+    let out = run_caught_up(&pipeline(text, &topic, &unique("g"), &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale()),
+        (4, 0, 4, 0),
+        "{}",
+        out.stdout
+    );
+    let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
+    let out = run_caught_up(&pipeline(&text2, &topic, &unique("g"), &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale()),
+        (4, 0, 2, 2),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("[stale: 2 conflict(s)]"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(conflict_lines(db), want_conflicts);
+    assert_eq!(state(db), want_state);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 8);
+}
+
+/// One JSON event of the randomized stream: partition, event id, customer, delete?, amount, version.
+#[derive(Clone, Debug)]
+struct Ev {
+    partition: i32,
+    id: String,
+    customer: String,
+    delete: bool,
+    amount: i64,
+    version: i64,
+}
+
+impl Ev {
+    /// The state the event gives its entity: `D` for a delete, else the amount.
+    fn state(&self) -> String {
+        if self.delete {
+            "D".into()
+        } else {
+            self.amount.to_string()
+        }
+    }
+}
+
+/// A deterministic pseudo-random stream: `n` customers, 1–6 events each, versions 1–4 (repeats: equal versions
+/// with equal or different states), a quarter deletes, amounts from {1, 2, 3}, spread over 3 partitions.
+fn random_stream(n: usize, seed: u64) -> Vec<Ev> {
+    let mut s = seed;
+    let mut next = |m: u64| {
+        s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (s >> 33) % m
+    };
+    let mut out = Vec::new();
+    for c in 0..n {
+        for e in 0..(1 + next(6)) {
+            out.push(Ev {
+                partition: next(3) as i32,
+                id: format!("r{c}-{e}"),
+                customer: format!("r{c}"),
+                delete: next(4) == 0,
+                amount: 1 + next(3) as i64,
+                version: 1 + next(4) as i64,
+            });
+        }
+    }
+    // Interleave the customers' events (each partition keeps its events in this order).
+    let mut mixed = Vec::new();
+    while !out.is_empty() {
+        let i = next(out.len() as u64) as usize;
+        mixed.push(out.remove(i));
+    }
+    mixed
+}
+
+/// Checks a final state against the serial oracle, whatever the arrival order: per entity and projection the
+/// stored version is the highest, its state one of that version's states (the only one when they agree; a
+/// tombstone when that is a delete; never a live row next to a tombstone); every other state at that version is
+/// a recorded conflict against the stored one; both projections keep the same winner; outbox = landed; ledger =
+/// every record. Returns the winners (`customer -> state`).
+fn check_oracle(
+    db: &Db,
+    evs: &[Ev],
+    out: &[&Out],
+    ctx: &str,
+) -> std::collections::BTreeMap<String, String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut landed = 0;
+    let mut consumed = 0;
+    for o in out {
+        let t = o.tally();
+        landed += t.landed as i64;
+        consumed += t.consumed as i64;
+    }
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        evs.len() as i64,
+        "{ctx}"
+    );
+    // No runs given: one crashed (no accounting line); the caller checks the outbox.
+    if !out.is_empty() {
+        assert!(consumed >= evs.len() as i64, "{ctx}: consumed {consumed}");
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.outbox"),
+            landed,
+            "{ctx}: outbox = landed"
+        );
+    }
+    let mut by: BTreeMap<String, Vec<&Ev>> = BTreeMap::new();
+    for e in evs {
+        by.entry(e.customer.clone()).or_default().push(e);
+    }
+    let live_t: BTreeMap<String, (String, i64)> = db
+        .query(
+            "SELECT customer_id, coalesce(amount::text, '-'), _version[1] FROM {s}.cust_t",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    let tomb_t: BTreeMap<String, i64> = db
+        .query(
+            "SELECT customer_id, _version[1] FROM {s}.cust_t_tombstones",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let col: BTreeMap<String, (String, i64)> = db
+        .query(
+            "SELECT customer_id, CASE WHEN _deleted_at IS NOT NULL THEN 'D' ELSE coalesce(amount::text, '-') END, \
+             _version[1] FROM {s}.cust_c",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    let conflicts: Vec<(String, String, i64, String, String)> = db
+        .query(
+            "SELECT projection, entity->>'customer_id', version[1], coalesce(stored->>'amount', 'D'), \
+             coalesce(incoming->>'amount', 'D') FROM {s}.replaysafe_conflicts",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    let mut winners = BTreeMap::new();
+    for (c, es) in &by {
+        let maxv = es.iter().map(|e| e.version).max().unwrap();
+        let at_max: BTreeSet<String> = es
+            .iter()
+            .filter(|e| e.version == maxv)
+            .map(|e| e.state())
+            .collect();
+        let t_state = match (live_t.get(c), tomb_t.get(c)) {
+            (Some((a, v)), None) => (a.clone(), *v),
+            (None, Some(v)) => ("D".to_string(), *v),
+            other => panic!("{ctx}: {c}: cust_t live and tombstone {other:?}; events {es:?}"),
+        };
+        let c_state = col
+            .get(c)
+            .cloned()
+            .unwrap_or_else(|| panic!("{ctx}: {c} missing in cust_c"));
+        assert_eq!(t_state.1, maxv, "{ctx}: {c} cust_t version; events {es:?}");
+        assert_eq!(
+            c_state, t_state,
+            "{ctx}: {c}: both projections keep the same winner; events {es:?}"
+        );
+        assert!(
+            at_max.contains(&t_state.0),
+            "{ctx}: {c}: {t_state:?} not a state of v{maxv}; events {es:?}"
+        );
+        for proj in ["cust_t", "cust_c"] {
+            let recorded: BTreeSet<String> = conflicts
+                .iter()
+                .filter(|k| k.0 == proj && &k.1 == c && k.2 == maxv)
+                .map(|k| {
+                    assert_eq!(k.3, t_state.0, "{ctx}: {c}: conflict's stored state");
+                    k.4.clone()
+                })
+                .collect();
+            let want: BTreeSet<String> = at_max
+                .iter()
+                .filter(|s| **s != t_state.0)
+                .cloned()
+                .collect();
+            assert_eq!(
+                recorded, want,
+                "{ctx}: {proj} {c}: conflicts at v{maxv}; events {es:?}"
+            );
+        }
+        winners.insert(c.clone(), t_state.0);
+    }
+    assert_eq!(
+        live_t.len() + tomb_t.len(),
+        by.len(),
+        "{ctx}: no other entities"
+    );
+    winners
+}
+
+/// Issue 18 against a serial oracle: a pseudo-random stream (equal versions with equal and different states,
+/// deletes, older versions) of one customer's events spread over 3 partitions, applied with batch sizes 5000 and
+/// 1, and by two `run` processes of one group side by side (batch size 5); then replays under a fresh group (all
+/// duplicates) and under a new generation (exactly: the records at the winning version with the winning state
+/// are duplicates, those with another state conflicts, everything else stale; nothing changes).
+#[test]
+fn json_random_stream_matches_the_serial_oracle() {
+    let evs = random_stream(120, 18);
+    let topic = unique("orac");
+    create_topic(&topic, 3, &[]);
+    let recs: Vec<Rec> = evs
+        .iter()
+        .map(|e| {
+            let body = json!({"event_id": e.id, "event_type": if e.delete { "CustomerClosed" } else { "CustomerChanged" },
+                "customer_id": e.customer, "amount": e.amount, "version": e.version});
+            Rec::json(e.partition, &e.id, &body.to_string(), 1_760_000_000_000)
+        })
+        .collect();
+    produce_singly(&topic, &recs);
+    let mut kept: Option<(Db, String, std::collections::BTreeMap<String, String>)> = None;
+    for max in [5000, 1] {
+        let db = Db::fresh("orac");
+        let text = JSON_ROWS.replace("MAXREC", &max.to_string());
+        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let w = check_oracle(&db, &evs, &[&out], &format!("max-records {max}"));
+        kept.get_or_insert((db, text, w));
+    }
+    // Two processes of one group, side by side; a third run finishes what a rebalance left.
+    {
+        let db = Db::fresh("orac");
+        let text = JSON_ROWS.replace("MAXREC", "5");
+        let p = pipeline(&text, &topic, &unique("g"), &db.schema);
+        let cfg = p.path.to_str().unwrap().to_string();
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let cfg = cfg.clone();
+                std::thread::spawn(move || {
+                    replaysafe(&["run", "--config", &cfg, "--until-caught-up"])
+                })
+            })
+            .collect();
+        let mut outs: Vec<Out> = workers.into_iter().map(|h| h.join().unwrap()).collect();
+        for o in &outs {
+            o.assert_ok();
+        }
+        outs.push(run_caught_up(&p.path));
+        let refs: Vec<&Out> = outs.iter().collect();
+        check_oracle(&db, &evs, &refs, "two processes");
+    }
+    // A crash (abort) between the first database commit and its Kafka commit, then the same group again: the
+    // committed batch is not applied twice, the rest lands, the state is the oracle's.
+    {
+        let db = Db::fresh("orac");
+        let text = JSON_ROWS.replace("MAXREC", "5");
+        let p = pipeline(&text, &topic, &unique("g"), &db.schema);
+        let cfg = p.path.to_str().unwrap();
+        let crashed = replaysafe_with(
+            &["run", "--config", cfg, "--until-caught-up"],
+            &[(
+                "REPLAYSAFE_FAILPOINTS",
+                "after-db-commit-before-kafka-commit=return",
+            )],
+            Duration::from_secs(120),
+        );
+        assert_ne!(crashed.code, Some(0), "{}", crashed.stderr);
+        let landed_before = db.i64("SELECT count(*) FROM {s}.outbox");
+        assert!(landed_before > 0);
+        let ledger_before = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
+        let out = run_caught_up(&p.path);
+        check_oracle(&db, &evs, &[], "crash between the commits");
+        let t = out.tally();
+        assert_eq!(
+            t.consumed as i64,
+            evs.len() as i64 - ledger_before,
+            "the restart reads from the checkpoint exactly what the crashed run had not committed: {}",
+            out.stdout
+        );
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.outbox"),
+            landed_before + t.landed as i64,
+            "the outbox holds each landed record once"
+        );
+    }
+    let (db, text, winners) = kept.unwrap();
+    let before = check_json_after_replay(&db);
+    let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+    let t = out.tally();
+    let n = evs.len() as u64;
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale()),
+        (n, 0, n, 0),
+        "{}",
+        out.stdout
+    );
+    same(
+        &check_json_after_replay(&db),
+        &before,
+        "replay, fresh group",
+    );
+    // A new generation: every record judged again against the final state.
+    let mut maxv = std::collections::BTreeMap::new();
+    for e in &evs {
+        let m = maxv.entry(e.customer.clone()).or_insert(e.version);
+        *m = (*m).max(e.version);
+    }
+    let at_max = |e: &&Ev| e.version == maxv[&e.customer];
+    let dup = evs
+        .iter()
+        .filter(at_max)
+        .filter(|e| e.state() == winners[&e.customer])
+        .count() as u64;
+    let conflicts = evs
+        .iter()
+        .filter(at_max)
+        .filter(|e| e.state() != winners[&e.customer])
+        .count() as u64;
+    let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
+    let out = run_caught_up(&pipeline(&text2, &topic, &unique("g"), &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale()),
+        (n, 0, dup, n - dup),
+        "{}",
+        out.stdout
+    );
+    if conflicts > 0 {
+        assert!(
+            out.stdout
+                .contains(&format!("[stale: {conflicts} conflict(s)]")),
+            "{}",
+            out.stdout
+        );
+    }
+    same(
+        &check_json_after_replay(&db),
+        &before,
+        "replay, new generation",
+    );
+}
