@@ -377,6 +377,7 @@ impl Engine {
             let config = consumer_config(&p, &self.opts);
             return start::after_generation_change(
                 u,
+                &group,
                 &generation,
                 old.get(&u.partition),
                 |o, ts, sha| start::read_back(&config, &u.topic, u.partition, o, (ts, sha)),

@@ -200,3 +200,108 @@ fn a_generation_bump_without_a_fingerprint_is_refused() {
     );
     assert_eq!(ledger(&db), 40);
 }
+
+/// A generation change on a compacted topic whose cleaner removed the record the old generation applied last
+/// (a later record of the same key superseded it): reading that offset back returns a later record. That is not
+/// evidence of a recreated topic — starting at the beginning would land every record again under new delivery
+/// keys. Refused with exit 3, nothing consumed; after the operator's decision (continue), only the new records
+/// land.
+#[test]
+fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let db = Db::fresh("gencompact");
+    let topic = unique("gencompact");
+    create_topic(
+        &topic,
+        1,
+        &[
+            ("cleanup.policy", "compact"),
+            ("segment.ms", "100"),
+            ("min.cleanable.dirty.ratio", "0.001"),
+            ("min.compaction.lag.ms", "0"),
+        ],
+    );
+    let keyed = |key: &str, n: u32| {
+        let mut r = event(0, n);
+        r.key = Some(key.as_bytes().to_vec());
+        // Segments roll by record time: each record a second after the one before.
+        r.timestamp_ms = r.timestamp_ms.map(|t| t + i64::from(n) * 1_000);
+        r
+    };
+    produce(&topic, &[keyed("k1", 1), keyed("k2", 2)]);
+    let group = unique("g");
+    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 2);
+    // k2 again (supersedes offset 1), then records that roll the segments so the cleaner may clean them.
+    for (i, k) in ["k2", "k3", "k4", "k5"].iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(300));
+        produce(&topic, &[keyed(k, 3 + i as u32)]);
+    }
+    let first_from_1 = || {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", unique("peek"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, 0, Offset::Offset(1))
+            .unwrap();
+        c.assign(&tpl).unwrap();
+        for _ in 0..20 {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(250)) {
+                return m.offset();
+            }
+        }
+        -1
+    };
+    wait_until(
+        Duration::from_secs(120),
+        "the cleaner removed offset 1",
+        || {
+            std::thread::sleep(Duration::from_secs(1));
+            first_from_1() > 1
+        },
+    );
+    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        g2.path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no longer in the log"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(ledger(&db), 2, "nothing landed again");
+    // The operator decides as the message says: the topic is the same one, continue at g1's checkpoint.
+    assert!(
+        out.stderr.contains("SET next_offset = 2 WHERE")
+            && out.stderr.contains("generation = 'g2'"),
+        "{}",
+        out.stderr
+    );
+    db.execute(&format!(
+        "UPDATE {{s}}.replaysafe_checkpoints SET next_offset = 2 WHERE consumer_group = '{group}' \
+         AND generation = 'g2' AND topic = '{topic}' AND partition = 0"
+    ));
+    let out = run_caught_up(&g2.path);
+    let t = out.assert_ok().tally();
+    assert_eq!((t.consumed, t.landed), (4, 4), "{}", out.stderr);
+    assert_eq!(ledger(&db), 6);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE generation = 'g2'"),
+        4
+    );
+    assert_eq!(
+        counts(&db).values().sum::<i64>(),
+        6,
+        "every event counted once"
+    );
+}
