@@ -2,7 +2,8 @@
 //! (README "Where a partition starts").
 //!
 //! In order:
-//! 1. **Another generation's checkpoint** of the same group (the file's `[identity] generation` changed): the
+//! 1. **Another generation's checkpoint** of the same group (the file's `[identity] generation` changed, or
+//!    another generation wrote its checkpoint after this generation's — then this one is stale): the
 //!    record that generation applied last is read back from the broker and compared with the fingerprint stored
 //!    beside its checkpoint ([`fingerprint`]). The same record → the topic is the same one: continue from that
 //!    checkpoint (re-reading from Kafka's lagging committed offset would land the records in between again under
