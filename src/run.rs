@@ -352,9 +352,11 @@ impl Engine {
         // arrived in between (case C17).
         if !resolved.is_empty() {
             let stmt = format!(
-                "UPDATE {} SET next_offset = $5, updated_at = now() WHERE consumer_group = $1 AND topic = $2 \
-                 AND partition = $3 AND fence = $4 AND generation = $6",
-                p.table(sql::CHECKPOINTS)
+                "UPDATE {} SET next_offset = $5, updated_at = now(), \
+                 last_offset = CASE WHEN last_sha256 IS NULL THEN {} ELSE last_offset END \
+                 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4 AND generation = $6",
+                p.table(sql::CHECKPOINTS),
+                start::NOTHING_APPLIED
             );
             let sink = &mut self.sinks[0];
             self.rt.block_on(async {

@@ -87,7 +87,13 @@ pub struct OldCheckpoint {
     pub next_offset: i64,
     /// The fingerprint of the last record it applied: offset, timestamp ms, SHA-256 ([`fingerprint`]).
     pub last: Option<(i64, Option<i64>, Vec<u8>)>,
+    /// Without `last`: the checkpoint holds a resolved start position and that generation applied no record of
+    /// the partition ([`NOTHING_APPLIED`]) — as opposed to a checkpoint of an earlier replaysafe.
+    pub applied_nothing: bool,
 }
+
+/// `last_offset` of a checkpoint whose start was resolved and under which no record was applied yet.
+pub const NOTHING_APPLIED: i64 = -1;
 
 /// What reading back an old generation's last record found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +153,23 @@ pub fn after_generation_change(
         return Ok(recreated(format!(
             "its log ends at {} below generation `{g}`'s checkpoint {}",
             u.high, old.next_offset
+        )));
+    }
+    if old.last.is_none() && old.applied_nothing {
+        // No record of the partition was applied by that generation: nothing can be counted twice.
+        if old.next_offset <= u.low {
+            return Ok(Start {
+                offset: u.low,
+                from: format!(
+                    "generation change: generation `{g}` applied no record of this partition and its start {} is \
+                     at or below the log start, so from the log start",
+                    old.next_offset
+                ),
+            });
+        }
+        return Err(undecidable(format!(
+            "generation `{g}` applied no record of this partition since its start position {}",
+            old.next_offset
         )));
     }
     let Some((last, ts, sha)) = &old.last else {
@@ -263,7 +286,8 @@ pub async fn old_checkpoints(
     Ok(rows
         .iter()
         .map(|r| {
-            let last = match (r.get::<_, Option<i64>>(3), r.get::<_, Option<Vec<u8>>>(5)) {
+            let offset = r.get::<_, Option<i64>>(3);
+            let last = match (offset, r.get::<_, Option<Vec<u8>>>(5)) {
                 (Some(o), Some(sha)) => Some((o, r.get::<_, Option<i64>>(4), sha)),
                 _ => None,
             };
@@ -272,6 +296,7 @@ pub async fn old_checkpoints(
                 OldCheckpoint {
                     generation: r.get(1),
                     next_offset: r.get(2),
+                    applied_nothing: last.is_none() && offset == Some(NOTHING_APPLIED),
                     last,
                 },
             )
@@ -400,6 +425,7 @@ mod tests {
             generation: "g1".into(),
             next_offset: next,
             last: last.map(|o| (o, Some(1), vec![1])),
+            applied_nothing: false,
         }
     }
 
@@ -457,6 +483,17 @@ mod tests {
         let e =
             after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&old(7, Some(6))), gone)
                 .unwrap_err();
+        assert!(matches!(e, Error::NoStartPosition(_)), "{e}");
+        // A resolved start under which nothing was applied: from the log start when at or below it, else refused.
+        let idle = |next| OldCheckpoint {
+            applied_nothing: true,
+            ..old(next, None)
+        };
+        let s =
+            after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&idle(0)), never).unwrap();
+        assert_eq!(s.offset, 0, "{s:?}");
+        let e = after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&idle(4)), never)
+            .unwrap_err();
         assert!(matches!(e, Error::NoStartPosition(_)), "{e}");
         // Never read by the earlier generation.
         assert_eq!(

@@ -341,3 +341,40 @@ fn a_partition_back_in_an_earlier_generation_continues_from_the_newest_checkpoin
     assert_eq!(out.assert_ok().tally().consumed, 0, "{}", out.stderr);
     assert_eq!(ledger(&db), 300);
 }
+
+/// A generation change on a topic with a partition the earlier generation was assigned but never applied a
+/// record of (no record there yet): its checkpoint holds a start position and no fingerprint — not a
+/// checkpoint of an earlier replaysafe. The change is not refused: the idle partition starts at its beginning,
+/// the others continue from their checkpoints, and every event is counted once.
+#[test]
+fn a_generation_bump_with_an_idle_partition_is_not_refused() {
+    let db = Db::fresh("genidle");
+    let topic = unique("genidle");
+    create_topic(&topic, 2, &[]);
+    let (recs, truth) = seed_events(60, 1);
+    produce(&topic, &recs[..40]);
+    let group = unique("g");
+    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 40);
+    // The rest arrives on the partition that was idle under g1.
+    let later: Vec<Rec> = recs[40..]
+        .iter()
+        .cloned()
+        .map(|mut r| {
+            r.partition = 1;
+            r
+        })
+        .collect();
+    produce(&topic, &later);
+    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let out = run_caught_up(&g2.path);
+    let t = out.assert_ok().tally();
+    assert_eq!((t.consumed, t.landed), (20, 20), "{}", out.stderr);
+    assert_eq!(counts(&db), truth, "every event counted once");
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM {s}.replaysafe_ledger WHERE generation = 'g2' AND partition = 1"
+        ),
+        20
+    );
+}
