@@ -157,12 +157,13 @@ pub fn after_generation_change(
     }
     if old.last.is_none() && old.applied_nothing {
         // No record of the partition was applied by that generation: nothing can be counted twice.
+        // Below the log start: the caller refuses, naming the records lost before they were applied.
         if old.next_offset <= u.low {
             return Ok(Start {
-                offset: u.low,
+                offset: old.next_offset,
                 from: format!(
-                    "generation change: generation `{g}` applied no record of this partition and its start {} is \
-                     at or below the log start, so from the log start",
+                    "generation change: generation `{g}` applied no record of this partition, so from its start \
+                     {}",
                     old.next_offset
                 ),
             });
@@ -185,12 +186,15 @@ pub fn after_generation_change(
         )));
     }
     if *last < u.low {
-        // Retention removed the record; everything up to the checkpoint is gone either way.
+        // Retention removed the record; everything up to the checkpoint is gone either way. A checkpoint below
+        // the log start is returned as it is: the caller refuses, naming the records lost before they were
+        // applied (as without a generation change).
         if old.next_offset <= u.low {
             return Ok(Start {
-                offset: u.low,
+                offset: old.next_offset,
                 from: format!(
-                    "generation change: generation `{g}`'s checkpoint {} is below the log start, from the log start",
+                    "generation change: the record generation `{g}` applied last is gone (retention), so from its \
+                     checkpoint {}",
                     old.next_offset
                 ),
             });
@@ -502,12 +506,19 @@ mod tests {
                 .offset,
             2
         );
-        // The last record was deleted by retention and the checkpoint is below the log start.
+        // The last record was deleted by retention and the checkpoint is below the log start: the checkpoint
+        // (the caller refuses the records lost in between); at the log start exactly, the log start.
         assert_eq!(
             after_generation_change(&u(0, 9, 10, None), "g", "g2", Some(&old(7, Some(6))), never)
                 .unwrap()
                 .offset,
-            9
+            7
+        );
+        assert_eq!(
+            after_generation_change(&u(0, 7, 10, None), "g", "g2", Some(&old(7, Some(6))), never)
+                .unwrap()
+                .offset,
+            7
         );
     }
 }

@@ -378,3 +378,31 @@ fn a_generation_bump_with_an_idle_partition_is_not_refused() {
         20
     );
 }
+
+/// A generation change after retention deleted the old generation's last record *and* records it had not
+/// applied yet: the partition must not start at the log start silently (records between the old checkpoint and
+/// the log start were never applied). As without a generation change, the run refuses before consuming,
+/// naming the lost offsets.
+#[test]
+fn a_generation_bump_past_records_lost_to_retention_is_refused() {
+    let db = Db::fresh("genlost");
+    let topic = unique("genlost");
+    create_topic(&topic, 1, &[]);
+    let (recs, _) = seed_events(30, 1);
+    produce(&topic, &recs[..10]);
+    let group = unique("g");
+    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 10);
+    produce(&topic, &recs[10..]);
+    delete_records_before(&topic, 0, 15);
+    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        g2.path.to_str().unwrap(),
+        "--until-caught-up",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("10..15"), "{}", out.stderr);
+    assert_eq!(ledger(&db), 10, "nothing consumed");
+}
