@@ -862,7 +862,7 @@ fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
     assert_eq!(ledger0.len(), 312);
     let day_rows = ledger0.iter().filter(|x| x.1 == "2024-04-26").count() as u64;
     db.execute("UPDATE {s}.daily_counts SET n = n + 7 WHERE day = '2024-04-26'");
-    let args = |group: &str, report: &str| {
+    let args = |group: &str, report: &str, to: &str| {
         vec![
             "rebuild".to_string(),
             "--config".into(),
@@ -870,7 +870,7 @@ fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
             "--from".into(),
             "2024-04-26".into(),
             "--to".into(),
-            "2024-04-26".into(),
+            to.into(),
             "--group-id".into(),
             group.into(),
             "--i-paused-other-writers".into(),
@@ -879,7 +879,7 @@ fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
         ]
     };
     let report = p.dir.path().join("rebuild.json");
-    let first = args(&unique("rb"), report.to_str().unwrap());
+    let first = args(&unique("rb"), report.to_str().unwrap(), "2024-04-27");
     let first: Vec<&str> = first.iter().map(String::as_str).collect();
     // Two replay batches commit, the third fails: the process ends mid-replay.
     let crashed = replaysafe_with(
@@ -893,7 +893,17 @@ fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
         (left as u64) < day_rows,
         "the first run deleted the window and re-landed only part of it ({left} of {day_rows})"
     );
-    let second = args(&unique("rb"), report.to_str().unwrap());
+    // A rerun whose window leaves out a day the interrupted one deleted is refused, naming the days.
+    let narrow = args(&unique("rb"), report.to_str().unwrap(), "2024-04-26");
+    let narrow: Vec<&str> = narrow.iter().map(String::as_str).collect();
+    let refused = replaysafe(&narrow);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--from 2024-04-26 --to 2024-04-27"),
+        "{}",
+        refused.stderr
+    );
+    let second = args(&unique("rb"), report.to_str().unwrap(), "2024-04-27");
     let second: Vec<&str> = second.iter().map(String::as_str).collect();
     replaysafe(&second).assert_ok();
     assert_eq!(counts(&db), counts0, "every count as before the damage");
