@@ -26,6 +26,7 @@ use crate::config::Pipeline;
 use crate::decode;
 use crate::error::{Error, Result};
 use crate::filter;
+use crate::ident::{Ident, QualifiedName};
 use crate::offsets::{self, StopFile};
 use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
 
@@ -1206,6 +1207,8 @@ pub fn rebuild(
             opts.from
         )));
     }
+    // Ledger rows an interrupted rebuild deleted and did not re-land are kept until a rebuild completes.
+    rt.block_on(unfinished_rebuild(&client, &pipeline, opts))?;
     // Where the window's events came from: the replay reads at least those offsets, whatever their times.
     let sources = rt.block_on(window_sources(&client, &pipeline, opts))?;
     let cover = cover_of(&pipeline, &sources)?;
@@ -1233,6 +1236,15 @@ pub fn rebuild(
     ))?;
     let mut report = backfill(pipeline.clone(), brokers, database_url, &bopts, shutdown)?;
     report.rebuild = Some(rt.block_on(rebuild_check(&client, &pipeline, opts))?);
+    // The replay completed: the deleted rows are accounted for in this report.
+    rt.block_on(client.execute(
+        &format!(
+            "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
+            pending_table(&pipeline),
+            pipeline.fields[day].name
+        ),
+        &[&opts.from, &opts.to],
+    ))?;
     Ok(report)
 }
 
@@ -1245,10 +1257,17 @@ async fn window_sources(
     opts: &RebuildOptions,
 ) -> Result<Sources> {
     let day = pipeline.identity.partition_by.expect("checked");
+    let (ledger, pending, day) = (
+        &pipeline.ledger.table,
+        pending_table(pipeline),
+        &pipeline.fields[day].name,
+    );
+    // With the rows an interrupted rebuild of the window deleted and did not re-land yet.
     let q = format!(
-        "SELECT generation, topic, partition, min(\"offset\"), max(\"offset\"), count(*) FROM {} \
-         WHERE {} BETWEEN $1 AND $2 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
-        pipeline.ledger.table, pipeline.fields[day].name
+        "SELECT generation, topic, partition, min(\"offset\"), max(\"offset\"), count(*) FROM ( \
+         SELECT generation, topic, partition, \"offset\" FROM {ledger} WHERE {day} BETWEEN $1 AND $2 UNION \
+         SELECT generation, topic, partition, \"offset\" FROM {pending} WHERE {day} BETWEEN $1 AND $2) s \
+         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
     );
     let rows = client.query(&q, &[&opts.from, &opts.to]).await?;
     Ok(rows
@@ -1285,11 +1304,69 @@ fn cover_of(pipeline: &Pipeline, sources: &Sources) -> Result<BTreeMap<(String, 
         .collect())
 }
 
-/// Temporary table (on the rebuild's own connection) holding the ledger rows the rebuild deleted.
-const REMOVED: &str = "pg_temp.replaysafe_rebuild_removed";
+/// The durable table beside the ledger (`<ledger>_rebuilding`, same columns) holding the ledger rows a rebuild
+/// deleted until its replay completed. A rebuild interrupted after the delete leaves them there, so its rerun
+/// (which deletes the re-landed part again) still re-reads their offsets and compares against them.
+pub fn pending_table(pipeline: &Pipeline) -> QualifiedName {
+    let ledger = &pipeline.ledger.table;
+    let name = Ident::new(&format!("{}_rebuilding", ledger.name.as_str())).unwrap_or_else(|_| {
+        let h = <sha2::Sha256 as sha2::Digest>::digest(ledger.name.as_str().as_bytes());
+        Ident::new(&format!(
+            "replaysafe_rebuilding_{:02x}{:02x}{:02x}{:02x}",
+            h[0], h[1], h[2], h[3]
+        ))
+        .expect("valid name")
+    });
+    QualifiedName {
+        schema: ledger.schema.clone(),
+        name,
+    }
+}
+
+/// Refuses a window that does not cover every day an interrupted rebuild deleted and did not finish (its rerun
+/// must re-read those days' offsets, whatever window the operator types).
+async fn unfinished_rebuild(
+    client: &tokio_postgres::Client,
+    pipeline: &Pipeline,
+    opts: &RebuildOptions,
+) -> Result<()> {
+    let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
+    let pending = pending_table(pipeline);
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {pending} (LIKE {})",
+            pipeline.ledger.table
+        ))
+        .await?;
+    let r = client
+        .query_one(
+            &format!("SELECT min({day}), max({day}), count(*) FROM {pending}"),
+            &[],
+        )
+        .await?;
+    let (lo, hi, n): (Option<NaiveDate>, Option<NaiveDate>, i64) = (r.get(0), r.get(1), r.get(2));
+    if let (Some(lo), Some(hi)) = (lo, hi) {
+        if lo < opts.from || hi > opts.to {
+            return Err(usage(format!(
+                "an interrupted rebuild deleted {n} ledger row(s) of event days {lo}..={hi} (kept in {pending}) \
+                 and did not finish replaying them; rerun the rebuild with a window covering those days \
+                 (--from {} --to {}) and a new --group-id",
+                lo.min(opts.from),
+                hi.max(opts.to)
+            )));
+        }
+        tracing::warn!(
+            rows = n,
+            "an interrupted rebuild of {lo}..={hi} deleted ledger rows it did not replay; this rebuild re-reads \
+             their offsets and reports them"
+        );
+    }
+    Ok(())
+}
 
 /// In one transaction: deletes the window from every aggregate and from the ledger, keeping the deleted ledger
-/// rows in [`REMOVED`]; rolls back when they came from offsets the plan does not cover (a writer was not paused).
+/// rows in [`pending_table`] (once per key); rolls back when they came from offsets the plan does not cover (a
+/// writer was not paused).
 async fn delete_window(
     client: &mut tokio_postgres::Client,
     pipeline: &Pipeline,
@@ -1299,12 +1376,11 @@ async fn delete_window(
 ) -> Result<()> {
     let day = pipeline.identity.partition_by.expect("checked");
     let ledger = &pipeline.ledger.table;
-    client
-        .batch_execute(&format!(
-            "CREATE TEMP TABLE IF NOT EXISTS replaysafe_rebuild_removed AS SELECT * FROM {ledger} WHERE false; \
-             TRUNCATE {REMOVED}"
-        ))
-        .await?;
+    let pending = pending_table(pipeline);
+    let same: Vec<String> = sql::ledger_pk(pipeline)
+        .iter()
+        .map(|c| format!("k.{c} = d.{c}"))
+        .collect();
     let tx = client.transaction().await?;
     for d in deletes {
         let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
@@ -1314,8 +1390,9 @@ async fn delete_window(
         .execute(
             &format!(
                 "WITH d AS (DELETE FROM {ledger} WHERE {} BETWEEN $1 AND $2 RETURNING *) \
-                 INSERT INTO {REMOVED} SELECT * FROM d",
-                pipeline.fields[day].name
+                 INSERT INTO {pending} SELECT * FROM d WHERE NOT EXISTS (SELECT 1 FROM {pending} k WHERE {})",
+                pipeline.fields[day].name,
+                same.join(" AND ")
             ),
             &[&opts.from, &opts.to],
         )
@@ -1327,9 +1404,11 @@ async fn delete_window(
         opts.to
     );
     let q = format!(
-        "SELECT topic, partition, min(\"offset\"), max(\"offset\") FROM {REMOVED} GROUP BY 1, 2"
+        "SELECT topic, partition, min(\"offset\"), max(\"offset\") FROM {pending} WHERE {} BETWEEN $1 AND $2 \
+         GROUP BY 1, 2",
+        pipeline.fields[day].name
     );
-    for r in tx.query(&q, &[]).await? {
+    for r in tx.query(&q, &[&opts.from, &opts.to]).await? {
         let (t, p, lo, hi): (String, i32, i64, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
         if !cover
             .get(&(t.clone(), p))
@@ -1354,11 +1433,12 @@ async fn rebuild_check(
 ) -> Result<RebuildCheck> {
     let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
     let ledger = &pipeline.ledger.table;
+    let removed = pending_table(pipeline);
     let mut check = RebuildCheck::default();
     for r in client
         .query(
-            &format!("SELECT {day}::text, count(*) FROM {REMOVED} GROUP BY 1"),
-            &[],
+            &format!("SELECT {day}::text, count(*) FROM {removed} WHERE {day} BETWEEN $1 AND $2 GROUP BY 1"),
+            &[&opts.from, &opts.to],
         )
         .await?
     {
@@ -1377,11 +1457,11 @@ async fn rebuild_check(
     let same: Vec<String> = pk.iter().map(|c| format!("l.{c} = r.{c}")).collect();
     let key: Vec<String> = pk.iter().map(|c| format!("r.{c}::text")).collect();
     let gone = format!(
-        "FROM {REMOVED} r WHERE NOT EXISTS (SELECT 1 FROM {ledger} l WHERE {})",
+        "FROM {removed} r WHERE r.{day} BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM {ledger} l WHERE {})",
         same.join(" AND ")
     );
     check.missing_total = client
-        .query_one(&format!("SELECT count(*) {gone}"), &[])
+        .query_one(&format!("SELECT count(*) {gone}"), &[&opts.from, &opts.to])
         .await?
         .get::<_, i64>(0) as u64;
     let rows = client
@@ -1391,7 +1471,7 @@ async fn rebuild_check(
                  ORDER BY 3, 4, 5 LIMIT {MISSING_LISTED}",
                 key.join(", ")
             ),
-            &[],
+            &[&opts.from, &opts.to],
         )
         .await?;
     check.missing = rows

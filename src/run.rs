@@ -233,6 +233,7 @@ impl Engine {
             .map(|e| (e.topic().to_string(), e.partition()))
             .collect();
         let stmt = sql::acquire_checkpoint(&p);
+        let newer = sql::newer_generation(&p);
         let stop = self.give_up_flag();
         let give_up = move || stop.load(Ordering::Relaxed);
         let sink = &mut self.sinks[0];
@@ -245,16 +246,32 @@ impl Engine {
                     }
                     let mut out = Vec::new();
                     for (topic, partition) in &elems {
+                        // Another generation of the group applied this partition after our checkpoint (a
+                        // rolling deploy or a rollback of a generation change): ours is stale, resolve the
+                        // partition as after a generation change (from the newest checkpoint).
+                        let superseded = sink
+                            .client()
+                            .query_opt(&newer, &[&group, topic, partition, &generation])
+                            .await?;
                         let row = sink
                             .client()
                             .query_one(&stmt, &[&group, topic, partition, &generation])
                             .await?;
-                        out.push((
-                            topic.clone(),
-                            *partition,
-                            row.get::<_, Option<i64>>(0),
-                            row.get::<_, i64>(1),
-                        ));
+                        let mut next = row.get::<_, Option<i64>>(0);
+                        if let Some(r) = superseded {
+                            let (other, at): (String, i64) = (r.get(0), r.get(1));
+                            tracing::warn!(
+                                %topic,
+                                partition,
+                                stale = ?next,
+                                other_generation = %other,
+                                other_next = at,
+                                "generation `{other}` applied this partition after this generation's checkpoint; \
+                                 continuing from the newest checkpoint instead"
+                            );
+                            next = None;
+                        }
+                        out.push((topic.clone(), *partition, next, row.get::<_, i64>(1)));
                     }
                     Ok(out)
                 }
@@ -335,9 +352,11 @@ impl Engine {
         // arrived in between (case C17).
         if !resolved.is_empty() {
             let stmt = format!(
-                "UPDATE {} SET next_offset = $5, updated_at = now() WHERE consumer_group = $1 AND topic = $2 \
-                 AND partition = $3 AND fence = $4 AND next_offset IS NULL AND generation = $6",
-                p.table(sql::CHECKPOINTS)
+                "UPDATE {} SET next_offset = $5, updated_at = now(), \
+                 last_offset = CASE WHEN last_sha256 IS NULL THEN {} ELSE last_offset END \
+                 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4 AND generation = $6",
+                p.table(sql::CHECKPOINTS),
+                start::NOTHING_APPLIED
             );
             let sink = &mut self.sinks[0];
             self.rt.block_on(async {
@@ -377,6 +396,7 @@ impl Engine {
             let config = consumer_config(&p, &self.opts);
             return start::after_generation_change(
                 u,
+                &group,
                 &generation,
                 old.get(&u.partition),
                 |o, ts, sha| start::read_back(&config, &u.topic, u.partition, o, (ts, sha)),

@@ -2,13 +2,15 @@
 //! (README "Where a partition starts").
 //!
 //! In order:
-//! 1. **Another generation's checkpoint** of the same group (the file's `[identity] generation` changed): the
+//! 1. **Another generation's checkpoint** of the same group (the file's `[identity] generation` changed, or
+//!    another generation wrote its checkpoint after this generation's — then this one is stale): the
 //!    record that generation applied last is read back from the broker and compared with the fingerprint stored
 //!    beside its checkpoint ([`fingerprint`]). The same record → the topic is the same one: continue from that
 //!    checkpoint (re-reading from Kafka's lagging committed offset would land the records in between again under
 //!    new delivery keys). Another record, none, or a log that ends below it → the topic was recreated: start at
 //!    its beginning. A checkpoint without a fingerprint (written by an earlier version) whose offset the log still
-//!    holds cannot be told apart: refused, naming the two statements that decide it. Kafka's committed offsets
+//!    holds, and a last record no longer at its offset while later ones are (a compacted topic), cannot be told
+//!    apart: refused, naming the two statements that decide it. Kafka's committed offsets
 //!    are not used: they belong to whichever generation committed last.
 //! 2. **Kafka's committed offset** for the group.
 //! 3. **A partition added after the group began** (its number is at or above the topic's partition count when
@@ -85,15 +87,24 @@ pub struct OldCheckpoint {
     pub next_offset: i64,
     /// The fingerprint of the last record it applied: offset, timestamp ms, SHA-256 ([`fingerprint`]).
     pub last: Option<(i64, Option<i64>, Vec<u8>)>,
+    /// Without `last`: the checkpoint holds a resolved start position and that generation applied no record of
+    /// the partition ([`NOTHING_APPLIED`]) — as opposed to a checkpoint of an earlier replaysafe.
+    pub applied_nothing: bool,
 }
+
+/// `last_offset` of a checkpoint whose start was resolved and under which no record was applied yet.
+pub const NOTHING_APPLIED: i64 = -1;
 
 /// What reading back an old generation's last record found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadBack {
     /// The record at that offset has the stored timestamp and fingerprint.
     Same,
-    /// Another record, or none at that offset.
+    /// Another record at that offset.
     Different,
+    /// No record at that offset any more, but later ones (the log was compacted, or the offset holds a
+    /// transaction marker): the first offset found after it. Cannot tell the same topic from a recreated one.
+    Gone(i64),
 }
 
 /// Decides the start of a partition after a generation change (step 1 of the module docs). `read` reads the
@@ -104,6 +115,7 @@ pub enum ReadBack {
 /// [`Error::NoStartPosition`] when the topic cannot be told to be the same or recreated; errors of `read`.
 pub fn after_generation_change(
     u: &Unpositioned,
+    group: &str,
     generation: &str,
     old: Option<&OldCheckpoint>,
     read: impl FnOnce(i64, Option<i64>, &[u8]) -> Result<ReadBack>,
@@ -121,34 +133,64 @@ pub fn after_generation_change(
         offset: u.low,
         from: format!("generation change: topic recreated ({why}), so from its beginning"),
     };
+    // The refused run already holds generation `generation`'s checkpoint row (next_offset NULL): the operator
+    // decides by setting its next_offset.
+    let undecidable = |why: String| {
+        Error::NoStartPosition(format!(
+            "{at}: [identity] generation changed to `{generation}`; {why}, so it cannot be told whether the topic \
+             is the same one (continue at {next}) or was recreated (start at {low}). Decide by setting generation \
+             `{generation}`'s checkpoint: to continue, UPDATE {tbl} SET next_offset = {next} WHERE \
+             consumer_group = '{group}' AND generation = '{generation}' AND topic = '{topic}' AND partition = \
+             {part}; to start over, the same with next_offset = {low}",
+            next = old.next_offset,
+            low = u.low,
+            tbl = sql::CHECKPOINTS,
+            topic = u.topic,
+            part = u.partition,
+        ))
+    };
     if old.next_offset > u.high {
         return Ok(recreated(format!(
             "its log ends at {} below generation `{g}`'s checkpoint {}",
             u.high, old.next_offset
         )));
     }
-    let Some((last, ts, sha)) = &old.last else {
+    if old.last.is_none() && old.applied_nothing {
+        // No record of the partition was applied by that generation: nothing can be counted twice.
+        // Below the log start: the caller refuses, naming the records lost before they were applied.
         if old.next_offset <= u.low {
-            // Nothing between the log start and the checkpoint: continuing and starting over are the same.
             return Ok(Start {
-                offset: u.low,
+                offset: old.next_offset,
                 from: format!(
-                    "generation change: generation `{g}`'s checkpoint {} is at or below the log start (no record \
-                     to tell the topic by), from the log start",
+                    "generation change: generation `{g}` applied no record of this partition, so from its start \
+                     {}",
                     old.next_offset
                 ),
             });
         }
-        return Err(Error::NoStartPosition(format!(
-            "{at}: [identity] generation changed to `{generation}`; generation `{g}` stopped at offset {next} but \
-             its checkpoint (written by an earlier replaysafe, or taken over without applying a record) has no \
-             record fingerprint, so it cannot be told \
-             whether the topic is the same one (continue at {next}) or was recreated (start at {low}). Decide in \
-             {tbl}: to continue, UPDATE it SET generation = '{generation}' for this group, topic and partition; to \
-             start over, DELETE generation `{g}`'s row",
-            next = old.next_offset,
-            low = u.low,
-            tbl = sql::CHECKPOINTS,
+        return Err(undecidable(format!(
+            "generation `{g}` applied no record of this partition since its start position {}",
+            old.next_offset
+        )));
+    }
+    let Some((last, ts, sha)) = &old.last else {
+        if old.next_offset <= u.low {
+            // Nothing between the checkpoint and the log start to tell the topic by: continuing and starting over
+            // are the same at the log start; below it the caller refuses, naming the records lost before they were
+            // applied.
+            return Ok(Start {
+                offset: old.next_offset,
+                from: format!(
+                    "generation change: generation `{g}`'s checkpoint {} is at or below the log start (no record \
+                     to tell the topic by)",
+                    old.next_offset
+                ),
+            });
+        }
+        return Err(undecidable(format!(
+            "generation `{g}` stopped at offset {} but its checkpoint (written by an earlier replaysafe) has no \
+             record fingerprint",
+            old.next_offset
         )));
     };
     if *last >= u.high {
@@ -157,23 +199,21 @@ pub fn after_generation_change(
         )));
     }
     if *last < u.low {
-        // Retention removed the record; everything up to the checkpoint is gone either way.
+        // Retention removed the record; everything up to the checkpoint is gone either way. A checkpoint below
+        // the log start is returned as it is: the caller refuses, naming the records lost before they were
+        // applied (as without a generation change).
         if old.next_offset <= u.low {
             return Ok(Start {
-                offset: u.low,
+                offset: old.next_offset,
                 from: format!(
-                    "generation change: generation `{g}`'s checkpoint {} is below the log start, from the log start",
+                    "generation change: the record generation `{g}` applied last is gone (retention), so from its \
+                     checkpoint {}",
                     old.next_offset
                 ),
             });
         }
-        return Err(Error::NoStartPosition(format!(
-            "{at}: [identity] generation changed to `{generation}`; the record generation `{g}` applied last \
-             (offset {last}) was deleted by retention, so it cannot be told whether the topic is the same one \
-             (continue at {}) or was recreated (start at {}); decide in {} as for a checkpoint without fingerprint",
-            old.next_offset,
-            u.low,
-            sql::CHECKPOINTS
+        return Err(undecidable(format!(
+            "the record generation `{g}` applied last (offset {last}) was deleted by retention"
         )));
     }
     match read(*last, *ts, sha)? {
@@ -186,6 +226,10 @@ pub fn after_generation_change(
         }),
         ReadBack::Different => Ok(recreated(format!(
             "offset {last} is not the record generation `{g}` applied last"
+        ))),
+        ReadBack::Gone(next) => Err(undecidable(format!(
+            "the record generation `{g}` applied last (offset {last}) is no longer in the log (the next record is \
+             at offset {next}: a compacted topic, or a recreated one)"
         ))),
     }
 }
@@ -211,6 +255,9 @@ pub fn read_back(
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match c.poll(left.min(Duration::from_millis(500))) {
             Some(Ok(m)) if m.topic() == topic && m.partition() == partition => {
+                if m.offset() > offset {
+                    return Ok(ReadBack::Gone(m.offset()));
+                }
                 let same = m.offset() == offset
                     && m.timestamp().to_millis() == stored.0
                     && fingerprint(m.key(), m.payload()) == stored.1;
@@ -256,7 +303,8 @@ pub async fn old_checkpoints(
     Ok(rows
         .iter()
         .map(|r| {
-            let last = match (r.get::<_, Option<i64>>(3), r.get::<_, Option<Vec<u8>>>(5)) {
+            let offset = r.get::<_, Option<i64>>(3);
+            let last = match (offset, r.get::<_, Option<Vec<u8>>>(5)) {
                 (Some(o), Some(sha)) => Some((o, r.get::<_, Option<i64>>(4), sha)),
                 _ => None,
             };
@@ -265,6 +313,7 @@ pub async fn old_checkpoints(
                 OldCheckpoint {
                     generation: r.get(1),
                     next_offset: r.get(2),
+                    applied_nothing: last.is_none() && offset == Some(NOTHING_APPLIED),
                     last,
                 },
             )
@@ -393,6 +442,7 @@ mod tests {
             generation: "g1".into(),
             next_offset: next,
             last: last.map(|o| (o, Some(1), vec![1])),
+            applied_nothing: false,
         }
     }
 
@@ -419,47 +469,82 @@ mod tests {
         let diff = |_, _, _: &[u8]| Ok(ReadBack::Different);
         let never = |_: i64, _: Option<i64>, _: &[u8]| -> Result<ReadBack> { panic!("not read") };
         assert_eq!(
-            after_generation_change(&u(0, 0, 10, Some(4)), "g2", Some(&old(7, Some(6))), same)
-                .unwrap()
-                .offset,
+            after_generation_change(
+                &u(0, 0, 10, Some(4)),
+                "g",
+                "g2",
+                Some(&old(7, Some(6))),
+                same
+            )
+            .unwrap()
+            .offset,
             7
         );
         assert_eq!(
-            after_generation_change(&u(0, 0, 10, None), "g2", Some(&old(7, Some(6))), diff)
+            after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&old(7, Some(6))), diff)
                 .unwrap()
                 .offset,
             0
         );
         // The log ends below the checkpoint, or at the last record: recreated.
         for o in [old(12, Some(11)), old(7, Some(6))] {
-            let s = after_generation_change(&u(0, 0, 5, None), "g2", Some(&o), never).unwrap();
+            let s = after_generation_change(&u(0, 0, 5, None), "g", "g2", Some(&o), never).unwrap();
             assert_eq!(s.offset, 0, "{s:?}");
         }
         // No fingerprint and the log still holds the offset: refused.
-        let e = after_generation_change(&u(0, 0, 10, None), "g2", Some(&old(7, None)), never)
+        let e = after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&old(7, None)), never)
+            .unwrap_err();
+        assert!(matches!(e, Error::NoStartPosition(_)), "{e}");
+        // The record at the last offset was compacted away (the next one is later): refused, never "recreated".
+        let gone = |_, _, _: &[u8]| Ok(ReadBack::Gone(8));
+        let e =
+            after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&old(7, Some(6))), gone)
+                .unwrap_err();
+        assert!(matches!(e, Error::NoStartPosition(_)), "{e}");
+        // A resolved start under which nothing was applied: from the log start when at or below it, else refused.
+        let idle = |next| OldCheckpoint {
+            applied_nothing: true,
+            ..old(next, None)
+        };
+        let s =
+            after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&idle(0)), never).unwrap();
+        assert_eq!(s.offset, 0, "{s:?}");
+        let e = after_generation_change(&u(0, 0, 10, None), "g", "g2", Some(&idle(4)), never)
             .unwrap_err();
         assert!(matches!(e, Error::NoStartPosition(_)), "{e}");
         // No fingerprint but nothing applied past the log start (an empty partition's checkpoint at 0): from
-        // the log start, not refused.
+        // the checkpoint, not refused (below the log start the caller refuses: records were lost).
         for (low, next) in [(0, 0), (4, 4), (4, 2)] {
-            let s =
-                after_generation_change(&u(0, low, 10, None), "g2", Some(&old(next, None)), never)
-                    .unwrap();
-            assert_eq!(s.offset, low, "{s:?}");
+            let s = after_generation_change(
+                &u(0, low, 10, None),
+                "g",
+                "g2",
+                Some(&old(next, None)),
+                never,
+            )
+            .unwrap();
+            assert_eq!(s.offset, next, "{s:?}");
         }
         // Never read by the earlier generation.
         assert_eq!(
-            after_generation_change(&u(3, 2, 10, None), "g2", None, never)
+            after_generation_change(&u(3, 2, 10, None), "g", "g2", None, never)
                 .unwrap()
                 .offset,
             2
         );
-        // The last record was deleted by retention and the checkpoint is below the log start.
+        // The last record was deleted by retention and the checkpoint is below the log start: the checkpoint
+        // (the caller refuses the records lost in between); at the log start exactly, the log start.
         assert_eq!(
-            after_generation_change(&u(0, 9, 10, None), "g2", Some(&old(7, Some(6))), never)
+            after_generation_change(&u(0, 9, 10, None), "g", "g2", Some(&old(7, Some(6))), never)
                 .unwrap()
                 .offset,
-            9
+            7
+        );
+        assert_eq!(
+            after_generation_change(&u(0, 7, 10, None), "g", "g2", Some(&old(7, Some(6))), never)
+                .unwrap()
+                .offset,
+            7
         );
     }
 }

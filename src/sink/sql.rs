@@ -297,6 +297,20 @@ pub fn advance_checkpoint(p: &Pipeline) -> String {
 /// previous owner's in-flight batch fails its compare-and-set. Parameters: `$1` group, `$2` topic,
 /// `$3` partition, `$4` generation ('' for none). Returns `(next_offset, fence)`. Checkpoints are kept per
 /// stream generation: a recreated topic under a new generation starts from its own positions.
+/// Another generation's checkpoint of a partition that was written after this generation's and stands
+/// elsewhere: this generation's checkpoint is stale. Parameters: `$1` group, `$2` topic, `$3` partition (int4),
+/// `$4` this generation. Returns the other generation and its next offset (at most one row, the newest).
+pub fn newer_generation(p: &Pipeline) -> String {
+    let t = p.table(CHECKPOINTS);
+    format!(
+        "SELECT o.generation, o.next_offset FROM {t} o JOIN {t} m ON m.consumer_group = o.consumer_group \
+         AND m.topic = o.topic AND m.partition = o.partition AND m.generation = $4 \
+         WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3 AND o.generation <> $4 \
+         AND o.next_offset IS NOT NULL AND m.next_offset IS NOT NULL AND o.next_offset <> m.next_offset \
+         AND o.updated_at > m.updated_at ORDER BY o.updated_at DESC LIMIT 1"
+    )
+}
+
 pub fn acquire_checkpoint(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
     format!(

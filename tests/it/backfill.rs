@@ -838,6 +838,95 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
     }
 }
 
+/// A rebuild interrupted after it deleted the window (a crash in its first replay batches), then run again with a
+/// new group id as the error says: the rerun must still re-read the offsets the *first* run's deleted ledger
+/// rows came from — late events beyond the slack included — and end with the aggregates and the ledger exactly
+/// as before the damage, its report counting the rows the window held before the first run.
+#[test]
+fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
+    let db = Db::fresh("rb_rerun");
+    let topic = unique("rb_rerun");
+    create_topic(&topic, 2, &[]);
+    let (mut recs, _) = seed_events(300, 2);
+    for i in 0..12i64 {
+        let occurred = APR25 + DAY_MS + 3_600_000 * (i % 20);
+        let ts = occurred + (2 + i % 3) * DAY_MS;
+        recs.push(event((i % 2) as i32, &format!("c-{}", i % 5), occurred, ts));
+    }
+    recs.sort_by_key(|r| r.timestamp_ms);
+    produce(&topic, &recs);
+    let text = SEED.replace("max-records = 200", "max-records = 5");
+    let p = pipeline(&text, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
+    let (counts0, totals0, ledger0) = (counts(&db), totals_of(&db), ledger_rows(&db));
+    assert_eq!(ledger0.len(), 312);
+    let day_rows = ledger0.iter().filter(|x| x.1 == "2024-04-26").count() as u64;
+    db.execute("UPDATE {s}.daily_counts SET n = n + 7 WHERE day = '2024-04-26'");
+    let args = |group: &str, report: &str, to: &str| {
+        vec![
+            "rebuild".to_string(),
+            "--config".into(),
+            cfg(&p).into(),
+            "--from".into(),
+            "2024-04-26".into(),
+            "--to".into(),
+            to.into(),
+            "--group-id".into(),
+            group.into(),
+            "--i-paused-other-writers".into(),
+            "-o".into(),
+            report.into(),
+        ]
+    };
+    let report = p.dir.path().join("rebuild.json");
+    let first = args(&unique("rb"), report.to_str().unwrap(), "2024-04-27");
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    // Two replay batches commit, the third fails: the process ends mid-replay.
+    let crashed = replaysafe_with(
+        &first,
+        &[("REPLAYSAFE_FAILPOINTS", "before-db-commit=2*off->return")],
+        Duration::from_secs(120),
+    );
+    assert_ne!(crashed.code, Some(0), "{}", crashed.stderr);
+    let left = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE day = '2024-04-26'");
+    assert!(
+        (left as u64) < day_rows,
+        "the first run deleted the window and re-landed only part of it ({left} of {day_rows})"
+    );
+    // A rerun whose window leaves out a day the interrupted one deleted is refused, naming the days.
+    let narrow = args(&unique("rb"), report.to_str().unwrap(), "2024-04-26");
+    let narrow: Vec<&str> = narrow.iter().map(String::as_str).collect();
+    let refused = replaysafe(&narrow);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--from 2024-04-26 --to 2024-04-27"),
+        "{}",
+        refused.stderr
+    );
+    let second = args(&unique("rb"), report.to_str().unwrap(), "2024-04-27");
+    let second: Vec<&str> = second.iter().map(String::as_str).collect();
+    replaysafe(&second).assert_ok();
+    assert_eq!(counts(&db), counts0, "every count as before the damage");
+    assert_eq!(totals_of(&db), totals0, "every total as before the damage");
+    assert_eq!(
+        ledger_rows(&db),
+        ledger0,
+        "the same ledger rows, from the same offsets"
+    );
+    let r = json(&report);
+    assert_eq!(r["rebuild"]["missing_total"], 0, "{}", r["rebuild"]);
+    assert_eq!(
+        r["rebuild"]["per_day"]["2024-04-26"]["before"], day_rows,
+        "{}",
+        r["rebuild"]
+    );
+    assert_eq!(
+        r["rebuild"]["per_day"]["2024-04-26"]["after"], day_rows,
+        "{}",
+        r["rebuild"]
+    );
+}
+
 /// Issue 17: retention removed part of the offsets the window's ledger rows came from. The rebuild refuses
 /// before deleting anything (aggregate and ledger unchanged), exit 1, naming the partition and the offsets.
 #[test]
@@ -884,37 +973,47 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     );
     assert_eq!(counts(&db), counts0, "the aggregate is untouched");
     assert_eq!(ledger_rows(&db), ledger0, "the ledger is untouched");
-    // A window older than the durable horizon is refused before anything is deleted (its days are no longer
-    // remembered by the ledger); without a horizon, a window whose events are all still in the topic is rebuilt.
+    // A window whose events are all still in the topic is rebuilt.
+    let ok = replaysafe(&[
+        "rebuild",
+        "--config",
+        cfg(&p),
+        "--from",
+        "2024-04-26",
+        "--to",
+        "2024-04-26",
+        "--group-id",
+        &unique("rb"),
+        "--i-paused-other-writers",
+    ]);
+    ok.assert_ok();
+    let r: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert_eq!(r["rebuild"]["per_day"]["2024-04-26"]["before"], 10, "{r}");
+    assert_eq!(r["rebuild"]["per_day"]["2024-04-26"]["after"], 10, "{r}");
+    assert_eq!(counts(&db), counts0);
+    assert_eq!(ledger_rows(&db), ledger0);
+    // With a horizon that the window's days are older than, the rebuild is refused (issue 22): their records
+    // would be quarantined as beyond-horizon after the window was zeroed. Nothing changes.
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
     let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
-    let rebuild_0426 = |cfg_path: &str| {
-        replaysafe(&[
-            "rebuild",
-            "--config",
-            cfg_path,
-            "--from",
-            "2024-04-26",
-            "--to",
-            "2024-04-26",
-            "--group-id",
-            &unique("rb"),
-            "--i-paused-other-writers",
-        ])
-    };
-    let refused = rebuild_0426(cfg(&ph));
+    let refused = replaysafe(&[
+        "rebuild",
+        "--config",
+        cfg(&ph),
+        "--from",
+        "2024-04-26",
+        "--to",
+        "2024-04-26",
+        "--group-id",
+        &unique("rb"),
+        "--i-paused-other-writers",
+    ]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
         refused.stderr.contains("ledger horizon"),
         "{}",
         refused.stderr
     );
-    assert_eq!(counts(&db), counts0);
-    assert_eq!(ledger_rows(&db), ledger0);
-    let ok = rebuild_0426(cfg(&p));
-    ok.assert_ok();
-    let r: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
-    assert_eq!(r["rebuild"]["per_day"]["2024-04-26"]["after"], 10, "{r}");
     assert_eq!(counts(&db), counts0);
     assert_eq!(ledger_rows(&db), ledger0);
 }
