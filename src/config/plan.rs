@@ -1671,32 +1671,12 @@ fn settings(
         put("truncate", format!("{:?}", r.truncate).to_lowercase());
         put("source-table", r.source_table.clone().unwrap_or_default());
         if let Some((_, program)) = &r.delete_if {
-            let vars: Vec<String> = program
-                .references()
-                .variables()
-                .iter()
-                .map(|v| v.to_string())
-                .collect();
-            for v in vars {
-                if let Some(f) = fields.iter().find(|f| f.name.as_str() == v) {
-                    used.push(f.name.as_str().to_string());
-                }
-            }
+            used.extend(cel_fields(program, fields));
         }
     }
     if let Some(f) = filter {
         if let Ok(program) = Program::compile(f) {
-            let vars: Vec<String> = program
-                .references()
-                .variables()
-                .iter()
-                .map(|v| v.to_string())
-                .collect();
-            for v in vars {
-                if let Some(f) = fields.iter().find(|f| f.name.as_str() == v) {
-                    used.push(f.name.as_str().to_string());
-                }
-            }
+            used.extend(cel_fields(&program, fields));
         }
     }
     for f in fields {
@@ -1725,4 +1705,15 @@ fn field_definition(f: &FieldPlan) -> String {
         d.push_str(" optional");
     }
     d
+}
+
+/// The pipeline fields a CEL program reads, by name.
+fn cel_fields(program: &Program, fields: &[FieldPlan]) -> Vec<String> {
+    program
+        .references()
+        .variables()
+        .iter()
+        .filter_map(|v| fields.iter().find(|f| f.name.as_str() == *v))
+        .map(|f| f.name.as_str().to_string())
+        .collect()
 }
