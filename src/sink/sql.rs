@@ -79,7 +79,7 @@ pub fn create_ledger(p: &Pipeline) -> String {
 /// `CREATE TABLE` for the checkpoint table: `(consumer_group, topic, partition) → next_offset` (the next
 /// offset to read, Kafka's convention), plus the fence epoch bumped by every new owner of the partition, and
 /// the *fingerprint* of the last record applied (`last_offset`, `last_timestamp` in ms, `last_sha256` of its key
-/// and value, see [`crate::start::fingerprint`]): a new stream generation reads that record back to tell whether
+/// and value, the same digest as `start::fingerprint`): a new stream generation reads that record back to tell whether
 /// the topic is the same one or was recreated. The `ALTER` adds the fingerprint to tables of earlier versions.
 pub fn create_checkpoints(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
