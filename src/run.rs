@@ -319,6 +319,7 @@ impl Engine {
                         partition,
                         low,
                         high,
+                        checkpoints: p.table(sql::CHECKPOINTS).to_string(),
                     };
                     let s = self.unpositioned_start(&u, &committed)?;
                     (s.offset, s.from)

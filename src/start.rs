@@ -67,6 +67,8 @@ pub struct Unpositioned {
     pub high: i64,
     /// Kafka's committed offset for the group (next offset to read), if any.
     pub committed: Option<i64>,
+    /// The checkpoint table, schema-qualified (for the statements a refusal suggests).
+    pub checkpoints: String,
 }
 
 /// Where a partition starts (next offset to read) and why, for the log.
@@ -144,7 +146,7 @@ pub fn after_generation_change(
              {part}; to start over, the same with next_offset = {low}",
             next = old.next_offset,
             low = u.low,
-            tbl = sql::CHECKPOINTS,
+            tbl = u.checkpoints,
             topic = u.topic,
             part = u.partition,
         ))
@@ -434,6 +436,7 @@ mod tests {
             low,
             high,
             committed,
+            checkpoints: "s.replaysafe_checkpoints".into(),
         }
     }
 

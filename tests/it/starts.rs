@@ -198,6 +198,14 @@ fn a_generation_bump_without_a_fingerprint_is_refused() {
         "{}",
         out.stderr
     );
+    assert!(
+        out.stderr.contains(&format!(
+            "UPDATE \"{}\".\"replaysafe_checkpoints\" SET next_offset = 40",
+            db.schema
+        )),
+        "the statement to run names the pipeline's schema: {}",
+        out.stderr
+    );
     assert_eq!(ledger(&db), 40);
 }
 
