@@ -1216,22 +1216,31 @@ fn per_day_counts_with_a_row_projection(text: &str) {
     assert!(v.stdout.contains("verified"), "{}", v.stdout);
 }
 
+/// One partition around `--to 2024-04-26`: offset 0 inside the window, 1 past it (the stop), 2 inside but after
+/// the stop, 3 past it; its topic and the seed pipeline over it.
+fn out_of_order_around_the_cut(prefix: &str) -> (Db, String, Pipeline) {
+    let db = Db::fresh(prefix);
+    let topic = unique(prefix);
+    create_topic(&topic, 1, &[]);
+    let t = APR25 + DAY_MS;
+    produce(
+        &topic,
+        &[
+            event(0, "c-0", t - 7_200_000, t - 7_200_000),
+            event(0, "c-0", t + 3_600_000, t + 3_600_000),
+            event(0, "c-0", t - 3_600_000, t - 3_600_000),
+            event(0, "c-0", t + 7_200_000, t + 7_200_000),
+        ],
+    );
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    (db, topic, p)
+}
+
 /// Issue 20 item 6: `--to TIME` stops each partition at its first record at or after the time; records after
 /// it with earlier timestamps are not applied, and the report counts them.
 #[test]
 fn backfill_to_time_reports_records_past_the_stop() {
-    let db = Db::fresh("bf_cut");
-    let topic = unique("bf_cut");
-    create_topic(&topic, 1, &[]);
-    let t = APR25 + DAY_MS; // --to 2024-04-26
-    let recs = vec![
-        event(0, "c-0", t - 7_200_000, t - 7_200_000), // inside
-        event(0, "c-0", t + 3_600_000, t + 3_600_000), // past --to: the stop
-        event(0, "c-0", t - 3_600_000, t - 3_600_000), // inside, after the stop: not applied
-        event(0, "c-0", t + 7_200_000, t + 7_200_000),
-    ];
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    let (db, _, p) = out_of_order_around_the_cut("bf_cut");
     let out = replaysafe(&[
         "backfill",
         "--config",
@@ -1264,18 +1273,7 @@ fn backfill_to_time_reports_records_past_the_stop() {
 /// Issue 20 item 6: a stop offset below the window's start is noted in the report (like the beyond-the-end cap).
 #[test]
 fn backfill_notes_a_stop_offset_below_the_start() {
-    let db = Db::fresh("bf_below");
-    let topic = unique("bf_below");
-    create_topic(&topic, 1, &[]);
-    let t = APR25 + DAY_MS; // --to 2024-04-26
-    let recs = vec![
-        event(0, "c-0", t - 7_200_000, t - 7_200_000), // inside
-        event(0, "c-0", t + 3_600_000, t + 3_600_000), // past --to: the stop
-        event(0, "c-0", t - 3_600_000, t - 3_600_000), // inside, after the stop: not applied
-        event(0, "c-0", t + 7_200_000, t + 7_200_000),
-    ];
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    let (db, topic, p) = out_of_order_around_the_cut("bf_below");
     // A stop file whose offset lies below the window's start.
     let stop = p.dir.path().join("stop.json");
     std::fs::write(
