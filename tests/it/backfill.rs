@@ -22,9 +22,7 @@ fn json(path: &std::path::Path) -> serde_json::Value {
 /// the refunds that verifies to the row, a second run that changes nothing, and another writer left undisturbed.
 #[test]
 fn six_day_refund_backfill_verifies_to_the_row() {
-    let db = Db::fresh("bf_seed");
-    let topic = unique("bf_seed");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("bf_seed", 3);
     let (recs, truth) = seed_events(3000, 3);
     produce(&topic, &recs);
     let prod = unique("prod");
@@ -223,9 +221,7 @@ fn connect_plain() -> tokio_postgres::Client {
 /// A stop file with a missing partition: `--missing-stop` decides (error by default; never offset 0).
 #[test]
 fn stop_file_with_a_missing_partition() {
-    let db = Db::fresh("bf_missing");
-    let topic = unique("bf_missing");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("bf_missing", 2);
     let (recs, _) = seed_events(200, 2);
     let offsets = produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
@@ -293,9 +289,7 @@ fn stop_file_with_a_missing_partition() {
 /// finishes at once; End is never used as a number.
 #[test]
 fn c15_lookup_answering_end_and_empty_partition() {
-    let db = Db::fresh("c15");
-    let topic = unique("c15");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("c15", 3);
     let records = load("C15", None);
     let (early, late): (Vec<_>, Vec<_>) = records
         .iter()
@@ -369,9 +363,7 @@ fn c15_lookup_answering_end_and_empty_partition() {
 /// what was applied stays applied; nothing resets to latest.
 #[test]
 fn c18_retention_deleted_part_of_the_window() {
-    let db = Db::fresh("c18");
-    let topic = unique("c18");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c18", 1);
     let records = load("C18", None);
     // 1198 and 1199, then records the broker will delete (1200..1499, three stand for them), then 1500.
     let mut map = produce_case(&topic, &records[..2].iter().collect::<Vec<_>>());
@@ -447,9 +439,7 @@ fn c18_retention_deleted_part_of_the_window() {
 /// rebuild: with the other writer paused, zeroing the window and replaying it gives the clean run's totals.
 #[test]
 fn rebuild_gives_the_same_totals_as_a_clean_run() {
-    let db = Db::fresh("rebuild");
-    let topic = unique("rebuild");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("rebuild", 2);
     let (recs, truth) = seed_events(1200, 2);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
@@ -518,9 +508,7 @@ fn out_group(out: &Out) -> String {
 /// a stop file with a negative offset; a stop offset beyond the partition's end is capped, never waited for.
 #[test]
 fn backfill_rejects_bad_filters_and_stop_files() {
-    let db = Db::fresh("bf_bad");
-    let topic = unique("bf_bad");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("bf_bad", 1);
     let (recs, _) = seed_events(40, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
@@ -721,9 +709,7 @@ const APR25: i64 = 1_714_003_200_000; // 2024-04-25T00:00:00Z
 /// whose replay does not bring every row back (here: a filter rule added since) exits 1 naming the rows.
 #[test]
 fn rebuild_rereads_late_events_beyond_the_slack() {
-    let db = Db::fresh("rb_late");
-    let topic = unique("rb_late");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("rb_late", 2);
     let (mut recs, _) = seed_events(600, 2);
     // Late arrivals: events of 2024-04-26 and 2024-04-27 produced two to four days later.
     for i in 0..24i64 {
@@ -844,9 +830,7 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
 /// as before the damage, its report counting the rows the window held before the first run.
 #[test]
 fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
-    let db = Db::fresh("rb_rerun");
-    let topic = unique("rb_rerun");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("rb_rerun", 2);
     let (mut recs, _) = seed_events(300, 2);
     for i in 0..12i64 {
         let occurred = APR25 + DAY_MS + 3_600_000 * (i % 20);
@@ -931,9 +915,7 @@ fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
 /// before deleting anything (aggregate and ledger unchanged), exit 1, naming the partition and the offsets.
 #[test]
 fn rebuild_refuses_when_retention_removed_part_of_the_window() {
-    let db = Db::fresh("rb_ret");
-    let topic = unique("rb_ret");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("rb_ret", 1);
     // 04-25: offsets 0..10; 04-26: 10..20; a late 04-25 event at 20 (Kafka time 04-28); 04-28: 21..25.
     let mut recs: Vec<Rec> = (0..10)
         .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
@@ -1019,14 +1001,9 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
 }
 
 /// A row projection (`accounts`, key `entity`, version `v`) next to a counter per day.
-const ROW_AND_COUNTER: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const ROW_AND_COUNTER: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXRECORDS
 linger-ms = 20
 [fields]
@@ -1050,7 +1027,8 @@ kind = "counter"
 table = "daily_counts"
 group-by = ["day"]
 column = "n"
-"#;
+"#
+);
 
 fn account_event(partition: i32, entity: &str, v: i64, status: &str, day: &str, ts: i64) -> Rec {
     let id = uuid::Uuid::new_v4();
@@ -1075,9 +1053,7 @@ fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
 }
 
 fn per_day_counts_with_a_row_projection(text: &str) {
-    let db = Db::fresh("bf_row");
-    let topic = unique("bf_row");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("bf_row", 2);
     let mut recs = Vec::new();
     // Entities spread over both partitions; per entity v2 `active` first, then an older v1 `closed`, on
     // 2024-04-25; one `closed` v1 of a new entity per partition on 2024-04-26.
@@ -1219,9 +1195,7 @@ fn per_day_counts_with_a_row_projection(text: &str) {
 /// One partition around `--to 2024-04-26`: offset 0 inside the window, 1 past it (the stop), 2 inside but after
 /// the stop, 3 past it; its topic and the seed pipeline over it.
 fn out_of_order_around_the_cut(prefix: &str) -> (Db, String, Pipeline) {
-    let db = Db::fresh(prefix);
-    let topic = unique(prefix);
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage(prefix, 1);
     let t = APR25 + DAY_MS;
     produce(
         &topic,
@@ -1316,9 +1290,7 @@ fn backfill_notes_a_stop_offset_below_the_start() {
 /// Issue 20 item 6: `offsets snapshot` of a group with no position warns (the file keeps nulls, never 0).
 #[test]
 fn offsets_snapshot_without_positions_warns() {
-    let db = Db::fresh("snap_warn");
-    let topic = unique("snap_warn");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("snap_warn", 2);
     let (recs, _) = seed_events(20, 2);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
@@ -1356,9 +1328,7 @@ fn offsets_snapshot_without_positions_warns() {
 /// Issue 20 item 6: `verify snapshot --where` naming a missing column is bad usage (exit 2), nothing written.
 #[test]
 fn verify_snapshot_where_naming_a_missing_column_is_usage() {
-    let db = Db::fresh("where_bad");
-    let topic = unique("where_bad");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("where_bad", 1);
     let (recs, _) = seed_events(10, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
@@ -1389,9 +1359,7 @@ fn verify_snapshot_where_naming_a_missing_column_is_usage() {
 /// dropped, is quarantined `beyond-horizon` — never claimed and counted a second time.
 #[test]
 fn backfill_quarantines_a_late_event_older_than_the_horizon() {
-    let db = Db::fresh("bf_hz");
-    let topic = unique("bf_hz");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("bf_hz", 1);
     let now = chrono::Utc::now().timestamp_millis();
     let recs = vec![
         event(0, "c-old", now - 40 * DAY_MS, now - 3_600_000), // event day 40 days ago, arrived an hour ago
@@ -1460,9 +1428,7 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
 /// it as a MISMATCH saying so (exit 1) — never as verified; a snapshot covering it verifies.
 #[test]
 fn verify_flags_a_late_event_day_outside_the_snapshot() {
-    let db = Db::fresh("vf_late");
-    let topic = unique("vf_late");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("vf_late", 1);
     let mut recs: Vec<Rec> = (0..3)
         .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
         .collect();
@@ -1539,9 +1505,7 @@ fn verify_flags_a_late_event_day_outside_the_snapshot() {
 /// offsets past the end of a recreated topic — make the rebuild refuse before deleting anything.
 #[test]
 fn rebuild_refuses_ledger_rows_it_cannot_reread() {
-    let db = Db::fresh("rb_gen");
-    let topic = unique("rb_gen");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("rb_gen", 1);
     let recs: Vec<Rec> = (0..6)
         .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
         .collect();

@@ -86,16 +86,9 @@ pub fn produce_case(topic: &str, records: &[&CaseRecord]) -> BTreeMap<(i32, i64)
 }
 
 /// Business events of `shop.order-events`, with the projections the cases' oracles name.
-pub const ORDERS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-
-[postgres]
-schema = "{schema}"
-
-[batch]
+pub const ORDERS: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 100
 linger-ms = 10
 MAXBYTES
@@ -176,7 +169,8 @@ kind = "outbox"
 table = "outbox"
 payload = ["event_id", "event_type", "entity_id", "version"]
 key = ["entity_id"]
-"#;
+"#
+);
 
 pub fn orders_pipeline(topic: &str, group: &str, db: &Db, max_bytes: Option<usize>) -> Pipeline {
     let text = ORDERS.replace(
@@ -210,9 +204,7 @@ fn assert_decimal(got: &str, want: &str) {
 /// resume from Kafka's stale offset 10 would do) finds every event in the ledger.
 #[test]
 fn c01_rebalance_after_db_commit_before_offset_commit() {
-    let db = Db::fresh("c01");
-    let topic = unique("c01");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c01", 1);
     let records = load("C01", None);
     let (first, rest): (Vec<&CaseRecord>, Vec<&CaseRecord>) =
         records.iter().partition(|r| r.offset <= 12);
@@ -397,9 +389,7 @@ fn c02_crash_and_database_outage() {
 /// C03: committed offsets are "next offset to read", in Kafka and in the PostgreSQL checkpoint alike.
 #[test]
 fn c03_offsets_are_next_offset_to_read() {
-    let db = Db::fresh("c03");
-    let topic = unique("c03");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c03", 1);
     let records = load("C03", None);
     let (first, rest): (Vec<&CaseRecord>, Vec<&CaseRecord>) =
         records.iter().partition(|r| r.offset <= 42);
@@ -442,9 +432,7 @@ fn c03_offsets_are_next_offset_to_read() {
 /// quarantined as `null-value` and the partition moves on. (The Debezium part belongs to the CDC pipeline.)
 #[test]
 fn c14_tombstone_on_a_business_topic() {
-    let db = Db::fresh("c14");
-    let topic = unique("c14");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c14", 1);
     let records = load("C14", Some("shop.order-events"));
     let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
     let group = unique("g");
@@ -471,9 +459,7 @@ fn c14_tombstone_on_a_business_topic() {
 /// C24: poison messages go to the dead-letter table in the same transaction that advances the position.
 #[test]
 fn c24_poison_messages_are_quarantined() {
-    let db = Db::fresh("c24");
-    let topic = unique("c24");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c24", 1);
     let records = load("C24", None);
     let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
     let group = unique("g");
@@ -513,9 +499,7 @@ fn c24_poison_messages_are_quarantined() {
 /// C27: one event in four UUID spellings is one delivery key; an invalid UUID is quarantined.
 #[test]
 fn c27_uuid_spellings_are_one_key() {
-    let db = Db::fresh("c27");
-    let topic = unique("c27");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c27", 1);
     let records = load("C27", None);
     let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
     let group = unique("g");
@@ -606,9 +590,7 @@ fn c30_large_record_over_the_limit_is_quarantined() {
 /// consumed, so a crash before the first commit does not resolve `latest` again and skip what arrived meanwhile.
 #[test]
 fn c17_latest_start_is_persisted_before_processing() {
-    let db = Db::fresh("c17");
-    let topic = unique("c17");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("c17", 2);
     let records = load("C17", None);
     let group = unique("g");
     let text = ORDERS.replace("start = \"earliest\"", "start = \"latest\"");

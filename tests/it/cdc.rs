@@ -14,16 +14,7 @@ use crate::common::*;
 /// A Debezium pipeline with one row projection `table` (key `id`) and the given `columns` inline table.
 fn row_pipeline(table: &str, columns: &str) -> String {
     format!(
-        r#"
-[kafka]
-group-id = "{{group}}"
-topics = ["{{topic}}"]
-start = "earliest"
-[postgres]
-schema = "{{schema}}"
-[source]
-format = "debezium"
-[[projection]]
+        r#"{DEBEZIUM_HEADER}[[projection]]
 kind = "row"
 table = "{table}"
 key = ["id"]
@@ -159,16 +150,9 @@ fn c04_debezium_reemission_is_a_duplicate_by_source_position() {
 fn c05_resnapshot_mid_stream() {
     let db = Db::fresh("c05");
     let (topic, _) = case_topic("C05", "c05", 1, None);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
+    let text = concat!(
+        debezium_header!(),
+        r#"[[projection]]
 kind = "row"
 table = "t"
 key = ["f1"]
@@ -177,7 +161,8 @@ columns = { f1 = "text", f2 = "integer" }
 kind = "counter"
 table = "changes"
 group-by = ["_day"]
-"#;
+"#
+    );
     let p = pipeline(text, &topic, &unique("g"), &db.schema);
     let out = run_pipeline(&p);
     let t = out.tally();
@@ -235,14 +220,9 @@ fn c07_out_of_order_business_event_is_stale() {
 }
 
 /// JSON events into a row projection: the latest status per order, guarded by the event's version.
-const ORDERS_ROW: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const ORDERS_ROW: &str = concat!(
+    header!(),
+    r#"[fields]
 event_id = { path = "/event_id", type = "uuid" }
 event_type = { path = "/event_type", type = "text" }
 entity_id = { path = "/entity_id", type = "text" }
@@ -272,7 +252,8 @@ delete-if = "event_type == 'CustomerDeleted'"
 kind = "outbox"
 table = "outbox"
 payload = ["event_id", "event_type", "entity_id", "version"]
-"#;
+"#
+);
 
 /// C31: two events claim version 5 of one order with different payloads: the first applied keeps it, the second
 /// is a conflict row (both deliveries, both hashes), the verbatim re-send a duplicate; a full replay is identical.
@@ -415,23 +396,17 @@ fn c12_tombstones_stop_resurrection() {
 #[test]
 fn c19_toast_placeholders_keep_stored_values() {
     let (topic, map) = case_topic("C19", "c19", 1, None);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+    let text = concat!(
+        debezium_header!(),
+        r#"[batch]
 max-records = MAXREC
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "customers"
 key = ["id"]
 columns = { id = "bigint", name = "text", bio = "text", tags = "text[]", avatar = "bytea" }
-"#;
+"#
+    );
     for max in [100, 1] {
         let db = Db::fresh("c19");
         let group = unique("g");
@@ -632,21 +607,15 @@ fn c14_debezium_delete_then_kafka_tombstone() {
         1,
         Some("prod_db.public.products_to_categories"),
     );
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
+    let text = concat!(
+        debezium_header!(),
+        r#"[[projection]]
 kind = "row"
 table = "products_to_categories"
 key = ["products_id", "categories_id"]
 columns = { products_id = "integer", categories_id = "integer" }
-"#;
+"#
+    );
     let group = unique("g");
     let t = run_pipeline(&pipeline(text, &topic, &group, &db.schema)).tally();
     assert_eq!((t.consumed, t.landed, t.filtered), (2, 1, 1));
@@ -700,18 +669,11 @@ fn seed004(entities: i64) -> Vec<(i64, Value, Option<Value>)> {
     out
 }
 
-const ITEMS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const ITEMS: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 10
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "items"
@@ -721,7 +683,8 @@ columns = { id = "bigint", name = "text", qty = "bigint" }
 kind = "outbox"
 table = "outbox"
 payload = ["_op", "_entity"]
-"#;
+"#
+);
 
 fn produce_seed004(topic: &str, partitions: i32, changes: &[(i64, Value, Option<Value>)]) {
     let recs: Vec<Rec> = changes
@@ -773,9 +736,7 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
     let records = changes.len() as u64;
 
     // Once, then twice (a replay under another group).
-    let db = Db::fresh("s004");
-    let topic = unique("s004");
-    create_topic(&topic, 3, &[("retention.ms", "-1")]);
+    let (db, topic) = stage("s004", 3);
     produce_seed004(&topic, 3, &changes);
     let p = pipeline(
         &ITEMS.replace("MAXREC", "100"),
@@ -836,9 +797,7 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
     assert_eq!(items_state(&db), once);
 
     // Shuffled across partitions: one partition, keys interleaved differently, each key's order kept.
-    let db = Db::fresh("s004s");
-    let topic = unique("s004s");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let (db, topic) = stage("s004s", 1);
     let mut shuffled = Vec::new();
     for id in (1..=n).rev() {
         shuffled.extend(changes.iter().filter(|(i, _, _)| *i == id).cloned());
@@ -901,42 +860,10 @@ fn c12_tombstone_column_mode() {
     assert_eq!(r[0].get::<_, String>(1), "8.00");
 }
 
-/// A schemaless Debezium envelope of `public.<table>` at position `[lsn - 36, lsn]` (or `[lsn, lsn]` for
-/// truncates), key `{"id": id}` (none for truncates).
-fn envelope(
-    partition: i32,
-    table: &str,
-    op: &str,
-    id: Option<i64>,
-    before: Value,
-    after: Value,
-    lsn: i64,
-) -> Rec {
-    let value = json!({
-        "before": before, "after": after, "op": op, "ts_ms": 1714003200000i64 + lsn,
-        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": table,
-            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1714003200000i64 + lsn,
-            "sequence": format!("[\"{}\",\"{}\"]", if op == "t" { lsn } else { lsn - 36 }, lsn)},
-    });
-    Rec {
-        partition,
-        key: id.map(|i| json!({ "id": i }).to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
-}
-
-const VERSIONED: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const VERSIONED: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "customers"
@@ -944,7 +871,8 @@ key = ["id"]
 columns = { id = "bigint", name = "text", version = "bigint" }
 version = "version"
 truncate = "truncate"
-"#;
+"#
+);
 
 /// `version = "<column>"`: a delete carries the version of the row it deletes — or, under REPLICA IDENTITY
 /// DEFAULT, no version at all, and is then ordered by its source position — and applies; an insert after a
@@ -1066,9 +994,7 @@ fn version_column_deletes_and_truncates() {
 /// stale, not a resurrection; newer changes apply.
 #[test]
 fn truncate_watermark_holds_across_partitions() {
-    let db = Db::fresh("twm");
-    let topic = unique("twm");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let (db, topic) = stage("twm", 2);
     let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": "1.00", "updated_at": "2024-04-25T00:00:00Z"});
     produce(
         &topic,
@@ -1116,14 +1042,9 @@ fn ambiguous_decimals_and_intervals() {
             envelope(0, "prices", "c", Some(2), Value::Null, row(2, "AxY="), 110),
         ],
     );
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
+    let text = concat!(
+        header!(),
+        r#"[source]
 format = "debezium"
 MODE
 [[projection]]
@@ -1131,7 +1052,8 @@ kind = "row"
 table = "prices"
 key = ["id"]
 columns = { id = "bigint", amt = "numeric(12,2)", iv = "interval" }
-"#;
+"#
+    );
     let db = Db::fresh("amb");
     let out = run_pipeline(&pipeline(
         &text.replace("MODE", ""),

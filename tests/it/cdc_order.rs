@@ -6,50 +6,11 @@ use serde_json::{json, Value};
 
 use crate::common::*;
 
-/// A schemaless Debezium envelope of `public.<table>` at source position `[lsn - 36, lsn]` (`[lsn, lsn]` for a
-/// truncate), key `{"id": id}` (none for a truncate).
-fn envelope(
-    partition: i32,
-    table: &str,
-    op: &str,
-    id: Option<i64>,
-    before: Value,
-    after: Value,
-    lsn: i64,
-) -> Rec {
-    let value = json!({
-        "before": before, "after": after, "op": op, "ts_ms": 1714003200000i64 + lsn,
-        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": table,
-            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1714003200000i64 + lsn,
-            "sequence": format!("[\"{}\",\"{}\"]", if op == "t" { lsn } else { lsn - 36 }, lsn)},
-    });
-    Rec {
-        partition,
-        key: id.map(|i| json!({ "id": i }).to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
-}
-
-fn raw(partition: i32, key: Option<Value>, value: Value) -> Rec {
-    Rec {
-        partition,
-        key: key.map(|k| k.to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
-}
-
 /// `customers (id, name, version)` ordered by the `version` column. GENERATION, MAXREC, TOMBSTONES, EXTRA are
 /// substituted.
-const CUSTOMERS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const CUSTOMERS: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 10
 [source]
@@ -63,7 +24,8 @@ columns = { id = "bigint", name = "text", version = "bigint" }
 version = "version"
 tombstones = "TOMBSTONES"
 EXTRA
-"#;
+"#
+);
 
 fn customers(
     db: &Db,
@@ -347,18 +309,11 @@ fn flattened_records_are_quarantined_and_heartbeats_recognised() {
 fn row_filter_removes_rows_that_leave_it() {
     let topic = unique("rflt");
     create_topic(&topic, 2, &[("retention.ms", "-1")]);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+    let text = concat!(
+        debezium_header!(),
+        r#"[batch]
 max-records = MAXREC
 linger-ms = 10
-[source]
-format = "debezium"
 [fields]
 status = { path = "/after/status", type = "text", optional = true }
 [[projection]]
@@ -368,7 +323,8 @@ key = ["id"]
 columns = { id = "bigint", status = "text" }
 filter = "status == 'active'"
 tombstones = "TOMBSTONES"
-"#;
+"#
+    );
     let row = |id: i64, status: &str| json!({"id": id, "status": status});
     let e = |p, op, id, before: Value, after: Value, lsn| {
         envelope(p, "accounts", op, Some(id), before, after, lsn)
@@ -766,20 +722,14 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
 /// An existing table (the source's DDL: NOT NULL columns) as a row projection with `tombstones = "column"`: the
 /// tombstone of an entity never seen (its delete arrives before its create, from another partition, or its
 /// create is past the topic's retention) is a row without values.
-const EXISTING_COLUMN_MODE: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
+const EXISTING_COLUMN_MODE: &str = concat!(
+    debezium_header!(),
+    r#"[[projection]]
 kind = "row"
 table = "accounts"
 tombstones = "column"
-"#;
+"#
+);
 
 /// Such a table is refused at start (exit 2, naming the columns) instead of quarantining the delete as
 /// `rejected-by-database` and letting the older create, arriving later from another partition, resurrect the row;

@@ -143,9 +143,7 @@ fn schema_mismatch_exits_2_before_consuming() {
 
 #[test]
 fn new_group_without_start_exits_3_and_consumes_nothing() {
-    let db = Db::fresh("nostart");
-    let topic = unique("nostart");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("nostart", 1);
     produce(
         &topic,
         &[Rec::json(

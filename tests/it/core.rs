@@ -8,16 +8,9 @@ use rand::Rng;
 use crate::common::*;
 
 /// The seed pipeline: daily counts and totals per customer, ledger partitioned by day.
-pub const SEED: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-
-[postgres]
-schema = "{schema}"
-
-[batch]
+pub const SEED: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 200
 linger-ms = 20
 
@@ -42,7 +35,8 @@ kind = "sum"
 table = "daily_totals"
 group-by = ["day", "customer_id"]
 add = { total = "amount" }
-"#;
+"#
+);
 
 /// `n` seed events over six days (2024-04-25 …), spread over `partitions` partitions; returns the records and
 /// the true `(day, customer) → count`.
@@ -116,9 +110,7 @@ fn checkpoints_at_end(
 
 #[test]
 fn replay_under_a_new_group_changes_no_count() {
-    let db = Db::fresh("replay");
-    let topic = unique("replay");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("replay", 3);
     let (recs, truth) = seed_events(1500, 3);
     let offsets = produce(&topic, &recs);
 
@@ -181,9 +173,7 @@ fn replay_under_a_new_group_changes_no_count() {
 
 #[test]
 fn crash_between_db_commit_and_kafka_commit_then_restart_is_exact() {
-    let db = Db::fresh("crash");
-    let topic = unique("crash");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("crash", 2);
     let (recs, truth) = seed_events(800, 2);
     let offsets = produce(&topic, &recs);
     let group = unique("g");
@@ -249,9 +239,7 @@ fn crash_between_db_commit_and_kafka_commit_then_restart_is_exact() {
 
 #[test]
 fn kill_9_at_random_moments_then_restart_is_exact() {
-    let db = Db::fresh("kill9");
-    let topic = unique("kill9");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("kill9", 3);
     let (recs, truth) = seed_events(30_000, 3);
     let offsets = produce(&topic, &recs);
     let group = unique("g");
@@ -332,9 +320,7 @@ fn demo_against_the_real_broker() {
 /// leaves with SIGTERM midway; the end state is exact.
 #[test]
 fn rebalance_between_two_members_keeps_counts_exact() {
-    let db = Db::fresh("rebal");
-    let topic = unique("rebal");
-    create_topic(&topic, 4, &[]);
+    let (db, topic) = stage("rebal", 4);
     let (recs, truth) = seed_events(12_000, 4);
     let group = unique("g");
     let p = pipeline(SEED, &topic, &group, &db.schema);

@@ -116,14 +116,7 @@ fn scenario(schemas_enable: bool) {
     );
     let topic = connect.topic(&src, "items");
     let text = format!(
-        r#"
-[kafka]
-group-id = "{{group}}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{{schema}}"
-[batch]
+        r#"{HEADER}[batch]
 linger-ms = 10
 [source]
 format = "debezium"
@@ -299,17 +292,8 @@ fn debezium_version_column_key_only_deletes_and_column_drop() {
     );
     let topic = connect.topic(&src, "items");
     let text = format!(
-        r#"
-[kafka]
-group-id = "{{group}}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{{schema}}"
-[batch]
+        r#"{DEBEZIUM_HEADER}[batch]
 linger-ms = 10
-[source]
-format = "debezium"
 [identity]
 generation = "GENERATION"
 [[projection]]

@@ -5,24 +5,14 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{json, Value};
 
 use crate::common::*;
 
 /// Two row projections of one JSON event stream, one per tombstone mode, plus an outbox (= the landed records).
-const JSON_ROWS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const JSON_ROWS: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 5
 [fields]
@@ -54,7 +44,8 @@ table = "outbox"
 payload = ["event_id", "customer_id", "amount"]
 [kafka.properties]
 "max.partition.fetch.bytes" = "4096"
-"#;
+"#
+);
 
 /// The accounting line's figures, and the conflicts it names (`[stale: N conflict(s)]`).
 #[derive(Debug, Clone, Copy)]
@@ -358,76 +349,6 @@ fn check_json_after_replay(db: &Db) -> Vec<String> {
     .concat()
 }
 
-/// Produces each record in a record batch of its own (each acknowledged before the next): with the pipelines'
-/// small `max.partition.fetch.bytes`, every fetch then brings a few records of *each* partition, so the
-/// partitions' batches are buffered, flushed and committed side by side.
-fn produce_singly(topic: &str, records: &[Rec]) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("linger.ms", "0")
-        .create()
-        .unwrap();
-    rt.block_on(async {
-        for r in records {
-            let mut fr: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(topic).partition(r.partition);
-            if let Some(k) = &r.key {
-                fr = fr.key(k.as_slice());
-            }
-            if let Some(v) = &r.value {
-                fr = fr.payload(v.as_slice());
-            }
-            if let Some(ts) = r.timestamp_ms {
-                fr = fr.timestamp(ts);
-            }
-            producer
-                .send(fr, Duration::from_secs(30))
-                .await
-                .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
-        }
-    });
-}
-
-/// Raises a topic's partition count on the broker and waits until its metadata shows them.
-fn add_partitions(topic: &str, total: usize) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    let res = rt
-        .block_on(
-            admin.create_partitions(&[NewPartitions::new(topic, total)], &AdminOptions::new()),
-        )
-        .unwrap();
-    for r in res {
-        r.unwrap_or_else(|(t, e)| panic!("create partitions {t}: {e}"));
-    }
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    wait_until(
-        Duration::from_secs(30),
-        "new partitions in metadata",
-        || {
-            let md = c
-                .fetch_metadata(Some(topic), Duration::from_secs(5))
-                .unwrap();
-            md.topics()
-                .first()
-                .is_some_and(|t| t.partitions().len() == total)
-        },
-    );
-}
-
 /// A schemaless Debezium envelope of `public.accounts` at position `[lsn - 5, lsn]`, key `{"id": id}`.
 fn change(partition: i32, op: &str, id: i64, before: Value, after: Value, lsn: i64) -> Rec {
     let value = json!({
@@ -437,27 +358,15 @@ fn change(partition: i32, op: &str, id: i64, before: Value, after: Value, lsn: i
             "ts_ms": 1_760_000_000_000i64 + lsn,
             "sequence": if op == "r" { format!("[null,\"{lsn}\"]") } else { format!("[\"{}\",\"{lsn}\"]", lsn - 5) }},
     });
-    Rec {
-        partition,
-        key: Some(json!({ "id": id }).to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
+    raw(partition, Some(json!({ "id": id })), value)
 }
 
 /// Debezium rows versioned by the application's `version` column, in both tombstone modes, plus an outbox.
-const DBZ_ROWS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const DBZ_ROWS: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 5
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "acc_t"
@@ -479,7 +388,8 @@ table = "outbox"
 payload = ["_op", "_entity", "_position"]
 [kafka.properties]
 "max.partition.fetch.bytes" = "4096"
-"#;
+"#
+);
 
 fn acc(id: i64, balance: i64, v: i64) -> Value {
     json!({"id": id, "owner": format!("o{id}"), "balance": balance, "version": v})
@@ -737,14 +647,9 @@ fn debezium_entities_moved_by_a_partition_increase() {
 }
 
 /// A row projection (columns `customer`, `status`; not the version), a counter and an outbox.
-const UNCHANGED_JSON: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const UNCHANGED_JSON: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXREC
 [fields]
 id = { path = "/id", type = "text" }
@@ -767,7 +672,8 @@ group-by = ["customer"]
 kind = "outbox"
 table = "outbox"
 payload = ["id", "customer", "status", "v"]
-"#;
+"#
+);
 
 /// Issue 19, item 1 (JSON): a strictly newer version whose row columns did not change is a real event: `landed`
 /// (counter and outbox see it; the row keeps its state and takes the new version and delivery). Only an equal
@@ -822,17 +728,10 @@ fn newer_version_with_unchanged_row_lands() {
 
 /// The Debezium layout of `reference-debezium.toml`: the row projection keeps id/owner/balance, the outbox payload
 /// carries `status` (a column the row projection does not keep), a counter counts changes per op.
-const UNCHANGED_DBZ: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const UNCHANGED_DBZ: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
-[source]
-format = "debezium"
 [fields]
 status = { path = "/after/status", type = "text", optional = true }
 [[projection]]
@@ -851,7 +750,8 @@ kind = "counter"
 table = "changes"
 group-by = ["_op"]
 snapshots = "include"
-"#;
+"#
+);
 
 /// Issue 19, item 1 (Debezium): an update changing only `status` (not kept by the row projection, carried by the
 /// outbox) lands — one outbox row, counted — and the row takes its version; a resnapshot read (`op = r`) of the

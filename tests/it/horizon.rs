@@ -14,16 +14,9 @@ use replaysafe::sink::{schema, sql, Batch, Item, Outcome, Sink, Tally as SinkTal
 use crate::common::*;
 
 /// One counter per (day, customer); the ledger keeps `{horizon}` days.
-const HZ: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-
-[postgres]
-schema = "{schema}"
-
-[batch]
+const HZ: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 50
 linger-ms = 20
 
@@ -44,7 +37,8 @@ kind = "counter"
 table = "daily_counts"
 group-by = ["day", "customer_id"]
 column = "n"
-"#;
+"#
+);
 
 const E1: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000001";
 const E2: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000002";
@@ -143,9 +137,7 @@ fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
 /// `beyond-horizon` by every backfill group; the counter stays at the 1 it had under a 30-day horizon.
 #[test]
 fn backfill_quarantines_events_older_than_the_horizon() {
-    let db = Db::fresh("hz_bf");
-    let topic = unique("hz_bf");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_bf", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d)]);
     let long = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
@@ -200,9 +192,7 @@ fn backfill_quarantines_events_older_than_the_horizon() {
 /// and the run says that the ledger was pruned below the day the file asks for.
 #[test]
 fn lengthening_the_horizon_does_not_reopen_pruned_days() {
-    let db = Db::fresh("hz_len");
-    let topic = unique("hz_len");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_len", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
     let g30 = unique("g30");
@@ -458,9 +448,7 @@ fn a_vanished_partition_inside_the_horizon_is_recreated_not_dead_lettered() {
 /// event it landed is `beyond-horizon`; the counter stays 1.
 #[test]
 fn a_running_process_prunes_periodically() {
-    let db = Db::fresh("hz_tick");
-    let topic = unique("hz_tick");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_tick", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d)]);
     let p = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
@@ -580,9 +568,7 @@ fn waiting_for_locks(schema: &str) -> i64 {
 /// records could only be quarantined after the window was zeroed); from the pruned-below day on it rebuilds.
 #[test]
 fn rebuild_below_the_pruned_day_is_refused() {
-    let db = Db::fresh("hz_rb");
-    let topic = unique("hz_rb");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_rb", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
     run_caught_up(&pipeline(&text(30), &topic, &unique("g30"), &db.schema).path);

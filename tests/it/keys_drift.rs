@@ -21,14 +21,9 @@ fn out_key(db: &Db, table: &str, id: &str) -> Option<String> {
     .and_then(|r| r.get(0))
 }
 
-const OUTBOX: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const OUTBOX: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 5000
 [fields]
 id = { path = "/id", type = "text" }
@@ -54,16 +49,15 @@ kind = "outbox"
 table = "typed"
 payload = ["id"]
 key = ["day", "at", "n"]
-"#;
+"#
+);
 
 /// `|` inside a value, a missing (NULL) field, an empty string and a quote: every key is a JSON array of the
 /// fields' texts with `null` for NULL, so no two of these entities share a message key, and a key with one
 /// field never equals a two-field key with a NULL.
 #[test]
 fn outbox_message_keys_are_json_arrays_that_never_collide() {
-    let db = Db::fresh("obkey");
-    let topic = unique("obkey");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("obkey", 2);
     produce(
         &topic,
         &[
@@ -105,9 +99,7 @@ fn outbox_message_keys_are_json_arrays_that_never_collide() {
 /// The same encoding in a Debezium pipeline: fields of the row image and the built-in `_entity`.
 #[test]
 fn debezium_outbox_message_keys_are_json_arrays() {
-    let db = Db::fresh("obkeycdc");
-    let topic = unique("obkeycdc");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("obkeycdc", 1);
     let env = |id: i64, after: serde_json::Value, lsn: i64| {
         let value = json!({
             "before": null, "after": after, "op": "c", "ts_ms": TS,
@@ -129,16 +121,9 @@ fn debezium_outbox_message_keys_are_json_arrays() {
             env(2, json!({"id": 2, "region": "a", "cust": "b"}), 2000),
         ],
     );
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[fields]
+    let text = concat!(
+        debezium_header!(),
+        r#"[fields]
 region = { path = "/after/region", type = "text", optional = true }
 cust = { path = "/after/cust", type = "text" }
 [[projection]]
@@ -151,7 +136,8 @@ kind = "outbox"
 table = "by_entity"
 payload = ["_entity"]
 key = ["_entity"]
-"#;
+"#
+    );
     let p = pipeline(text, &topic, &unique("g"), &db.schema);
     assert_eq!(run_caught_up(&p.path).tally().landed, 2);
     let keys = |table: &str| -> Vec<String> {
@@ -170,14 +156,9 @@ key = ["_entity"]
     );
 }
 
-const TIMES: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const TIMES: &str = concat!(
+    header!(),
+    r#"[fields]
 id = { path = "/id", type = "text" }
 at = { path = "/t", type = "timestamptz"UNIT }
 day = { path = "/t", type = "date"UNIT }
@@ -189,7 +170,8 @@ columns = ["at", "day"]
 kind = "counter"
 table = "per_day"
 group-by = ["day"]
-"#;
+"#
+);
 
 /// Epoch seconds under `unit = "s"` (number or numeric string) land as 2026-07-01; under the default
 /// milliseconds they are quarantined naming the field and the likely unit instead of landing in 1970. A leap
@@ -289,14 +271,9 @@ fn epoch_units_are_explicit_and_implausible_values_are_quarantined() {
     );
 }
 
-const GROUPS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const GROUPS: &str = concat!(
+    header!(),
+    r#"[fields]
 id = { path = "/id", type = "text" }
 cust = { path = "/cust", type = "CUST_TYPE" }
 amount = { path = "/amount", type = "numeric" }
@@ -312,7 +289,8 @@ kind = "sum"
 table = "totals"
 group-by = ["cust"]
 add = { total = "amount" }
-"#;
+"#
+);
 
 const ROW: &str = r#"
 [[projection]]
@@ -329,9 +307,7 @@ columns = ["cust", "v"]
 #[test]
 fn a_changed_field_type_is_refused_before_anything_is_consumed() {
     for with_row in [false, true] {
-        let db = Db::fresh("ftype");
-        let topic = unique("ftype");
-        create_topic(&topic, 1, &[]);
+        let (db, topic) = stage("ftype", 1);
         let group = unique("g");
         let text = |ty: &str| {
             let mut t = GROUPS.replace("CUST_TYPE", ty);
@@ -391,9 +367,7 @@ fn a_changed_field_type_is_refused_before_anything_is_consumed() {
 /// field is exact and accepted.
 #[test]
 fn a_sum_target_that_would_round_the_field_is_refused() {
-    let db = Db::fresh("sumtype");
-    let topic = unique("sumtype");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("sumtype", 1);
     produce(
         &topic,
         &[rec(
@@ -439,14 +413,9 @@ fn a_sum_target_that_would_round_the_field_is_refused() {
     assert_eq!(db.i64("SELECT total FROM {s}.totals WHERE cust = 'c'"), 2);
 }
 
-const SUMS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const SUMS: &str = concat!(
+    header!(),
+    r#"[fields]
 id = { path = "/id", type = "text" }
 cust = { path = "/cust", type = "text" }
 day = { path = "/day", type = "date" }
@@ -465,7 +434,8 @@ filter = "amount > 0.0"
 kind = "outbox"
 table = "out"
 payload = ["id", "amount"]
-"#;
+"#
+);
 
 fn init(text: &str, topic: &str, group: &str, db: &Db) -> Out {
     let p = pipeline(text, topic, group, &db.schema);
@@ -478,9 +448,7 @@ fn init(text: &str, topic: &str, group: &str, db: &Db) -> Out {
 /// older replaysafe (names and kinds only) is accepted when those match and recorded anew; otherwise refused.
 #[test]
 fn a_changed_projection_is_refused_by_the_ledger_check() {
-    let db = Db::fresh("projchg");
-    let topic = unique("projchg");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("projchg", 1);
     produce(
         &topic,
         &[rec(
@@ -607,14 +575,9 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }
 
-const NOTES: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const NOTES: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXREC
 [fields]
 id = { path = "/id", type = "text" }
@@ -628,7 +591,8 @@ columns = ["note"]
 kind = "counter"
 table = "counts"
 group-by = ["cust"]
-"#;
+"#
+);
 
 /// A record quarantined by production (`note` missing) and applied later by a backfill with `note` optional:
 /// its dead letter is marked resolved by the backfill's delivery key; the other dead letter stays outstanding.
@@ -641,9 +605,7 @@ fn a_backfill_resolves_the_dead_letters_of_the_records_it_applies() {
 }
 
 fn backfill_resolves_dead_letters(max_records: usize) {
-    let db = Db::fresh("dlres");
-    let topic = unique("dlres");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("dlres", 2);
     produce(
         &topic,
         &[
@@ -744,9 +706,7 @@ fn an_existing_dead_letter_table_gets_the_resolution_columns() {
 /// new group-id with `start = "earliest"` builds the new tables from the topic's beginning.
 #[test]
 fn a_new_ledger_under_an_old_group_is_warned_and_a_new_group_builds_it() {
-    let db = Db::fresh("newledger");
-    let topic = unique("newledger");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("newledger", 1);
     produce(
         &topic,
         &[
@@ -796,17 +756,10 @@ fn a_new_ledger_under_an_old_group_is_warned_and_a_new_group_builds_it() {
 /// `DateStyle = 'SQL, DMY'` and `TimeZone = 'Asia/Kolkata'`, write `2026-07-01`, never `01/07/2026`.
 #[test]
 fn delivery_keys_do_not_depend_on_session_settings() {
-    let db = Db::fresh("dkstyle");
-    let topic = unique("dkstyle");
-    create_topic(&topic, 1, &[]);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+    let (db, topic) = stage("dkstyle", 1);
+    let text = concat!(
+        header!(),
+        r#"[fields]
 id = { path = "/id", type = "text" }
 at = { path = "/at", type = "timestamptz" }
 day = { path = "/at", type = "date" }
@@ -817,7 +770,8 @@ partition-by = "day"
 kind = "outbox"
 table = "out"
 payload = ["id"]
-"#;
+"#
+    );
     let group = unique("g");
     let p = pipeline(text, &topic, &group, &db.schema);
     produce(

@@ -26,9 +26,7 @@ fn event(partition: i32, n: u32) -> Rec {
 /// records: it is read from its beginning (it used to start at its end and skip its first record).
 #[test]
 fn a_partition_added_under_start_latest_is_read_from_its_beginning() {
-    let db = Db::fresh("addpart");
-    let topic = unique("addpart");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("addpart", 1);
     // Records before the group began: `latest` skips them.
     produce(&topic, &[event(0, 1), event(0, 2)]);
     let group = unique("g");
@@ -100,9 +98,7 @@ fn generation(text: &str, g: &str) -> String {
 /// offset, which lags after a crash, and land the records in between again under new delivery keys.
 #[test]
 fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
-    let db = Db::fresh("genbump");
-    let topic = unique("genbump");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genbump", 2);
     let (recs, truth) = seed_events(300, 2);
     produce(&topic, &recs[..200]);
     let group = unique("g");
@@ -152,9 +148,7 @@ fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
 /// offset is another one).
 #[test]
 fn a_generation_bump_on_a_recreated_topic_starts_at_its_beginning() {
-    let db = Db::fresh("genrecreate");
-    let topic = unique("genrecreate");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("genrecreate", 1);
     let (first, _) = seed_events(50, 1);
     produce(&topic, &first);
     let group = unique("g");
@@ -176,9 +170,7 @@ fn a_generation_bump_on_a_recreated_topic_starts_at_its_beginning() {
 /// generation change is refused with exit 3 and nothing is consumed.
 #[test]
 fn a_generation_bump_without_a_fingerprint_is_refused() {
-    let db = Db::fresh("genlegacy");
-    let topic = unique("genlegacy");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("genlegacy", 1);
     let (recs, _) = seed_events(40, 1);
     produce(&topic, &recs);
     let group = unique("g");
@@ -214,9 +206,7 @@ fn a_generation_bump_without_a_fingerprint_is_refused() {
 /// whole run with exit 3 ("written by an earlier replaysafe"); the other partition continues from its checkpoint.
 #[test]
 fn a_generation_bump_with_a_partition_empty_before_continues() {
-    let db = Db::fresh("genempty");
-    let topic = unique("genempty");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genempty", 2);
     produce(&topic, &[event(0, 1), event(0, 2)]);
     let group = unique("g");
     let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
@@ -354,9 +344,7 @@ fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
 /// checkpoint of the group (the same record read back), and every event is counted once.
 #[test]
 fn a_partition_back_in_an_earlier_generation_continues_from_the_newest_checkpoint() {
-    let db = Db::fresh("genback");
-    let topic = unique("genback");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genback", 2);
     let (recs, truth) = seed_events(300, 2);
     let group = unique("g");
     let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
@@ -389,9 +377,7 @@ fn a_partition_back_in_an_earlier_generation_continues_from_the_newest_checkpoin
 /// the others continue from their checkpoints, and every event is counted once.
 #[test]
 fn a_generation_bump_with_an_idle_partition_is_not_refused() {
-    let db = Db::fresh("genidle");
-    let topic = unique("genidle");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genidle", 2);
     let (recs, truth) = seed_events(60, 1);
     produce(&topic, &recs[..40]);
     let group = unique("g");
@@ -426,9 +412,7 @@ fn a_generation_bump_with_an_idle_partition_is_not_refused() {
 /// naming the lost offsets.
 #[test]
 fn a_generation_bump_past_records_lost_to_retention_is_refused() {
-    let db = Db::fresh("genlost");
-    let topic = unique("genlost");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("genlost", 1);
     let (recs, _) = seed_events(30, 1);
     produce(&topic, &recs[..10]);
     let group = unique("g");

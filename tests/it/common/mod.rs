@@ -3,6 +3,12 @@
 
 #![allow(dead_code)]
 
+mod envelopes;
+mod headers;
+
+pub use envelopes::*;
+pub use headers::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -27,6 +33,32 @@ pub fn brokers() -> String {
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .expect("DATABASE_URL is not set: run the tests through scripts/test")
+}
+
+/// A single-threaded tokio runtime for one blocking helper call.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An admin client on the test broker.
+pub fn admin() -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap()
+}
+
+/// A consumer on the test broker with the given extra settings (`group.id` …); it joins no group by itself.
+pub fn consumer(settings: &[(&str, &str)]) -> BaseConsumer {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers());
+    for (k, v) in settings {
+        c.set(*k, *v);
+    }
+    c.create().unwrap()
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -98,6 +130,11 @@ impl Db {
         self.query(sql, &[]).first().and_then(|r| r.get(0))
     }
 
+    /// The first column of every row as text (cast in SQL with `::text`), in the query's order.
+    pub fn strings(&self, sql: &str) -> Vec<String> {
+        self.query(sql, &[]).iter().map(|r| r.get(0)).collect()
+    }
+
     /// `next_offset` of a checkpoint.
     pub fn checkpoint(&self, group: &str, topic: &str, partition: i32) -> Option<i64> {
         self.query(
@@ -112,14 +149,8 @@ impl Db {
 /// Creates a topic on the test broker. Retention is off (`retention.ms=-1`) unless `configs` says otherwise:
 /// the cases carry 2024 timestamps, which the broker's default 7-day retention would delete at once.
 pub fn create_topic(name: &str, partitions: i32, configs: &[(&str, &str)]) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let rt = runtime();
+    let admin = admin();
     let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     if !configs.iter().any(|(k, _)| *k == "retention.ms") {
         topic = topic.set("retention.ms", "-1");
@@ -133,6 +164,14 @@ pub fn create_topic(name: &str, partitions: i32, configs: &[(&str, &str)]) {
     for r in res {
         r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
     }
+}
+
+/// A fresh schema and a fresh topic of `partitions` partitions (no retention), both named after `prefix`.
+pub fn stage(prefix: &str, partitions: i32) -> (Db, String) {
+    let db = Db::fresh(prefix);
+    let topic = unique(prefix);
+    create_topic(&topic, partitions, &[]);
+    (db, topic)
 }
 
 /// One record to produce.
@@ -155,35 +194,41 @@ impl Rec {
     }
 }
 
-/// Produces records in order (each acknowledged before the next) and returns their offsets.
-pub fn produce(topic: &str, records: &[Rec]) -> Vec<i64> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let producer: FutureProducer = ClientConfig::new()
+/// A producer on the test broker that batches for `linger_ms`.
+fn producer(linger_ms: &str) -> FutureProducer {
+    ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("message.max.bytes", "4194304")
-        .set("linger.ms", "5")
+        .set("linger.ms", linger_ms)
         .create()
-        .unwrap();
+        .unwrap()
+}
+
+/// The rdkafka record of `r` for `topic`.
+fn future_record<'a>(topic: &'a str, r: &'a Rec) -> FutureRecord<'a, [u8], [u8]> {
+    let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).partition(r.partition);
+    if let Some(k) = &r.key {
+        fr = fr.key(k.as_slice());
+    }
+    if let Some(v) = &r.value {
+        fr = fr.payload(v.as_slice());
+    }
+    if let Some(ts) = r.timestamp_ms {
+        fr = fr.timestamp(ts);
+    }
+    fr
+}
+
+/// Produces records in order (each acknowledged before the next) and returns their offsets.
+pub fn produce(topic: &str, records: &[Rec]) -> Vec<i64> {
+    let rt = runtime();
+    let producer = producer("5");
     rt.block_on(async {
         let mut offsets = Vec::new();
         for chunk in records.chunks(2000) {
-            let futs = chunk.iter().map(|r| {
-                let mut fr: FutureRecord<'_, [u8], [u8]> =
-                    FutureRecord::to(topic).partition(r.partition);
-                if let Some(k) = &r.key {
-                    fr = fr.key(k.as_slice());
-                }
-                if let Some(v) = &r.value {
-                    fr = fr.payload(v.as_slice());
-                }
-                if let Some(ts) = r.timestamp_ms {
-                    fr = fr.timestamp(ts);
-                }
-                producer.send(fr, Duration::from_secs(30))
-            });
+            let futs = chunk
+                .iter()
+                .map(|r| producer.send(future_record(topic, r), Duration::from_secs(30)));
             // Sends are queued in order on one producer with idempotence defaults: order within a partition holds.
             for r in futures::future::join_all(futs).await {
                 let delivery = r.unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
@@ -194,13 +239,24 @@ pub fn produce(topic: &str, records: &[Rec]) -> Vec<i64> {
     })
 }
 
+/// Produces each record in a record batch of its own (each acknowledged before the next is sent): with a
+/// pipeline's small `max.partition.fetch.bytes`, every fetch then brings a few records of *each* partition.
+pub fn produce_singly(topic: &str, records: &[Rec]) {
+    let rt = runtime();
+    let producer = producer("0");
+    rt.block_on(async {
+        for r in records {
+            producer
+                .send(future_record(topic, r), Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
+        }
+    });
+}
+
 /// The consumer group's committed offsets (next offset to read) per partition, without joining the group.
 pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", group)
-        .create()
-        .unwrap();
+    let c = consumer(&[("group.id", group)]);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);
@@ -218,6 +274,11 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> 
 pub struct Pipeline {
     pub dir: tempfile::TempDir,
     pub path: PathBuf,
+}
+
+/// `pipeline(text, …)` run with `run --until-caught-up`, asserted successful.
+pub fn run_text(text: &str, topic: &str, group: &str, db: &Db) -> Out {
+    run_caught_up(&pipeline(text, topic, group, &db.schema).path)
 }
 
 pub fn pipeline(text: &str, topic: &str, group: &str, schema: &str) -> Pipeline {
@@ -433,14 +494,8 @@ pub fn unsafe_kill(pid: u32, signal: &str) {
 
 /// Advances a partition's log start offset (the admin DeleteRecords call): real retention loss.
 pub fn delete_records_before(topic: &str, partition: i32, offset: i64) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let rt = runtime();
+    let admin = admin();
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
         .unwrap();
@@ -450,20 +505,11 @@ pub fn delete_records_before(topic: &str, partition: i32, offset: i64) {
 
 /// Deletes a topic and waits until the broker no longer lists it.
 pub fn delete_topic(name: &str) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let rt = runtime();
+    let admin = admin();
     rt.block_on(admin.delete_topics(&[name], &AdminOptions::new()))
         .unwrap();
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let c = consumer(&[]);
     wait_until(Duration::from_secs(60), "topic deletion", || {
         let md = c
             .fetch_metadata(Some(name), Duration::from_secs(5))
@@ -475,16 +521,11 @@ pub fn delete_topic(name: &str) {
     std::thread::sleep(Duration::from_secs(1));
 }
 
-/// Raises a topic's partition count to `total` (the admin CreatePartitions call).
+/// Raises a topic's partition count to `total` (the admin CreatePartitions call) and waits until the broker's
+/// metadata shows them.
 pub fn add_partitions(topic: &str, total: usize) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let rt = runtime();
+    let admin = admin();
     let res = rt
         .block_on(admin.create_partitions(
             [&rdkafka::admin::NewPartitions::new(topic, total)],
@@ -494,4 +535,17 @@ pub fn add_partitions(topic: &str, total: usize) {
     for r in res {
         r.unwrap_or_else(|(t, e)| panic!("create partitions of {t}: {e}"));
     }
+    let c = consumer(&[]);
+    wait_until(
+        Duration::from_secs(30),
+        "new partitions in metadata",
+        || {
+            let md = c
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+                .unwrap();
+            md.topics()
+                .first()
+                .is_some_and(|t| t.partitions().len() == total)
+        },
+    );
 }
