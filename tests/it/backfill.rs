@@ -41,34 +41,12 @@ fn six_day_refund_backfill_verifies_to_the_row() {
     let stop = dir.join("stop.json");
     let before = dir.join("before.json");
     let report = dir.join("report.json");
-    replaysafe(&[
-        "offsets",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--group",
-        &prod,
-        "-o",
-        stop.to_str().unwrap(),
-    ])
-    .assert_ok();
+    offsets_snapshot(&p, &prod, &stop).assert_ok();
     let s = json(&stop);
     assert_eq!(s["source"], "postgres-checkpoints");
     assert_eq!(s["partitions"].as_array().unwrap().len(), 3);
     let filter = "day between '2024-04-25' and '2024-04-30'";
-    replaysafe(&[
-        "verify",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--table",
-        "daily_counts",
-        "--where",
-        filter,
-        "-o",
-        before.to_str().unwrap(),
-    ])
-    .assert_ok();
+    verify_snapshot(&p, "daily_counts", Some(filter), &before).assert_ok();
 
     // Another writer keeps incrementing a row of the same table (outside the window) during the backfill.
     db.execute("INSERT INTO {s}.daily_counts (day, customer_id, n) VALUES ('2024-06-01', 'other-writer', 0)");
@@ -121,14 +99,7 @@ fn six_day_refund_backfill_verifies_to_the_row() {
         "the backfill landed exactly the refunds the bug dropped"
     );
     // The aggregate changed, per day, by exactly what the backfill reported.
-    let v = replaysafe(&[
-        "verify",
-        "diff",
-        "--before",
-        before.to_str().unwrap(),
-        "--expect",
-        report.to_str().unwrap(),
-    ]);
+    let v = verify_diff(&before, &report);
     v.assert_ok();
     assert!(v.stdout.contains("verified"), "{}", v.stdout);
     let mut final_counts = counts(&db);
@@ -184,17 +155,7 @@ fn six_day_refund_backfill_verifies_to_the_row() {
     assert_eq!(final_counts, truth);
 
     // Refusals: the production group, the stop file's group, a window beyond the horizon.
-    let refused = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
-        &prod,
-    ]);
+    let refused = backfill(&p, "2024-04-25", ("--to-offsets", arg(&stop)), &prod, &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
         refused.stderr.contains("production group"),
@@ -297,18 +258,13 @@ fn c15_lookup_answering_end_and_empty_partition() {
     let mut map = produce_case(&topic, &early);
     let p = orders_pipeline(&topic, &unique("prod"), &db, None);
     let from = "2024-04-25T00:00:00Z";
-    let dry = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    let dry = backfill(
+        &p,
         from,
-        "--to",
-        "2024-05-01",
-        "--group-id",
+        ("--to", "2024-05-01"),
         &unique("bf"),
-        "--dry-run",
-    ]);
+        &["--dry-run"],
+    );
     dry.assert_ok();
     let plan: serde_json::Value = serde_json::from_str(&dry.stdout).unwrap();
     let starts: BTreeMap<i64, (i64, String)> = plan["partitions"]
@@ -391,32 +347,11 @@ fn c18_retention_deleted_part_of_the_window() {
     // The backfill gets as far as 1198 and 1199 (mapped 0 and 1) ...
     write_stop(map[&(0, 1199)] + 1);
     let bf = unique("bf");
-    replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-24",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
-        &bf,
-    ])
-    .assert_ok();
+    backfill(&p, "2024-04-24", ("--to-offsets", arg(&stop)), &bf, &[]).assert_ok();
     // ... then retention deletes everything before 1500 (mapped 2).
     delete_records_before(&topic, 0, map[&(0, 1500)]);
     write_stop(map[&(0, 1500)] + 1);
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-24",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
-        &bf,
-    ]);
+    let out = backfill(&p, "2024-04-24", ("--to-offsets", arg(&stop)), &bf, &[]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(
         out.stderr
@@ -449,52 +384,32 @@ fn rebuild_gives_the_same_totals_as_a_clean_run() {
     db.execute(
         "UPDATE {s}.daily_counts SET n = n * 2 WHERE day BETWEEN '2024-04-26' AND '2024-04-27'",
     );
-    let refused = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-26",
-        "--to",
-        "2024-04-27",
-        "--group-id",
-        &unique("rb"),
-    ]);
+    let refused = rebuild(&p, "2024-04-26", "2024-04-27", &unique("rb"), &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert_ne!(
         counts(&db),
         truth,
         "nothing was changed by the refused rebuild"
     );
-    let out = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-27",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     out.assert_ok();
     assert_eq!(counts(&db), truth, "rebuilt days equal the clean run");
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1200);
     // A rerun under a used group id would delete the window and resume past it: refused, nothing changed.
     let rb = out_group(&out);
-    let again = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let again = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-27",
-        "--group-id",
         &rb,
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     assert_eq!(again.code, Some(2), "{}", again.stderr);
     assert_eq!(counts(&db), truth);
 }
@@ -558,17 +473,13 @@ fn backfill_rejects_bad_filters_and_stop_files() {
         std::fs::write(&stop, format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{o}}}]}}"#)).unwrap()
     };
     write(-5);
-    let neg = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    let neg = backfill(
+        &p,
         "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
+        ("--to-offsets", arg(&stop)),
         &unique("bf"),
-    ]);
+        &[],
+    );
     assert_eq!(neg.code, Some(2), "{}", neg.stderr);
     write(99_999_999);
     let far = replaysafe_with(
@@ -648,17 +559,13 @@ fn retention_margin_and_horizon_checks() {
 
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
     let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
-    let refused = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&ph),
-        "--from",
+    let refused = backfill(
+        &ph,
         "2024-04-25",
-        "--to",
-        "2024-05-01",
-        "--group-id",
+        ("--to", "2024-05-01"),
         &unique("bf"),
-    ]);
+        &[],
+    );
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(refused.stderr.contains("rebuild"), "{}", refused.stderr);
 }
@@ -730,20 +637,13 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
     );
     db.execute("UPDATE {s}.daily_totals SET total = 0 WHERE day = '2024-04-26'");
     let report = p.dir.path().join("rebuild.json");
-    let out = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-27",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-        "-o",
-        report.to_str().unwrap(),
-    ]);
+        &["--i-paused-other-writers", "-o", arg(&report)],
+    );
     out.assert_ok();
     assert_eq!(counts(&db), counts0, "every count as before the damage");
     assert_eq!(totals_of(&db), totals0, "every total as before the damage");
@@ -780,20 +680,13 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
     );
     assert!(c1 > 0);
     let report2 = pf.dir.path().join("rebuild2.json");
-    let short = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&pf),
-        "--from",
+    let short = rebuild(
+        &pf,
         "2024-04-26",
-        "--to",
         "2024-04-26",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-        "-o",
-        report2.to_str().unwrap(),
-    ]);
+        &["--i-paused-other-writers", "-o", arg(&report2)],
+    );
     assert_eq!(short.code, Some(1), "{}", short.stderr);
     assert!(
         short.stderr.contains("did not bring back"),
@@ -930,18 +823,13 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     assert_eq!(ledger0.len(), 25);
     // Retention deletes offsets 0..5 (five events of 2024-04-25).
     delete_records_before(&topic, 0, 5);
-    let out = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = rebuild(
+        &p,
         "2024-04-25",
-        "--to",
         "2024-04-25",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(
         out.stderr.contains(&format!("{topic}/0")) && out.stderr.contains("[0, 5)"),
@@ -956,18 +844,13 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     assert_eq!(counts(&db), counts0, "the aggregate is untouched");
     assert_eq!(ledger_rows(&db), ledger0, "the ledger is untouched");
     // A window whose events are all still in the topic is rebuilt.
-    let ok = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let ok = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-26",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     ok.assert_ok();
     let r: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
     assert_eq!(r["rebuild"]["per_day"]["2024-04-26"]["before"], 10, "{r}");
@@ -978,18 +861,13 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     // would be quarantined as beyond-horizon after the window was zeroed. Nothing changes.
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
     let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
-    let refused = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&ph),
-        "--from",
+    let refused = rebuild(
+        &ph,
         "2024-04-26",
-        "--to",
         "2024-04-26",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
         refused.stderr.contains("ledger horizon"),
@@ -1098,30 +976,14 @@ fn per_day_counts_with_a_row_projection(text: &str) {
     let p = pipeline(&text.replace("FILTER", ""), &topic, &prod, &db.schema);
     let dir = p.dir.path();
     let (before, report) = (dir.join("before.json"), dir.join("report.json"));
-    replaysafe(&[
-        "verify",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--table",
-        "daily_counts",
-        "-o",
-        before.to_str().unwrap(),
-    ])
-    .assert_ok();
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    verify_snapshot(&p, "daily_counts", None, &before).assert_ok();
+    let out = backfill(
+        &p,
         "2024-04-25",
-        "--to",
-        "2024-05-01",
-        "--group-id",
+        ("--to", "2024-05-01"),
         &unique("bf"),
-        "-o",
-        report.to_str().unwrap(),
-    ]);
+        &["-o", arg(&report)],
+    );
     out.assert_ok();
     assert!(
         out.stderr
@@ -1180,14 +1042,7 @@ fn per_day_counts_with_a_row_projection(text: &str) {
         .map(|x| (x.get(0), x.get(1)))
         .collect();
     assert_eq!(n, vec![("2024-04-25".into(), 6), ("2024-04-26".into(), 2)]);
-    let v = replaysafe(&[
-        "verify",
-        "diff",
-        "--before",
-        before.to_str().unwrap(),
-        "--expect",
-        report.to_str().unwrap(),
-    ]);
+    let v = verify_diff(&before, &report);
     v.assert_ok();
     assert!(v.stdout.contains("verified"), "{}", v.stdout);
 }
@@ -1215,17 +1070,7 @@ fn out_of_order_around_the_cut(prefix: &str) -> (Db, String, Pipeline) {
 #[test]
 fn backfill_to_time_reports_records_past_the_stop() {
     let (db, _, p) = out_of_order_around_the_cut("bf_cut");
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-04-26",
-        "--group-id",
-        &unique("bf"),
-    ]);
+    let out = backfill(&p, "2024-04-25", ("--to", "2024-04-26"), &unique("bf"), &[]);
     out.assert_ok();
     let r: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(r["partitions"][0]["stop_offset"], 1, "{r}");
@@ -1255,17 +1100,13 @@ fn backfill_notes_a_stop_offset_below_the_start() {
         format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":0}}]}}"#),
     )
     .unwrap();
-    let below = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    let below = backfill(
+        &p,
         "2024-04-26T00:30:00Z",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
+        ("--to-offsets", arg(&stop)),
         &unique("bf"),
-    ]);
+        &[],
+    );
     below.assert_ok();
     let r: serde_json::Value = serde_json::from_str(&below.stdout).unwrap();
     assert_eq!(r["partitions"][0]["start_offset"], 1, "{r}");
@@ -1297,16 +1138,7 @@ fn offsets_snapshot_without_positions_warns() {
     run_caught_up(&p.path);
     let file = p.dir.path().join("stop.json");
     let nobody = unique("nobody");
-    let out = replaysafe(&[
-        "offsets",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--group",
-        &nobody,
-        "-o",
-        file.to_str().unwrap(),
-    ]);
+    let out = offsets_snapshot(&p, &nobody, &file);
     out.assert_ok();
     assert!(
         out.stderr.contains("has no position on any partition"),
@@ -1333,18 +1165,12 @@ fn verify_snapshot_where_naming_a_missing_column_is_usage() {
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
     run_caught_up(&p.path);
-    let bad = replaysafe(&[
-        "verify",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--table",
+    let bad = verify_snapshot(
+        &p,
         "daily_counts",
-        "--where",
-        "nosuch_column = 1",
-        "-o",
-        p.dir.path().join("snap.json").to_str().unwrap(),
-    ]);
+        Some("nosuch_column = 1"),
+        &p.dir.path().join("snap.json"),
+    );
     assert_eq!(bad.code, Some(2), "{}", bad.stderr);
     assert!(
         bad.stderr.contains("--where `nosuch_column = 1`"),
@@ -1381,17 +1207,7 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     let from = chrono::DateTime::from_timestamp_millis(now - DAY_MS)
         .unwrap()
         .to_rfc3339();
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        &from,
-        "--to-group",
-        &prod,
-        "--group-id",
-        &unique("bf"),
-    ]);
+    let out = backfill(&p, &from, ("--to-group", &prod), &unique("bf"), &[]);
     out.assert_ok();
     assert!(
         out.stderr
@@ -1439,51 +1255,24 @@ fn verify_flags_a_late_event_day_outside_the_snapshot() {
     let dir = p.dir.path();
     let snap = |name: &str, filter: &str| {
         let f = dir.join(name);
-        replaysafe(&[
-            "verify",
-            "snapshot",
-            "--config",
-            cfg(&p),
-            "--table",
-            "daily_counts",
-            "--where",
-            filter,
-            "-o",
-            f.to_str().unwrap(),
-        ])
-        .assert_ok();
+        verify_snapshot(&p, "daily_counts", Some(filter), &f).assert_ok();
         f
     };
     let narrow = snap("narrow.json", "day between '2024-04-25' and '2024-04-26'");
     let wide = snap("wide.json", "day between '2024-04-18' and '2024-04-26'");
     let report = dir.join("report.json");
-    replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    backfill(
+        &p,
         "2024-04-25",
-        "--to",
-        "2024-04-27",
-        "--group-id",
+        ("--to", "2024-04-27"),
         &unique("bf"),
-        "-o",
-        report.to_str().unwrap(),
-    ])
+        &["-o", arg(&report)],
+    )
     .assert_ok();
     let r = json(&report);
     assert_eq!(r["per_day"]["2024-04-24"]["landed"], 1, "{r}");
     assert_eq!(r["per_day"]["2024-04-25"]["landed"], 3, "{r}");
-    let diff = |before: &std::path::Path| {
-        replaysafe(&[
-            "verify",
-            "diff",
-            "--before",
-            before.to_str().unwrap(),
-            "--expect",
-            report.to_str().unwrap(),
-        ])
-    };
+    let diff = |before: &std::path::Path| verify_diff(&before, &report);
     let bad = diff(&narrow);
     assert_eq!(bad.code, Some(1), "{}", bad.stdout);
     let line = bad
@@ -1518,18 +1307,13 @@ fn rebuild_refuses_ledger_rows_it_cannot_reread() {
     let (counts0, ledger0) = (counts(&db), ledger_rows(&db));
     let rebuild = |text: &str| {
         let p = pipeline(text, &topic, &unique("prod"), &db.schema);
-        replaysafe(&[
-            "rebuild",
-            "--config",
-            cfg(&p),
-            "--from",
+        rebuild(
+            &p,
             "2024-04-25",
-            "--to",
             "2024-04-25",
-            "--group-id",
             &unique("rb"),
-            "--i-paused-other-writers",
-        ])
+            &["--i-paused-other-writers"],
+        )
     };
     let other = rebuild(&gen_a.replace("generation = \"a\"", "generation = \"b\""));
     assert_eq!(other.code, Some(1), "{}", other.stderr);

@@ -119,17 +119,7 @@ fn pruned_below(db: &Db) -> Option<NaiveDate> {
 fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
     let from = (Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
     let to = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-    replaysafe(&[
-        "backfill",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--from",
-        &from,
-        "--to",
-        &to,
-        "--group-id",
-        group,
-    ])
+    backfill(&p, &from, ("--to", &to), group, &[])
 }
 
 /// Issue 22 item 1: a backfill decides the horizon per record, like `run`. An event ten days old (produced an
@@ -575,18 +565,13 @@ fn rebuild_below_the_pruned_day_is_refused() {
     let short = pipeline(&text(5), &topic, &unique("g5"), &db.schema);
     run_caught_up(&short.path);
     let rebuild = |from: NaiveDate| {
-        replaysafe(&[
-            "rebuild",
-            "--config",
-            short.path.to_str().unwrap(),
-            "--from",
+        rebuild(
+            &short,
             &from.to_string(),
-            "--to",
             &days_ago(0).to_string(),
-            "--group-id",
             &unique("rb"),
-            "--i-paused-other-writers",
-        ])
+            &["--i-paused-other-writers"],
+        )
     };
     let refused = rebuild(d);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);

@@ -633,17 +633,13 @@ fn backfill_resolves_dead_letters(max_records: usize) {
         &group,
         &db.schema,
     );
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        fixed.path.to_str().unwrap(),
-        "--from",
+    let out = backfill(
+        &fixed,
         "2026-06-30T00:00:00Z",
-        "--to-group",
-        &group,
-        "--group-id",
+        ("--to-group", &group),
         &unique("bf"),
-    ]);
+        &[],
+    );
     out.assert_ok();
     let dead: Vec<(i32, i64, Option<String>, bool)> = db
         .query(

@@ -3,9 +3,11 @@
 
 #![allow(dead_code)]
 
+mod cli;
 mod envelopes;
 mod headers;
 
+pub use cli::*;
 pub use envelopes::*;
 pub use headers::*;
 

@@ -1,0 +1,86 @@
+//! The `replaysafe` subcommands the tests run against a pipeline file, one function each, so a test names only
+//! the window, the stop and the options it is about.
+
+use std::path::Path;
+
+use super::{replaysafe, Out, Pipeline};
+
+/// A path as the `&str` a command line takes.
+pub fn arg(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// `replaysafe backfill --config <p> --from <from> <stop flag> <stop> --group-id <group> <extra…>`; `stop` is
+/// the stop option and its value: `("--to", time)`, `("--to-offsets", file)` or `("--to-group", group)`.
+pub fn backfill(p: &Pipeline, from: &str, stop: (&str, &str), group: &str, extra: &[&str]) -> Out {
+    let head = [
+        "backfill",
+        "--config",
+        arg(&p.path),
+        "--from",
+        from,
+        stop.0,
+        stop.1,
+        "--group-id",
+        group,
+    ];
+    replaysafe(&[&head[..], extra].concat())
+}
+
+/// `replaysafe rebuild --config <p> --from <from> --to <to> --group-id <group> <extra…>` (dates).
+pub fn rebuild(p: &Pipeline, from: &str, to: &str, group: &str, extra: &[&str]) -> Out {
+    let head = [
+        "rebuild",
+        "--config",
+        arg(&p.path),
+        "--from",
+        from,
+        "--to",
+        to,
+        "--group-id",
+        group,
+    ];
+    replaysafe(&[&head[..], extra].concat())
+}
+
+/// `replaysafe offsets snapshot --config <p> --group <group> -o <out>`.
+pub fn offsets_snapshot(p: &Pipeline, group: &str, out: &Path) -> Out {
+    let args = [
+        "offsets",
+        "snapshot",
+        "--config",
+        arg(&p.path),
+        "--group",
+        group,
+    ];
+    replaysafe(&[&args[..], &["-o", arg(out)]].concat())
+}
+
+/// `replaysafe verify snapshot --config <p> --table <table> [--where <filter>] -o <out>`.
+pub fn verify_snapshot(p: &Pipeline, table: &str, filter: Option<&str>, out: &Path) -> Out {
+    let mut args = vec![
+        "verify",
+        "snapshot",
+        "--config",
+        arg(&p.path),
+        "--table",
+        table,
+    ];
+    if let Some(f) = filter {
+        args.extend(["--where", f]);
+    }
+    args.extend(["-o", arg(out)]);
+    replaysafe(&args)
+}
+
+/// `replaysafe verify diff --before <before> --expect <report>`.
+pub fn verify_diff(before: &Path, report: &Path) -> Out {
+    replaysafe(&[
+        "verify",
+        "diff",
+        "--before",
+        arg(before),
+        "--expect",
+        arg(report),
+    ])
+}
