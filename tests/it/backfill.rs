@@ -971,7 +971,7 @@ fn per_day_counts_with_a_row_projection(text: &str) {
         "FILTER",
         "[[filter]]\nname = \"no-closed\"\ndrop-if = \"status == 'closed'\"",
     );
-    let t = run_caught_up(&pipeline(&buggy, &topic, &prod, &db.schema).path).tally();
+    let t = run_text(&buggy, &topic, &prod, &db).tally();
     assert_eq!((t.landed, t.filtered), (6, 8));
     let p = pipeline(&text.replace("FILTER", ""), &topic, &prod, &db.schema);
     let dir = p.dir.path();
@@ -1193,7 +1193,7 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     ];
     produce(&topic, &recs);
     let prod = unique("prod");
-    run_caught_up(&pipeline(SEED, &topic, &prod, &db.schema).path);
+    run_text(SEED, &topic, &prod, &db);
     let old_day = db.text("SELECT day::text FROM {s}.daily_counts WHERE customer_id = 'c-old'");
     // The horizon is set to 30 days; the next start drops the old day's ledger partition.
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
@@ -1303,7 +1303,7 @@ fn rebuild_refuses_ledger_rows_it_cannot_reread() {
         "partition-by = \"day\"",
         "partition-by = \"day\"\ngeneration = \"a\"",
     );
-    run_caught_up(&pipeline(&gen_a, &topic, &unique("prod"), &db.schema).path);
+    run_text(&gen_a, &topic, &unique("prod"), &db);
     let (counts0, ledger0) = (counts(&db), ledger_rows(&db));
     let rebuild = |text: &str| {
         let p = pipeline(text, &topic, &unique("prod"), &db.schema);

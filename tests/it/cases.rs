@@ -289,8 +289,7 @@ fn c02_crash_and_database_outage() {
             .expect("DATABASE_URL of the form postgresql://user@host/db");
         format!("postgresql://{role}@{rest}")
     };
-    let topic = unique("c02");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("c02", 2);
     let records = load("C02", None);
     let by = |f: &dyn Fn(&CaseRecord) -> bool| records.iter().filter(|r| f(r)).collect::<Vec<_>>();
     let group = unique("g");

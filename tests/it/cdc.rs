@@ -104,8 +104,7 @@ fn case_topic(
     partitions: i32,
     topic_filter: Option<&str>,
 ) -> (String, BTreeMap<(i32, i64), i64>) {
-    let topic = unique(prefix);
-    create_topic(&topic, partitions, &[("retention.ms", "-1")]);
+    let topic = new_topic(prefix, partitions);
     let records = load(id, topic_filter);
     let map = produce_case(&topic, &all(&records));
     (topic, map)
@@ -881,8 +880,7 @@ truncate = "truncate"
 /// does not matter.
 #[test]
 fn version_column_deletes_and_truncates() {
-    let topic = unique("vcol");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("vcol", 1);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
     let key_only = |id: i64| json!({"id": id, "name": null, "version": null});
     produce(
@@ -1032,8 +1030,7 @@ fn truncate_watermark_holds_across_partitions() {
 /// Debezium's MicroDuration microseconds.
 #[test]
 fn ambiguous_decimals_and_intervals() {
-    let topic = unique("amb");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("amb", 1);
     let row = |id: i64, amt: &str| json!({"id": id, "amt": amt, "iv": 3600000000i64});
     produce(
         &topic,

@@ -102,8 +102,7 @@ fn tally_of(out: &Out) -> (u64, u64, u64, u64, u64, u64) {
 /// tombstone of a key-only delete of a row never seen.
 #[test]
 fn key_only_delete_is_ordered_by_source_position() {
-    let topic = unique("kod");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("kod", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
     let key_only = |id: i64| json!({"id": id, "name": null, "version": null});
     let c = |p, id, name, v, lsn| {
@@ -225,8 +224,7 @@ fn key_only_delete_is_ordered_by_source_position() {
 /// counted as heartbeats; heartbeats (schemaless `{"ts_ms"}` and the Heartbeat schema) are still filtered.
 #[test]
 fn flattened_records_are_quarantined_and_heartbeats_recognised() {
-    let topic = unique("flat");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("flat", 1);
     let key = Some(json!({"id": 1}));
     produce(
         &topic,
@@ -307,8 +305,7 @@ fn flattened_records_are_quarantined_and_heartbeats_recognised() {
 /// filter later appears. Replayed under another group everything is a duplicate and nothing changes.
 #[test]
 fn row_filter_removes_rows_that_leave_it() {
-    let topic = unique("rflt");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("rflt", 2);
     let text = concat!(
         debezium_header!(),
         r#"[batch]
@@ -402,8 +399,7 @@ tombstones = "TOMBSTONES"
 /// stale (the truncate's watermark, by source position); a replay under a new generation changes nothing.
 #[test]
 fn truncate_then_reload_under_a_version_column() {
-    let topic = unique("trl");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("trl", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
     let c = |p, id, name, v, lsn| {
         envelope(
@@ -482,8 +478,7 @@ fn truncate_then_reload_under_a_version_column() {
             );
 
             // A change from before the truncate, arriving later from another partition: stale.
-            let late = unique("trl_late");
-            create_topic(&late, 1, &[("retention.ms", "-1")]);
+            let late = new_topic("trl_late", 1);
             produce(&late, &[c(0, 4, "four (before the truncate)", 9, 150)]);
             let pl = customers(
                 &db,
@@ -529,8 +524,7 @@ fn truncate_then_reload_under_a_version_column() {
 /// applied blindly.
 #[test]
 fn key_only_delete_against_a_row_without_position_is_quarantined() {
-    let topic = unique("kodq");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("kodq", 1);
     let row = json!({"id": 7, "name": "seven", "version": 3});
     produce(
         &topic,
@@ -595,8 +589,7 @@ fn key_only_delete_against_a_row_without_position_is_quarantined() {
 /// record landed, no conflict — whatever the order the partitions are read in.
 #[test]
 fn truncate_arriving_after_its_reload_from_another_partition() {
-    let topic = unique("trlate");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("trlate", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
     let c = |id, name, v, lsn| {
         envelope(
@@ -740,8 +733,7 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
     db.execute(
         "CREATE TABLE {s}.accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance bigint NOT NULL)",
     );
-    let topic = unique("cmnn");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("cmnn", 2);
     let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": 5});
     produce(
         &topic,
@@ -910,11 +902,9 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
     let (changes, truncates, live) = random_cdc(12, 20);
     assert!(!truncates.is_empty() && !live.is_empty());
     let n = (changes.len() + truncates.len()) as u64;
-    let late = unique("rcdc");
-    create_topic(&late, 3, &[("retention.ms", "-1")]);
+    let late = new_topic("rcdc", 3);
     produce(&late, &changes);
-    let all = unique("rcdc");
-    create_topic(&all, 3, &[("retention.ms", "-1")]);
+    let all = new_topic("rcdc", 3);
     let mut mixed = changes.clone();
     mixed.extend(truncates.iter().cloned());
     produce(&all, &mixed);

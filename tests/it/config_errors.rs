@@ -117,8 +117,7 @@ fn schema_mismatch_exits_2_before_consuming() {
     // A ledger created with a text key, then a pipeline whose key is a uuid.
     let db = Db::fresh("mismatch");
     db.execute("CREATE TABLE {s}.replaysafe_ledger (generation text NOT NULL DEFAULT '', event_id text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, consumer_group text NOT NULL, landed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (generation, event_id))");
-    let topic = unique("mismatch");
-    create_topic(&topic, 1, &[]);
+    let topic = new_topic("mismatch", 1);
     let text = GOOD
         .replace(
             "group-id = \"g\"",

@@ -98,10 +98,6 @@ fn same(got: &[String], want: &[String], what: &str) {
     );
 }
 
-fn lines(db: &Db, sql: &str) -> Vec<String> {
-    db.query(sql, &[]).iter().map(|r| r.get(0)).collect()
-}
-
 /// The outcome of one run: the final state (every table), and the same with the winner of each equal-version
 /// conflict masked (which of two equal versions arrives first is not defined across partitions).
 struct Final {
@@ -205,44 +201,16 @@ fn check_json(db: &Db, n: i64, out: &Out) -> Final {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), t.landed as i64);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 4 * n);
-    let full = [
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
-        ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
-        ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text || ' ' || \
-             (_deleted_at IS NOT NULL)::text FROM {s}.cust_c ORDER BY 1",
-        ),
-        lines(
-            db,
-            "SELECT projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || \
-             incoming::text FROM {s}.replaysafe_conflicts ORDER BY 1",
-        ),
-    ]
-    .concat();
+    let full = full_json_state(db);
     let masked = [
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
+        db.strings("SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
              FROM {s}.cust_c ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT projection || ' ' || entity::text || ' ' || version::text FROM {s}.replaysafe_conflicts ORDER BY 1",
+        db.strings("SELECT projection || ' ' || entity::text || ' ' || version::text FROM {s}.replaysafe_conflicts ORDER BY 1",
         ),
     ]
     .concat();
@@ -259,8 +227,7 @@ fn check_json(db: &Db, n: i64, out: &Out) -> Final {
 #[test]
 fn json_entities_split_across_partitions() {
     let n = 300i64;
-    let topic = unique("split");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("split", 2);
     let mut recs = Vec::new();
     for i in 0..n {
         let ev = |partition: i32, id: String, customer: String, ty: &str, amount: Value, v: i64| {
@@ -305,7 +272,7 @@ fn json_entities_split_across_partitions() {
     for max in [5000, 200, 1] {
         let db = Db::fresh("split");
         let text = JSON_ROWS.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let f = check_json(&db, n, &out);
         match &first {
             None => first = Some((db, f)),
@@ -315,34 +282,27 @@ fn json_entities_split_across_partitions() {
     // A replay under a fresh group: every record a duplicate, nothing changes.
     let (db, f0) = first.unwrap();
     let text = JSON_ROWS.replace("MAXREC", "5000");
-    let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(&text, &topic, &unique("g"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
         (4 * n as u64, 0, 4 * n as u64, 0)
     );
-    let again = check_json_after_replay(&db);
+    let again = full_json_state(&db);
     same(&again, &f0.full, "replay");
 }
 
-fn check_json_after_replay(db: &Db) -> Vec<String> {
+/// Every table of the JSON pipeline, a line per row (the conflicts with both states).
+fn full_json_state(db: &Db) -> Vec<String> {
     [
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text || ' ' || \
+        db.strings("SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text || ' ' || \
              (_deleted_at IS NOT NULL)::text FROM {s}.cust_c ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || \
+        db.strings("SELECT projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || \
              incoming::text FROM {s}.replaysafe_conflicts ORDER BY 1",
         ),
     ]
@@ -411,28 +371,18 @@ fn dbz_state(db: &Db, mask: bool) -> Vec<String> {
         "projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || incoming::text"
     };
     [
-        lines(
-            db,
-            &format!(
-                "SELECT id || ' ' || {} || ' ' || _version::text FROM {{s}}.acc_t ORDER BY id",
-                bal.replace(" OR _deleted_at IS NOT NULL", "")
-            ),
-        ),
-        lines(
-            db,
-            "SELECT id || ' ' || _version::text FROM {s}.acc_t_tombstones ORDER BY id",
-        ),
-        lines(
-            db,
-            &format!(
-                "SELECT id || ' ' || coalesce({bal}, '-') || ' ' || _version::text || ' ' || \
+        db.strings(&format!(
+            "SELECT id || ' ' || {} || ' ' || _version::text FROM {{s}}.acc_t ORDER BY id",
+            bal.replace(" OR _deleted_at IS NOT NULL", "")
+        )),
+        db.strings("SELECT id || ' ' || _version::text FROM {s}.acc_t_tombstones ORDER BY id"),
+        db.strings(&format!(
+            "SELECT id || ' ' || coalesce({bal}, '-') || ' ' || _version::text || ' ' || \
                  (_deleted_at IS NOT NULL)::text FROM {{s}}.acc_c ORDER BY id"
-            ),
-        ),
-        lines(
-            db,
-            &format!("SELECT {conflict} FROM {{s}}.replaysafe_conflicts ORDER BY 1"),
-        ),
+        )),
+        db.strings(&format!(
+            "SELECT {conflict} FROM {{s}}.replaysafe_conflicts ORDER BY 1"
+        )),
     ]
     .concat()
 }
@@ -448,8 +398,7 @@ fn dbz_state(db: &Db, mask: bool) -> Vec<String> {
 #[test]
 fn debezium_entities_moved_by_a_partition_increase() {
     let n = 150i64;
-    let topic = unique("moved");
-    create_topic(&topic, 1, &[]);
+    let topic = new_topic("moved", 1);
     let mut lsn = 10_000i64;
     let mut next = || {
         lsn += 10;
@@ -628,7 +577,7 @@ fn debezium_entities_moved_by_a_partition_increase() {
     for max in [5000, 200, 1] {
         let db = Db::fresh("moved");
         let text = DBZ_ROWS.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         check(&db, Counts::of(&out));
         same(
             &dbz_state(&db, true),
@@ -637,7 +586,7 @@ fn debezium_entities_moved_by_a_partition_increase() {
         );
     }
     // The live replica replayed under a fresh group: every record a duplicate, nothing changes.
-    let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &live.schema).path);
+    let out = run_text(&text, &topic, &unique("g"), &live);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate),
@@ -680,8 +629,7 @@ payload = ["id", "customer", "status", "v"]
 /// version with the same state is a `duplicate`. The same under batch sizes 1 and 5000.
 #[test]
 fn newer_version_with_unchanged_row_lands() {
-    let topic = unique("unch");
-    create_topic(&topic, 1, &[]);
+    let topic = new_topic("unch", 1);
     let ev = |id: &str, status: &str, v: i64| {
         let body = json!({"id": id, "customer": "c1", "status": status, "v": v});
         Rec::json(0, id, &body.to_string(), 1_760_000_000_000)
@@ -700,7 +648,7 @@ fn newer_version_with_unchanged_row_lands() {
     for max in [5000, 1] {
         let db = Db::fresh("unch");
         let text = UNCHANGED_JSON.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let t = out.tally();
         assert_eq!(
             (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -710,7 +658,7 @@ fn newer_version_with_unchanged_row_lands() {
         );
         assert_eq!(db.i64("SELECT n FROM {s}.events WHERE customer = 'c1'"), 2);
         assert_eq!(
-            lines(&db, "SELECT payload->>'id' FROM {s}.outbox ORDER BY id"),
+            db.strings("SELECT payload->>'id' FROM {s}.outbox ORDER BY id"),
             vec!["e1", "e2"]
         );
         let r = db.query(
@@ -759,8 +707,7 @@ snapshots = "include"
 /// "include"`).
 #[test]
 fn debezium_update_of_an_unkept_column_lands() {
-    let topic = unique("unchd");
-    create_topic(&topic, 1, &[]);
+    let topic = new_topic("unchd", 1);
     let row = |status: &str| json!({"id": 7, "owner": "o7", "balance": 5, "status": status});
     produce(
         &topic,
@@ -773,7 +720,7 @@ fn debezium_update_of_an_unkept_column_lands() {
     for max in [5000, 1] {
         let db = Db::fresh("unchd");
         let text = UNCHANGED_DBZ.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let t = out.tally();
         assert_eq!(
             (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -782,14 +729,12 @@ fn debezium_update_of_an_unkept_column_lands() {
             out.stdout
         );
         assert_eq!(
-            lines(
-                &db,
-                "SELECT payload->>'_op' || ' ' || (payload->>'status') FROM {s}.account_events ORDER BY id"
+            db.strings("SELECT payload->>'_op' || ' ' || (payload->>'status') FROM {s}.account_events ORDER BY id"
             ),
             vec!["c new", "u verified"]
         );
         assert_eq!(
-            lines(&db, "SELECT _op || ' ' || n FROM {s}.changes ORDER BY 1"),
+            db.strings("SELECT _op || ' ' || n FROM {s}.changes ORDER BY 1"),
             vec!["c 1", "u 1"]
         );
         let r = db.query(
@@ -806,9 +751,7 @@ fn debezium_update_of_an_unkept_column_lands() {
 
 /// The conflict rows, per projection: `projection entity version stored incoming` (amounts only).
 fn conflict_lines(db: &Db) -> Vec<String> {
-    lines(
-        db,
-        "SELECT projection || ' ' || (entity->>'customer_id') || ' ' || version::text || ' ' || \
+    db.strings("SELECT projection || ' ' || (entity->>'customer_id') || ' ' || version::text || ' ' || \
          coalesce(stored->>'amount', stored::text) || ' ' || coalesce(incoming->>'amount', incoming::text) \
          FROM {s}.replaysafe_conflicts ORDER BY 1",
     )
@@ -822,8 +765,7 @@ fn conflict_lines(db: &Db) -> Vec<String> {
 /// replays under a fresh group and under a new generation change nothing.
 #[test]
 fn equal_version_after_a_delete_is_a_conflict() {
-    let topic = unique("eqdel");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("eqdel", 2);
     let ev = |partition: i32, id: &str, customer: &str, ty: &str, amount: Value| {
         let body = json!({"event_id": id, "event_type": ty, "customer_id": customer, "amount": amount, "version": 2});
         Rec::json(partition, id, &body.to_string(), 1_760_000_000_000)
@@ -843,7 +785,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
             let db = Db::fresh("eqdel");
             let text = JSON_ROWS.replace("MAXREC", &max.to_string());
             let group = unique("g");
-            let out = run_caught_up(&pipeline(&text, &topic, &group, &db.schema).path);
+            let out = run_text(&text, &topic, &group, &db);
             let t = out.tally();
             assert_eq!((t.consumed, t.landed), (2, 2), "{}", out.stdout);
             (db, text)
@@ -858,20 +800,14 @@ fn equal_version_after_a_delete_is_a_conflict() {
     ];
     let state = |db: &Db| {
         [
-            lines(
-                db,
-                "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+            db.strings("SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
             ),
-            lines(
-                db,
-                "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+            db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
             ),
-            lines(
-                db,
-                "SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
+            db.strings("SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
                  FROM {s}.cust_c ORDER BY 1",
             ),
-            lines(db, "SELECT payload->>'event_id' FROM {s}.outbox ORDER BY 1"),
+            db.strings("SELECT payload->>'event_id' FROM {s}.outbox ORDER BY 1"),
         ]
         .concat()
     };
@@ -888,7 +824,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
         let group = db
             .text("SELECT min(consumer_group) FROM {s}.replaysafe_checkpoints")
             .unwrap();
-        let out = run_caught_up(&pipeline(text, &topic, &group, &db.schema).path);
+        let out = run_text(text, &topic, &group, &db);
         let t = out.tally();
         assert_eq!(
             (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -908,7 +844,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
     // Replays: a fresh group (every record a duplicate) and a new generation (claimed again, judged again: the
     // same two conflicts, not recorded twice).
     let (db, text) = &dbs[0];
-    let out = run_caught_up(&pipeline(text, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(text, &topic, &unique("g"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -917,7 +853,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
         out.stdout
     );
     let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
-    let out = run_caught_up(&pipeline(&text2, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(&text2, &topic, &unique("g"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -1123,8 +1059,7 @@ fn check_oracle(
 #[test]
 fn json_random_stream_matches_the_serial_oracle() {
     let evs = random_stream(120, 18);
-    let topic = unique("orac");
-    create_topic(&topic, 3, &[]);
+    let topic = new_topic("orac", 3);
     let recs: Vec<Rec> = evs
         .iter()
         .map(|e| {
@@ -1138,7 +1073,7 @@ fn json_random_stream_matches_the_serial_oracle() {
     for max in [5000, 1] {
         let db = Db::fresh("orac");
         let text = JSON_ROWS.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let w = check_oracle(&db, &evs, &[&out], &format!("max-records {max}"));
         kept.get_or_insert((db, text, w));
     }
@@ -1199,8 +1134,8 @@ fn json_random_stream_matches_the_serial_oracle() {
         );
     }
     let (db, text, winners) = kept.unwrap();
-    let before = check_json_after_replay(&db);
-    let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+    let before = full_json_state(&db);
+    let out = run_text(&text, &topic, &unique("g"), &db);
     let t = out.tally();
     let n = evs.len() as u64;
     assert_eq!(
@@ -1209,11 +1144,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         "{}",
         out.stdout
     );
-    same(
-        &check_json_after_replay(&db),
-        &before,
-        "replay, fresh group",
-    );
+    same(&full_json_state(&db), &before, "replay, fresh group");
     // A new generation: every record judged again against the final state.
     let mut maxv = std::collections::BTreeMap::new();
     for e in &evs {
@@ -1232,7 +1163,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         .filter(|e| e.state() != winners[&e.customer])
         .count() as u64;
     let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
-    let out = run_caught_up(&pipeline(&text2, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(&text2, &topic, &unique("g"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -1248,9 +1179,5 @@ fn json_random_stream_matches_the_serial_oracle() {
             out.stdout
         );
     }
-    same(
-        &check_json_after_replay(&db),
-        &before,
-        "replay, new generation",
-    );
+    same(&full_json_state(&db), &before, "replay, new generation");
 }

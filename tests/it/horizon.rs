@@ -186,17 +186,17 @@ fn lengthening_the_horizon_does_not_reopen_pruned_days() {
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
     let g30 = unique("g30");
-    let t = run_caught_up(&pipeline(&text(30), &topic, &g30, &db.schema).path).tally();
+    let t = run_text(&text(30), &topic, &g30, &db).tally();
     assert_eq!((t.consumed, t.landed), (2, 2));
     assert_eq!(counter(&db, d), 1);
 
     let g5 = unique("g5");
-    let t = run_caught_up(&pipeline(&text(5), &topic, &g5, &db.schema).path).tally();
+    let t = run_text(&text(5), &topic, &g5, &db).tally();
     assert_eq!((t.consumed, t.duplicate, t.quarantined), (2, 1, 1));
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
     assert_eq!(partition_days(&db), vec![days_ago(1)]);
 
-    let out = run_caught_up(&pipeline(&text(30), &topic, &unique("g30b"), &db.schema).path);
+    let out = run_text(&text(30), &topic, &unique("g30b"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, t.quarantined),
@@ -561,7 +561,7 @@ fn rebuild_below_the_pruned_day_is_refused() {
     let (db, topic) = stage("hz_rb", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
-    run_caught_up(&pipeline(&text(30), &topic, &unique("g30"), &db.schema).path);
+    run_text(&text(30), &topic, &unique("g30"), &db);
     let short = pipeline(&text(5), &topic, &unique("g5"), &db.schema);
     run_caught_up(&short.path);
     let rebuild = |from: NaiveDate| {

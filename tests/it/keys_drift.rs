@@ -178,8 +178,7 @@ group-by = ["day"]
 /// second gives the same instant to a `date` and a `timestamptz` field (19.5).
 #[test]
 fn epoch_units_are_explicit_and_implausible_values_are_quarantined() {
-    let topic = unique("epoch");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("epoch", 2);
     produce(
         &topic,
         &[

@@ -171,9 +171,14 @@ pub fn create_topic(name: &str, partitions: i32, configs: &[(&str, &str)]) {
 /// A fresh schema and a fresh topic of `partitions` partitions (no retention), both named after `prefix`.
 pub fn stage(prefix: &str, partitions: i32) -> (Db, String) {
     let db = Db::fresh(prefix);
+    (db, new_topic(prefix, partitions))
+}
+
+/// A fresh topic of `partitions` partitions (no retention) named after `prefix`.
+pub fn new_topic(prefix: &str, partitions: i32) -> String {
     let topic = unique(prefix);
     create_topic(&topic, partitions, &[]);
-    (db, topic)
+    topic
 }
 
 /// One record to produce.
