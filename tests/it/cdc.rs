@@ -886,72 +886,16 @@ fn version_column_deletes_and_truncates() {
     produce(
         &topic,
         &[
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(1),
-                Value::Null,
-                row(1, "a", 1),
-                100,
-            ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(2),
-                Value::Null,
-                row(2, "b", 1),
-                110,
-            ),
-            envelope(
-                0,
-                "customers",
-                "u",
-                Some(1),
-                Value::Null,
-                row(1, "a2", 2),
-                120,
-            ),
-            envelope(0, "customers", "d", Some(1), key_only(1), Value::Null, 130),
-            envelope(
-                0,
-                "customers",
-                "d",
-                Some(2),
-                row(2, "b", 1),
-                Value::Null,
-                140,
-            ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(1),
-                Value::Null,
-                row(1, "a2", 2),
-                150,
-            ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(3),
-                Value::Null,
-                row(3, "c", 1),
-                160,
-            ),
-            envelope(0, "customers", "t", None, Value::Null, Value::Null, 170),
+            Table("customers").create(0, 1, row(1, "a", 1), 100),
+            Table("customers").create(0, 2, row(2, "b", 1), 110),
+            Table("customers").update(0, 1, row(1, "a2", 2), 120),
+            Table("customers").delete(0, 1, key_only(1), 130),
+            Table("customers").delete(0, 2, row(2, "b", 1), 140),
+            Table("customers").create(0, 1, row(1, "a2", 2), 150),
+            Table("customers").create(0, 3, row(3, "c", 1), 160),
+            Table("customers").truncate(0, 170),
             // Committed after the truncate (the helper's commit LSN is lsn - 36).
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(3),
-                Value::Null,
-                row(3, "c2", 2),
-                220,
-            ),
+            Table("customers").create(0, 3, row(3, "c2", 2), 220),
         ],
     );
     for max in [100, 1] {
@@ -997,8 +941,8 @@ fn truncate_watermark_holds_across_partitions() {
     produce(
         &topic,
         &[
-            envelope(0, "accounts", "c", Some(1), Value::Null, row(1), 100),
-            envelope(0, "accounts", "t", None, Value::Null, Value::Null, 200),
+            Table("accounts").create(0, 1, row(1), 100),
+            Table("accounts").truncate(0, 200),
         ],
     );
     let group = unique("g");
@@ -1007,8 +951,8 @@ fn truncate_watermark_holds_across_partitions() {
     produce(
         &topic,
         &[
-            envelope(1, "accounts", "c", Some(5), Value::Null, row(5), 150),
-            envelope(1, "accounts", "c", Some(6), Value::Null, row(6), 250),
+            Table("accounts").create(1, 5, row(5), 150),
+            Table("accounts").create(1, 6, row(6), 250),
         ],
     );
     let out = run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "truncate", 100));
@@ -1035,8 +979,8 @@ fn ambiguous_decimals_and_intervals() {
     produce(
         &topic,
         &[
-            envelope(0, "prices", "c", Some(1), Value::Null, row(1, "1234"), 100),
-            envelope(0, "prices", "c", Some(2), Value::Null, row(2, "AxY="), 110),
+            Table("prices").create(0, 1, row(1, "1234"), 100),
+            Table("prices").create(0, 2, row(2, "AxY="), 110),
         ],
     );
     let text = concat!(

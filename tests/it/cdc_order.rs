@@ -105,28 +105,8 @@ fn key_only_delete_is_ordered_by_source_position() {
     let topic = new_topic("kod", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
     let key_only = |id: i64| json!({"id": id, "name": null, "version": null});
-    let c = |p, id, name, v, lsn| {
-        envelope(
-            p,
-            "customers",
-            "c",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
-    let d = |p, id, lsn| {
-        envelope(
-            p,
-            "customers",
-            "d",
-            Some(id),
-            key_only(id),
-            Value::Null,
-            lsn,
-        )
-    };
+    let c = |p, id, name, v, lsn| Table("customers").create(p, id, row(id, name, v), lsn);
+    let d = |p, id, lsn| Table("customers").delete(p, id, key_only(id), lsn);
     produce(
         &topic,
         &[
@@ -136,25 +116,9 @@ fn key_only_delete_is_ordered_by_source_position() {
             c(0, 1, "one again", 2, 120),
             // id 2 (other partition): create v1, update v2, delete (key only) → deleted.
             c(1, 2, "two", 1, 105),
-            envelope(
-                1,
-                "customers",
-                "u",
-                Some(2),
-                Value::Null,
-                row(2, "two b", 2),
-                115,
-            ),
+            Table("customers").update(1, 2, row(2, "two b", 2), 115),
             // Debezium fills a NOT NULL column it does not have (REPLICA IDENTITY DEFAULT) with 0.
-            envelope(
-                1,
-                "customers",
-                "d",
-                Some(2),
-                json!({"id": 2, "name": null, "version": 0}),
-                Value::Null,
-                125,
-            ),
+            Table("customers").delete(1, 2, json!({"id": 2, "name": null, "version": 0}), 125),
             // id 3: a key-only delete of a row never seen, then a late older insert → stays deleted.
             d(0, 3, 130),
             c(0, 3, "three (older)", 1, 90),
@@ -258,15 +222,7 @@ fn flattened_records_are_quarantined_and_heartbeats_recognised() {
                 json!({"schema": {"type": "struct", "name": "io.debezium.connector.common.Heartbeat", "optional": false,
                     "fields": [{"field": "ts_ms", "type": "int64"}]}, "payload": {"ts_ms": 1714003201000i64}}),
             ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(2),
-                Value::Null,
-                json!({"id": 2, "name": "two", "version": 1}),
-                100,
-            ),
+            Table("customers").create(0, 2, json!({"id": 2, "name": "two", "version": 1}), 100),
         ],
     );
     let db = Db::fresh("flat");
@@ -401,17 +357,7 @@ tombstones = "TOMBSTONES"
 fn truncate_then_reload_under_a_version_column() {
     let topic = new_topic("trl", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
-    let c = |p, id, name, v, lsn| {
-        envelope(
-            p,
-            "customers",
-            "c",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
+    let c = |p, id, name, v, lsn| Table("customers").create(p, id, row(id, name, v), lsn);
     produce(
         &topic,
         &[
@@ -419,16 +365,8 @@ fn truncate_then_reload_under_a_version_column() {
             c(0, 2, "two", 3, 110),
             // id 5 deleted before the truncate with its own version (REPLICA IDENTITY FULL).
             c(0, 5, "five", 4, 120),
-            envelope(
-                0,
-                "customers",
-                "d",
-                Some(5),
-                row(5, "five", 4),
-                Value::Null,
-                130,
-            ),
-            envelope(0, "customers", "t", None, Value::Null, Value::Null, 200),
+            Table("customers").delete(0, 5, row(5, "five", 4), 130),
+            Table("customers").truncate(0, 200),
             // After the truncate's commit (the helper's commit LSN is lsn - 36).
             c(0, 1, "one reloaded", 1, 300),
             c(0, 2, "two reloaded", 1, 310),
@@ -526,18 +464,7 @@ fn truncate_then_reload_under_a_version_column() {
 fn key_only_delete_against_a_row_without_position_is_quarantined() {
     let topic = new_topic("kodq", 1);
     let row = json!({"id": 7, "name": "seven", "version": 3});
-    produce(
-        &topic,
-        &[envelope(
-            0,
-            "customers",
-            "c",
-            Some(7),
-            Value::Null,
-            row,
-            100,
-        )],
-    );
+    produce(&topic, &[Table("customers").create(0, 7, row, 100)]);
     let db = Db::fresh("kodq");
     let group = unique("g");
     let p = customers(&db, &topic, &group, "", 5000, "table", "");
@@ -546,15 +473,7 @@ fn key_only_delete_against_a_row_without_position_is_quarantined() {
     db.execute("UPDATE {s}.customers SET _position = NULL");
     produce(
         &topic,
-        &[envelope(
-            0,
-            "customers",
-            "d",
-            Some(7),
-            json!({"id": 7, "name": null, "version": 0}),
-            Value::Null,
-            200,
-        )],
+        &[Table("customers").delete(0, 7, json!({"id": 7, "name": null, "version": 0}), 200)],
     );
     let out = run_caught_up(&p.path);
     assert_eq!(tally_of(&out), (1, 0, 0, 0, 0, 1), "{}", out.stdout);
@@ -591,28 +510,8 @@ fn key_only_delete_against_a_row_without_position_is_quarantined() {
 fn truncate_arriving_after_its_reload_from_another_partition() {
     let topic = new_topic("trlate", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
-    let c = |id, name, v, lsn| {
-        envelope(
-            1,
-            "customers",
-            "c",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
-    let u = |id, name, v, lsn| {
-        envelope(
-            1,
-            "customers",
-            "u",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
+    let c = |id, name, v, lsn| Table("customers").create(1, id, row(id, name, v), lsn);
+    let u = |id, name, v, lsn| Table("customers").update(1, id, row(id, name, v), lsn);
     produce(
         &topic,
         &[
@@ -656,18 +555,7 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
             dbs.push((db, group, mode, max));
         }
     }
-    produce(
-        &topic,
-        &[envelope(
-            0,
-            "customers",
-            "t",
-            None,
-            Value::Null,
-            Value::Null,
-            200,
-        )],
-    );
+    produce(&topic, &[Table("customers").truncate(0, 200)]);
     for (db, group, mode, max) in &dbs {
         let ctx = format!("tombstones {mode}, max-records {max}");
         let p = customers(db, &topic, group, "", *max, mode, "truncate = \"truncate\"");
@@ -735,18 +623,7 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
     );
     let topic = new_topic("cmnn", 2);
     let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": 5});
-    produce(
-        &topic,
-        &[envelope(
-            1,
-            "accounts",
-            "d",
-            Some(9),
-            row(9),
-            Value::Null,
-            200,
-        )],
-    );
+    produce(&topic, &[Table("accounts").delete(1, 9, row(9), 200)]);
     let group = unique("g");
     let p = pipeline(EXISTING_COLUMN_MODE, &topic, &group, &db.schema);
     let cfg = p.path.to_str().unwrap();
@@ -763,18 +640,7 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
     db.execute("ALTER TABLE {s}.accounts ALTER COLUMN owner DROP NOT NULL, ALTER COLUMN balance DROP NOT NULL");
     let out = run_caught_up(&p.path);
     assert_eq!(tally_of(&out), (1, 1, 0, 0, 0, 0), "{}", out.stdout);
-    produce(
-        &topic,
-        &[envelope(
-            0,
-            "accounts",
-            "c",
-            Some(9),
-            Value::Null,
-            row(9),
-            100,
-        )],
-    );
+    produce(&topic, &[Table("accounts").create(0, 9, row(9), 100)]);
     let out = run_caught_up(&p.path);
     assert_eq!(tally_of(&out), (1, 0, 0, 1, 0, 0), "{}", out.stdout);
     let rows = db.query(
@@ -812,15 +678,7 @@ fn random_cdc(n: i64, seed: u64) -> (Vec<Rec>, Vec<Rec>, Live) {
     for step in 0..(n * 8) {
         lsn += 40;
         if next(25) == 0 {
-            truncates.push(envelope(
-                next(3) as i32,
-                "customers",
-                "t",
-                None,
-                Value::Null,
-                Value::Null,
-                lsn,
-            ));
+            truncates.push(Table("customers").truncate(next(3) as i32, lsn));
             rows.clear();
             version.clear();
             continue;
@@ -833,54 +691,22 @@ fn random_cdc(n: i64, seed: u64) -> (Vec<Rec>, Vec<Rec>, Live) {
         match rows.get(&id).cloned() {
             None => {
                 let name = format!("n{id}-{step}");
-                changes.push(envelope(
-                    p,
-                    "customers",
-                    "c",
-                    Some(id),
-                    Value::Null,
-                    row(id, name.clone(), v),
-                    lsn,
-                ));
+                changes.push(Table("customers").create(p, id, row(id, name.clone(), v), lsn));
                 rows.insert(id, (name, v));
             }
             Some((old, ov)) => match next(4) {
                 0 => {
-                    changes.push(envelope(
-                        p,
-                        "customers",
-                        "d",
-                        Some(id),
-                        row(id, old, ov),
-                        Value::Null,
-                        lsn,
-                    ));
+                    changes.push(Table("customers").delete(p, id, row(id, old, ov), lsn));
                     rows.remove(&id);
                 }
                 1 => {
                     let key_only = json!({"id": id, "name": null, "version": 0});
-                    changes.push(envelope(
-                        p,
-                        "customers",
-                        "d",
-                        Some(id),
-                        key_only,
-                        Value::Null,
-                        lsn,
-                    ));
+                    changes.push(Table("customers").delete(p, id, key_only, lsn));
                     rows.remove(&id);
                 }
                 _ => {
                     let name = format!("n{id}-{step}");
-                    changes.push(envelope(
-                        p,
-                        "customers",
-                        "u",
-                        Some(id),
-                        Value::Null,
-                        row(id, name.clone(), v),
-                        lsn,
-                    ));
+                    changes.push(Table("customers").update(p, id, row(id, name.clone(), v), lsn));
                     rows.insert(id, (name, v));
                 }
             },

@@ -34,3 +34,30 @@ pub fn raw(partition: i32, key: Option<Value>, value: Value) -> Rec {
         timestamp_ms: None,
     }
 }
+
+/// The [`envelope`]s of one source table `public.<name>`, op by op (`before` null for creates and updates,
+/// `after` null for deletes).
+#[derive(Clone, Copy)]
+pub struct Table(pub &'static str);
+
+impl Table {
+    /// A create (`op = c`) of `after`, key `{"id": id}`, at `[lsn - 36, lsn]`.
+    pub fn create(self, partition: i32, id: i64, after: Value, lsn: i64) -> Rec {
+        envelope(partition, self.0, "c", Some(id), Value::Null, after, lsn)
+    }
+
+    /// An update (`op = u`) to `after` (no `before`), key `{"id": id}`, at `[lsn - 36, lsn]`.
+    pub fn update(self, partition: i32, id: i64, after: Value, lsn: i64) -> Rec {
+        envelope(partition, self.0, "u", Some(id), Value::Null, after, lsn)
+    }
+
+    /// A delete (`op = d`) of `before`, key `{"id": id}`, at `[lsn - 36, lsn]`.
+    pub fn delete(self, partition: i32, id: i64, before: Value, lsn: i64) -> Rec {
+        envelope(partition, self.0, "d", Some(id), before, Value::Null, lsn)
+    }
+
+    /// A truncate (`op = t`, no key) at `[lsn, lsn]`.
+    pub fn truncate(self, partition: i32, lsn: i64) -> Rec {
+        envelope(partition, self.0, "t", None, Value::Null, Value::Null, lsn)
+    }
+}
