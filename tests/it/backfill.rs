@@ -14,6 +14,30 @@ fn cfg(p: &Pipeline) -> &str {
     p.path.to_str().unwrap()
 }
 
+/// A fresh schema and topic named after `prefix` holding `n` seed events over `partitions` partitions, applied by
+/// a production group; returns them, the production pipeline and the true counts.
+fn seeded(
+    prefix: &str,
+    partitions: i32,
+    n: usize,
+) -> (Db, String, Pipeline, BTreeMap<(String, String), i64>) {
+    let (db, topic) = stage(prefix, partitions);
+    let (recs, truth) = seed_events(n, partitions);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
+    (db, topic, p, truth)
+}
+
+/// Writes a stop file (`kafka-committed`, group `prod`) holding `next_offset` for partition 0 of `topic` only.
+fn write_stop_file(path: &std::path::Path, topic: &str, next_offset: i64) {
+    std::fs::write(
+        path,
+        format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{next_offset}}}]}}"#),
+    )
+    .unwrap();
+}
+
 fn json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -192,21 +216,17 @@ fn stop_file_with_a_missing_partition() {
         .zip(&offsets)
         .filter(|(r, _)| r.partition == 0)
         .count() as i64;
-    std::fs::write(
-        &stop,
-        format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{end0}}}]}}"#),
-    )
-    .unwrap();
-    let base = [
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-    ];
-    let refused = replaysafe(&[&base[..], &["--group-id", &unique("bf")]].concat());
+    write_stop_file(&stop, &topic, end0);
+    let backfill_to = |extra: &[&str]| {
+        backfill(
+            &p,
+            "2024-04-25",
+            ("--to-offsets", arg(&stop)),
+            &unique("bf"),
+            extra,
+        )
+    };
+    let refused = backfill_to(&[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
         refused.stderr.contains("/1 has no stop offset"),
@@ -222,26 +242,14 @@ fn stop_file_with_a_missing_partition() {
         ledger.is_none(),
         "refused before anything was created or applied"
     );
-    let skip = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--missing-stop", "skip"],
-        ]
-        .concat(),
-    );
+    let skip = backfill_to(&["--missing-stop", "skip"]);
     skip.assert_ok();
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
         end0,
         "only partition 0 was replayed"
     );
-    let end = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--missing-stop", "end"],
-        ]
-        .concat(),
-    );
+    let end = backfill_to(&["--missing-stop", "end"]);
     end.assert_ok();
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 200);
 }
@@ -337,13 +345,7 @@ fn c18_retention_deleted_part_of_the_window() {
     ));
     let p = orders_pipeline(&topic, &unique("prod"), &db, None);
     let stop = p.dir.path().join("stop.json");
-    let write_stop = |next: i64| {
-        std::fs::write(
-            &stop,
-            format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{next}}}]}}"#),
-        )
-        .unwrap()
-    };
+    let write_stop = |next: i64| write_stop_file(&stop, &topic, next);
     // The backfill gets as far as 1198 and 1199 (mapped 0 and 1) ...
     write_stop(map[&(0, 1199)] + 1);
     let bf = unique("bf");
@@ -374,11 +376,7 @@ fn c18_retention_deleted_part_of_the_window() {
 /// rebuild: with the other writer paused, zeroing the window and replaying it gives the clean run's totals.
 #[test]
 fn rebuild_gives_the_same_totals_as_a_clean_run() {
-    let (db, topic) = stage("rebuild", 2);
-    let (recs, truth) = seed_events(1200, 2);
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    run_caught_up(&p.path);
+    let (db, _topic, p, truth) = seeded("rebuild", 2, 1200);
     assert_eq!(counts(&db), truth);
     // Someone corrupted two days (a hand-made increment ran twice).
     db.execute(
@@ -427,32 +425,20 @@ fn backfill_rejects_bad_filters_and_stop_files() {
     let (recs, _) = seed_events(40, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    let base = [
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-05-01",
-    ];
+    let backfill_to = |extra: &[&str]| {
+        backfill(
+            &p,
+            "2024-04-25",
+            ("--to", "2024-05-01"),
+            &unique("bf"),
+            extra,
+        )
+    };
     for bad in ["", "amount <", "nosuch < 0"] {
-        let out = replaysafe(
-            &[
-                &base[..],
-                &["--group-id", &unique("bf"), "--filter", bad, "--dry-run"],
-            ]
-            .concat(),
-        );
+        let out = backfill_to(&["--filter", bad, "--dry-run"]);
         assert_eq!(out.code, Some(2), "filter `{bad}`: {}", out.stderr);
     }
-    let failing = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--filter", "1 / 0 == 1"],
-        ]
-        .concat(),
-    );
+    let failing = backfill_to(&["--filter", "1 / 0 == 1"]);
     assert_eq!(failing.code, Some(2), "{}", failing.stderr);
     assert!(
         failing.stderr.contains("--filter failed on"),
@@ -469,9 +455,7 @@ fn backfill_rejects_bad_filters_and_stop_files() {
         0
     );
     let stop = p.dir.path().join("stop.json");
-    let write = |o: i64| {
-        std::fs::write(&stop, format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{o}}}]}}"#)).unwrap()
-    };
+    let write = |o: i64| write_stop_file(&stop, &topic, o);
     write(-5);
     let neg = backfill(
         &p,
@@ -524,27 +508,21 @@ fn retention_margin_and_horizon_checks() {
     let (recs, _) = seed_events(50, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    let base = [
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-05-01",
-    ];
-    let dry = replaysafe(&[&base[..], &["--group-id", &unique("bf"), "--dry-run"]].concat());
+    let backfill_to = |extra: &[&str]| {
+        backfill(
+            &p,
+            "2024-04-25",
+            ("--to", "2024-05-01"),
+            &unique("bf"),
+            extra,
+        )
+    };
+    let dry = backfill_to(&["--dry-run"]);
     dry.assert_ok();
     let plan: serde_json::Value = serde_json::from_str(&dry.stdout).unwrap();
     let notes = plan["retention"].to_string();
     assert!(notes.contains("may delete"), "{notes}");
-    let out = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--ensure-retention"],
-        ]
-        .concat(),
-    );
+    let out = backfill_to(&["--ensure-retention"]);
     out.assert_ok();
     let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let notes = report["retention"].to_string();
@@ -554,7 +532,7 @@ fn retention_margin_and_horizon_checks() {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 50);
     // The raised retention now covers the window with margin.
-    let dry2 = replaysafe(&[&base[..], &["--group-id", &unique("bf"), "--dry-run"]].concat());
+    let dry2 = backfill_to(&["--dry-run"]);
     assert!(dry2.stdout.contains("safe"), "{}", dry2.stdout);
 
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
@@ -1095,11 +1073,7 @@ fn backfill_notes_a_stop_offset_below_the_start() {
     let (db, topic, p) = out_of_order_around_the_cut("bf_below");
     // A stop file whose offset lies below the window's start.
     let stop = p.dir.path().join("stop.json");
-    std::fs::write(
-        &stop,
-        format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":0}}]}}"#),
-    )
-    .unwrap();
+    write_stop_file(&stop, &topic, 0);
     let below = backfill(
         &p,
         "2024-04-26T00:30:00Z",
@@ -1131,11 +1105,7 @@ fn backfill_notes_a_stop_offset_below_the_start() {
 /// Issue 20 item 6: `offsets snapshot` of a group with no position warns (the file keeps nulls, never 0).
 #[test]
 fn offsets_snapshot_without_positions_warns() {
-    let (db, topic) = stage("snap_warn", 2);
-    let (recs, _) = seed_events(20, 2);
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    run_caught_up(&p.path);
+    let (_db, _topic, p, _) = seeded("snap_warn", 2, 20);
     let file = p.dir.path().join("stop.json");
     let nobody = unique("nobody");
     let out = offsets_snapshot(&p, &nobody, &file);
@@ -1160,11 +1130,7 @@ fn offsets_snapshot_without_positions_warns() {
 /// Issue 20 item 6: `verify snapshot --where` naming a missing column is bad usage (exit 2), nothing written.
 #[test]
 fn verify_snapshot_where_naming_a_missing_column_is_usage() {
-    let (db, topic) = stage("where_bad", 1);
-    let (recs, _) = seed_events(10, 1);
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    run_caught_up(&p.path);
+    let (_db, _topic, p, _) = seeded("where_bad", 1, 10);
     let bad = verify_snapshot(
         &p,
         "daily_counts",
