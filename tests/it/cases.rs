@@ -213,19 +213,7 @@ fn c01_rebalance_after_db_commit_before_offset_commit() {
     let p = orders_pipeline(&topic, &group, &db, None);
 
     // Consumer A: applies 10-12, commits PostgreSQL, dies before the Kafka commit.
-    let a = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[(
-            "REPLAYSAFE_FAILPOINTS",
-            "after-db-commit-before-kafka-commit=return",
-        )],
-        Duration::from_secs(120),
-    );
+    let a = try_run_with(&p.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
     assert_ne!(a.code, Some(0));
     assert_eq!(
         committed(&group, &topic, 1),
@@ -298,15 +286,9 @@ fn c02_crash_and_database_outage() {
 
     // Part A: 100 and 101 land, the process dies before the Kafka commit; restart; then 102.
     let mut map = produce_case(&topic, &by(&|r| r.partition == 0 && r.offset <= 101));
-    let a = replaysafe_with(
-        &["run", "--config", cfg, "--until-caught-up"],
-        &[
-            (
-                "REPLAYSAFE_FAILPOINTS",
-                "after-db-commit-before-kafka-commit=return",
-            ),
-            ("DATABASE_URL", &url),
-        ],
+    let a = try_run_with(
+        cfg,
+        &[CRASH_AFTER_DB_COMMIT, ("DATABASE_URL", &url)],
         Duration::from_secs(120),
     );
     assert_ne!(a.code, Some(0));

@@ -542,16 +542,7 @@ fn c32_truncate_heartbeat_and_messages() {
     let db = Db::fresh("c32");
     let group = unique("g");
     let p = accounts_pipeline(&topics, &group, &db, "stop", 100);
-    let out = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[],
-        Duration::from_secs(120),
-    );
+    let out = try_run_with(&p.path, &[], Duration::from_secs(120));
     assert_ne!(out.code, Some(0), "{}", out.stdout);
     assert!(
         out.stderr.contains("TRUNCATE")
@@ -775,19 +766,7 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
     loop {
         runs += 1;
         assert!(runs < 60, "did not converge");
-        let out = replaysafe_with(
-            &[
-                "run",
-                "--config",
-                p.path.to_str().unwrap(),
-                "--until-caught-up",
-            ],
-            &[(
-                "REPLAYSAFE_FAILPOINTS",
-                "after-db-commit-before-kafka-commit=return",
-            )],
-            Duration::from_secs(120),
-        );
+        let out = try_run_with(&p.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
         if out.code == Some(0) {
             break;
         }

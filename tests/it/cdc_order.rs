@@ -627,7 +627,7 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
     let group = unique("g");
     let p = pipeline(EXISTING_COLUMN_MODE, &topic, &group, &db.schema);
     let cfg = p.path.to_str().unwrap();
-    let out = replaysafe(&["run", "--config", cfg, "--until-caught-up"]);
+    let out = try_run(cfg);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
     assert!(
         out.stderr.contains("owner, balance") && out.stderr.contains("NOT NULL"),

@@ -103,12 +103,7 @@ fn run_with_bad_config_exits_2_before_consuming() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, GOOD.replace("[identity]", "[identity]\nbogus = 1")).unwrap();
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
 }
 
@@ -126,12 +121,7 @@ fn schema_mismatch_exits_2_before_consuming() {
         .replace("[\"t\"]", "[\"{topic}\"]")
         + "\n[postgres]\nschema = \"{schema}\"\n";
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains("event_id") && out.stderr.contains("uuid"),
@@ -157,12 +147,7 @@ fn new_group_without_start_exits_3_and_consumes_nothing() {
         .replace("[\"t\"]", "[\"{topic}\"]")
         + "\n[postgres]\nschema = \"{schema}\"\n";
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
         out.stderr.contains("start = \\\"earliest\\\"")

@@ -180,19 +180,7 @@ fn crash_between_db_commit_and_kafka_commit_then_restart_is_exact() {
     let p = pipeline(SEED, &topic, &group, &db.schema);
 
     // The failpoint aborts the process right after the first database commit, before any Kafka commit.
-    let crashed = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[(
-            "REPLAYSAFE_FAILPOINTS",
-            "after-db-commit-before-kafka-commit=return",
-        )],
-        Duration::from_secs(120),
-    );
+    let crashed = try_run_with(&p.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
     assert_ne!(
         crashed.code,
         Some(0),

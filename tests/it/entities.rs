@@ -1086,9 +1086,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         let workers: Vec<_> = (0..2)
             .map(|_| {
                 let cfg = cfg.clone();
-                std::thread::spawn(move || {
-                    replaysafe(&["run", "--config", &cfg, "--until-caught-up"])
-                })
+                std::thread::spawn(move || try_run(&cfg))
             })
             .collect();
         let mut outs: Vec<Out> = workers.into_iter().map(|h| h.join().unwrap()).collect();
@@ -1106,14 +1104,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         let text = JSON_ROWS.replace("MAXREC", "5");
         let p = pipeline(&text, &topic, &unique("g"), &db.schema);
         let cfg = p.path.to_str().unwrap();
-        let crashed = replaysafe_with(
-            &["run", "--config", cfg, "--until-caught-up"],
-            &[(
-                "REPLAYSAFE_FAILPOINTS",
-                "after-db-commit-before-kafka-commit=return",
-            )],
-            Duration::from_secs(120),
-        );
+        let crashed = try_run_with(cfg, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
         assert_ne!(crashed.code, Some(0), "{}", crashed.stderr);
         let landed_before = db.i64("SELECT count(*) FROM {s}.outbox");
         assert!(landed_before > 0);

@@ -107,12 +107,7 @@ fn a_ledger_is_not_shared_by_pipelines_with_other_projections() {
     run_caught_up(&p1.path);
     let other = SEED.replace("table = \"daily_counts\"", "table = \"other_counts\"");
     let p2 = pipeline(&other, &topic, &unique("g"), &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p2.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
     // With its own ledger it counts everything.
@@ -130,16 +125,7 @@ fn a_ledger_is_not_shared_by_pipelines_with_other_projections() {
 fn a_missing_topic_exits_2() {
     let db = Db::fresh("notopic");
     let p = pipeline(SEED, &unique("no_such_topic"), &unique("g"), &db.schema);
-    let out = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[],
-        Duration::from_secs(60),
-    );
+    let out = try_run_with(&p.path, &[], Duration::from_secs(60));
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("does not exist"), "{}", out.stderr);
 }

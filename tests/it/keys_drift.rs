@@ -335,12 +335,7 @@ fn a_changed_field_type_is_refused_before_anything_is_consumed() {
             )],
         );
         let p2 = pipeline(&text("bigint"), &topic, &group, &db.schema);
-        let out = replaysafe(&[
-            "run",
-            "--config",
-            p2.path.to_str().unwrap(),
-            "--until-caught-up",
-        ]);
+        let out = try_run(&p2.path);
         assert_eq!(out.code, Some(2), "{}", out.stderr);
         let table = if with_row { "custs" } else { "counts" };
         for needle in [
@@ -385,12 +380,7 @@ fn a_sum_target_that_would_round_the_field_is_refused() {
         &group,
         &db.schema,
     );
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     for needle in [
         format!("column `total` of \"{}\".\"totals\" is bigint", db.schema),
@@ -787,13 +777,8 @@ payload = ["id"]
         "{}{sep}options=-c%20DateStyle%3DSQL,DMY%20-c%20TimeZone%3DAsia/Kolkata",
         database_url()
     );
-    let out = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
+    let out = try_run_with(
+        &p.path,
         &[("DATABASE_URL", url.as_str())],
         std::time::Duration::from_secs(120),
     );

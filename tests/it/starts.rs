@@ -106,19 +106,7 @@ fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
     run_caught_up(&g1.path).assert_ok();
     // More records, applied in the database but never acknowledged to Kafka (a crash between the two commits).
     produce(&topic, &recs[200..250]);
-    let crash = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            g1.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[(
-            "REPLAYSAFE_FAILPOINTS",
-            "after-db-commit-before-kafka-commit=return",
-        )],
-        Duration::from_secs(120),
-    );
+    let crash = try_run_with(&g1.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
     assert_ne!(crash.code, Some(0), "the crash failpoint fired");
     let applied = ledger(&db);
     let acked: i64 = committed(&group, &topic, 2)
@@ -178,12 +166,7 @@ fn a_generation_bump_without_a_fingerprint_is_refused() {
     run_caught_up(&g1.path).assert_ok();
     db.execute("UPDATE {s}.replaysafe_checkpoints SET last_offset = NULL, last_sha256 = NULL");
     let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        g2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&g2.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
         out.stderr.contains("no record fingerprint"),
@@ -298,12 +281,7 @@ fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
         },
     );
     let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        g2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&g2.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
         out.stderr.contains("no longer in the log"),
@@ -421,12 +399,7 @@ fn a_generation_bump_past_records_lost_to_retention_is_refused() {
     produce(&topic, &recs[10..]);
     delete_records_before(&topic, 0, 15);
     let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        g2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&g2.path);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("10..15"), "{}", out.stderr);
     assert_eq!(ledger(&db), 10, "nothing consumed");

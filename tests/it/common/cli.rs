@@ -2,8 +2,9 @@
 //! the window, the stop and the options it is about.
 
 use std::path::Path;
+use std::time::Duration;
 
-use super::{replaysafe, Out, Pipeline};
+use super::{replaysafe, replaysafe_with, Out, Pipeline};
 
 /// A path as the `&str` a command line takes.
 pub fn arg(path: &Path) -> &str {
@@ -83,4 +84,27 @@ pub fn verify_diff(before: &Path, report: &Path) -> Out {
         "--expect",
         arg(report),
     ])
+}
+
+/// The failpoint that makes `run` exit between the database commit and the Kafka offset commit (as an
+/// environment variable for [`try_run_with`]).
+pub const CRASH_AFTER_DB_COMMIT: (&str, &str) = (
+    "REPLAYSAFE_FAILPOINTS",
+    "after-db-commit-before-kafka-commit=return",
+);
+
+/// `replaysafe run --config <path> --until-caught-up` with the extra environment `envs`, killed after `limit`;
+/// the exit code is the caller's to check.
+pub fn try_run_with(path: impl AsRef<Path>, envs: &[(&str, &str)], limit: Duration) -> Out {
+    let config = arg(path.as_ref());
+    replaysafe_with(
+        &["run", "--config", config, "--until-caught-up"],
+        envs,
+        limit,
+    )
+}
+
+/// [`try_run_with`] without extra environment, killed after two minutes.
+pub fn try_run(path: impl AsRef<Path>) -> Out {
+    try_run_with(path, &[], Duration::from_secs(120))
 }

@@ -444,7 +444,7 @@ pub fn replaysafe(args: &[&str]) -> Out {
 
 /// `replaysafe run --config P --until-caught-up`, asserted successful.
 pub fn run_caught_up(p: &Path) -> Out {
-    let out = replaysafe(&["run", "--config", p.to_str().unwrap(), "--until-caught-up"]);
+    let out = try_run(p);
     out.assert_ok();
     out
 }
