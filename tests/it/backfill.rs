@@ -93,21 +93,13 @@ fn six_day_refund_backfill_verifies_to_the_row() {
         })
     };
     let bf = unique("bf");
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = backfill(
+        &p,
         "2024-04-25T00:00:00Z",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--filter",
-        "amount < 0",
-        "--group-id",
+        ("--to-offsets", arg(&stop)),
         &bf,
-        "-o",
-        report.to_str().unwrap(),
-    ]);
+        &["--filter", "amount < 0", "-o", arg(&report)],
+    );
     stop_writer.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     out.assert_ok();
@@ -140,38 +132,18 @@ fn six_day_refund_backfill_verifies_to_the_row() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3000);
 
     // Running it a second time changes nothing: same group (checkpoints at the stop) and a new group (duplicates).
-    let again = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--filter",
-        "amount < 0",
-        "--group-id",
-        &bf,
-    ]);
+    let refunds_again = |group: &str| {
+        let stop = ("--to-offsets", arg(&stop));
+        backfill(&p, "2024-04-25", stop, group, &["--filter", "amount < 0"])
+    };
+    let again = refunds_again(&bf);
     again.assert_ok();
     assert!(
         again.stderr.contains("consumed 0 = landed 0"),
         "{}",
         again.stderr
     );
-    let fresh = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--filter",
-        "amount < 0",
-        "--group-id",
-        &unique("bf2"),
-    ]);
+    let fresh = refunds_again(&unique("bf2"));
     fresh.assert_ok();
     assert!(fresh.stderr.contains(" landed 0 "), "{}", fresh.stderr);
     final_counts = counts(&db);

@@ -49,6 +49,26 @@ fn customers(
     pipeline(&text, topic, group, &db.schema)
 }
 
+/// [`customers`] whose row projection applies truncates (`truncate = "truncate"`).
+fn truncating(
+    db: &Db,
+    topic: &str,
+    group: &str,
+    generation: &str,
+    max: usize,
+    mode: &str,
+) -> Pipeline {
+    customers(
+        db,
+        topic,
+        group,
+        generation,
+        max,
+        mode,
+        "truncate = \"truncate\"",
+    )
+}
+
 type Live = Vec<(i64, Option<String>, i64)>;
 /// Tombstones `(id, _version, _position)`.
 type Tombs = Vec<(i64, Vec<i64>, Option<Vec<i64>>)>;
@@ -385,15 +405,7 @@ fn truncate_then_reload_under_a_version_column() {
             let ctx = format!("tombstones {mode}, max-records {max}");
             let db = Db::fresh("trl");
             let group = unique("g");
-            let p = customers(
-                &db,
-                &topic,
-                &group,
-                "g1",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let p = truncating(&db, &topic, &group, "g1", max, mode);
             let out = run_caught_up(&p.path);
             assert_eq!(tally_of(&out), (9, 9, 0, 0, 0, 0), "{ctx}: {}", out.stdout);
             assert_eq!(
@@ -418,29 +430,13 @@ fn truncate_then_reload_under_a_version_column() {
             // A change from before the truncate, arriving later from another partition: stale.
             let late = new_topic("trl_late", 1);
             produce(&late, &[c(0, 4, "four (before the truncate)", 9, 150)]);
-            let pl = customers(
-                &db,
-                &late,
-                &unique("g"),
-                "g1",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let pl = truncating(&db, &late, &unique("g"), "g1", max, mode);
             let out = run_caught_up(&pl.path);
             assert_eq!(tally_of(&out), (1, 0, 0, 1, 0, 0), "{ctx}: {}", out.stdout);
 
             // The whole topic again under a new generation: the pre-truncate rows are stale, the truncate finds
             // nothing older than itself, the reloaded rows are duplicates.
-            let again = customers(
-                &db,
-                &topic,
-                &unique("g"),
-                "g2",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let again = truncating(&db, &topic, &unique("g"), "g2", max, mode);
             let out = run_caught_up(&again.path);
             assert_eq!(tally_of(&out), (9, 1, 4, 4, 0, 0), "{ctx}: {}", out.stdout);
             assert_eq!(
@@ -536,15 +532,7 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
         for max in [1, 5000] {
             let db = Db::fresh("trlate");
             let group = unique("g");
-            let p = customers(
-                &db,
-                &topic,
-                &group,
-                "",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let p = truncating(&db, &topic, &group, "", max, mode);
             let out = run_caught_up(&p.path);
             assert_eq!(
                 tally_of(&out),
@@ -558,7 +546,7 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
     produce(&topic, &[Table("customers").truncate(0, 200)]);
     for (db, group, mode, max) in &dbs {
         let ctx = format!("tombstones {mode}, max-records {max}");
-        let p = customers(db, &topic, group, "", *max, mode, "truncate = \"truncate\"");
+        let p = truncating(db, &topic, group, "", *max, mode);
         let out = run_caught_up(&p.path);
         assert_eq!(tally_of(&out), (1, 1, 0, 0, 0, 0), "{ctx}: {}", out.stdout);
         let (live, tombs) = customers_state(db, mode);
@@ -580,15 +568,7 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
         );
         // The whole topic again under a new generation: the changes before the truncate are stale (its
         // watermark), the truncate finds nothing older than itself, the reloaded rows are duplicates.
-        let again = customers(
-            db,
-            &topic,
-            &unique("g"),
-            "g2",
-            *max,
-            mode,
-            "truncate = \"truncate\"",
-        );
+        let again = truncating(db, &topic, &unique("g"), "g2", *max, mode);
         let out = run_caught_up(&again.path);
         assert_eq!(tally_of(&out), (9, 1, 3, 5, 0, 0), "{ctx}: {}", out.stdout);
         assert_eq!(customers_state(db, mode).0, expected, "{ctx}");
@@ -739,20 +719,12 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
         for max in [1, 5000] {
             let db = Db::fresh("rcdc");
             let group = unique("g");
-            let p = customers(&db, &late, &group, "", max, mode, "truncate = \"truncate\"");
+            let p = truncating(&db, &late, &group, "", max, mode);
             let out = run_caught_up(&p.path);
             assert_eq!(out.tally().quarantined, 0, "{}", out.stdout);
             late_dbs.push((db, group, mode, max));
             let db = Db::fresh("rcdc");
-            let p = customers(
-                &db,
-                &all,
-                &unique("g"),
-                "",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let p = truncating(&db, &all, &unique("g"), "", max, mode);
             let out = run_caught_up(&p.path);
             let t = out.tally();
             assert_eq!((t.consumed, t.quarantined), (n, 0), "{}", out.stdout);
@@ -768,15 +740,7 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
                 n as i64,
                 "{ctx}"
             );
-            let again = customers(
-                &db,
-                &all,
-                &unique("g"),
-                "g2",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let again = truncating(&db, &all, &unique("g"), "g2", max, mode);
             let out = run_caught_up(&again.path);
             let t = out.tally();
             assert_eq!(
@@ -795,7 +759,7 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
     produce(&late, &truncates);
     for (db, group, mode, max) in &late_dbs {
         let ctx = format!("truncates late, {mode} {max}");
-        let p = customers(db, &late, group, "", *max, mode, "truncate = \"truncate\"");
+        let p = truncating(db, &late, group, "", *max, mode);
         let out = run_caught_up(&p.path);
         assert_eq!(out.tally().quarantined, 0, "{ctx}: {}", out.stdout);
         assert_eq!(customers_state(db, mode).0, live, "{ctx}");
