@@ -85,6 +85,24 @@ pub fn produce_case(topic: &str, records: &[&CaseRecord]) -> BTreeMap<(i32, i64)
         .collect()
 }
 
+/// A fresh topic named after `prefix` (`partitions`, no retention) holding case `id`'s records (only those of
+/// `topic_filter` when given); returns the topic and case offset → broker offset.
+pub fn case_topic(
+    id: &str,
+    prefix: &str,
+    partitions: i32,
+    topic_filter: Option<&str>,
+) -> (String, BTreeMap<(i32, i64), i64>) {
+    let topic = new_topic(prefix, partitions);
+    let records = load(id, topic_filter);
+    let map = produce_case(&topic, &all(&records));
+    (topic, map)
+}
+
+fn all(records: &[CaseRecord]) -> Vec<&CaseRecord> {
+    records.iter().collect()
+}
+
 /// Business events of `shop.order-events`, with the projections the cases' oracles name.
 pub const ORDERS: &str = concat!(
     header!(),
@@ -413,9 +431,8 @@ fn c03_offsets_are_next_offset_to_read() {
 /// quarantined as `null-value` and the partition moves on. (The Debezium part belongs to the CDC pipeline.)
 #[test]
 fn c14_tombstone_on_a_business_topic() {
-    let (db, topic) = stage("c14", 1);
-    let records = load("C14", Some("shop.order-events"));
-    let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
+    let db = Db::fresh("c14");
+    let (topic, map) = case_topic("C14", "c14", 1, Some("shop.order-events"));
     let group = unique("g");
     let p = orders_pipeline(&topic, &group, &db, None);
     let t = run_caught_up(&p.path).tally();
@@ -440,9 +457,8 @@ fn c14_tombstone_on_a_business_topic() {
 /// C24: poison messages go to the dead-letter table in the same transaction that advances the position.
 #[test]
 fn c24_poison_messages_are_quarantined() {
-    let (db, topic) = stage("c24", 1);
-    let records = load("C24", None);
-    let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
+    let db = Db::fresh("c24");
+    let (topic, map) = case_topic("C24", "c24", 1, None);
     let group = unique("g");
     let p = orders_pipeline(&topic, &group, &db, None);
     let t = run_caught_up(&p.path).tally();
@@ -480,9 +496,8 @@ fn c24_poison_messages_are_quarantined() {
 /// C27: one event in four UUID spellings is one delivery key; an invalid UUID is quarantined.
 #[test]
 fn c27_uuid_spellings_are_one_key() {
-    let (db, topic) = stage("c27", 1);
-    let records = load("C27", None);
-    let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
+    let db = Db::fresh("c27");
+    let (topic, map) = case_topic("C27", "c27", 1, None);
     let group = unique("g");
     let p = orders_pipeline(&topic, &group, &db, None);
     let t = run_caught_up(&p.path).tally();

@@ -2,12 +2,11 @@
 //! C20 C22 C23 C31 C32) and the seed 004 fixture (applied once, twice, with restarts, shuffled across
 //! partitions). Each asserts the final table, tombstones, conflicts, ledger rows and Kafka offsets.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cases::{load, produce_case, CaseRecord};
+use crate::cases::{case_topic, load, produce_case, CaseRecord};
 use crate::common::*;
 
 /// `accounts` from Debezium, with an outbox that (by default) ignores snapshot reads.
@@ -94,24 +93,6 @@ fn version(db: &Db, table: &str, id: i64) -> Option<Vec<i64>> {
     )
     .first()
     .map(|r| r.get(0))
-}
-
-/// A fresh topic named after `prefix` (`partitions`, no retention) holding case `id`'s records (only those of
-/// `topic_filter` when given); returns the topic and case offset → broker offset.
-fn case_topic(
-    id: &str,
-    prefix: &str,
-    partitions: i32,
-    topic_filter: Option<&str>,
-) -> (String, BTreeMap<(i32, i64), i64>) {
-    let topic = new_topic(prefix, partitions);
-    let records = load(id, topic_filter);
-    let map = produce_case(&topic, &all(&records));
-    (topic, map)
-}
-
-fn all(records: &[CaseRecord]) -> Vec<&CaseRecord> {
-    records.iter().collect()
 }
 
 /// C04: a connector restart re-emits a change with a new offset and envelope ts_ms but the same source
@@ -295,7 +276,7 @@ fn c31_equal_version_different_payload_is_a_conflict() {
     };
     check(&db);
     assert_eq!(committed(&group, &topic, 2)[1], Some(map[&(1, 702)] + 1));
-    let again = run_pipeline(&pipeline(ORDERS_ROW, &topic, &unique("g"), &db.schema)).tally();
+    let again = run_text(ORDERS_ROW, &topic, &unique("g"), &db).tally();
     assert_eq!((again.landed, again.duplicate), (0, 3));
     check(&db);
 }
@@ -376,7 +357,7 @@ fn c12_tombstones_stop_resurrection() {
     // Business part.
     let (biz, map) = case_topic("C12", "c12biz", 3, Some("shop.order-events"));
     let group = unique("g");
-    let out = run_pipeline(&pipeline(ORDERS_ROW, &biz, &group, &db.schema));
+    let out = run_text(ORDERS_ROW, &biz, &group, &db);
     let t = out.tally();
     assert_eq!((t.consumed, t.landed, out.stale()), (3, 2, 1));
     assert_eq!(db.i64("SELECT count(*) FROM {s}.customers"), 0);
@@ -443,7 +424,7 @@ fn c20_decimal_bytes_with_schema() {
         r#"{ id = "bigint", balance = "numeric(12,2)" }"#,
     );
     let group = unique("g");
-    run_pipeline(&pipeline(&text, &topic, &group, &db.schema));
+    run_text(&text, &topic, &group, &db);
     assert_eq!(balance(&db, 1).as_deref(), Some("-1.00"));
     assert_eq!(balance(&db, 2).as_deref(), Some("12345.50"));
     assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 2)] + 1)]);
@@ -460,7 +441,7 @@ fn c22_temporal_units() {
         r#"{ id = "bigint", created_at = "timestamp(6)", updated_at = "timestamp(3)", seen_at = "timestamptz", due = "date" }"#,
     );
     let group = unique("g");
-    run_pipeline(&pipeline(&text, &topic, &group, &db.schema));
+    run_text(&text, &topic, &group, &db);
     let r = db.query(
         "SELECT created_at::text, updated_at::text, (seen_at AT TIME ZONE 'UTC')::text, due::text FROM {s}.events WHERE id = 1",
         &[],
@@ -607,7 +588,7 @@ columns = { products_id = "integer", categories_id = "integer" }
 "#
     );
     let group = unique("g");
-    let t = run_pipeline(&pipeline(text, &topic, &group, &db.schema)).tally();
+    let t = run_text(text, &topic, &group, &db).tally();
     assert_eq!((t.consumed, t.landed, t.filtered), (2, 1, 1));
     let tomb = db.query(
         "SELECT products_id, categories_id FROM {s}.products_to_categories_tombstones",
@@ -805,7 +786,7 @@ fn c12_tombstone_column_mode() {
             "truncate = \"stop\"",
             "truncate = \"stop\"\ntombstones = \"column\"",
         );
-    let out = run_pipeline(&pipeline(&text, &topic, &unique("g"), &db.schema));
+    let out = run_text(&text, &topic, &unique("g"), &db);
     assert_eq!(out.stale(), 1);
     let r = db.query(
         "SELECT _deleted_at IS NOT NULL, _version FROM {s}.accounts WHERE id = 8",
@@ -829,7 +810,7 @@ fn c12_tombstone_column_mode() {
         timestamp_ms: None,
     };
     produce(&topic, &[recreate]);
-    run_pipeline(&pipeline(&text, &topic, &unique("g"), &db.schema));
+    run_text(&text, &topic, &unique("g"), &db);
     let r = db.query(
         "SELECT _deleted_at IS NULL, balance::text FROM {s}.accounts WHERE id = 8",
         &[],
@@ -975,12 +956,7 @@ columns = { id = "bigint", amt = "numeric(12,2)", iv = "interval" }
 "#
     );
     let db = Db::fresh("amb");
-    let out = run_pipeline(&pipeline(
-        &text.replace("MODE", ""),
-        &topic,
-        &unique("g"),
-        &db.schema,
-    ));
+    let out = run_text(&text.replace("MODE", ""), &topic, &unique("g"), &db);
     assert_eq!((out.tally().landed, out.tally().quarantined), (1, 1));
     let dl = db.query(
         "SELECT reason, detail FROM {s}.replaysafe_dead_letters",

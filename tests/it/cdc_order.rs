@@ -9,12 +9,10 @@ use crate::common::*;
 /// `customers (id, name, version)` ordered by the `version` column. GENERATION, MAXREC, TOMBSTONES, EXTRA are
 /// substituted.
 const CUSTOMERS: &str = concat!(
-    header!(),
+    debezium_header!(),
     r#"[batch]
 max-records = MAXREC
 linger-ms = 10
-[source]
-format = "debezium"
 GENERATION
 [[projection]]
 kind = "row"

@@ -60,12 +60,7 @@ struct Counts {
 impl Counts {
     fn of(out: &Out) -> Counts {
         let t = out.tally();
-        let line = out
-            .stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("consumed "))
-            .unwrap_or("");
+        let line = out.tally_line().unwrap_or("");
         let conflicts = line
             .split("[stale: ")
             .nth(1)

@@ -308,19 +308,22 @@ pub struct Out {
 }
 
 impl Out {
-    /// The final `consumed N = landed a + duplicate b + filtered c + quarantined d` line.
-    pub fn tally(&self) -> Tally {
-        let line = self
-            .stdout
+    /// The last `consumed …` line of stdout (the accounting line), if any.
+    pub fn tally_line(&self) -> Option<&str> {
+        self.stdout
             .lines()
             .rev()
             .find(|l| l.starts_with("consumed "))
-            .unwrap_or_else(|| {
-                panic!(
-                    "no tally line in stdout:\n{}\nstderr:\n{}",
-                    self.stdout, self.stderr
-                )
-            });
+    }
+
+    /// The final `consumed N = landed a + duplicate b + filtered c + quarantined d` line.
+    pub fn tally(&self) -> Tally {
+        let line = self.tally_line().unwrap_or_else(|| {
+            panic!(
+                "no tally line in stdout:\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        });
         let head = line.split(" [").next().unwrap_or(line);
         let num = |label: &str| -> u64 {
             head.replace(" = ", " + ")
@@ -353,12 +356,7 @@ impl Out {
 
     /// The `stale N` part of the tally line (0 when absent).
     pub fn stale(&self) -> u64 {
-        let line = self
-            .stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("consumed "))
-            .unwrap_or("");
+        let line = self.tally_line().unwrap_or("");
         line.split(" + ")
             .filter_map(|p| p.strip_prefix("stale "))
             .filter_map(|n| n.trim().parse().ok())
