@@ -641,13 +641,7 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
 /// `id % 3`, truncates on any partition. Returns the records and the live rows of a serial application in source
 /// order.
 fn random_cdc(n: i64, seed: u64) -> (Vec<Rec>, Vec<Rec>, Live) {
-    let mut s = seed;
-    let mut next = |m: u64| {
-        s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (s >> 33) % m
-    };
+    let mut next = seeded_random(seed);
     let row = |id: i64, name: String, v: i64| json!({"id": id, "name": name, "version": v});
     let mut rows: std::collections::BTreeMap<i64, (String, i64)> = Default::default();
     let mut version: std::collections::BTreeMap<i64, i64> = Default::default();

@@ -116,10 +116,8 @@ fn scenario(schemas_enable: bool) {
     );
     let topic = connect.topic(&src, "items");
     let text = format!(
-        r#"{HEADER}[batch]
+        r#"{DEBEZIUM_HEADER}[batch]
 linger-ms = 10
-[source]
-format = "debezium"
 # Columns and key come from the existing table (same DDL as the source).
 [[projection]]
 kind = "row"

@@ -891,13 +891,7 @@ impl Ev {
 /// A deterministic pseudo-random stream: `n` customers, 1–6 events each, versions 1–4 (repeats: equal versions
 /// with equal or different states), a quarter deletes, amounts from {1, 2, 3}, spread over 3 partitions.
 fn random_stream(n: usize, seed: u64) -> Vec<Ev> {
-    let mut s = seed;
-    let mut next = |m: u64| {
-        s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (s >> 33) % m
-    };
+    let mut next = seeded_random(seed);
     let mut out = Vec::new();
     for c in 0..n {
         for e in 0..(1 + next(6)) {

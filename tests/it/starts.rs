@@ -93,6 +93,11 @@ fn generation(text: &str, g: &str) -> String {
     )
 }
 
+/// The seed pipeline under generation `g`, for `group` on `topic` into `db`'s schema.
+fn seed_generation(g: &str, topic: &str, group: &str, db: &Db) -> Pipeline {
+    pipeline(&generation(SEED, g), topic, group, &db.schema)
+}
+
 /// Issue 20.4: a generation bump on a topic that was not recreated continues from the earlier generation's
 /// checkpoint (the record it applied last is still at its offset) — it used to fall back to Kafka's committed
 /// offset, which lags after a crash, and land the records in between again under new delivery keys.
@@ -102,7 +107,7 @@ fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
     let (recs, truth) = seed_events(300, 2);
     produce(&topic, &recs[..200]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     run_caught_up(&g1.path).assert_ok();
     // More records, applied in the database but never acknowledged to Kafka (a crash between the two commits).
     produce(&topic, &recs[200..250]);
@@ -118,7 +123,7 @@ fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
         "applied {applied}, Kafka's committed offsets lag at {acked}"
     );
     produce(&topic, &recs[250..]);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     let t = out.tally();
     let rest = 300 - applied as u64;
@@ -140,13 +145,13 @@ fn a_generation_bump_on_a_recreated_topic_starts_at_its_beginning() {
     let (first, _) = seed_events(50, 1);
     produce(&topic, &first);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 50);
     delete_topic(&topic);
     create_topic(&topic, 1, &[]);
     let (second, _) = seed_events(120, 1);
     produce(&topic, &second);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     let t = out.tally();
     assert_eq!((t.consumed, t.landed), (120, 120), "{}", out.stderr);
@@ -162,10 +167,10 @@ fn a_generation_bump_without_a_fingerprint_is_refused() {
     let (recs, _) = seed_events(40, 1);
     produce(&topic, &recs);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     run_caught_up(&g1.path).assert_ok();
     db.execute("UPDATE {s}.replaysafe_checkpoints SET last_offset = NULL, last_sha256 = NULL");
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = try_run(&g2.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
@@ -192,11 +197,11 @@ fn a_generation_bump_with_a_partition_empty_before_continues() {
     let (db, topic) = stage("genempty", 2);
     produce(&topic, &[event(0, 1), event(0, 2)]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).tally().landed, 2);
     assert_eq!(db.checkpoint(&group, &topic, 1), Some(0));
     produce(&topic, &[event(0, 3), event(1, 4), event(1, 5)]);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     out.assert_ok();
     let t = out.tally();
@@ -247,7 +252,7 @@ fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
     };
     produce(&topic, &[keyed("k1", 1), keyed("k2", 2)]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 2);
     // k2 again (supersedes offset 1), then records that roll the segments so the cleaner may clean them.
     for (i, k) in ["k2", "k3", "k4", "k5"].iter().enumerate() {
@@ -280,7 +285,7 @@ fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
             first_from_1() > 1
         },
     );
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = try_run(&g2.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
@@ -325,8 +330,8 @@ fn a_partition_back_in_an_earlier_generation_continues_from_the_newest_checkpoin
     let (db, topic) = stage("genback", 2);
     let (recs, truth) = seed_events(300, 2);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     produce(&topic, &recs[..100]);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 100);
     produce(&topic, &recs[100..200]);
@@ -359,7 +364,7 @@ fn a_generation_bump_with_an_idle_partition_is_not_refused() {
     let (recs, truth) = seed_events(60, 1);
     produce(&topic, &recs[..40]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 40);
     // The rest arrives on the partition that was idle under g1.
     let later: Vec<Rec> = recs[40..]
@@ -371,7 +376,7 @@ fn a_generation_bump_with_an_idle_partition_is_not_refused() {
         })
         .collect();
     produce(&topic, &later);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     let t = out.assert_ok().tally();
     assert_eq!((t.consumed, t.landed), (20, 20), "{}", out.stderr);
@@ -394,11 +399,11 @@ fn a_generation_bump_past_records_lost_to_retention_is_refused() {
     let (recs, _) = seed_events(30, 1);
     produce(&topic, &recs[..10]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 10);
     produce(&topic, &recs[10..]);
     delete_records_before(&topic, 0, 15);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = try_run(&g2.path);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("10..15"), "{}", out.stderr);

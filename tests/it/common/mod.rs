@@ -76,6 +76,18 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{n}_{ms}", std::process::id())
 }
 
+/// A reproducible pseudo-random sequence from `seed` (a 64-bit LCG): each call `next(m)` gives a number in
+/// `0..m`.
+pub fn seeded_random(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut s = seed;
+    move |m: u64| {
+        s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (s >> 33) % m
+    }
+}
+
 /// A test's own schema on the shared PostgreSQL, with a runtime to drive tokio-postgres synchronously.
 pub struct Db {
     pub rt: tokio::runtime::Runtime,
