@@ -286,11 +286,7 @@ fn c15_lookup_answering_end_and_empty_partition() {
         Duration::from_secs(120),
     );
     out.assert_ok();
-    let orders: Vec<String> = db
-        .query("SELECT order_id FROM {s}.orders ORDER BY 1", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let orders: Vec<String> = db.column("SELECT order_id FROM {s}.orders ORDER BY 1");
     assert_eq!(orders, vec!["o-2", "o-3", "o-6"]);
     assert_eq!(map[&(1, 2)], 2);
 }
@@ -333,11 +329,7 @@ fn c18_retention_deleted_part_of_the_window() {
         "names the lost range: {}",
         out.stderr
     );
-    let orders: Vec<String> = db
-        .query("SELECT order_id FROM {s}.orders ORDER BY 1", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let orders: Vec<String> = db.column("SELECT order_id FROM {s}.orders ORDER BY 1");
     assert_eq!(
         orders,
         vec!["o-1198", "o-1199"],

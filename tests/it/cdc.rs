@@ -917,11 +917,7 @@ fn truncate_watermark_holds_across_partitions() {
     );
     let out = run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "truncate", 100));
     assert_eq!((out.tally().landed, out.stale()), (1, 1));
-    let ids: Vec<i64> = db
-        .query("SELECT id FROM {s}.accounts ORDER BY id", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids: Vec<i64> = db.column("SELECT id FROM {s}.accounts ORDER BY id");
     assert_eq!(ids, vec![6]);
     assert_eq!(
         db.query("SELECT version FROM {s}.replaysafe_truncates", &[])[0].get::<_, Vec<i64>>(0),
@@ -983,10 +979,6 @@ columns = { id = "bigint", amt = "numeric(12,2)", iv = "interval" }
         &db.schema,
     );
     assert_eq!(run_pipeline(&p).tally().landed, 2);
-    let amounts: Vec<String> = db
-        .query("SELECT amt::text FROM {s}.prices ORDER BY id", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let amounts: Vec<String> = db.column("SELECT amt::text FROM {s}.prices ORDER BY id");
     assert_eq!(amounts, vec!["-26588.24", "7.90"]);
 }

@@ -417,10 +417,7 @@ fn truncate_then_reload_under_a_version_column() {
                 "{ctx}"
             );
             assert_eq!(
-                db.query("SELECT version FROM {s}.replaysafe_truncates", &[])
-                    .iter()
-                    .map(|r| r.get::<_, Vec<i64>>(0))
-                    .collect::<Vec<_>>(),
+                db.column::<Vec<i64>>("SELECT version FROM {s}.replaysafe_truncates"),
                 vec![vec![200, 200]],
                 "{ctx}: the truncate's source position is the watermark"
             );

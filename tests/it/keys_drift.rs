@@ -141,13 +141,9 @@ key = ["_entity"]
     let p = pipeline(text, &topic, &unique("g"), &db.schema);
     assert_eq!(run_caught_up(&p.path).tally().landed, 2);
     let keys = |table: &str| -> Vec<String> {
-        db.query(
-            &format!("SELECT message_key FROM {{s}}.{table} ORDER BY source_offset"),
-            &[],
-        )
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+        db.column(&format!(
+            "SELECT message_key FROM {{s}}.{table} ORDER BY source_offset"
+        ))
     };
     assert_eq!(keys("by_region"), [r#"[null, "a|b"]"#, r#"["a", "b"]"#]);
     assert_eq!(
@@ -784,14 +780,7 @@ payload = ["id"]
     );
     out.assert_ok();
     assert_eq!(out.tally().landed, 1);
-    let keys: Vec<String> = db
-        .query(
-            "SELECT delivery_key FROM {s}.out ORDER BY source_offset",
-            &[],
-        )
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let keys: Vec<String> = db.column("SELECT delivery_key FROM {s}.out ORDER BY source_offset");
     assert_eq!(
         keys,
         [

@@ -22,7 +22,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSqlOwned, ToSql};
 use tokio_postgres::{NoTls, Row};
 
 /// The broker and database every test uses.
@@ -144,9 +144,14 @@ impl Db {
         self.query(sql, &[]).first().and_then(|r| r.get(0))
     }
 
+    /// The first column of every row, in the query's order.
+    pub fn column<T: FromSqlOwned>(&self, sql: &str) -> Vec<T> {
+        self.query(sql, &[]).iter().map(|r| r.get(0)).collect()
+    }
+
     /// The first column of every row as text (cast in SQL with `::text`), in the query's order.
     pub fn strings(&self, sql: &str) -> Vec<String> {
-        self.query(sql, &[]).iter().map(|r| r.get(0)).collect()
+        self.column(sql)
     }
 
     /// `next_offset` of a checkpoint.
