@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tokio_postgres::types::{FromSqlOwned, ToSql};
 use tokio_postgres::{NoTls, Row};
 
-/// The broker and database every test uses.
+/// The Kafka bootstrap servers every test uses (`KAFKA_BROKERS`).
 pub fn brokers() -> String {
     std::env::var("KAFKA_BROKERS").expect(
         "KAFKA_BROKERS is not set: run the tests through scripts/test, which starts a real Kafka broker and PostgreSQL",
