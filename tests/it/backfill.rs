@@ -1202,7 +1202,7 @@ fn verify_flags_a_late_event_day_outside_the_snapshot() {
     let r = json(&report);
     assert_eq!(r["per_day"]["2024-04-24"]["landed"], 1, "{r}");
     assert_eq!(r["per_day"]["2024-04-25"]["landed"], 3, "{r}");
-    let diff = |before: &std::path::Path| verify_diff(&before, &report);
+    let diff = |before: &std::path::Path| verify_diff(before, &report);
     let bad = diff(&narrow);
     assert_eq!(bad.code, Some(1), "{}", bad.stdout);
     let line = bad

@@ -819,7 +819,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
         let group = db
             .text("SELECT min(consumer_group) FROM {s}.replaysafe_checkpoints")
             .unwrap();
-        let out = run_text(text, &topic, &group, &db);
+        let out = run_text(text, &topic, &group, db);
         let t = out.tally();
         assert_eq!(
             (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -839,7 +839,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
     // Replays: a fresh group (every record a duplicate) and a new generation (claimed again, judged again: the
     // same two conflicts, not recorded twice).
     let (db, text) = &dbs[0];
-    let out = run_text(text, &topic, &unique("g"), &db);
+    let out = run_text(text, &topic, &unique("g"), db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -848,7 +848,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
         out.stdout
     );
     let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
-    let out = run_text(&text2, &topic, &unique("g"), &db);
+    let out = run_text(&text2, &topic, &unique("g"), db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),

@@ -119,7 +119,7 @@ fn pruned_below(db: &Db) -> Option<NaiveDate> {
 fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
     let from = (Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
     let to = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-    backfill(&p, &from, ("--to", &to), group, &[])
+    backfill(p, &from, ("--to", &to), group, &[])
 }
 
 /// Issue 22 item 1: a backfill decides the horizon per record, like `run`. An event ten days old (produced an
