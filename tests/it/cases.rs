@@ -594,9 +594,8 @@ fn c17_latest_start_is_persisted_before_processing() {
         .replace("MAXBYTES", "")
         .replace("{schema}.", &format!("\"{}\".", db.schema));
     let p = pipeline(&text, &topic, &group, &db.schema);
-    let cfg = p.path.to_str().unwrap();
     // The service starts on the empty partition and dies before any commit.
-    let mut first = spawn(&["run", "--config", cfg], &[], p.dir.path(), "first");
+    let mut first = spawn_run(&p, &[], "first");
     wait_until(Duration::from_secs(60), "start position persisted", || {
         db_has_checkpoint(&db, &group, &topic, 1)
     });

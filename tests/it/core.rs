@@ -247,12 +247,7 @@ fn kill_9_at_random_moments_then_restart_is_exact() {
     };
     for round in 0..3 {
         let before = ledger_count(&db);
-        let mut child = spawn(
-            &["run", "--config", p.path.to_str().unwrap()],
-            &[],
-            p.dir.path(),
-            &format!("r{round}"),
-        );
+        let mut child = spawn_run(&p, &[], &format!("r{round}"));
         // Wait until this process has landed something, then kill it at a random moment.
         wait_until(Duration::from_secs(90), "rows landing", || {
             ledger_count(&db) > before || before == 30_000 || child.try_wait().unwrap().is_some()
@@ -312,12 +307,11 @@ fn rebalance_between_two_members_keeps_counts_exact() {
     let (recs, truth) = seed_events(12_000, 4);
     let group = unique("g");
     let p = pipeline(SEED, &topic, &group, &db.schema);
-    let cfg = p.path.to_str().unwrap();
     let mut offsets = produce(&topic, &recs[..3000]);
-    let mut a = spawn(&["run", "--config", cfg], &[], p.dir.path(), "a");
+    let mut a = spawn_run(&p, &[], "a");
     std::thread::sleep(Duration::from_secs(2));
     offsets.extend(produce(&topic, &recs[3000..6000]));
-    let mut b = spawn(&["run", "--config", cfg], &[], p.dir.path(), "b");
+    let mut b = spawn_run(&p, &[], "b");
     offsets.extend(produce(&topic, &recs[6000..9000]));
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(

@@ -442,20 +442,8 @@ fn a_running_process_prunes_periodically() {
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d)]);
     let p = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
-    let mut child = spawn(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--prune-interval",
-            "1",
-            "--summary-interval",
-            "1",
-        ],
-        &[],
-        p.dir.path(),
-        "run",
-    );
+    let extra = ["--prune-interval", "1", "--summary-interval", "1"];
+    let mut child = spawn_run(&p, &extra, "run");
     wait_until(Duration::from_secs(60), "the event landed", || {
         counter(&db, d) == 1
     });

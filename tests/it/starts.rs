@@ -36,12 +36,7 @@ fn a_partition_added_under_start_latest_is_read_from_its_beginning() {
         "start = \"latest\"\n[kafka.properties]\n\"topic.metadata.refresh.interval.ms\" = \"500\"\n",
     );
     let p = pipeline(&text, &topic, &group, &db.schema);
-    let mut child = spawn(
-        &["run", "--config", p.path.to_str().unwrap()],
-        &[],
-        p.dir.path(),
-        "run",
-    );
+    let mut child = spawn_run(&p, &[], "run");
     wait_until(Duration::from_secs(60), "partition 0 assigned", || {
         db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
             && db.query(

@@ -2,9 +2,10 @@
 //! the window, the stop and the options it is about.
 
 use std::path::Path;
+use std::process::Child;
 use std::time::Duration;
 
-use super::{replaysafe, replaysafe_with, Out, Pipeline};
+use super::{replaysafe, replaysafe_with, spawn, Out, Pipeline};
 
 /// A path as the `&str` a command line takes.
 pub fn arg(path: &Path) -> &str {
@@ -107,4 +108,11 @@ pub fn try_run_with(path: impl AsRef<Path>, envs: &[(&str, &str)], limit: Durati
 /// [`try_run_with`] without extra environment, killed after two minutes.
 pub fn try_run(path: impl AsRef<Path>) -> Out {
     try_run_with(path, &[], Duration::from_secs(120))
+}
+
+/// Starts `replaysafe run --config <p> <extra…>` in the background, its stdout and stderr in `<name>.out` and
+/// `<name>.err` of the pipeline's directory.
+pub fn spawn_run(p: &Pipeline, extra: &[&str], name: &str) -> Child {
+    let head = ["run", "--config", arg(&p.path)];
+    spawn(&[&head[..], extra].concat(), &[], p.dir.path(), name)
 }
