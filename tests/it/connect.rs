@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::{consumer, database_url, runtime, unique};
+use crate::common::{consumer, pg_client, runtime, unique};
 
 /// A running (or stopped) Connect worker with its one Debezium connector.
 pub struct Connect {
@@ -312,13 +312,7 @@ pub fn unique_name(prefix: &str) -> String {
 /// A runtime and a client on DATABASE_URL (the connection task runs on the runtime).
 fn db() -> (tokio::runtime::Runtime, tokio_postgres::Client) {
     let rt = runtime();
-    let client = rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-            .await
-            .expect("connect to DATABASE_URL");
-        tokio::spawn(conn);
-        client
-    });
+    let client = pg_client(&rt);
     (rt, client)
 }
 

@@ -59,6 +59,17 @@ pub fn seeded_random(seed: u64) -> impl FnMut(u64) -> u64 {
     }
 }
 
+/// A client on `DATABASE_URL` whose connection task runs on `rt`.
+pub fn pg_client(rt: &tokio::runtime::Runtime) -> tokio_postgres::Client {
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&database_url(), NoTls)
+            .await
+            .expect("connect to DATABASE_URL");
+        tokio::spawn(conn);
+        client
+    })
+}
+
 /// A test's own schema on the shared PostgreSQL, with a runtime to drive tokio-postgres synchronously.
 pub struct Db {
     pub rt: tokio::runtime::Runtime,
@@ -75,19 +86,11 @@ impl Db {
             .build()
             .unwrap();
         let schema = unique(prefix).to_lowercase();
-        let client = rt.block_on(async {
-            let (client, conn) = tokio_postgres::connect(&database_url(), NoTls)
-                .await
-                .expect("connect to DATABASE_URL");
-            tokio::spawn(conn);
-            client
-                .batch_execute(&format!(
-                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
-                ))
-                .await
-                .unwrap();
-            client
-        });
+        let client = pg_client(&rt);
+        rt.block_on(client.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
+        )))
+        .unwrap();
         Db { rt, client, schema }
     }
 
