@@ -38,6 +38,17 @@ fn write_stop_file(path: &std::path::Path, topic: &str, next_offset: i64) {
     .unwrap();
 }
 
+/// `backfill` of `p` from 2024-04-25 to 2024-05-01 under a new group, with the `extra` options.
+fn backfill_window(p: &Pipeline, extra: &[&str]) -> Out {
+    backfill(
+        p,
+        "2024-04-25",
+        ("--to", "2024-05-01"),
+        &unique("bf"),
+        extra,
+    )
+}
+
 fn json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -389,20 +400,11 @@ fn backfill_rejects_bad_filters_and_stop_files() {
     let (recs, _) = seed_events(40, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    let backfill_to = |extra: &[&str]| {
-        backfill(
-            &p,
-            "2024-04-25",
-            ("--to", "2024-05-01"),
-            &unique("bf"),
-            extra,
-        )
-    };
     for bad in ["", "amount <", "nosuch < 0"] {
-        let out = backfill_to(&["--filter", bad, "--dry-run"]);
+        let out = backfill_window(&p, &["--filter", bad, "--dry-run"]);
         assert_eq!(out.code, Some(2), "filter `{bad}`: {}", out.stderr);
     }
-    let failing = backfill_to(&["--filter", "1 / 0 == 1"]);
+    let failing = backfill_window(&p, &["--filter", "1 / 0 == 1"]);
     assert_eq!(failing.code, Some(2), "{}", failing.stderr);
     assert!(
         failing.stderr.contains("--filter failed on"),
@@ -472,21 +474,12 @@ fn retention_margin_and_horizon_checks() {
     let (recs, _) = seed_events(50, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    let backfill_to = |extra: &[&str]| {
-        backfill(
-            &p,
-            "2024-04-25",
-            ("--to", "2024-05-01"),
-            &unique("bf"),
-            extra,
-        )
-    };
-    let dry = backfill_to(&["--dry-run"]);
+    let dry = backfill_window(&p, &["--dry-run"]);
     dry.assert_ok();
     let plan: serde_json::Value = serde_json::from_str(&dry.stdout).unwrap();
     let notes = plan["retention"].to_string();
     assert!(notes.contains("may delete"), "{notes}");
-    let out = backfill_to(&["--ensure-retention"]);
+    let out = backfill_window(&p, &["--ensure-retention"]);
     out.assert_ok();
     let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let notes = report["retention"].to_string();
@@ -496,18 +489,12 @@ fn retention_margin_and_horizon_checks() {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 50);
     // The raised retention now covers the window with margin.
-    let dry2 = backfill_to(&["--dry-run"]);
+    let dry2 = backfill_window(&p, &["--dry-run"]);
     assert!(dry2.stdout.contains("safe"), "{}", dry2.stdout);
 
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
     let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
-    let refused = backfill(
-        &ph,
-        "2024-04-25",
-        ("--to", "2024-05-01"),
-        &unique("bf"),
-        &[],
-    );
+    let refused = backfill_window(&ph, &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(refused.stderr.contains("rebuild"), "{}", refused.stderr);
 }
@@ -919,13 +906,7 @@ fn per_day_counts_with_a_row_projection(text: &str) {
     let dir = p.dir.path();
     let (before, report) = (dir.join("before.json"), dir.join("report.json"));
     verify_snapshot(&p, "daily_counts", None, &before).assert_ok();
-    let out = backfill(
-        &p,
-        "2024-04-25",
-        ("--to", "2024-05-01"),
-        &unique("bf"),
-        &["-o", arg(&report)],
-    );
+    let out = backfill_window(&p, &["-o", arg(&report)]);
     out.assert_ok();
     assert!(
         out.stderr

@@ -13,6 +13,16 @@ event_id = { path = "/event_id", type = "uuid" }
 key = ["event_id"]
 "#;
 
+/// `GOOD` for the test's group (followed by `after_group`, e.g. a start), topic and schema.
+fn good_for_the_test(after_group: &str) -> String {
+    GOOD.replace(
+        "group-id = \"g\"",
+        &format!("group-id = \"{{group}}\"{after_group}"),
+    )
+    .replace("[\"t\"]", "[\"{topic}\"]")
+        + "\n[postgres]\nschema = \"{schema}\"\n"
+}
+
 fn check(text: &str) -> (Out, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
@@ -113,13 +123,7 @@ fn schema_mismatch_exits_2_before_consuming() {
     let db = Db::fresh("mismatch");
     db.execute("CREATE TABLE {s}.replaysafe_ledger (generation text NOT NULL DEFAULT '', event_id text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, consumer_group text NOT NULL, landed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (generation, event_id))");
     let topic = new_topic("mismatch", 1);
-    let text = GOOD
-        .replace(
-            "group-id = \"g\"",
-            "group-id = \"{group}\"\nstart = \"earliest\"",
-        )
-        .replace("[\"t\"]", "[\"{topic}\"]")
-        + "\n[postgres]\nschema = \"{schema}\"\n";
+    let text = good_for_the_test("\nstart = \"earliest\"");
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
     let out = try_run(&p.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
@@ -142,10 +146,7 @@ fn new_group_without_start_exits_3_and_consumes_nothing() {
             1_714_003_200_000,
         )],
     );
-    let text = GOOD
-        .replace("group-id = \"g\"", "group-id = \"{group}\"")
-        .replace("[\"t\"]", "[\"{topic}\"]")
-        + "\n[postgres]\nschema = \"{schema}\"\n";
+    let text = good_for_the_test("");
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
     let out = try_run(&p.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
