@@ -444,7 +444,14 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     let group = unique("g");
     let p = pipeline(SUMS, &topic, &group, &db.schema);
     assert_eq!(run_caught_up(&p.path).tally().landed, 1);
-    init(SUMS, &topic, &group, &db).assert_ok();
+    // `replaysafe init` of a pipeline text under the same group, and the record it leaves on the ledger.
+    let init = |text: &str| init(text, &topic, &group, &db);
+    let ledger_record = || {
+        db.text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
+            .unwrap()
+    };
+    let stricter = SUMS.replace("amount > 0.0", "amount > 1.0");
+    init(SUMS).assert_ok();
 
     let changes: [(&str, &str, &str); 7] = [
         (
@@ -484,7 +491,7 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         ),
     ];
     for (from, to, needle) in changes {
-        let out = init(&SUMS.replace(from, to), &topic, &group, &db);
+        let out = init(&SUMS.replace(from, to));
         assert_eq!(out.code, Some(2), "{to}: {}", out.stderr);
         assert!(out.stderr.contains(needle), "`{needle}` in {}", out.stderr);
         assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
@@ -495,7 +502,7 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         );
     }
     // Nothing of the refused runs changed the record.
-    init(SUMS, &topic, &group, &db).assert_ok();
+    init(SUMS).assert_ok();
 
     // Format 1 (names and kinds): matching → accepted and re-recorded; another set → refused.
     let v1 = |lines: &[&str]| {
@@ -515,23 +522,16 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         ))
     };
     comment(&v1(&["out:Outbox", "totals:Sum"]));
-    init(SUMS, &topic, &group, &db).assert_ok();
-    let recorded = db
-        .text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
-        .unwrap();
+    init(SUMS).assert_ok();
+    let recorded = ledger_record();
     assert!(
         recorded.starts_with("replaysafe projections v2 {"),
         "{recorded}"
     );
-    let out = init(
-        &SUMS.replace("amount > 0.0", "amount > 1.0"),
-        &topic,
-        &group,
-        &db,
-    );
+    let out = init(&stricter);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     comment(&v1(&["totals:Sum"]));
-    let out = init(SUMS, &topic, &group, &db);
+    let out = init(SUMS);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains("different set of projections"),
@@ -542,20 +542,13 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     // A comment replaysafe did not write (a DBA's note on a ledger from before the check) locks nobody out:
     // accepted, replaced by the record, and a later change is caught again.
     comment("purchases ledger, owner: team shop");
-    init(SUMS, &topic, &group, &db).assert_ok();
-    let recorded = db
-        .text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
-        .unwrap();
+    init(SUMS).assert_ok();
+    let recorded = ledger_record();
     assert!(
         recorded.starts_with("replaysafe projections v2 {"),
         "{recorded}"
     );
-    let out = init(
-        &SUMS.replace("amount > 0.0", "amount > 1.0"),
-        &topic,
-        &group,
-        &db,
-    );
+    let out = init(&stricter);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }
