@@ -14,6 +14,41 @@ fn cfg(p: &Pipeline) -> &str {
     p.path.to_str().unwrap()
 }
 
+/// A fresh schema and topic named after `prefix` holding `n` seed events over `partitions` partitions, applied by
+/// a production group; returns them, the production pipeline and the true counts.
+fn seeded(
+    prefix: &str,
+    partitions: i32,
+    n: usize,
+) -> (Db, String, Pipeline, BTreeMap<(String, String), i64>) {
+    let (db, topic) = stage(prefix, partitions);
+    let (recs, truth) = seed_events(n, partitions);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
+    run_caught_up(&p.path);
+    (db, topic, p, truth)
+}
+
+/// Writes a stop file (`kafka-committed`, group `prod`) holding `next_offset` for partition 0 of `topic` only.
+fn write_stop_file(path: &std::path::Path, topic: &str, next_offset: i64) {
+    std::fs::write(
+        path,
+        format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{next_offset}}}]}}"#),
+    )
+    .unwrap();
+}
+
+/// `backfill` of `p` from 2024-04-25 to 2024-05-01 under a new group, with the `extra` options.
+fn backfill_window(p: &Pipeline, extra: &[&str]) -> Out {
+    backfill(
+        p,
+        "2024-04-25",
+        ("--to", "2024-05-01"),
+        &unique("bf"),
+        extra,
+    )
+}
+
 fn json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -22,9 +57,7 @@ fn json(path: &std::path::Path) -> serde_json::Value {
 /// the refunds that verifies to the row, a second run that changes nothing, and another writer left undisturbed.
 #[test]
 fn six_day_refund_backfill_verifies_to_the_row() {
-    let db = Db::fresh("bf_seed");
-    let topic = unique("bf_seed");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("bf_seed", 3);
     let (recs, truth) = seed_events(3000, 3);
     produce(&topic, &recs);
     let prod = unique("prod");
@@ -43,34 +76,12 @@ fn six_day_refund_backfill_verifies_to_the_row() {
     let stop = dir.join("stop.json");
     let before = dir.join("before.json");
     let report = dir.join("report.json");
-    replaysafe(&[
-        "offsets",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--group",
-        &prod,
-        "-o",
-        stop.to_str().unwrap(),
-    ])
-    .assert_ok();
+    offsets_snapshot(&p, &prod, &stop).assert_ok();
     let s = json(&stop);
     assert_eq!(s["source"], "postgres-checkpoints");
     assert_eq!(s["partitions"].as_array().unwrap().len(), 3);
     let filter = "day between '2024-04-25' and '2024-04-30'";
-    replaysafe(&[
-        "verify",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--table",
-        "daily_counts",
-        "--where",
-        filter,
-        "-o",
-        before.to_str().unwrap(),
-    ])
-    .assert_ok();
+    verify_snapshot(&p, "daily_counts", Some(filter), &before).assert_ok();
 
     // Another writer keeps incrementing a row of the same table (outside the window) during the backfill.
     db.execute("INSERT INTO {s}.daily_counts (day, customer_id, n) VALUES ('2024-06-01', 'other-writer', 0)");
@@ -93,21 +104,13 @@ fn six_day_refund_backfill_verifies_to_the_row() {
         })
     };
     let bf = unique("bf");
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = backfill(
+        &p,
         "2024-04-25T00:00:00Z",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--filter",
-        "amount < 0",
-        "--group-id",
+        ("--to-offsets", arg(&stop)),
         &bf,
-        "-o",
-        report.to_str().unwrap(),
-    ]);
+        &["--filter", "amount < 0", "-o", arg(&report)],
+    );
     stop_writer.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     out.assert_ok();
@@ -123,14 +126,7 @@ fn six_day_refund_backfill_verifies_to_the_row() {
         "the backfill landed exactly the refunds the bug dropped"
     );
     // The aggregate changed, per day, by exactly what the backfill reported.
-    let v = replaysafe(&[
-        "verify",
-        "diff",
-        "--before",
-        before.to_str().unwrap(),
-        "--expect",
-        report.to_str().unwrap(),
-    ]);
+    let v = verify_diff(&before, &report);
     v.assert_ok();
     assert!(v.stdout.contains("verified"), "{}", v.stdout);
     let mut final_counts = counts(&db);
@@ -147,38 +143,18 @@ fn six_day_refund_backfill_verifies_to_the_row() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3000);
 
     // Running it a second time changes nothing: same group (checkpoints at the stop) and a new group (duplicates).
-    let again = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--filter",
-        "amount < 0",
-        "--group-id",
-        &bf,
-    ]);
+    let refunds_again = |group: &str| {
+        let stop = ("--to-offsets", arg(&stop));
+        backfill(&p, "2024-04-25", stop, group, &["--filter", "amount < 0"])
+    };
+    let again = refunds_again(&bf);
     again.assert_ok();
     assert!(
         again.stderr.contains("consumed 0 = landed 0"),
         "{}",
         again.stderr
     );
-    let fresh = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--filter",
-        "amount < 0",
-        "--group-id",
-        &unique("bf2"),
-    ]);
+    let fresh = refunds_again(&unique("bf2"));
     fresh.assert_ok();
     assert!(fresh.stderr.contains(" landed 0 "), "{}", fresh.stderr);
     final_counts = counts(&db);
@@ -186,17 +162,7 @@ fn six_day_refund_backfill_verifies_to_the_row() {
     assert_eq!(final_counts, truth);
 
     // Refusals: the production group, the stop file's group, a window beyond the horizon.
-    let refused = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
-        &prod,
-    ]);
+    let refused = backfill(&p, "2024-04-25", ("--to-offsets", arg(&stop)), &prod, &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
         refused.stderr.contains("production group"),
@@ -223,9 +189,7 @@ fn connect_plain() -> tokio_postgres::Client {
 /// A stop file with a missing partition: `--missing-stop` decides (error by default; never offset 0).
 #[test]
 fn stop_file_with_a_missing_partition() {
-    let db = Db::fresh("bf_missing");
-    let topic = unique("bf_missing");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("bf_missing", 2);
     let (recs, _) = seed_events(200, 2);
     let offsets = produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
@@ -235,21 +199,17 @@ fn stop_file_with_a_missing_partition() {
         .zip(&offsets)
         .filter(|(r, _)| r.partition == 0)
         .count() as i64;
-    std::fs::write(
-        &stop,
-        format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{end0}}}]}}"#),
-    )
-    .unwrap();
-    let base = [
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-    ];
-    let refused = replaysafe(&[&base[..], &["--group-id", &unique("bf")]].concat());
+    write_stop_file(&stop, &topic, end0);
+    let backfill_to = |extra: &[&str]| {
+        backfill(
+            &p,
+            "2024-04-25",
+            ("--to-offsets", arg(&stop)),
+            &unique("bf"),
+            extra,
+        )
+    };
+    let refused = backfill_to(&[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
         refused.stderr.contains("/1 has no stop offset"),
@@ -265,26 +225,14 @@ fn stop_file_with_a_missing_partition() {
         ledger.is_none(),
         "refused before anything was created or applied"
     );
-    let skip = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--missing-stop", "skip"],
-        ]
-        .concat(),
-    );
+    let skip = backfill_to(&["--missing-stop", "skip"]);
     skip.assert_ok();
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
         end0,
         "only partition 0 was replayed"
     );
-    let end = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--missing-stop", "end"],
-        ]
-        .concat(),
-    );
+    let end = backfill_to(&["--missing-stop", "end"]);
     end.assert_ok();
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 200);
 }
@@ -293,9 +241,7 @@ fn stop_file_with_a_missing_partition() {
 /// finishes at once; End is never used as a number.
 #[test]
 fn c15_lookup_answering_end_and_empty_partition() {
-    let db = Db::fresh("c15");
-    let topic = unique("c15");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("c15", 3);
     let records = load("C15", None);
     let (early, late): (Vec<_>, Vec<_>) = records
         .iter()
@@ -303,18 +249,13 @@ fn c15_lookup_answering_end_and_empty_partition() {
     let mut map = produce_case(&topic, &early);
     let p = orders_pipeline(&topic, &unique("prod"), &db, None);
     let from = "2024-04-25T00:00:00Z";
-    let dry = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    let dry = backfill(
+        &p,
         from,
-        "--to",
-        "2024-05-01",
-        "--group-id",
+        ("--to", "2024-05-01"),
         &unique("bf"),
-        "--dry-run",
-    ]);
+        &["--dry-run"],
+    );
     dry.assert_ok();
     let plan: serde_json::Value = serde_json::from_str(&dry.stdout).unwrap();
     let starts: BTreeMap<i64, (i64, String)> = plan["partitions"]
@@ -356,11 +297,7 @@ fn c15_lookup_answering_end_and_empty_partition() {
         Duration::from_secs(120),
     );
     out.assert_ok();
-    let orders: Vec<String> = db
-        .query("SELECT order_id FROM {s}.orders ORDER BY 1", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let orders: Vec<String> = db.column("SELECT order_id FROM {s}.orders ORDER BY 1");
     assert_eq!(orders, vec!["o-2", "o-3", "o-6"]);
     assert_eq!(map[&(1, 2)], 2);
 }
@@ -369,9 +306,7 @@ fn c15_lookup_answering_end_and_empty_partition() {
 /// what was applied stays applied; nothing resets to latest.
 #[test]
 fn c18_retention_deleted_part_of_the_window() {
-    let db = Db::fresh("c18");
-    let topic = unique("c18");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c18", 1);
     let records = load("C18", None);
     // 1198 and 1199, then records the broker will delete (1200..1499, three stand for them), then 1500.
     let mut map = produce_case(&topic, &records[..2].iter().collect::<Vec<_>>());
@@ -389,42 +324,15 @@ fn c18_retention_deleted_part_of_the_window() {
     ));
     let p = orders_pipeline(&topic, &unique("prod"), &db, None);
     let stop = p.dir.path().join("stop.json");
-    let write_stop = |next: i64| {
-        std::fs::write(
-            &stop,
-            format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{next}}}]}}"#),
-        )
-        .unwrap()
-    };
+    let write_stop = |next: i64| write_stop_file(&stop, &topic, next);
     // The backfill gets as far as 1198 and 1199 (mapped 0 and 1) ...
     write_stop(map[&(0, 1199)] + 1);
     let bf = unique("bf");
-    replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-24",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
-        &bf,
-    ])
-    .assert_ok();
+    backfill(&p, "2024-04-24", ("--to-offsets", arg(&stop)), &bf, &[]).assert_ok();
     // ... then retention deletes everything before 1500 (mapped 2).
     delete_records_before(&topic, 0, map[&(0, 1500)]);
     write_stop(map[&(0, 1500)] + 1);
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-24",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
-        &bf,
-    ]);
+    let out = backfill(&p, "2024-04-24", ("--to-offsets", arg(&stop)), &bf, &[]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(
         out.stderr
@@ -432,11 +340,7 @@ fn c18_retention_deleted_part_of_the_window() {
         "names the lost range: {}",
         out.stderr
     );
-    let orders: Vec<String> = db
-        .query("SELECT order_id FROM {s}.orders ORDER BY 1", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let orders: Vec<String> = db.column("SELECT order_id FROM {s}.orders ORDER BY 1");
     assert_eq!(
         orders,
         vec!["o-1198", "o-1199"],
@@ -447,64 +351,38 @@ fn c18_retention_deleted_part_of_the_window() {
 /// rebuild: with the other writer paused, zeroing the window and replaying it gives the clean run's totals.
 #[test]
 fn rebuild_gives_the_same_totals_as_a_clean_run() {
-    let db = Db::fresh("rebuild");
-    let topic = unique("rebuild");
-    create_topic(&topic, 2, &[]);
-    let (recs, truth) = seed_events(1200, 2);
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    run_caught_up(&p.path);
+    let (db, _topic, p, truth) = seeded("rebuild", 2, 1200);
     assert_eq!(counts(&db), truth);
     // Someone corrupted two days (a hand-made increment ran twice).
     db.execute(
         "UPDATE {s}.daily_counts SET n = n * 2 WHERE day BETWEEN '2024-04-26' AND '2024-04-27'",
     );
-    let refused = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-26",
-        "--to",
-        "2024-04-27",
-        "--group-id",
-        &unique("rb"),
-    ]);
+    let refused = rebuild(&p, "2024-04-26", "2024-04-27", &unique("rb"), &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert_ne!(
         counts(&db),
         truth,
         "nothing was changed by the refused rebuild"
     );
-    let out = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-27",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     out.assert_ok();
     assert_eq!(counts(&db), truth, "rebuilt days equal the clean run");
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1200);
     // A rerun under a used group id would delete the window and resume past it: refused, nothing changed.
     let rb = out_group(&out);
-    let again = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let again = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-27",
-        "--group-id",
         &rb,
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     assert_eq!(again.code, Some(2), "{}", again.stderr);
     assert_eq!(counts(&db), truth);
 }
@@ -518,38 +396,15 @@ fn out_group(out: &Out) -> String {
 /// a stop file with a negative offset; a stop offset beyond the partition's end is capped, never waited for.
 #[test]
 fn backfill_rejects_bad_filters_and_stop_files() {
-    let db = Db::fresh("bf_bad");
-    let topic = unique("bf_bad");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("bf_bad", 1);
     let (recs, _) = seed_events(40, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    let base = [
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-05-01",
-    ];
     for bad in ["", "amount <", "nosuch < 0"] {
-        let out = replaysafe(
-            &[
-                &base[..],
-                &["--group-id", &unique("bf"), "--filter", bad, "--dry-run"],
-            ]
-            .concat(),
-        );
+        let out = backfill_window(&p, &["--filter", bad, "--dry-run"]);
         assert_eq!(out.code, Some(2), "filter `{bad}`: {}", out.stderr);
     }
-    let failing = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--filter", "1 / 0 == 1"],
-        ]
-        .concat(),
-    );
+    let failing = backfill_window(&p, &["--filter", "1 / 0 == 1"]);
     assert_eq!(failing.code, Some(2), "{}", failing.stderr);
     assert!(
         failing.stderr.contains("--filter failed on"),
@@ -566,21 +421,15 @@ fn backfill_rejects_bad_filters_and_stop_files() {
         0
     );
     let stop = p.dir.path().join("stop.json");
-    let write = |o: i64| {
-        std::fs::write(&stop, format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":{o}}}]}}"#)).unwrap()
-    };
+    let write = |o: i64| write_stop_file(&stop, &topic, o);
     write(-5);
-    let neg = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    let neg = backfill(
+        &p,
         "2024-04-25",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
+        ("--to-offsets", arg(&stop)),
         &unique("bf"),
-    ]);
+        &[],
+    );
     assert_eq!(neg.code, Some(2), "{}", neg.stderr);
     write(99_999_999);
     let far = replaysafe_with(
@@ -625,27 +474,12 @@ fn retention_margin_and_horizon_checks() {
     let (recs, _) = seed_events(50, 1);
     produce(&topic, &recs);
     let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    let base = [
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-05-01",
-    ];
-    let dry = replaysafe(&[&base[..], &["--group-id", &unique("bf"), "--dry-run"]].concat());
+    let dry = backfill_window(&p, &["--dry-run"]);
     dry.assert_ok();
     let plan: serde_json::Value = serde_json::from_str(&dry.stdout).unwrap();
     let notes = plan["retention"].to_string();
     assert!(notes.contains("may delete"), "{notes}");
-    let out = replaysafe(
-        &[
-            &base[..],
-            &["--group-id", &unique("bf"), "--ensure-retention"],
-        ]
-        .concat(),
-    );
+    let out = backfill_window(&p, &["--ensure-retention"]);
     out.assert_ok();
     let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let notes = report["retention"].to_string();
@@ -655,22 +489,12 @@ fn retention_margin_and_horizon_checks() {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 50);
     // The raised retention now covers the window with margin.
-    let dry2 = replaysafe(&[&base[..], &["--group-id", &unique("bf"), "--dry-run"]].concat());
+    let dry2 = backfill_window(&p, &["--dry-run"]);
     assert!(dry2.stdout.contains("safe"), "{}", dry2.stdout);
 
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
     let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
-    let refused = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&ph),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-05-01",
-        "--group-id",
-        &unique("bf"),
-    ]);
+    let refused = backfill_window(&ph, &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(refused.stderr.contains("rebuild"), "{}", refused.stderr);
 }
@@ -721,9 +545,7 @@ const APR25: i64 = 1_714_003_200_000; // 2024-04-25T00:00:00Z
 /// whose replay does not bring every row back (here: a filter rule added since) exits 1 naming the rows.
 #[test]
 fn rebuild_rereads_late_events_beyond_the_slack() {
-    let db = Db::fresh("rb_late");
-    let topic = unique("rb_late");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("rb_late", 2);
     let (mut recs, _) = seed_events(600, 2);
     // Late arrivals: events of 2024-04-26 and 2024-04-27 produced two to four days later.
     for i in 0..24i64 {
@@ -744,20 +566,13 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
     );
     db.execute("UPDATE {s}.daily_totals SET total = 0 WHERE day = '2024-04-26'");
     let report = p.dir.path().join("rebuild.json");
-    let out = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-27",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-        "-o",
-        report.to_str().unwrap(),
-    ]);
+        &["--i-paused-other-writers", "-o", arg(&report)],
+    );
     out.assert_ok();
     assert_eq!(counts(&db), counts0, "every count as before the damage");
     assert_eq!(totals_of(&db), totals0, "every total as before the damage");
@@ -794,20 +609,13 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
     );
     assert!(c1 > 0);
     let report2 = pf.dir.path().join("rebuild2.json");
-    let short = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&pf),
-        "--from",
+    let short = rebuild(
+        &pf,
         "2024-04-26",
-        "--to",
         "2024-04-26",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-        "-o",
-        report2.to_str().unwrap(),
-    ]);
+        &["--i-paused-other-writers", "-o", arg(&report2)],
+    );
     assert_eq!(short.code, Some(1), "{}", short.stderr);
     assert!(
         short.stderr.contains("did not bring back"),
@@ -844,9 +652,7 @@ fn rebuild_rereads_late_events_beyond_the_slack() {
 /// as before the damage, its report counting the rows the window held before the first run.
 #[test]
 fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
-    let db = Db::fresh("rb_rerun");
-    let topic = unique("rb_rerun");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("rb_rerun", 2);
     let (mut recs, _) = seed_events(300, 2);
     for i in 0..12i64 {
         let occurred = APR25 + DAY_MS + 3_600_000 * (i % 20);
@@ -931,9 +737,7 @@ fn rebuild_interrupted_then_rerun_rereads_what_the_first_run_deleted() {
 /// before deleting anything (aggregate and ledger unchanged), exit 1, naming the partition and the offsets.
 #[test]
 fn rebuild_refuses_when_retention_removed_part_of_the_window() {
-    let db = Db::fresh("rb_ret");
-    let topic = unique("rb_ret");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("rb_ret", 1);
     // 04-25: offsets 0..10; 04-26: 10..20; a late 04-25 event at 20 (Kafka time 04-28); 04-28: 21..25.
     let mut recs: Vec<Rec> = (0..10)
         .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
@@ -948,18 +752,13 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     assert_eq!(ledger0.len(), 25);
     // Retention deletes offsets 0..5 (five events of 2024-04-25).
     delete_records_before(&topic, 0, 5);
-    let out = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let out = rebuild(
+        &p,
         "2024-04-25",
-        "--to",
         "2024-04-25",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(
         out.stderr.contains(&format!("{topic}/0")) && out.stderr.contains("[0, 5)"),
@@ -974,18 +773,13 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     assert_eq!(counts(&db), counts0, "the aggregate is untouched");
     assert_eq!(ledger_rows(&db), ledger0, "the ledger is untouched");
     // A window whose events are all still in the topic is rebuilt.
-    let ok = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&p),
-        "--from",
+    let ok = rebuild(
+        &p,
         "2024-04-26",
-        "--to",
         "2024-04-26",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     ok.assert_ok();
     let r: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
     assert_eq!(r["rebuild"]["per_day"]["2024-04-26"]["before"], 10, "{r}");
@@ -996,18 +790,13 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
     // would be quarantined as beyond-horizon after the window was zeroed. Nothing changes.
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
     let ph = pipeline(&horizon, &topic, &unique("prod"), &db.schema);
-    let refused = replaysafe(&[
-        "rebuild",
-        "--config",
-        cfg(&ph),
-        "--from",
+    let refused = rebuild(
+        &ph,
         "2024-04-26",
-        "--to",
         "2024-04-26",
-        "--group-id",
         &unique("rb"),
-        "--i-paused-other-writers",
-    ]);
+        &["--i-paused-other-writers"],
+    );
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
         refused.stderr.contains("ledger horizon"),
@@ -1019,14 +808,9 @@ fn rebuild_refuses_when_retention_removed_part_of_the_window() {
 }
 
 /// A row projection (`accounts`, key `entity`, version `v`) next to a counter per day.
-const ROW_AND_COUNTER: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const ROW_AND_COUNTER: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXRECORDS
 linger-ms = 20
 [fields]
@@ -1050,7 +834,8 @@ kind = "counter"
 table = "daily_counts"
 group-by = ["day"]
 column = "n"
-"#;
+"#
+);
 
 fn account_event(partition: i32, entity: &str, v: i64, status: &str, day: &str, ts: i64) -> Rec {
     let id = uuid::Uuid::new_v4();
@@ -1075,9 +860,7 @@ fn backfill_per_day_counts_match_the_accounting_with_a_row_projection() {
 }
 
 fn per_day_counts_with_a_row_projection(text: &str) {
-    let db = Db::fresh("bf_row");
-    let topic = unique("bf_row");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("bf_row", 2);
     let mut recs = Vec::new();
     // Entities spread over both partitions; per entity v2 `active` first, then an older v1 `closed`, on
     // 2024-04-25; one `closed` v1 of a new entity per partition on 2024-04-26.
@@ -1117,35 +900,13 @@ fn per_day_counts_with_a_row_projection(text: &str) {
         "FILTER",
         "[[filter]]\nname = \"no-closed\"\ndrop-if = \"status == 'closed'\"",
     );
-    let t = run_caught_up(&pipeline(&buggy, &topic, &prod, &db.schema).path).tally();
+    let t = run_text(&buggy, &topic, &prod, &db).tally();
     assert_eq!((t.landed, t.filtered), (6, 8));
     let p = pipeline(&text.replace("FILTER", ""), &topic, &prod, &db.schema);
     let dir = p.dir.path();
     let (before, report) = (dir.join("before.json"), dir.join("report.json"));
-    replaysafe(&[
-        "verify",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--table",
-        "daily_counts",
-        "-o",
-        before.to_str().unwrap(),
-    ])
-    .assert_ok();
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-05-01",
-        "--group-id",
-        &unique("bf"),
-        "-o",
-        report.to_str().unwrap(),
-    ]);
+    verify_snapshot(&p, "daily_counts", None, &before).assert_ok();
+    let out = backfill_window(&p, &["-o", arg(&report)]);
     out.assert_ok();
     assert!(
         out.stderr
@@ -1204,14 +965,7 @@ fn per_day_counts_with_a_row_projection(text: &str) {
         .map(|x| (x.get(0), x.get(1)))
         .collect();
     assert_eq!(n, vec![("2024-04-25".into(), 6), ("2024-04-26".into(), 2)]);
-    let v = replaysafe(&[
-        "verify",
-        "diff",
-        "--before",
-        before.to_str().unwrap(),
-        "--expect",
-        report.to_str().unwrap(),
-    ]);
+    let v = verify_diff(&before, &report);
     v.assert_ok();
     assert!(v.stdout.contains("verified"), "{}", v.stdout);
 }
@@ -1219,9 +973,7 @@ fn per_day_counts_with_a_row_projection(text: &str) {
 /// One partition around `--to 2024-04-26`: offset 0 inside the window, 1 past it (the stop), 2 inside but after
 /// the stop, 3 past it; its topic and the seed pipeline over it.
 fn out_of_order_around_the_cut(prefix: &str) -> (Db, String, Pipeline) {
-    let db = Db::fresh(prefix);
-    let topic = unique(prefix);
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage(prefix, 1);
     let t = APR25 + DAY_MS;
     produce(
         &topic,
@@ -1241,17 +993,7 @@ fn out_of_order_around_the_cut(prefix: &str) -> (Db, String, Pipeline) {
 #[test]
 fn backfill_to_time_reports_records_past_the_stop() {
     let (db, _, p) = out_of_order_around_the_cut("bf_cut");
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        "2024-04-25",
-        "--to",
-        "2024-04-26",
-        "--group-id",
-        &unique("bf"),
-    ]);
+    let out = backfill(&p, "2024-04-25", ("--to", "2024-04-26"), &unique("bf"), &[]);
     out.assert_ok();
     let r: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(r["partitions"][0]["stop_offset"], 1, "{r}");
@@ -1276,22 +1018,14 @@ fn backfill_notes_a_stop_offset_below_the_start() {
     let (db, topic, p) = out_of_order_around_the_cut("bf_below");
     // A stop file whose offset lies below the window's start.
     let stop = p.dir.path().join("stop.json");
-    std::fs::write(
-        &stop,
-        format!(r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":0}}]}}"#),
-    )
-    .unwrap();
-    let below = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    write_stop_file(&stop, &topic, 0);
+    let below = backfill(
+        &p,
         "2024-04-26T00:30:00Z",
-        "--to-offsets",
-        stop.to_str().unwrap(),
-        "--group-id",
+        ("--to-offsets", arg(&stop)),
         &unique("bf"),
-    ]);
+        &[],
+    );
     below.assert_ok();
     let r: serde_json::Value = serde_json::from_str(&below.stdout).unwrap();
     assert_eq!(r["partitions"][0]["start_offset"], 1, "{r}");
@@ -1316,25 +1050,10 @@ fn backfill_notes_a_stop_offset_below_the_start() {
 /// Issue 20 item 6: `offsets snapshot` of a group with no position warns (the file keeps nulls, never 0).
 #[test]
 fn offsets_snapshot_without_positions_warns() {
-    let db = Db::fresh("snap_warn");
-    let topic = unique("snap_warn");
-    create_topic(&topic, 2, &[]);
-    let (recs, _) = seed_events(20, 2);
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    run_caught_up(&p.path);
+    let (_db, _topic, p, _) = seeded("snap_warn", 2, 20);
     let file = p.dir.path().join("stop.json");
     let nobody = unique("nobody");
-    let out = replaysafe(&[
-        "offsets",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--group",
-        &nobody,
-        "-o",
-        file.to_str().unwrap(),
-    ]);
+    let out = offsets_snapshot(&p, &nobody, &file);
     out.assert_ok();
     assert!(
         out.stderr.contains("has no position on any partition"),
@@ -1356,25 +1075,13 @@ fn offsets_snapshot_without_positions_warns() {
 /// Issue 20 item 6: `verify snapshot --where` naming a missing column is bad usage (exit 2), nothing written.
 #[test]
 fn verify_snapshot_where_naming_a_missing_column_is_usage() {
-    let db = Db::fresh("where_bad");
-    let topic = unique("where_bad");
-    create_topic(&topic, 1, &[]);
-    let (recs, _) = seed_events(10, 1);
-    produce(&topic, &recs);
-    let p = pipeline(SEED, &topic, &unique("prod"), &db.schema);
-    run_caught_up(&p.path);
-    let bad = replaysafe(&[
-        "verify",
-        "snapshot",
-        "--config",
-        cfg(&p),
-        "--table",
+    let (_db, _topic, p, _) = seeded("where_bad", 1, 10);
+    let bad = verify_snapshot(
+        &p,
         "daily_counts",
-        "--where",
-        "nosuch_column = 1",
-        "-o",
-        p.dir.path().join("snap.json").to_str().unwrap(),
-    ]);
+        Some("nosuch_column = 1"),
+        &p.dir.path().join("snap.json"),
+    );
     assert_eq!(bad.code, Some(2), "{}", bad.stderr);
     assert!(
         bad.stderr.contains("--where `nosuch_column = 1`"),
@@ -1389,9 +1096,7 @@ fn verify_snapshot_where_naming_a_missing_column_is_usage() {
 /// dropped, is quarantined `beyond-horizon` — never claimed and counted a second time.
 #[test]
 fn backfill_quarantines_a_late_event_older_than_the_horizon() {
-    let db = Db::fresh("bf_hz");
-    let topic = unique("bf_hz");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("bf_hz", 1);
     let now = chrono::Utc::now().timestamp_millis();
     let recs = vec![
         event(0, "c-old", now - 40 * DAY_MS, now - 3_600_000), // event day 40 days ago, arrived an hour ago
@@ -1399,7 +1104,7 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     ];
     produce(&topic, &recs);
     let prod = unique("prod");
-    run_caught_up(&pipeline(SEED, &topic, &prod, &db.schema).path);
+    run_text(SEED, &topic, &prod, &db);
     let old_day = db.text("SELECT day::text FROM {s}.daily_counts WHERE customer_id = 'c-old'");
     // The horizon is set to 30 days; the next start drops the old day's ledger partition.
     let horizon = SEED.replace("[identity]", "[ledger]\nhorizon-days = 30\n\n[identity]");
@@ -1413,17 +1118,7 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     let from = chrono::DateTime::from_timestamp_millis(now - DAY_MS)
         .unwrap()
         .to_rfc3339();
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
-        &from,
-        "--to-group",
-        &prod,
-        "--group-id",
-        &unique("bf"),
-    ]);
+    let out = backfill(&p, &from, ("--to-group", &prod), &unique("bf"), &[]);
     out.assert_ok();
     assert!(
         out.stderr
@@ -1460,9 +1155,7 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
 /// it as a MISMATCH saying so (exit 1) — never as verified; a snapshot covering it verifies.
 #[test]
 fn verify_flags_a_late_event_day_outside_the_snapshot() {
-    let db = Db::fresh("vf_late");
-    let topic = unique("vf_late");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("vf_late", 1);
     let mut recs: Vec<Rec> = (0..3)
         .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
         .collect();
@@ -1473,51 +1166,24 @@ fn verify_flags_a_late_event_day_outside_the_snapshot() {
     let dir = p.dir.path();
     let snap = |name: &str, filter: &str| {
         let f = dir.join(name);
-        replaysafe(&[
-            "verify",
-            "snapshot",
-            "--config",
-            cfg(&p),
-            "--table",
-            "daily_counts",
-            "--where",
-            filter,
-            "-o",
-            f.to_str().unwrap(),
-        ])
-        .assert_ok();
+        verify_snapshot(&p, "daily_counts", Some(filter), &f).assert_ok();
         f
     };
     let narrow = snap("narrow.json", "day between '2024-04-25' and '2024-04-26'");
     let wide = snap("wide.json", "day between '2024-04-18' and '2024-04-26'");
     let report = dir.join("report.json");
-    replaysafe(&[
-        "backfill",
-        "--config",
-        cfg(&p),
-        "--from",
+    backfill(
+        &p,
         "2024-04-25",
-        "--to",
-        "2024-04-27",
-        "--group-id",
+        ("--to", "2024-04-27"),
         &unique("bf"),
-        "-o",
-        report.to_str().unwrap(),
-    ])
+        &["-o", arg(&report)],
+    )
     .assert_ok();
     let r = json(&report);
     assert_eq!(r["per_day"]["2024-04-24"]["landed"], 1, "{r}");
     assert_eq!(r["per_day"]["2024-04-25"]["landed"], 3, "{r}");
-    let diff = |before: &std::path::Path| {
-        replaysafe(&[
-            "verify",
-            "diff",
-            "--before",
-            before.to_str().unwrap(),
-            "--expect",
-            report.to_str().unwrap(),
-        ])
-    };
+    let diff = |before: &std::path::Path| verify_diff(before, &report);
     let bad = diff(&narrow);
     assert_eq!(bad.code, Some(1), "{}", bad.stdout);
     let line = bad
@@ -1539,9 +1205,7 @@ fn verify_flags_a_late_event_day_outside_the_snapshot() {
 /// offsets past the end of a recreated topic — make the rebuild refuse before deleting anything.
 #[test]
 fn rebuild_refuses_ledger_rows_it_cannot_reread() {
-    let db = Db::fresh("rb_gen");
-    let topic = unique("rb_gen");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("rb_gen", 1);
     let recs: Vec<Rec> = (0..6)
         .map(|i| event(0, "c-0", APR25 + i * 60_000, APR25 + i * 60_000))
         .collect();
@@ -1550,22 +1214,17 @@ fn rebuild_refuses_ledger_rows_it_cannot_reread() {
         "partition-by = \"day\"",
         "partition-by = \"day\"\ngeneration = \"a\"",
     );
-    run_caught_up(&pipeline(&gen_a, &topic, &unique("prod"), &db.schema).path);
+    run_text(&gen_a, &topic, &unique("prod"), &db);
     let (counts0, ledger0) = (counts(&db), ledger_rows(&db));
     let rebuild = |text: &str| {
         let p = pipeline(text, &topic, &unique("prod"), &db.schema);
-        replaysafe(&[
-            "rebuild",
-            "--config",
-            cfg(&p),
-            "--from",
+        rebuild(
+            &p,
             "2024-04-25",
-            "--to",
             "2024-04-25",
-            "--group-id",
             &unique("rb"),
-            "--i-paused-other-writers",
-        ])
+            &["--i-paused-other-writers"],
+        )
     };
     let other = rebuild(&gen_a.replace("generation = \"a\"", "generation = \"b\""));
     assert_eq!(other.code, Some(1), "{}", other.stderr);

@@ -85,17 +85,28 @@ pub fn produce_case(topic: &str, records: &[&CaseRecord]) -> BTreeMap<(i32, i64)
         .collect()
 }
 
+/// A fresh topic named after `prefix` (`partitions`, no retention) holding case `id`'s records (only those of
+/// `topic_filter` when given); returns the topic and case offset → broker offset.
+pub fn case_topic(
+    id: &str,
+    prefix: &str,
+    partitions: i32,
+    topic_filter: Option<&str>,
+) -> (String, BTreeMap<(i32, i64), i64>) {
+    let topic = new_topic(prefix, partitions);
+    let records = load(id, topic_filter);
+    let map = produce_case(&topic, &all(&records));
+    (topic, map)
+}
+
+fn all(records: &[CaseRecord]) -> Vec<&CaseRecord> {
+    records.iter().collect()
+}
+
 /// Business events of `shop.order-events`, with the projections the cases' oracles name.
-pub const ORDERS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-
-[postgres]
-schema = "{schema}"
-
-[batch]
+pub const ORDERS: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 100
 linger-ms = 10
 MAXBYTES
@@ -176,7 +187,8 @@ kind = "outbox"
 table = "outbox"
 payload = ["event_id", "event_type", "entity_id", "version"]
 key = ["entity_id"]
-"#;
+"#
+);
 
 pub fn orders_pipeline(topic: &str, group: &str, db: &Db, max_bytes: Option<usize>) -> Pipeline {
     let text = ORDERS.replace(
@@ -210,9 +222,7 @@ fn assert_decimal(got: &str, want: &str) {
 /// resume from Kafka's stale offset 10 would do) finds every event in the ledger.
 #[test]
 fn c01_rebalance_after_db_commit_before_offset_commit() {
-    let db = Db::fresh("c01");
-    let topic = unique("c01");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c01", 1);
     let records = load("C01", None);
     let (first, rest): (Vec<&CaseRecord>, Vec<&CaseRecord>) =
         records.iter().partition(|r| r.offset <= 12);
@@ -221,19 +231,7 @@ fn c01_rebalance_after_db_commit_before_offset_commit() {
     let p = orders_pipeline(&topic, &group, &db, None);
 
     // Consumer A: applies 10-12, commits PostgreSQL, dies before the Kafka commit.
-    let a = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[(
-            "REPLAYSAFE_FAILPOINTS",
-            "after-db-commit-before-kafka-commit=return",
-        )],
-        Duration::from_secs(120),
-    );
+    let a = try_run_with(&p.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
     assert_ne!(a.code, Some(0));
     assert_eq!(
         committed(&group, &topic, 1),
@@ -297,8 +295,7 @@ fn c02_crash_and_database_outage() {
             .expect("DATABASE_URL of the form postgresql://user@host/db");
         format!("postgresql://{role}@{rest}")
     };
-    let topic = unique("c02");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("c02", 2);
     let records = load("C02", None);
     let by = |f: &dyn Fn(&CaseRecord) -> bool| records.iter().filter(|r| f(r)).collect::<Vec<_>>();
     let group = unique("g");
@@ -307,15 +304,9 @@ fn c02_crash_and_database_outage() {
 
     // Part A: 100 and 101 land, the process dies before the Kafka commit; restart; then 102.
     let mut map = produce_case(&topic, &by(&|r| r.partition == 0 && r.offset <= 101));
-    let a = replaysafe_with(
-        &["run", "--config", cfg, "--until-caught-up"],
-        &[
-            (
-                "REPLAYSAFE_FAILPOINTS",
-                "after-db-commit-before-kafka-commit=return",
-            ),
-            ("DATABASE_URL", &url),
-        ],
+    let a = try_run_with(
+        cfg,
+        &[CRASH_AFTER_DB_COMMIT, ("DATABASE_URL", &url)],
         Duration::from_secs(120),
     );
     assert_ne!(a.code, Some(0));
@@ -397,9 +388,7 @@ fn c02_crash_and_database_outage() {
 /// C03: committed offsets are "next offset to read", in Kafka and in the PostgreSQL checkpoint alike.
 #[test]
 fn c03_offsets_are_next_offset_to_read() {
-    let db = Db::fresh("c03");
-    let topic = unique("c03");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("c03", 1);
     let records = load("C03", None);
     let (first, rest): (Vec<&CaseRecord>, Vec<&CaseRecord>) =
         records.iter().partition(|r| r.offset <= 42);
@@ -443,10 +432,7 @@ fn c03_offsets_are_next_offset_to_read() {
 #[test]
 fn c14_tombstone_on_a_business_topic() {
     let db = Db::fresh("c14");
-    let topic = unique("c14");
-    create_topic(&topic, 1, &[]);
-    let records = load("C14", Some("shop.order-events"));
-    let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
+    let (topic, map) = case_topic("C14", "c14", 1, Some("shop.order-events"));
     let group = unique("g");
     let p = orders_pipeline(&topic, &group, &db, None);
     let t = run_caught_up(&p.path).tally();
@@ -472,10 +458,7 @@ fn c14_tombstone_on_a_business_topic() {
 #[test]
 fn c24_poison_messages_are_quarantined() {
     let db = Db::fresh("c24");
-    let topic = unique("c24");
-    create_topic(&topic, 1, &[]);
-    let records = load("C24", None);
-    let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
+    let (topic, map) = case_topic("C24", "c24", 1, None);
     let group = unique("g");
     let p = orders_pipeline(&topic, &group, &db, None);
     let t = run_caught_up(&p.path).tally();
@@ -514,10 +497,7 @@ fn c24_poison_messages_are_quarantined() {
 #[test]
 fn c27_uuid_spellings_are_one_key() {
     let db = Db::fresh("c27");
-    let topic = unique("c27");
-    create_topic(&topic, 1, &[]);
-    let records = load("C27", None);
-    let map = produce_case(&topic, &records.iter().collect::<Vec<_>>());
+    let (topic, map) = case_topic("C27", "c27", 1, None);
     let group = unique("g");
     let p = orders_pipeline(&topic, &group, &db, None);
     let t = run_caught_up(&p.path).tally();
@@ -606,9 +586,7 @@ fn c30_large_record_over_the_limit_is_quarantined() {
 /// consumed, so a crash before the first commit does not resolve `latest` again and skip what arrived meanwhile.
 #[test]
 fn c17_latest_start_is_persisted_before_processing() {
-    let db = Db::fresh("c17");
-    let topic = unique("c17");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("c17", 2);
     let records = load("C17", None);
     let group = unique("g");
     let text = ORDERS.replace("start = \"earliest\"", "start = \"latest\"");
@@ -616,9 +594,8 @@ fn c17_latest_start_is_persisted_before_processing() {
         .replace("MAXBYTES", "")
         .replace("{schema}.", &format!("\"{}\".", db.schema));
     let p = pipeline(&text, &topic, &group, &db.schema);
-    let cfg = p.path.to_str().unwrap();
     // The service starts on the empty partition and dies before any commit.
-    let mut first = spawn(&["run", "--config", cfg], &[], p.dir.path(), "first");
+    let mut first = spawn_run(&p, &[], "first");
     wait_until(Duration::from_secs(60), "start position persisted", || {
         db_has_checkpoint(&db, &group, &topic, 1)
     });

@@ -2,28 +2,18 @@
 //! C20 C22 C23 C31 C32) and the seed 004 fixture (applied once, twice, with restarts, shuffled across
 //! partitions). Each asserts the final table, tombstones, conflicts, ledger rows and Kafka offsets.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cases::{load, produce_case, CaseRecord};
+use crate::cases::{case_topic, load, produce_case, CaseRecord};
 use crate::common::*;
 
 /// `accounts` from Debezium, with an outbox that (by default) ignores snapshot reads.
 /// A Debezium pipeline with one row projection `table` (key `id`) and the given `columns` inline table.
 fn row_pipeline(table: &str, columns: &str) -> String {
     format!(
-        r#"
-[kafka]
-group-id = "{{group}}"
-topics = ["{{topic}}"]
-start = "earliest"
-[postgres]
-schema = "{{schema}}"
-[source]
-format = "debezium"
-[[projection]]
+        r#"{DEBEZIUM_HEADER}[[projection]]
 kind = "row"
 table = "{table}"
 key = ["id"]
@@ -105,25 +95,6 @@ fn version(db: &Db, table: &str, id: i64) -> Option<Vec<i64>> {
     .map(|r| r.get(0))
 }
 
-/// A fresh topic named after `prefix` (`partitions`, no retention) holding case `id`'s records (only those of
-/// `topic_filter` when given); returns the topic and case offset → broker offset.
-fn case_topic(
-    id: &str,
-    prefix: &str,
-    partitions: i32,
-    topic_filter: Option<&str>,
-) -> (String, BTreeMap<(i32, i64), i64>) {
-    let topic = unique(prefix);
-    create_topic(&topic, partitions, &[("retention.ms", "-1")]);
-    let records = load(id, topic_filter);
-    let map = produce_case(&topic, &all(&records));
-    (topic, map)
-}
-
-fn all(records: &[CaseRecord]) -> Vec<&CaseRecord> {
-    records.iter().collect()
-}
-
 /// C04: a connector restart re-emits a change with a new offset and envelope ts_ms but the same source
 /// position: a duplicate by source identity (no ledger row, no outbox row).
 #[test]
@@ -159,16 +130,9 @@ fn c04_debezium_reemission_is_a_duplicate_by_source_position() {
 fn c05_resnapshot_mid_stream() {
     let db = Db::fresh("c05");
     let (topic, _) = case_topic("C05", "c05", 1, None);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
+    let text = concat!(
+        debezium_header!(),
+        r#"[[projection]]
 kind = "row"
 table = "t"
 key = ["f1"]
@@ -177,7 +141,8 @@ columns = { f1 = "text", f2 = "integer" }
 kind = "counter"
 table = "changes"
 group-by = ["_day"]
-"#;
+"#
+    );
     let p = pipeline(text, &topic, &unique("g"), &db.schema);
     let out = run_pipeline(&p);
     let t = out.tally();
@@ -235,14 +200,9 @@ fn c07_out_of_order_business_event_is_stale() {
 }
 
 /// JSON events into a row projection: the latest status per order, guarded by the event's version.
-const ORDERS_ROW: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const ORDERS_ROW: &str = concat!(
+    header!(),
+    r#"[fields]
 event_id = { path = "/event_id", type = "uuid" }
 event_type = { path = "/event_type", type = "text" }
 entity_id = { path = "/entity_id", type = "text" }
@@ -272,7 +232,8 @@ delete-if = "event_type == 'CustomerDeleted'"
 kind = "outbox"
 table = "outbox"
 payload = ["event_id", "event_type", "entity_id", "version"]
-"#;
+"#
+);
 
 /// C31: two events claim version 5 of one order with different payloads: the first applied keeps it, the second
 /// is a conflict row (both deliveries, both hashes), the verbatim re-send a duplicate; a full replay is identical.
@@ -315,7 +276,7 @@ fn c31_equal_version_different_payload_is_a_conflict() {
     };
     check(&db);
     assert_eq!(committed(&group, &topic, 2)[1], Some(map[&(1, 702)] + 1));
-    let again = run_pipeline(&pipeline(ORDERS_ROW, &topic, &unique("g"), &db.schema)).tally();
+    let again = run_text(ORDERS_ROW, &topic, &unique("g"), &db).tally();
     assert_eq!((again.landed, again.duplicate), (0, 3));
     check(&db);
 }
@@ -396,7 +357,7 @@ fn c12_tombstones_stop_resurrection() {
     // Business part.
     let (biz, map) = case_topic("C12", "c12biz", 3, Some("shop.order-events"));
     let group = unique("g");
-    let out = run_pipeline(&pipeline(ORDERS_ROW, &biz, &group, &db.schema));
+    let out = run_text(ORDERS_ROW, &biz, &group, &db);
     let t = out.tally();
     assert_eq!((t.consumed, t.landed, out.stale()), (3, 2, 1));
     assert_eq!(db.i64("SELECT count(*) FROM {s}.customers"), 0);
@@ -415,23 +376,17 @@ fn c12_tombstones_stop_resurrection() {
 #[test]
 fn c19_toast_placeholders_keep_stored_values() {
     let (topic, map) = case_topic("C19", "c19", 1, None);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+    let text = concat!(
+        debezium_header!(),
+        r#"[batch]
 max-records = MAXREC
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "customers"
 key = ["id"]
 columns = { id = "bigint", name = "text", bio = "text", tags = "text[]", avatar = "bytea" }
-"#;
+"#
+    );
     for max in [100, 1] {
         let db = Db::fresh("c19");
         let group = unique("g");
@@ -469,7 +424,7 @@ fn c20_decimal_bytes_with_schema() {
         r#"{ id = "bigint", balance = "numeric(12,2)" }"#,
     );
     let group = unique("g");
-    run_pipeline(&pipeline(&text, &topic, &group, &db.schema));
+    run_text(&text, &topic, &group, &db);
     assert_eq!(balance(&db, 1).as_deref(), Some("-1.00"));
     assert_eq!(balance(&db, 2).as_deref(), Some("12345.50"));
     assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 2)] + 1)]);
@@ -486,7 +441,7 @@ fn c22_temporal_units() {
         r#"{ id = "bigint", created_at = "timestamp(6)", updated_at = "timestamp(3)", seen_at = "timestamptz", due = "date" }"#,
     );
     let group = unique("g");
-    run_pipeline(&pipeline(&text, &topic, &group, &db.schema));
+    run_text(&text, &topic, &group, &db);
     let r = db.query(
         "SELECT created_at::text, updated_at::text, (seen_at AT TIME ZONE 'UTC')::text, due::text FROM {s}.events WHERE id = 1",
         &[],
@@ -568,16 +523,7 @@ fn c32_truncate_heartbeat_and_messages() {
     let db = Db::fresh("c32");
     let group = unique("g");
     let p = accounts_pipeline(&topics, &group, &db, "stop", 100);
-    let out = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[],
-        Duration::from_secs(120),
-    );
+    let out = try_run_with(&p.path, &[], Duration::from_secs(120));
     assert_ne!(out.code, Some(0), "{}", out.stdout);
     assert!(
         out.stderr.contains("TRUNCATE")
@@ -632,23 +578,17 @@ fn c14_debezium_delete_then_kafka_tombstone() {
         1,
         Some("prod_db.public.products_to_categories"),
     );
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
+    let text = concat!(
+        debezium_header!(),
+        r#"[[projection]]
 kind = "row"
 table = "products_to_categories"
 key = ["products_id", "categories_id"]
 columns = { products_id = "integer", categories_id = "integer" }
-"#;
+"#
+    );
     let group = unique("g");
-    let t = run_pipeline(&pipeline(text, &topic, &group, &db.schema)).tally();
+    let t = run_text(text, &topic, &group, &db).tally();
     assert_eq!((t.consumed, t.landed, t.filtered), (2, 1, 1));
     let tomb = db.query(
         "SELECT products_id, categories_id FROM {s}.products_to_categories_tombstones",
@@ -700,18 +640,11 @@ fn seed004(entities: i64) -> Vec<(i64, Value, Option<Value>)> {
     out
 }
 
-const ITEMS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const ITEMS: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 10
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "items"
@@ -721,7 +654,8 @@ columns = { id = "bigint", name = "text", qty = "bigint" }
 kind = "outbox"
 table = "outbox"
 payload = ["_op", "_entity"]
-"#;
+"#
+);
 
 fn produce_seed004(topic: &str, partitions: i32, changes: &[(i64, Value, Option<Value>)]) {
     let recs: Vec<Rec> = changes
@@ -773,9 +707,7 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
     let records = changes.len() as u64;
 
     // Once, then twice (a replay under another group).
-    let db = Db::fresh("s004");
-    let topic = unique("s004");
-    create_topic(&topic, 3, &[("retention.ms", "-1")]);
+    let (db, topic) = stage("s004", 3);
     produce_seed004(&topic, 3, &changes);
     let p = pipeline(
         &ITEMS.replace("MAXREC", "100"),
@@ -815,19 +747,7 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
     loop {
         runs += 1;
         assert!(runs < 60, "did not converge");
-        let out = replaysafe_with(
-            &[
-                "run",
-                "--config",
-                p.path.to_str().unwrap(),
-                "--until-caught-up",
-            ],
-            &[(
-                "REPLAYSAFE_FAILPOINTS",
-                "after-db-commit-before-kafka-commit=return",
-            )],
-            Duration::from_secs(120),
-        );
+        let out = try_run_with(&p.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
         if out.code == Some(0) {
             break;
         }
@@ -836,9 +756,7 @@ fn seed004_row_state_is_the_same_however_it_is_delivered() {
     assert_eq!(items_state(&db), once);
 
     // Shuffled across partitions: one partition, keys interleaved differently, each key's order kept.
-    let db = Db::fresh("s004s");
-    let topic = unique("s004s");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let (db, topic) = stage("s004s", 1);
     let mut shuffled = Vec::new();
     for id in (1..=n).rev() {
         shuffled.extend(changes.iter().filter(|(i, _, _)| *i == id).cloned());
@@ -868,7 +786,7 @@ fn c12_tombstone_column_mode() {
             "truncate = \"stop\"",
             "truncate = \"stop\"\ntombstones = \"column\"",
         );
-    let out = run_pipeline(&pipeline(&text, &topic, &unique("g"), &db.schema));
+    let out = run_text(&text, &topic, &unique("g"), &db);
     assert_eq!(out.stale(), 1);
     let r = db.query(
         "SELECT _deleted_at IS NOT NULL, _version FROM {s}.accounts WHERE id = 8",
@@ -892,7 +810,7 @@ fn c12_tombstone_column_mode() {
         timestamp_ms: None,
     };
     produce(&topic, &[recreate]);
-    run_pipeline(&pipeline(&text, &topic, &unique("g"), &db.schema));
+    run_text(&text, &topic, &unique("g"), &db);
     let r = db.query(
         "SELECT _deleted_at IS NULL, balance::text FROM {s}.accounts WHERE id = 8",
         &[],
@@ -901,42 +819,10 @@ fn c12_tombstone_column_mode() {
     assert_eq!(r[0].get::<_, String>(1), "8.00");
 }
 
-/// A schemaless Debezium envelope of `public.<table>` at position `[lsn - 36, lsn]` (or `[lsn, lsn]` for
-/// truncates), key `{"id": id}` (none for truncates).
-fn envelope(
-    partition: i32,
-    table: &str,
-    op: &str,
-    id: Option<i64>,
-    before: Value,
-    after: Value,
-    lsn: i64,
-) -> Rec {
-    let value = json!({
-        "before": before, "after": after, "op": op, "ts_ms": 1714003200000i64 + lsn,
-        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": table,
-            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1714003200000i64 + lsn,
-            "sequence": format!("[\"{}\",\"{}\"]", if op == "t" { lsn } else { lsn - 36 }, lsn)},
-    });
-    Rec {
-        partition,
-        key: id.map(|i| json!({ "id": i }).to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
-}
-
-const VERSIONED: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const VERSIONED: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "customers"
@@ -944,7 +830,8 @@ key = ["id"]
 columns = { id = "bigint", name = "text", version = "bigint" }
 version = "version"
 truncate = "truncate"
-"#;
+"#
+);
 
 /// `version = "<column>"`: a delete carries the version of the row it deletes — or, under REPLICA IDENTITY
 /// DEFAULT, no version at all, and is then ordered by its source position — and applies; an insert after a
@@ -953,79 +840,22 @@ truncate = "truncate"
 /// does not matter.
 #[test]
 fn version_column_deletes_and_truncates() {
-    let topic = unique("vcol");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("vcol", 1);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
     let key_only = |id: i64| json!({"id": id, "name": null, "version": null});
     produce(
         &topic,
         &[
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(1),
-                Value::Null,
-                row(1, "a", 1),
-                100,
-            ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(2),
-                Value::Null,
-                row(2, "b", 1),
-                110,
-            ),
-            envelope(
-                0,
-                "customers",
-                "u",
-                Some(1),
-                Value::Null,
-                row(1, "a2", 2),
-                120,
-            ),
-            envelope(0, "customers", "d", Some(1), key_only(1), Value::Null, 130),
-            envelope(
-                0,
-                "customers",
-                "d",
-                Some(2),
-                row(2, "b", 1),
-                Value::Null,
-                140,
-            ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(1),
-                Value::Null,
-                row(1, "a2", 2),
-                150,
-            ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(3),
-                Value::Null,
-                row(3, "c", 1),
-                160,
-            ),
-            envelope(0, "customers", "t", None, Value::Null, Value::Null, 170),
+            Table("customers").create(0, 1, row(1, "a", 1), 100),
+            Table("customers").create(0, 2, row(2, "b", 1), 110),
+            Table("customers").update(0, 1, row(1, "a2", 2), 120),
+            Table("customers").delete(0, 1, key_only(1), 130),
+            Table("customers").delete(0, 2, row(2, "b", 1), 140),
+            Table("customers").create(0, 1, row(1, "a2", 2), 150),
+            Table("customers").create(0, 3, row(3, "c", 1), 160),
+            Table("customers").truncate(0, 170),
             // Committed after the truncate (the helper's commit LSN is lsn - 36).
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(3),
-                Value::Null,
-                row(3, "c2", 2),
-                220,
-            ),
+            Table("customers").create(0, 3, row(3, "c2", 2), 220),
         ],
     );
     for max in [100, 1] {
@@ -1066,15 +896,13 @@ fn version_column_deletes_and_truncates() {
 /// stale, not a resurrection; newer changes apply.
 #[test]
 fn truncate_watermark_holds_across_partitions() {
-    let db = Db::fresh("twm");
-    let topic = unique("twm");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let (db, topic) = stage("twm", 2);
     let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": "1.00", "updated_at": "2024-04-25T00:00:00Z"});
     produce(
         &topic,
         &[
-            envelope(0, "accounts", "c", Some(1), Value::Null, row(1), 100),
-            envelope(0, "accounts", "t", None, Value::Null, Value::Null, 200),
+            Table("accounts").create(0, 1, row(1), 100),
+            Table("accounts").truncate(0, 200),
         ],
     );
     let group = unique("g");
@@ -1083,17 +911,13 @@ fn truncate_watermark_holds_across_partitions() {
     produce(
         &topic,
         &[
-            envelope(1, "accounts", "c", Some(5), Value::Null, row(5), 150),
-            envelope(1, "accounts", "c", Some(6), Value::Null, row(6), 250),
+            Table("accounts").create(1, 5, row(5), 150),
+            Table("accounts").create(1, 6, row(6), 250),
         ],
     );
     let out = run_pipeline(&accounts_pipeline(&[&topic], &group, &db, "truncate", 100));
     assert_eq!((out.tally().landed, out.stale()), (1, 1));
-    let ids: Vec<i64> = db
-        .query("SELECT id FROM {s}.accounts ORDER BY id", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids: Vec<i64> = db.column("SELECT id FROM {s}.accounts ORDER BY id");
     assert_eq!(ids, vec![6]);
     assert_eq!(
         db.query("SELECT version FROM {s}.replaysafe_truncates", &[])[0].get::<_, Vec<i64>>(0),
@@ -1106,24 +930,18 @@ fn truncate_watermark_holds_across_partitions() {
 /// Debezium's MicroDuration microseconds.
 #[test]
 fn ambiguous_decimals_and_intervals() {
-    let topic = unique("amb");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("amb", 1);
     let row = |id: i64, amt: &str| json!({"id": id, "amt": amt, "iv": 3600000000i64});
     produce(
         &topic,
         &[
-            envelope(0, "prices", "c", Some(1), Value::Null, row(1, "1234"), 100),
-            envelope(0, "prices", "c", Some(2), Value::Null, row(2, "AxY="), 110),
+            Table("prices").create(0, 1, row(1, "1234"), 100),
+            Table("prices").create(0, 2, row(2, "AxY="), 110),
         ],
     );
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
+    let text = concat!(
+        header!(),
+        r#"[source]
 format = "debezium"
 MODE
 [[projection]]
@@ -1131,14 +949,10 @@ kind = "row"
 table = "prices"
 key = ["id"]
 columns = { id = "bigint", amt = "numeric(12,2)", iv = "interval" }
-"#;
+"#
+    );
     let db = Db::fresh("amb");
-    let out = run_pipeline(&pipeline(
-        &text.replace("MODE", ""),
-        &topic,
-        &unique("g"),
-        &db.schema,
-    ));
+    let out = run_text(&text.replace("MODE", ""), &topic, &unique("g"), &db);
     assert_eq!((out.tally().landed, out.tally().quarantined), (1, 1));
     let dl = db.query(
         "SELECT reason, detail FROM {s}.replaysafe_dead_letters",
@@ -1165,10 +979,6 @@ columns = { id = "bigint", amt = "numeric(12,2)", iv = "interval" }
         &db.schema,
     );
     assert_eq!(run_pipeline(&p).tally().landed, 2);
-    let amounts: Vec<String> = db
-        .query("SELECT amt::text FROM {s}.prices ORDER BY id", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let amounts: Vec<String> = db.column("SELECT amt::text FROM {s}.prices ORDER BY id");
     assert_eq!(amounts, vec!["-26588.24", "7.90"]);
 }

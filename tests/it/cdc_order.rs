@@ -6,54 +6,13 @@ use serde_json::{json, Value};
 
 use crate::common::*;
 
-/// A schemaless Debezium envelope of `public.<table>` at source position `[lsn - 36, lsn]` (`[lsn, lsn]` for a
-/// truncate), key `{"id": id}` (none for a truncate).
-fn envelope(
-    partition: i32,
-    table: &str,
-    op: &str,
-    id: Option<i64>,
-    before: Value,
-    after: Value,
-    lsn: i64,
-) -> Rec {
-    let value = json!({
-        "before": before, "after": after, "op": op, "ts_ms": 1714003200000i64 + lsn,
-        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": table,
-            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1714003200000i64 + lsn,
-            "sequence": format!("[\"{}\",\"{}\"]", if op == "t" { lsn } else { lsn - 36 }, lsn)},
-    });
-    Rec {
-        partition,
-        key: id.map(|i| json!({ "id": i }).to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
-}
-
-fn raw(partition: i32, key: Option<Value>, value: Value) -> Rec {
-    Rec {
-        partition,
-        key: key.map(|k| k.to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
-}
-
 /// `customers (id, name, version)` ordered by the `version` column. GENERATION, MAXREC, TOMBSTONES, EXTRA are
 /// substituted.
-const CUSTOMERS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const CUSTOMERS: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 10
-[source]
-format = "debezium"
 GENERATION
 [[projection]]
 kind = "row"
@@ -63,7 +22,8 @@ columns = { id = "bigint", name = "text", version = "bigint" }
 version = "version"
 tombstones = "TOMBSTONES"
 EXTRA
-"#;
+"#
+);
 
 fn customers(
     db: &Db,
@@ -85,6 +45,26 @@ fn customers(
         .replace("TOMBSTONES", mode)
         .replace("EXTRA", extra);
     pipeline(&text, topic, group, &db.schema)
+}
+
+/// [`customers`] whose row projection applies truncates (`truncate = "truncate"`).
+fn truncating(
+    db: &Db,
+    topic: &str,
+    group: &str,
+    generation: &str,
+    max: usize,
+    mode: &str,
+) -> Pipeline {
+    customers(
+        db,
+        topic,
+        group,
+        generation,
+        max,
+        mode,
+        "truncate = \"truncate\"",
+    )
 }
 
 type Live = Vec<(i64, Option<String>, i64)>;
@@ -140,32 +120,11 @@ fn tally_of(out: &Out) -> (u64, u64, u64, u64, u64, u64) {
 /// tombstone of a key-only delete of a row never seen.
 #[test]
 fn key_only_delete_is_ordered_by_source_position() {
-    let topic = unique("kod");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("kod", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
     let key_only = |id: i64| json!({"id": id, "name": null, "version": null});
-    let c = |p, id, name, v, lsn| {
-        envelope(
-            p,
-            "customers",
-            "c",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
-    let d = |p, id, lsn| {
-        envelope(
-            p,
-            "customers",
-            "d",
-            Some(id),
-            key_only(id),
-            Value::Null,
-            lsn,
-        )
-    };
+    let c = |p, id, name, v, lsn| Table("customers").create(p, id, row(id, name, v), lsn);
+    let d = |p, id, lsn| Table("customers").delete(p, id, key_only(id), lsn);
     produce(
         &topic,
         &[
@@ -175,25 +134,9 @@ fn key_only_delete_is_ordered_by_source_position() {
             c(0, 1, "one again", 2, 120),
             // id 2 (other partition): create v1, update v2, delete (key only) → deleted.
             c(1, 2, "two", 1, 105),
-            envelope(
-                1,
-                "customers",
-                "u",
-                Some(2),
-                Value::Null,
-                row(2, "two b", 2),
-                115,
-            ),
+            Table("customers").update(1, 2, row(2, "two b", 2), 115),
             // Debezium fills a NOT NULL column it does not have (REPLICA IDENTITY DEFAULT) with 0.
-            envelope(
-                1,
-                "customers",
-                "d",
-                Some(2),
-                json!({"id": 2, "name": null, "version": 0}),
-                Value::Null,
-                125,
-            ),
+            Table("customers").delete(1, 2, json!({"id": 2, "name": null, "version": 0}), 125),
             // id 3: a key-only delete of a row never seen, then a late older insert → stays deleted.
             d(0, 3, 130),
             c(0, 3, "three (older)", 1, 90),
@@ -263,8 +206,7 @@ fn key_only_delete_is_ordered_by_source_position() {
 /// counted as heartbeats; heartbeats (schemaless `{"ts_ms"}` and the Heartbeat schema) are still filtered.
 #[test]
 fn flattened_records_are_quarantined_and_heartbeats_recognised() {
-    let topic = unique("flat");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("flat", 1);
     let key = Some(json!({"id": 1}));
     produce(
         &topic,
@@ -298,15 +240,7 @@ fn flattened_records_are_quarantined_and_heartbeats_recognised() {
                 json!({"schema": {"type": "struct", "name": "io.debezium.connector.common.Heartbeat", "optional": false,
                     "fields": [{"field": "ts_ms", "type": "int64"}]}, "payload": {"ts_ms": 1714003201000i64}}),
             ),
-            envelope(
-                0,
-                "customers",
-                "c",
-                Some(2),
-                Value::Null,
-                json!({"id": 2, "name": "two", "version": 1}),
-                100,
-            ),
+            Table("customers").create(0, 2, json!({"id": 2, "name": "two", "version": 1}), 100),
         ],
     );
     let db = Db::fresh("flat");
@@ -345,20 +279,12 @@ fn flattened_records_are_quarantined_and_heartbeats_recognised() {
 /// filter later appears. Replayed under another group everything is a duplicate and nothing changes.
 #[test]
 fn row_filter_removes_rows_that_leave_it() {
-    let topic = unique("rflt");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+    let topic = new_topic("rflt", 2);
+    let text = concat!(
+        debezium_header!(),
+        r#"[batch]
 max-records = MAXREC
 linger-ms = 10
-[source]
-format = "debezium"
 [fields]
 status = { path = "/after/status", type = "text", optional = true }
 [[projection]]
@@ -368,7 +294,8 @@ key = ["id"]
 columns = { id = "bigint", status = "text" }
 filter = "status == 'active'"
 tombstones = "TOMBSTONES"
-"#;
+"#
+    );
     let row = |id: i64, status: &str| json!({"id": id, "status": status});
     let e = |p, op, id, before: Value, after: Value, lsn| {
         envelope(p, "accounts", op, Some(id), before, after, lsn)
@@ -446,20 +373,9 @@ tombstones = "TOMBSTONES"
 /// stale (the truncate's watermark, by source position); a replay under a new generation changes nothing.
 #[test]
 fn truncate_then_reload_under_a_version_column() {
-    let topic = unique("trl");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("trl", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
-    let c = |p, id, name, v, lsn| {
-        envelope(
-            p,
-            "customers",
-            "c",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
+    let c = |p, id, name, v, lsn| Table("customers").create(p, id, row(id, name, v), lsn);
     produce(
         &topic,
         &[
@@ -467,16 +383,8 @@ fn truncate_then_reload_under_a_version_column() {
             c(0, 2, "two", 3, 110),
             // id 5 deleted before the truncate with its own version (REPLICA IDENTITY FULL).
             c(0, 5, "five", 4, 120),
-            envelope(
-                0,
-                "customers",
-                "d",
-                Some(5),
-                row(5, "five", 4),
-                Value::Null,
-                130,
-            ),
-            envelope(0, "customers", "t", None, Value::Null, Value::Null, 200),
+            Table("customers").delete(0, 5, row(5, "five", 4), 130),
+            Table("customers").truncate(0, 200),
             // After the truncate's commit (the helper's commit LSN is lsn - 36).
             c(0, 1, "one reloaded", 1, 300),
             c(0, 2, "two reloaded", 1, 310),
@@ -495,15 +403,7 @@ fn truncate_then_reload_under_a_version_column() {
             let ctx = format!("tombstones {mode}, max-records {max}");
             let db = Db::fresh("trl");
             let group = unique("g");
-            let p = customers(
-                &db,
-                &topic,
-                &group,
-                "g1",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let p = truncating(&db, &topic, &group, "g1", max, mode);
             let out = run_caught_up(&p.path);
             assert_eq!(tally_of(&out), (9, 9, 0, 0, 0, 0), "{ctx}: {}", out.stdout);
             assert_eq!(
@@ -517,41 +417,21 @@ fn truncate_then_reload_under_a_version_column() {
                 "{ctx}"
             );
             assert_eq!(
-                db.query("SELECT version FROM {s}.replaysafe_truncates", &[])
-                    .iter()
-                    .map(|r| r.get::<_, Vec<i64>>(0))
-                    .collect::<Vec<_>>(),
+                db.column::<Vec<i64>>("SELECT version FROM {s}.replaysafe_truncates"),
                 vec![vec![200, 200]],
                 "{ctx}: the truncate's source position is the watermark"
             );
 
             // A change from before the truncate, arriving later from another partition: stale.
-            let late = unique("trl_late");
-            create_topic(&late, 1, &[("retention.ms", "-1")]);
+            let late = new_topic("trl_late", 1);
             produce(&late, &[c(0, 4, "four (before the truncate)", 9, 150)]);
-            let pl = customers(
-                &db,
-                &late,
-                &unique("g"),
-                "g1",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let pl = truncating(&db, &late, &unique("g"), "g1", max, mode);
             let out = run_caught_up(&pl.path);
             assert_eq!(tally_of(&out), (1, 0, 0, 1, 0, 0), "{ctx}: {}", out.stdout);
 
             // The whole topic again under a new generation: the pre-truncate rows are stale, the truncate finds
             // nothing older than itself, the reloaded rows are duplicates.
-            let again = customers(
-                &db,
-                &topic,
-                &unique("g"),
-                "g2",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let again = truncating(&db, &topic, &unique("g"), "g2", max, mode);
             let out = run_caught_up(&again.path);
             assert_eq!(tally_of(&out), (9, 1, 4, 4, 0, 0), "{ctx}: {}", out.stdout);
             assert_eq!(
@@ -573,21 +453,9 @@ fn truncate_then_reload_under_a_version_column() {
 /// applied blindly.
 #[test]
 fn key_only_delete_against_a_row_without_position_is_quarantined() {
-    let topic = unique("kodq");
-    create_topic(&topic, 1, &[("retention.ms", "-1")]);
+    let topic = new_topic("kodq", 1);
     let row = json!({"id": 7, "name": "seven", "version": 3});
-    produce(
-        &topic,
-        &[envelope(
-            0,
-            "customers",
-            "c",
-            Some(7),
-            Value::Null,
-            row,
-            100,
-        )],
-    );
+    produce(&topic, &[Table("customers").create(0, 7, row, 100)]);
     let db = Db::fresh("kodq");
     let group = unique("g");
     let p = customers(&db, &topic, &group, "", 5000, "table", "");
@@ -596,15 +464,7 @@ fn key_only_delete_against_a_row_without_position_is_quarantined() {
     db.execute("UPDATE {s}.customers SET _position = NULL");
     produce(
         &topic,
-        &[envelope(
-            0,
-            "customers",
-            "d",
-            Some(7),
-            json!({"id": 7, "name": null, "version": 0}),
-            Value::Null,
-            200,
-        )],
+        &[Table("customers").delete(0, 7, json!({"id": 7, "name": null, "version": 0}), 200)],
     );
     let out = run_caught_up(&p.path);
     assert_eq!(tally_of(&out), (1, 0, 0, 0, 0, 1), "{}", out.stdout);
@@ -639,31 +499,10 @@ fn key_only_delete_against_a_row_without_position_is_quarantined() {
 /// record landed, no conflict — whatever the order the partitions are read in.
 #[test]
 fn truncate_arriving_after_its_reload_from_another_partition() {
-    let topic = unique("trlate");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("trlate", 2);
     let row = |id: i64, name: &str, v: i64| json!({"id": id, "name": name, "version": v});
-    let c = |id, name, v, lsn| {
-        envelope(
-            1,
-            "customers",
-            "c",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
-    let u = |id, name, v, lsn| {
-        envelope(
-            1,
-            "customers",
-            "u",
-            Some(id),
-            Value::Null,
-            row(id, name, v),
-            lsn,
-        )
-    };
+    let c = |id, name, v, lsn| Table("customers").create(1, id, row(id, name, v), lsn);
+    let u = |id, name, v, lsn| Table("customers").update(1, id, row(id, name, v), lsn);
     produce(
         &topic,
         &[
@@ -688,15 +527,7 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
         for max in [1, 5000] {
             let db = Db::fresh("trlate");
             let group = unique("g");
-            let p = customers(
-                &db,
-                &topic,
-                &group,
-                "",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let p = truncating(&db, &topic, &group, "", max, mode);
             let out = run_caught_up(&p.path);
             assert_eq!(
                 tally_of(&out),
@@ -707,21 +538,10 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
             dbs.push((db, group, mode, max));
         }
     }
-    produce(
-        &topic,
-        &[envelope(
-            0,
-            "customers",
-            "t",
-            None,
-            Value::Null,
-            Value::Null,
-            200,
-        )],
-    );
+    produce(&topic, &[Table("customers").truncate(0, 200)]);
     for (db, group, mode, max) in &dbs {
         let ctx = format!("tombstones {mode}, max-records {max}");
-        let p = customers(db, &topic, group, "", *max, mode, "truncate = \"truncate\"");
+        let p = truncating(db, &topic, group, "", *max, mode);
         let out = run_caught_up(&p.path);
         assert_eq!(tally_of(&out), (1, 1, 0, 0, 0, 0), "{ctx}: {}", out.stdout);
         let (live, tombs) = customers_state(db, mode);
@@ -743,15 +563,7 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
         );
         // The whole topic again under a new generation: the changes before the truncate are stale (its
         // watermark), the truncate finds nothing older than itself, the reloaded rows are duplicates.
-        let again = customers(
-            db,
-            &topic,
-            &unique("g"),
-            "g2",
-            *max,
-            mode,
-            "truncate = \"truncate\"",
-        );
+        let again = truncating(db, &topic, &unique("g"), "g2", *max, mode);
         let out = run_caught_up(&again.path);
         assert_eq!(tally_of(&out), (9, 1, 3, 5, 0, 0), "{ctx}: {}", out.stdout);
         assert_eq!(customers_state(db, mode).0, expected, "{ctx}");
@@ -766,20 +578,14 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
 /// An existing table (the source's DDL: NOT NULL columns) as a row projection with `tombstones = "column"`: the
 /// tombstone of an entity never seen (its delete arrives before its create, from another partition, or its
 /// create is past the topic's retention) is a row without values.
-const EXISTING_COLUMN_MODE: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[[projection]]
+const EXISTING_COLUMN_MODE: &str = concat!(
+    debezium_header!(),
+    r#"[[projection]]
 kind = "row"
 table = "accounts"
 tombstones = "column"
-"#;
+"#
+);
 
 /// Such a table is refused at start (exit 2, naming the columns) instead of quarantining the delete as
 /// `rejected-by-database` and letting the older create, arriving later from another partition, resurrect the row;
@@ -790,25 +596,13 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
     db.execute(
         "CREATE TABLE {s}.accounts (id bigint PRIMARY KEY, owner text NOT NULL, balance bigint NOT NULL)",
     );
-    let topic = unique("cmnn");
-    create_topic(&topic, 2, &[("retention.ms", "-1")]);
+    let topic = new_topic("cmnn", 2);
     let row = |id: i64| json!({"id": id, "owner": format!("o{id}"), "balance": 5});
-    produce(
-        &topic,
-        &[envelope(
-            1,
-            "accounts",
-            "d",
-            Some(9),
-            row(9),
-            Value::Null,
-            200,
-        )],
-    );
+    produce(&topic, &[Table("accounts").delete(1, 9, row(9), 200)]);
     let group = unique("g");
     let p = pipeline(EXISTING_COLUMN_MODE, &topic, &group, &db.schema);
     let cfg = p.path.to_str().unwrap();
-    let out = replaysafe(&["run", "--config", cfg, "--until-caught-up"]);
+    let out = try_run(cfg);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
     assert!(
         out.stderr.contains("owner, balance") && out.stderr.contains("NOT NULL"),
@@ -821,18 +615,7 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
     db.execute("ALTER TABLE {s}.accounts ALTER COLUMN owner DROP NOT NULL, ALTER COLUMN balance DROP NOT NULL");
     let out = run_caught_up(&p.path);
     assert_eq!(tally_of(&out), (1, 1, 0, 0, 0, 0), "{}", out.stdout);
-    produce(
-        &topic,
-        &[envelope(
-            0,
-            "accounts",
-            "c",
-            Some(9),
-            Value::Null,
-            row(9),
-            100,
-        )],
-    );
+    produce(&topic, &[Table("accounts").create(0, 9, row(9), 100)]);
     let out = run_caught_up(&p.path);
     assert_eq!(tally_of(&out), (1, 0, 0, 1, 0, 0), "{}", out.stdout);
     let rows = db.query(
@@ -855,13 +638,7 @@ fn column_mode_delete_of_an_unseen_entity_on_not_null_columns() {
 /// `id % 3`, truncates on any partition. Returns the records and the live rows of a serial application in source
 /// order.
 fn random_cdc(n: i64, seed: u64) -> (Vec<Rec>, Vec<Rec>, Live) {
-    let mut s = seed;
-    let mut next = |m: u64| {
-        s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (s >> 33) % m
-    };
+    let mut next = seeded_random(seed);
     let row = |id: i64, name: String, v: i64| json!({"id": id, "name": name, "version": v});
     let mut rows: std::collections::BTreeMap<i64, (String, i64)> = Default::default();
     let mut version: std::collections::BTreeMap<i64, i64> = Default::default();
@@ -870,15 +647,7 @@ fn random_cdc(n: i64, seed: u64) -> (Vec<Rec>, Vec<Rec>, Live) {
     for step in 0..(n * 8) {
         lsn += 40;
         if next(25) == 0 {
-            truncates.push(envelope(
-                next(3) as i32,
-                "customers",
-                "t",
-                None,
-                Value::Null,
-                Value::Null,
-                lsn,
-            ));
+            truncates.push(Table("customers").truncate(next(3) as i32, lsn));
             rows.clear();
             version.clear();
             continue;
@@ -891,54 +660,22 @@ fn random_cdc(n: i64, seed: u64) -> (Vec<Rec>, Vec<Rec>, Live) {
         match rows.get(&id).cloned() {
             None => {
                 let name = format!("n{id}-{step}");
-                changes.push(envelope(
-                    p,
-                    "customers",
-                    "c",
-                    Some(id),
-                    Value::Null,
-                    row(id, name.clone(), v),
-                    lsn,
-                ));
+                changes.push(Table("customers").create(p, id, row(id, name.clone(), v), lsn));
                 rows.insert(id, (name, v));
             }
             Some((old, ov)) => match next(4) {
                 0 => {
-                    changes.push(envelope(
-                        p,
-                        "customers",
-                        "d",
-                        Some(id),
-                        row(id, old, ov),
-                        Value::Null,
-                        lsn,
-                    ));
+                    changes.push(Table("customers").delete(p, id, row(id, old, ov), lsn));
                     rows.remove(&id);
                 }
                 1 => {
                     let key_only = json!({"id": id, "name": null, "version": 0});
-                    changes.push(envelope(
-                        p,
-                        "customers",
-                        "d",
-                        Some(id),
-                        key_only,
-                        Value::Null,
-                        lsn,
-                    ));
+                    changes.push(Table("customers").delete(p, id, key_only, lsn));
                     rows.remove(&id);
                 }
                 _ => {
                     let name = format!("n{id}-{step}");
-                    changes.push(envelope(
-                        p,
-                        "customers",
-                        "u",
-                        Some(id),
-                        Value::Null,
-                        row(id, name.clone(), v),
-                        lsn,
-                    ));
+                    changes.push(Table("customers").update(p, id, row(id, name.clone(), v), lsn));
                     rows.insert(id, (name, v));
                 }
             },
@@ -960,11 +697,9 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
     let (changes, truncates, live) = random_cdc(12, 20);
     assert!(!truncates.is_empty() && !live.is_empty());
     let n = (changes.len() + truncates.len()) as u64;
-    let late = unique("rcdc");
-    create_topic(&late, 3, &[("retention.ms", "-1")]);
+    let late = new_topic("rcdc", 3);
     produce(&late, &changes);
-    let all = unique("rcdc");
-    create_topic(&all, 3, &[("retention.ms", "-1")]);
+    let all = new_topic("rcdc", 3);
     let mut mixed = changes.clone();
     mixed.extend(truncates.iter().cloned());
     produce(&all, &mixed);
@@ -973,20 +708,12 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
         for max in [1, 5000] {
             let db = Db::fresh("rcdc");
             let group = unique("g");
-            let p = customers(&db, &late, &group, "", max, mode, "truncate = \"truncate\"");
+            let p = truncating(&db, &late, &group, "", max, mode);
             let out = run_caught_up(&p.path);
             assert_eq!(out.tally().quarantined, 0, "{}", out.stdout);
             late_dbs.push((db, group, mode, max));
             let db = Db::fresh("rcdc");
-            let p = customers(
-                &db,
-                &all,
-                &unique("g"),
-                "",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let p = truncating(&db, &all, &unique("g"), "", max, mode);
             let out = run_caught_up(&p.path);
             let t = out.tally();
             assert_eq!((t.consumed, t.quarantined), (n, 0), "{}", out.stdout);
@@ -1002,15 +729,7 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
                 n as i64,
                 "{ctx}"
             );
-            let again = customers(
-                &db,
-                &all,
-                &unique("g"),
-                "g2",
-                max,
-                mode,
-                "truncate = \"truncate\"",
-            );
+            let again = truncating(&db, &all, &unique("g"), "g2", max, mode);
             let out = run_caught_up(&again.path);
             let t = out.tally();
             assert_eq!(
@@ -1029,7 +748,7 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
     produce(&late, &truncates);
     for (db, group, mode, max) in &late_dbs {
         let ctx = format!("truncates late, {mode} {max}");
-        let p = customers(db, &late, group, "", *max, mode, "truncate = \"truncate\"");
+        let p = truncating(db, &late, group, "", *max, mode);
         let out = run_caught_up(&p.path);
         assert_eq!(out.tally().quarantined, 0, "{ctx}: {}", out.stdout);
         assert_eq!(customers_state(db, mode).0, live, "{ctx}");

@@ -13,6 +13,16 @@ event_id = { path = "/event_id", type = "uuid" }
 key = ["event_id"]
 "#;
 
+/// `GOOD` for the test's group (followed by `after_group`, e.g. a start), topic and schema.
+fn good_for_the_test(after_group: &str) -> String {
+    GOOD.replace(
+        "group-id = \"g\"",
+        &format!("group-id = \"{{group}}\"{after_group}"),
+    )
+    .replace("[\"t\"]", "[\"{topic}\"]")
+        + "\n[postgres]\nschema = \"{schema}\"\n"
+}
+
 fn check(text: &str) -> (Out, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
@@ -103,12 +113,7 @@ fn run_with_bad_config_exits_2_before_consuming() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, GOOD.replace("[identity]", "[identity]\nbogus = 1")).unwrap();
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
 }
 
@@ -117,22 +122,10 @@ fn schema_mismatch_exits_2_before_consuming() {
     // A ledger created with a text key, then a pipeline whose key is a uuid.
     let db = Db::fresh("mismatch");
     db.execute("CREATE TABLE {s}.replaysafe_ledger (generation text NOT NULL DEFAULT '', event_id text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, consumer_group text NOT NULL, landed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (generation, event_id))");
-    let topic = unique("mismatch");
-    create_topic(&topic, 1, &[]);
-    let text = GOOD
-        .replace(
-            "group-id = \"g\"",
-            "group-id = \"{group}\"\nstart = \"earliest\"",
-        )
-        .replace("[\"t\"]", "[\"{topic}\"]")
-        + "\n[postgres]\nschema = \"{schema}\"\n";
+    let topic = new_topic("mismatch", 1);
+    let text = good_for_the_test("\nstart = \"earliest\"");
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains("event_id") && out.stderr.contains("uuid"),
@@ -143,9 +136,7 @@ fn schema_mismatch_exits_2_before_consuming() {
 
 #[test]
 fn new_group_without_start_exits_3_and_consumes_nothing() {
-    let db = Db::fresh("nostart");
-    let topic = unique("nostart");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("nostart", 1);
     produce(
         &topic,
         &[Rec::json(
@@ -155,17 +146,9 @@ fn new_group_without_start_exits_3_and_consumes_nothing() {
             1_714_003_200_000,
         )],
     );
-    let text = GOOD
-        .replace("group-id = \"g\"", "group-id = \"{group}\"")
-        .replace("[\"t\"]", "[\"{topic}\"]")
-        + "\n[postgres]\nschema = \"{schema}\"\n";
+    let text = good_for_the_test("");
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
         out.stderr.contains("start = \\\"earliest\\\"")

@@ -28,8 +28,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::common::{consumer, pg_client, runtime, unique};
 
 /// A running (or stopped) Connect worker with its one Debezium connector.
 pub struct Connect {
@@ -289,17 +290,9 @@ impl Drop for Connect {
     }
 }
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
 /// A name usable as a slot, publication, connector name and topic prefix: `prefix_<pid>_<n>_<ms>`,
 /// lowercase `[a-z0-9_]`, at most 63 characters (PostgreSQL's NAMEDATALEN - 1).
 pub fn unique_name(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 100_000_000;
     let p: String = prefix
         .to_lowercase()
         .chars()
@@ -311,29 +304,15 @@ pub fn unique_name(prefix: &str) -> String {
             }
         })
         .collect();
-    let mut s = format!("{p}_{}_{n}_{ms}", std::process::id());
+    let mut s = unique(&p);
     s.truncate(63);
     s
 }
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set: run the tests through scripts/test")
-}
-
 /// A runtime and a client on DATABASE_URL (the connection task runs on the runtime).
 fn db() -> (tokio::runtime::Runtime, tokio_postgres::Client) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
-            .await
-            .expect("connect to DATABASE_URL");
-        tokio::spawn(conn);
-        client
-    });
+    let rt = runtime();
+    let client = pg_client(&rt);
     (rt, client)
 }
 
@@ -461,17 +440,11 @@ pub fn read_values(
     timeout: Duration,
     done: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::consumer::Consumer;
     use rdkafka::message::Message;
     use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-    let brokers = std::env::var("KAFKA_BROKERS").expect("KAFKA_BROKERS is not set");
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", unique_name("connect_read"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
+    let group = unique_name("connect_read");
+    let c = consumer(&[("group.id", &group), ("enable.auto.commit", "false")]);
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, 0, Offset::Beginning)
         .unwrap();

@@ -8,16 +8,9 @@ use rand::Rng;
 use crate::common::*;
 
 /// The seed pipeline: daily counts and totals per customer, ledger partitioned by day.
-pub const SEED: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-
-[postgres]
-schema = "{schema}"
-
-[batch]
+pub const SEED: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 200
 linger-ms = 20
 
@@ -42,7 +35,8 @@ kind = "sum"
 table = "daily_totals"
 group-by = ["day", "customer_id"]
 add = { total = "amount" }
-"#;
+"#
+);
 
 /// `n` seed events over six days (2024-04-25 …), spread over `partitions` partitions; returns the records and
 /// the true `(day, customer) → count`.
@@ -116,9 +110,7 @@ fn checkpoints_at_end(
 
 #[test]
 fn replay_under_a_new_group_changes_no_count() {
-    let db = Db::fresh("replay");
-    let topic = unique("replay");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("replay", 3);
     let (recs, truth) = seed_events(1500, 3);
     let offsets = produce(&topic, &recs);
 
@@ -181,28 +173,14 @@ fn replay_under_a_new_group_changes_no_count() {
 
 #[test]
 fn crash_between_db_commit_and_kafka_commit_then_restart_is_exact() {
-    let db = Db::fresh("crash");
-    let topic = unique("crash");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("crash", 2);
     let (recs, truth) = seed_events(800, 2);
     let offsets = produce(&topic, &recs);
     let group = unique("g");
     let p = pipeline(SEED, &topic, &group, &db.schema);
 
     // The failpoint aborts the process right after the first database commit, before any Kafka commit.
-    let crashed = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[(
-            "REPLAYSAFE_FAILPOINTS",
-            "after-db-commit-before-kafka-commit=return",
-        )],
-        Duration::from_secs(120),
-    );
+    let crashed = try_run_with(&p.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
     assert_ne!(
         crashed.code,
         Some(0),
@@ -249,9 +227,7 @@ fn crash_between_db_commit_and_kafka_commit_then_restart_is_exact() {
 
 #[test]
 fn kill_9_at_random_moments_then_restart_is_exact() {
-    let db = Db::fresh("kill9");
-    let topic = unique("kill9");
-    create_topic(&topic, 3, &[]);
+    let (db, topic) = stage("kill9", 3);
     let (recs, truth) = seed_events(30_000, 3);
     let offsets = produce(&topic, &recs);
     let group = unique("g");
@@ -271,12 +247,7 @@ fn kill_9_at_random_moments_then_restart_is_exact() {
     };
     for round in 0..3 {
         let before = ledger_count(&db);
-        let mut child = spawn(
-            &["run", "--config", p.path.to_str().unwrap()],
-            &[],
-            p.dir.path(),
-            &format!("r{round}"),
-        );
+        let mut child = spawn_run(&p, &[], &format!("r{round}"));
         // Wait until this process has landed something, then kill it at a random moment.
         wait_until(Duration::from_secs(90), "rows landing", || {
             ledger_count(&db) > before || before == 30_000 || child.try_wait().unwrap().is_some()
@@ -332,18 +303,15 @@ fn demo_against_the_real_broker() {
 /// leaves with SIGTERM midway; the end state is exact.
 #[test]
 fn rebalance_between_two_members_keeps_counts_exact() {
-    let db = Db::fresh("rebal");
-    let topic = unique("rebal");
-    create_topic(&topic, 4, &[]);
+    let (db, topic) = stage("rebal", 4);
     let (recs, truth) = seed_events(12_000, 4);
     let group = unique("g");
     let p = pipeline(SEED, &topic, &group, &db.schema);
-    let cfg = p.path.to_str().unwrap();
     let mut offsets = produce(&topic, &recs[..3000]);
-    let mut a = spawn(&["run", "--config", cfg], &[], p.dir.path(), "a");
+    let mut a = spawn_run(&p, &[], "a");
     std::thread::sleep(Duration::from_secs(2));
     offsets.extend(produce(&topic, &recs[3000..6000]));
-    let mut b = spawn(&["run", "--config", cfg], &[], p.dir.path(), "b");
+    let mut b = spawn_run(&p, &[], "b");
     offsets.extend(produce(&topic, &recs[6000..9000]));
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(

@@ -116,17 +116,8 @@ fn scenario(schemas_enable: bool) {
     );
     let topic = connect.topic(&src, "items");
     let text = format!(
-        r#"
-[kafka]
-group-id = "{{group}}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{{schema}}"
-[batch]
+        r#"{DEBEZIUM_HEADER}[batch]
 linger-ms = 10
-[source]
-format = "debezium"
 # Columns and key come from the existing table (same DDL as the source).
 [[projection]]
 kind = "row"
@@ -171,11 +162,7 @@ payload = ["_op", "_entity", "_position"]
     }
     wait_for_id(&topic, 900, "c");
     let out = run(&group);
-    let dead: Vec<String> = db
-        .query("SELECT \"offset\"::text || ' ' || reason || ': ' || detail FROM {s}.replaysafe_dead_letters", &[])
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let dead: Vec<String> = db.column("SELECT \"offset\"::text || ' ' || reason || ': ' || detail FROM {s}.replaysafe_dead_letters");
     assert!(dead.is_empty(), "dead letters: {dead:#?}\n{}", out.stdout);
     assert_eq!(
         differences(&db, &src),
@@ -299,17 +286,8 @@ fn debezium_version_column_key_only_deletes_and_column_drop() {
     );
     let topic = connect.topic(&src, "items");
     let text = format!(
-        r#"
-[kafka]
-group-id = "{{group}}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{{schema}}"
-[batch]
+        r#"{DEBEZIUM_HEADER}[batch]
 linger-ms = 10
-[source]
-format = "debezium"
 [identity]
 generation = "GENERATION"
 [[projection]]
@@ -335,15 +313,10 @@ version = "version"
                 "SELECT count(*) FROM (SELECT {cmp} FROM {a}.items EXCEPT SELECT {cmp} FROM {b}.items) d"
             ))
         };
-        let rows: Vec<String> = db
-            .query(
-                "SELECT id::text || ' ' || coalesce(name, 'NULL') || ' ' || coalesce(extra, 'NULL') || ' v' || \
-                 version::text FROM {s}.items ORDER BY id",
-                &[],
-            )
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let rows: Vec<String> = db.column(
+            "SELECT id::text || ' ' || coalesce(name, 'NULL') || ' ' || coalesce(extra, 'NULL') || ' v' || \
+             version::text FROM {s}.items ORDER BY id",
+        );
         assert_eq!(
             (diff(&src, "{s}"), diff("{s}", &src)),
             (0, 0),
@@ -385,10 +358,7 @@ version = "version"
     );
     same("after the first run");
     assert_eq!(
-        db.query("SELECT id FROM {s}.items_tombstones ORDER BY id", &[])
-            .iter()
-            .map(|r| r.get::<_, i64>(0))
-            .collect::<Vec<_>>(),
+        db.column::<i64>("SELECT id FROM {s}.items_tombstones ORDER BY id"),
         vec![0, 2]
     );
 

@@ -5,24 +5,14 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{json, Value};
 
 use crate::common::*;
 
 /// Two row projections of one JSON event stream, one per tombstone mode, plus an outbox (= the landed records).
-const JSON_ROWS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const JSON_ROWS: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 5
 [fields]
@@ -54,7 +44,8 @@ table = "outbox"
 payload = ["event_id", "customer_id", "amount"]
 [kafka.properties]
 "max.partition.fetch.bytes" = "4096"
-"#;
+"#
+);
 
 /// The accounting line's figures, and the conflicts it names (`[stale: N conflict(s)]`).
 #[derive(Debug, Clone, Copy)]
@@ -69,12 +60,7 @@ struct Counts {
 impl Counts {
     fn of(out: &Out) -> Counts {
         let t = out.tally();
-        let line = out
-            .stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("consumed "))
-            .unwrap_or("");
+        let line = out.tally_line().unwrap_or("");
         let conflicts = line
             .split("[stale: ")
             .nth(1)
@@ -105,10 +91,6 @@ fn same(got: &[String], want: &[String], what: &str) {
         got.len(),
         want.len()
     );
-}
-
-fn lines(db: &Db, sql: &str) -> Vec<String> {
-    db.query(sql, &[]).iter().map(|r| r.get(0)).collect()
 }
 
 /// The outcome of one run: the final state (every table), and the same with the winner of each equal-version
@@ -214,44 +196,16 @@ fn check_json(db: &Db, n: i64, out: &Out) -> Final {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), t.landed as i64);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 4 * n);
-    let full = [
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
-        ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
-        ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text || ' ' || \
-             (_deleted_at IS NOT NULL)::text FROM {s}.cust_c ORDER BY 1",
-        ),
-        lines(
-            db,
-            "SELECT projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || \
-             incoming::text FROM {s}.replaysafe_conflicts ORDER BY 1",
-        ),
-    ]
-    .concat();
+    let full = full_json_state(db);
     let masked = [
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
+        db.strings("SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
              FROM {s}.cust_c ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT projection || ' ' || entity::text || ' ' || version::text FROM {s}.replaysafe_conflicts ORDER BY 1",
+        db.strings("SELECT projection || ' ' || entity::text || ' ' || version::text FROM {s}.replaysafe_conflicts ORDER BY 1",
         ),
     ]
     .concat();
@@ -268,8 +222,7 @@ fn check_json(db: &Db, n: i64, out: &Out) -> Final {
 #[test]
 fn json_entities_split_across_partitions() {
     let n = 300i64;
-    let topic = unique("split");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("split", 2);
     let mut recs = Vec::new();
     for i in 0..n {
         let ev = |partition: i32, id: String, customer: String, ty: &str, amount: Value, v: i64| {
@@ -314,7 +267,7 @@ fn json_entities_split_across_partitions() {
     for max in [5000, 200, 1] {
         let db = Db::fresh("split");
         let text = JSON_ROWS.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let f = check_json(&db, n, &out);
         match &first {
             None => first = Some((db, f)),
@@ -324,108 +277,31 @@ fn json_entities_split_across_partitions() {
     // A replay under a fresh group: every record a duplicate, nothing changes.
     let (db, f0) = first.unwrap();
     let text = JSON_ROWS.replace("MAXREC", "5000");
-    let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(&text, &topic, &unique("g"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
         (4 * n as u64, 0, 4 * n as u64, 0)
     );
-    let again = check_json_after_replay(&db);
+    let again = full_json_state(&db);
     same(&again, &f0.full, "replay");
 }
 
-fn check_json_after_replay(db: &Db) -> Vec<String> {
+/// Every table of the JSON pipeline, a line per row (the conflicts with both states).
+fn full_json_state(db: &Db) -> Vec<String> {
     [
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+        db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text || ' ' || \
+        db.strings("SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text || ' ' || \
              (_deleted_at IS NOT NULL)::text FROM {s}.cust_c ORDER BY 1",
         ),
-        lines(
-            db,
-            "SELECT projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || \
+        db.strings("SELECT projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || \
              incoming::text FROM {s}.replaysafe_conflicts ORDER BY 1",
         ),
     ]
     .concat()
-}
-
-/// Produces each record in a record batch of its own (each acknowledged before the next): with the pipelines'
-/// small `max.partition.fetch.bytes`, every fetch then brings a few records of *each* partition, so the
-/// partitions' batches are buffered, flushed and committed side by side.
-fn produce_singly(topic: &str, records: &[Rec]) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("linger.ms", "0")
-        .create()
-        .unwrap();
-    rt.block_on(async {
-        for r in records {
-            let mut fr: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(topic).partition(r.partition);
-            if let Some(k) = &r.key {
-                fr = fr.key(k.as_slice());
-            }
-            if let Some(v) = &r.value {
-                fr = fr.payload(v.as_slice());
-            }
-            if let Some(ts) = r.timestamp_ms {
-                fr = fr.timestamp(ts);
-            }
-            producer
-                .send(fr, Duration::from_secs(30))
-                .await
-                .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
-        }
-    });
-}
-
-/// Raises a topic's partition count on the broker and waits until its metadata shows them.
-fn add_partitions(topic: &str, total: usize) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    let res = rt
-        .block_on(
-            admin.create_partitions(&[NewPartitions::new(topic, total)], &AdminOptions::new()),
-        )
-        .unwrap();
-    for r in res {
-        r.unwrap_or_else(|(t, e)| panic!("create partitions {t}: {e}"));
-    }
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    wait_until(
-        Duration::from_secs(30),
-        "new partitions in metadata",
-        || {
-            let md = c
-                .fetch_metadata(Some(topic), Duration::from_secs(5))
-                .unwrap();
-            md.topics()
-                .first()
-                .is_some_and(|t| t.partitions().len() == total)
-        },
-    );
 }
 
 /// A schemaless Debezium envelope of `public.accounts` at position `[lsn - 5, lsn]`, key `{"id": id}`.
@@ -437,27 +313,15 @@ fn change(partition: i32, op: &str, id: i64, before: Value, after: Value, lsn: i
             "ts_ms": 1_760_000_000_000i64 + lsn,
             "sequence": if op == "r" { format!("[null,\"{lsn}\"]") } else { format!("[\"{}\",\"{lsn}\"]", lsn - 5) }},
     });
-    Rec {
-        partition,
-        key: Some(json!({ "id": id }).to_string().into_bytes()),
-        value: Some(value.to_string().into_bytes()),
-        timestamp_ms: None,
-    }
+    raw(partition, Some(json!({ "id": id })), value)
 }
 
 /// Debezium rows versioned by the application's `version` column, in both tombstone modes, plus an outbox.
-const DBZ_ROWS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const DBZ_ROWS: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
 linger-ms = 5
-[source]
-format = "debezium"
 [[projection]]
 kind = "row"
 table = "acc_t"
@@ -479,7 +343,8 @@ table = "outbox"
 payload = ["_op", "_entity", "_position"]
 [kafka.properties]
 "max.partition.fetch.bytes" = "4096"
-"#;
+"#
+);
 
 fn acc(id: i64, balance: i64, v: i64) -> Value {
     json!({"id": id, "owner": format!("o{id}"), "balance": balance, "version": v})
@@ -501,28 +366,18 @@ fn dbz_state(db: &Db, mask: bool) -> Vec<String> {
         "projection || ' ' || entity::text || ' ' || version::text || ' ' || stored::text || ' ' || incoming::text"
     };
     [
-        lines(
-            db,
-            &format!(
-                "SELECT id || ' ' || {} || ' ' || _version::text FROM {{s}}.acc_t ORDER BY id",
-                bal.replace(" OR _deleted_at IS NOT NULL", "")
-            ),
-        ),
-        lines(
-            db,
-            "SELECT id || ' ' || _version::text FROM {s}.acc_t_tombstones ORDER BY id",
-        ),
-        lines(
-            db,
-            &format!(
-                "SELECT id || ' ' || coalesce({bal}, '-') || ' ' || _version::text || ' ' || \
+        db.strings(&format!(
+            "SELECT id || ' ' || {} || ' ' || _version::text FROM {{s}}.acc_t ORDER BY id",
+            bal.replace(" OR _deleted_at IS NOT NULL", "")
+        )),
+        db.strings("SELECT id || ' ' || _version::text FROM {s}.acc_t_tombstones ORDER BY id"),
+        db.strings(&format!(
+            "SELECT id || ' ' || coalesce({bal}, '-') || ' ' || _version::text || ' ' || \
                  (_deleted_at IS NOT NULL)::text FROM {{s}}.acc_c ORDER BY id"
-            ),
-        ),
-        lines(
-            db,
-            &format!("SELECT {conflict} FROM {{s}}.replaysafe_conflicts ORDER BY 1"),
-        ),
+        )),
+        db.strings(&format!(
+            "SELECT {conflict} FROM {{s}}.replaysafe_conflicts ORDER BY 1"
+        )),
     ]
     .concat()
 }
@@ -538,8 +393,7 @@ fn dbz_state(db: &Db, mask: bool) -> Vec<String> {
 #[test]
 fn debezium_entities_moved_by_a_partition_increase() {
     let n = 150i64;
-    let topic = unique("moved");
-    create_topic(&topic, 1, &[]);
+    let topic = new_topic("moved", 1);
     let mut lsn = 10_000i64;
     let mut next = || {
         lsn += 10;
@@ -718,7 +572,7 @@ fn debezium_entities_moved_by_a_partition_increase() {
     for max in [5000, 200, 1] {
         let db = Db::fresh("moved");
         let text = DBZ_ROWS.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         check(&db, Counts::of(&out));
         same(
             &dbz_state(&db, true),
@@ -727,7 +581,7 @@ fn debezium_entities_moved_by_a_partition_increase() {
         );
     }
     // The live replica replayed under a fresh group: every record a duplicate, nothing changes.
-    let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &live.schema).path);
+    let out = run_text(&text, &topic, &unique("g"), &live);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate),
@@ -737,14 +591,9 @@ fn debezium_entities_moved_by_a_partition_increase() {
 }
 
 /// A row projection (columns `customer`, `status`; not the version), a counter and an outbox.
-const UNCHANGED_JSON: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const UNCHANGED_JSON: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXREC
 [fields]
 id = { path = "/id", type = "text" }
@@ -767,15 +616,15 @@ group-by = ["customer"]
 kind = "outbox"
 table = "outbox"
 payload = ["id", "customer", "status", "v"]
-"#;
+"#
+);
 
 /// Issue 19, item 1 (JSON): a strictly newer version whose row columns did not change is a real event: `landed`
 /// (counter and outbox see it; the row keeps its state and takes the new version and delivery). Only an equal
 /// version with the same state is a `duplicate`. The same under batch sizes 1 and 5000.
 #[test]
 fn newer_version_with_unchanged_row_lands() {
-    let topic = unique("unch");
-    create_topic(&topic, 1, &[]);
+    let topic = new_topic("unch", 1);
     let ev = |id: &str, status: &str, v: i64| {
         let body = json!({"id": id, "customer": "c1", "status": status, "v": v});
         Rec::json(0, id, &body.to_string(), 1_760_000_000_000)
@@ -794,7 +643,7 @@ fn newer_version_with_unchanged_row_lands() {
     for max in [5000, 1] {
         let db = Db::fresh("unch");
         let text = UNCHANGED_JSON.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let t = out.tally();
         assert_eq!(
             (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -804,7 +653,7 @@ fn newer_version_with_unchanged_row_lands() {
         );
         assert_eq!(db.i64("SELECT n FROM {s}.events WHERE customer = 'c1'"), 2);
         assert_eq!(
-            lines(&db, "SELECT payload->>'id' FROM {s}.outbox ORDER BY id"),
+            db.strings("SELECT payload->>'id' FROM {s}.outbox ORDER BY id"),
             vec!["e1", "e2"]
         );
         let r = db.query(
@@ -822,17 +671,10 @@ fn newer_version_with_unchanged_row_lands() {
 
 /// The Debezium layout of `reference-debezium.toml`: the row projection keeps id/owner/balance, the outbox payload
 /// carries `status` (a column the row projection does not keep), a counter counts changes per op.
-const UNCHANGED_DBZ: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const UNCHANGED_DBZ: &str = concat!(
+    debezium_header!(),
+    r#"[batch]
 max-records = MAXREC
-[source]
-format = "debezium"
 [fields]
 status = { path = "/after/status", type = "text", optional = true }
 [[projection]]
@@ -851,7 +693,8 @@ kind = "counter"
 table = "changes"
 group-by = ["_op"]
 snapshots = "include"
-"#;
+"#
+);
 
 /// Issue 19, item 1 (Debezium): an update changing only `status` (not kept by the row projection, carried by the
 /// outbox) lands — one outbox row, counted — and the row takes its version; a resnapshot read (`op = r`) of the
@@ -859,8 +702,7 @@ snapshots = "include"
 /// "include"`).
 #[test]
 fn debezium_update_of_an_unkept_column_lands() {
-    let topic = unique("unchd");
-    create_topic(&topic, 1, &[]);
+    let topic = new_topic("unchd", 1);
     let row = |status: &str| json!({"id": 7, "owner": "o7", "balance": 5, "status": status});
     produce(
         &topic,
@@ -873,7 +715,7 @@ fn debezium_update_of_an_unkept_column_lands() {
     for max in [5000, 1] {
         let db = Db::fresh("unchd");
         let text = UNCHANGED_DBZ.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let t = out.tally();
         assert_eq!(
             (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -882,14 +724,12 @@ fn debezium_update_of_an_unkept_column_lands() {
             out.stdout
         );
         assert_eq!(
-            lines(
-                &db,
-                "SELECT payload->>'_op' || ' ' || (payload->>'status') FROM {s}.account_events ORDER BY id"
+            db.strings("SELECT payload->>'_op' || ' ' || (payload->>'status') FROM {s}.account_events ORDER BY id"
             ),
             vec!["c new", "u verified"]
         );
         assert_eq!(
-            lines(&db, "SELECT _op || ' ' || n FROM {s}.changes ORDER BY 1"),
+            db.strings("SELECT _op || ' ' || n FROM {s}.changes ORDER BY 1"),
             vec!["c 1", "u 1"]
         );
         let r = db.query(
@@ -906,9 +746,7 @@ fn debezium_update_of_an_unkept_column_lands() {
 
 /// The conflict rows, per projection: `projection entity version stored incoming` (amounts only).
 fn conflict_lines(db: &Db) -> Vec<String> {
-    lines(
-        db,
-        "SELECT projection || ' ' || (entity->>'customer_id') || ' ' || version::text || ' ' || \
+    db.strings("SELECT projection || ' ' || (entity->>'customer_id') || ' ' || version::text || ' ' || \
          coalesce(stored->>'amount', stored::text) || ' ' || coalesce(incoming->>'amount', incoming::text) \
          FROM {s}.replaysafe_conflicts ORDER BY 1",
     )
@@ -922,8 +760,7 @@ fn conflict_lines(db: &Db) -> Vec<String> {
 /// replays under a fresh group and under a new generation change nothing.
 #[test]
 fn equal_version_after_a_delete_is_a_conflict() {
-    let topic = unique("eqdel");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("eqdel", 2);
     let ev = |partition: i32, id: &str, customer: &str, ty: &str, amount: Value| {
         let body = json!({"event_id": id, "event_type": ty, "customer_id": customer, "amount": amount, "version": 2});
         Rec::json(partition, id, &body.to_string(), 1_760_000_000_000)
@@ -943,7 +780,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
             let db = Db::fresh("eqdel");
             let text = JSON_ROWS.replace("MAXREC", &max.to_string());
             let group = unique("g");
-            let out = run_caught_up(&pipeline(&text, &topic, &group, &db.schema).path);
+            let out = run_text(&text, &topic, &group, &db);
             let t = out.tally();
             assert_eq!((t.consumed, t.landed), (2, 2), "{}", out.stdout);
             (db, text)
@@ -958,20 +795,14 @@ fn equal_version_after_a_delete_is_a_conflict() {
     ];
     let state = |db: &Db| {
         [
-            lines(
-                db,
-                "SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
+            db.strings("SELECT customer_id || ' ' || coalesce(amount::text, '-') || ' ' || _version::text FROM {s}.cust_t ORDER BY 1",
             ),
-            lines(
-                db,
-                "SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
+            db.strings("SELECT customer_id || ' ' || _version::text FROM {s}.cust_t_tombstones ORDER BY 1",
             ),
-            lines(
-                db,
-                "SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
+            db.strings("SELECT customer_id || ' ' || _version::text || ' ' || (_deleted_at IS NOT NULL)::text \
                  FROM {s}.cust_c ORDER BY 1",
             ),
-            lines(db, "SELECT payload->>'event_id' FROM {s}.outbox ORDER BY 1"),
+            db.strings("SELECT payload->>'event_id' FROM {s}.outbox ORDER BY 1"),
         ]
         .concat()
     };
@@ -988,7 +819,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
         let group = db
             .text("SELECT min(consumer_group) FROM {s}.replaysafe_checkpoints")
             .unwrap();
-        let out = run_caught_up(&pipeline(text, &topic, &group, &db.schema).path);
+        let out = run_text(text, &topic, &group, db);
         let t = out.tally();
         assert_eq!(
             (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -1008,7 +839,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
     // Replays: a fresh group (every record a duplicate) and a new generation (claimed again, judged again: the
     // same two conflicts, not recorded twice).
     let (db, text) = &dbs[0];
-    let out = run_caught_up(&pipeline(text, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(text, &topic, &unique("g"), db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -1017,7 +848,7 @@ fn equal_version_after_a_delete_is_a_conflict() {
         out.stdout
     );
     let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
-    let out = run_caught_up(&pipeline(&text2, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(&text2, &topic, &unique("g"), db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -1060,13 +891,7 @@ impl Ev {
 /// A deterministic pseudo-random stream: `n` customers, 1–6 events each, versions 1–4 (repeats: equal versions
 /// with equal or different states), a quarter deletes, amounts from {1, 2, 3}, spread over 3 partitions.
 fn random_stream(n: usize, seed: u64) -> Vec<Ev> {
-    let mut s = seed;
-    let mut next = |m: u64| {
-        s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (s >> 33) % m
-    };
+    let mut next = seeded_random(seed);
     let mut out = Vec::new();
     for c in 0..n {
         for e in 0..(1 + next(6)) {
@@ -1223,8 +1048,7 @@ fn check_oracle(
 #[test]
 fn json_random_stream_matches_the_serial_oracle() {
     let evs = random_stream(120, 18);
-    let topic = unique("orac");
-    create_topic(&topic, 3, &[]);
+    let topic = new_topic("orac", 3);
     let recs: Vec<Rec> = evs
         .iter()
         .map(|e| {
@@ -1238,7 +1062,7 @@ fn json_random_stream_matches_the_serial_oracle() {
     for max in [5000, 1] {
         let db = Db::fresh("orac");
         let text = JSON_ROWS.replace("MAXREC", &max.to_string());
-        let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+        let out = run_text(&text, &topic, &unique("g"), &db);
         let w = check_oracle(&db, &evs, &[&out], &format!("max-records {max}"));
         kept.get_or_insert((db, text, w));
     }
@@ -1251,9 +1075,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         let workers: Vec<_> = (0..2)
             .map(|_| {
                 let cfg = cfg.clone();
-                std::thread::spawn(move || {
-                    replaysafe(&["run", "--config", &cfg, "--until-caught-up"])
-                })
+                std::thread::spawn(move || try_run(&cfg))
             })
             .collect();
         let mut outs: Vec<Out> = workers.into_iter().map(|h| h.join().unwrap()).collect();
@@ -1271,14 +1093,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         let text = JSON_ROWS.replace("MAXREC", "5");
         let p = pipeline(&text, &topic, &unique("g"), &db.schema);
         let cfg = p.path.to_str().unwrap();
-        let crashed = replaysafe_with(
-            &["run", "--config", cfg, "--until-caught-up"],
-            &[(
-                "REPLAYSAFE_FAILPOINTS",
-                "after-db-commit-before-kafka-commit=return",
-            )],
-            Duration::from_secs(120),
-        );
+        let crashed = try_run_with(cfg, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
         assert_ne!(crashed.code, Some(0), "{}", crashed.stderr);
         let landed_before = db.i64("SELECT count(*) FROM {s}.outbox");
         assert!(landed_before > 0);
@@ -1299,8 +1114,8 @@ fn json_random_stream_matches_the_serial_oracle() {
         );
     }
     let (db, text, winners) = kept.unwrap();
-    let before = check_json_after_replay(&db);
-    let out = run_caught_up(&pipeline(&text, &topic, &unique("g"), &db.schema).path);
+    let before = full_json_state(&db);
+    let out = run_text(&text, &topic, &unique("g"), &db);
     let t = out.tally();
     let n = evs.len() as u64;
     assert_eq!(
@@ -1309,11 +1124,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         "{}",
         out.stdout
     );
-    same(
-        &check_json_after_replay(&db),
-        &before,
-        "replay, fresh group",
-    );
+    same(&full_json_state(&db), &before, "replay, fresh group");
     // A new generation: every record judged again against the final state.
     let mut maxv = std::collections::BTreeMap::new();
     for e in &evs {
@@ -1332,7 +1143,7 @@ fn json_random_stream_matches_the_serial_oracle() {
         .filter(|e| e.state() != winners[&e.customer])
         .count() as u64;
     let text2 = text.replace("[identity]\n", "[identity]\ngeneration = \"g2\"\n");
-    let out = run_caught_up(&pipeline(&text2, &topic, &unique("g"), &db.schema).path);
+    let out = run_text(&text2, &topic, &unique("g"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, out.stale()),
@@ -1348,9 +1159,5 @@ fn json_random_stream_matches_the_serial_oracle() {
             out.stdout
         );
     }
-    same(
-        &check_json_after_replay(&db),
-        &before,
-        "replay, new generation",
-    );
+    same(&full_json_state(&db), &before, "replay, new generation");
 }

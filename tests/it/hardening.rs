@@ -9,9 +9,7 @@ use crate::core::{counts, seed_events, SEED};
 /// the partition moves on — it used to make the dead-letter insert itself fail on every restart.
 #[test]
 fn nul_characters_in_typed_fields_are_quarantined() {
-    let db = Db::fresh("nul");
-    let topic = unique("nul");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("nul", 1);
     let good = r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301","customer_id":"c","amount":"1","occurred_at":"2024-04-25T00:00:00Z"}"#;
     let recs: Vec<Rec> = [
         r#"{"event_id":"\u0000","customer_id":"c","amount":"1","occurred_at":"2024-04-25"}"#,
@@ -43,9 +41,7 @@ fn nul_characters_in_typed_fields_are_quarantined() {
 /// generation (it used to resume at the old topic's offset and skip the new records).
 #[test]
 fn a_new_generation_does_not_reuse_the_old_topics_checkpoints() {
-    let db = Db::fresh("gen");
-    let topic = unique("gen");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("gen", 1);
     let (first, _) = seed_events(100, 1);
     produce(&topic, &first);
     let group = unique("g");
@@ -76,24 +72,18 @@ fn a_new_generation_does_not_reuse_the_old_topics_checkpoints() {
 /// joined with `|` coincide used to collide, and one message was lost).
 #[test]
 fn outbox_delivery_keys_do_not_collide() {
-    let db = Db::fresh("outbox");
-    let topic = unique("outbox");
-    create_topic(&topic, 1, &[]);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+    let (db, topic) = stage("outbox", 1);
+    let text = concat!(
+        header!(),
+        r#"[fields]
 a = { path = "/a", type = "text" }
 b = { path = "/b", type = "text" }
 [identity]
 key = ["a", "b"]
 [[projection]]
 kind = "outbox"
-"#;
+"#
+    );
     produce(
         &topic,
         &[
@@ -110,21 +100,14 @@ kind = "outbox"
 /// already claimed and leave its projections empty).
 #[test]
 fn a_ledger_is_not_shared_by_pipelines_with_other_projections() {
-    let db = Db::fresh("shared");
-    let topic = unique("shared");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("shared", 1);
     let (recs, _) = seed_events(50, 1);
     produce(&topic, &recs);
     let p1 = pipeline(SEED, &topic, &unique("g"), &db.schema);
     run_caught_up(&p1.path);
     let other = SEED.replace("table = \"daily_counts\"", "table = \"other_counts\"");
     let p2 = pipeline(&other, &topic, &unique("g"), &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p2.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
     // With its own ledger it counts everything.
@@ -142,16 +125,7 @@ fn a_ledger_is_not_shared_by_pipelines_with_other_projections() {
 fn a_missing_topic_exits_2() {
     let db = Db::fresh("notopic");
     let p = pipeline(SEED, &unique("no_such_topic"), &unique("g"), &db.schema);
-    let out = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[],
-        Duration::from_secs(60),
-    );
+    let out = try_run_with(&p.path, &[], Duration::from_secs(60));
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("does not exist"), "{}", out.stderr);
 }

@@ -14,16 +14,9 @@ use replaysafe::sink::{schema, sql, Batch, Item, Outcome, Sink, Tally as SinkTal
 use crate::common::*;
 
 /// One counter per (day, customer); the ledger keeps `{horizon}` days.
-const HZ: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-
-[postgres]
-schema = "{schema}"
-
-[batch]
+const HZ: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 50
 linger-ms = 20
 
@@ -44,7 +37,8 @@ kind = "counter"
 table = "daily_counts"
 group-by = ["day", "customer_id"]
 column = "n"
-"#;
+"#
+);
 
 const E1: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000001";
 const E2: &str = "6f1c1f4e-6a55-4c0b-9a55-000000000002";
@@ -125,17 +119,7 @@ fn pruned_below(db: &Db) -> Option<NaiveDate> {
 fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
     let from = (Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
     let to = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-    replaysafe(&[
-        "backfill",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--from",
-        &from,
-        "--to",
-        &to,
-        "--group-id",
-        group,
-    ])
+    backfill(p, &from, ("--to", &to), group, &[])
 }
 
 /// Issue 22 item 1: a backfill decides the horizon per record, like `run`. An event ten days old (produced an
@@ -143,9 +127,7 @@ fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
 /// `beyond-horizon` by every backfill group; the counter stays at the 1 it had under a 30-day horizon.
 #[test]
 fn backfill_quarantines_events_older_than_the_horizon() {
-    let db = Db::fresh("hz_bf");
-    let topic = unique("hz_bf");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_bf", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d)]);
     let long = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
@@ -200,23 +182,21 @@ fn backfill_quarantines_events_older_than_the_horizon() {
 /// and the run says that the ledger was pruned below the day the file asks for.
 #[test]
 fn lengthening_the_horizon_does_not_reopen_pruned_days() {
-    let db = Db::fresh("hz_len");
-    let topic = unique("hz_len");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_len", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
     let g30 = unique("g30");
-    let t = run_caught_up(&pipeline(&text(30), &topic, &g30, &db.schema).path).tally();
+    let t = run_text(&text(30), &topic, &g30, &db).tally();
     assert_eq!((t.consumed, t.landed), (2, 2));
     assert_eq!(counter(&db, d), 1);
 
     let g5 = unique("g5");
-    let t = run_caught_up(&pipeline(&text(5), &topic, &g5, &db.schema).path).tally();
+    let t = run_text(&text(5), &topic, &g5, &db).tally();
     assert_eq!((t.consumed, t.duplicate, t.quarantined), (2, 1, 1));
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
     assert_eq!(partition_days(&db), vec![days_ago(1)]);
 
-    let out = run_caught_up(&pipeline(&text(30), &topic, &unique("g30b"), &db.schema).path);
+    let out = run_text(&text(30), &topic, &unique("g30b"), &db);
     let t = out.tally();
     assert_eq!(
         (t.consumed, t.landed, t.duplicate, t.quarantined),
@@ -458,26 +438,12 @@ fn a_vanished_partition_inside_the_horizon_is_recreated_not_dead_lettered() {
 /// event it landed is `beyond-horizon`; the counter stays 1.
 #[test]
 fn a_running_process_prunes_periodically() {
-    let db = Db::fresh("hz_tick");
-    let topic = unique("hz_tick");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_tick", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d)]);
     let p = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
-    let mut child = spawn(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--prune-interval",
-            "1",
-            "--summary-interval",
-            "1",
-        ],
-        &[],
-        p.dir.path(),
-        "run",
-    );
+    let extra = ["--prune-interval", "1", "--summary-interval", "1"];
+    let mut child = spawn_run(&p, &extra, "run");
     wait_until(Duration::from_secs(60), "the event landed", || {
         counter(&db, d) == 1
     });
@@ -580,27 +546,20 @@ fn waiting_for_locks(schema: &str) -> i64 {
 /// records could only be quarantined after the window was zeroed); from the pruned-below day on it rebuilds.
 #[test]
 fn rebuild_below_the_pruned_day_is_refused() {
-    let db = Db::fresh("hz_rb");
-    let topic = unique("hz_rb");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("hz_rb", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
-    run_caught_up(&pipeline(&text(30), &topic, &unique("g30"), &db.schema).path);
+    run_text(&text(30), &topic, &unique("g30"), &db);
     let short = pipeline(&text(5), &topic, &unique("g5"), &db.schema);
     run_caught_up(&short.path);
     let rebuild = |from: NaiveDate| {
-        replaysafe(&[
-            "rebuild",
-            "--config",
-            short.path.to_str().unwrap(),
-            "--from",
+        rebuild(
+            &short,
             &from.to_string(),
-            "--to",
             &days_ago(0).to_string(),
-            "--group-id",
             &unique("rb"),
-            "--i-paused-other-writers",
-        ])
+            &["--i-paused-other-writers"],
+        )
     };
     let refused = rebuild(d);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);

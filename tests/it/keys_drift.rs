@@ -21,14 +21,9 @@ fn out_key(db: &Db, table: &str, id: &str) -> Option<String> {
     .and_then(|r| r.get(0))
 }
 
-const OUTBOX: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const OUTBOX: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = 5000
 [fields]
 id = { path = "/id", type = "text" }
@@ -54,16 +49,15 @@ kind = "outbox"
 table = "typed"
 payload = ["id"]
 key = ["day", "at", "n"]
-"#;
+"#
+);
 
 /// `|` inside a value, a missing (NULL) field, an empty string and a quote: every key is a JSON array of the
 /// fields' texts with `null` for NULL, so no two of these entities share a message key, and a key with one
 /// field never equals a two-field key with a NULL.
 #[test]
 fn outbox_message_keys_are_json_arrays_that_never_collide() {
-    let db = Db::fresh("obkey");
-    let topic = unique("obkey");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("obkey", 2);
     produce(
         &topic,
         &[
@@ -105,9 +99,7 @@ fn outbox_message_keys_are_json_arrays_that_never_collide() {
 /// The same encoding in a Debezium pipeline: fields of the row image and the built-in `_entity`.
 #[test]
 fn debezium_outbox_message_keys_are_json_arrays() {
-    let db = Db::fresh("obkeycdc");
-    let topic = unique("obkeycdc");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("obkeycdc", 1);
     let env = |id: i64, after: serde_json::Value, lsn: i64| {
         let value = json!({
             "before": null, "after": after, "op": "c", "ts_ms": TS,
@@ -129,16 +121,9 @@ fn debezium_outbox_message_keys_are_json_arrays() {
             env(2, json!({"id": 2, "region": "a", "cust": "b"}), 2000),
         ],
     );
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[source]
-format = "debezium"
-[fields]
+    let text = concat!(
+        debezium_header!(),
+        r#"[fields]
 region = { path = "/after/region", type = "text", optional = true }
 cust = { path = "/after/cust", type = "text" }
 [[projection]]
@@ -151,17 +136,14 @@ kind = "outbox"
 table = "by_entity"
 payload = ["_entity"]
 key = ["_entity"]
-"#;
+"#
+    );
     let p = pipeline(text, &topic, &unique("g"), &db.schema);
     assert_eq!(run_caught_up(&p.path).tally().landed, 2);
     let keys = |table: &str| -> Vec<String> {
-        db.query(
-            &format!("SELECT message_key FROM {{s}}.{table} ORDER BY source_offset"),
-            &[],
-        )
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+        db.column(&format!(
+            "SELECT message_key FROM {{s}}.{table} ORDER BY source_offset"
+        ))
     };
     assert_eq!(keys("by_region"), [r#"[null, "a|b"]"#, r#"["a", "b"]"#]);
     assert_eq!(
@@ -170,14 +152,9 @@ key = ["_entity"]
     );
 }
 
-const TIMES: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const TIMES: &str = concat!(
+    header!(),
+    r#"[fields]
 id = { path = "/id", type = "text" }
 at = { path = "/t", type = "timestamptz"UNIT }
 day = { path = "/t", type = "date"UNIT }
@@ -189,15 +166,15 @@ columns = ["at", "day"]
 kind = "counter"
 table = "per_day"
 group-by = ["day"]
-"#;
+"#
+);
 
 /// Epoch seconds under `unit = "s"` (number or numeric string) land as 2026-07-01; under the default
 /// milliseconds they are quarantined naming the field and the likely unit instead of landing in 1970. A leap
 /// second gives the same instant to a `date` and a `timestamptz` field (19.5).
 #[test]
 fn epoch_units_are_explicit_and_implausible_values_are_quarantined() {
-    let topic = unique("epoch");
-    create_topic(&topic, 2, &[]);
+    let topic = new_topic("epoch", 2);
     produce(
         &topic,
         &[
@@ -289,14 +266,9 @@ fn epoch_units_are_explicit_and_implausible_values_are_quarantined() {
     );
 }
 
-const GROUPS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const GROUPS: &str = concat!(
+    header!(),
+    r#"[fields]
 id = { path = "/id", type = "text" }
 cust = { path = "/cust", type = "CUST_TYPE" }
 amount = { path = "/amount", type = "numeric" }
@@ -312,7 +284,8 @@ kind = "sum"
 table = "totals"
 group-by = ["cust"]
 add = { total = "amount" }
-"#;
+"#
+);
 
 const ROW: &str = r#"
 [[projection]]
@@ -329,9 +302,7 @@ columns = ["cust", "v"]
 #[test]
 fn a_changed_field_type_is_refused_before_anything_is_consumed() {
     for with_row in [false, true] {
-        let db = Db::fresh("ftype");
-        let topic = unique("ftype");
-        create_topic(&topic, 1, &[]);
+        let (db, topic) = stage("ftype", 1);
         let group = unique("g");
         let text = |ty: &str| {
             let mut t = GROUPS.replace("CUST_TYPE", ty);
@@ -360,12 +331,7 @@ fn a_changed_field_type_is_refused_before_anything_is_consumed() {
             )],
         );
         let p2 = pipeline(&text("bigint"), &topic, &group, &db.schema);
-        let out = replaysafe(&[
-            "run",
-            "--config",
-            p2.path.to_str().unwrap(),
-            "--until-caught-up",
-        ]);
+        let out = try_run(&p2.path);
         assert_eq!(out.code, Some(2), "{}", out.stderr);
         let table = if with_row { "custs" } else { "counts" };
         for needle in [
@@ -391,9 +357,7 @@ fn a_changed_field_type_is_refused_before_anything_is_consumed() {
 /// field is exact and accepted.
 #[test]
 fn a_sum_target_that_would_round_the_field_is_refused() {
-    let db = Db::fresh("sumtype");
-    let topic = unique("sumtype");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("sumtype", 1);
     produce(
         &topic,
         &[rec(
@@ -412,12 +376,7 @@ fn a_sum_target_that_would_round_the_field_is_refused() {
         &group,
         &db.schema,
     );
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        p.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let out = try_run(&p.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     for needle in [
         format!("column `total` of \"{}\".\"totals\" is bigint", db.schema),
@@ -439,14 +398,9 @@ fn a_sum_target_that_would_round_the_field_is_refused() {
     assert_eq!(db.i64("SELECT total FROM {s}.totals WHERE cust = 'c'"), 2);
 }
 
-const SUMS: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+const SUMS: &str = concat!(
+    header!(),
+    r#"[fields]
 id = { path = "/id", type = "text" }
 cust = { path = "/cust", type = "text" }
 day = { path = "/day", type = "date" }
@@ -465,7 +419,8 @@ filter = "amount > 0.0"
 kind = "outbox"
 table = "out"
 payload = ["id", "amount"]
-"#;
+"#
+);
 
 fn init(text: &str, topic: &str, group: &str, db: &Db) -> Out {
     let p = pipeline(text, topic, group, &db.schema);
@@ -478,9 +433,7 @@ fn init(text: &str, topic: &str, group: &str, db: &Db) -> Out {
 /// older replaysafe (names and kinds only) is accepted when those match and recorded anew; otherwise refused.
 #[test]
 fn a_changed_projection_is_refused_by_the_ledger_check() {
-    let db = Db::fresh("projchg");
-    let topic = unique("projchg");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("projchg", 1);
     produce(
         &topic,
         &[rec(
@@ -491,7 +444,14 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     let group = unique("g");
     let p = pipeline(SUMS, &topic, &group, &db.schema);
     assert_eq!(run_caught_up(&p.path).tally().landed, 1);
-    init(SUMS, &topic, &group, &db).assert_ok();
+    // `replaysafe init` of a pipeline text under the same group, and the record it leaves on the ledger.
+    let init = |text: &str| init(text, &topic, &group, &db);
+    let ledger_record = || {
+        db.text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
+            .unwrap()
+    };
+    let stricter = SUMS.replace("amount > 0.0", "amount > 1.0");
+    init(SUMS).assert_ok();
 
     let changes: [(&str, &str, &str); 7] = [
         (
@@ -531,7 +491,7 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         ),
     ];
     for (from, to, needle) in changes {
-        let out = init(&SUMS.replace(from, to), &topic, &group, &db);
+        let out = init(&SUMS.replace(from, to));
         assert_eq!(out.code, Some(2), "{to}: {}", out.stderr);
         assert!(out.stderr.contains(needle), "`{needle}` in {}", out.stderr);
         assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
@@ -542,7 +502,7 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         );
     }
     // Nothing of the refused runs changed the record.
-    init(SUMS, &topic, &group, &db).assert_ok();
+    init(SUMS).assert_ok();
 
     // Format 1 (names and kinds): matching → accepted and re-recorded; another set → refused.
     let v1 = |lines: &[&str]| {
@@ -562,23 +522,16 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         ))
     };
     comment(&v1(&["out:Outbox", "totals:Sum"]));
-    init(SUMS, &topic, &group, &db).assert_ok();
-    let recorded = db
-        .text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
-        .unwrap();
+    init(SUMS).assert_ok();
+    let recorded = ledger_record();
     assert!(
         recorded.starts_with("replaysafe projections v2 {"),
         "{recorded}"
     );
-    let out = init(
-        &SUMS.replace("amount > 0.0", "amount > 1.0"),
-        &topic,
-        &group,
-        &db,
-    );
+    let out = init(&stricter);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     comment(&v1(&["totals:Sum"]));
-    let out = init(SUMS, &topic, &group, &db);
+    let out = init(SUMS);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains("different set of projections"),
@@ -589,32 +542,20 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     // A comment replaysafe did not write (a DBA's note on a ledger from before the check) locks nobody out:
     // accepted, replaced by the record, and a later change is caught again.
     comment("purchases ledger, owner: team shop");
-    init(SUMS, &topic, &group, &db).assert_ok();
-    let recorded = db
-        .text("SELECT obj_description('{s}.replaysafe_ledger'::regclass, 'pg_class')")
-        .unwrap();
+    init(SUMS).assert_ok();
+    let recorded = ledger_record();
     assert!(
         recorded.starts_with("replaysafe projections v2 {"),
         "{recorded}"
     );
-    let out = init(
-        &SUMS.replace("amount > 0.0", "amount > 1.0"),
-        &topic,
-        &group,
-        &db,
-    );
+    let out = init(&stricter);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }
 
-const NOTES: &str = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[batch]
+const NOTES: &str = concat!(
+    header!(),
+    r#"[batch]
 max-records = MAXREC
 [fields]
 id = { path = "/id", type = "text" }
@@ -628,7 +569,8 @@ columns = ["note"]
 kind = "counter"
 table = "counts"
 group-by = ["cust"]
-"#;
+"#
+);
 
 /// A record quarantined by production (`note` missing) and applied later by a backfill with `note` optional:
 /// its dead letter is marked resolved by the backfill's delivery key; the other dead letter stays outstanding.
@@ -641,9 +583,7 @@ fn a_backfill_resolves_the_dead_letters_of_the_records_it_applies() {
 }
 
 fn backfill_resolves_dead_letters(max_records: usize) {
-    let db = Db::fresh("dlres");
-    let topic = unique("dlres");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("dlres", 2);
     produce(
         &topic,
         &[
@@ -671,17 +611,13 @@ fn backfill_resolves_dead_letters(max_records: usize) {
         &group,
         &db.schema,
     );
-    let out = replaysafe(&[
-        "backfill",
-        "--config",
-        fixed.path.to_str().unwrap(),
-        "--from",
+    let out = backfill(
+        &fixed,
         "2026-06-30T00:00:00Z",
-        "--to-group",
-        &group,
-        "--group-id",
+        ("--to-group", &group),
         &unique("bf"),
-    ]);
+        &[],
+    );
     out.assert_ok();
     let dead: Vec<(i32, i64, Option<String>, bool)> = db
         .query(
@@ -744,9 +680,7 @@ fn an_existing_dead_letter_table_gets_the_resolution_columns() {
 /// new group-id with `start = "earliest"` builds the new tables from the topic's beginning.
 #[test]
 fn a_new_ledger_under_an_old_group_is_warned_and_a_new_group_builds_it() {
-    let db = Db::fresh("newledger");
-    let topic = unique("newledger");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("newledger", 1);
     produce(
         &topic,
         &[
@@ -796,17 +730,10 @@ fn a_new_ledger_under_an_old_group_is_warned_and_a_new_group_builds_it() {
 /// `DateStyle = 'SQL, DMY'` and `TimeZone = 'Asia/Kolkata'`, write `2026-07-01`, never `01/07/2026`.
 #[test]
 fn delivery_keys_do_not_depend_on_session_settings() {
-    let db = Db::fresh("dkstyle");
-    let topic = unique("dkstyle");
-    create_topic(&topic, 1, &[]);
-    let text = r#"
-[kafka]
-group-id = "{group}"
-topics = ["{topic}"]
-start = "earliest"
-[postgres]
-schema = "{schema}"
-[fields]
+    let (db, topic) = stage("dkstyle", 1);
+    let text = concat!(
+        header!(),
+        r#"[fields]
 id = { path = "/id", type = "text" }
 at = { path = "/at", type = "timestamptz" }
 day = { path = "/at", type = "date" }
@@ -817,7 +744,8 @@ partition-by = "day"
 kind = "outbox"
 table = "out"
 payload = ["id"]
-"#;
+"#
+    );
     let group = unique("g");
     let p = pipeline(text, &topic, &group, &db.schema);
     produce(
@@ -838,26 +766,14 @@ payload = ["id"]
         "{}{sep}options=-c%20DateStyle%3DSQL,DMY%20-c%20TimeZone%3DAsia/Kolkata",
         database_url()
     );
-    let out = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            p.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
+    let out = try_run_with(
+        &p.path,
         &[("DATABASE_URL", url.as_str())],
         std::time::Duration::from_secs(120),
     );
     out.assert_ok();
     assert_eq!(out.tally().landed, 1);
-    let keys: Vec<String> = db
-        .query(
-            "SELECT delivery_key FROM {s}.out ORDER BY source_offset",
-            &[],
-        )
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let keys: Vec<String> = db.column("SELECT delivery_key FROM {s}.out ORDER BY source_offset");
     assert_eq!(
         keys,
         [

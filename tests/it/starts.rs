@@ -26,9 +26,7 @@ fn event(partition: i32, n: u32) -> Rec {
 /// records: it is read from its beginning (it used to start at its end and skip its first record).
 #[test]
 fn a_partition_added_under_start_latest_is_read_from_its_beginning() {
-    let db = Db::fresh("addpart");
-    let topic = unique("addpart");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("addpart", 1);
     // Records before the group began: `latest` skips them.
     produce(&topic, &[event(0, 1), event(0, 2)]);
     let group = unique("g");
@@ -38,12 +36,7 @@ fn a_partition_added_under_start_latest_is_read_from_its_beginning() {
         "start = \"latest\"\n[kafka.properties]\n\"topic.metadata.refresh.interval.ms\" = \"500\"\n",
     );
     let p = pipeline(&text, &topic, &group, &db.schema);
-    let mut child = spawn(
-        &["run", "--config", p.path.to_str().unwrap()],
-        &[],
-        p.dir.path(),
-        "run",
-    );
+    let mut child = spawn_run(&p, &[], "run");
     wait_until(Duration::from_secs(60), "partition 0 assigned", || {
         db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
             && db.query(
@@ -95,34 +88,25 @@ fn generation(text: &str, g: &str) -> String {
     )
 }
 
+/// The seed pipeline under generation `g`, for `group` on `topic` into `db`'s schema.
+fn seed_generation(g: &str, topic: &str, group: &str, db: &Db) -> Pipeline {
+    pipeline(&generation(SEED, g), topic, group, &db.schema)
+}
+
 /// Issue 20.4: a generation bump on a topic that was not recreated continues from the earlier generation's
 /// checkpoint (the record it applied last is still at its offset) — it used to fall back to Kafka's committed
 /// offset, which lags after a crash, and land the records in between again under new delivery keys.
 #[test]
 fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
-    let db = Db::fresh("genbump");
-    let topic = unique("genbump");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genbump", 2);
     let (recs, truth) = seed_events(300, 2);
     produce(&topic, &recs[..200]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     run_caught_up(&g1.path).assert_ok();
     // More records, applied in the database but never acknowledged to Kafka (a crash between the two commits).
     produce(&topic, &recs[200..250]);
-    let crash = replaysafe_with(
-        &[
-            "run",
-            "--config",
-            g1.path.to_str().unwrap(),
-            "--until-caught-up",
-        ],
-        &[(
-            "REPLAYSAFE_FAILPOINTS",
-            "after-db-commit-before-kafka-commit=return",
-        )],
-        Duration::from_secs(120),
-    );
+    let crash = try_run_with(&g1.path, &[CRASH_AFTER_DB_COMMIT], Duration::from_secs(120));
     assert_ne!(crash.code, Some(0), "the crash failpoint fired");
     let applied = ledger(&db);
     let acked: i64 = committed(&group, &topic, 2)
@@ -134,7 +118,7 @@ fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
         "applied {applied}, Kafka's committed offsets lag at {acked}"
     );
     produce(&topic, &recs[250..]);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     let t = out.tally();
     let rest = 300 - applied as u64;
@@ -152,19 +136,17 @@ fn a_generation_bump_on_the_same_topic_continues_from_the_old_checkpoint() {
 /// offset is another one).
 #[test]
 fn a_generation_bump_on_a_recreated_topic_starts_at_its_beginning() {
-    let db = Db::fresh("genrecreate");
-    let topic = unique("genrecreate");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("genrecreate", 1);
     let (first, _) = seed_events(50, 1);
     produce(&topic, &first);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 50);
     delete_topic(&topic);
     create_topic(&topic, 1, &[]);
     let (second, _) = seed_events(120, 1);
     produce(&topic, &second);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     let t = out.tally();
     assert_eq!((t.consumed, t.landed), (120, 120), "{}", out.stderr);
@@ -176,22 +158,15 @@ fn a_generation_bump_on_a_recreated_topic_starts_at_its_beginning() {
 /// generation change is refused with exit 3 and nothing is consumed.
 #[test]
 fn a_generation_bump_without_a_fingerprint_is_refused() {
-    let db = Db::fresh("genlegacy");
-    let topic = unique("genlegacy");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("genlegacy", 1);
     let (recs, _) = seed_events(40, 1);
     produce(&topic, &recs);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     run_caught_up(&g1.path).assert_ok();
     db.execute("UPDATE {s}.replaysafe_checkpoints SET last_offset = NULL, last_sha256 = NULL");
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        g2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let g2 = seed_generation("g2", &topic, &group, &db);
+    let out = try_run(&g2.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
         out.stderr.contains("no record fingerprint"),
@@ -214,16 +189,14 @@ fn a_generation_bump_without_a_fingerprint_is_refused() {
 /// whole run with exit 3 ("written by an earlier replaysafe"); the other partition continues from its checkpoint.
 #[test]
 fn a_generation_bump_with_a_partition_empty_before_continues() {
-    let db = Db::fresh("genempty");
-    let topic = unique("genempty");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genempty", 2);
     produce(&topic, &[event(0, 1), event(0, 2)]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).tally().landed, 2);
     assert_eq!(db.checkpoint(&group, &topic, 1), Some(0));
     produce(&topic, &[event(0, 3), event(1, 4), event(1, 5)]);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     out.assert_ok();
     let t = out.tally();
@@ -274,7 +247,7 @@ fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
     };
     produce(&topic, &[keyed("k1", 1), keyed("k2", 2)]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 2);
     // k2 again (supersedes offset 1), then records that roll the segments so the cleaner may clean them.
     for (i, k) in ["k2", "k3", "k4", "k5"].iter().enumerate() {
@@ -307,13 +280,8 @@ fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
             first_from_1() > 1
         },
     );
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        g2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let g2 = seed_generation("g2", &topic, &group, &db);
+    let out = try_run(&g2.path);
     assert_eq!(out.code, Some(3), "{}", out.stderr);
     assert!(
         out.stderr.contains("no longer in the log"),
@@ -354,13 +322,11 @@ fn a_generation_bump_after_compaction_removed_the_last_record_is_refused() {
 /// checkpoint of the group (the same record read back), and every event is counted once.
 #[test]
 fn a_partition_back_in_an_earlier_generation_continues_from_the_newest_checkpoint() {
-    let db = Db::fresh("genback");
-    let topic = unique("genback");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genback", 2);
     let (recs, truth) = seed_events(300, 2);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     produce(&topic, &recs[..100]);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 100);
     produce(&topic, &recs[100..200]);
@@ -389,13 +355,11 @@ fn a_partition_back_in_an_earlier_generation_continues_from_the_newest_checkpoin
 /// the others continue from their checkpoints, and every event is counted once.
 #[test]
 fn a_generation_bump_with_an_idle_partition_is_not_refused() {
-    let db = Db::fresh("genidle");
-    let topic = unique("genidle");
-    create_topic(&topic, 2, &[]);
+    let (db, topic) = stage("genidle", 2);
     let (recs, truth) = seed_events(60, 1);
     produce(&topic, &recs[..40]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 40);
     // The rest arrives on the partition that was idle under g1.
     let later: Vec<Rec> = recs[40..]
@@ -407,7 +371,7 @@ fn a_generation_bump_with_an_idle_partition_is_not_refused() {
         })
         .collect();
     produce(&topic, &later);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
+    let g2 = seed_generation("g2", &topic, &group, &db);
     let out = run_caught_up(&g2.path);
     let t = out.assert_ok().tally();
     assert_eq!((t.consumed, t.landed), (20, 20), "{}", out.stderr);
@@ -426,23 +390,16 @@ fn a_generation_bump_with_an_idle_partition_is_not_refused() {
 /// naming the lost offsets.
 #[test]
 fn a_generation_bump_past_records_lost_to_retention_is_refused() {
-    let db = Db::fresh("genlost");
-    let topic = unique("genlost");
-    create_topic(&topic, 1, &[]);
+    let (db, topic) = stage("genlost", 1);
     let (recs, _) = seed_events(30, 1);
     produce(&topic, &recs[..10]);
     let group = unique("g");
-    let g1 = pipeline(&generation(SEED, "g1"), &topic, &group, &db.schema);
+    let g1 = seed_generation("g1", &topic, &group, &db);
     assert_eq!(run_caught_up(&g1.path).assert_ok().tally().landed, 10);
     produce(&topic, &recs[10..]);
     delete_records_before(&topic, 0, 15);
-    let g2 = pipeline(&generation(SEED, "g2"), &topic, &group, &db.schema);
-    let out = replaysafe(&[
-        "run",
-        "--config",
-        g2.path.to_str().unwrap(),
-        "--until-caught-up",
-    ]);
+    let g2 = seed_generation("g2", &topic, &group, &db);
+    let out = try_run(&g2.path);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("10..15"), "{}", out.stderr);
     assert_eq!(ledger(&db), 10, "nothing consumed");
