@@ -763,7 +763,7 @@ pub fn backfill(
                     &pipeline,
                     msg.key(),
                     value,
-                    crate::debezium::old_key_header(&msg),
+                    crate::decode::debezium::old_key_header(&msg),
                     keep.as_ref(),
                     opts.day_window,
                 );

@@ -17,8 +17,6 @@
 pub mod apply;
 pub mod backfill;
 pub mod config;
-pub mod convert;
-pub mod debezium;
 pub mod decode;
 pub mod demo;
 pub mod error;

@@ -863,7 +863,7 @@ pub fn run_on(
                     &pipeline,
                     msg.key(),
                     value,
-                    crate::debezium::old_key_header(&msg),
+                    crate::decode::debezium::old_key_header(&msg),
                 );
                 let item = Item::from_message(&msg, pending);
                 let topic = msg.topic().to_string();

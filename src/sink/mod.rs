@@ -26,7 +26,7 @@ pub enum Pending {
         /// Projection filter results.
         passes: Vec<bool>,
         /// Debezium pipelines: the row change.
-        change: Option<Arc<crate::debezium::Change>>,
+        change: Option<Arc<crate::decode::debezium::Change>>,
         /// Per projection: whether its `delete-if` matched (JSON row projections; empty when none has one).
         deletes: Vec<bool>,
     },
@@ -966,8 +966,8 @@ fn row_changes(
                         .columns
                         .iter()
                         .map(|c| match c.field.and_then(text) {
-                            Some(t) => crate::convert::Pg::Text(t),
-                            None => crate::convert::Pg::Null,
+                            Some(t) => crate::decode::debezium::convert::Pg::Text(t),
+                            None => crate::decode::debezium::convert::Pg::Null,
                         })
                         .collect(),
                     delivery,

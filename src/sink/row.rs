@@ -22,8 +22,8 @@ use crate::config::{
     ColumnSpec, Pipeline, ProjectionPlan, RowPlan, SqlType, TombstoneMode, TruncatePolicy,
     VersionPlan,
 };
-use crate::convert::{to_pg, Pg};
-use crate::debezium::{Change, Op};
+use crate::decode::debezium::convert::{to_pg, Pg};
+use crate::decode::debezium::{Change, Op};
 use crate::decode::{Reason, Rejection};
 use crate::error::{Error, Result};
 use crate::ident::{Ident, QualifiedName};
@@ -784,8 +784,8 @@ pub fn matches(plan: &RowPlan, table: &QualifiedName, change: &Change) -> bool {
     }
 }
 
-fn key_from(change: &Change, name: &str) -> Option<crate::debezium::Cell> {
-    let find = |r: &Option<crate::debezium::Row>| {
+fn key_from(change: &Change, name: &str) -> Option<crate::decode::debezium::Cell> {
+    let find = |r: &Option<crate::decode::debezium::Row>| {
         r.as_ref()
             .and_then(|r| r.iter().find(|(n, _)| n == name).map(|(_, c)| c.clone()))
     };

@@ -17,8 +17,8 @@ use chrono::{DateTime, NaiveDate, NaiveTime};
 use num_bigint::BigInt;
 use serde_json::Value;
 
+use super::envelope::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
 use crate::config::{ColumnSpec, DecimalHandling, Kind, SqlType, Unit};
-use crate::debezium::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
 
 /// A converted value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::decode::{Reason, Rejection};
+use crate::decode::rejection::{Reason, Rejection};
 
 /// Placeholder Debezium writes for an unchanged TOASTed column (`unavailable.value.placeholder`).
 pub const UNAVAILABLE: &str = "__debezium_unavailable_value";
