@@ -1,9 +1,11 @@
 //! The PostgreSQL side: one transaction per partition batch holding the checkpoint compare-and-set, the ledger
 //! claims, every projection (over the rows actually claimed), and the dead letters.
 
+pub mod checkpoint;
+pub mod dead_letters;
+pub mod ledger;
 pub mod row;
 pub mod schema;
-pub mod sql;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -194,23 +196,6 @@ impl Tally {
     }
 }
 
-/// Longest dead-letter `detail` stored, in characters (the raw value is in the `value` column).
-pub const MAX_DETAIL_CHARS: usize = 2000;
-
-/// A detail PostgreSQL `text` can store: NUL characters escaped (they come from record values quoted in
-/// messages), cut to [`MAX_DETAIL_CHARS`].
-pub fn storable_detail(detail: &str) -> String {
-    let mut s: String = detail
-        .chars()
-        .take(MAX_DETAIL_CHARS)
-        .collect::<String>()
-        .replace('\0', "\\u0000");
-    if detail.chars().count() > MAX_DETAIL_CHARS {
-        s.push('…');
-    }
-    s
-}
-
 /// Why a batch did not commit.
 #[derive(Debug)]
 pub enum ApplyError {
@@ -271,7 +256,7 @@ struct Prepared {
     /// Marks dead letters of landed records resolved.
     resolve: Statement,
     advance: Statement,
-    /// The claim horizon read under a share lock ([`sql::claim_horizon`]); `None` without `partition-by`.
+    /// The claim horizon read under a share lock ([`ledger::horizon_statement`]); `None` without `partition-by`.
     horizon: Option<Statement>,
     /// One per projection; `None` for row projections (see `rows`).
     projections: Vec<Option<Statement>>,
@@ -320,7 +305,9 @@ impl Sink {
     /// [`Error::Postgres`], or [`Error::Schema`] when a statement does not compile.
     pub async fn open(pipeline: Arc<Pipeline>, url: &str) -> Result<Sink> {
         let client = connect(url).await?;
-        client.batch_execute(&sql::create_landed(&pipeline)).await?;
+        client
+            .batch_execute(&ledger::create_landed(&pipeline))
+            .await?;
         let prep = |s: String| {
             let client = &client;
             async move {
@@ -331,12 +318,12 @@ impl Sink {
             }
         };
         let prepared = Prepared {
-            claim: prep(sql::claim(&pipeline)).await?,
-            dead: prep(sql::insert_dead_letters(&pipeline)).await?,
-            resolve: prep(sql::resolve_dead_letters(&pipeline)).await?,
-            advance: prep(sql::advance_checkpoint(&pipeline)).await?,
+            claim: prep(ledger::claim(&pipeline)).await?,
+            dead: prep(dead_letters::insert_dead_letters(&pipeline)).await?,
+            resolve: prep(dead_letters::resolve_statement(&pipeline)).await?,
+            advance: prep(checkpoint::advance_checkpoint(&pipeline)).await?,
             horizon: match pipeline.identity.partition_by {
-                Some(_) => Some(prep(sql::claim_horizon(&pipeline)).await?),
+                Some(_) => Some(prep(ledger::horizon_statement(&pipeline)).await?),
                 None => None,
             },
             projections: {
@@ -361,7 +348,7 @@ impl Sink {
                 v
             },
         };
-        let partitions = schema::existing_partitions(&client, &pipeline).await?;
+        let partitions = ledger::existing_partitions(&client, &pipeline).await?;
         Ok(Sink {
             group: pipeline.kafka.group_id.clone(),
             pipeline,
@@ -403,7 +390,7 @@ impl Sink {
     }
 
     /// Applies one batch in one transaction and returns each record's outcome, in item order. A record whose
-    /// event day is older than the ledger's claim horizon (read in the transaction, see [`schema::Horizon`]) is
+    /// event day is older than the ledger's claim horizon (read in the transaction, see [`ledger::Horizon`]) is
     /// quarantined as `beyond-horizon` in that transaction. A ledger partition that vanished under the batch
     /// (dropped by another process) is an infrastructure condition: the partitions are read again and the batch
     /// retried, so the horizon decides (bounded: [`MISSING_PARTITION_RETRIES`]).
@@ -430,7 +417,7 @@ impl Sink {
                         "a ledger day partition was dropped by another process; re-reading partitions and the horizon"
                     );
                     self.floor = None;
-                    self.partitions = schema::existing_partitions(&self.client, &self.pipeline)
+                    self.partitions = ledger::existing_partitions(&self.client, &self.pipeline)
                         .await
                         .map_err(|e| match e {
                             Error::Postgres(pg) => classify(pg, false),
@@ -463,7 +450,7 @@ impl Sink {
                     _ => None,
                 })
                 .collect();
-            schema::ensure_partitions(
+            ledger::ensure_partitions(
                 &mut self.client,
                 &p,
                 &mut self.partitions,
@@ -519,7 +506,7 @@ impl Sink {
                 .query_opt(
                     &format!(
                         "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4",
-                        p.table(sql::CHECKPOINTS)
+                        p.table(checkpoint::CHECKPOINTS)
                     ),
                     &[&group, &batch.topic, &batch.partition, &generation],
                 )
@@ -533,7 +520,7 @@ impl Sink {
         let horizoned;
         let batch = match &self.prepared.horizon {
             Some(stmt) => {
-                let h = schema::claim_horizon(&tx, stmt, &p)
+                let h = ledger::claim_horizon(&tx, stmt, &p)
                     .await
                     .map_err(|e| classify(e, false))?;
                 match beyond_horizon(&p, batch, &h) {
@@ -668,7 +655,7 @@ impl Sink {
 
         // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
         if !landed.is_empty() {
-            resolve_dead_letters(&tx, &self.prepared.resolve, batch, &generation).await?;
+            dead_letters::resolve_landed(&tx, &self.prepared.resolve, batch, &generation).await?;
         }
 
         // 4. Dead letters.
@@ -705,7 +692,7 @@ impl Sink {
             let reasons: Vec<&str> = dead.iter().map(|(_, r)| r.reason.as_str()).collect();
             let details: Vec<String> = dead
                 .iter()
-                .map(|(_, r)| storable_detail(&r.detail))
+                .map(|(_, r)| dead_letters::storable_detail(&r.detail))
                 .collect();
             tx.execute(
                 &self.prepared.dead,
@@ -756,38 +743,12 @@ impl Sink {
     }
 }
 
-/// Marks the dead letters of the records a batch landed as resolved, by the delivery key that applied them
-/// ([`sql::resolve_dead_letters`]).
-async fn resolve_dead_letters(
-    tx: &tokio_postgres::Transaction<'_>,
-    stmt: &Statement,
-    batch: &Batch,
-    generation: &str,
-) -> std::result::Result<(), ApplyError> {
-    let (Some(first), Some(last)) = (batch.items.first(), batch.items.last()) else {
-        return Ok(());
-    };
-    tx.execute(
-        stmt,
-        &[
-            &generation,
-            &batch.topic,
-            &batch.partition,
-            &first.offset,
-            &last.offset,
-        ],
-    )
-    .await
-    .map_err(|e| classify(e, false))?;
-    Ok(())
-}
-
 /// How often [`Sink::apply`] re-reads the partitions and retries a batch whose ledger partition vanished.
 pub const MISSING_PARTITION_RETRIES: u32 = 3;
 
 /// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine;
 /// `None` when there is none.
-fn beyond_horizon(p: &Pipeline, batch: &Batch, h: &schema::Horizon) -> Option<Batch> {
+fn beyond_horizon(p: &Pipeline, batch: &Batch, h: &ledger::Horizon) -> Option<Batch> {
     let oldest = h.oldest?;
     let old = |it: &Item| match &it.pending {
         Pending::Claim { fields, .. } => {
