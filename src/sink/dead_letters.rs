@@ -3,7 +3,8 @@
 
 use tokio_postgres::Statement;
 
-use super::{classify, ApplyError, Batch};
+use super::batch::Batch;
+use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
 
 /// Name of the dead-letter table (in the pipeline schema).

@@ -1,13 +1,18 @@
 //! The PostgreSQL side: one transaction per partition batch holding the checkpoint compare-and-set, the ledger
 //! claims, every projection (over the rows actually claimed), and the dead letters.
 
+pub mod batch;
 pub mod checkpoint;
 pub mod dead_letters;
+pub mod error;
 pub mod ledger;
 pub mod row;
 pub mod schema;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+pub use batch::{Batch, Item, Outcome, Pending, Tally};
+pub use error::{classify, ApplyError};
+
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::NaiveDate;
@@ -15,240 +20,8 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::config::Pipeline;
-use crate::decode::{Fields, Reason, Rejection};
+use crate::decode::{Reason, Rejection};
 use crate::error::{Error, Result};
-
-/// What the decode/filter stage decided for a record before the transaction.
-#[derive(Debug, Clone)]
-pub enum Pending {
-    /// Claim the delivery key; `passes` are the projection filter results (pass-column order).
-    Claim {
-        /// Decoded fields.
-        fields: Fields,
-        /// Projection filter results.
-        passes: Vec<bool>,
-        /// Debezium pipelines: the row change.
-        change: Option<Arc<crate::decode::debezium::Change>>,
-        /// Per projection: whether its `delete-if` matched (JSON row projections; empty when none has one).
-        deletes: Vec<bool>,
-    },
-    /// Dropped by the named `[[filter]]` rule.
-    Filtered(String),
-    /// Goes to the dead-letter table.
-    Quarantine(Rejection),
-}
-
-/// One consumed record with its decision.
-#[derive(Debug, Clone)]
-pub struct Item {
-    /// Kafka offset of the record.
-    pub offset: i64,
-    /// Record timestamp, ms since the Unix epoch (CreateTime or LogAppendTime), if any.
-    pub timestamp_ms: Option<i64>,
-    /// Raw key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Raw value bytes (kept for dead letters).
-    pub value: Option<Vec<u8>>,
-    /// The decision.
-    pub pending: Pending,
-}
-
-impl Item {
-    /// Copies a consumed record's coordinates, key and value next to the decision taken for it.
-    pub fn from_message<M: rdkafka::message::Message>(msg: &M, pending: Pending) -> Item {
-        Item {
-            offset: msg.offset(),
-            timestamp_ms: msg.timestamp().to_millis(),
-            key: msg.key().map(<[u8]>::to_vec),
-            value: msg.payload().map(<[u8]>::to_vec),
-            pending,
-        }
-    }
-}
-
-/// A batch of one partition: offsets ascending, applied in one transaction.
-#[derive(Debug, Clone)]
-pub struct Batch {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// The fence epoch this owner acquired for the partition.
-    pub fence: i64,
-    /// The checkpoint this batch starts from (next offset to read), `None` when the partition has none yet.
-    pub expected: Option<i64>,
-    /// The checkpoint after this batch: last offset + 1.
-    pub end: i64,
-    /// The records.
-    pub items: Vec<Item>,
-}
-
-/// Where one record ended up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Newly claimed: every projection saw it.
-    Landed,
-    /// Its delivery key was already in the ledger (or earlier in the same batch), or a row projection already
-    /// holds the same state at the same version (or, for a snapshot read, at any version).
-    Duplicate,
-    /// Claimed, but a row projection holds a newer version (or tombstone) of the entity; `conflict`: the stored
-    /// version is equal and the state differs (recorded in `replaysafe_conflicts`).
-    Stale {
-        /// Equal version, different state.
-        conflict: bool,
-    },
-    /// Dropped by the named filter rule.
-    Filtered(String),
-    /// Written to the dead-letter table.
-    Quarantined(Reason),
-}
-
-/// Counts of outcomes; they always add up to the records consumed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Records newly applied.
-    pub landed: u64,
-    /// Records whose delivery key was already claimed.
-    pub duplicate: u64,
-    /// Records older than the stored row version (including conflicts).
-    pub stale: u64,
-    /// Of `stale`: equal version, different state.
-    pub conflicts: u64,
-    /// Records dropped, by rule name.
-    pub filtered: BTreeMap<String, u64>,
-    /// Records quarantined, by reason.
-    pub quarantined: BTreeMap<&'static str, u64>,
-}
-
-impl Tally {
-    /// Adds one outcome.
-    pub fn add(&mut self, o: &Outcome) {
-        match o {
-            Outcome::Landed => self.landed += 1,
-            Outcome::Duplicate => self.duplicate += 1,
-            Outcome::Stale { conflict } => {
-                self.stale += 1;
-                if *conflict {
-                    self.conflicts += 1;
-                }
-            }
-            Outcome::Filtered(rule) => *self.filtered.entry(rule.clone()).or_default() += 1,
-            Outcome::Quarantined(r) => *self.quarantined.entry(r.as_str()).or_default() += 1,
-        }
-    }
-
-    /// Adds another tally.
-    pub fn merge(&mut self, other: &Tally) {
-        self.landed += other.landed;
-        self.duplicate += other.duplicate;
-        self.stale += other.stale;
-        self.conflicts += other.conflicts;
-        for (k, v) in &other.filtered {
-            *self.filtered.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &other.quarantined {
-            *self.quarantined.entry(k).or_default() += v;
-        }
-    }
-
-    /// Total records accounted for.
-    pub fn total(&self) -> u64 {
-        self.landed
-            + self.duplicate
-            + self.stale
-            + self.filtered.values().sum::<u64>()
-            + self.quarantined.values().sum::<u64>()
-    }
-
-    /// `consumed N = landed a + duplicate b + filtered c + quarantined d`, with per-rule/reason detail.
-    pub fn line(&self) -> String {
-        fn detail<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> String {
-            m.iter()
-                .map(|(k, v)| format!("{k}: {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-        let filtered: u64 = self.filtered.values().sum();
-        let quarantined: u64 = self.quarantined.values().sum();
-        let stale = if self.stale > 0 {
-            format!(" + stale {}", self.stale)
-        } else {
-            String::new()
-        };
-        let mut s = format!(
-            "consumed {} = landed {} + duplicate {}{stale} + filtered {} + quarantined {}",
-            self.total(),
-            self.landed,
-            self.duplicate,
-            filtered,
-            quarantined
-        );
-        if self.conflicts > 0 {
-            s += &format!(" [stale: {} conflict(s)]", self.conflicts);
-        }
-        if filtered > 0 {
-            s += &format!(" [filtered {}]", detail(&self.filtered));
-        }
-        if quarantined > 0 {
-            s += &format!(" [quarantined {}]", detail(&self.quarantined));
-        }
-        s
-    }
-}
-
-/// Why a batch did not commit.
-#[derive(Debug)]
-pub enum ApplyError {
-    /// Another owner took the partition (its fence is newer) or moved the checkpoint: nothing was written.
-    Fenced {
-        /// The checkpoint now stored.
-        next_offset: Option<i64>,
-        /// The fence now stored.
-        fence: i64,
-    },
-    /// The connection failed or the server asked us to retry (serialization failure, deadlock, shutdown).
-    /// `commit_sent` means the outcome is unknown: the COMMIT may have succeeded.
-    Transient {
-        /// The error.
-        error: tokio_postgres::Error,
-        /// Whether COMMIT had been sent.
-        commit_sent: bool,
-        /// With `commit_sent`: the outcomes the transaction computed, true if the COMMIT did land.
-        outcomes: Option<Vec<Outcome>>,
-    },
-    /// PostgreSQL rejected a value (SQLSTATE class 22 or 23): replay record by record to find it.
-    Data(tokio_postgres::Error),
-    /// Anything else: a bug in a projection statement, a dropped table.
-    Fatal(Error),
-    /// One record cannot be applied (a value its row projection cannot convert): quarantine it, retry the batch.
-    Record {
-        /// Its offset.
-        offset: i64,
-        /// Why.
-        rejection: Rejection,
-    },
-}
-
-/// Classifies a PostgreSQL error by SQLSTATE class (PostgreSQL manual, Appendix A "Error Codes").
-pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
-    let Some(code) = e.code().map(|c| c.code().to_string()) else {
-        // No SQLSTATE: I/O error or closed connection.
-        return ApplyError::Transient {
-            error: e,
-            commit_sent,
-            outcomes: None,
-        };
-    };
-    match &code[..2] {
-        "08" | "53" | "57" | "40" | "55" => ApplyError::Transient {
-            error: e,
-            commit_sent,
-            outcomes: None,
-        },
-        "22" | "23" => ApplyError::Data(e),
-        _ => ApplyError::Fatal(Error::Postgres(e)),
-    }
-}
 
 struct Prepared {
     claim: Statement,
