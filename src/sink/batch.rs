@@ -1,7 +1,7 @@
 //! What a batch carries into the sink transaction (an [`Item`] per record with its [`Pending`] decision) and what
 //! comes out (an [`Outcome`] per record, counted in a [`Tally`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::decode::{Fields, Reason, Rejection};
@@ -182,4 +182,26 @@ impl Tally {
         }
         s
     }
+}
+
+/// Each item's outcome, in item order: a claim that landed is `Landed` unless a row projection overrode it
+/// (`overrides`: stale, conflict, duplicate), a claim that did not land is a `Duplicate`.
+pub fn outcomes(
+    batch: &Batch,
+    landed: &HashSet<i64>,
+    overrides: &HashMap<i64, Outcome>,
+) -> Vec<Outcome> {
+    let mut out = Vec::with_capacity(batch.items.len());
+    for it in &batch.items {
+        out.push(match &it.pending {
+            Pending::Claim { .. } if overrides.contains_key(&it.offset) => {
+                overrides[&it.offset].clone()
+            }
+            Pending::Claim { .. } if landed.contains(&it.offset) => Outcome::Landed,
+            Pending::Claim { .. } => Outcome::Duplicate,
+            Pending::Filtered(rule) => Outcome::Filtered(rule.clone()),
+            Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
+        });
+    }
+    out
 }

@@ -1,6 +1,10 @@
 //! The partition checkpoint: its table, the take-over statement (fence bump), the compare-and-set that advances
 //! it in every batch transaction, and the stale-generation check.
 
+use tokio_postgres::{Statement, Transaction};
+
+use super::batch::Batch;
+use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
 
 /// Name of the checkpoint table (in the pipeline schema).
@@ -78,4 +82,65 @@ pub fn acquire_checkpoint(p: &Pipeline) -> String {
          VALUES ($1, $4, $2, $3, NULL, 1) ON CONFLICT (consumer_group, generation, topic, partition) \
          DO UPDATE SET fence = c.fence + 1, updated_at = now() RETURNING next_offset, fence"
     )
+}
+
+/// Step 1 of the batch transaction: the checkpoint compare-and-set ([`advance_checkpoint`]) first — it locks the
+/// partition's row, so a new owner's fence bump waits for this batch. Records the fingerprint of the batch's
+/// last record.
+///
+/// # Errors
+/// [`ApplyError::Fenced`] (with the checkpoint and fence now stored) when another owner took the partition or
+/// moved the checkpoint; otherwise as [`classify`].
+pub(super) async fn advance(
+    tx: &Transaction<'_>,
+    stmt: &Statement,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    let (last_offset, last_ts, last_sha) = match batch.items.last() {
+        Some(it) => (
+            Some(it.offset),
+            it.timestamp_ms,
+            Some(crate::start::fingerprint(
+                it.key.as_deref(),
+                it.value.as_deref(),
+            )),
+        ),
+        None => (None, None, None),
+    };
+    let moved = tx
+        .execute(
+            stmt,
+            &[
+                &group,
+                &batch.topic,
+                &batch.partition,
+                &batch.fence,
+                &batch.expected,
+                &batch.end,
+                &generation,
+                &last_offset,
+                &last_ts,
+                &last_sha,
+            ],
+        )
+        .await
+        .map_err(|e| classify(e, false))?;
+    if moved != 1 {
+        let row = tx
+            .query_opt(
+                &format!(
+                    "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4",
+                    p.table(CHECKPOINTS)
+                ),
+                &[&group, &batch.topic, &batch.partition, &generation],
+            )
+            .await
+            .map_err(|e| classify(e, false))?;
+        let (next_offset, fence) = row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
+        return Err(ApplyError::Fenced { next_offset, fence });
+    }
+    Ok(())
 }

@@ -1,11 +1,13 @@
 //! Dead letters: one row per quarantined record, written in the batch transaction; resolved when a later batch
 //! lands the record.
 
-use tokio_postgres::Statement;
+use sha2::{Digest, Sha256};
+use tokio_postgres::{Statement, Transaction};
 
-use super::batch::Batch;
+use super::batch::{Batch, Item, Pending};
 use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
+use crate::decode::Rejection;
 
 /// Name of the dead-letter table (in the pipeline schema).
 pub const DEAD_LETTERS: &str = "replaysafe_dead_letters";
@@ -102,5 +104,76 @@ pub(super) async fn resolve_landed(
     )
     .await
     .map_err(|e| classify(e, false))?;
+    Ok(())
+}
+
+/// Step 4 of the batch transaction: one dead-letter row per quarantined item ([`insert_dead_letters`]). Values
+/// above `batch.max-record-bytes` keep only their size and SHA-256.
+///
+/// # Errors
+/// As [`classify`].
+pub(super) async fn insert(
+    tx: &Transaction<'_>,
+    stmt: &Statement,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    let dead: Vec<(&Item, &Rejection)> = batch
+        .items
+        .iter()
+        .filter_map(|i| match &i.pending {
+            Pending::Quarantine(r) => Some((i, r)),
+            _ => None,
+        })
+        .collect();
+    if !dead.is_empty() {
+        let max = p.max_record_bytes;
+        let offsets: Vec<i64> = dead.iter().map(|(i, _)| i.offset).collect();
+        let ts: Vec<Option<i64>> = dead.iter().map(|(i, _)| i.timestamp_ms).collect();
+        let keys: Vec<Option<&[u8]>> = dead.iter().map(|(i, _)| i.key.as_deref()).collect();
+        // Values above max-record-bytes keep only their size and SHA-256.
+        let values: Vec<Option<&[u8]>> = dead
+            .iter()
+            .map(|(i, _)| i.value.as_deref().filter(|v| v.len() <= max))
+            .collect();
+        let sizes: Vec<Option<i32>> = dead
+            .iter()
+            .map(|(i, _)| {
+                i.value
+                    .as_ref()
+                    .map(|v| i32::try_from(v.len()).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let hashes: Vec<Option<Vec<u8>>> = dead
+            .iter()
+            .map(|(i, _)| i.value.as_ref().map(|v| Sha256::digest(v).to_vec()))
+            .collect();
+        let reasons: Vec<&str> = dead.iter().map(|(_, r)| r.reason.as_str()).collect();
+        let details: Vec<String> = dead
+            .iter()
+            .map(|(_, r)| storable_detail(&r.detail))
+            .collect();
+        tx.execute(
+            stmt,
+            &[
+                &generation,
+                &batch.topic,
+                &batch.partition,
+                &group,
+                &offsets,
+                &ts,
+                &keys,
+                &values,
+                &sizes,
+                &hashes,
+                &reasons,
+                &details,
+            ],
+        )
+        .await
+        .map_err(|e| classify(e, false))?;
+    }
     Ok(())
 }

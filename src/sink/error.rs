@@ -57,3 +57,12 @@ pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
         _ => ApplyError::Fatal(Error::Postgres(e)),
     }
 }
+
+/// An [`Error`] met while applying: a PostgreSQL error classified as by [`classify`] (before COMMIT), anything
+/// else fatal.
+pub fn from_error(e: Error) -> ApplyError {
+    match e {
+        Error::Postgres(pg) => classify(pg, false),
+        other => ApplyError::Fatal(other),
+    }
+}

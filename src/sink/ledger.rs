@@ -4,9 +4,12 @@
 use std::collections::HashSet;
 
 use chrono::{Days, NaiveDate, Utc};
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 
+use super::batch::{Batch, Item, Pending};
+use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
+use crate::decode::{Reason, Rejection};
 use crate::error::Result;
 
 /// Ledger columns other than the fixed bookkeeping ones: `(column, type)` for the key fields, the
@@ -428,4 +431,141 @@ impl Horizon {
             self.today
         )
     }
+}
+
+/// Step 2 of the batch transaction: claims the delivery keys of the batch's `Claim` items in the ledger
+/// ([`claim`]), copying the newly claimed rows into `landed`.
+///
+/// Returns the offsets newly claimed.
+///
+/// # Errors
+/// As [`classify`].
+pub(super) async fn claim_batch(
+    tx: &Transaction<'_>,
+    stmt: &Statement,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+    batch: &Batch,
+) -> Result<HashSet<i64>, ApplyError> {
+    let claims: Vec<&Item> = batch
+        .items
+        .iter()
+        .filter(|i| matches!(i.pending, Pending::Claim { .. }))
+        .collect();
+    let mut landed: HashSet<i64> = HashSet::new();
+    if !claims.is_empty() {
+        let offsets: Vec<i64> = claims.iter().map(|i| i.offset).collect();
+        let ts: Vec<Option<i64>> = claims.iter().map(|i| i.timestamp_ms).collect();
+        let mut cols: Vec<Vec<Option<&str>>> =
+            vec![Vec::with_capacity(claims.len()); p.fields.len()];
+        let mut passes: Vec<Vec<bool>> = vec![Vec::with_capacity(claims.len()); p.pass_columns()];
+        for it in &claims {
+            if let Pending::Claim {
+                fields, passes: ps, ..
+            } = &it.pending
+            {
+                for (c, v) in cols.iter_mut().zip(fields) {
+                    c.push(v.as_ref().map(|v| v.text.as_str()));
+                }
+                for (c, v) in passes.iter_mut().zip(ps) {
+                    c.push(*v);
+                }
+            }
+        }
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &generation,
+            &batch.topic,
+            &batch.partition,
+            &group,
+            &offsets,
+            &ts,
+        ];
+        for c in &cols {
+            params.push(c);
+        }
+        for c in &passes {
+            params.push(c);
+        }
+        let rows = tx
+            .query(stmt, &params)
+            .await
+            .map_err(|e| classify(e, false))?;
+        landed.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+    }
+    Ok(landed)
+}
+
+/// Step 1b of the batch transaction: reads the ledger horizon under a share lock the prune waits for
+/// ([`horizon_statement`]); claims of older event days are quarantined. Returns the batch with them turned into
+/// `beyond-horizon` quarantines, `None` when there is no horizon or nothing is older.
+///
+/// # Errors
+/// As [`classify`].
+pub(super) async fn apply_horizon(
+    tx: &Transaction<'_>,
+    stmt: Option<&Statement>,
+    p: &Pipeline,
+    batch: &Batch,
+) -> Result<Option<Batch>, ApplyError> {
+    let Some(stmt) = stmt else {
+        return Ok(None);
+    };
+    let h = claim_horizon(tx, stmt, p)
+        .await
+        .map_err(|e| classify(e, false))?;
+    Ok(beyond_horizon(p, batch, &h))
+}
+
+/// Step 0, before the batch transaction: creates the day partitions the batch's claims need (see
+/// [`ensure_partitions`]).
+///
+/// # Errors
+/// As [`classify`]; other errors are fatal.
+pub(super) async fn ensure_batch_partitions(
+    client: &mut Client,
+    p: &Pipeline,
+    known: &mut HashSet<NaiveDate>,
+    floor: &mut Option<NaiveDate>,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    if p.identity.partition_by.is_none() {
+        return Ok(());
+    }
+    let days: Vec<NaiveDate> = batch
+        .items
+        .iter()
+        .filter_map(|it| match &it.pending {
+            Pending::Claim { fields, .. } => crate::decode::partition_day(p, fields),
+            _ => None,
+        })
+        .collect();
+    ensure_partitions(client, p, known, floor, days)
+        .await
+        .map_err(super::error::from_error)
+}
+
+/// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine;
+/// `None` when there is none.
+fn beyond_horizon(p: &Pipeline, batch: &Batch, h: &Horizon) -> Option<Batch> {
+    let oldest = h.oldest?;
+    let old = |it: &Item| match &it.pending {
+        Pending::Claim { fields, .. } => {
+            crate::decode::partition_day(p, fields).filter(|d| *d < oldest)
+        }
+        _ => None,
+    };
+    if !batch.items.iter().any(|it| old(it).is_some()) {
+        return None;
+    }
+    let mut b = batch.clone();
+    for it in &mut b.items {
+        if let Some(day) = old(it) {
+            it.pending = Pending::Quarantine(Rejection {
+                reason: Reason::BeyondHorizon,
+                detail: h.refusal(p, day),
+            });
+        }
+    }
+    Some(b)
 }

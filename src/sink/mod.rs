@@ -16,11 +16,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::NaiveDate;
-use sha2::{Digest, Sha256};
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, NoTls, Statement, Transaction};
 
 use crate::config::Pipeline;
-use crate::decode::{Reason, Rejection};
 use crate::error::{Error, Result};
 
 struct Prepared {
@@ -192,10 +190,7 @@ impl Sink {
                     self.floor = None;
                     self.partitions = ledger::existing_partitions(&self.client, &self.pipeline)
                         .await
-                        .map_err(|e| match e {
-                            Error::Postgres(pg) => classify(pg, false),
-                            other => ApplyError::Fatal(other),
-                        })?;
+                        .map_err(error::from_error)?;
                 }
                 other => return other,
             }
@@ -214,28 +209,14 @@ impl Sink {
 
     async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
         let p = self.pipeline.clone();
-        if p.identity.partition_by.is_some() {
-            let days: Vec<NaiveDate> = batch
-                .items
-                .iter()
-                .filter_map(|it| match &it.pending {
-                    Pending::Claim { fields, .. } => crate::decode::partition_day(&p, fields),
-                    _ => None,
-                })
-                .collect();
-            ledger::ensure_partitions(
-                &mut self.client,
-                &p,
-                &mut self.partitions,
-                &mut self.floor,
-                days,
-            )
-            .await
-            .map_err(|e| match e {
-                Error::Postgres(pg) => classify(pg, false),
-                other => ApplyError::Fatal(other),
-            })?;
-        }
+        ledger::ensure_batch_partitions(
+            &mut self.client,
+            &p,
+            &mut self.partitions,
+            &mut self.floor,
+            batch,
+        )
+        .await?;
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
         let tx = self
@@ -243,262 +224,36 @@ impl Sink {
             .transaction()
             .await
             .map_err(|e| classify(e, false))?;
+        let prepared = &self.prepared;
 
         // 1. The checkpoint first: it locks the partition's row, so a new owner's fence bump waits for us.
-        let (last_offset, last_ts, last_sha) = match batch.items.last() {
-            Some(it) => (
-                Some(it.offset),
-                it.timestamp_ms,
-                Some(crate::start::fingerprint(
-                    it.key.as_deref(),
-                    it.value.as_deref(),
-                )),
-            ),
-            None => (None, None, None),
-        };
-        let moved = tx
-            .execute(
-                &self.prepared.advance,
-                &[
-                    &group,
-                    &batch.topic,
-                    &batch.partition,
-                    &batch.fence,
-                    &batch.expected,
-                    &batch.end,
-                    &generation,
-                    &last_offset,
-                    &last_ts,
-                    &last_sha,
-                ],
-            )
-            .await
-            .map_err(|e| classify(e, false))?;
-        if moved != 1 {
-            let row = tx
-                .query_opt(
-                    &format!(
-                        "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4",
-                        p.table(checkpoint::CHECKPOINTS)
-                    ),
-                    &[&group, &batch.topic, &batch.partition, &generation],
-                )
-                .await
-                .map_err(|e| classify(e, false))?;
-            let (next_offset, fence) = row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
-            return Err(ApplyError::Fenced { next_offset, fence });
-        }
+        checkpoint::advance(&tx, &prepared.advance, &p, group, &generation, batch).await?;
 
         // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
-        let horizoned;
-        let batch = match &self.prepared.horizon {
-            Some(stmt) => {
-                let h = ledger::claim_horizon(&tx, stmt, &p)
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                match beyond_horizon(&p, batch, &h) {
-                    Some(b) => {
-                        horizoned = b;
-                        &horizoned
-                    }
-                    None => batch,
-                }
-            }
-            None => batch,
-        };
+        let horizoned = ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
+        let batch = horizoned.as_ref().unwrap_or(batch);
 
         // 2. Ledger claims → landed.
-        let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch.items.len());
-        let claims: Vec<&Item> = batch
-            .items
-            .iter()
-            .filter(|i| matches!(i.pending, Pending::Claim { .. }))
-            .collect();
-        let mut landed: HashSet<i64> = HashSet::new();
-        if !claims.is_empty() {
-            let offsets: Vec<i64> = claims.iter().map(|i| i.offset).collect();
-            let ts: Vec<Option<i64>> = claims.iter().map(|i| i.timestamp_ms).collect();
-            let mut cols: Vec<Vec<Option<&str>>> =
-                vec![Vec::with_capacity(claims.len()); p.fields.len()];
-            let mut passes: Vec<Vec<bool>> =
-                vec![Vec::with_capacity(claims.len()); p.pass_columns()];
-            for it in &claims {
-                if let Pending::Claim {
-                    fields, passes: ps, ..
-                } = &it.pending
-                {
-                    for (c, v) in cols.iter_mut().zip(fields) {
-                        c.push(v.as_ref().map(|v| v.text.as_str()));
-                    }
-                    for (c, v) in passes.iter_mut().zip(ps) {
-                        c.push(*v);
-                    }
-                }
-            }
-            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
-                &generation,
-                &batch.topic,
-                &batch.partition,
-                &group,
-                &offsets,
-                &ts,
-            ];
-            for c in &cols {
-                params.push(c);
-            }
-            for c in &passes {
-                params.push(c);
-            }
-            let rows = tx
-                .query(&self.prepared.claim, &params)
-                .await
-                .map_err(|e| classify(e, false))?;
-            landed.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
-        }
+        let mut landed =
+            ledger::claim_batch(&tx, &prepared.claim, &p, group, &generation, batch).await?;
 
-        // 3a. Row projections first: a claimed change that is older than the stored state (stale, conflict) or
-        // the state already stored at its version (or an unchanged snapshot read: duplicate) is taken out of
-        // `landed`, so counters and the outbox never see it. A newer version with an unchanged row state stays.
-        let mut overrides: HashMap<i64, Outcome> = HashMap::new();
-        if !landed.is_empty() && !self.prepared.rows.is_empty() {
-            let mut best: HashMap<i64, row::RowResult> = HashMap::new();
-            let at = row::Coordinates {
-                topic: &batch.topic,
-                partition: batch.partition,
-                group,
-            };
-            warn_unmatched_tables(&p, batch);
-            for rp in &self.prepared.rows {
-                let proj = &p.projections[rp.shape.index];
-                let changes = row_changes(&p, rp, batch, &landed)?;
-                let results = row::apply(&tx, rp, proj, changes, &at).await?;
-                for (o, r) in results {
-                    let e = best.entry(o).or_insert(r);
-                    *e = strongest(*e, r);
-                }
-            }
-            let gone: Vec<i64> = best
-                .iter()
-                .filter(|(_, r)| !matches!(r, row::RowResult::Applied | row::RowResult::Unchanged))
-                .map(|(o, _)| *o)
-                .collect();
-            if !gone.is_empty() {
-                tx.execute(
-                    "DELETE FROM pg_temp.landed WHERE _offset = ANY($1)",
-                    &[&gone],
-                )
-                .await
-                .map_err(|e| classify(e, false))?;
-                for o in gone {
-                    landed.remove(&o);
-                    overrides.insert(
-                        o,
-                        match best[&o] {
-                            row::RowResult::Stale => Outcome::Stale { conflict: false },
-                            row::RowResult::Conflict => Outcome::Stale { conflict: true },
-                            _ => Outcome::Duplicate,
-                        },
-                    );
-                }
-            }
-        }
+        // 3a. Row projections first (they may take stale, conflicting or duplicate changes out of `landed`).
+        let overrides = apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
 
         // 3b. Projections, only when something landed.
         if !landed.is_empty() {
-            for (stmt, proj) in self.prepared.projections.iter().zip(&p.projections) {
-                let Some(stmt) = stmt else { continue };
-                tx.execute(stmt, &[])
-                    .await
-                    .map_err(|e| match classify(e, false) {
-                        ApplyError::Fatal(Error::Postgres(e)) => {
-                            ApplyError::Fatal(Error::Other(format!(
-                                "projection `{}` failed on {}/{}: {}",
-                                proj.name,
-                                batch.topic,
-                                batch.partition,
-                                e.as_db_error()
-                                    .map(|d| d.message().to_string())
-                                    .unwrap_or_else(|| e.to_string())
-                            )))
-                        }
-                        other => other,
-                    })?;
-            }
+            apply_statements(&tx, &prepared.projections, &p, batch).await?;
         }
 
         // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
         if !landed.is_empty() {
-            dead_letters::resolve_landed(&tx, &self.prepared.resolve, batch, &generation).await?;
+            dead_letters::resolve_landed(&tx, &prepared.resolve, batch, &generation).await?;
         }
 
         // 4. Dead letters.
-        let dead: Vec<(&Item, &Rejection)> = batch
-            .items
-            .iter()
-            .filter_map(|i| match &i.pending {
-                Pending::Quarantine(r) => Some((i, r)),
-                _ => None,
-            })
-            .collect();
-        if !dead.is_empty() {
-            let max = p.max_record_bytes;
-            let offsets: Vec<i64> = dead.iter().map(|(i, _)| i.offset).collect();
-            let ts: Vec<Option<i64>> = dead.iter().map(|(i, _)| i.timestamp_ms).collect();
-            let keys: Vec<Option<&[u8]>> = dead.iter().map(|(i, _)| i.key.as_deref()).collect();
-            // Values above max-record-bytes keep only their size and SHA-256.
-            let values: Vec<Option<&[u8]>> = dead
-                .iter()
-                .map(|(i, _)| i.value.as_deref().filter(|v| v.len() <= max))
-                .collect();
-            let sizes: Vec<Option<i32>> = dead
-                .iter()
-                .map(|(i, _)| {
-                    i.value
-                        .as_ref()
-                        .map(|v| i32::try_from(v.len()).unwrap_or(i32::MAX))
-                })
-                .collect();
-            let hashes: Vec<Option<Vec<u8>>> = dead
-                .iter()
-                .map(|(i, _)| i.value.as_ref().map(|v| Sha256::digest(v).to_vec()))
-                .collect();
-            let reasons: Vec<&str> = dead.iter().map(|(_, r)| r.reason.as_str()).collect();
-            let details: Vec<String> = dead
-                .iter()
-                .map(|(_, r)| dead_letters::storable_detail(&r.detail))
-                .collect();
-            tx.execute(
-                &self.prepared.dead,
-                &[
-                    &generation,
-                    &batch.topic,
-                    &batch.partition,
-                    &group,
-                    &offsets,
-                    &ts,
-                    &keys,
-                    &values,
-                    &sizes,
-                    &hashes,
-                    &reasons,
-                    &details,
-                ],
-            )
-            .await
-            .map_err(|e| classify(e, false))?;
-        }
+        dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
 
-        for it in &batch.items {
-            outcomes.push(match &it.pending {
-                Pending::Claim { .. } if overrides.contains_key(&it.offset) => {
-                    overrides[&it.offset].clone()
-                }
-                Pending::Claim { .. } if landed.contains(&it.offset) => Outcome::Landed,
-                Pending::Claim { .. } => Outcome::Duplicate,
-                Pending::Filtered(rule) => Outcome::Filtered(rule.clone()),
-                Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
-            });
-        }
+        let outcomes = batch::outcomes(batch, &landed, &overrides);
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
         )));
@@ -518,31 +273,6 @@ impl Sink {
 
 /// How often [`Sink::apply`] re-reads the partitions and retries a batch whose ledger partition vanished.
 pub const MISSING_PARTITION_RETRIES: u32 = 3;
-
-/// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine;
-/// `None` when there is none.
-fn beyond_horizon(p: &Pipeline, batch: &Batch, h: &ledger::Horizon) -> Option<Batch> {
-    let oldest = h.oldest?;
-    let old = |it: &Item| match &it.pending {
-        Pending::Claim { fields, .. } => {
-            crate::decode::partition_day(p, fields).filter(|d| *d < oldest)
-        }
-        _ => None,
-    };
-    if !batch.items.iter().any(|it| old(it).is_some()) {
-        return None;
-    }
-    let mut b = batch.clone();
-    for it in &mut b.items {
-        if let Some(day) = old(it) {
-            it.pending = Pending::Quarantine(Rejection {
-                reason: Reason::BeyondHorizon,
-                detail: h.refusal(p, day),
-            });
-        }
-    }
-    Some(b)
-}
 
 /// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like
 /// this: everything lands, the table stays empty).
@@ -713,4 +443,96 @@ fn row_changes(
         }
     }
     Ok(out)
+}
+
+/// Step 3a of the batch transaction: row projections first. A claimed change that is older than the stored
+/// state (stale, conflict) or the state already stored at its version (or an unchanged snapshot read:
+/// duplicate) is taken out of `landed` (and `pg_temp.landed`), so counters and the outbox never see it. A newer
+/// version with an unchanged row state stays. Returns the outcomes of the records taken out.
+///
+/// # Errors
+/// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.
+async fn apply_rows(
+    tx: &Transaction<'_>,
+    rows: &[row::Prepared],
+    p: &Pipeline,
+    group: &str,
+    batch: &Batch,
+    landed: &mut HashSet<i64>,
+) -> std::result::Result<HashMap<i64, Outcome>, ApplyError> {
+    let mut overrides: HashMap<i64, Outcome> = HashMap::new();
+    if !landed.is_empty() && !rows.is_empty() {
+        let mut best: HashMap<i64, row::RowResult> = HashMap::new();
+        let at = row::Coordinates {
+            topic: &batch.topic,
+            partition: batch.partition,
+            group,
+        };
+        warn_unmatched_tables(p, batch);
+        for rp in rows {
+            let proj = &p.projections[rp.shape.index];
+            let changes = row_changes(p, rp, batch, landed)?;
+            let results = row::apply(tx, rp, proj, changes, &at).await?;
+            for (o, r) in results {
+                let e = best.entry(o).or_insert(r);
+                *e = strongest(*e, r);
+            }
+        }
+        let gone: Vec<i64> = best
+            .iter()
+            .filter(|(_, r)| !matches!(r, row::RowResult::Applied | row::RowResult::Unchanged))
+            .map(|(o, _)| *o)
+            .collect();
+        if !gone.is_empty() {
+            tx.execute(
+                "DELETE FROM pg_temp.landed WHERE _offset = ANY($1)",
+                &[&gone],
+            )
+            .await
+            .map_err(|e| classify(e, false))?;
+            for o in gone {
+                landed.remove(&o);
+                overrides.insert(
+                    o,
+                    match best[&o] {
+                        row::RowResult::Stale => Outcome::Stale { conflict: false },
+                        row::RowResult::Conflict => Outcome::Stale { conflict: true },
+                        _ => Outcome::Duplicate,
+                    },
+                );
+            }
+        }
+    }
+    Ok(overrides)
+}
+
+/// Step 3b of the batch transaction: the statement projections (counters, sums, `sql`, outbox), only when
+/// something landed.
+///
+/// # Errors
+/// As [`classify`]; a projection's own failure names the projection.
+async fn apply_statements(
+    tx: &Transaction<'_>,
+    stmts: &[Option<Statement>],
+    p: &Pipeline,
+    batch: &Batch,
+) -> std::result::Result<(), ApplyError> {
+    for (stmt, proj) in stmts.iter().zip(&p.projections) {
+        let Some(stmt) = stmt else { continue };
+        tx.execute(stmt, &[])
+            .await
+            .map_err(|e| match classify(e, false) {
+                ApplyError::Fatal(Error::Postgres(e)) => ApplyError::Fatal(Error::Other(format!(
+                    "projection `{}` failed on {}/{}: {}",
+                    proj.name,
+                    batch.topic,
+                    batch.partition,
+                    e.as_db_error()
+                        .map(|d| d.message().to_string())
+                        .unwrap_or_else(|| e.to_string())
+                ))),
+                other => other,
+            })?;
+    }
+    Ok(())
 }
