@@ -24,6 +24,7 @@ pub mod filter;
 pub mod ident;
 pub mod metrics_http;
 pub mod offsets;
+pub mod projection;
 pub mod run;
 pub mod sink;
 pub mod source_file;

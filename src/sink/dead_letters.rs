@@ -38,8 +38,11 @@ pub fn upgrade_dead_letters(p: &Pipeline) -> String {
 /// after the projections, only when something landed; the offset range keeps it to one index range scan of
 /// the dead letters' unique key.
 pub fn resolve_statement(p: &Pipeline) -> String {
-    let dk =
-        crate::config::plan::delivery_key_sql(&p.fields, &p.identity.key, p.identity.partition_by);
+    let dk = crate::config::fields::delivery_key_sql(
+        &p.fields,
+        &p.identity.key,
+        p.identity.partition_by,
+    );
     format!(
         "UPDATE {} d SET resolved_at = now(), resolved_by = l.dk \
          FROM (SELECT _offset, {dk} AS dk FROM pg_temp.landed) l \

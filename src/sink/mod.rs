@@ -6,20 +6,21 @@ pub mod checkpoint;
 pub mod dead_letters;
 pub mod error;
 pub mod ledger;
-pub mod row;
 pub mod schema;
 
 pub use batch::{Batch, Item, Outcome, Pending, Tally};
 pub use error::{classify, ApplyError};
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::NaiveDate;
-use tokio_postgres::{Client, NoTls, Statement, Transaction};
+use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
+use crate::projection::apply::apply_statements;
+use crate::projection::row;
 
 struct Prepared {
     claim: Statement,
@@ -238,7 +239,7 @@ impl Sink {
             ledger::claim_batch(&tx, &prepared.claim, &p, group, &generation, batch).await?;
 
         // 3a. Row projections first (they may take stale, conflicting or duplicate changes out of `landed`).
-        let overrides = apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
+        let overrides = row::apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
 
         // 3b. Projections, only when something landed.
         if !landed.is_empty() {
@@ -273,266 +274,3 @@ impl Sink {
 
 /// How often [`Sink::apply`] re-reads the partitions and retries a batch whose ledger partition vanished.
 pub const MISSING_PARTITION_RETRIES: u32 = 3;
-
-/// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like
-/// this: everything lands, the table stays empty).
-fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
-    static WARNED: std::sync::OnceLock<std::sync::Mutex<HashSet<String>>> =
-        std::sync::OnceLock::new();
-    // Tables already looked at in this batch: the shared set is locked once per table, not per record.
-    let mut seen: HashSet<&str> = HashSet::new();
-    for it in &batch.items {
-        let Pending::Claim {
-            change: Some(ch), ..
-        } = &it.pending
-        else {
-            continue;
-        };
-        if !seen.insert(ch.table.as_str()) {
-            continue;
-        }
-        let matched = p.projections.iter().any(|proj| {
-            proj.row
-                .as_ref()
-                .is_some_and(|r| row::matches(r, &r.table, ch))
-        });
-        if !matched {
-            let mut w = WARNED
-                .get_or_init(Default::default)
-                .lock()
-                .expect("warned set");
-            if w.insert(ch.table.clone()) {
-                tracing::warn!(
-                    source_table = %ch.table,
-                    topic = %batch.topic,
-                    partition = batch.partition,
-                    offset = it.offset,
-                    "changes of this source table reach no row projection (check `source-table`); they are claimed \
-                     and reach the other projections only"
-                );
-            }
-        }
-    }
-}
-
-/// Of two row-projection results for one record, the one that decides its outcome.
-fn strongest(a: row::RowResult, b: row::RowResult) -> row::RowResult {
-    use row::RowResult::*;
-    let rank = |r| match r {
-        Applied => 4,
-        Unchanged => 3,
-        Conflict => 2,
-        Stale => 1,
-        Same => 0,
-    };
-    if rank(a) >= rank(b) {
-        a
-    } else {
-        b
-    }
-}
-
-/// The delivery key of a claimed record as a JSON array text: generation, then the identity key fields.
-fn delivery_text(p: &Pipeline, fields: &crate::decode::Fields) -> String {
-    let mut v = vec![serde_json::Value::String(
-        p.identity.generation.clone().unwrap_or_default(),
-    )];
-    for &i in &p.identity.key {
-        v.push(
-            fields[i]
-                .as_ref()
-                .map(|f| serde_json::Value::String(f.text.clone()))
-                .unwrap_or(serde_json::Value::Null),
-        );
-    }
-    serde_json::Value::Array(v).to_string()
-}
-
-/// The changes of `batch` that row projection `rp` takes: newly claimed, of its source table (Debezium) — in
-/// offset order. Its `filter`: JSON events that fail it do not reach it; a Debezium change whose row fails it
-/// becomes a delete of the row (the filter says which rows belong in the table).
-fn row_changes(
-    p: &Pipeline,
-    rp: &row::Prepared,
-    batch: &Batch,
-    landed: &HashSet<i64>,
-) -> std::result::Result<Vec<row::RowChange>, ApplyError> {
-    let proj = &p.projections[rp.shape.index];
-    let plan = proj.row.as_ref().expect("row");
-    let mut out = Vec::new();
-    for it in &batch.items {
-        let Pending::Claim {
-            fields,
-            passes,
-            change,
-            deletes,
-        } = &it.pending
-        else {
-            continue;
-        };
-        if !landed.contains(&it.offset) {
-            continue;
-        }
-        let in_filter = proj
-            .pass_column
-            .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false));
-        let delivery = delivery_text(p, fields);
-        match change {
-            Some(ch) => {
-                if !row::matches(plan, &plan.table, ch) {
-                    continue;
-                }
-                let mut rc =
-                    row::from_change(&rp.shape, plan, it.offset, ch, delivery, p.decimal_handling)
-                        .map_err(|rejection| ApplyError::Record {
-                            offset: it.offset,
-                            rejection,
-                        })?;
-                // A Debezium row projection's `filter` says which rows belong in the table: a change whose row
-                // leaves it removes the row (a tombstone at the change's version); deletes and truncates always
-                // apply (a delete has no `after` for the filter to pass).
-                if !in_filter {
-                    row::leave_filter(&mut rc);
-                }
-                out.push(rc);
-            }
-            None if !in_filter => continue,
-            None => {
-                let text = |i: usize| fields[i].as_ref().map(|f| f.text.clone());
-                let key = rp
-                    .shape
-                    .key
-                    .iter()
-                    .map(|&k| {
-                        text(rp.shape.columns[k].field.expect("json column")).unwrap_or_default()
-                    })
-                    .collect();
-                let version = match plan.version {
-                    crate::config::VersionPlan::Field(i) => {
-                        vec![text(i)
-                            .and_then(|t| t.parse::<i64>().ok())
-                            .unwrap_or(i64::MIN)]
-                    }
-                    _ => vec![it.offset],
-                };
-                let delete = deletes.get(rp.shape.index).copied().unwrap_or(false);
-                out.push(row::RowChange {
-                    offset: it.offset,
-                    key,
-                    version,
-                    kind: if delete {
-                        row::ChangeKind::Delete
-                    } else {
-                        row::ChangeKind::Upsert
-                    },
-                    values: rp
-                        .shape
-                        .columns
-                        .iter()
-                        .map(|c| match c.field.and_then(text) {
-                            Some(t) => crate::decode::debezium::convert::Pg::Text(t),
-                            None => crate::decode::debezium::convert::Pg::Null,
-                        })
-                        .collect(),
-                    delivery,
-                    old_key: None,
-                    snapshot: false,
-                    position: None,
-                });
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Step 3a of the batch transaction: row projections first. A claimed change that is older than the stored
-/// state (stale, conflict) or the state already stored at its version (or an unchanged snapshot read:
-/// duplicate) is taken out of `landed` (and `pg_temp.landed`), so counters and the outbox never see it. A newer
-/// version with an unchanged row state stays. Returns the outcomes of the records taken out.
-///
-/// # Errors
-/// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.
-async fn apply_rows(
-    tx: &Transaction<'_>,
-    rows: &[row::Prepared],
-    p: &Pipeline,
-    group: &str,
-    batch: &Batch,
-    landed: &mut HashSet<i64>,
-) -> std::result::Result<HashMap<i64, Outcome>, ApplyError> {
-    let mut overrides: HashMap<i64, Outcome> = HashMap::new();
-    if !landed.is_empty() && !rows.is_empty() {
-        let mut best: HashMap<i64, row::RowResult> = HashMap::new();
-        let at = row::Coordinates {
-            topic: &batch.topic,
-            partition: batch.partition,
-            group,
-        };
-        warn_unmatched_tables(p, batch);
-        for rp in rows {
-            let proj = &p.projections[rp.shape.index];
-            let changes = row_changes(p, rp, batch, landed)?;
-            let results = row::apply(tx, rp, proj, changes, &at).await?;
-            for (o, r) in results {
-                let e = best.entry(o).or_insert(r);
-                *e = strongest(*e, r);
-            }
-        }
-        let gone: Vec<i64> = best
-            .iter()
-            .filter(|(_, r)| !matches!(r, row::RowResult::Applied | row::RowResult::Unchanged))
-            .map(|(o, _)| *o)
-            .collect();
-        if !gone.is_empty() {
-            tx.execute(
-                "DELETE FROM pg_temp.landed WHERE _offset = ANY($1)",
-                &[&gone],
-            )
-            .await
-            .map_err(|e| classify(e, false))?;
-            for o in gone {
-                landed.remove(&o);
-                overrides.insert(
-                    o,
-                    match best[&o] {
-                        row::RowResult::Stale => Outcome::Stale { conflict: false },
-                        row::RowResult::Conflict => Outcome::Stale { conflict: true },
-                        _ => Outcome::Duplicate,
-                    },
-                );
-            }
-        }
-    }
-    Ok(overrides)
-}
-
-/// Step 3b of the batch transaction: the statement projections (counters, sums, `sql`, outbox), only when
-/// something landed.
-///
-/// # Errors
-/// As [`classify`]; a projection's own failure names the projection.
-async fn apply_statements(
-    tx: &Transaction<'_>,
-    stmts: &[Option<Statement>],
-    p: &Pipeline,
-    batch: &Batch,
-) -> std::result::Result<(), ApplyError> {
-    for (stmt, proj) in stmts.iter().zip(&p.projections) {
-        let Some(stmt) = stmt else { continue };
-        tx.execute(stmt, &[])
-            .await
-            .map_err(|e| match classify(e, false) {
-                ApplyError::Fatal(Error::Postgres(e)) => ApplyError::Fatal(Error::Other(format!(
-                    "projection `{}` failed on {}/{}: {}",
-                    proj.name,
-                    batch.topic,
-                    batch.partition,
-                    e.as_db_error()
-                        .map(|d| d.message().to_string())
-                        .unwrap_or_else(|| e.to_string())
-                ))),
-                other => other,
-            })?;
-    }
-    Ok(())
-}

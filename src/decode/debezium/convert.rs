@@ -18,7 +18,8 @@ use num_bigint::BigInt;
 use serde_json::Value;
 
 use super::envelope::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
-use crate::config::{ColumnSpec, DecimalHandling, Kind, SqlType, Unit};
+use crate::config::fields::DecimalHandling;
+use crate::projection::row::plan::{ColumnSpec, Kind, SqlType, Unit};
 
 /// A converted value.
 #[derive(Debug, Clone, PartialEq, Eq)]

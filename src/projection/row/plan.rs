@@ -5,9 +5,9 @@
 use cel_interpreter::Program;
 use toml::Spanned;
 
-use super::plan::{FieldPlan, FieldType, Format};
-use super::raw::RawProjection;
-use super::Source;
+use crate::config::fields::{FieldPlan, FieldType, Format};
+use crate::config::raw::RawProjection;
+use crate::config::source::Source;
 use crate::error::Result;
 use crate::ident::{Ident, QualifiedName};
 
@@ -271,7 +271,7 @@ fn unit(src: &Source, s: &Spanned<String>) -> Result<Unit> {
 /// # Errors
 /// [`crate::Error::Config`] naming `file:line:column`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn compile(
+pub(crate) fn compile(
     src: &Source,
     format: Format,
     fields: &[FieldPlan],

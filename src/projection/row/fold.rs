@@ -1,0 +1,648 @@
+//! Folding a batch's row changes per entity against the stored state (read `FOR UPDATE`) and writing each entity
+//! once: the row projection's apply.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Transaction;
+
+use super::change::{ChangeKind, RowChange, RowResult};
+use super::plan::{TombstoneMode, TruncatePolicy, VersionPlan};
+use super::statements::{lock_entities, pg_err, Params, Prepared};
+use super::table::Shape;
+use crate::decode::debezium::convert::Pg;
+use crate::decode::{Reason, Rejection};
+use crate::error::Error;
+use crate::projection::ProjectionPlan;
+use crate::sink::error::ApplyError;
+
+#[derive(Debug, Clone)]
+struct State {
+    /// Empty: no version of its own (a tombstone of a key-only delete or of a truncate under a version column).
+    version: Vec<i64>,
+    deleted: bool,
+    sha: Vec<u8>,
+    delivery: Option<String>,
+    values: Vec<Option<String>>,
+    /// The source position of the change that wrote it (`None`: JSON events, or written before it was kept).
+    position: Option<Vec<i64>>,
+}
+
+/// How a change compares with a stored state: by version when both have one of their own, else by source
+/// position. A state replaysafe never versioned (an existing table's row) is older than any change. `None`: the
+/// two cannot be ordered (a state written before positions were kept, against a change without a version).
+///
+/// `reloads` (a version column under `truncate = "truncate"`): a change that comes after the stored state in
+/// source order is newer even when its version did not grow. A version column grows with every change of a row
+/// except across a truncate, and a truncate has no key: it lands on any partition, so the rows reloaded after it
+/// can be applied before it is — they must not be judged against the rows it will remove (stale, or a conflict),
+/// or the truncate then removes them too. A change newer by version applies as before (positions of another
+/// database after a move are not comparable).
+fn compare(
+    version: &[i64],
+    position: Option<&Vec<i64>>,
+    s: &State,
+    reloads: bool,
+) -> Option<std::cmp::Ordering> {
+    if !version.is_empty() && !s.version.is_empty() {
+        let by_version = version.cmp(&s.version);
+        if reloads && by_version != std::cmp::Ordering::Greater {
+            if let (Some(a), Some(b)) = (position, &s.position) {
+                if a > b {
+                    return Some(std::cmp::Ordering::Greater);
+                }
+            }
+        }
+        return Some(by_version);
+    }
+    match (position, &s.position) {
+        (Some(a), Some(b)) => Some(a.cmp(b)),
+        _ if s.version.is_empty() => Some(std::cmp::Ordering::Greater),
+        _ => None,
+    }
+}
+
+fn hash(values: &[Option<String>], deleted: bool) -> Vec<u8> {
+    let mut h = Sha256::new();
+    if deleted {
+        h.update(b"deleted");
+    } else {
+        for v in values {
+            match v {
+                None => h.update(b"N"),
+                Some(t) => {
+                    h.update(b"V");
+                    h.update((t.len() as u64).to_be_bytes());
+                    h.update(t.as_bytes());
+                }
+            }
+        }
+    }
+    h.finalize().to_vec()
+}
+
+fn version_text(v: &[i64]) -> String {
+    format!(
+        "{{{}}}",
+        v.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+    )
+}
+
+fn object(shape: &Shape, values: &[Option<String>]) -> String {
+    let m: serde_json::Map<String, serde_json::Value> = shape
+        .columns
+        .iter()
+        .zip(values)
+        .map(|(c, v)| {
+            (
+                c.name.as_str().to_string(),
+                v.clone()
+                    .map(serde_json::Value::String)
+                    .unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(m).to_string()
+}
+
+fn entity(shape: &Shape, key: &[String]) -> String {
+    let m: serde_json::Map<String, serde_json::Value> = shape
+        .key
+        .iter()
+        .zip(key)
+        .map(|(&c, v)| {
+            (
+                shape.columns[c].name.as_str().to_string(),
+                serde_json::Value::String(v.clone()),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(m).to_string()
+}
+
+/// Where the batch is: for the conflicts table.
+pub struct Coordinates<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Consumer group.
+    pub group: &'a str,
+}
+
+/// Applies a row projection's changes (in offset order; truncates split the batch) and returns each change's
+/// result by offset.
+///
+/// # Errors
+/// [`ApplyError`] from PostgreSQL, or `Fatal` for a truncate under `truncate = "stop"`.
+pub async fn apply(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    proj: &ProjectionPlan,
+    changes: Vec<RowChange>,
+    at: &Coordinates<'_>,
+) -> std::result::Result<HashMap<i64, RowResult>, ApplyError> {
+    let plan = proj.row.as_ref().expect("row");
+    let mut results = HashMap::new();
+    if changes.is_empty() {
+        return Ok(results);
+    }
+    let truncates = plan.truncate == TruncatePolicy::Truncate
+        && changes.iter().any(|c| c.kind == ChangeKind::Truncate);
+    lock_entities(tx, prepared, &changes, truncates).await?;
+    let mut segment: Vec<RowChange> = Vec::new();
+    for c in changes {
+        if c.kind == ChangeKind::Truncate {
+            fold_segment(
+                tx,
+                prepared,
+                proj,
+                std::mem::take(&mut segment),
+                at,
+                &mut results,
+            )
+            .await?;
+            match plan.truncate {
+                TruncatePolicy::Stop => {
+                    return Err(ApplyError::Fatal(Error::Other(format!(
+                        "{}/{} offset {}: TRUNCATE of the source table (Debezium op=t) reached row projection `{}`, \
+                         whose policy is truncate = \"stop\"; nothing of this batch was committed. Set truncate = \
+                         \"truncate\" (tombstone every older row) or \"ignore\" and restart",
+                        at.topic, at.partition, c.offset, proj.name
+                    ))))
+                }
+                TruncatePolicy::Ignore => {
+                    results.insert(c.offset, RowResult::Applied);
+                }
+                TruncatePolicy::Truncate => {
+                    // Ordered by its source position (also under a version column: a truncate has no version).
+                    let at_pos = version_text(c.position.as_deref().unwrap_or(&c.version));
+                    tx.execute(
+                        &prepared.mark_truncate,
+                        &[&proj.name, &at_pos, &at.topic, &at.partition, &c.offset],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                    let n = tx
+                        .execute(&prepared.truncate, &[&at_pos, &c.delivery])
+                        .await
+                        .map_err(pg_err)?;
+                    if let Some(st) = &prepared.truncate_tombs {
+                        tx.execute(st, &[&at_pos]).await.map_err(pg_err)?;
+                    }
+                    tracing::info!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, rows = n, "truncate applied");
+                    results.insert(c.offset, RowResult::Applied);
+                }
+            }
+        } else {
+            segment.push(c);
+        }
+    }
+    fold_segment(tx, prepared, proj, segment, at, &mut results).await?;
+    Ok(results)
+}
+
+/// The stored state of each key (live row or tombstone), locked `FOR UPDATE`.
+async fn fetch_states(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    keys: &[Vec<String>],
+) -> std::result::Result<Vec<Option<State>>, ApplyError> {
+    let shape = &prepared.shape;
+    let mut state: Vec<Option<State>> = vec![None; keys.len()];
+    if keys.is_empty() {
+        return Ok(state);
+    }
+    let key_cols: Vec<Vec<&str>> = (0..shape.key.len())
+        .map(|i| keys.iter().map(|k| k[i].as_str()).collect())
+        .collect();
+    let params: Params = key_cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    for r in tx
+        .query(&prepared.fetch_live, &params)
+        .await
+        .map_err(pg_err)?
+    {
+        let ord: i64 = r.get(0);
+        let values = (0..shape.columns.len())
+            .map(|i| r.get::<_, Option<String>>(5 + i))
+            .collect();
+        state[(ord - 1) as usize] = Some(State {
+            version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
+            sha: r.get::<_, Option<Vec<u8>>>(2).unwrap_or_default(),
+            delivery: r.get(3),
+            deleted: r.get(4),
+            values,
+            position: r.get(5 + shape.columns.len()),
+        });
+    }
+    if let Some(ft) = &prepared.fetch_tomb {
+        for r in tx.query(ft, &params).await.map_err(pg_err)? {
+            let ord: i64 = r.get(0);
+            let version: Vec<i64> = r.get(1);
+            let last: Option<serde_json::Value> = r.get(3);
+            let position: Option<Vec<i64>> = r.get(4);
+            let slot = &mut state[(ord - 1) as usize];
+            // A live row and a tombstone for one key should not coexist; the newer one wins.
+            if slot.as_ref().is_none_or(|s| {
+                compare(&version, position.as_ref(), s, prepared.reloads)
+                    != Some(std::cmp::Ordering::Less)
+            }) {
+                *slot = Some(State {
+                    version,
+                    position,
+                    deleted: true,
+                    sha: hash(&[], true),
+                    delivery: r.get(2),
+                    // The values the delete removed (for a later primary-key change's unchanged values).
+                    values: shape
+                        .columns
+                        .iter()
+                        .map(|c| {
+                            last.as_ref()
+                                .and_then(|l| l.get(c.name.as_str()))
+                                .and_then(|v| v.as_str().map(str::to_string))
+                        })
+                        .collect(),
+                });
+            }
+        }
+    }
+    Ok(state)
+}
+
+async fn fold_segment(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    proj: &ProjectionPlan,
+    changes: Vec<RowChange>,
+    at: &Coordinates<'_>,
+    results: &mut HashMap<i64, RowResult>,
+) -> std::result::Result<(), ApplyError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let shape = &prepared.shape;
+    let plan = proj.row.as_ref().expect("row");
+    // Entities in first-seen order.
+    let mut order: Vec<Vec<String>> = Vec::new();
+    let mut groups: HashMap<Vec<String>, Vec<RowChange>> = HashMap::new();
+    for c in changes {
+        if !groups.contains_key(&c.key) {
+            order.push(c.key.clone());
+        }
+        groups.entry(c.key.clone()).or_default().push(c);
+    }
+    // Each entity's changes stay in offset order and each is judged against the state before it, exactly as if
+    // the batch held one record: outcomes never depend on batch boundaries (a late older change is stale even
+    // when the newer one is in the same batch).
+    // Stored state, locked; plus the state of old keys of primary-key changes that need unchanged values.
+    let mut old_keys: Vec<Vec<String>> = Vec::new();
+    for g in groups.values() {
+        for c in g {
+            if let Some(k) = &c.old_key {
+                if c.values.contains(&Pg::Unchanged)
+                    && !groups.contains_key(k)
+                    && !old_keys.contains(k)
+                {
+                    old_keys.push(k.clone());
+                }
+            }
+        }
+    }
+    let nk = shape.key.len();
+    let state = fetch_states(tx, prepared, &order).await?;
+    // Last known values per key (live values, or the values a delete removed): unchanged TOASTed values of a
+    // primary-key change come from the old key's.
+    let mut last_values: HashMap<Vec<String>, Vec<Option<String>>> = HashMap::new();
+    for (k, s) in old_keys
+        .iter()
+        .zip(fetch_states(tx, prepared, &old_keys).await?)
+        .chain(order.iter().zip(state.iter().cloned()))
+    {
+        if let Some(s) = s {
+            last_values.insert(k.clone(), s.values);
+        }
+    }
+
+    // Fold.
+    struct Conflict {
+        entity: String,
+        version: String,
+        stored_delivery: Option<String>,
+        incoming_delivery: String,
+        stored_sha: Vec<u8>,
+        incoming_sha: Vec<u8>,
+        stored: String,
+        incoming: String,
+        offset: i64,
+    }
+    // The newest truncate this projection applied: older source positions are stale on every entity.
+    let watermark: Option<Vec<i64>> = match &prepared.watermark {
+        Some(st) => tx
+            .query_one(st, &[&proj.name])
+            .await
+            .map_err(pg_err)?
+            .get(0),
+        None => None,
+    };
+    let mut conflicts: Vec<Conflict> = Vec::new();
+    let mut resnapshot = 0u64;
+    let mut finals: Vec<(usize, State)> = Vec::new();
+    for (ei, key) in order.iter().enumerate() {
+        let before = state[ei].clone();
+        let mut cur = state[ei].clone();
+        for c in &groups[key] {
+            if c.snapshot && cur.is_some() {
+                resnapshot += 1;
+            }
+            let incoming_values: Vec<Option<String>> = match c.kind {
+                ChangeKind::Delete => cur
+                    .as_ref()
+                    .filter(|s| !s.deleted)
+                    .map(|s| s.values.clone())
+                    .unwrap_or_else(|| vec![None; shape.columns.len()]),
+                _ => c
+                    .values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| match v {
+                        Pg::Text(t) => Some(t.clone()),
+                        Pg::Null => None,
+                        // Unchanged TOAST value: the stored (or last real) value carries forward; for the new
+                        // key of a primary-key change, the old key's.
+                        Pg::Unchanged => match cur.as_ref().filter(|s| !s.deleted) {
+                            Some(s) => s.values[i].clone(),
+                            None => {
+                                let v = c
+                                    .old_key
+                                    .as_ref()
+                                    .and_then(|k| last_values.get(k))
+                                    .and_then(|v| v[i].clone());
+                                if v.is_none() {
+                                    tracing::warn!(
+                                        projection = %proj.name,
+                                        topic = at.topic,
+                                        partition = at.partition,
+                                        offset = c.offset,
+                                        column = shape.columns[i].name.as_str(),
+                                        "unchanged-TOAST placeholder for a row with no stored value: written as NULL"
+                                    );
+                                }
+                                v
+                            }
+                        },
+                    })
+                    .collect(),
+            };
+            let deleted = c.kind == ChangeKind::Delete;
+            let sha = hash(&incoming_values, deleted);
+            // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
+            // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
+            // position — it never wins over a change it cannot be ordered against.
+            let by_column = matches!(plan.version, VersionPlan::Column(_));
+            let inclusive = deleted && by_column;
+            let version = &c.version;
+            let order = cur
+                .as_ref()
+                .map(|s| compare(version, c.position.as_ref(), s, prepared.reloads));
+            use std::cmp::Ordering::{Equal, Less};
+            let result = match (&cur, order) {
+                // Older than the newest truncate (by source position): that truncate removed it.
+                _ if watermark
+                    .as_ref()
+                    .is_some_and(|w| c.position.as_ref().is_some_and(|p| p < w)) =>
+                {
+                    RowResult::Stale
+                }
+                (Some(_), Some(None)) => {
+                    return Err(ApplyError::Record {
+                        offset: c.offset,
+                        rejection: Rejection {
+                            reason: Reason::InvalidField,
+                            detail: format!(
+                                "row projection `{}`: a delete without a version of its own (`before` holds only the \
+                                 key: REPLICA IDENTITY DEFAULT) for {} cannot be ordered against the stored state, \
+                                 which has no source position (written before replaysafe kept them); the row is kept. \
+                                 Delete it by hand if the source no longer has it; set REPLICA IDENTITY FULL on the \
+                                 source table so deletes carry the version column",
+                                proj.name,
+                                entity(shape, key)
+                            ),
+                        },
+                    })
+                }
+                (Some(_), Some(Some(Less))) => RowResult::Stale,
+                // Under a version column a delete carries the version of the row it deletes: a write at the
+                // tombstone's version is that deleted state. (A version field or source position gives a delete a
+                // version of its own: a write at it is another state at the same version, a conflict below.)
+                (Some(s), Some(Some(Equal))) if s.deleted && !deleted && by_column => RowResult::Stale,
+                // Equal version (but an inclusive delete of the stored row, which applies).
+                (Some(s), Some(Some(Equal))) if s.deleted || !inclusive => {
+                    if s.sha == sha {
+                        RowResult::Same
+                    } else {
+                        conflicts.push(Conflict {
+                            entity: entity(shape, key),
+                            version: version_text(version),
+                            stored_delivery: s.delivery.clone(),
+                            incoming_delivery: c.delivery.clone(),
+                            stored_sha: s.sha.clone(),
+                            incoming_sha: sha.clone(),
+                            stored: if s.deleted {
+                                "null".into()
+                            } else {
+                                object(shape, &s.values)
+                            },
+                            incoming: if deleted {
+                                "null".into()
+                            } else {
+                                object(shape, &incoming_values)
+                            },
+                            offset: c.offset,
+                        });
+                        RowResult::Conflict
+                    }
+                }
+                // Newer, same row state: the row takes the version (and delivery). A newer business event is
+                // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
+                (Some(s), _) if s.sha == sha && s.deleted == deleted => {
+                    cur = Some(State {
+                        version: version.clone(),
+                        delivery: Some(c.delivery.clone()),
+                        position: c.position.clone(),
+                        ..s.clone()
+                    });
+                    if c.snapshot {
+                        RowResult::Same
+                    } else {
+                        RowResult::Unchanged
+                    }
+                }
+                // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
+                // must not create it), or an inclusive delete of the stored version.
+                _ => {
+                    cur = Some(State {
+                        version: version.clone(),
+                        deleted,
+                        sha,
+                        delivery: Some(c.delivery.clone()),
+                        values: incoming_values,
+                        position: c.position.clone(),
+                    });
+                    RowResult::Applied
+                }
+            };
+            if result == RowResult::Conflict {
+                metrics::counter!("replaysafe_conflicts_total", "projection" => proj.name.clone())
+                    .increment(1);
+                tracing::warn!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, "conflict: equal version, different row state; stored row kept");
+            }
+            if result == RowResult::Applied {
+                if let Some(s) = &cur {
+                    last_values.insert(key.clone(), s.values.clone());
+                }
+            }
+            results.insert(c.offset, result);
+        }
+        if let Some(s) = cur {
+            let changed = before
+                .as_ref()
+                .is_none_or(|b| b.version != s.version || b.deleted != s.deleted || b.sha != s.sha);
+            if changed {
+                finals.push((ei, s));
+            }
+        }
+    }
+
+    if resnapshot > 0 {
+        // C05: a snapshot read of an entity already stored means the connector snapshotted again (lost offsets,
+        // a new slot). Rows deleted while it was down got no delete event and stay.
+        metrics::counter!("replaysafe_resnapshot_reads_total", "projection" => proj.name.clone())
+            .increment(resnapshot);
+        tracing::warn!(
+            projection = %proj.name,
+            topic = at.topic,
+            partition = at.partition,
+            reads = resnapshot,
+            "re-snapshot detected: snapshot reads of rows already stored (applied under the version guard); rows \
+             deleted at the source while the connector was down received no delete event and remain — compare \
+             with the source if that matters"
+        );
+    }
+
+    // Writes.
+    let column_mode = plan.tombstones == TombstoneMode::Column;
+    type Final<'a> = Vec<&'a (usize, State)>;
+    let (live, dead): (Final, Final) = finals.iter().partition(|(_, s)| !s.deleted || column_mode);
+    if !live.is_empty() {
+        let mut cols: Vec<Vec<Option<&str>>> =
+            vec![Vec::with_capacity(live.len()); shape.columns.len()];
+        let mut versions = Vec::new();
+        let mut shas = Vec::new();
+        let mut deliveries = Vec::new();
+        let mut dels = Vec::new();
+        let mut positions: Vec<Option<String>> = Vec::new();
+        for (ei, s) in &live {
+            for (i, c) in cols.iter_mut().enumerate() {
+                // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
+                let v = match shape.key.iter().position(|&k| k == i) {
+                    Some(kp) => Some(order[*ei][kp].as_str()),
+                    None => s.values[i].as_deref(),
+                };
+                c.push(v);
+            }
+            versions.push(version_text(&s.version));
+            shas.push(s.sha.clone());
+            deliveries.push(s.delivery.clone());
+            dels.push(s.deleted);
+            positions.push(s.position.as_deref().map(version_text));
+        }
+        let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        params.push(&versions);
+        params.push(&shas);
+        params.push(&deliveries);
+        if column_mode {
+            params.push(&dels);
+        }
+        params.push(&positions);
+        tx.execute(&prepared.upsert, &params)
+            .await
+            .map_err(pg_err)?;
+        if let Some(dt) = &prepared.delete_tomb {
+            let keys: Vec<Vec<&str>> = (0..nk)
+                .map(|i| live.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
+                .collect();
+            let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+            p.push(&versions);
+            tx.execute(dt, &p).await.map_err(pg_err)?;
+        }
+    }
+    if !dead.is_empty() {
+        let keys: Vec<Vec<&str>> = (0..nk)
+            .map(|i| dead.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
+            .collect();
+        let versions: Vec<String> = dead.iter().map(|(_, s)| version_text(&s.version)).collect();
+        let deliveries: Vec<Option<String>> =
+            dead.iter().map(|(_, s)| s.delivery.clone()).collect();
+        let lasts: Vec<String> = dead.iter().map(|(_, s)| object(shape, &s.values)).collect();
+        let positions: Vec<Option<String>> = dead
+            .iter()
+            .map(|(_, s)| s.position.as_deref().map(version_text))
+            .collect();
+        let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        p.push(&versions);
+        tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
+            .await
+            .map_err(pg_err)?;
+        p.push(&deliveries);
+        p.push(&lasts);
+        p.push(&positions);
+        tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
+            .await
+            .map_err(pg_err)?;
+    }
+    if !conflicts.is_empty() {
+        let e: Vec<&str> = conflicts.iter().map(|c| c.entity.as_str()).collect();
+        let v: Vec<&str> = conflicts.iter().map(|c| c.version.as_str()).collect();
+        let sd: Vec<Option<&str>> = conflicts
+            .iter()
+            .map(|c| c.stored_delivery.as_deref())
+            .collect();
+        let id: Vec<&str> = conflicts
+            .iter()
+            .map(|c| c.incoming_delivery.as_str())
+            .collect();
+        let sh: Vec<&[u8]> = conflicts.iter().map(|c| c.stored_sha.as_slice()).collect();
+        let ih: Vec<&[u8]> = conflicts
+            .iter()
+            .map(|c| c.incoming_sha.as_slice())
+            .collect();
+        let s: Vec<&str> = conflicts.iter().map(|c| c.stored.as_str()).collect();
+        let i: Vec<&str> = conflicts.iter().map(|c| c.incoming.as_str()).collect();
+        let o: Vec<i64> = conflicts.iter().map(|c| c.offset).collect();
+        let table = plan.table.to_string();
+        tx.execute(
+            &prepared.conflict,
+            &[
+                &proj.name,
+                &table,
+                &at.topic,
+                &at.partition,
+                &at.group,
+                &e,
+                &v,
+                &sd,
+                &id,
+                &sh,
+                &ih,
+                &s,
+                &i,
+                &o,
+            ],
+        )
+        .await
+        .map_err(pg_err)?;
+    }
+    Ok(())
+}
