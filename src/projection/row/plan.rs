@@ -5,11 +5,12 @@
 use cel_interpreter::Program;
 use toml::Spanned;
 
-use crate::config::fields::{FieldPlan, FieldType, Format};
+use crate::config::fields::{cel_fields, table_name, FieldPlan, FieldType, Format};
 use crate::config::raw::RawProjection;
 use crate::config::source::Source;
 use crate::error::Result;
 use crate::ident::{Ident, QualifiedName};
+use crate::projection::kind::{Ctx, Settings};
 
 /// How a column's values are read and written: the PostgreSQL type (validated text used in DDL and casts) and
 /// what family of values it takes.
@@ -518,6 +519,91 @@ fn columns(
         return Err(bad("`columns` must name at least one column"));
     }
     Ok(out)
+}
+
+/// The keys a row projection takes.
+pub(crate) const KEYS: &[&str] = &[
+    "table",
+    "key",
+    "columns",
+    "version",
+    "delete-if",
+    "tombstones",
+    "truncate",
+    "source-table",
+];
+
+/// Checks a row projection's `table` and compiles the rest of its keys ([`compile`]).
+///
+/// # Errors
+/// [`crate::Error::Config`] naming `file:line:column`.
+pub(crate) fn compile_entry(ctx: &Ctx<'_>) -> Result<RowPlan> {
+    let table_s = ctx.need(ctx.raw().table.as_ref(), "table")?;
+    let table = table_name(ctx.src, ctx.schema, &table_s)?;
+    compile(
+        ctx.src,
+        ctx.format,
+        &ctx.fields.plans,
+        &|s| ctx.fields.index(s),
+        &|s| ctx.fields.compile_cel(s),
+        ctx.p,
+        table,
+    )
+}
+
+/// Records a row projection's keys, resolved (and marks the fields its columns, version and `delete-if` read).
+pub(crate) fn settings(s: &mut Settings<'_>, r: &RowPlan) {
+    let fields = s.fields;
+    s.put("table", r.table.to_string());
+    s.put(
+        "key",
+        r.key
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    s.put(
+        "columns",
+        match &r.columns {
+            None => "(the existing table's)".to_string(),
+            Some(cols) => cols
+                .iter()
+                .map(|c| {
+                    let unit = c.unit.map(|u| format!(" unit {u:?}")).unwrap_or_default();
+                    format!("{} {}{unit}", c.name.as_str(), c.ty.sql)
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        },
+    );
+    for c in r.columns.iter().flatten() {
+        if let Some(i) = c.field {
+            s.used.push(fields[i].name.as_str().to_string());
+        }
+    }
+    let version = match &r.version {
+        VersionPlan::SourcePosition => "source-position".to_string(),
+        VersionPlan::Field(i) => {
+            s.used.push(fields[*i].name.as_str().to_string());
+            fields[*i].name.as_str().to_string()
+        }
+        VersionPlan::Column(c) => format!("column {}", c.as_str()),
+    };
+    s.put("version", version);
+    s.put(
+        "delete-if",
+        r.delete_if
+            .as_ref()
+            .map(|d| d.0.clone())
+            .unwrap_or_default(),
+    );
+    s.put("tombstones", format!("{:?}", r.tombstones).to_lowercase());
+    s.put("truncate", format!("{:?}", r.truncate).to_lowercase());
+    s.put("source-table", r.source_table.clone().unwrap_or_default());
+    if let Some((_, program)) = &r.delete_if {
+        s.used.extend(cel_fields(program, fields));
+    }
 }
 
 #[cfg(test)]
