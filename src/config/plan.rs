@@ -267,7 +267,56 @@ fn positive(src: &Source, v: &Option<Spanned<i64>>, key: &str, default: u64) -> 
 /// # Errors
 /// [`Error::Config`] naming `file:line:column` of the first problem.
 pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
-    // [kafka]
+    let kafka = kafka(src, &raw)?;
+    let postgres = postgres(src, &raw)?;
+    let schema = postgres.schema.clone();
+    // [batch]
+    let max_records = positive(
+        src,
+        &raw.batch.max_records,
+        "max-records",
+        DEFAULT_MAX_RECORDS as u64,
+    )? as usize;
+    let linger = Duration::from_millis(positive(
+        src,
+        &raw.batch.linger_ms,
+        "linger-ms",
+        DEFAULT_LINGER_MS,
+    )?);
+    let max_record_bytes = positive(
+        src,
+        &raw.batch.max_record_bytes,
+        "max-record-bytes",
+        DEFAULT_MAX_RECORD_BYTES as u64,
+    )? as usize;
+
+    let (format, decimal_handling) = source(src, &raw)?;
+    let fields = fields(src, &raw, format)?;
+    let identity = identity(src, &raw, format, &fields)?;
+    let ledger = ledger(src, &raw, &schema, &fields, &identity)?;
+    let filters = filters(src, &raw, &fields)?;
+    let projections = projections(src, &raw, format, &fields, &schema, &identity)?;
+
+    Ok(Pipeline {
+        format,
+        decimal_handling,
+        source: src.clone(),
+        kafka,
+        postgres,
+        max_records,
+        linger,
+        max_record_bytes,
+        identity,
+        fields: fields.plans,
+        ledger,
+        filters,
+        projections,
+    })
+}
+
+/// `[kafka]`: group id, topics (legal Kafka names), `start`, and the librdkafka properties replaysafe does not
+/// own.
+fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
     let rk = raw.kafka.get_ref();
     let group_id = rk.group_id.get_ref().trim().to_string();
     if group_id.is_empty() {
@@ -335,20 +384,22 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
             _ => properties.push((key.to_string(), value)),
         }
     }
-    let kafka = KafkaPlan {
+    Ok(KafkaPlan {
         brokers: rk.brokers.as_ref().map(|b| b.get_ref().clone()),
         group_id,
         topics,
         start,
         properties,
-    };
+    })
+}
 
-    // [postgres]
+/// `[postgres]`: url, schema, connections (1 to 64).
+fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
     let schema = match &raw.postgres.schema {
         Some(s) => ident(src, s)?,
         None => Ident::new("public").expect("static"),
     };
-    let postgres = PostgresPlan {
+    Ok(PostgresPlan {
         url: raw.postgres.url.as_ref().map(|u| u.get_ref().clone()),
         schema: schema.clone(),
         connections: match positive(
@@ -367,29 +418,11 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
                 return Err(src.error(c.span(), "`connections` must be between 1 and 64"));
             }
         },
-    };
+    })
+}
 
-    // [batch]
-    let max_records = positive(
-        src,
-        &raw.batch.max_records,
-        "max-records",
-        DEFAULT_MAX_RECORDS as u64,
-    )? as usize;
-    let linger = Duration::from_millis(positive(
-        src,
-        &raw.batch.linger_ms,
-        "linger-ms",
-        DEFAULT_LINGER_MS,
-    )?);
-    let max_record_bytes = positive(
-        src,
-        &raw.batch.max_record_bytes,
-        "max-record-bytes",
-        DEFAULT_MAX_RECORD_BYTES as u64,
-    )? as usize;
-
-    // [source]
+/// `[source]`: the format and (Debezium) the decimal handling.
+fn source(src: &Source, raw: &RawPipeline) -> Result<(Format, DecimalHandling)> {
     let format = match &raw.source {
         None => Format::Json,
         Some(s) => match s.get_ref().format.get_ref().as_str() {
@@ -433,8 +466,11 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
             }
         }
     };
+    Ok((format, decimal_handling))
+}
 
-    // [fields]
+/// `[fields]` (at least one for JSON events; Debezium pipelines add the built-in CDC fields).
+fn fields<'a>(src: &'a Source, raw: &RawPipeline, format: Format) -> Result<Fields<'a>> {
     let mut plans = Vec::new();
     match &raw.fields {
         Some(f) if f.get_ref().is_empty() && format == Format::Json => {
@@ -461,9 +497,16 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
             });
         }
     }
-    let fields = Fields { src, plans };
+    Ok(Fields { src, plans })
+}
 
-    // [identity]
+/// `[identity]`: the delivery key fields (Debezium default: the source position), generation, partition-by.
+fn identity(
+    src: &Source,
+    raw: &RawPipeline,
+    format: Format,
+    fields: &Fields<'_>,
+) -> Result<IdentityPlan> {
     let default_identity = crate::config::raw::RawIdentity {
         key: None,
         generation: None,
@@ -541,8 +584,21 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
             Some(i)
         }
     };
+    Ok(IdentityPlan {
+        key,
+        generation,
+        partition_by,
+    })
+}
 
-    // [ledger]
+/// `[ledger]`: table (at most 53 bytes), horizon (needs partition-by), extra columns.
+fn ledger(
+    src: &Source,
+    raw: &RawPipeline,
+    schema: &Ident,
+    fields: &Fields<'_>,
+    identity: &IdentityPlan,
+) -> Result<LedgerPlan> {
     let ledger_name = match &raw.ledger.table {
         Some(t) => ident(src, t)?,
         None => Ident::new(DEFAULT_LEDGER_TABLE).expect("static"),
@@ -560,7 +616,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
             if *h.get_ref() <= 0 || *h.get_ref() > 100_000 {
                 return Err(src.error(h.span(), "`horizon-days` must be between 1 and 100000"));
             }
-            if partition_by.is_none() {
+            if identity.partition_by.is_none() {
                 return Err(src.error(
                     h.span(),
                     "`horizon-days` needs `identity.partition-by` (the day the horizon counts)",
@@ -572,20 +628,22 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let mut columns = Vec::new();
     for c in &raw.ledger.columns {
         let i = fields.index(c)?;
-        if !key.contains(&i) && Some(i) != partition_by && !columns.contains(&i) {
+        if !identity.key.contains(&i) && Some(i) != identity.partition_by && !columns.contains(&i) {
             columns.push(i);
         }
     }
-    let ledger = LedgerPlan {
+    Ok(LedgerPlan {
         table: QualifiedName {
             schema: schema.clone(),
             name: ledger_name,
         },
         horizon_days,
         columns,
-    };
+    })
+}
 
-    // [[filter]]
+/// `[[filter]]`: uniquely named drop rules, compiled.
+fn filters(src: &Source, raw: &RawPipeline, fields: &Fields<'_>) -> Result<Vec<FilterPlan>> {
     let mut filters = Vec::new();
     let mut filter_names = HashSet::new();
     for f in &raw.filter {
@@ -601,8 +659,19 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
             program,
         });
     }
+    Ok(filters)
+}
 
-    // [[projection]]
+/// `[[projection]]`: each compiled by its kind (see [`crate::projection`]), names unique; a pass column in
+/// `landed` for each that has a filter (or, Debezium, skips snapshot reads).
+fn projections(
+    src: &Source,
+    raw: &RawPipeline,
+    format: Format,
+    fields: &Fields<'_>,
+    schema: &Ident,
+    identity: &IdentityPlan,
+) -> Result<Vec<ProjectionPlan>> {
     let mut projections = Vec::new();
     let mut names = HashSet::new();
     for (n, p) in raw.projection.iter().enumerate() {
@@ -622,10 +691,10 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         let plan = crate::projection::projection(
             src,
             format,
-            &fields,
-            &schema,
-            &key,
-            partition_by,
+            fields,
+            schema,
+            &identity.key,
+            identity.partition_by,
             p,
             n,
             pass_column,
@@ -638,24 +707,5 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         }
         projections.push(plan);
     }
-
-    Ok(Pipeline {
-        format,
-        decimal_handling,
-        source: src.clone(),
-        kafka,
-        postgres,
-        max_records,
-        linger,
-        max_record_bytes,
-        identity: IdentityPlan {
-            key,
-            generation,
-            partition_by,
-        },
-        fields: fields.plans,
-        ledger,
-        filters,
-        projections,
-    })
+    Ok(projections)
 }
