@@ -3,14 +3,14 @@
 //! Every error names `file:line:column`. See `reference.toml` for every key, its default and unit.
 
 pub mod fields;
+pub mod kafka;
 pub mod plan;
 pub mod raw;
 pub mod source;
 
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
-pub use plan::{
-    FilterPlan, IdentityPlan, KafkaPlan, LedgerPlan, Pipeline, PostgresPlan, StartPolicy,
-};
+pub use kafka::{KafkaPlan, StartPolicy};
+pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
 pub use source::Source;
 
 use std::path::Path;
