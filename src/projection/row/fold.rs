@@ -8,7 +8,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
 use super::change::{ChangeKind, RowChange, RowResult};
-use super::plan::{TombstoneMode, TruncatePolicy, VersionPlan};
+use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use crate::decode::debezium::convert::Pg;
@@ -310,7 +310,6 @@ async fn fold_segment(
             }
         }
     }
-    let nk = shape.key.len();
     let state = fetch_states(tx, prepared, &order).await?;
     // Last known values per key (live values, or the values a delete removed): unchanged TOASTed values of a
     // primary-key change come from the old key's.
@@ -326,17 +325,6 @@ async fn fold_segment(
     }
 
     // Fold.
-    struct Conflict {
-        entity: String,
-        version: String,
-        stored_delivery: Option<String>,
-        incoming_delivery: String,
-        stored_sha: Vec<u8>,
-        incoming_sha: Vec<u8>,
-        stored: String,
-        incoming: String,
-        offset: i64,
-    }
     // The newest truncate this projection applied: older source positions are stale on every entity.
     let watermark: Option<Vec<i64>> = match &prepared.watermark {
         Some(st) => tx
@@ -356,143 +344,18 @@ async fn fold_segment(
             if c.snapshot && cur.is_some() {
                 resnapshot += 1;
             }
-            let incoming_values: Vec<Option<String>> = match c.kind {
-                ChangeKind::Delete => cur
-                    .as_ref()
-                    .filter(|s| !s.deleted)
-                    .map(|s| s.values.clone())
-                    .unwrap_or_else(|| vec![None; shape.columns.len()]),
-                _ => c
-                    .values
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| match v {
-                        Pg::Text(t) => Some(t.clone()),
-                        Pg::Null => None,
-                        // Unchanged TOAST value: the stored (or last real) value carries forward; for the new
-                        // key of a primary-key change, the old key's.
-                        Pg::Unchanged => match cur.as_ref().filter(|s| !s.deleted) {
-                            Some(s) => s.values[i].clone(),
-                            None => {
-                                let v = c
-                                    .old_key
-                                    .as_ref()
-                                    .and_then(|k| last_values.get(k))
-                                    .and_then(|v| v[i].clone());
-                                if v.is_none() {
-                                    tracing::warn!(
-                                        projection = %proj.name,
-                                        topic = at.topic,
-                                        partition = at.partition,
-                                        offset = c.offset,
-                                        column = shape.columns[i].name.as_str(),
-                                        "unchanged-TOAST placeholder for a row with no stored value: written as NULL"
-                                    );
-                                }
-                                v
-                            }
-                        },
-                    })
-                    .collect(),
-            };
-            let deleted = c.kind == ChangeKind::Delete;
-            let sha = hash(&incoming_values, deleted);
-            // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
-            // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
-            // position — it never wins over a change it cannot be ordered against.
-            let by_column = matches!(plan.version, VersionPlan::Column(_));
-            let inclusive = deleted && by_column;
-            let version = &c.version;
-            let order = cur
-                .as_ref()
-                .map(|s| compare(version, c.position.as_ref(), s, prepared.reloads));
-            use std::cmp::Ordering::{Equal, Less};
-            let result = match (&cur, order) {
-                // Older than the newest truncate (by source position): that truncate removed it.
-                _ if watermark
-                    .as_ref()
-                    .is_some_and(|w| c.position.as_ref().is_some_and(|p| p < w)) =>
-                {
-                    RowResult::Stale
-                }
-                (Some(_), Some(None)) => {
-                    return Err(ApplyError::Record {
-                        offset: c.offset,
-                        rejection: Rejection {
-                            reason: Reason::InvalidField,
-                            detail: format!(
-                                "row projection `{}`: a delete without a version of its own (`before` holds only the \
-                                 key: REPLICA IDENTITY DEFAULT) for {} cannot be ordered against the stored state, \
-                                 which has no source position (written before replaysafe kept them); the row is kept. \
-                                 Delete it by hand if the source no longer has it; set REPLICA IDENTITY FULL on the \
-                                 source table so deletes carry the version column",
-                                proj.name,
-                                entity(shape, key)
-                            ),
-                        },
-                    })
-                }
-                (Some(_), Some(Some(Less))) => RowResult::Stale,
-                // Under a version column a delete carries the version of the row it deletes: a write at the
-                // tombstone's version is that deleted state. (A version field or source position gives a delete a
-                // version of its own: a write at it is another state at the same version, a conflict below.)
-                (Some(s), Some(Some(Equal))) if s.deleted && !deleted && by_column => RowResult::Stale,
-                // Equal version (but an inclusive delete of the stored row, which applies).
-                (Some(s), Some(Some(Equal))) if s.deleted || !inclusive => {
-                    if s.sha == sha {
-                        RowResult::Same
-                    } else {
-                        conflicts.push(Conflict {
-                            entity: entity(shape, key),
-                            version: version_text(version),
-                            stored_delivery: s.delivery.clone(),
-                            incoming_delivery: c.delivery.clone(),
-                            stored_sha: s.sha.clone(),
-                            incoming_sha: sha.clone(),
-                            stored: if s.deleted {
-                                "null".into()
-                            } else {
-                                object(shape, &s.values)
-                            },
-                            incoming: if deleted {
-                                "null".into()
-                            } else {
-                                object(shape, &incoming_values)
-                            },
-                            offset: c.offset,
-                        });
-                        RowResult::Conflict
-                    }
-                }
-                // Newer, same row state: the row takes the version (and delivery). A newer business event is
-                // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
-                (Some(s), _) if s.sha == sha && s.deleted == deleted => {
-                    cur = Some(State {
-                        version: version.clone(),
-                        delivery: Some(c.delivery.clone()),
-                        position: c.position.clone(),
-                        ..s.clone()
-                    });
-                    if c.snapshot {
-                        RowResult::Same
-                    } else {
-                        RowResult::Unchanged
-                    }
-                }
-                // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
-                // must not create it), or an inclusive delete of the stored version.
-                _ => {
-                    cur = Some(State {
-                        version: version.clone(),
-                        deleted,
-                        sha,
-                        delivery: Some(c.delivery.clone()),
-                        values: incoming_values,
-                        position: c.position.clone(),
-                    });
-                    RowResult::Applied
-                }
-            };
+            let incoming = incoming_values(c, cur.as_ref(), &last_values, shape, proj, at);
+            let result = judge(
+                c,
+                &mut cur,
+                incoming,
+                key,
+                prepared,
+                plan,
+                proj,
+                watermark.as_ref(),
+                &mut conflicts,
+            )?;
             if result == RowResult::Conflict {
                 metrics::counter!("replaysafe_conflicts_total", "projection" => proj.name.clone())
                     .increment(1);
@@ -516,19 +379,7 @@ async fn fold_segment(
     }
 
     if resnapshot > 0 {
-        // C05: a snapshot read of an entity already stored means the connector snapshotted again (lost offsets,
-        // a new slot). Rows deleted while it was down got no delete event and stay.
-        metrics::counter!("replaysafe_resnapshot_reads_total", "projection" => proj.name.clone())
-            .increment(resnapshot);
-        tracing::warn!(
-            projection = %proj.name,
-            topic = at.topic,
-            partition = at.partition,
-            reads = resnapshot,
-            "re-snapshot detected: snapshot reads of rows already stored (applied under the version guard); rows \
-             deleted at the source while the connector was down received no delete event and remain — compare \
-             with the source if that matters"
-        );
+        warn_resnapshot(proj, at, resnapshot);
     }
 
     // Writes.
@@ -536,113 +387,350 @@ async fn fold_segment(
     type Final<'a> = Vec<&'a (usize, State)>;
     let (live, dead): (Final, Final) = finals.iter().partition(|(_, s)| !s.deleted || column_mode);
     if !live.is_empty() {
-        let mut cols: Vec<Vec<Option<&str>>> =
-            vec![Vec::with_capacity(live.len()); shape.columns.len()];
-        let mut versions = Vec::new();
-        let mut shas = Vec::new();
-        let mut deliveries = Vec::new();
-        let mut dels = Vec::new();
-        let mut positions: Vec<Option<String>> = Vec::new();
-        for (ei, s) in &live {
-            for (i, c) in cols.iter_mut().enumerate() {
-                // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
-                let v = match shape.key.iter().position(|&k| k == i) {
-                    Some(kp) => Some(order[*ei][kp].as_str()),
-                    None => s.values[i].as_deref(),
-                };
-                c.push(v);
-            }
-            versions.push(version_text(&s.version));
-            shas.push(s.sha.clone());
-            deliveries.push(s.delivery.clone());
-            dels.push(s.deleted);
-            positions.push(s.position.as_deref().map(version_text));
-        }
-        let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-        params.push(&versions);
-        params.push(&shas);
-        params.push(&deliveries);
-        if column_mode {
-            params.push(&dels);
-        }
-        params.push(&positions);
-        tx.execute(&prepared.upsert, &params)
-            .await
-            .map_err(pg_err)?;
-        if let Some(dt) = &prepared.delete_tomb {
-            let keys: Vec<Vec<&str>> = (0..nk)
-                .map(|i| live.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
-                .collect();
-            let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-            p.push(&versions);
-            tx.execute(dt, &p).await.map_err(pg_err)?;
-        }
+        write_live(tx, prepared, &order, &live, column_mode).await?;
     }
     if !dead.is_empty() {
-        let keys: Vec<Vec<&str>> = (0..nk)
-            .map(|i| dead.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
-            .collect();
-        let versions: Vec<String> = dead.iter().map(|(_, s)| version_text(&s.version)).collect();
-        let deliveries: Vec<Option<String>> =
-            dead.iter().map(|(_, s)| s.delivery.clone()).collect();
-        let lasts: Vec<String> = dead.iter().map(|(_, s)| object(shape, &s.values)).collect();
-        let positions: Vec<Option<String>> = dead
+        write_dead(tx, prepared, &order, &dead).await?;
+    }
+    if !conflicts.is_empty() {
+        write_conflicts(tx, prepared, plan, proj, at, &conflicts).await?;
+    }
+    Ok(())
+}
+
+/// An equal version with a different row state, as recorded in the conflicts table.
+struct Conflict {
+    entity: String,
+    version: String,
+    stored_delivery: Option<String>,
+    incoming_delivery: String,
+    stored_sha: Vec<u8>,
+    incoming_sha: Vec<u8>,
+    stored: String,
+    incoming: String,
+    offset: i64,
+}
+
+/// The row state a change brings: a delete's is the state it removes; an unchanged-TOAST placeholder takes the
+/// stored (or last real) value, or for the new key of a primary-key change the old key's.
+fn incoming_values(
+    c: &RowChange,
+    cur: Option<&State>,
+    last_values: &HashMap<Vec<String>, Vec<Option<String>>>,
+    shape: &Shape,
+    proj: &ProjectionPlan,
+    at: &Coordinates<'_>,
+) -> Vec<Option<String>> {
+    match c.kind {
+        ChangeKind::Delete => cur
+            .as_ref()
+            .filter(|s| !s.deleted)
+            .map(|s| s.values.clone())
+            .unwrap_or_else(|| vec![None; shape.columns.len()]),
+        _ => c
+            .values
             .iter()
-            .map(|(_, s)| s.position.as_deref().map(version_text))
+            .enumerate()
+            .map(|(i, v)| match v {
+                Pg::Text(t) => Some(t.clone()),
+                Pg::Null => None,
+                // Unchanged TOAST value: the stored (or last real) value carries forward; for the new
+                // key of a primary-key change, the old key's.
+                Pg::Unchanged => match cur.filter(|s| !s.deleted) {
+                    Some(s) => s.values[i].clone(),
+                    None => {
+                        let v = c
+                            .old_key
+                            .as_ref()
+                            .and_then(|k| last_values.get(k))
+                            .and_then(|v| v[i].clone());
+                        if v.is_none() {
+                            tracing::warn!(
+                                projection = %proj.name,
+                                topic = at.topic,
+                                partition = at.partition,
+                                offset = c.offset,
+                                column = shape.columns[i].name.as_str(),
+                                "unchanged-TOAST placeholder for a row with no stored value: written as NULL"
+                            );
+                        }
+                        v
+                    }
+                },
+            })
+            .collect(),
+    }
+}
+
+/// Judges one change against the entity's state before it (`cur`, updated when the change applies): stale,
+/// same, conflict (recorded in `conflicts`), unchanged, or applied.
+///
+/// # Errors
+/// [`ApplyError::Record`] for a delete that cannot be ordered against the stored state.
+#[allow(clippy::too_many_arguments)]
+fn judge(
+    c: &RowChange,
+    cur: &mut Option<State>,
+    incoming_values: Vec<Option<String>>,
+    key: &[String],
+    prepared: &Prepared,
+    plan: &RowPlan,
+    proj: &ProjectionPlan,
+    watermark: Option<&Vec<i64>>,
+    conflicts: &mut Vec<Conflict>,
+) -> std::result::Result<RowResult, ApplyError> {
+    let shape = &prepared.shape;
+    let deleted = c.kind == ChangeKind::Delete;
+    let sha = hash(&incoming_values, deleted);
+    // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
+    // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
+    // position — it never wins over a change it cannot be ordered against.
+    let by_column = matches!(plan.version, VersionPlan::Column(_));
+    let inclusive = deleted && by_column;
+    let version = &c.version;
+    let order = cur
+        .as_ref()
+        .map(|s| compare(version, c.position.as_ref(), s, prepared.reloads));
+    use std::cmp::Ordering::{Equal, Less};
+    Ok(match (&*cur, order) {
+        // Older than the newest truncate (by source position): that truncate removed it.
+        _ if watermark
+            .is_some_and(|w| c.position.as_ref().is_some_and(|p| p < w)) =>
+        {
+            RowResult::Stale
+        }
+        (Some(_), Some(None)) => {
+            return Err(ApplyError::Record {
+                offset: c.offset,
+                rejection: Rejection {
+                    reason: Reason::InvalidField,
+                    detail: format!(
+                        "row projection `{}`: a delete without a version of its own (`before` holds only the \
+                         key: REPLICA IDENTITY DEFAULT) for {} cannot be ordered against the stored state, \
+                         which has no source position (written before replaysafe kept them); the row is kept. \
+                         Delete it by hand if the source no longer has it; set REPLICA IDENTITY FULL on the \
+                         source table so deletes carry the version column",
+                        proj.name,
+                        entity(shape, key)
+                    ),
+                },
+            })
+        }
+        (Some(_), Some(Some(Less))) => RowResult::Stale,
+        // Under a version column a delete carries the version of the row it deletes: a write at the
+        // tombstone's version is that deleted state. (A version field or source position gives a delete a
+        // version of its own: a write at it is another state at the same version, a conflict below.)
+        (Some(s), Some(Some(Equal))) if s.deleted && !deleted && by_column => RowResult::Stale,
+        // Equal version (but an inclusive delete of the stored row, which applies).
+        (Some(s), Some(Some(Equal))) if s.deleted || !inclusive => {
+            if s.sha == sha {
+                RowResult::Same
+            } else {
+                conflicts.push(Conflict {
+                    entity: entity(shape, key),
+                    version: version_text(version),
+                    stored_delivery: s.delivery.clone(),
+                    incoming_delivery: c.delivery.clone(),
+                    stored_sha: s.sha.clone(),
+                    incoming_sha: sha.clone(),
+                    stored: if s.deleted {
+                        "null".into()
+                    } else {
+                        object(shape, &s.values)
+                    },
+                    incoming: if deleted {
+                        "null".into()
+                    } else {
+                        object(shape, &incoming_values)
+                    },
+                    offset: c.offset,
+                });
+                RowResult::Conflict
+            }
+        }
+        // Newer, same row state: the row takes the version (and delivery). A newer business event is
+        // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
+        (Some(s), _) if s.sha == sha && s.deleted == deleted => {
+            *cur = Some(State {
+                version: version.clone(),
+                delivery: Some(c.delivery.clone()),
+                position: c.position.clone(),
+                ..s.clone()
+            });
+            if c.snapshot {
+                RowResult::Same
+            } else {
+                RowResult::Unchanged
+            }
+        }
+        // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
+        // must not create it), or an inclusive delete of the stored version.
+        _ => {
+            *cur = Some(State {
+                version: version.clone(),
+                deleted,
+                sha,
+                delivery: Some(c.delivery.clone()),
+                values: incoming_values,
+                position: c.position.clone(),
+            });
+            RowResult::Applied
+        }
+    })
+}
+
+/// C05: a snapshot read of an entity already stored means the connector snapshotted again (lost offsets, a new
+/// slot). Rows deleted while it was down got no delete event and stay.
+fn warn_resnapshot(proj: &ProjectionPlan, at: &Coordinates<'_>, resnapshot: u64) {
+    metrics::counter!("replaysafe_resnapshot_reads_total", "projection" => proj.name.clone())
+        .increment(resnapshot);
+    tracing::warn!(
+        projection = %proj.name,
+        topic = at.topic,
+        partition = at.partition,
+        reads = resnapshot,
+        "re-snapshot detected: snapshot reads of rows already stored (applied under the version guard); rows \
+         deleted at the source while the connector was down received no delete event and remain — compare \
+         with the source if that matters"
+    );
+}
+
+/// The live rows (and column-mode tombstones) the fold ends with, in one upsert; table-mode tombstones of
+/// those keys are removed.
+async fn write_live(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    order: &[Vec<String>],
+    live: &[&(usize, State)],
+    column_mode: bool,
+) -> std::result::Result<(), ApplyError> {
+    let shape = &prepared.shape;
+    let nk = shape.key.len();
+    let mut cols: Vec<Vec<Option<&str>>> =
+        vec![Vec::with_capacity(live.len()); shape.columns.len()];
+    let mut versions = Vec::new();
+    let mut shas = Vec::new();
+    let mut deliveries = Vec::new();
+    let mut dels = Vec::new();
+    let mut positions: Vec<Option<String>> = Vec::new();
+    for (ei, s) in live {
+        for (i, c) in cols.iter_mut().enumerate() {
+            // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
+            let v = match shape.key.iter().position(|&k| k == i) {
+                Some(kp) => Some(order[*ei][kp].as_str()),
+                None => s.values[i].as_deref(),
+            };
+            c.push(v);
+        }
+        versions.push(version_text(&s.version));
+        shas.push(s.sha.clone());
+        deliveries.push(s.delivery.clone());
+        dels.push(s.deleted);
+        positions.push(s.position.as_deref().map(version_text));
+    }
+    let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    params.push(&versions);
+    params.push(&shas);
+    params.push(&deliveries);
+    if column_mode {
+        params.push(&dels);
+    }
+    params.push(&positions);
+    tx.execute(&prepared.upsert, &params)
+        .await
+        .map_err(pg_err)?;
+    if let Some(dt) = &prepared.delete_tomb {
+        let keys: Vec<Vec<&str>> = (0..nk)
+            .map(|i| live.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
             .collect();
         let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
         p.push(&versions);
-        tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
-            .await
-            .map_err(pg_err)?;
-        p.push(&deliveries);
-        p.push(&lasts);
-        p.push(&positions);
-        tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
-            .await
-            .map_err(pg_err)?;
+        tx.execute(dt, &p).await.map_err(pg_err)?;
     }
-    if !conflicts.is_empty() {
-        let e: Vec<&str> = conflicts.iter().map(|c| c.entity.as_str()).collect();
-        let v: Vec<&str> = conflicts.iter().map(|c| c.version.as_str()).collect();
-        let sd: Vec<Option<&str>> = conflicts
-            .iter()
-            .map(|c| c.stored_delivery.as_deref())
-            .collect();
-        let id: Vec<&str> = conflicts
-            .iter()
-            .map(|c| c.incoming_delivery.as_str())
-            .collect();
-        let sh: Vec<&[u8]> = conflicts.iter().map(|c| c.stored_sha.as_slice()).collect();
-        let ih: Vec<&[u8]> = conflicts
-            .iter()
-            .map(|c| c.incoming_sha.as_slice())
-            .collect();
-        let s: Vec<&str> = conflicts.iter().map(|c| c.stored.as_str()).collect();
-        let i: Vec<&str> = conflicts.iter().map(|c| c.incoming.as_str()).collect();
-        let o: Vec<i64> = conflicts.iter().map(|c| c.offset).collect();
-        let table = plan.table.to_string();
-        tx.execute(
-            &prepared.conflict,
-            &[
-                &proj.name,
-                &table,
-                &at.topic,
-                &at.partition,
-                &at.group,
-                &e,
-                &v,
-                &sd,
-                &id,
-                &sh,
-                &ih,
-                &s,
-                &i,
-                &o,
-            ],
-        )
+    Ok(())
+}
+
+/// Table-mode tombstones the fold ends with: the live rows are deleted, the tombstones upserted.
+async fn write_dead(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    order: &[Vec<String>],
+    dead: &[&(usize, State)],
+) -> std::result::Result<(), ApplyError> {
+    let shape = &prepared.shape;
+    let nk = shape.key.len();
+    let keys: Vec<Vec<&str>> = (0..nk)
+        .map(|i| dead.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
+        .collect();
+    let versions: Vec<String> = dead.iter().map(|(_, s)| version_text(&s.version)).collect();
+    let deliveries: Vec<Option<String>> = dead.iter().map(|(_, s)| s.delivery.clone()).collect();
+    let lasts: Vec<String> = dead.iter().map(|(_, s)| object(shape, &s.values)).collect();
+    let positions: Vec<Option<String>> = dead
+        .iter()
+        .map(|(_, s)| s.position.as_deref().map(version_text))
+        .collect();
+    let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    p.push(&versions);
+    tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
         .await
         .map_err(pg_err)?;
-    }
+    p.push(&deliveries);
+    p.push(&lasts);
+    p.push(&positions);
+    tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
+        .await
+        .map_err(pg_err)?;
+    Ok(())
+}
+
+/// Records the conflicts of the fold in the conflicts table.
+async fn write_conflicts(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    plan: &RowPlan,
+    proj: &ProjectionPlan,
+    at: &Coordinates<'_>,
+    conflicts: &[Conflict],
+) -> std::result::Result<(), ApplyError> {
+    let e: Vec<&str> = conflicts.iter().map(|c| c.entity.as_str()).collect();
+    let v: Vec<&str> = conflicts.iter().map(|c| c.version.as_str()).collect();
+    let sd: Vec<Option<&str>> = conflicts
+        .iter()
+        .map(|c| c.stored_delivery.as_deref())
+        .collect();
+    let id: Vec<&str> = conflicts
+        .iter()
+        .map(|c| c.incoming_delivery.as_str())
+        .collect();
+    let sh: Vec<&[u8]> = conflicts.iter().map(|c| c.stored_sha.as_slice()).collect();
+    let ih: Vec<&[u8]> = conflicts
+        .iter()
+        .map(|c| c.incoming_sha.as_slice())
+        .collect();
+    let s: Vec<&str> = conflicts.iter().map(|c| c.stored.as_str()).collect();
+    let i: Vec<&str> = conflicts.iter().map(|c| c.incoming.as_str()).collect();
+    let o: Vec<i64> = conflicts.iter().map(|c| c.offset).collect();
+    let table = plan.table.to_string();
+    tx.execute(
+        &prepared.conflict,
+        &[
+            &proj.name,
+            &table,
+            &at.topic,
+            &at.partition,
+            &at.group,
+            &e,
+            &v,
+            &sd,
+            &id,
+            &sh,
+            &ih,
+            &s,
+            &i,
+            &o,
+        ],
+    )
+    .await
+    .map_err(pg_err)?;
     Ok(())
 }
