@@ -86,7 +86,7 @@ pub fn acquire_checkpoint(p: &Pipeline) -> String {
 
 /// Step 1 of the batch transaction: the checkpoint compare-and-set ([`advance_checkpoint`]) first — it locks the
 /// partition's row, so a new owner's fence bump waits for this batch. Records the fingerprint of the batch's
-/// last record.
+/// last record (`last_sha`: its fingerprint, `start::fingerprint` of its key and value).
 ///
 /// # Errors
 /// [`ApplyError::Fenced`] (with the checkpoint and fence now stored) when another owner took the partition or
@@ -98,17 +98,11 @@ pub(super) async fn advance(
     group: &str,
     generation: &str,
     batch: &Batch,
+    last_sha: Option<Vec<u8>>,
 ) -> Result<(), ApplyError> {
-    let (last_offset, last_ts, last_sha) = match batch.items.last() {
-        Some(it) => (
-            Some(it.offset),
-            it.timestamp_ms,
-            Some(crate::start::fingerprint(
-                it.key.as_deref(),
-                it.value.as_deref(),
-            )),
-        ),
-        None => (None, None, None),
+    let (last_offset, last_ts) = match batch.items.last() {
+        Some(it) => (Some(it.offset), it.timestamp_ms),
+        None => (None, None),
     };
     let moved = tx
         .execute(

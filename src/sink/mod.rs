@@ -228,7 +228,20 @@ impl Sink {
         let prepared = &self.prepared;
 
         // 1. The checkpoint first: it locks the partition's row, so a new owner's fence bump waits for us.
-        checkpoint::advance(&tx, &prepared.advance, &p, group, &generation, batch).await?;
+        let last_sha = batch
+            .items
+            .last()
+            .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
+        checkpoint::advance(
+            &tx,
+            &prepared.advance,
+            &p,
+            group,
+            &generation,
+            batch,
+            last_sha,
+        )
+        .await?;
 
         // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
         let horizoned = ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;

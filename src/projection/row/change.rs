@@ -1,17 +1,12 @@
 //! The row changes a batch brings to a row projection: from a Debezium change or a JSON event, with the outcome
 //! each can have.
 
-use std::collections::HashSet;
-
 use super::plan::{RowPlan, VersionPlan};
 use super::table::Shape;
-use crate::config::Pipeline;
 use crate::decode::debezium::convert::{to_pg, Pg};
 use crate::decode::debezium::{Change, Op};
 use crate::decode::{Reason, Rejection};
 use crate::ident::QualifiedName;
-use crate::sink::batch::{Batch, Pending};
-use crate::sink::error::ApplyError;
 
 /// One claimed record as a row projection sees it.
 #[derive(Debug, Clone)]
@@ -218,117 +213,4 @@ pub fn from_change(
         snapshot: change.op == Op::Read,
         position: Some(change.position.to_vec()),
     })
-}
-
-/// The delivery key of a claimed record as a JSON array text: generation, then the identity key fields.
-fn delivery_text(p: &Pipeline, fields: &crate::decode::Fields) -> String {
-    let mut v = vec![serde_json::Value::String(
-        p.identity.generation.clone().unwrap_or_default(),
-    )];
-    for &i in &p.identity.key {
-        v.push(
-            fields[i]
-                .as_ref()
-                .map(|f| serde_json::Value::String(f.text.clone()))
-                .unwrap_or(serde_json::Value::Null),
-        );
-    }
-    serde_json::Value::Array(v).to_string()
-}
-
-/// The changes of `batch` that row projection `rp` takes: newly claimed, of its source table (Debezium) — in
-/// offset order. Its `filter`: JSON events that fail it do not reach it; a Debezium change whose row fails it
-/// becomes a delete of the row (the filter says which rows belong in the table).
-pub(super) fn row_changes(
-    p: &Pipeline,
-    rp: &super::statements::Prepared,
-    batch: &Batch,
-    landed: &HashSet<i64>,
-) -> std::result::Result<Vec<RowChange>, ApplyError> {
-    let proj = &p.projections[rp.shape.index];
-    let plan = proj.row.as_ref().expect("row");
-    let mut out = Vec::new();
-    for it in &batch.items {
-        let Pending::Claim {
-            fields,
-            passes,
-            change,
-            deletes,
-        } = &it.pending
-        else {
-            continue;
-        };
-        if !landed.contains(&it.offset) {
-            continue;
-        }
-        let in_filter = proj
-            .pass_column
-            .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false));
-        let delivery = delivery_text(p, fields);
-        match change {
-            Some(ch) => {
-                if !matches(plan, &plan.table, ch) {
-                    continue;
-                }
-                let mut rc =
-                    from_change(&rp.shape, plan, it.offset, ch, delivery, p.decimal_handling)
-                        .map_err(|rejection| ApplyError::Record {
-                            offset: it.offset,
-                            rejection,
-                        })?;
-                // A Debezium row projection's `filter` says which rows belong in the table: a change whose row
-                // leaves it removes the row (a tombstone at the change's version); deletes and truncates always
-                // apply (a delete has no `after` for the filter to pass).
-                if !in_filter {
-                    leave_filter(&mut rc);
-                }
-                out.push(rc);
-            }
-            None if !in_filter => continue,
-            None => {
-                let text = |i: usize| fields[i].as_ref().map(|f| f.text.clone());
-                let key = rp
-                    .shape
-                    .key
-                    .iter()
-                    .map(|&k| {
-                        text(rp.shape.columns[k].field.expect("json column")).unwrap_or_default()
-                    })
-                    .collect();
-                let version = match plan.version {
-                    VersionPlan::Field(i) => {
-                        vec![text(i)
-                            .and_then(|t| t.parse::<i64>().ok())
-                            .unwrap_or(i64::MIN)]
-                    }
-                    _ => vec![it.offset],
-                };
-                let delete = deletes.get(rp.shape.index).copied().unwrap_or(false);
-                out.push(RowChange {
-                    offset: it.offset,
-                    key,
-                    version,
-                    kind: if delete {
-                        ChangeKind::Delete
-                    } else {
-                        ChangeKind::Upsert
-                    },
-                    values: rp
-                        .shape
-                        .columns
-                        .iter()
-                        .map(|c| match c.field.and_then(text) {
-                            Some(t) => crate::decode::debezium::convert::Pg::Text(t),
-                            None => crate::decode::debezium::convert::Pg::Null,
-                        })
-                        .collect(),
-                    delivery,
-                    old_key: None,
-                    snapshot: false,
-                    position: None,
-                });
-            }
-        }
-    }
-    Ok(out)
 }
