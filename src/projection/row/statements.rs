@@ -6,7 +6,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Statement, Transaction};
 
 use super::change::{ChangeKind, RowChange};
-use super::plan::{TombstoneMode, TruncatePolicy, VersionPlan};
+use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
 use super::table::{Shape, CONFLICTS, TRUNCATES};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
@@ -221,56 +221,8 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
             .await?,
         )
     };
-    // Upsert: one text[] per column, then versions (text '{a,b}'), hashes, deliveries (, deleted flags).
-    let n = shape.columns.len();
-    let mut params: Vec<String> = (1..=n).map(|i| format!("${i}::text[]")).collect();
-    params.push(format!("${}::text[]", n + 1));
-    params.push(format!("${}::bytea[]", n + 2));
-    params.push(format!("${}::text[]", n + 3));
-    if column_mode {
-        params.push(format!("${}::boolean[]", n + 4));
-    }
-    params.push(format!("${}::text[]", n + 4 + usize::from(column_mode)));
-    let mut alias: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
-    alias.extend(["v", "h", "d"].map(String::from));
-    if column_mode {
-        alias.push("del".into());
-    }
-    alias.push("pos".into());
-    let names: Vec<String> = shape.columns.iter().map(|c| c.name.to_string()).collect();
-    let mut select: Vec<String> = shape
-        .columns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("u.c{i}::{}", c.ty.sql))
-        .collect();
-    select.extend(["u.v::bigint[]", "u.h", "u.d", "now()"].map(String::from));
-    let mut target = names.clone();
-    target.extend(["_version", "_sha256", "_delivery", "_updated_at"].map(String::from));
-    if column_mode {
-        select.push("CASE WHEN u.del THEN now() END".into());
-        target.push("_deleted_at".into());
-    }
-    select.push("u.pos::bigint[]".into());
-    target.push("_position".into());
-    let key_cols: Vec<String> = shape.key.iter().map(|&i| names[i].clone()).collect();
-    let updates: Vec<String> = target
-        .iter()
-        .filter(|c| !key_cols.contains(c))
-        .map(|c| format!("{c} = EXCLUDED.{c}"))
-        .collect();
-    let upsert = prep(format!(
-        "INSERT INTO {t} AS t ({}) SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
-         WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0 \
-         OR EXCLUDED._position > t._position",
-        target.join(", "),
-        select.join(", "),
-        params.join(", "),
-        alias.join(", "),
-        key_cols.join(", "),
-        updates.join(", ")
-    ))
-    .await?;
+    let (upsert, key_cols) = upsert_sql(&shape, t, column_mode);
+    let upsert = prep(upsert).await?;
     // A version column under `truncate = "truncate"` may order a state by its source position ([`compare`]): the
     // fold, which decided under the entity's lock, then removes the other table's row whatever its version.
     let reloads =
@@ -278,98 +230,21 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     let (delete_live, upsert_tomb, delete_tomb) = if column_mode {
         (None, None, None)
     } else {
-        let k = shape.key.len();
-        let kv = format!("${}::text[]", k + 1);
-        let kd = format!("${}::text[]", k + 2);
-        let kl = format!("${}::text[]", k + 3);
-        let kpos = format!("${}::text[]", k + 4);
-        let key_select: Vec<String> = shape
-            .key
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| format!("u.k{i}::{}", shape.columns[c].ty.sql))
-            .collect();
+        let (delete_live, upsert_tomb, delete_tomb) =
+            tombstone_sql(&shape, t, tomb, &key_cols, reloads);
         (
-            Some(
-                prep(format!(
-                    "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version <= u.v::bigint[] \
-                     OR cardinality(u.v::bigint[]) = 0 OR {reloads})"
-                ))
-                .await?,
-            ),
-            Some(
-                prep(format!(
-                    "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at, _last, _position) SELECT {}, u.v::bigint[], u.d, \
-                     now(), u.l::jsonb, u.pos::bigint[] FROM unnest({kp}, {kv}, {kd}, {kl}, {kpos}) AS u({ka}, v, d, l, pos) \
-                     ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, _version = EXCLUDED._version, \
-                     _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
-                     WHERE t._version < EXCLUDED._version OR cardinality(t._version) = 0 \
-                     OR cardinality(EXCLUDED._version) = 0 OR EXCLUDED._position > t._position",
-                    key_cols.join(", "),
-                    key_select.join(", "),
-                    key_cols.join(", ")
-                ))
-                .await?,
-            ),
-            Some(
-                prep(format!(
-                    "DELETE FROM {tomb} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version < u.v::bigint[] OR {reloads})"
-                ))
-                .await?,
-            ),
+            Some(prep(delete_live).await?),
+            Some(prep(upsert_tomb).await?),
+            Some(prep(delete_tomb).await?),
         )
     };
-    let conflict = prep(format!(
-        "INSERT INTO {} (projection, table_name, entity, version, stored_delivery, incoming_delivery, stored_sha256, \
-         incoming_sha256, stored, incoming, topic, partition, \"offset\", consumer_group) \
-         SELECT $1, $2, u.e::jsonb, u.v::bigint[], u.sd, u.id, u.sh, u.ih, u.s::jsonb, u.i::jsonb, $3, $4, u.o, $5 \
-         FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::text[], \
-         $13::text[], $14::bigint[]) AS u(e, v, sd, id, sh, ih, s, i, o) \
-         ON CONFLICT (projection, entity, version, incoming_sha256) DO NOTHING",
-        p.table(CONFLICTS)
-    ))
-    .await?;
-    // Truncate: $1 its source position, $2 its delivery. Ordered by source position: every older row becomes a
-    // tombstone at the truncate's position. Under a version column the tombstones have no version of their own
-    // (`{}`): rows inserted after the truncate are ordered against them by source position, whatever their
-    // version (a reload at the same or a lower version applies).
+    let conflict = prep(conflict_sql(p)).await?;
     let by_column = matches!(plan.version, VersionPlan::Column(_));
-    let (tomb_version, older) = if by_column {
-        (
-            "'{}'::bigint[]",
-            "(_position IS NULL OR _position < $1::text::bigint[])",
-        )
-    } else {
-        ("$1::text::bigint[]", "_version < $1::text::bigint[]")
-    };
-    let truncate = if column_mode {
-        prep(format!(
-            "UPDATE {t} SET _deleted_at = coalesce(_deleted_at, now()), _version = {tomb_version}, \
-             _position = $1::text::bigint[], _delivery = $2, _updated_at = now() \
-             WHERE {older} AND ({by_column} OR _deleted_at IS NULL)"
-        ))
-        .await?
-    } else {
-        prep(format!(
-            "WITH gone AS (DELETE FROM {t} WHERE {older} RETURNING {kc}) \
-             INSERT INTO {tomb} AS t ({kc}, _version, _delivery, _deleted_at, _position) \
-             SELECT {kc}, {tomb_version}, $2, now(), $1::text::bigint[] \
-             FROM gone ON CONFLICT ({kc}) DO UPDATE SET _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, \
-             _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
-             WHERE t._version < EXCLUDED._version OR {by_column}",
-            kc = key_cols.join(", ")
-        ))
-        .await?
-    };
-    let truncate_tombs = if by_column && !column_mode {
-        Some(
-            prep(format!(
-                "UPDATE {tomb} SET _version = '{{}}', _position = $1::text::bigint[] WHERE {older}"
-            ))
-            .await?,
-        )
-    } else {
-        None
+    let (truncate, truncate_tombs) = truncate_sql(plan, t, tomb, &key_cols, column_mode);
+    let truncate = prep(truncate).await?;
+    let truncate_tombs = match truncate_tombs {
+        Some(sql) => Some(prep(sql).await?),
+        None => None,
     };
     let mark_truncate = prep(format!(
         "INSERT INTO {} (projection, version, topic, partition, \"offset\") VALUES ($1, $2::text::bigint[], $3, $4, $5) \
@@ -412,3 +287,164 @@ pub(super) fn pg_err(e: tokio_postgres::Error) -> ApplyError {
 }
 
 pub(super) type Params<'a> = Vec<&'a (dyn ToSql + Sync)>;
+
+/// The upsert of the states a fold ends with: one `text[]` per column, then versions (text `'{a,b}'`), hashes,
+/// deliveries (, deleted flags), positions; a stored row changes only for a newer version (or position). Returns
+/// the statement and the key column names.
+fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, Vec<String>) {
+    let n = shape.columns.len();
+    let mut params: Vec<String> = (1..=n).map(|i| format!("${i}::text[]")).collect();
+    params.push(format!("${}::text[]", n + 1));
+    params.push(format!("${}::bytea[]", n + 2));
+    params.push(format!("${}::text[]", n + 3));
+    if column_mode {
+        params.push(format!("${}::boolean[]", n + 4));
+    }
+    params.push(format!("${}::text[]", n + 4 + usize::from(column_mode)));
+    let mut alias: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
+    alias.extend(["v", "h", "d"].map(String::from));
+    if column_mode {
+        alias.push("del".into());
+    }
+    alias.push("pos".into());
+    let names: Vec<String> = shape.columns.iter().map(|c| c.name.to_string()).collect();
+    let mut select: Vec<String> = shape
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("u.c{i}::{}", c.ty.sql))
+        .collect();
+    select.extend(["u.v::bigint[]", "u.h", "u.d", "now()"].map(String::from));
+    let mut target = names.clone();
+    target.extend(["_version", "_sha256", "_delivery", "_updated_at"].map(String::from));
+    if column_mode {
+        select.push("CASE WHEN u.del THEN now() END".into());
+        target.push("_deleted_at".into());
+    }
+    select.push("u.pos::bigint[]".into());
+    target.push("_position".into());
+    let key_cols: Vec<String> = shape.key.iter().map(|&i| names[i].clone()).collect();
+    let updates: Vec<String> = target
+        .iter()
+        .filter(|c| !key_cols.contains(c))
+        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .collect();
+    let sql = format!(
+        "INSERT INTO {t} AS t ({}) SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
+         WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0 \
+         OR EXCLUDED._position > t._position",
+        target.join(", "),
+        select.join(", "),
+        params.join(", "),
+        alias.join(", "),
+        key_cols.join(", "),
+        updates.join(", ")
+    );
+    (sql, key_cols)
+}
+
+/// Table-mode tombstone statements: delete the live rows a fold ends deleted, upsert their tombstones, delete
+/// the tombstones of keys written live again. `reloads`: see [`Prepared`].
+fn tombstone_sql(
+    shape: &Shape,
+    t: &QualifiedName,
+    tomb: &QualifiedName,
+    key_cols: &[String],
+    reloads: bool,
+) -> (String, String, String) {
+    let (kp, ka, kj) = key_unnest(shape, 1);
+    let k = shape.key.len();
+    let kv = format!("${}::text[]", k + 1);
+    let kd = format!("${}::text[]", k + 2);
+    let kl = format!("${}::text[]", k + 3);
+    let kpos = format!("${}::text[]", k + 4);
+    let key_select: Vec<String> = shape
+        .key
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| format!("u.k{i}::{}", shape.columns[c].ty.sql))
+        .collect();
+    (
+        format!(
+                "DELETE FROM {t} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version <= u.v::bigint[] \
+                 OR cardinality(u.v::bigint[]) = 0 OR {reloads})"
+        ),
+        format!(
+                "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at, _last, _position) SELECT {}, u.v::bigint[], u.d, \
+                 now(), u.l::jsonb, u.pos::bigint[] FROM unnest({kp}, {kv}, {kd}, {kl}, {kpos}) AS u({ka}, v, d, l, pos) \
+                 ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, _version = EXCLUDED._version, \
+                 _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
+                 WHERE t._version < EXCLUDED._version OR cardinality(t._version) = 0 \
+                 OR cardinality(EXCLUDED._version) = 0 OR EXCLUDED._position > t._position",
+                key_cols.join(", "),
+                key_select.join(", "),
+                key_cols.join(", ")
+        ),
+        format!(
+                "DELETE FROM {tomb} t USING unnest({kp}, {kv}) AS u({ka}, v) WHERE {kj} AND (t._version < u.v::bigint[] OR {reloads})"
+        ),
+    )
+}
+
+/// The insert of a fold's conflicts into the conflicts table. Parameters: `$1` projection, `$2` table, `$3` topic,
+/// `$4` partition, `$5` group, then one array per conflict column.
+fn conflict_sql(p: &Pipeline) -> String {
+    format!(
+        "INSERT INTO {} (projection, table_name, entity, version, stored_delivery, incoming_delivery, stored_sha256, \
+         incoming_sha256, stored, incoming, topic, partition, \"offset\", consumer_group) \
+         SELECT $1, $2, u.e::jsonb, u.v::bigint[], u.sd, u.id, u.sh, u.ih, u.s::jsonb, u.i::jsonb, $3, $4, u.o, $5 \
+         FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::text[], \
+         $13::text[], $14::bigint[]) AS u(e, v, sd, id, sh, ih, s, i, o) \
+         ON CONFLICT (projection, entity, version, incoming_sha256) DO NOTHING",
+        p.table(CONFLICTS)
+    )
+}
+
+/// The truncate statements: the projection's rows older than the truncate become tombstones at its position;
+/// under a version column (table mode) the existing tombstones lose their version too.
+fn truncate_sql(
+    plan: &RowPlan,
+    t: &QualifiedName,
+    tomb: &QualifiedName,
+    key_cols: &[String],
+    column_mode: bool,
+) -> (String, Option<String>) {
+    // Truncate: $1 its source position, $2 its delivery. Ordered by source position: every older row becomes a
+    // tombstone at the truncate's position. Under a version column the tombstones have no version of their own
+    // (`{}`): rows inserted after the truncate are ordered against them by source position, whatever their
+    // version (a reload at the same or a lower version applies).
+    let by_column = matches!(plan.version, VersionPlan::Column(_));
+    let (tomb_version, older) = if by_column {
+        (
+            "'{}'::bigint[]",
+            "(_position IS NULL OR _position < $1::text::bigint[])",
+        )
+    } else {
+        ("$1::text::bigint[]", "_version < $1::text::bigint[]")
+    };
+    let truncate = if column_mode {
+        format!(
+            "UPDATE {t} SET _deleted_at = coalesce(_deleted_at, now()), _version = {tomb_version}, \
+             _position = $1::text::bigint[], _delivery = $2, _updated_at = now() \
+             WHERE {older} AND ({by_column} OR _deleted_at IS NULL)"
+        )
+    } else {
+        format!(
+            "WITH gone AS (DELETE FROM {t} WHERE {older} RETURNING {kc}) \
+             INSERT INTO {tomb} AS t ({kc}, _version, _delivery, _deleted_at, _position) \
+             SELECT {kc}, {tomb_version}, $2, now(), $1::text::bigint[] \
+             FROM gone ON CONFLICT ({kc}) DO UPDATE SET _version = EXCLUDED._version, _delivery = EXCLUDED._delivery, \
+             _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
+             WHERE t._version < EXCLUDED._version OR {by_column}",
+            kc = key_cols.join(", ")
+        )
+    };
+    let truncate_tombs = if by_column && !column_mode {
+        Some(format!(
+            "UPDATE {tomb} SET _version = '{{}}', _position = $1::text::bigint[] WHERE {older}"
+        ))
+    } else {
+        None
+    };
+    (truncate, truncate_tombs)
+}
