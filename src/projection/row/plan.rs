@@ -294,7 +294,60 @@ pub(crate) fn compile(
         name: Ident::new(&tomb_name).expect("valid"),
     };
     let json = format == Format::Json;
-    // key
+    let key = key(src, json, fields, field_index, p)?;
+    let columns = match &rp.columns {
+        None if json => Some(
+            fields
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| !f.name.as_str().starts_with('_'))
+                .map(|(i, f)| ColumnSpec {
+                    name: f.name.clone(),
+                    ty: SqlType::parse(f.ty.sql()).expect("field types are SQL types"),
+                    unit: None,
+                    field: Some(i),
+                })
+                .collect(),
+        ),
+        None => None,
+        Some(c) => Some(columns(src, json, fields, field_index, c)?),
+    };
+    check_columns(src, p, &key, &columns)?;
+    let version = version(src, json, fields, field_index, p, &columns)?;
+    let delete_if = match &rp.delete_if {
+        Some(d) if json => Some((d.get_ref().clone(), compile_cel(d)?)),
+        Some(d) => {
+            return Err(src.error(
+                d.span(),
+                "`delete-if` applies to JSON events; Debezium deletes are `op = d`",
+            ))
+        }
+        None => None,
+    };
+    let (tombstones, truncate) = modes(src, rp)?;
+    let source_table = source_table(src, json, rp)?;
+    Ok(RowPlan {
+        table,
+        tombstone_table,
+        source_table,
+        key,
+        columns,
+        version,
+        delete_if,
+        tombstones,
+        truncate,
+    })
+}
+
+/// `key`: the entity's key columns (JSON: non-optional, non-jsonb fields), each once; required over JSON events.
+fn key(
+    src: &Source,
+    json: bool,
+    fields: &[FieldPlan],
+    field_index: &dyn Fn(&Spanned<String>) -> Result<usize>,
+    p: &Spanned<RawProjection>,
+) -> Result<Vec<Ident>> {
+    let rp = p.get_ref();
     let mut key = Vec::new();
     if let Some(k) = &rp.key {
         for s in k.get_ref() {
@@ -323,26 +376,19 @@ pub(crate) fn compile(
             "a `row` projection over JSON events needs `key` (the entity's fields)",
         ));
     }
-    // columns
-    let columns = match &rp.columns {
-        None if json => Some(
-            fields
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| !f.name.as_str().starts_with('_'))
-                .map(|(i, f)| ColumnSpec {
-                    name: f.name.clone(),
-                    ty: SqlType::parse(f.ty.sql()).expect("field types are SQL types"),
-                    unit: None,
-                    field: Some(i),
-                })
-                .collect(),
-        ),
-        None => None,
-        Some(c) => Some(columns(src, json, fields, field_index, c)?),
-    };
+    Ok(key)
+}
+
+/// The key columns are among `columns`; no column name starts with `_` (reserved).
+fn check_columns(
+    src: &Source,
+    p: &Spanned<RawProjection>,
+    key: &[Ident],
+    columns: &Option<Vec<ColumnSpec>>,
+) -> Result<()> {
+    let rp = p.get_ref();
     if let Some(cols) = &columns {
-        for k in &key {
+        for k in key {
             if !cols.iter().any(|c| &c.name == k) {
                 return Err(src.error(
                     rp.key.as_ref().map(|k| k.span()).unwrap_or(p.span()),
@@ -357,8 +403,21 @@ pub(crate) fn compile(
             ));
         }
     }
-    // version
-    if let (Some(v), Some(cols)) = (&rp.version, &columns) {
+    Ok(())
+}
+
+/// `version`: JSON events name a non-optional bigint field; Debezium a column of `columns` or
+/// `source-position` (the default).
+fn version(
+    src: &Source,
+    json: bool,
+    fields: &[FieldPlan],
+    field_index: &dyn Fn(&Spanned<String>) -> Result<usize>,
+    p: &Spanned<RawProjection>,
+    columns: &Option<Vec<ColumnSpec>>,
+) -> Result<VersionPlan> {
+    let rp = p.get_ref();
+    if let (Some(v), Some(cols)) = (&rp.version, columns) {
         if !json
             && v.get_ref() != "source-position"
             && !cols.iter().any(|c| c.name.as_str() == v.get_ref())
@@ -369,7 +428,7 @@ pub(crate) fn compile(
             ));
         }
     }
-    let version = match &rp.version {
+    Ok(match &rp.version {
         None if json => {
             return Err(src.error(
                 p.span(),
@@ -389,17 +448,11 @@ pub(crate) fn compile(
             VersionPlan::Field(i)
         }
         Some(v) => VersionPlan::Column(Ident::new(v.get_ref()).map_err(|m| src.error(v.span(), m))?),
-    };
-    let delete_if = match &rp.delete_if {
-        Some(d) if json => Some((d.get_ref().clone(), compile_cel(d)?)),
-        Some(d) => {
-            return Err(src.error(
-                d.span(),
-                "`delete-if` applies to JSON events; Debezium deletes are `op = d`",
-            ))
-        }
-        None => None,
-    };
+    })
+}
+
+/// `tombstones` (table or column) and `truncate` (stop, truncate or ignore).
+fn modes(src: &Source, rp: &RawProjection) -> Result<(TombstoneMode, TruncatePolicy)> {
     let tombstones = match rp.tombstones.as_ref().map(|t| (t, t.get_ref().as_str())) {
         None | Some((_, "table")) => TombstoneMode::Table,
         Some((_, "column")) => TombstoneMode::Column,
@@ -421,7 +474,12 @@ pub(crate) fn compile(
             ))
         }
     };
-    let source_table = match &rp.source_table {
+    Ok((tombstones, truncate))
+}
+
+/// `source-table` (Debezium only): `schema.table` as in Debezium's source block.
+fn source_table(src: &Source, json: bool, rp: &RawProjection) -> Result<Option<String>> {
+    Ok(match &rp.source_table {
         Some(s) if json => {
             return Err(src.error(s.span(), "`source-table` applies to Debezium pipelines"))
         }
@@ -436,17 +494,6 @@ pub(crate) fn compile(
             Some(s.get_ref().clone())
         }
         None => None,
-    };
-    Ok(RowPlan {
-        table,
-        tombstone_table,
-        source_table,
-        key,
-        columns,
-        version,
-        delete_if,
-        tombstones,
-        truncate,
     })
 }
 
