@@ -214,3 +214,13 @@ pub fn from_change(
         position: Some(change.position.to_vec()),
     })
 }
+
+/// Where the batch is: for the conflicts table.
+pub struct Coordinates<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Consumer group.
+    pub group: &'a str,
+}

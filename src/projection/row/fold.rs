@@ -3,133 +3,21 @@
 
 use std::collections::HashMap;
 
-use sha2::{Digest, Sha256};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
+use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
+use super::state::{compare, entity, hash, object, version_text, State};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
+use super::write::{write_conflicts, write_dead, write_live, Conflict};
 use crate::decode::debezium::convert::Pg;
 use crate::decode::{Reason, Rejection};
 use crate::error::Error;
 use crate::projection::ProjectionPlan;
 use crate::sink::error::ApplyError;
-
-#[derive(Debug, Clone)]
-struct State {
-    /// Empty: no version of its own (a tombstone of a key-only delete or of a truncate under a version column).
-    version: Vec<i64>,
-    deleted: bool,
-    sha: Vec<u8>,
-    delivery: Option<String>,
-    values: Vec<Option<String>>,
-    /// The source position of the change that wrote it (`None`: JSON events, or written before it was kept).
-    position: Option<Vec<i64>>,
-}
-
-/// How a change compares with a stored state: by version when both have one of their own, else by source
-/// position. A state replaysafe never versioned (an existing table's row) is older than any change. `None`: the
-/// two cannot be ordered (a state written before positions were kept, against a change without a version).
-///
-/// `reloads` (a version column under `truncate = "truncate"`): a change that comes after the stored state in
-/// source order is newer even when its version did not grow. A version column grows with every change of a row
-/// except across a truncate, and a truncate has no key: it lands on any partition, so the rows reloaded after it
-/// can be applied before it is — they must not be judged against the rows it will remove (stale, or a conflict),
-/// or the truncate then removes them too. A change newer by version applies as before (positions of another
-/// database after a move are not comparable).
-fn compare(
-    version: &[i64],
-    position: Option<&Vec<i64>>,
-    s: &State,
-    reloads: bool,
-) -> Option<std::cmp::Ordering> {
-    if !version.is_empty() && !s.version.is_empty() {
-        let by_version = version.cmp(&s.version);
-        if reloads && by_version != std::cmp::Ordering::Greater {
-            if let (Some(a), Some(b)) = (position, &s.position) {
-                if a > b {
-                    return Some(std::cmp::Ordering::Greater);
-                }
-            }
-        }
-        return Some(by_version);
-    }
-    match (position, &s.position) {
-        (Some(a), Some(b)) => Some(a.cmp(b)),
-        _ if s.version.is_empty() => Some(std::cmp::Ordering::Greater),
-        _ => None,
-    }
-}
-
-fn hash(values: &[Option<String>], deleted: bool) -> Vec<u8> {
-    let mut h = Sha256::new();
-    if deleted {
-        h.update(b"deleted");
-    } else {
-        for v in values {
-            match v {
-                None => h.update(b"N"),
-                Some(t) => {
-                    h.update(b"V");
-                    h.update((t.len() as u64).to_be_bytes());
-                    h.update(t.as_bytes());
-                }
-            }
-        }
-    }
-    h.finalize().to_vec()
-}
-
-fn version_text(v: &[i64]) -> String {
-    format!(
-        "{{{}}}",
-        v.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-    )
-}
-
-fn object(shape: &Shape, values: &[Option<String>]) -> String {
-    let m: serde_json::Map<String, serde_json::Value> = shape
-        .columns
-        .iter()
-        .zip(values)
-        .map(|(c, v)| {
-            (
-                c.name.as_str().to_string(),
-                v.clone()
-                    .map(serde_json::Value::String)
-                    .unwrap_or(serde_json::Value::Null),
-            )
-        })
-        .collect();
-    serde_json::Value::Object(m).to_string()
-}
-
-fn entity(shape: &Shape, key: &[String]) -> String {
-    let m: serde_json::Map<String, serde_json::Value> = shape
-        .key
-        .iter()
-        .zip(key)
-        .map(|(&c, v)| {
-            (
-                shape.columns[c].name.as_str().to_string(),
-                serde_json::Value::String(v.clone()),
-            )
-        })
-        .collect();
-    serde_json::Value::Object(m).to_string()
-}
-
-/// Where the batch is: for the conflicts table.
-pub struct Coordinates<'a> {
-    /// Topic.
-    pub topic: &'a str,
-    /// Partition.
-    pub partition: i32,
-    /// Consumer group.
-    pub group: &'a str,
-}
 
 /// Applies a row projection's changes (in offset order; truncates split the batch) and returns each change's
 /// result by offset.
@@ -398,19 +286,6 @@ async fn fold_segment(
     Ok(())
 }
 
-/// An equal version with a different row state, as recorded in the conflicts table.
-struct Conflict {
-    entity: String,
-    version: String,
-    stored_delivery: Option<String>,
-    incoming_delivery: String,
-    stored_sha: Vec<u8>,
-    incoming_sha: Vec<u8>,
-    stored: String,
-    incoming: String,
-    offset: i64,
-}
-
 /// The row state a change brings: a delete's is the state it removes; an unchanged-TOAST placeholder takes the
 /// stored (or last real) value, or for the new key of a primary-key change the old key's.
 fn incoming_values(
@@ -593,144 +468,4 @@ fn warn_resnapshot(proj: &ProjectionPlan, at: &Coordinates<'_>, resnapshot: u64)
          deleted at the source while the connector was down received no delete event and remain — compare \
          with the source if that matters"
     );
-}
-
-/// The live rows (and column-mode tombstones) the fold ends with, in one upsert; table-mode tombstones of
-/// those keys are removed.
-async fn write_live(
-    tx: &Transaction<'_>,
-    prepared: &Prepared,
-    order: &[Vec<String>],
-    live: &[&(usize, State)],
-    column_mode: bool,
-) -> std::result::Result<(), ApplyError> {
-    let shape = &prepared.shape;
-    let nk = shape.key.len();
-    let mut cols: Vec<Vec<Option<&str>>> =
-        vec![Vec::with_capacity(live.len()); shape.columns.len()];
-    let mut versions = Vec::new();
-    let mut shas = Vec::new();
-    let mut deliveries = Vec::new();
-    let mut dels = Vec::new();
-    let mut positions: Vec<Option<String>> = Vec::new();
-    for (ei, s) in live {
-        for (i, c) in cols.iter_mut().enumerate() {
-            // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
-            let v = match shape.key.iter().position(|&k| k == i) {
-                Some(kp) => Some(order[*ei][kp].as_str()),
-                None => s.values[i].as_deref(),
-            };
-            c.push(v);
-        }
-        versions.push(version_text(&s.version));
-        shas.push(s.sha.clone());
-        deliveries.push(s.delivery.clone());
-        dels.push(s.deleted);
-        positions.push(s.position.as_deref().map(version_text));
-    }
-    let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-    params.push(&versions);
-    params.push(&shas);
-    params.push(&deliveries);
-    if column_mode {
-        params.push(&dels);
-    }
-    params.push(&positions);
-    tx.execute(&prepared.upsert, &params)
-        .await
-        .map_err(pg_err)?;
-    if let Some(dt) = &prepared.delete_tomb {
-        let keys: Vec<Vec<&str>> = (0..nk)
-            .map(|i| live.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
-            .collect();
-        let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-        p.push(&versions);
-        tx.execute(dt, &p).await.map_err(pg_err)?;
-    }
-    Ok(())
-}
-
-/// Table-mode tombstones the fold ends with: the live rows are deleted, the tombstones upserted.
-async fn write_dead(
-    tx: &Transaction<'_>,
-    prepared: &Prepared,
-    order: &[Vec<String>],
-    dead: &[&(usize, State)],
-) -> std::result::Result<(), ApplyError> {
-    let shape = &prepared.shape;
-    let nk = shape.key.len();
-    let keys: Vec<Vec<&str>> = (0..nk)
-        .map(|i| dead.iter().map(|(ei, _)| order[*ei][i].as_str()).collect())
-        .collect();
-    let versions: Vec<String> = dead.iter().map(|(_, s)| version_text(&s.version)).collect();
-    let deliveries: Vec<Option<String>> = dead.iter().map(|(_, s)| s.delivery.clone()).collect();
-    let lasts: Vec<String> = dead.iter().map(|(_, s)| object(shape, &s.values)).collect();
-    let positions: Vec<Option<String>> = dead
-        .iter()
-        .map(|(_, s)| s.position.as_deref().map(version_text))
-        .collect();
-    let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-    p.push(&versions);
-    tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
-        .await
-        .map_err(pg_err)?;
-    p.push(&deliveries);
-    p.push(&lasts);
-    p.push(&positions);
-    tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
-        .await
-        .map_err(pg_err)?;
-    Ok(())
-}
-
-/// Records the conflicts of the fold in the conflicts table.
-async fn write_conflicts(
-    tx: &Transaction<'_>,
-    prepared: &Prepared,
-    plan: &RowPlan,
-    proj: &ProjectionPlan,
-    at: &Coordinates<'_>,
-    conflicts: &[Conflict],
-) -> std::result::Result<(), ApplyError> {
-    let e: Vec<&str> = conflicts.iter().map(|c| c.entity.as_str()).collect();
-    let v: Vec<&str> = conflicts.iter().map(|c| c.version.as_str()).collect();
-    let sd: Vec<Option<&str>> = conflicts
-        .iter()
-        .map(|c| c.stored_delivery.as_deref())
-        .collect();
-    let id: Vec<&str> = conflicts
-        .iter()
-        .map(|c| c.incoming_delivery.as_str())
-        .collect();
-    let sh: Vec<&[u8]> = conflicts.iter().map(|c| c.stored_sha.as_slice()).collect();
-    let ih: Vec<&[u8]> = conflicts
-        .iter()
-        .map(|c| c.incoming_sha.as_slice())
-        .collect();
-    let s: Vec<&str> = conflicts.iter().map(|c| c.stored.as_str()).collect();
-    let i: Vec<&str> = conflicts.iter().map(|c| c.incoming.as_str()).collect();
-    let o: Vec<i64> = conflicts.iter().map(|c| c.offset).collect();
-    let table = plan.table.to_string();
-    tx.execute(
-        &prepared.conflict,
-        &[
-            &proj.name,
-            &table,
-            &at.topic,
-            &at.partition,
-            &at.group,
-            &e,
-            &v,
-            &sd,
-            &id,
-            &sh,
-            &ih,
-            &s,
-            &i,
-            &o,
-        ],
-    )
-    .await
-    .map_err(pg_err)?;
-    Ok(())
 }

@@ -15,11 +15,15 @@
 pub mod change;
 pub mod fold;
 pub mod plan;
+pub mod state;
 pub mod statements;
 pub mod table;
+pub mod write;
 
-pub use change::{from_change, leave_filter, matches, ChangeKind, RowChange, RowResult};
-pub use fold::{apply, Coordinates};
+pub use change::{
+    from_change, leave_filter, matches, ChangeKind, Coordinates, RowChange, RowResult,
+};
+pub use fold::apply;
 pub use plan::{
     ColumnSpec, Kind, RowPlan, SqlType, TombstoneMode, TruncatePolicy, Unit, VersionPlan,
 };
