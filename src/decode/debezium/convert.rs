@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::envelope::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
 use crate::config::fields::DecimalHandling;
-use crate::projection::row::plan::{ColumnSpec, Kind, SqlType, Unit};
+use crate::projection::row::types::{ColumnSpec, Kind, SqlType, Unit};
 
 /// A converted value.
 #[derive(Debug, Clone, PartialEq, Eq)]

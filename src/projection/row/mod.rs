@@ -18,17 +18,17 @@ pub mod plan;
 pub mod state;
 pub mod statements;
 pub mod table;
+pub mod types;
 pub mod write;
 
 pub use change::{
     from_change, leave_filter, matches, ChangeKind, Coordinates, RowChange, RowResult,
 };
 pub use fold::apply;
-pub use plan::{
-    ColumnSpec, Kind, RowPlan, SqlType, TombstoneMode, TruncatePolicy, Unit, VersionPlan,
-};
+pub use plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
 pub use statements::{prepare, Prepared, MAX_ENTITY_LOCKS};
 pub use table::{create_conflicts, resolve, setup, Shape, CONFLICTS, TRUNCATES};
+pub use types::{ColumnSpec, Kind, SqlType, Unit};
 
 use std::collections::{HashMap, HashSet};
 

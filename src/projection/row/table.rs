@@ -3,7 +3,8 @@
 
 use tokio_postgres::GenericClient;
 
-use super::plan::{ColumnSpec, SqlType, TombstoneMode};
+use super::plan::TombstoneMode;
+use super::types::{ColumnSpec, SqlType};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
 use crate::ident::{Ident, QualifiedName};
