@@ -57,10 +57,6 @@ pub fn advance_checkpoint(p: &Pipeline) -> String {
     )
 }
 
-/// Takes ownership of a partition: creates its checkpoint row if missing and bumps the fence, so that any
-/// previous owner's in-flight batch fails its compare-and-set. Parameters: `$1` group, `$2` topic,
-/// `$3` partition, `$4` generation ('' for none). Returns `(next_offset, fence)`. Checkpoints are kept per
-/// stream generation: a recreated topic under a new generation starts from its own positions.
 /// Another generation's checkpoint of a partition that was written after this generation's and stands
 /// elsewhere: this generation's checkpoint is stale. Parameters: `$1` group, `$2` topic, `$3` partition (int4),
 /// `$4` this generation. Returns the other generation and its next offset (at most one row, the newest).
@@ -75,6 +71,10 @@ pub fn newer_generation(p: &Pipeline) -> String {
     )
 }
 
+/// Takes ownership of a partition: creates its checkpoint row if missing and bumps the fence, so that any
+/// previous owner's in-flight batch fails its compare-and-set. Parameters: `$1` group, `$2` topic,
+/// `$3` partition, `$4` generation ('' for none). Returns `(next_offset, fence)`. Checkpoints are kept per
+/// stream generation: a recreated topic under a new generation starts from its own positions.
 pub fn acquire_checkpoint(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
     format!(
