@@ -109,7 +109,7 @@ fn debezium_envelope(c: &mut Criterion) {
                         .unwrap()
                         .1;
                     black_box(
-                        replaysafe::convert::to_pg(cell, col, p.decimal_handling)
+                        replaysafe::decode::debezium::convert::to_pg(cell, col, p.decimal_handling)
                             .expect("converts"),
                     );
                 }

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::filter;
 use crate::ident::{Ident, QualifiedName};
 use crate::offsets::{self, StopFile};
-use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
+use crate::sink::{checkpoint, ledger, schema, Batch, Item, Outcome, Pending, Sink, Tally};
 
 /// Where the window ends.
 #[derive(Debug, Clone)]
@@ -325,7 +325,7 @@ pub fn plan(
         )));
     }
     if let (Some(h), Some(from)) = (
-        schema::horizon_start(pipeline),
+        ledger::horizon_start(pipeline),
         DateTime::from_timestamp_millis(opts.from_ms),
     ) {
         if opts.day_window.is_none() && from.date_naive() < h {
@@ -643,7 +643,7 @@ pub fn backfill(
     })?;
     // Take over the backfill group's checkpoints; a rerun resumes (or finds the window done).
     let mut parts: Vec<Part> = Vec::new();
-    let stmt = sql::acquire_checkpoint(&pipeline);
+    let stmt = checkpoint::acquire_checkpoint(&pipeline);
     let generation = pipeline.identity.generation.clone().unwrap_or_default();
     for pl in plans {
         let (next, fence): (Option<i64>, i64) = rt.block_on(async {
@@ -677,7 +677,7 @@ pub fn backfill(
                 let upd = format!(
                     "UPDATE {} SET next_offset = $5 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 \
                      AND fence = $4 AND generation = $6",
-                    pipeline.table(sql::CHECKPOINTS)
+                    pipeline.table(checkpoint::CHECKPOINTS)
                 );
                 rt.block_on(sink.client().execute(
                     &upd,
@@ -763,7 +763,7 @@ pub fn backfill(
                     &pipeline,
                     msg.key(),
                     value,
-                    crate::debezium::old_key_header(&msg),
+                    crate::decode::debezium::old_key_header(&msg),
                     keep.as_ref(),
                     opts.day_window,
                 );
@@ -1182,7 +1182,7 @@ pub fn rebuild(
         Ok::<_, Error>(client)
     })?;
     // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.
-    let table = pipeline.table(sql::CHECKPOINTS).to_string();
+    let table = pipeline.table(checkpoint::CHECKPOINTS).to_string();
     let used: bool = rt
         .block_on(client.query_one(
             &format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE consumer_group = $1)"),
@@ -1198,7 +1198,7 @@ pub fn rebuild(
     }
     // Days the ledger no longer remembers (the durable horizon, README answer 4): their records would be
     // quarantined as beyond-horizon after the window was zeroed.
-    let horizon = rt.block_on(schema::current_horizon(&client, &pipeline))?;
+    let horizon = rt.block_on(ledger::current_horizon(&client, &pipeline))?;
     if let Some(oldest) = horizon.and_then(|h| h.oldest).filter(|o| opts.from < *o) {
         return Err(usage(format!(
             "the window starts {} but the ledger horizon only recognises event days from {oldest} (older days \
@@ -1377,7 +1377,7 @@ async fn delete_window(
     let day = pipeline.identity.partition_by.expect("checked");
     let ledger = &pipeline.ledger.table;
     let pending = pending_table(pipeline);
-    let same: Vec<String> = sql::ledger_pk(pipeline)
+    let same: Vec<String> = ledger::ledger_pk(pipeline)
         .iter()
         .map(|c| format!("k.{c} = d.{c}"))
         .collect();
@@ -1453,7 +1453,7 @@ async fn rebuild_check(
     {
         check.per_day.entry(r.get(0)).or_default().after = r.get::<_, i64>(1) as u64;
     }
-    let pk = sql::ledger_pk(pipeline);
+    let pk = ledger::ledger_pk(pipeline);
     let same: Vec<String> = pk.iter().map(|c| format!("l.{c} = r.{c}")).collect();
     let key: Vec<String> = pk.iter().map(|c| format!("r.{c}::text")).collect();
     let gone = format!(

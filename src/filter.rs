@@ -125,7 +125,7 @@ pub fn decide(pipeline: &Pipeline, fields: &Fields) -> Result<Decision, String> 
 pub fn pending(
     pipeline: &Pipeline,
     fields: Fields,
-    change: Option<std::sync::Arc<crate::debezium::Change>>,
+    change: Option<std::sync::Arc<crate::decode::debezium::Change>>,
 ) -> crate::sink::Pending {
     use crate::decode::{Reason, Rejection};
     use crate::sink::Pending;

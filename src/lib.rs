@@ -17,8 +17,6 @@
 pub mod apply;
 pub mod backfill;
 pub mod config;
-pub mod convert;
-pub mod debezium;
 pub mod decode;
 pub mod demo;
 pub mod error;
@@ -26,6 +24,7 @@ pub mod filter;
 pub mod ident;
 pub mod metrics_http;
 pub mod offsets;
+pub mod projection;
 pub mod run;
 pub mod sink;
 pub mod source_file;

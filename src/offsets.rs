@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::sink::{self, sql};
+use crate::sink::{self, checkpoint};
 
 /// One partition's position in a [`StopFile`].
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -102,7 +102,7 @@ pub fn snapshot(
         .map_err(|e| Error::Other(e.to_string()))?;
     let checkpoints: BTreeMap<(String, i32), i64> = rt.block_on(async {
         let client = sink::connect(database_url).await?;
-        let table = pipeline.table(sql::CHECKPOINTS).to_string();
+        let table = pipeline.table(checkpoint::CHECKPOINTS).to_string();
         let exists: Option<String> = client.query_one("SELECT to_regclass($1)::text", &[&table]).await?.get(0);
         if exists.is_none() {
             return Ok::<_, Error>(BTreeMap::new());

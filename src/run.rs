@@ -30,7 +30,7 @@ use crate::config::Pipeline;
 use crate::decode;
 use crate::error::{Error, Result};
 use crate::filter;
-use crate::sink::{schema, sql, Batch, Item, Outcome, Pending, Sink, Tally};
+use crate::sink::{checkpoint, ledger, schema, Batch, Item, Outcome, Pending, Sink, Tally};
 use crate::start;
 
 /// Options of one run.
@@ -86,7 +86,7 @@ impl Pruner {
         self.task = Some(rt.spawn(async move {
             let work = async {
                 let mut client = crate::sink::connect(&url).await?;
-                schema::drop_expired_partitions(&mut client, &p).await
+                ledger::drop_expired_partitions(&mut client, &p).await
             };
             match tokio::time::timeout(PRUNE_TIMEOUT, work).await {
                 Ok(Ok(dropped)) if !dropped.is_empty() => {
@@ -232,8 +232,8 @@ impl Engine {
             .iter()
             .map(|e| (e.topic().to_string(), e.partition()))
             .collect();
-        let stmt = sql::acquire_checkpoint(&p);
-        let newer = sql::newer_generation(&p);
+        let stmt = checkpoint::acquire_checkpoint(&p);
+        let newer = checkpoint::newer_generation(&p);
         let stop = self.give_up_flag();
         let give_up = move || stop.load(Ordering::Relaxed);
         let sink = &mut self.sinks[0];
@@ -319,7 +319,7 @@ impl Engine {
                         partition,
                         low,
                         high,
-                        checkpoints: p.table(sql::CHECKPOINTS).to_string(),
+                        checkpoints: p.table(checkpoint::CHECKPOINTS).to_string(),
                     };
                     let s = self.unpositioned_start(&u, &committed)?;
                     (s.offset, s.from)
@@ -356,7 +356,7 @@ impl Engine {
                 "UPDATE {} SET next_offset = $5, updated_at = now(), \
                  last_offset = CASE WHEN last_sha256 IS NULL THEN {} ELSE last_offset END \
                  WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4 AND generation = $6",
-                p.table(sql::CHECKPOINTS),
+                p.table(checkpoint::CHECKPOINTS),
                 start::NOTHING_APPLIED
             );
             let sink = &mut self.sinks[0];
@@ -772,7 +772,7 @@ pub fn run_on(
     let sinks = rt.block_on(retry_db("starting", &give_up, || async {
         let mut admin = crate::sink::connect(&opts.database_url).await?;
         schema::init(&mut admin, &pipeline).await?;
-        let dropped = schema::drop_expired_partitions(&mut admin, &pipeline).await?;
+        let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;
         if !dropped.is_empty() {
             tracing::info!(?dropped, "dropped ledger partitions older than the horizon");
         }
@@ -863,7 +863,7 @@ pub fn run_on(
                     &pipeline,
                     msg.key(),
                     value,
-                    crate::debezium::old_key_header(&msg),
+                    crate::decode::debezium::old_key_header(&msg),
                 );
                 let item = Item::from_message(&msg, pending);
                 let topic = msg.topic().to_string();

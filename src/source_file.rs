@@ -27,7 +27,7 @@ use crate::apply::{apply_batch, backoff, is_transient, retry_db, Applied};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
 use crate::run::decide;
-use crate::sink::{schema, sql, Batch, Item, Sink, Tally};
+use crate::sink::{checkpoint, ledger, schema, Batch, Item, Sink, Tally};
 
 /// Options of one load.
 #[derive(Clone)]
@@ -93,7 +93,7 @@ pub fn load(pipeline: Arc<Pipeline>, path: &Path, opts: LoadOptions) -> Result<T
     let mut sinks = rt.block_on(retry_db("starting", &give_up, || async {
         let mut admin = crate::sink::connect(&opts.database_url).await?;
         schema::init(&mut admin, &pipeline).await?;
-        let dropped = schema::drop_expired_partitions(&mut admin, &pipeline).await?;
+        let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;
         if !dropped.is_empty() {
             tracing::info!(?dropped, "dropped ledger partitions older than the horizon");
         }
@@ -300,7 +300,7 @@ impl Loader {
         tp: &Tp,
         give_up: &(dyn Fn() -> bool + Sync),
     ) -> Result<Part> {
-        let stmt = sql::acquire_checkpoint(&self.pipeline);
+        let stmt = checkpoint::acquire_checkpoint(&self.pipeline);
         let generation = self
             .pipeline
             .identity

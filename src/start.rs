@@ -32,7 +32,7 @@ use tokio_postgres::Client;
 
 use crate::config::{Pipeline, StartPolicy};
 use crate::error::{Error, Result};
-use crate::sink::sql;
+use crate::sink::checkpoint;
 
 /// How long reading back one record of an old generation may take before the assignment fails.
 pub const READ_BACK_TIMEOUT: Duration = Duration::from_secs(15);
@@ -297,7 +297,7 @@ pub async fn old_checkpoints(
                 "SELECT DISTINCT ON (partition) partition, generation, next_offset, last_offset, last_timestamp, \
                  last_sha256 FROM {} WHERE consumer_group = $1 AND topic = $2 AND generation <> $3 \
                  AND next_offset IS NOT NULL ORDER BY partition, updated_at DESC",
-                p.table(sql::CHECKPOINTS)
+                p.table(checkpoint::CHECKPOINTS)
             ),
             &[&group, &topic, &generation],
         )
@@ -339,7 +339,7 @@ pub async fn group_began_with(
     partitions_now: i32,
     positioned: &[i32],
 ) -> Result<i32> {
-    let t = p.table(sql::GROUP_STARTS);
+    let t = p.table(checkpoint::GROUP_STARTS);
     let select = format!(
         "SELECT partitions FROM {t} WHERE consumer_group = $1 AND generation = $2 AND topic = $3"
     );
@@ -354,7 +354,7 @@ pub async fn group_began_with(
             &format!(
                 "SELECT max(partition) FROM {} WHERE consumer_group = $1 AND generation = $2 AND topic = $3 \
                  AND next_offset IS NOT NULL",
-                p.table(sql::CHECKPOINTS)
+                p.table(checkpoint::CHECKPOINTS)
             ),
             &[&group, &generation, &topic],
         )

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::backfill::Report;
-use crate::config::{self, Pipeline, ProjectionKind};
+use crate::config::{self, Pipeline};
 use crate::error::{Error, Result};
+use crate::projection::ProjectionKind;
 use crate::sink;
 
 /// A snapshot of one counter projection's rows.

@@ -2,50 +2,20 @@
 //!
 //! Every error names `file:line:column`. See `reference.toml` for every key, its default and unit.
 
+pub mod fields;
+pub mod kafka;
 pub mod plan;
 pub mod raw;
-pub mod row;
+pub mod source;
 
-pub use plan::{
-    DecimalHandling, EpochUnit, FieldPlan, FieldType, FilterPlan, Format, IdentityPlan, KafkaPlan,
-    LedgerPlan, Pipeline, PostgresPlan, ProjectionKind, ProjectionPlan, StartPolicy,
-};
-pub use row::{
-    ColumnSpec, Kind, RowPlan, SqlType, TombstoneMode, TruncatePolicy, Unit, VersionPlan,
-};
+pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
+pub use kafka::{KafkaPlan, StartPolicy};
+pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
+pub use source::Source;
 
-use std::ops::Range;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-
-/// Where a span of the file is, for error messages.
-#[derive(Debug, Clone)]
-pub struct Source {
-    /// The file name as given.
-    pub path: String,
-    /// The file's text.
-    pub text: String,
-}
-
-impl Source {
-    /// `file:line:column` (1-based) of byte offset `pos`.
-    pub fn locate(&self, pos: usize) -> String {
-        let pos = pos.min(self.text.len());
-        let before = &self.text[..pos];
-        let line = before.matches('\n').count() + 1;
-        let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        format!("{}:{}:{}", self.path, line, col)
-    }
-
-    /// A config error at `span`.
-    pub fn error(&self, span: Range<usize>, message: impl Into<String>) -> Error {
-        Error::Config {
-            location: self.locate(span.start),
-            message: message.into(),
-        }
-    }
-}
 
 /// Reads, parses and validates a pipeline file. Environment: `DATABASE_URL` when `postgres.url` is absent,
 /// `KAFKA_BROKERS` when `kafka.brokers` is absent.

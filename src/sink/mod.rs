@@ -1,269 +1,26 @@
 //! The PostgreSQL side: one transaction per partition batch holding the checkpoint compare-and-set, the ledger
 //! claims, every projection (over the rows actually claimed), and the dead letters.
 
-pub mod row;
+pub mod batch;
+pub mod checkpoint;
+pub mod dead_letters;
+pub mod error;
+pub mod ledger;
 pub mod schema;
-pub mod sql;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+pub use batch::{Batch, Item, Outcome, Pending, Tally};
+pub use error::{classify, ApplyError};
+
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::NaiveDate;
-use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::config::Pipeline;
-use crate::decode::{Fields, Reason, Rejection};
 use crate::error::{Error, Result};
-
-/// What the decode/filter stage decided for a record before the transaction.
-#[derive(Debug, Clone)]
-pub enum Pending {
-    /// Claim the delivery key; `passes` are the projection filter results (pass-column order).
-    Claim {
-        /// Decoded fields.
-        fields: Fields,
-        /// Projection filter results.
-        passes: Vec<bool>,
-        /// Debezium pipelines: the row change.
-        change: Option<Arc<crate::debezium::Change>>,
-        /// Per projection: whether its `delete-if` matched (JSON row projections; empty when none has one).
-        deletes: Vec<bool>,
-    },
-    /// Dropped by the named `[[filter]]` rule.
-    Filtered(String),
-    /// Goes to the dead-letter table.
-    Quarantine(Rejection),
-}
-
-/// One consumed record with its decision.
-#[derive(Debug, Clone)]
-pub struct Item {
-    /// Kafka offset of the record.
-    pub offset: i64,
-    /// Record timestamp, ms since the Unix epoch (CreateTime or LogAppendTime), if any.
-    pub timestamp_ms: Option<i64>,
-    /// Raw key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Raw value bytes (kept for dead letters).
-    pub value: Option<Vec<u8>>,
-    /// The decision.
-    pub pending: Pending,
-}
-
-impl Item {
-    /// Copies a consumed record's coordinates, key and value next to the decision taken for it.
-    pub fn from_message<M: rdkafka::message::Message>(msg: &M, pending: Pending) -> Item {
-        Item {
-            offset: msg.offset(),
-            timestamp_ms: msg.timestamp().to_millis(),
-            key: msg.key().map(<[u8]>::to_vec),
-            value: msg.payload().map(<[u8]>::to_vec),
-            pending,
-        }
-    }
-}
-
-/// A batch of one partition: offsets ascending, applied in one transaction.
-#[derive(Debug, Clone)]
-pub struct Batch {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// The fence epoch this owner acquired for the partition.
-    pub fence: i64,
-    /// The checkpoint this batch starts from (next offset to read), `None` when the partition has none yet.
-    pub expected: Option<i64>,
-    /// The checkpoint after this batch: last offset + 1.
-    pub end: i64,
-    /// The records.
-    pub items: Vec<Item>,
-}
-
-/// Where one record ended up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Newly claimed: every projection saw it.
-    Landed,
-    /// Its delivery key was already in the ledger (or earlier in the same batch), or a row projection already
-    /// holds the same state at the same version (or, for a snapshot read, at any version).
-    Duplicate,
-    /// Claimed, but a row projection holds a newer version (or tombstone) of the entity; `conflict`: the stored
-    /// version is equal and the state differs (recorded in `replaysafe_conflicts`).
-    Stale {
-        /// Equal version, different state.
-        conflict: bool,
-    },
-    /// Dropped by the named filter rule.
-    Filtered(String),
-    /// Written to the dead-letter table.
-    Quarantined(Reason),
-}
-
-/// Counts of outcomes; they always add up to the records consumed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Records newly applied.
-    pub landed: u64,
-    /// Records whose delivery key was already claimed.
-    pub duplicate: u64,
-    /// Records older than the stored row version (including conflicts).
-    pub stale: u64,
-    /// Of `stale`: equal version, different state.
-    pub conflicts: u64,
-    /// Records dropped, by rule name.
-    pub filtered: BTreeMap<String, u64>,
-    /// Records quarantined, by reason.
-    pub quarantined: BTreeMap<&'static str, u64>,
-}
-
-impl Tally {
-    /// Adds one outcome.
-    pub fn add(&mut self, o: &Outcome) {
-        match o {
-            Outcome::Landed => self.landed += 1,
-            Outcome::Duplicate => self.duplicate += 1,
-            Outcome::Stale { conflict } => {
-                self.stale += 1;
-                if *conflict {
-                    self.conflicts += 1;
-                }
-            }
-            Outcome::Filtered(rule) => *self.filtered.entry(rule.clone()).or_default() += 1,
-            Outcome::Quarantined(r) => *self.quarantined.entry(r.as_str()).or_default() += 1,
-        }
-    }
-
-    /// Adds another tally.
-    pub fn merge(&mut self, other: &Tally) {
-        self.landed += other.landed;
-        self.duplicate += other.duplicate;
-        self.stale += other.stale;
-        self.conflicts += other.conflicts;
-        for (k, v) in &other.filtered {
-            *self.filtered.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &other.quarantined {
-            *self.quarantined.entry(k).or_default() += v;
-        }
-    }
-
-    /// Total records accounted for.
-    pub fn total(&self) -> u64 {
-        self.landed
-            + self.duplicate
-            + self.stale
-            + self.filtered.values().sum::<u64>()
-            + self.quarantined.values().sum::<u64>()
-    }
-
-    /// `consumed N = landed a + duplicate b + filtered c + quarantined d`, with per-rule/reason detail.
-    pub fn line(&self) -> String {
-        fn detail<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> String {
-            m.iter()
-                .map(|(k, v)| format!("{k}: {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-        let filtered: u64 = self.filtered.values().sum();
-        let quarantined: u64 = self.quarantined.values().sum();
-        let stale = if self.stale > 0 {
-            format!(" + stale {}", self.stale)
-        } else {
-            String::new()
-        };
-        let mut s = format!(
-            "consumed {} = landed {} + duplicate {}{stale} + filtered {} + quarantined {}",
-            self.total(),
-            self.landed,
-            self.duplicate,
-            filtered,
-            quarantined
-        );
-        if self.conflicts > 0 {
-            s += &format!(" [stale: {} conflict(s)]", self.conflicts);
-        }
-        if filtered > 0 {
-            s += &format!(" [filtered {}]", detail(&self.filtered));
-        }
-        if quarantined > 0 {
-            s += &format!(" [quarantined {}]", detail(&self.quarantined));
-        }
-        s
-    }
-}
-
-/// Longest dead-letter `detail` stored, in characters (the raw value is in the `value` column).
-pub const MAX_DETAIL_CHARS: usize = 2000;
-
-/// A detail PostgreSQL `text` can store: NUL characters escaped (they come from record values quoted in
-/// messages), cut to [`MAX_DETAIL_CHARS`].
-pub fn storable_detail(detail: &str) -> String {
-    let mut s: String = detail
-        .chars()
-        .take(MAX_DETAIL_CHARS)
-        .collect::<String>()
-        .replace('\0', "\\u0000");
-    if detail.chars().count() > MAX_DETAIL_CHARS {
-        s.push('…');
-    }
-    s
-}
-
-/// Why a batch did not commit.
-#[derive(Debug)]
-pub enum ApplyError {
-    /// Another owner took the partition (its fence is newer) or moved the checkpoint: nothing was written.
-    Fenced {
-        /// The checkpoint now stored.
-        next_offset: Option<i64>,
-        /// The fence now stored.
-        fence: i64,
-    },
-    /// The connection failed or the server asked us to retry (serialization failure, deadlock, shutdown).
-    /// `commit_sent` means the outcome is unknown: the COMMIT may have succeeded.
-    Transient {
-        /// The error.
-        error: tokio_postgres::Error,
-        /// Whether COMMIT had been sent.
-        commit_sent: bool,
-        /// With `commit_sent`: the outcomes the transaction computed, true if the COMMIT did land.
-        outcomes: Option<Vec<Outcome>>,
-    },
-    /// PostgreSQL rejected a value (SQLSTATE class 22 or 23): replay record by record to find it.
-    Data(tokio_postgres::Error),
-    /// Anything else: a bug in a projection statement, a dropped table.
-    Fatal(Error),
-    /// One record cannot be applied (a value its row projection cannot convert): quarantine it, retry the batch.
-    Record {
-        /// Its offset.
-        offset: i64,
-        /// Why.
-        rejection: Rejection,
-    },
-}
-
-/// Classifies a PostgreSQL error by SQLSTATE class (PostgreSQL manual, Appendix A "Error Codes").
-pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
-    let Some(code) = e.code().map(|c| c.code().to_string()) else {
-        // No SQLSTATE: I/O error or closed connection.
-        return ApplyError::Transient {
-            error: e,
-            commit_sent,
-            outcomes: None,
-        };
-    };
-    match &code[..2] {
-        "08" | "53" | "57" | "40" | "55" => ApplyError::Transient {
-            error: e,
-            commit_sent,
-            outcomes: None,
-        },
-        "22" | "23" => ApplyError::Data(e),
-        _ => ApplyError::Fatal(Error::Postgres(e)),
-    }
-}
+use crate::projection::apply::apply_statements;
+use crate::projection::row;
 
 struct Prepared {
     claim: Statement,
@@ -271,7 +28,7 @@ struct Prepared {
     /// Marks dead letters of landed records resolved.
     resolve: Statement,
     advance: Statement,
-    /// The claim horizon read under a share lock ([`sql::claim_horizon`]); `None` without `partition-by`.
+    /// The claim horizon read under a share lock ([`ledger::horizon_statement`]); `None` without `partition-by`.
     horizon: Option<Statement>,
     /// One per projection; `None` for row projections (see `rows`).
     projections: Vec<Option<Statement>>,
@@ -320,7 +77,9 @@ impl Sink {
     /// [`Error::Postgres`], or [`Error::Schema`] when a statement does not compile.
     pub async fn open(pipeline: Arc<Pipeline>, url: &str) -> Result<Sink> {
         let client = connect(url).await?;
-        client.batch_execute(&sql::create_landed(&pipeline)).await?;
+        client
+            .batch_execute(&ledger::create_landed(&pipeline))
+            .await?;
         let prep = |s: String| {
             let client = &client;
             async move {
@@ -331,12 +90,12 @@ impl Sink {
             }
         };
         let prepared = Prepared {
-            claim: prep(sql::claim(&pipeline)).await?,
-            dead: prep(sql::insert_dead_letters(&pipeline)).await?,
-            resolve: prep(sql::resolve_dead_letters(&pipeline)).await?,
-            advance: prep(sql::advance_checkpoint(&pipeline)).await?,
+            claim: prep(ledger::claim(&pipeline)).await?,
+            dead: prep(dead_letters::insert_dead_letters(&pipeline)).await?,
+            resolve: prep(dead_letters::resolve_statement(&pipeline)).await?,
+            advance: prep(checkpoint::advance_checkpoint(&pipeline)).await?,
             horizon: match pipeline.identity.partition_by {
-                Some(_) => Some(prep(sql::claim_horizon(&pipeline)).await?),
+                Some(_) => Some(prep(ledger::horizon_statement(&pipeline)).await?),
                 None => None,
             },
             projections: {
@@ -361,7 +120,7 @@ impl Sink {
                 v
             },
         };
-        let partitions = schema::existing_partitions(&client, &pipeline).await?;
+        let partitions = ledger::existing_partitions(&client, &pipeline).await?;
         Ok(Sink {
             group: pipeline.kafka.group_id.clone(),
             pipeline,
@@ -403,7 +162,7 @@ impl Sink {
     }
 
     /// Applies one batch in one transaction and returns each record's outcome, in item order. A record whose
-    /// event day is older than the ledger's claim horizon (read in the transaction, see [`schema::Horizon`]) is
+    /// event day is older than the ledger's claim horizon (read in the transaction, see [`ledger::Horizon`]) is
     /// quarantined as `beyond-horizon` in that transaction. A ledger partition that vanished under the batch
     /// (dropped by another process) is an infrastructure condition: the partitions are read again and the batch
     /// retried, so the horizon decides (bounded: [`MISSING_PARTITION_RETRIES`]).
@@ -430,12 +189,9 @@ impl Sink {
                         "a ledger day partition was dropped by another process; re-reading partitions and the horizon"
                     );
                     self.floor = None;
-                    self.partitions = schema::existing_partitions(&self.client, &self.pipeline)
+                    self.partitions = ledger::existing_partitions(&self.client, &self.pipeline)
                         .await
-                        .map_err(|e| match e {
-                            Error::Postgres(pg) => classify(pg, false),
-                            other => ApplyError::Fatal(other),
-                        })?;
+                        .map_err(error::from_error)?;
                 }
                 other => return other,
             }
@@ -454,28 +210,14 @@ impl Sink {
 
     async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
         let p = self.pipeline.clone();
-        if p.identity.partition_by.is_some() {
-            let days: Vec<NaiveDate> = batch
-                .items
-                .iter()
-                .filter_map(|it| match &it.pending {
-                    Pending::Claim { fields, .. } => crate::decode::partition_day(&p, fields),
-                    _ => None,
-                })
-                .collect();
-            schema::ensure_partitions(
-                &mut self.client,
-                &p,
-                &mut self.partitions,
-                &mut self.floor,
-                days,
-            )
-            .await
-            .map_err(|e| match e {
-                Error::Postgres(pg) => classify(pg, false),
-                other => ApplyError::Fatal(other),
-            })?;
-        }
+        ledger::ensure_batch_partitions(
+            &mut self.client,
+            &p,
+            &mut self.partitions,
+            &mut self.floor,
+            batch,
+        )
+        .await?;
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
         let tx = self
@@ -483,262 +225,49 @@ impl Sink {
             .transaction()
             .await
             .map_err(|e| classify(e, false))?;
+        let prepared = &self.prepared;
 
         // 1. The checkpoint first: it locks the partition's row, so a new owner's fence bump waits for us.
-        let (last_offset, last_ts, last_sha) = match batch.items.last() {
-            Some(it) => (
-                Some(it.offset),
-                it.timestamp_ms,
-                Some(crate::start::fingerprint(
-                    it.key.as_deref(),
-                    it.value.as_deref(),
-                )),
-            ),
-            None => (None, None, None),
-        };
-        let moved = tx
-            .execute(
-                &self.prepared.advance,
-                &[
-                    &group,
-                    &batch.topic,
-                    &batch.partition,
-                    &batch.fence,
-                    &batch.expected,
-                    &batch.end,
-                    &generation,
-                    &last_offset,
-                    &last_ts,
-                    &last_sha,
-                ],
-            )
-            .await
-            .map_err(|e| classify(e, false))?;
-        if moved != 1 {
-            let row = tx
-                .query_opt(
-                    &format!(
-                        "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4",
-                        p.table(sql::CHECKPOINTS)
-                    ),
-                    &[&group, &batch.topic, &batch.partition, &generation],
-                )
-                .await
-                .map_err(|e| classify(e, false))?;
-            let (next_offset, fence) = row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
-            return Err(ApplyError::Fenced { next_offset, fence });
-        }
+        let last_sha = batch
+            .items
+            .last()
+            .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
+        checkpoint::advance(
+            &tx,
+            &prepared.advance,
+            &p,
+            group,
+            &generation,
+            batch,
+            last_sha,
+        )
+        .await?;
 
         // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
-        let horizoned;
-        let batch = match &self.prepared.horizon {
-            Some(stmt) => {
-                let h = schema::claim_horizon(&tx, stmt, &p)
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                match beyond_horizon(&p, batch, &h) {
-                    Some(b) => {
-                        horizoned = b;
-                        &horizoned
-                    }
-                    None => batch,
-                }
-            }
-            None => batch,
-        };
+        let horizoned = ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
+        let batch = horizoned.as_ref().unwrap_or(batch);
 
         // 2. Ledger claims → landed.
-        let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch.items.len());
-        let claims: Vec<&Item> = batch
-            .items
-            .iter()
-            .filter(|i| matches!(i.pending, Pending::Claim { .. }))
-            .collect();
-        let mut landed: HashSet<i64> = HashSet::new();
-        if !claims.is_empty() {
-            let offsets: Vec<i64> = claims.iter().map(|i| i.offset).collect();
-            let ts: Vec<Option<i64>> = claims.iter().map(|i| i.timestamp_ms).collect();
-            let mut cols: Vec<Vec<Option<&str>>> =
-                vec![Vec::with_capacity(claims.len()); p.fields.len()];
-            let mut passes: Vec<Vec<bool>> =
-                vec![Vec::with_capacity(claims.len()); p.pass_columns()];
-            for it in &claims {
-                if let Pending::Claim {
-                    fields, passes: ps, ..
-                } = &it.pending
-                {
-                    for (c, v) in cols.iter_mut().zip(fields) {
-                        c.push(v.as_ref().map(|v| v.text.as_str()));
-                    }
-                    for (c, v) in passes.iter_mut().zip(ps) {
-                        c.push(*v);
-                    }
-                }
-            }
-            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
-                &generation,
-                &batch.topic,
-                &batch.partition,
-                &group,
-                &offsets,
-                &ts,
-            ];
-            for c in &cols {
-                params.push(c);
-            }
-            for c in &passes {
-                params.push(c);
-            }
-            let rows = tx
-                .query(&self.prepared.claim, &params)
-                .await
-                .map_err(|e| classify(e, false))?;
-            landed.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
-        }
+        let mut landed =
+            ledger::claim_batch(&tx, &prepared.claim, &p, group, &generation, batch).await?;
 
-        // 3a. Row projections first: a claimed change that is older than the stored state (stale, conflict) or
-        // the state already stored at its version (or an unchanged snapshot read: duplicate) is taken out of
-        // `landed`, so counters and the outbox never see it. A newer version with an unchanged row state stays.
-        let mut overrides: HashMap<i64, Outcome> = HashMap::new();
-        if !landed.is_empty() && !self.prepared.rows.is_empty() {
-            let mut best: HashMap<i64, row::RowResult> = HashMap::new();
-            let at = row::Coordinates {
-                topic: &batch.topic,
-                partition: batch.partition,
-                group,
-            };
-            warn_unmatched_tables(&p, batch);
-            for rp in &self.prepared.rows {
-                let proj = &p.projections[rp.shape.index];
-                let changes = row_changes(&p, rp, batch, &landed)?;
-                let results = row::apply(&tx, rp, proj, changes, &at).await?;
-                for (o, r) in results {
-                    let e = best.entry(o).or_insert(r);
-                    *e = strongest(*e, r);
-                }
-            }
-            let gone: Vec<i64> = best
-                .iter()
-                .filter(|(_, r)| !matches!(r, row::RowResult::Applied | row::RowResult::Unchanged))
-                .map(|(o, _)| *o)
-                .collect();
-            if !gone.is_empty() {
-                tx.execute(
-                    "DELETE FROM pg_temp.landed WHERE _offset = ANY($1)",
-                    &[&gone],
-                )
-                .await
-                .map_err(|e| classify(e, false))?;
-                for o in gone {
-                    landed.remove(&o);
-                    overrides.insert(
-                        o,
-                        match best[&o] {
-                            row::RowResult::Stale => Outcome::Stale { conflict: false },
-                            row::RowResult::Conflict => Outcome::Stale { conflict: true },
-                            _ => Outcome::Duplicate,
-                        },
-                    );
-                }
-            }
-        }
+        // 3a. Row projections first (they may take stale, conflicting or duplicate changes out of `landed`).
+        let overrides = row::apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
 
         // 3b. Projections, only when something landed.
         if !landed.is_empty() {
-            for (stmt, proj) in self.prepared.projections.iter().zip(&p.projections) {
-                let Some(stmt) = stmt else { continue };
-                tx.execute(stmt, &[])
-                    .await
-                    .map_err(|e| match classify(e, false) {
-                        ApplyError::Fatal(Error::Postgres(e)) => {
-                            ApplyError::Fatal(Error::Other(format!(
-                                "projection `{}` failed on {}/{}: {}",
-                                proj.name,
-                                batch.topic,
-                                batch.partition,
-                                e.as_db_error()
-                                    .map(|d| d.message().to_string())
-                                    .unwrap_or_else(|| e.to_string())
-                            )))
-                        }
-                        other => other,
-                    })?;
-            }
+            apply_statements(&tx, &prepared.projections, &p, batch).await?;
         }
 
         // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
         if !landed.is_empty() {
-            resolve_dead_letters(&tx, &self.prepared.resolve, batch, &generation).await?;
+            dead_letters::resolve_landed(&tx, &prepared.resolve, batch, &generation).await?;
         }
 
         // 4. Dead letters.
-        let dead: Vec<(&Item, &Rejection)> = batch
-            .items
-            .iter()
-            .filter_map(|i| match &i.pending {
-                Pending::Quarantine(r) => Some((i, r)),
-                _ => None,
-            })
-            .collect();
-        if !dead.is_empty() {
-            let max = p.max_record_bytes;
-            let offsets: Vec<i64> = dead.iter().map(|(i, _)| i.offset).collect();
-            let ts: Vec<Option<i64>> = dead.iter().map(|(i, _)| i.timestamp_ms).collect();
-            let keys: Vec<Option<&[u8]>> = dead.iter().map(|(i, _)| i.key.as_deref()).collect();
-            // Values above max-record-bytes keep only their size and SHA-256.
-            let values: Vec<Option<&[u8]>> = dead
-                .iter()
-                .map(|(i, _)| i.value.as_deref().filter(|v| v.len() <= max))
-                .collect();
-            let sizes: Vec<Option<i32>> = dead
-                .iter()
-                .map(|(i, _)| {
-                    i.value
-                        .as_ref()
-                        .map(|v| i32::try_from(v.len()).unwrap_or(i32::MAX))
-                })
-                .collect();
-            let hashes: Vec<Option<Vec<u8>>> = dead
-                .iter()
-                .map(|(i, _)| i.value.as_ref().map(|v| Sha256::digest(v).to_vec()))
-                .collect();
-            let reasons: Vec<&str> = dead.iter().map(|(_, r)| r.reason.as_str()).collect();
-            let details: Vec<String> = dead
-                .iter()
-                .map(|(_, r)| storable_detail(&r.detail))
-                .collect();
-            tx.execute(
-                &self.prepared.dead,
-                &[
-                    &generation,
-                    &batch.topic,
-                    &batch.partition,
-                    &group,
-                    &offsets,
-                    &ts,
-                    &keys,
-                    &values,
-                    &sizes,
-                    &hashes,
-                    &reasons,
-                    &details,
-                ],
-            )
-            .await
-            .map_err(|e| classify(e, false))?;
-        }
+        dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
 
-        for it in &batch.items {
-            outcomes.push(match &it.pending {
-                Pending::Claim { .. } if overrides.contains_key(&it.offset) => {
-                    overrides[&it.offset].clone()
-                }
-                Pending::Claim { .. } if landed.contains(&it.offset) => Outcome::Landed,
-                Pending::Claim { .. } => Outcome::Duplicate,
-                Pending::Filtered(rule) => Outcome::Filtered(rule.clone()),
-                Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
-            });
-        }
+        let outcomes = batch::outcomes(batch, &landed, &overrides);
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
         )));
@@ -756,227 +285,5 @@ impl Sink {
     }
 }
 
-/// Marks the dead letters of the records a batch landed as resolved, by the delivery key that applied them
-/// ([`sql::resolve_dead_letters`]).
-async fn resolve_dead_letters(
-    tx: &tokio_postgres::Transaction<'_>,
-    stmt: &Statement,
-    batch: &Batch,
-    generation: &str,
-) -> std::result::Result<(), ApplyError> {
-    let (Some(first), Some(last)) = (batch.items.first(), batch.items.last()) else {
-        return Ok(());
-    };
-    tx.execute(
-        stmt,
-        &[
-            &generation,
-            &batch.topic,
-            &batch.partition,
-            &first.offset,
-            &last.offset,
-        ],
-    )
-    .await
-    .map_err(|e| classify(e, false))?;
-    Ok(())
-}
-
 /// How often [`Sink::apply`] re-reads the partitions and retries a batch whose ledger partition vanished.
 pub const MISSING_PARTITION_RETRIES: u32 = 3;
-
-/// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine;
-/// `None` when there is none.
-fn beyond_horizon(p: &Pipeline, batch: &Batch, h: &schema::Horizon) -> Option<Batch> {
-    let oldest = h.oldest?;
-    let old = |it: &Item| match &it.pending {
-        Pending::Claim { fields, .. } => {
-            crate::decode::partition_day(p, fields).filter(|d| *d < oldest)
-        }
-        _ => None,
-    };
-    if !batch.items.iter().any(|it| old(it).is_some()) {
-        return None;
-    }
-    let mut b = batch.clone();
-    for it in &mut b.items {
-        if let Some(day) = old(it) {
-            it.pending = Pending::Quarantine(Rejection {
-                reason: Reason::BeyondHorizon,
-                detail: h.refusal(p, day),
-            });
-        }
-    }
-    Some(b)
-}
-
-/// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like
-/// this: everything lands, the table stays empty).
-fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
-    static WARNED: std::sync::OnceLock<std::sync::Mutex<HashSet<String>>> =
-        std::sync::OnceLock::new();
-    // Tables already looked at in this batch: the shared set is locked once per table, not per record.
-    let mut seen: HashSet<&str> = HashSet::new();
-    for it in &batch.items {
-        let Pending::Claim {
-            change: Some(ch), ..
-        } = &it.pending
-        else {
-            continue;
-        };
-        if !seen.insert(ch.table.as_str()) {
-            continue;
-        }
-        let matched = p.projections.iter().any(|proj| {
-            proj.row
-                .as_ref()
-                .is_some_and(|r| row::matches(r, &r.table, ch))
-        });
-        if !matched {
-            let mut w = WARNED
-                .get_or_init(Default::default)
-                .lock()
-                .expect("warned set");
-            if w.insert(ch.table.clone()) {
-                tracing::warn!(
-                    source_table = %ch.table,
-                    topic = %batch.topic,
-                    partition = batch.partition,
-                    offset = it.offset,
-                    "changes of this source table reach no row projection (check `source-table`); they are claimed \
-                     and reach the other projections only"
-                );
-            }
-        }
-    }
-}
-
-/// Of two row-projection results for one record, the one that decides its outcome.
-fn strongest(a: row::RowResult, b: row::RowResult) -> row::RowResult {
-    use row::RowResult::*;
-    let rank = |r| match r {
-        Applied => 4,
-        Unchanged => 3,
-        Conflict => 2,
-        Stale => 1,
-        Same => 0,
-    };
-    if rank(a) >= rank(b) {
-        a
-    } else {
-        b
-    }
-}
-
-/// The delivery key of a claimed record as a JSON array text: generation, then the identity key fields.
-fn delivery_text(p: &Pipeline, fields: &crate::decode::Fields) -> String {
-    let mut v = vec![serde_json::Value::String(
-        p.identity.generation.clone().unwrap_or_default(),
-    )];
-    for &i in &p.identity.key {
-        v.push(
-            fields[i]
-                .as_ref()
-                .map(|f| serde_json::Value::String(f.text.clone()))
-                .unwrap_or(serde_json::Value::Null),
-        );
-    }
-    serde_json::Value::Array(v).to_string()
-}
-
-/// The changes of `batch` that row projection `rp` takes: newly claimed, of its source table (Debezium) — in
-/// offset order. Its `filter`: JSON events that fail it do not reach it; a Debezium change whose row fails it
-/// becomes a delete of the row (the filter says which rows belong in the table).
-fn row_changes(
-    p: &Pipeline,
-    rp: &row::Prepared,
-    batch: &Batch,
-    landed: &HashSet<i64>,
-) -> std::result::Result<Vec<row::RowChange>, ApplyError> {
-    let proj = &p.projections[rp.shape.index];
-    let plan = proj.row.as_ref().expect("row");
-    let mut out = Vec::new();
-    for it in &batch.items {
-        let Pending::Claim {
-            fields,
-            passes,
-            change,
-            deletes,
-        } = &it.pending
-        else {
-            continue;
-        };
-        if !landed.contains(&it.offset) {
-            continue;
-        }
-        let in_filter = proj
-            .pass_column
-            .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false));
-        let delivery = delivery_text(p, fields);
-        match change {
-            Some(ch) => {
-                if !row::matches(plan, &plan.table, ch) {
-                    continue;
-                }
-                let mut rc =
-                    row::from_change(&rp.shape, plan, it.offset, ch, delivery, p.decimal_handling)
-                        .map_err(|rejection| ApplyError::Record {
-                            offset: it.offset,
-                            rejection,
-                        })?;
-                // A Debezium row projection's `filter` says which rows belong in the table: a change whose row
-                // leaves it removes the row (a tombstone at the change's version); deletes and truncates always
-                // apply (a delete has no `after` for the filter to pass).
-                if !in_filter {
-                    row::leave_filter(&mut rc);
-                }
-                out.push(rc);
-            }
-            None if !in_filter => continue,
-            None => {
-                let text = |i: usize| fields[i].as_ref().map(|f| f.text.clone());
-                let key = rp
-                    .shape
-                    .key
-                    .iter()
-                    .map(|&k| {
-                        text(rp.shape.columns[k].field.expect("json column")).unwrap_or_default()
-                    })
-                    .collect();
-                let version = match plan.version {
-                    crate::config::VersionPlan::Field(i) => {
-                        vec![text(i)
-                            .and_then(|t| t.parse::<i64>().ok())
-                            .unwrap_or(i64::MIN)]
-                    }
-                    _ => vec![it.offset],
-                };
-                let delete = deletes.get(rp.shape.index).copied().unwrap_or(false);
-                out.push(row::RowChange {
-                    offset: it.offset,
-                    key,
-                    version,
-                    kind: if delete {
-                        row::ChangeKind::Delete
-                    } else {
-                        row::ChangeKind::Upsert
-                    },
-                    values: rp
-                        .shape
-                        .columns
-                        .iter()
-                        .map(|c| match c.field.and_then(text) {
-                            Some(t) => crate::convert::Pg::Text(t),
-                            None => crate::convert::Pg::Null,
-                        })
-                        .collect(),
-                    delivery,
-                    old_key: None,
-                    snapshot: false,
-                    position: None,
-                });
-            }
-        }
-    }
-    Ok(out)
-}

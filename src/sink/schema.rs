@@ -1,17 +1,14 @@
 //! Creating and checking the tables a pipeline needs, and the ledger's day partitions.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
-use chrono::{Days, NaiveDate, Utc};
 use sha2::{Digest, Sha256};
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::Client;
 
-use super::sql;
+use super::ledger::DDL_LOCK;
+use super::{checkpoint, dead_letters, ledger};
 use crate::config::{FieldType, Pipeline};
 use crate::error::{Error, Result};
-
-/// Advisory lock key serialising DDL from concurrent replaysafe processes (`hashtext('replaysafe-ddl')`).
-const DDL_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('replaysafe-ddl'))";
 
 /// Creates (or leaves alone, when present and compatible) the schema, ledger, checkpoint and dead-letter tables
 /// and the tables of built-in projections, runs each `sql` projection's `setup`, then checks that the ledger has
@@ -29,11 +26,11 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
     ))
     .await?;
     for stmt in [
-        sql::create_ledger(p),
-        sql::create_checkpoints(p),
-        sql::create_dead_letters(p),
-        sql::create_group_starts(p),
-        sql::create_horizon(p),
+        ledger::create_ledger(p),
+        checkpoint::create_checkpoints(p),
+        dead_letters::create_dead_letters(p),
+        checkpoint::create_group_starts(p),
+        ledger::create_horizon(p),
     ] {
         tx.batch_execute(&stmt)
             .await
@@ -43,17 +40,18 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
              AND attname = 'resolved_by' AND NOT attisdropped)",
-            &[&p.table(sql::DEAD_LETTERS).to_string()],
+            &[&p.table(dead_letters::DEAD_LETTERS).to_string()],
         )
         .await?
         .get(0);
     if !resolvable {
-        tx.batch_execute(&sql::upgrade_dead_letters(p)).await?;
+        tx.batch_execute(&dead_letters::upgrade_dead_letters(p))
+            .await?;
     }
     tx.execute(
         &format!(
             "INSERT INTO {} (ledger) VALUES ($1) ON CONFLICT (ledger) DO NOTHING",
-            p.table(sql::HORIZON)
+            p.table(ledger::HORIZON)
         ),
         &[&p.ledger.table.to_string()],
     )
@@ -256,7 +254,7 @@ async fn warn_new_ledger_behind_checkpoints(client: &Client, p: &Pipeline) -> Re
             &format!(
                 "SELECT topic, partition, next_offset FROM {} WHERE consumer_group = $1 AND next_offset > 0 \
                  ORDER BY topic, partition LIMIT 1",
-                p.table(sql::CHECKPOINTS)
+                p.table(checkpoint::CHECKPOINTS)
             ),
             &[&p.kafka.group_id],
         )
@@ -417,7 +415,7 @@ async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
         .await?;
     let have: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let mut expect: Vec<(String, String)> = vec![("generation".into(), "text".into())];
-    for i in sql::ledger_field_columns(p) {
+    for i in ledger::ledger_field_columns(p) {
         let f = &p.fields[i];
         let ty = match f.ty.sql() {
             "timestamptz" => "timestamp with time zone",
@@ -459,7 +457,7 @@ async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
         .iter()
         .map(|r| r.get::<_, String>(0))
         .collect();
-    let want: Vec<String> = sql::ledger_pk(p)
+    let want: Vec<String> = ledger::ledger_pk(p)
         .iter()
         .map(|c| c.trim_matches('"').to_string())
         .collect();
@@ -477,21 +475,21 @@ async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
 /// Prepares every statement a batch runs, so a projection that names a missing table or column fails before
 /// anything is consumed.
 async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
-    client.batch_execute(&sql::create_landed(p)).await?;
+    client.batch_execute(&ledger::create_landed(p)).await?;
     let tx = client.transaction().await?;
     for (what, stmt) in [
-        ("the ledger claim".to_string(), sql::claim(p)),
+        ("the ledger claim".to_string(), ledger::claim(p)),
         (
             "the dead-letter insert".to_string(),
-            sql::insert_dead_letters(p),
+            dead_letters::insert_dead_letters(p),
         ),
         (
             "the checkpoint update".to_string(),
-            sql::advance_checkpoint(p),
+            checkpoint::advance_checkpoint(p),
         ),
         (
             "the dead-letter resolution".to_string(),
-            sql::resolve_dead_letters(p),
+            dead_letters::resolve_statement(p),
         ),
     ]
     .into_iter()
@@ -512,237 +510,6 @@ async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
     }
     tx.rollback().await?;
     Ok(())
-}
-
-/// Name of the ledger partition holding `day`: `<ledger>_pYYYYMMDD`.
-pub fn partition_name(p: &Pipeline, day: NaiveDate) -> String {
-    format!("{}_p{}", p.ledger.table.name.as_str(), day.format("%Y%m%d"))
-}
-
-/// The day partitions of the ledger that exist now.
-///
-/// # Errors
-/// [`Error::Postgres`].
-pub async fn existing_partitions(
-    client: &impl GenericClient,
-    p: &Pipeline,
-) -> Result<HashSet<NaiveDate>> {
-    if p.identity.partition_by.is_none() {
-        return Ok(HashSet::new());
-    }
-    let rows = client
-        .query(
-            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-             WHERE i.inhparent = to_regclass($1)",
-            &[&p.ledger.table.to_string()],
-        )
-        .await?;
-    let prefix = format!("{}_p", p.ledger.table.name.as_str());
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let name: String = r.get(0);
-            name.strip_prefix(&prefix)
-                .and_then(|d| NaiveDate::parse_from_str(d, "%Y%m%d").ok())
-        })
-        .collect())
-}
-
-/// The ledger's claim horizon as the database holds it (see [`sql::claim_horizon`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Horizon {
-    /// The oldest event day a claim may land; `None`: every day.
-    pub oldest: Option<NaiveDate>,
-    /// The durable pruned-below day (`replaysafe_horizon.pruned_below`); `None`: nothing pruned yet.
-    pub pruned_below: Option<NaiveDate>,
-    /// The database's date in UTC (the one clock the horizon counts with).
-    pub today: NaiveDate,
-}
-
-impl Horizon {
-    /// Why a record of event day `day` (older than [`Horizon::oldest`]) is quarantined.
-    pub fn refusal(&self, p: &Pipeline, day: NaiveDate) -> String {
-        let oldest = self.oldest.map(|d| d.to_string()).unwrap_or_default();
-        let days = p
-            .ledger
-            .horizon_days
-            .map_or_else(|| "none".to_string(), |d| d.to_string());
-        let pruned = self
-            .pruned_below
-            .map_or_else(|| "nothing".to_string(), |d| format!("days before {d}"));
-        format!(
-            "event day {day} is older than the ledger horizon: the ledger recognises delivery keys of days from \
-             {oldest} only (database date {}, horizon-days {days}, pruned: {pruned}); a key of an older day may \
-             no longer be recognised, so applying it could count it twice",
-            self.today
-        )
-    }
-}
-
-/// Reads the ledger's claim horizon; inside a transaction this takes a share lock on the horizon row, which
-/// the prune's update waits for (and which waits for a prune in progress).
-///
-/// # Errors
-/// The database error.
-pub async fn claim_horizon<T: ?Sized + tokio_postgres::ToStatement + Sync + Send>(
-    client: &impl GenericClient,
-    stmt: &T,
-    p: &Pipeline,
-) -> std::result::Result<Horizon, tokio_postgres::Error> {
-    let days: Option<i32> = p.ledger.horizon_days.map(|d| d as i32);
-    let row = client
-        .query_one(stmt, &[&p.ledger.table.to_string(), &days])
-        .await?;
-    Ok(Horizon {
-        oldest: row.get(0),
-        pruned_below: row.get(1),
-        today: row.get(2),
-    })
-}
-
-/// The ledger's claim horizon now, outside a batch (operator commands refusing a window early); `None` without
-/// `partition-by` or before the horizon table exists.
-///
-/// # Errors
-/// [`Error::Postgres`].
-pub async fn current_horizon(client: &Client, p: &Pipeline) -> Result<Option<Horizon>> {
-    if p.identity.partition_by.is_none() {
-        return Ok(None);
-    }
-    let exists: Option<String> = client
-        .query_one(
-            "SELECT to_regclass($1)::text",
-            &[&p.table(sql::HORIZON).to_string()],
-        )
-        .await?
-        .get(0);
-    if exists.is_none() {
-        return Ok(None);
-    }
-    Ok(Some(
-        claim_horizon(client, sql::claim_horizon(p).as_str(), p).await?,
-    ))
-}
-
-/// Creates the day partitions in `days` that are not in `known` (and adds them to `known`), under the DDL lock
-/// — except days older than the ledger's claim horizon, which are never (re-)created: their records are
-/// quarantined by the claim. `floor` caches the oldest claimable day last seen (it only moves forward; the
-/// claim transaction checks it again), so records of days below it cost no DDL transaction.
-///
-/// # Errors
-/// [`Error::Postgres`].
-pub async fn ensure_partitions(
-    client: &mut Client,
-    p: &Pipeline,
-    known: &mut HashSet<NaiveDate>,
-    floor: &mut Option<NaiveDate>,
-    days: impl IntoIterator<Item = NaiveDate>,
-) -> Result<()> {
-    let missing: Vec<NaiveDate> = days
-        .into_iter()
-        .filter(|d| !known.contains(d) && floor.is_none_or(|f| *d >= f))
-        .collect::<HashSet<_>>()
-        .into_iter()
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let tx = client.transaction().await?;
-    tx.execute(DDL_LOCK, &[]).await?;
-    // Under the DDL lock no prune runs: the horizon read here holds until this transaction ends.
-    let horizon = claim_horizon(&tx, sql::claim_horizon(p).as_str(), p).await?;
-    *floor = horizon.oldest;
-    let create: Vec<NaiveDate> = missing
-        .into_iter()
-        .filter(|d| horizon.oldest.is_none_or(|o| *d >= o))
-        .collect();
-    for day in &create {
-        let next = day.checked_add_days(Days::new(1)).unwrap_or(*day);
-        // Dates are rendered by chrono (digits and dashes only), never taken from input text.
-        tx.batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {}.\"{}\" PARTITION OF {} FOR VALUES FROM ('{}') TO ('{}')",
-            p.ledger.table.schema,
-            partition_name(p, *day),
-            p.ledger.table,
-            day.format("%Y-%m-%d"),
-            next.format("%Y-%m-%d"),
-        ))
-        .await?;
-    }
-    tx.commit().await?;
-    known.extend(create);
-    Ok(())
-}
-
-/// The oldest day the ledger horizon covers by this process's clock (`today - horizon-days`, UTC), if there is
-/// a horizon. Advisory only (an early refusal of a backfill window): claims decide with the database's clock
-/// and the durable pruned-below day ([`claim_horizon`]).
-pub fn horizon_start(p: &Pipeline) -> Option<NaiveDate> {
-    let days = p.ledger.horizon_days?;
-    Utc::now()
-        .date_naive()
-        .checked_sub_days(Days::new(u64::from(days)))
-}
-
-/// Longest wait for the DDL lock and the horizon row during a prune; past it the prune fails (SQLSTATE 55P03)
-/// and is retried later.
-const PRUNE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '60s'";
-
-/// Prunes the ledger to the horizon, in one transaction under the DDL lock: raises the durable pruned-below
-/// day (`replaysafe_horizon`) to the database's UTC date minus `horizon-days` (it never moves back: a longer
-/// horizon than the ledger still remembers is logged as a warning and holds only from the pruned-below day
-/// forward), then drops every day partition before it. The horizon row's update waits for the batches that
-/// hold it (their claims commit first) and makes later batches wait for the drop. Returns the days dropped.
-///
-/// # Errors
-/// [`Error::Postgres`] (also when a lock is not granted within a minute).
-pub async fn drop_expired_partitions(client: &mut Client, p: &Pipeline) -> Result<Vec<NaiveDate>> {
-    let (Some(days), Some(_)) = (p.ledger.horizon_days, p.identity.partition_by) else {
-        return Ok(Vec::new());
-    };
-    let days = days as i32;
-    let tx = client.transaction().await?;
-    tx.batch_execute(PRUNE_LOCK_TIMEOUT).await?;
-    tx.execute(DDL_LOCK, &[]).await?;
-    let row = tx
-        .query_one(
-            &format!(
-                "INSERT INTO {} AS h (ledger, pruned_below) VALUES ($1, (now() AT TIME ZONE 'UTC')::date - $2::int) \
-                 ON CONFLICT (ledger) DO UPDATE SET pruned_below = greatest(h.pruned_below, EXCLUDED.pruned_below), \
-                 updated_at = now() RETURNING pruned_below, (now() AT TIME ZONE 'UTC')::date - $2::int",
-                p.table(sql::HORIZON)
-            ),
-            &[&p.ledger.table.to_string(), &days],
-        )
-        .await?;
-    let below: NaiveDate = row.get(0);
-    let asked: NaiveDate = row.get(1);
-    if below > asked {
-        tracing::warn!(
-            ledger = %p.ledger.table,
-            %below,
-            %asked,
-            "`horizon-days = {days}` asks the ledger to recognise event days from {asked}, but it was pruned below \
-             {below} (a shorter horizon ran before): records of days before {below} stay quarantined as \
-             beyond-horizon; the horizon grows back to {days} days one day at a time"
-        );
-    }
-    let mut old: Vec<NaiveDate> = existing_partitions(&tx, p)
-        .await?
-        .into_iter()
-        .filter(|d| *d < below)
-        .collect();
-    old.sort();
-    for day in &old {
-        tx.batch_execute(&format!(
-            "DROP TABLE IF EXISTS {}.\"{}\"",
-            p.ledger.table.schema,
-            partition_name(p, *day)
-        ))
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(old)
 }
 
 #[cfg(test)]

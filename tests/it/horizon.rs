@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use chrono::{Days, NaiveDate, Utc};
 use replaysafe::apply::{apply_batch, Applied};
-use replaysafe::sink::{schema, sql, Batch, Item, Outcome, Sink, Tally as SinkTally};
+use replaysafe::sink::{
+    checkpoint, ledger, schema, Batch, Item, Outcome, Sink, Tally as SinkTally,
+};
 
 use crate::common::*;
 
@@ -269,7 +271,7 @@ impl Harness {
             let row = sink
                 .client()
                 .query_one(
-                    &sql::acquire_checkpoint(&p),
+                    &checkpoint::acquire_checkpoint(&p),
                     &[&"hz_group", &"hz_topic", &partition, &""],
                 )
                 .await
@@ -290,7 +292,7 @@ impl Harness {
         let p = self.pipeline(horizon);
         self.db.rt.block_on(async {
             let mut c = replaysafe::sink::connect(&database_url()).await.unwrap();
-            schema::drop_expired_partitions(&mut c, &p).await.unwrap()
+            ledger::drop_expired_partitions(&mut c, &p).await.unwrap()
         })
     }
 

@@ -12,64 +12,7 @@ use serde_json::Value;
 
 use crate::config::{EpochUnit, FieldPlan, FieldType, Pipeline};
 
-/// Why a record was quarantined; the `reason` column of `replaysafe_dead_letters` and the `reason` metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// The value is a Kafka null (a tombstone) on a topic of JSON events.
-    NullValue,
-    /// The value is larger than `batch.max-record-bytes`.
-    Oversize,
-    /// The value is not JSON (or not a JSON object).
-    InvalidJson,
-    /// A non-optional field is missing or null.
-    MissingField,
-    /// A field has the wrong type or an invalid value (bad UUID, bad date, …).
-    InvalidField,
-    /// The event's partition-by day is older than the ledger horizon: its ledger partition may be gone.
-    BeyondHorizon,
-    /// A filter expression failed to evaluate on this record.
-    FilterError,
-    /// PostgreSQL rejected the record's values (a data exception or constraint, found by replaying the batch
-    /// record by record).
-    RejectedByDatabase,
-    /// A Debezium record flattened by the `ExtractNewRecordState` transform (the row alone, no change envelope).
-    Flattened,
-}
-
-impl Reason {
-    /// Stable kebab-case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::NullValue => "null-value",
-            Reason::Oversize => "oversize",
-            Reason::InvalidJson => "invalid-json",
-            Reason::MissingField => "missing-field",
-            Reason::InvalidField => "invalid-field",
-            Reason::BeyondHorizon => "beyond-horizon",
-            Reason::FilterError => "filter-error",
-            Reason::RejectedByDatabase => "rejected-by-database",
-            Reason::Flattened => "flattened-record",
-        }
-    }
-}
-
-/// A quarantine decision with a human-readable detail.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejection {
-    /// The category.
-    pub reason: Reason,
-    /// What exactly was wrong (field, path, value excerpt).
-    pub detail: String,
-}
-
-impl Rejection {
-    fn new(reason: Reason, detail: impl Into<String>) -> Self {
-        Rejection {
-            reason,
-            detail: detail.into(),
-        }
-    }
-}
+use super::rejection::{Reason, Rejection};
 
 /// One decoded field value: its PostgreSQL text form, and the JSON value it came from (for filters).
 #[derive(Debug, Clone, PartialEq)]
@@ -98,57 +41,7 @@ pub enum CelValue {
 /// The typed fields of one record, in the order of `Pipeline::fields`; `None` for a missing optional field.
 pub type Fields = Vec<Option<FieldValue>>;
 
-/// A decoded record.
-#[derive(Debug)]
-pub enum Decoded {
-    /// The record's fields, and for Debezium pipelines its change.
-    Fields {
-        /// The typed fields.
-        fields: Fields,
-        /// The row change (Debezium pipelines).
-        change: Option<std::sync::Arc<crate::debezium::Change>>,
-    },
-    /// Not a row change (heartbeat, transaction metadata, logical message, Kafka tombstone on a CDC topic):
-    /// counted as filtered under this built-in rule name.
-    Skip(&'static str),
-}
-
-/// Decodes a record of either format (see [`crate::config::Format`]).
-///
-/// # Errors
-/// A [`Rejection`] saying why the record must be quarantined.
-pub fn record(
-    pipeline: &Pipeline,
-    key: Option<&[u8]>,
-    value: Option<&[u8]>,
-    old_key: Option<&[u8]>,
-) -> Result<Decoded, Rejection> {
-    if pipeline.format == crate::config::Format::Json {
-        return decode(pipeline, value).map(|fields| Decoded::Fields {
-            fields,
-            change: None,
-        });
-    }
-    if let Some(v) = value {
-        check_size(pipeline, v)?;
-    }
-    match crate::debezium::decode(key, value, old_key)? {
-        crate::debezium::Record::Skip(rule) => Ok(Decoded::Skip(rule)),
-        crate::debezium::Record::Change(change, doc) => {
-            let fields = pipeline
-                .fields
-                .iter()
-                .map(|f| field(f, &doc))
-                .collect::<Result<Fields, Rejection>>()?;
-            Ok(Decoded::Fields {
-                fields,
-                change: Some(change),
-            })
-        }
-    }
-}
-
-fn check_size(pipeline: &Pipeline, bytes: &[u8]) -> Result<(), Rejection> {
+pub(crate) fn check_size(pipeline: &Pipeline, bytes: &[u8]) -> Result<(), Rejection> {
     if bytes.len() > pipeline.max_record_bytes {
         return Err(Rejection::new(
             Reason::Oversize,
@@ -186,7 +79,7 @@ pub fn decode(pipeline: &Pipeline, value: Option<&[u8]>) -> Result<Fields, Rejec
     pipeline.fields.iter().map(|f| field(f, &json)).collect()
 }
 
-fn field(f: &FieldPlan, json: &Value) -> Result<Option<FieldValue>, Rejection> {
+pub(crate) fn field(f: &FieldPlan, json: &Value) -> Result<Option<FieldValue>, Rejection> {
     let name = f.name.as_str();
     match json.pointer(&f.pointer) {
         None | Some(Value::Null) if f.optional => Ok(None),
@@ -491,31 +384,6 @@ fn epoch_micros(raw: &str, unit: EpochUnit) -> Result<i64, EpochError> {
         .and_then(|w| w.checked_mul(per)?.checked_add(fraction))
         .ok_or(EpochError::OutOfRange)?;
     Ok(if neg { -whole } else { whole })
-}
-
-/// The partition-by day of a decoded record, when the pipeline has one.
-pub fn partition_day(pipeline: &Pipeline, fields: &Fields) -> Option<NaiveDate> {
-    let i = pipeline.identity.partition_by?;
-    fields[i]
-        .as_ref()
-        .and_then(|v| NaiveDate::parse_from_str(&v.text, "%Y-%m-%d").ok())
-}
-
-/// The delivery key of a decoded record, as the ledger's primary key holds it: the generation (`""` for
-/// none), the `[identity] key` fields' normalised text (UUIDs hyphenated lower case), then the `partition-by`
-/// day when it is not already a key field. `None` when a key field is absent (an optional field left out).
-pub fn delivery_key<'a>(pipeline: &'a Pipeline, fields: &'a Fields) -> Option<Vec<&'a str>> {
-    let mut key = Vec::with_capacity(pipeline.identity.key.len() + 2);
-    key.push(pipeline.identity.generation.as_deref().unwrap_or(""));
-    for &i in &pipeline.identity.key {
-        key.push(fields[i].as_ref()?.text.as_str());
-    }
-    if let Some(pb) = pipeline.identity.partition_by {
-        if !pipeline.identity.key.contains(&pb) {
-            key.push(fields[pb].as_ref()?.text.as_str());
-        }
-    }
-    Some(key)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::decode::{Reason, Rejection};
+use crate::decode::rejection::{Reason, Rejection};
 
 /// Placeholder Debezium writes for an unchanged TOASTed column (`unavailable.value.placeholder`).
 pub const UNAVAILABLE: &str = "__debezium_unavailable_value";
@@ -190,97 +190,13 @@ pub fn decode(
     value: Option<&[u8]>,
     old_key: Option<&[u8]>,
 ) -> Result<Record, Rejection> {
-    let Some(bytes) = value else {
-        // A Kafka tombstone after a delete: log compaction's marker; the `op = d` record carried the delete.
-        return Ok(Record::Skip("cdc-kafka-tombstone"));
+    let (env, schema, op) = match parse(value)? {
+        Parsed::Skip(rule) => return Ok(Record::Skip(rule)),
+        Parsed::Envelope { env, schema, op } => (env, schema, op),
     };
-    let json: Value = serde_json::from_slice(bytes).map_err(|e| Rejection {
-        reason: Reason::InvalidJson,
-        detail: format!("value is not valid JSON: {e}"),
-    })?;
-    let (payload, schema) = unwrap(json);
-    let env = match payload {
-        Value::Null => return Ok(Record::Skip("cdc-kafka-tombstone")),
-        Value::Object(m) => m,
-        _ => {
-            return Err(Rejection {
-                reason: Reason::InvalidJson,
-                detail: "value is not a JSON object".into(),
-            })
-        }
-    };
-    // Transaction metadata (provide.transaction.metadata): {status: BEGIN|END, id, event_count, …}.
-    if matches!(
-        env.get("status").and_then(Value::as_str),
-        Some("BEGIN" | "END")
-    ) && env.contains_key("id")
-        && !env.contains_key("op")
-    {
-        return Ok(Record::Skip("cdc-transaction-metadata"));
-    }
-    // Heartbeats (heartbeat.interval.ms), recognised by what they are: the Heartbeat schema, or a payload that is
-    // only `ts_ms`. Never by what is missing: a flattened row has no `op` and no `source` either.
-    if is_heartbeat(&env, schema.as_ref()) {
-        return Ok(Record::Skip("cdc-heartbeat"));
-    }
-    if !env.contains_key("source") && !env.contains_key("before") && !env.contains_key("after") {
-        return Err(flattened(&env));
-    }
-    let op = match env.get("op").and_then(Value::as_str) {
-        Some("c") => Op::Create,
-        Some("u") => Op::Update,
-        Some("d") => Op::Delete,
-        Some("r") => Op::Read,
-        Some("t") => Op::Truncate,
-        Some("m") => return Ok(Record::Skip("cdc-message")),
-        Some(other) => return Err(reject(format!("unknown Debezium op `{other}`"))),
-        None => return Err(reject("Debezium envelope without `op`")),
-    };
-    let source = env
-        .get("source")
-        .and_then(Value::as_object)
-        .ok_or_else(|| reject("Debezium envelope without a `source` block"))?;
-    let text = |k: &str| {
-        source
-            .get(k)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let (db, sch, tbl) = (text("db"), text("schema"), text("table"));
-    if tbl.is_empty() {
-        return Err(reject("`source.table` is missing"));
-    }
-    let lsn = source.get("lsn").and_then(parse_i64);
-    let seq: Option<Vec<Option<i64>>> = match source.get("sequence") {
-        Some(Value::String(s)) => {
-            let arr: Vec<Value> = serde_json::from_str(s)
-                .map_err(|_| reject(format!("`source.sequence` is not a JSON array: {s}")))?;
-            Some(arr.iter().map(parse_i64).collect())
-        }
-        _ => None,
-    };
-    let change_lsn = seq
-        .as_ref()
-        .and_then(|s| s.get(1).copied().flatten())
-        .or(lsn)
-        .ok_or_else(|| {
-            reject("no source position: `source.sequence` and `source.lsn` are both missing")
-        })?;
-    let commit_lsn = seq
-        .as_ref()
-        .and_then(|s| s.first().copied().flatten())
-        .unwrap_or(change_lsn);
-    let tx = source.get("txId").and_then(parse_i64);
+    let at = source_position(&env)?;
+    let (commit_lsn, change_lsn) = (at.commit_lsn, at.change_lsn);
     let snapshot = op == Op::Read;
-    let ts_ms = source
-        .get("ts_ms")
-        .and_then(parse_i64)
-        .or_else(|| env.get("ts_ms").and_then(parse_i64))
-        .ok_or_else(|| reject("`source.ts_ms` is missing"))?;
-    let day = chrono::DateTime::from_timestamp_millis(ts_ms)
-        .ok_or_else(|| reject(format!("`source.ts_ms` {ts_ms} is out of range")))?
-        .date_naive();
 
     // The key: unwrapped the same way (a connector may switch schemas.enable mid-topic).
     let key_json = match key {
@@ -319,8 +235,8 @@ pub fn decode(
             img.map(canonical).unwrap_or_default()
         }
     };
-    let source_id = format!("{db}.{sch}.{tbl}");
-    let position = match tx {
+    let source_id = format!("{}.{}.{}", at.db, at.schema, at.table);
+    let position = match at.tx {
         Some(t) => format!("{commit_lsn}/{change_lsn}/{t}"),
         None => format!("{commit_lsn}/{change_lsn}"),
     };
@@ -332,7 +248,7 @@ pub fn decode(
     doc.insert("_snapshot".into(), Value::Bool(snapshot));
     doc.insert(
         "_day".into(),
-        Value::String(day.format("%Y-%m-%d").to_string()),
+        Value::String(at.day.format("%Y-%m-%d").to_string()),
     );
     if let Some((k, _)) = &key_json {
         doc.insert("key".into(), k.clone());
@@ -340,7 +256,7 @@ pub fn decode(
     Ok(Record::Change(
         Arc::new(Change {
             op,
-            table: format!("{sch}.{tbl}"),
+            table: format!("{}.{}", at.schema, at.table),
             position: [commit_lsn, change_lsn],
             key: key_row,
             before,
@@ -355,6 +271,142 @@ pub fn decode(
         }),
         Value::Object(doc),
     ))
+}
+
+/// A record value, parsed: a change envelope, or something to skip under a built-in rule.
+enum Parsed {
+    /// Not a row change: skipped under this rule name.
+    Skip(&'static str),
+    /// A change envelope, its Connect schema (when the converter sends one) and its op.
+    Envelope {
+        env: Map<String, Value>,
+        schema: Option<Value>,
+        op: Op,
+    },
+}
+
+/// Parses a record value: Kafka tombstones, transaction metadata, heartbeats and logical messages are skipped;
+/// a flattened row, non-JSON or an unknown op is rejected.
+fn parse(value: Option<&[u8]>) -> Result<Parsed, Rejection> {
+    let Some(bytes) = value else {
+        // A Kafka tombstone after a delete: log compaction's marker; the `op = d` record carried the delete.
+        return Ok(Parsed::Skip("cdc-kafka-tombstone"));
+    };
+    let json: Value = serde_json::from_slice(bytes).map_err(|e| Rejection {
+        reason: Reason::InvalidJson,
+        detail: format!("value is not valid JSON: {e}"),
+    })?;
+    let (payload, schema) = unwrap(json);
+    let env = match payload {
+        Value::Null => return Ok(Parsed::Skip("cdc-kafka-tombstone")),
+        Value::Object(m) => m,
+        _ => {
+            return Err(Rejection {
+                reason: Reason::InvalidJson,
+                detail: "value is not a JSON object".into(),
+            })
+        }
+    };
+    // Transaction metadata (provide.transaction.metadata): {status: BEGIN|END, id, event_count, …}.
+    if matches!(
+        env.get("status").and_then(Value::as_str),
+        Some("BEGIN" | "END")
+    ) && env.contains_key("id")
+        && !env.contains_key("op")
+    {
+        return Ok(Parsed::Skip("cdc-transaction-metadata"));
+    }
+    // Heartbeats (heartbeat.interval.ms), recognised by what they are: the Heartbeat schema, or a payload that is
+    // only `ts_ms`. Never by what is missing: a flattened row has no `op` and no `source` either.
+    if is_heartbeat(&env, schema.as_ref()) {
+        return Ok(Parsed::Skip("cdc-heartbeat"));
+    }
+    if !env.contains_key("source") && !env.contains_key("before") && !env.contains_key("after") {
+        return Err(flattened(&env));
+    }
+    let op = match env.get("op").and_then(Value::as_str) {
+        Some("c") => Op::Create,
+        Some("u") => Op::Update,
+        Some("d") => Op::Delete,
+        Some("r") => Op::Read,
+        Some("t") => Op::Truncate,
+        Some("m") => return Ok(Parsed::Skip("cdc-message")),
+        Some(other) => return Err(reject(format!("unknown Debezium op `{other}`"))),
+        None => return Err(reject("Debezium envelope without `op`")),
+    };
+    Ok(Parsed::Envelope { env, schema, op })
+}
+
+/// Where a change comes from, read from its `source` block.
+struct SourceAt {
+    db: String,
+    schema: String,
+    table: String,
+    /// The commit's LSN (`sequence[0]`, else the change's).
+    commit_lsn: i64,
+    /// The change's LSN (`sequence[1]`, else `lsn`).
+    change_lsn: i64,
+    tx: Option<i64>,
+    /// The UTC day of `ts_ms`.
+    day: chrono::NaiveDate,
+}
+
+/// The change's source position and day, from its `source` block.
+fn source_position(env: &Map<String, Value>) -> Result<SourceAt, Rejection> {
+    let source = env
+        .get("source")
+        .and_then(Value::as_object)
+        .ok_or_else(|| reject("Debezium envelope without a `source` block"))?;
+    let text = |k: &str| {
+        source
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (db, sch, tbl) = (text("db"), text("schema"), text("table"));
+    if tbl.is_empty() {
+        return Err(reject("`source.table` is missing"));
+    }
+    let lsn = source.get("lsn").and_then(parse_i64);
+    let seq: Option<Vec<Option<i64>>> = match source.get("sequence") {
+        Some(Value::String(s)) => {
+            let arr: Vec<Value> = serde_json::from_str(s)
+                .map_err(|_| reject(format!("`source.sequence` is not a JSON array: {s}")))?;
+            Some(arr.iter().map(parse_i64).collect())
+        }
+        _ => None,
+    };
+    let change_lsn = seq
+        .as_ref()
+        .and_then(|s| s.get(1).copied().flatten())
+        .or(lsn)
+        .ok_or_else(|| {
+            reject("no source position: `source.sequence` and `source.lsn` are both missing")
+        })?;
+    let commit_lsn = seq
+        .as_ref()
+        .and_then(|s| s.first().copied().flatten())
+        .unwrap_or(change_lsn);
+    let tx = source.get("txId").and_then(parse_i64);
+    let ts_ms = source
+        .get("ts_ms")
+        .and_then(parse_i64)
+        .or_else(|| env.get("ts_ms").and_then(parse_i64))
+        .ok_or_else(|| reject("`source.ts_ms` is missing"))?;
+    let day = chrono::DateTime::from_timestamp_millis(ts_ms)
+        .ok_or_else(|| reject(format!("`source.ts_ms` {ts_ms} is out of range")))?
+        .date_naive();
+
+    Ok(SourceAt {
+        db,
+        schema: sch,
+        table: tbl,
+        commit_lsn,
+        change_lsn,
+        tx,
+        day,
+    })
 }
 
 /// Connect schema name of Debezium's heartbeat value (`heartbeat.interval.ms`).

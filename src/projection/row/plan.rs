@@ -5,187 +5,13 @@
 use cel_interpreter::Program;
 use toml::Spanned;
 
-use super::plan::{FieldPlan, FieldType, Format};
-use super::raw::RawProjection;
-use super::Source;
+use super::types::{ColumnSpec, SqlType, Unit};
+use crate::config::fields::{cel_fields, table_name, FieldPlan, FieldType, Format};
+use crate::config::raw::RawProjection;
+use crate::config::source::Source;
 use crate::error::Result;
 use crate::ident::{Ident, QualifiedName};
-
-/// How a column's values are read and written: the PostgreSQL type (validated text used in DDL and casts) and
-/// what family of values it takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqlType {
-    /// The type as written in SQL, e.g. `numeric(12,2)`, `timestamp(3)`, `text[]`.
-    pub sql: String,
-    /// The value family of the type (of the element type for arrays).
-    pub kind: Kind,
-    /// Whether it is a one-dimensional array of `kind`.
-    pub array: bool,
-    /// The type modifier's first number (precision of `timestamp(p)`/`time(p)`, `numeric(p,s)`), if any.
-    pub precision: Option<u32>,
-    /// The scale of `numeric(p,s)`, if any.
-    pub scale: Option<u32>,
-}
-
-/// Families of PostgreSQL types, by how a Debezium value is converted to their text input form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// smallint, integer, bigint.
-    Integer,
-    /// real, double precision.
-    Float,
-    /// numeric / decimal.
-    Numeric,
-    /// boolean.
-    Boolean,
-    /// text, varchar, char, citext, and anything else taken as text.
-    Text,
-    /// date.
-    Date,
-    /// timestamp without time zone.
-    Timestamp,
-    /// timestamptz.
-    Timestamptz,
-    /// time without time zone.
-    Time,
-    /// json / jsonb.
-    Json,
-    /// uuid.
-    Uuid,
-    /// bytea.
-    Bytea,
-    /// interval (Debezium `MicroDuration` µs, or an ISO 8601 string with `interval.handling.mode=string`).
-    Interval,
-}
-
-impl SqlType {
-    /// Parses a type name as PostgreSQL's `format_type()` prints it (or as a user writes it in the pipeline file).
-    ///
-    /// # Errors
-    /// A message when the text is not a plain type name with an optional `(p[,s])` modifier and `[]`.
-    pub fn parse(raw: &str) -> std::result::Result<SqlType, String> {
-        let t = raw.trim().to_ascii_lowercase();
-        let (base, array) = match t.strip_suffix("[]") {
-            Some(b) => (b.trim().to_string(), true),
-            None => (t.clone(), false),
-        };
-        // `name(p[,s]) [tail]`, e.g. format_type's `timestamp(3) with time zone`.
-        let (name, modifier, tail) = match (base.find('('), base.find(')')) {
-            (Some(i), Some(j)) if j > i => (
-                base[..i].trim().to_string(),
-                Some(base[i + 1..j].to_string()),
-                base[j + 1..].trim().to_string(),
-            ),
-            (None, None) => (base.clone(), None, String::new()),
-            _ => return Err(format!("`{raw}` is not a type name")),
-        };
-        let full = if tail.is_empty() {
-            name.clone()
-        } else {
-            format!("{name} {tail}")
-        };
-        if !full
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == ' ' || c == '_')
-            || full.is_empty()
-        {
-            return Err(format!("`{raw}` is not a type name"));
-        }
-        let nums: Vec<u32> = match &modifier {
-            None => Vec::new(),
-            Some(m) => m
-                .split(',')
-                .map(|n| n.trim().parse::<u32>())
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|_| format!("`{raw}`: the type modifier must be numbers"))?,
-        };
-        let kind = match full.as_str() {
-            "smallint" | "integer" | "int" | "int2" | "int4" | "int8" | "bigint" => Kind::Integer,
-            "real" | "float4" | "float8" | "double precision" => Kind::Float,
-            "numeric" | "decimal" => Kind::Numeric,
-            "boolean" | "bool" => Kind::Boolean,
-            "date" => Kind::Date,
-            "timestamp" | "timestamp without time zone" => Kind::Timestamp,
-            "timestamptz" | "timestamp with time zone" => Kind::Timestamptz,
-            "time" | "time without time zone" => Kind::Time,
-            "json" | "jsonb" => Kind::Json,
-            "uuid" => Kind::Uuid,
-            "bytea" => Kind::Bytea,
-            "interval" => Kind::Interval,
-            "text"
-            | "varchar"
-            | "character varying"
-            | "character"
-            | "char"
-            | "bpchar"
-            | "citext"
-            | "name"
-            | "inet"
-            | "cidr"
-            | "macaddr"
-            | "money"
-            | "xml"
-            | "timetz"
-            | "time with time zone"
-            | "bit"
-            | "bit varying"
-            | "varbit" => Kind::Text,
-            other => return Err(format!("unsupported column type `{other}`")),
-        };
-        let bad_modifier = match kind {
-            Kind::Numeric => {
-                nums.len() > 2
-                    || nums.first().is_some_and(|p| !(1..=1000).contains(p))
-                    || matches!((nums.first(), nums.get(1)), (Some(p), Some(s)) if s > p)
-            }
-            Kind::Timestamp | Kind::Timestamptz | Kind::Time | Kind::Interval => {
-                nums.len() > 1 || nums.first().is_some_and(|p| *p > 6)
-            }
-            Kind::Text => {
-                nums.len() > 1 || nums.first().is_some_and(|n| !(1..=10_485_760).contains(n))
-            }
-            _ => !nums.is_empty(),
-        };
-        if bad_modifier {
-            return Err(format!("`{raw}`: invalid type modifier"));
-        }
-        Ok(SqlType {
-            sql: t,
-            kind,
-            array,
-            precision: nums.first().copied(),
-            scale: nums.get(1).copied(),
-        })
-    }
-}
-
-/// Unit of an integer temporal value in a schemaless Debezium message (with schemas the Connect schema name
-/// says it: `io.debezium.time.MicroTimestamp` is µs, `Timestamp` ms, `NanoTimestamp` ns, `Date` days).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    /// Days since 1970-01-01 (dates).
-    Days,
-    /// Milliseconds.
-    Millis,
-    /// Microseconds.
-    Micros,
-    /// Nanoseconds.
-    Nanos,
-}
-
-/// One column of a row projection.
-#[derive(Debug, Clone)]
-pub struct ColumnSpec {
-    /// Column name.
-    pub name: Ident,
-    /// Its type.
-    pub ty: SqlType,
-    /// Unit of integer temporal values in schemaless messages; default: from the type (date: days;
-    /// `timestamp(p)`/`time(p)` with p ≤ 3: ms, otherwise µs — Debezium's `time.precision.mode=adaptive`).
-    pub unit: Option<Unit>,
-    /// JSON mode: the field this column is taken from.
-    pub field: Option<usize>,
-}
+use crate::projection::kind::{Ctx, Settings};
 
 /// What orders changes to one entity.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,7 +97,7 @@ fn unit(src: &Source, s: &Spanned<String>) -> Result<Unit> {
 /// # Errors
 /// [`crate::Error::Config`] naming `file:line:column`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn compile(
+pub(crate) fn compile(
     src: &Source,
     format: Format,
     fields: &[FieldPlan],
@@ -293,7 +119,60 @@ pub(super) fn compile(
         name: Ident::new(&tomb_name).expect("valid"),
     };
     let json = format == Format::Json;
-    // key
+    let key = key(src, json, fields, field_index, p)?;
+    let columns = match &rp.columns {
+        None if json => Some(
+            fields
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| !f.name.as_str().starts_with('_'))
+                .map(|(i, f)| ColumnSpec {
+                    name: f.name.clone(),
+                    ty: SqlType::parse(f.ty.sql()).expect("field types are SQL types"),
+                    unit: None,
+                    field: Some(i),
+                })
+                .collect(),
+        ),
+        None => None,
+        Some(c) => Some(columns(src, json, fields, field_index, c)?),
+    };
+    check_columns(src, p, &key, &columns)?;
+    let version = version(src, json, fields, field_index, p, &columns)?;
+    let delete_if = match &rp.delete_if {
+        Some(d) if json => Some((d.get_ref().clone(), compile_cel(d)?)),
+        Some(d) => {
+            return Err(src.error(
+                d.span(),
+                "`delete-if` applies to JSON events; Debezium deletes are `op = d`",
+            ))
+        }
+        None => None,
+    };
+    let (tombstones, truncate) = modes(src, rp)?;
+    let source_table = source_table(src, json, rp)?;
+    Ok(RowPlan {
+        table,
+        tombstone_table,
+        source_table,
+        key,
+        columns,
+        version,
+        delete_if,
+        tombstones,
+        truncate,
+    })
+}
+
+/// `key`: the entity's key columns (JSON: non-optional, non-jsonb fields), each once; required over JSON events.
+fn key(
+    src: &Source,
+    json: bool,
+    fields: &[FieldPlan],
+    field_index: &dyn Fn(&Spanned<String>) -> Result<usize>,
+    p: &Spanned<RawProjection>,
+) -> Result<Vec<Ident>> {
+    let rp = p.get_ref();
     let mut key = Vec::new();
     if let Some(k) = &rp.key {
         for s in k.get_ref() {
@@ -322,26 +201,19 @@ pub(super) fn compile(
             "a `row` projection over JSON events needs `key` (the entity's fields)",
         ));
     }
-    // columns
-    let columns = match &rp.columns {
-        None if json => Some(
-            fields
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| !f.name.as_str().starts_with('_'))
-                .map(|(i, f)| ColumnSpec {
-                    name: f.name.clone(),
-                    ty: SqlType::parse(f.ty.sql()).expect("field types are SQL types"),
-                    unit: None,
-                    field: Some(i),
-                })
-                .collect(),
-        ),
-        None => None,
-        Some(c) => Some(columns(src, json, fields, field_index, c)?),
-    };
+    Ok(key)
+}
+
+/// The key columns are among `columns`; no column name starts with `_` (reserved).
+fn check_columns(
+    src: &Source,
+    p: &Spanned<RawProjection>,
+    key: &[Ident],
+    columns: &Option<Vec<ColumnSpec>>,
+) -> Result<()> {
+    let rp = p.get_ref();
     if let Some(cols) = &columns {
-        for k in &key {
+        for k in key {
             if !cols.iter().any(|c| &c.name == k) {
                 return Err(src.error(
                     rp.key.as_ref().map(|k| k.span()).unwrap_or(p.span()),
@@ -356,8 +228,21 @@ pub(super) fn compile(
             ));
         }
     }
-    // version
-    if let (Some(v), Some(cols)) = (&rp.version, &columns) {
+    Ok(())
+}
+
+/// `version`: JSON events name a non-optional bigint field; Debezium a column of `columns` or
+/// `source-position` (the default).
+fn version(
+    src: &Source,
+    json: bool,
+    fields: &[FieldPlan],
+    field_index: &dyn Fn(&Spanned<String>) -> Result<usize>,
+    p: &Spanned<RawProjection>,
+    columns: &Option<Vec<ColumnSpec>>,
+) -> Result<VersionPlan> {
+    let rp = p.get_ref();
+    if let (Some(v), Some(cols)) = (&rp.version, columns) {
         if !json
             && v.get_ref() != "source-position"
             && !cols.iter().any(|c| c.name.as_str() == v.get_ref())
@@ -368,7 +253,7 @@ pub(super) fn compile(
             ));
         }
     }
-    let version = match &rp.version {
+    Ok(match &rp.version {
         None if json => {
             return Err(src.error(
                 p.span(),
@@ -388,17 +273,11 @@ pub(super) fn compile(
             VersionPlan::Field(i)
         }
         Some(v) => VersionPlan::Column(Ident::new(v.get_ref()).map_err(|m| src.error(v.span(), m))?),
-    };
-    let delete_if = match &rp.delete_if {
-        Some(d) if json => Some((d.get_ref().clone(), compile_cel(d)?)),
-        Some(d) => {
-            return Err(src.error(
-                d.span(),
-                "`delete-if` applies to JSON events; Debezium deletes are `op = d`",
-            ))
-        }
-        None => None,
-    };
+    })
+}
+
+/// `tombstones` (table or column) and `truncate` (stop, truncate or ignore).
+fn modes(src: &Source, rp: &RawProjection) -> Result<(TombstoneMode, TruncatePolicy)> {
     let tombstones = match rp.tombstones.as_ref().map(|t| (t, t.get_ref().as_str())) {
         None | Some((_, "table")) => TombstoneMode::Table,
         Some((_, "column")) => TombstoneMode::Column,
@@ -420,7 +299,12 @@ pub(super) fn compile(
             ))
         }
     };
-    let source_table = match &rp.source_table {
+    Ok((tombstones, truncate))
+}
+
+/// `source-table` (Debezium only): `schema.table` as in Debezium's source block.
+fn source_table(src: &Source, json: bool, rp: &RawProjection) -> Result<Option<String>> {
+    Ok(match &rp.source_table {
         Some(s) if json => {
             return Err(src.error(s.span(), "`source-table` applies to Debezium pipelines"))
         }
@@ -435,17 +319,6 @@ pub(super) fn compile(
             Some(s.get_ref().clone())
         }
         None => None,
-    };
-    Ok(RowPlan {
-        table,
-        tombstone_table,
-        source_table,
-        key,
-        columns,
-        version,
-        delete_if,
-        tombstones,
-        truncate,
     })
 }
 
@@ -520,43 +393,87 @@ fn columns(
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The keys a row projection takes.
+pub(crate) const KEYS: &[&str] = &[
+    "table",
+    "key",
+    "columns",
+    "version",
+    "delete-if",
+    "tombstones",
+    "truncate",
+    "source-table",
+];
 
-    #[test]
-    fn sql_types_as_format_type_prints_them() {
-        let t = SqlType::parse("timestamp(6) without time zone").unwrap();
-        assert_eq!(
-            (t.kind, t.precision, t.array),
-            (Kind::Timestamp, Some(6), false)
-        );
-        let t = SqlType::parse("timestamp(3) with time zone").unwrap();
-        assert_eq!((t.kind, t.precision), (Kind::Timestamptz, Some(3)));
-        let t = SqlType::parse("numeric(12,2)").unwrap();
-        assert_eq!(
-            (t.kind, t.precision, t.scale),
-            (Kind::Numeric, Some(12), Some(2))
-        );
-        let t = SqlType::parse("text[]").unwrap();
-        assert_eq!((t.kind, t.array), (Kind::Text, true));
-        assert_eq!(
-            SqlType::parse("character varying(20)").unwrap().kind,
-            Kind::Text
-        );
-        for bad in [
-            "numeric(5,2,1)",
-            "varchar(0)",
-            "numeric(1000,2000)",
-            "timestamp(7)",
-            "int; drop table x",
-            "numeric(1",
-            "text)",
-            "numeric(a)",
-            "",
-            "geometry",
-        ] {
-            assert!(SqlType::parse(bad).is_err(), "{bad}");
+/// Checks a row projection's `table` and compiles the rest of its keys ([`compile`]).
+///
+/// # Errors
+/// [`crate::Error::Config`] naming `file:line:column`.
+pub(crate) fn compile_entry(ctx: &Ctx<'_>) -> Result<RowPlan> {
+    let table_s = ctx.need(ctx.raw().table.as_ref(), "table")?;
+    let table = table_name(ctx.src, ctx.schema, &table_s)?;
+    compile(
+        ctx.src,
+        ctx.format,
+        &ctx.fields.plans,
+        &|s| ctx.fields.index(s),
+        &|s| ctx.fields.compile_cel(s),
+        ctx.p,
+        table,
+    )
+}
+
+/// Records a row projection's keys, resolved (and marks the fields its columns, version and `delete-if` read).
+pub(crate) fn settings(s: &mut Settings<'_>, r: &RowPlan) {
+    let fields = s.fields;
+    s.put("table", r.table.to_string());
+    s.put(
+        "key",
+        r.key
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    s.put(
+        "columns",
+        match &r.columns {
+            None => "(the existing table's)".to_string(),
+            Some(cols) => cols
+                .iter()
+                .map(|c| {
+                    let unit = c.unit.map(|u| format!(" unit {u:?}")).unwrap_or_default();
+                    format!("{} {}{unit}", c.name.as_str(), c.ty.sql)
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        },
+    );
+    for c in r.columns.iter().flatten() {
+        if let Some(i) = c.field {
+            s.used.push(fields[i].name.as_str().to_string());
         }
+    }
+    let version = match &r.version {
+        VersionPlan::SourcePosition => "source-position".to_string(),
+        VersionPlan::Field(i) => {
+            s.used.push(fields[*i].name.as_str().to_string());
+            fields[*i].name.as_str().to_string()
+        }
+        VersionPlan::Column(c) => format!("column {}", c.as_str()),
+    };
+    s.put("version", version);
+    s.put(
+        "delete-if",
+        r.delete_if
+            .as_ref()
+            .map(|d| d.0.clone())
+            .unwrap_or_default(),
+    );
+    s.put("tombstones", format!("{:?}", r.tombstones).to_lowercase());
+    s.put("truncate", format!("{:?}", r.truncate).to_lowercase());
+    s.put("source-table", r.source_table.clone().unwrap_or_default());
+    if let Some((_, program)) = &r.delete_if {
+        s.used.extend(cel_fields(program, fields));
     }
 }

@@ -17,8 +17,9 @@ use chrono::{DateTime, NaiveDate, NaiveTime};
 use num_bigint::BigInt;
 use serde_json::Value;
 
-use crate::config::{ColumnSpec, DecimalHandling, Kind, SqlType, Unit};
-use crate::debezium::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
+use super::envelope::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
+use crate::config::fields::DecimalHandling;
+use crate::projection::row::types::{ColumnSpec, Kind, SqlType, Unit};
 
 /// A converted value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,61 @@
+//! Why a record is quarantined: the [`Reason`] category and the [`Rejection`] with its detail.
+
+/// Why a record was quarantined; the `reason` column of `replaysafe_dead_letters` and the `reason` metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The value is a Kafka null (a tombstone) on a topic of JSON events.
+    NullValue,
+    /// The value is larger than `batch.max-record-bytes`.
+    Oversize,
+    /// The value is not JSON (or not a JSON object).
+    InvalidJson,
+    /// A non-optional field is missing or null.
+    MissingField,
+    /// A field has the wrong type or an invalid value (bad UUID, bad date, …).
+    InvalidField,
+    /// The event's partition-by day is older than the ledger horizon: its ledger partition may be gone.
+    BeyondHorizon,
+    /// A filter expression failed to evaluate on this record.
+    FilterError,
+    /// PostgreSQL rejected the record's values (a data exception or constraint, found by replaying the batch
+    /// record by record).
+    RejectedByDatabase,
+    /// A Debezium record flattened by the `ExtractNewRecordState` transform (the row alone, no change envelope).
+    Flattened,
+}
+
+impl Reason {
+    /// Stable kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NullValue => "null-value",
+            Reason::Oversize => "oversize",
+            Reason::InvalidJson => "invalid-json",
+            Reason::MissingField => "missing-field",
+            Reason::InvalidField => "invalid-field",
+            Reason::BeyondHorizon => "beyond-horizon",
+            Reason::FilterError => "filter-error",
+            Reason::RejectedByDatabase => "rejected-by-database",
+            Reason::Flattened => "flattened-record",
+        }
+    }
+}
+
+/// A quarantine decision with a human-readable detail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The category.
+    pub reason: Reason,
+    /// What exactly was wrong (field, path, value excerpt).
+    pub detail: String,
+}
+
+impl Rejection {
+    /// A rejection of this category with this detail.
+    pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
+        Rejection {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! What `counter` and `sum` share: a table keyed by the `group-by` fields whose value columns are incremented
+//! by each batch (`INSERT … ON CONFLICT DO UPDATE SET v = v + EXCLUDED.v`).
+
+use super::kind::{Aggregate, Compiled, Ctx, Settings};
+use crate::error::Result;
+use crate::ident::Ident;
+
+/// One value column: `(target column, select expression over landed, column type)`.
+pub(crate) type Target = (Ident, String, &'static str);
+
+/// Value columns and, per column, the field it adds.
+pub(crate) type Targets = (Vec<Target>, Vec<Option<usize>>);
+
+/// Checks the `table` and `group-by` keys, then the kind's own (`targets`, called after them), and builds the
+/// statement and DDL incrementing the targets.
+///
+/// # Errors
+/// [`crate::Error::Config`]: a missing key, an unknown or optional group-by field, a bad table name, or the
+/// error of `targets`.
+pub(crate) fn compile(
+    ctx: &Ctx<'_>,
+    targets: impl FnOnce() -> Result<Targets>,
+) -> Result<Compiled> {
+    let (src, fields, rp) = (ctx.src, ctx.fields, ctx.raw());
+    let table_s = ctx.need(rp.table.as_ref(), "table")?;
+    let table = crate::config::fields::table_name(src, ctx.schema, &table_s)?;
+    let group_by_raw = rp.group_by.as_ref().ok_or_else(|| {
+        src.error(
+            ctx.p.span(),
+            format!("a `{}` projection needs `group-by`", rp.kind.get_ref()),
+        )
+    })?;
+    let group_by = fields.list(group_by_raw, "group-by")?;
+    for (&i, s) in group_by.iter().zip(group_by_raw.get_ref()) {
+        if fields.plans[i].optional {
+            return Err(src.error(
+                s.span(),
+                format!("group-by field `{}` must not be optional", s.get_ref()),
+            ));
+        }
+    }
+    let gcols: Vec<String> = group_by
+        .iter()
+        .map(|&i| fields.plans[i].name.to_string())
+        .collect();
+    let gdefs: Vec<String> = group_by
+        .iter()
+        .map(|&i| {
+            format!(
+                "{} {} NOT NULL",
+                fields.plans[i].name,
+                fields.plans[i].ty.sql()
+            )
+        })
+        .collect();
+    let g = gcols.join(", ");
+    let (targets, value_fields) = targets()?;
+    let tcols = targets
+        .iter()
+        .map(|(t, _, _)| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let texprs = targets
+        .iter()
+        .map(|(_, e, _)| e.clone())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let updates = targets
+        .iter()
+        .map(|(t, _, _)| format!("{t} = {table}.{t} + EXCLUDED.{t}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let where_pass = &ctx.where_pass;
+    let statement = format!(
+        "INSERT INTO {table} ({g}, {tcols}) SELECT {g}, {texprs} FROM landed{where_pass} GROUP BY {g} \
+         ON CONFLICT ({g}) DO UPDATE SET {updates}"
+    );
+    let tdefs = targets
+        .iter()
+        .map(|(t, _, ty)| format!("{t} {ty} NOT NULL DEFAULT 0"))
+        .collect::<Vec<_>>();
+    let setup = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {table} ({}, {}, PRIMARY KEY ({g}))",
+        gdefs.join(", "),
+        tdefs.join(", ")
+    )];
+    let aggregate = Some(Aggregate {
+        table: table.clone(),
+        group_by: group_by.clone(),
+        values: targets.iter().map(|(t, _, _)| t.clone()).collect(),
+        value_fields,
+    });
+    Ok(Compiled {
+        name: table.name.as_str().to_string(),
+        statement,
+        setup,
+        aggregate,
+    })
+}
+
+/// Records `table` and `group-by` (and marks the group-by fields read).
+pub(crate) fn settings(s: &mut Settings<'_>) {
+    let group_by = Settings::list(&s.rp.group_by);
+    let table = s.table("");
+    s.put("table", table);
+    s.put("group-by", group_by.join(", "));
+    s.used.extend(group_by);
+}

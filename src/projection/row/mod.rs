@@ -1,0 +1,271 @@
+//! `[[projection]] kind = "row"`: a version-guarded row-state table. In the batch transaction: the changes a batch newly claimed are grouped per entity, ordered
+//! by version, folded against the stored state (read `FOR UPDATE`), and written once per entity.
+//!
+//! Rules (README "Debezium CDC to a table"):
+//! - an upsert applies only when its version is strictly newer than the stored one (live row or tombstone);
+//! - a delete leaves a tombstone `(key, _version, _deleted_at)` so an older write can never resurrect the row;
+//! - an equal version with the same row state is a duplicate; with a different state it is a conflict, recorded in
+//!   `replaysafe_conflicts`, and the stored row is left unchanged;
+//! - a strictly newer version with the same row state only moves the stored version: the record is landed (a
+//!   snapshot read of an unchanged row is a duplicate);
+//! - each batch first locks its entities (transaction-scoped advisory locks, in one global order), so concurrent
+//!   batches of other partitions apply one entity's changes one transaction at a time;
+//! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
+
+pub mod change;
+pub mod fold;
+pub mod plan;
+pub mod state;
+pub mod statements;
+pub mod table;
+pub mod types;
+pub mod write;
+
+pub use change::{
+    from_change, leave_filter, matches, ChangeKind, Coordinates, RowChange, RowResult,
+};
+pub use fold::apply;
+pub use plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
+pub use statements::{prepare, Prepared, MAX_ENTITY_LOCKS};
+pub use table::{create_conflicts, resolve, setup, Shape, CONFLICTS, TRUNCATES};
+pub use types::{ColumnSpec, Kind, SqlType, Unit};
+
+use std::collections::{HashMap, HashSet};
+
+use tokio_postgres::Transaction;
+
+use crate::config::Pipeline;
+use crate::decode::debezium::convert::Pg;
+use crate::sink::batch::{Batch, Outcome, Pending};
+use crate::sink::error::{classify, ApplyError};
+
+/// Step 3a of the batch transaction: row projections first. A claimed change that is older than the stored
+/// state (stale, conflict) or the state already stored at its version (or an unchanged snapshot read:
+/// duplicate) is taken out of `landed` (and `pg_temp.landed`), so counters and the outbox never see it. A newer
+/// version with an unchanged row state stays. Returns the outcomes of the records taken out.
+///
+/// # Errors
+/// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.
+pub async fn apply_rows(
+    tx: &Transaction<'_>,
+    rows: &[Prepared],
+    p: &Pipeline,
+    group: &str,
+    batch: &Batch,
+    landed: &mut HashSet<i64>,
+) -> std::result::Result<HashMap<i64, Outcome>, ApplyError> {
+    let mut overrides: HashMap<i64, Outcome> = HashMap::new();
+    if !landed.is_empty() && !rows.is_empty() {
+        let mut best: HashMap<i64, RowResult> = HashMap::new();
+        let at = Coordinates {
+            topic: &batch.topic,
+            partition: batch.partition,
+            group,
+        };
+        warn_unmatched_tables(p, batch);
+        for rp in rows {
+            let proj = &p.projections[rp.shape.index];
+            let changes = row_changes(p, rp, batch, landed)?;
+            let results = apply(tx, rp, proj, changes, &at).await?;
+            for (o, r) in results {
+                let e = best.entry(o).or_insert(r);
+                *e = strongest(*e, r);
+            }
+        }
+        let gone: Vec<i64> = best
+            .iter()
+            .filter(|(_, r)| !matches!(r, RowResult::Applied | RowResult::Unchanged))
+            .map(|(o, _)| *o)
+            .collect();
+        if !gone.is_empty() {
+            tx.execute(
+                "DELETE FROM pg_temp.landed WHERE _offset = ANY($1)",
+                &[&gone],
+            )
+            .await
+            .map_err(|e| classify(e, false))?;
+            for o in gone {
+                landed.remove(&o);
+                overrides.insert(
+                    o,
+                    match best[&o] {
+                        RowResult::Stale => Outcome::Stale { conflict: false },
+                        RowResult::Conflict => Outcome::Stale { conflict: true },
+                        _ => Outcome::Duplicate,
+                    },
+                );
+            }
+        }
+    }
+    Ok(overrides)
+}
+
+/// Of two row-projection results for one record, the one that decides its outcome.
+fn strongest(a: RowResult, b: RowResult) -> RowResult {
+    use RowResult::*;
+    let rank = |r| match r {
+        Applied => 4,
+        Unchanged => 3,
+        Conflict => 2,
+        Stale => 1,
+        Same => 0,
+    };
+    if rank(a) >= rank(b) {
+        a
+    } else {
+        b
+    }
+}
+
+/// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like
+/// this: everything lands, the table stays empty).
+fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
+    static WARNED: std::sync::OnceLock<std::sync::Mutex<HashSet<String>>> =
+        std::sync::OnceLock::new();
+    // Tables already looked at in this batch: the shared set is locked once per table, not per record.
+    let mut seen: HashSet<&str> = HashSet::new();
+    for it in &batch.items {
+        let Pending::Claim {
+            change: Some(ch), ..
+        } = &it.pending
+        else {
+            continue;
+        };
+        if !seen.insert(ch.table.as_str()) {
+            continue;
+        }
+        let matched = p
+            .projections
+            .iter()
+            .any(|proj| proj.row.as_ref().is_some_and(|r| matches(r, &r.table, ch)));
+        if !matched {
+            let mut w = WARNED
+                .get_or_init(Default::default)
+                .lock()
+                .expect("warned set");
+            if w.insert(ch.table.clone()) {
+                tracing::warn!(
+                    source_table = %ch.table,
+                    topic = %batch.topic,
+                    partition = batch.partition,
+                    offset = it.offset,
+                    "changes of this source table reach no row projection (check `source-table`); they are claimed \
+                     and reach the other projections only"
+                );
+            }
+        }
+    }
+}
+
+/// The delivery key of a claimed record as a JSON array text: generation, then the identity key fields.
+fn delivery_text(p: &Pipeline, fields: &crate::decode::Fields) -> String {
+    let mut v = vec![serde_json::Value::String(
+        p.identity.generation.clone().unwrap_or_default(),
+    )];
+    for &i in &p.identity.key {
+        v.push(
+            fields[i]
+                .as_ref()
+                .map(|f| serde_json::Value::String(f.text.clone()))
+                .unwrap_or(serde_json::Value::Null),
+        );
+    }
+    serde_json::Value::Array(v).to_string()
+}
+
+/// The changes of `batch` that row projection `rp` takes: newly claimed, of its source table (Debezium) — in
+/// offset order. Its `filter`: JSON events that fail it do not reach it; a Debezium change whose row fails it
+/// becomes a delete of the row (the filter says which rows belong in the table).
+pub(super) fn row_changes(
+    p: &Pipeline,
+    rp: &Prepared,
+    batch: &Batch,
+    landed: &HashSet<i64>,
+) -> std::result::Result<Vec<RowChange>, ApplyError> {
+    let proj = &p.projections[rp.shape.index];
+    let plan = proj.row.as_ref().expect("row");
+    let mut out = Vec::new();
+    for it in &batch.items {
+        let Pending::Claim {
+            fields,
+            passes,
+            change,
+            deletes,
+        } = &it.pending
+        else {
+            continue;
+        };
+        if !landed.contains(&it.offset) {
+            continue;
+        }
+        let in_filter = proj
+            .pass_column
+            .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false));
+        let delivery = delivery_text(p, fields);
+        match change {
+            Some(ch) => {
+                if !matches(plan, &plan.table, ch) {
+                    continue;
+                }
+                let mut rc =
+                    from_change(&rp.shape, plan, it.offset, ch, delivery, p.decimal_handling)
+                        .map_err(|rejection| ApplyError::Record {
+                            offset: it.offset,
+                            rejection,
+                        })?;
+                // A Debezium row projection's `filter` says which rows belong in the table: a change whose row
+                // leaves it removes the row (a tombstone at the change's version); deletes and truncates always
+                // apply (a delete has no `after` for the filter to pass).
+                if !in_filter {
+                    leave_filter(&mut rc);
+                }
+                out.push(rc);
+            }
+            None if !in_filter => continue,
+            None => {
+                let text = |i: usize| fields[i].as_ref().map(|f| f.text.clone());
+                let key = rp
+                    .shape
+                    .key
+                    .iter()
+                    .map(|&k| {
+                        text(rp.shape.columns[k].field.expect("json column")).unwrap_or_default()
+                    })
+                    .collect();
+                let version = match plan.version {
+                    VersionPlan::Field(i) => {
+                        vec![text(i)
+                            .and_then(|t| t.parse::<i64>().ok())
+                            .unwrap_or(i64::MIN)]
+                    }
+                    _ => vec![it.offset],
+                };
+                let delete = deletes.get(rp.shape.index).copied().unwrap_or(false);
+                out.push(RowChange {
+                    offset: it.offset,
+                    key,
+                    version,
+                    kind: if delete {
+                        ChangeKind::Delete
+                    } else {
+                        ChangeKind::Upsert
+                    },
+                    values: rp
+                        .shape
+                        .columns
+                        .iter()
+                        .map(|c| match c.field.and_then(text) {
+                            Some(t) => Pg::Text(t),
+                            None => Pg::Null,
+                        })
+                        .collect(),
+                    delivery,
+                    old_key: None,
+                    snapshot: false,
+                    position: None,
+                });
+            }
+        }
+    }
+    Ok(out)
+}

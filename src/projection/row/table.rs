@@ -1,0 +1,303 @@
+//! A row projection's table: its shape (columns from the pipeline file or the catalog, key), the DDL `init` runs
+//! (`setup`), and the conflicts and truncates tables.
+
+use tokio_postgres::GenericClient;
+
+use super::plan::TombstoneMode;
+use super::types::{ColumnSpec, SqlType};
+use crate::config::Pipeline;
+use crate::error::{Error, Result};
+use crate::ident::{Ident, QualifiedName};
+
+/// Name of the conflicts table (in the pipeline schema).
+pub const CONFLICTS: &str = "replaysafe_conflicts";
+
+/// Name of the truncate table (in the pipeline schema): one row per truncate applied, per projection; the
+/// newest is the projection's *truncate watermark* (source-position versions older than it are stale on every
+/// entity, also ones that arrive later from another partition).
+pub const TRUNCATES: &str = "replaysafe_truncates";
+
+/// A row projection resolved against the database: its columns (from the pipeline file or the catalog) and key.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// Index of the projection in `Pipeline::projections`.
+    pub index: usize,
+    /// The projection's name.
+    pub name: String,
+    /// Its columns.
+    pub columns: Vec<ColumnSpec>,
+    /// Indices into `columns` of the primary key.
+    pub key: Vec<usize>,
+}
+
+async fn catalog_columns(
+    c: &impl GenericClient,
+    table: &QualifiedName,
+) -> Result<Option<Vec<(String, String)>>> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             JOIN pg_class r ON r.oid = a.attrelid JOIN pg_namespace n ON n.oid = r.relnamespace \
+             WHERE n.nspname = $1 AND r.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&table.schema.as_str(), &table.name.as_str()],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+}
+
+async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec<String>> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text FROM pg_index i JOIN pg_class r ON r.oid = i.indrelid \
+             JOIN pg_namespace n ON n.oid = r.relnamespace \
+             JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true \
+             JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum = k.attnum \
+             WHERE n.nspname = $1 AND r.relname = $2 AND i.indisprimary ORDER BY k.ord",
+            &[&table.schema.as_str(), &table.name.as_str()],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Resolves a row projection's columns and key: from the pipeline file, or from the existing table.
+///
+/// # Errors
+/// [`Error::Schema`] when the table is missing and `columns` is not given, has no primary key and `key` is not
+/// given, or has a column type replaysafe cannot convert to.
+pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<Shape> {
+    let proj = &p.projections[index];
+    let plan = proj.row.as_ref().expect("row projection");
+    let columns: Vec<ColumnSpec> = match &plan.columns {
+        Some(cols) => cols.clone(),
+        None => {
+            let found = catalog_columns(c, &plan.table).await?.ok_or_else(|| {
+                Error::Schema(format!(
+                    "row projection `{}`: table {} does not exist; create it (the source table's DDL) or declare `columns`",
+                    proj.name, plan.table
+                ))
+            })?;
+            let mut out = Vec::new();
+            for (name, ty) in found {
+                if name.starts_with('_') {
+                    continue;
+                }
+                let ty = SqlType::parse(&ty).map_err(|m| {
+                    Error::Schema(format!(
+                        "row projection `{}`: column {name} of {}: {m}",
+                        proj.name, plan.table
+                    ))
+                })?;
+                out.push(ColumnSpec {
+                    name: Ident::new(&name).map_err(|m| {
+                        Error::Schema(format!(
+                            "row projection `{}`: column `{name}`: {m}",
+                            proj.name
+                        ))
+                    })?,
+                    ty,
+                    unit: None,
+                    field: None,
+                });
+            }
+            out
+        }
+    };
+    let key_names: Vec<String> = if plan.key.is_empty() {
+        let pk = catalog_pk(c, &plan.table).await?;
+        if pk.is_empty() {
+            return Err(Error::Schema(format!(
+                "row projection `{}`: set `key` (the table {} has no primary key yet)",
+                proj.name, plan.table
+            )));
+        }
+        pk
+    } else {
+        plan.key.iter().map(|k| k.as_str().to_string()).collect()
+    };
+    let mut key = Vec::new();
+    for k in &key_names {
+        let i = columns
+            .iter()
+            .position(|c| c.name.as_str() == k)
+            .ok_or_else(|| {
+                Error::Schema(format!(
+                    "row projection `{}`: key column `{k}` is not a column of {}",
+                    proj.name, plan.table
+                ))
+            })?;
+        key.push(i);
+    }
+    Ok(Shape {
+        index,
+        name: proj.name.clone(),
+        columns,
+        key,
+    })
+}
+
+/// DDL for a row projection: the table (when `columns` are declared) or the bookkeeping columns added to an
+/// existing one, the tombstone table, and the conflicts table. Idempotent.
+///
+/// # Errors
+/// As [`resolve`], and [`Error::Postgres`].
+pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<()> {
+    let proj = &p.projections[index];
+    let plan = proj.row.as_ref().expect("row projection");
+    let t = &plan.table;
+    let deleted = if plan.tombstones == TombstoneMode::Column {
+        ", _deleted_at timestamptz"
+    } else {
+        ""
+    };
+    let exec = |sql: String| async move {
+        c.batch_execute(&sql).await.map_err(|e| {
+            Error::Schema(format!(
+                "setup of row projection `{}`: {e}: {sql}",
+                proj.name
+            ))
+        })
+    };
+    let schema_exists = !c
+        .query(
+            "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+            &[&t.schema.as_str()],
+        )
+        .await?
+        .is_empty();
+    if !schema_exists {
+        exec(format!("CREATE SCHEMA IF NOT EXISTS {}", t.schema)).await?;
+    }
+    if let Some(cols) = &plan.columns {
+        let defs: Vec<String> = cols
+            .iter()
+            .map(|c| {
+                let null = if plan.key.contains(&c.name) {
+                    " NOT NULL"
+                } else {
+                    ""
+                };
+                format!("{} {}{null}", c.name, c.ty.sql)
+            })
+            .collect();
+        let key: Vec<String> = plan.key.iter().map(|k| k.to_string()).collect();
+        exec(format!(
+            "CREATE TABLE IF NOT EXISTS {t} ({}, _version bigint[] NOT NULL, _sha256 bytea NOT NULL, _delivery text, \
+             _updated_at timestamptz NOT NULL DEFAULT now(){deleted}, _position bigint[], PRIMARY KEY ({}))",
+            defs.join(", "),
+            key.join(", ")
+        ))
+        .await?;
+    } else {
+        exec(format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _version bigint[], ADD COLUMN IF NOT EXISTS _sha256 bytea, \
+             ADD COLUMN IF NOT EXISTS _delivery text, ADD COLUMN IF NOT EXISTS _updated_at timestamptz DEFAULT now(){}",
+            if deleted.is_empty() { "" } else { ", ADD COLUMN IF NOT EXISTS _deleted_at timestamptz" }
+        ))
+        .await?;
+    }
+    // The source position of the change that wrote each state (tables made before it was kept get the column).
+    exec(format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _position bigint[]"
+    ))
+    .await?;
+    let shape = resolve(c, p, index).await?;
+    if plan.tombstones == TombstoneMode::Column {
+        refuse_not_null(c, &proj.name, &shape, t).await?;
+    }
+    if plan.tombstones == TombstoneMode::Table {
+        let defs: Vec<String> = shape
+            .key
+            .iter()
+            .map(|&i| {
+                format!(
+                    "{} {} NOT NULL",
+                    shape.columns[i].name, shape.columns[i].ty.sql
+                )
+            })
+            .collect();
+        let key: Vec<String> = shape
+            .key
+            .iter()
+            .map(|&i| shape.columns[i].name.to_string())
+            .collect();
+        exec(format!(
+            "CREATE TABLE IF NOT EXISTS {} ({}, _version bigint[] NOT NULL, _delivery text, \
+             _deleted_at timestamptz NOT NULL DEFAULT now(), _last jsonb, _position bigint[], PRIMARY KEY ({}))",
+            plan.tombstone_table,
+            defs.join(", "),
+            key.join(", ")
+        ))
+        .await?;
+        exec(format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS _position bigint[]",
+            plan.tombstone_table
+        ))
+        .await?;
+    }
+    exec(create_conflicts(p)).await?;
+    exec(format!(
+        "CREATE TABLE IF NOT EXISTS {} (projection text NOT NULL, version bigint[] NOT NULL, topic text NOT NULL, \
+         partition integer NOT NULL, \"offset\" bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (projection, version))",
+        p.table(TRUNCATES)
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Refuses `tombstones = "column"` on a table whose non-key columns are `NOT NULL`: the tombstone of an entity
+/// never seen (its delete arrives before its create — from another partition, or the create is past the topic's
+/// retention) is a row with only its key, which such a table rejects — the delete would be quarantined and a later
+/// older insert would resurrect the row.
+async fn refuse_not_null(
+    c: &impl GenericClient,
+    projection: &str,
+    shape: &Shape,
+    table: &QualifiedName,
+) -> Result<()> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a JOIN pg_class r ON r.oid = a.attrelid \
+             JOIN pg_namespace n ON n.oid = r.relnamespace WHERE n.nspname = $1 AND r.relname = $2 \
+             AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull ORDER BY a.attnum",
+            &[&table.schema.as_str(), &table.name.as_str()],
+        )
+        .await?;
+    let keys: Vec<&str> = shape
+        .key
+        .iter()
+        .map(|&i| shape.columns[i].name.as_str())
+        .collect();
+    let bad: Vec<String> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|n| {
+            shape.columns.iter().any(|c| c.name.as_str() == n) && !keys.contains(&n.as_str())
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Schema(format!(
+        "row projection `{projection}`: tombstones = \"column\" keeps a row with only its key for an entity deleted \
+         before it was seen, but column(s) {} of {table} are NOT NULL; drop the constraint (ALTER TABLE {table} ALTER \
+         COLUMN … DROP NOT NULL) or use tombstones = \"table\"",
+        bad.join(", ")
+    )))
+}
+
+/// `CREATE TABLE` for `replaysafe_conflicts`: one row per change that claimed a stored version with a different
+/// row state.
+pub fn create_conflicts(p: &Pipeline) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, projection text NOT NULL, table_name text NOT NULL, \
+         entity jsonb NOT NULL, version bigint[] NOT NULL, stored_delivery text, incoming_delivery text, \
+         stored_sha256 bytea, incoming_sha256 bytea NOT NULL, stored jsonb, incoming jsonb NOT NULL, \
+         topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, consumer_group text NOT NULL, \
+         detected_at timestamptz NOT NULL DEFAULT now(), UNIQUE (projection, entity, version, incoming_sha256))",
+        p.table(CONFLICTS)
+    )
+}

@@ -1,0 +1,74 @@
+//! `kind = "sql"`: the user's statement over `landed`, run once per batch when something landed. With a
+//! `filter`, `landed` is shadowed by a CTE holding only the rows that pass it.
+
+use std::collections::HashSet;
+
+use super::kind::{Compiled, Ctx, Settings};
+use crate::error::Result;
+
+/// The keys a `sql` projection takes.
+pub(crate) const KEYS: &[&str] = &["sql", "setup", "snapshots"];
+
+/// Checks `sql` (not empty; no `WITH RECURSIVE` together with a filter) and builds the statement.
+///
+/// # Errors
+/// [`crate::Error::Config`] naming `file:line:column`.
+pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
+    let (src, rp) = (ctx.src, ctx.raw());
+    let sql = ctx.need(rp.sql.as_ref(), "sql")?;
+    let body = sql
+        .get_ref()
+        .trim()
+        .trim_end_matches(';')
+        .trim()
+        .to_string();
+    if body.is_empty() {
+        return Err(src.error(sql.span(), "`sql` is empty"));
+    }
+    let statement = match &ctx.pass {
+        None => body,
+        Some(c) => {
+            let shadow = format!("landed AS (SELECT * FROM pg_temp.landed WHERE {c})");
+            let lower = body.to_ascii_lowercase();
+            if lower.starts_with("with recursive") {
+                return Err(src.error(
+                    sql.span(),
+                    "`filter` cannot be combined with a WITH RECURSIVE statement",
+                ));
+            } else if lower.starts_with("with") && body[4..].starts_with(char::is_whitespace) {
+                format!("WITH {shadow},{}", &body[4..])
+            } else {
+                format!("WITH {shadow} {body}")
+            }
+        }
+    };
+    let setup = rp
+        .setup
+        .as_ref()
+        .map(|s| vec![s.get_ref().clone()])
+        .unwrap_or_default();
+    Ok(Compiled {
+        name: format!("projection-{}", ctx.n + 1),
+        statement,
+        setup,
+        aggregate: None,
+    })
+}
+
+/// Records the statement; the fields it reads are every declared field named as a word in it.
+pub(crate) fn settings(s: &mut Settings<'_>) {
+    let sql = Settings::text(&s.rp.sql).unwrap_or_default();
+    let sql = sql.trim().trim_end_matches(';').trim().to_string();
+    let words: HashSet<&str> = sql
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    let used: Vec<String> = s
+        .fields
+        .iter()
+        .map(|f| f.name.as_str())
+        .filter(|n| words.contains(n))
+        .map(str::to_string)
+        .collect();
+    s.used.extend(used);
+    s.put("sql", sql);
+}

@@ -1,0 +1,140 @@
+//! The partition checkpoint: its table, the take-over statement (fence bump), the compare-and-set that advances
+//! it in every batch transaction, and the stale-generation check.
+
+use tokio_postgres::{Statement, Transaction};
+
+use super::batch::Batch;
+use super::error::{classify, ApplyError};
+use crate::config::Pipeline;
+
+/// Name of the checkpoint table (in the pipeline schema).
+pub const CHECKPOINTS: &str = "replaysafe_checkpoints";
+
+/// `CREATE TABLE` for the checkpoint table: `(consumer_group, topic, partition) → next_offset` (the next
+/// offset to read, Kafka's convention), plus the fence epoch bumped by every new owner of the partition, and
+/// the *fingerprint* of the last record applied (`last_offset`, `last_timestamp` in ms, `last_sha256` of its key
+/// and value, the same digest as `start::fingerprint`): a new stream generation reads that record back to tell whether
+/// the topic is the same one or was recreated. The `ALTER` adds the fingerprint to tables of earlier versions.
+pub fn create_checkpoints(p: &Pipeline) -> String {
+    let t = p.table(CHECKPOINTS);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {t} (consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \
+         generation text NOT NULL DEFAULT '', next_offset bigint, fence bigint NOT NULL DEFAULT 0, \
+         updated_at timestamptz NOT NULL DEFAULT now(), last_offset bigint, last_timestamp bigint, last_sha256 bytea, \
+         PRIMARY KEY (consumer_group, generation, topic, partition)); \
+         ALTER TABLE {t} ADD COLUMN IF NOT EXISTS last_offset bigint, ADD COLUMN IF NOT EXISTS last_timestamp bigint, \
+         ADD COLUMN IF NOT EXISTS last_sha256 bytea"
+    )
+}
+
+/// Name of the table recording where a consumer group began on a topic (in the pipeline schema).
+pub const GROUP_STARTS: &str = "replaysafe_group_starts";
+
+/// `CREATE TABLE` for group starts: `(consumer_group, generation, topic) → partitions`, the topic's partition
+/// count when the group (in that generation) first resolved a position from `start`. A partition numbered at or
+/// above it was added later: it holds only records newer than the group and is read from its beginning.
+pub fn create_group_starts(p: &Pipeline) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (consumer_group text NOT NULL, generation text NOT NULL, topic text NOT NULL, \
+         partitions integer NOT NULL, began_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (consumer_group, generation, topic))",
+        p.table(GROUP_STARTS)
+    )
+}
+
+/// Compare-and-set of a partition's checkpoint, guarded by the fence. Parameters: `$1` group, `$2` topic,
+/// `$3` partition, `$4` fence, `$5` expected next_offset (null: no checkpoint yet), `$6` new next_offset,
+/// `$7` generation, then the fingerprint of the batch's last record: `$8` offset, `$9` timestamp ms,
+/// `$10` SHA-256 (nulls keep the stored fingerprint).
+/// Affects one row when this owner still holds the partition and nobody moved the checkpoint.
+pub fn advance_checkpoint(p: &Pipeline) -> String {
+    format!(
+        "UPDATE {} SET next_offset = $6, updated_at = now(), last_offset = coalesce($8, last_offset), \
+         last_timestamp = CASE WHEN $8::bigint IS NULL THEN last_timestamp ELSE $9 END, \
+         last_sha256 = coalesce($10, last_sha256) WHERE consumer_group = $1 AND topic = $2 \
+         AND partition = $3 AND fence = $4 AND next_offset IS NOT DISTINCT FROM $5 AND generation = $7",
+        p.table(CHECKPOINTS)
+    )
+}
+
+/// Another generation's checkpoint of a partition that was written after this generation's and stands
+/// elsewhere: this generation's checkpoint is stale. Parameters: `$1` group, `$2` topic, `$3` partition (int4),
+/// `$4` this generation. Returns the other generation and its next offset (at most one row, the newest).
+pub fn newer_generation(p: &Pipeline) -> String {
+    let t = p.table(CHECKPOINTS);
+    format!(
+        "SELECT o.generation, o.next_offset FROM {t} o JOIN {t} m ON m.consumer_group = o.consumer_group \
+         AND m.topic = o.topic AND m.partition = o.partition AND m.generation = $4 \
+         WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3 AND o.generation <> $4 \
+         AND o.next_offset IS NOT NULL AND m.next_offset IS NOT NULL AND o.next_offset <> m.next_offset \
+         AND o.updated_at > m.updated_at ORDER BY o.updated_at DESC LIMIT 1"
+    )
+}
+
+/// Takes ownership of a partition: creates its checkpoint row if missing and bumps the fence, so that any
+/// previous owner's in-flight batch fails its compare-and-set. Parameters: `$1` group, `$2` topic,
+/// `$3` partition, `$4` generation ('' for none). Returns `(next_offset, fence)`. Checkpoints are kept per
+/// stream generation: a recreated topic under a new generation starts from its own positions.
+pub fn acquire_checkpoint(p: &Pipeline) -> String {
+    let t = p.table(CHECKPOINTS);
+    format!(
+        "INSERT INTO {t} AS c (consumer_group, generation, topic, partition, next_offset, fence) \
+         VALUES ($1, $4, $2, $3, NULL, 1) ON CONFLICT (consumer_group, generation, topic, partition) \
+         DO UPDATE SET fence = c.fence + 1, updated_at = now() RETURNING next_offset, fence"
+    )
+}
+
+/// Step 1 of the batch transaction: the checkpoint compare-and-set ([`advance_checkpoint`]) first — it locks the
+/// partition's row, so a new owner's fence bump waits for this batch. Records the fingerprint of the batch's
+/// last record (`last_sha`: its fingerprint, `start::fingerprint` of its key and value).
+///
+/// # Errors
+/// [`ApplyError::Fenced`] (with the checkpoint and fence now stored) when another owner took the partition or
+/// moved the checkpoint; otherwise as [`classify`].
+pub(super) async fn advance(
+    tx: &Transaction<'_>,
+    stmt: &Statement,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+    batch: &Batch,
+    last_sha: Option<Vec<u8>>,
+) -> Result<(), ApplyError> {
+    let (last_offset, last_ts) = match batch.items.last() {
+        Some(it) => (Some(it.offset), it.timestamp_ms),
+        None => (None, None),
+    };
+    let moved = tx
+        .execute(
+            stmt,
+            &[
+                &group,
+                &batch.topic,
+                &batch.partition,
+                &batch.fence,
+                &batch.expected,
+                &batch.end,
+                &generation,
+                &last_offset,
+                &last_ts,
+                &last_sha,
+            ],
+        )
+        .await
+        .map_err(|e| classify(e, false))?;
+    if moved != 1 {
+        let row = tx
+            .query_opt(
+                &format!(
+                    "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4",
+                    p.table(CHECKPOINTS)
+                ),
+                &[&group, &batch.topic, &batch.partition, &generation],
+            )
+            .await
+            .map_err(|e| classify(e, false))?;
+        let (next_offset, fence) = row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
+        return Err(ApplyError::Fenced { next_offset, fence });
+    }
+    Ok(())
+}
