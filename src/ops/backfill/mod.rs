@@ -1,0 +1,203 @@
+//! `replaysafe backfill`: replay a window of the topic through the engine (the same idempotent batch path as
+//! `run`: ledger claim + projections + checkpoint in one transaction) over the assign source.
+//!
+//! Partitions are assigned explicitly (no group subscription); each starts at the first offset at or after
+//! `--from` (ListOffsets by timestamp, `offsets_for_times`) and stops before its stop offset (exclusive). The
+//! checkpoint rows of the backfill's own group id make a second run of the same backfill a no-op.
+
+mod plan;
+pub mod report;
+mod scan;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, NaiveDate};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Pipeline;
+use crate::engine::{Engine, Extras, Options};
+use crate::error::{Error, Result};
+use crate::ops::offsets::StopFile;
+use crate::sink::Tally;
+use crate::source::assign::{Assign, Range};
+
+pub use plan::plan;
+pub use report::{
+    DayCounts, LedgerRows, MissingRow, PastTheStop, RebuildCheck, Report, MISSING_LISTED,
+};
+pub use scan::{PAST_STOP_SCAN_MS, PAST_STOP_SCAN_RECORDS};
+
+/// Where the window ends.
+#[derive(Debug, Clone)]
+pub enum StopSpec {
+    /// A snapshot file (`offsets snapshot`).
+    Offsets(StopFile),
+    /// Another group's positions, read now.
+    Group(String),
+    /// The first offset at or after this time (ms since the epoch), or the end captured with the lookup.
+    Time(i64),
+}
+
+/// What to do with a partition that has no stop position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MissingStop {
+    /// Stop at the partition's end as captured when planning.
+    End,
+    /// Leave the partition out.
+    Skip,
+    /// Refuse to start.
+    Error,
+}
+
+/// Options of a backfill.
+#[derive(Debug, Clone)]
+pub struct BackfillOptions {
+    /// Window start, ms since the Unix epoch (record timestamps).
+    pub from_ms: i64,
+    /// Window end.
+    pub stop: StopSpec,
+    /// Keep only records for which this CEL expression is true (others are `filtered` by rule `--filter`).
+    pub filter: Option<String>,
+    /// Keep only records whose partition-by day lies in this window (rebuild).
+    pub day_window: Option<(NaiveDate, NaiveDate)>,
+    /// The backfill's own consumer group id (checkpoints, Kafka commits).
+    pub group_id: String,
+    /// Raise the topic's `retention.ms` when the window is close to expiring.
+    pub ensure_retention: bool,
+    /// Plan and print only.
+    pub dry_run: bool,
+    /// Policy for partitions without a stop position.
+    pub missing_stop: MissingStop,
+    /// Show a progress bar (when stderr is a terminal).
+    pub progress: bool,
+    /// Offsets the replay must read whatever the times say, per `(topic, partition)`: `(lowest, highest)`,
+    /// both inclusive (rebuild: where the window's ledger rows came from). Empty for a plain backfill.
+    pub cover: BTreeMap<(String, i32), (i64, i64)>,
+}
+
+/// One partition of the plan.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartitionPlan {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// First offset to read.
+    pub start_offset: i64,
+    /// Stop offset (exclusive): next offset to read after the window.
+    pub stop_offset: i64,
+    /// How the start was found (`time`, `end-at-lookup`, `empty`, `checkpoint`; `ledger` when a rebuild's
+    /// ledger rows lie below the time-based start).
+    pub start_from: String,
+}
+
+/// Runs a backfill (or only plans it with `dry_run`) and returns its report.
+///
+/// # Errors
+/// As [`plan`]; [`Error::Usage`] when `--filter` fails on a record (what came before is applied);
+/// [`Error::Other`] when records of the window disappear during the run (retention), naming the lost range;
+/// database and Kafka errors.
+pub fn backfill(
+    pipeline: Arc<Pipeline>,
+    brokers: &str,
+    database_url: &str,
+    opts: &BackfillOptions,
+    shutdown: Arc<AtomicBool>,
+) -> Result<Report> {
+    let (plans, retention, stop) = plan(&pipeline, brokers, database_url, opts)?;
+    let mut report = Report {
+        group_id: opts.group_id.clone(),
+        pipeline_group: pipeline.kafka.group_id.clone(),
+        from: DateTime::from_timestamp_millis(opts.from_ms)
+            .unwrap_or_default()
+            .to_rfc3339(),
+        stop,
+        filter: opts.filter.clone(),
+        partitions: plans.clone(),
+        retention,
+        per_day: BTreeMap::new(),
+        accounting: String::new(),
+        dry_run: opts.dry_run,
+        past_the_stop: Vec::new(),
+        rebuild: None,
+    };
+    if opts.dry_run {
+        report.accounting = Tally::default().line();
+        return Ok(report);
+    }
+    let per_day = Arc::new(Mutex::new(BTreeMap::new()));
+    let tally = replay(
+        &pipeline,
+        brokers,
+        database_url,
+        opts,
+        shutdown,
+        &plans,
+        &per_day,
+        &mut report.retention,
+    )?;
+    report.per_day = std::mem::take(&mut *per_day.lock().expect("per-day counts"));
+    report.accounting = tally.line();
+    if let StopSpec::Time(to) = opts.stop {
+        // Information about records not in the window: a failure to read it never fails the applied backfill.
+        match scan::past_the_stop(
+            brokers,
+            &opts.group_id,
+            &report.partitions,
+            opts.from_ms,
+            to,
+        ) {
+            Ok(found) => report.past_the_stop = found,
+            Err(e) => {
+                let note = format!(
+                    "reading past the stop offsets for out-of-order timestamps failed: {e}"
+                );
+                tracing::warn!("{note}");
+                report.retention.push(note);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The engine over the assign source with the backfill's extras (`--filter`, a rebuild's day window, per-day
+/// counts into `per_day`).
+#[allow(clippy::too_many_arguments)]
+fn replay(
+    pipeline: &Arc<Pipeline>,
+    brokers: &str,
+    database_url: &str,
+    opts: &BackfillOptions,
+    shutdown: Arc<AtomicBool>,
+    plans: &[PartitionPlan],
+    per_day: &report::PerDay,
+    notes: &mut Vec<String>,
+) -> Result<Tally> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let mut o = Options::new(database_url, shutdown);
+    o.group = Some(opts.group_id.clone());
+    o.prune_on_start = false;
+    o.extras = Extras::new(pipeline, opts.filter.as_deref(), opts.day_window)?;
+    o.observer = Some(Box::new(report::Progress::new(
+        plans,
+        opts.progress,
+        per_day.clone(),
+    )));
+    let engine = Engine::start(rt.handle(), pipeline.clone(), o)?;
+    let ranges = plans
+        .iter()
+        .map(|p| Range {
+            tp: (p.topic.clone(), p.partition),
+            start: p.start_offset,
+            stop: p.stop_offset,
+        })
+        .collect();
+    let source = Assign::open(engine.shared(), brokers, &opts.group_id, ranges, notes)?;
+    engine.run(source)
+}
