@@ -82,7 +82,8 @@ pub trait Source {
     /// Whether everything the source will deliver has been delivered (checked every turn; `idle_turns`
     /// counts the consecutive polls that returned nothing). The engine then applies what is buffered and ends.
     fn finished(&mut self, idle_turns: u32) -> bool;
-    /// On shutdown (what is buffered is applied first): `None` for a clean end, or the error to return.
+    /// On shutdown: `None` for a clean end (what is buffered is applied first), or the error to return (what
+    /// is buffered is applied first only when [`Source::flush_on_error`]).
     fn interrupted(&self) -> Option<Error>;
     /// Whether buffered records are applied before returning a [`Polled::Failed`] error.
     fn flush_on_error(&self) -> bool;
@@ -244,14 +245,17 @@ impl Engine {
                 return Err(e);
             }
             if shutdown.load(Ordering::Relaxed) {
-                tracing::info!("shutting down: applying buffered records");
-                self.finish(source)?;
-                return source.interrupted().map_or(Ok(()), Err);
+                let interrupted = source.interrupted();
+                if interrupted.is_none() || source.flush_on_error() {
+                    tracing::info!("shutting down: applying buffered records");
+                    self.finish(source)?;
+                }
+                return interrupted.map_or(Ok(()), Err);
             }
             match source.poll(self.timeout()) {
                 Polled::Record(r) => {
                     idle_turns = 0;
-                    self.take(source, r)?;
+                    self.take(r)?;
                 }
                 Polled::Idle => idle_turns += 1,
                 Polled::Busy => {}
@@ -261,6 +265,10 @@ impl Engine {
                     }
                     return Err(e);
                 }
+            }
+            // A rebalance callback during the poll may have failed (a partition it could not take over).
+            if let Some(e) = lock(&self.core).fatal.take() {
+                return Err(e);
             }
             let now = Instant::now();
             self.maybe_flush(source, now)?;
@@ -296,7 +304,7 @@ impl Engine {
     }
 
     /// Decides and buffers one record.
-    fn take(&self, source: &impl Source, r: Record) -> Result<()> {
+    fn take(&self, r: Record) -> Result<()> {
         let decided = decide::decide_with(
             &self.pipeline,
             &self.extras,
@@ -307,14 +315,13 @@ impl Engine {
         let (pending, day) = match decided {
             Ok(d) => d,
             Err(detail) => {
-                // The operator's expression failing is not the record's fault: apply what came before, stop.
-                let e = Error::Usage(format!(
+                // The operator's expression failing is not the record's fault: stop before applying it (what
+                // is in flight settles; what is buffered is not applied, a rerun resumes at the checkpoint).
+                return Err(Error::Usage(format!(
                     "--filter failed on {}/{} offset {}: {detail}; nothing of that record was applied, fix the \
                      expression and rerun the same command",
                     r.tp.0, r.tp.1, r.offset
-                ));
-                self.finish(source)?;
-                return Err(e);
+                )));
             }
         };
         let item = Item {
