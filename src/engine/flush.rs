@@ -166,3 +166,71 @@ async fn apply_lane(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::Pending;
+
+    fn item(offset: i64) -> Item {
+        Item {
+            offset,
+            timestamp_ms: None,
+            key: None,
+            value: None,
+            pending: Pending::Filtered("t".into()),
+        }
+    }
+
+    #[test]
+    fn cut_chains_expected_checkpoints_and_splits_days_with_items() {
+        let mut parts = BTreeMap::new();
+        let mut a = PartState::new(7, 10, Some(10));
+        let d = NaiveDate::from_ymd_opt(2024, 4, 25);
+        for o in [10, 11, 13, 14, 15] {
+            a.buffer.push(item(o));
+            a.days.push(if o == 13 { None } else { d });
+        }
+        a.oldest = Some(Instant::now());
+        parts.insert(("t".to_string(), 0), a);
+        let mut b = PartState::new(3, 0, None);
+        b.buffer.push(item(0));
+        parts.insert(("t".to_string(), 1), b);
+        parts.insert(("t".to_string(), 2), PartState::new(1, 0, None));
+
+        let cuts = cut(&mut parts, 2, |_, _| true);
+        let shape: Vec<(i32, i64, Option<i64>, i64, usize, usize)> = cuts
+            .iter()
+            .map(|c| {
+                let b = &c.batch;
+                (b.partition, b.fence, b.expected, b.end, b.items.len(), c.days.len())
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, 7, Some(10), 12, 2, 2),
+                (0, 7, Some(12), 15, 2, 2),
+                (0, 7, Some(15), 16, 1, 1),
+                (1, 3, None, 1, 1, 0),
+            ]
+        );
+        assert_eq!(cuts[1].days, vec![None, d]);
+        assert!(parts.values().all(|p| p.buffer.is_empty() && p.days.is_empty() && p.oldest.is_none()));
+    }
+
+    #[test]
+    fn cut_leaves_unselected_partitions_buffered() {
+        let mut parts = BTreeMap::new();
+        for p in 0..2 {
+            let mut st = PartState::new(1, 0, Some(0));
+            st.buffer.push(item(0));
+            parts.insert(("t".to_string(), p), st);
+        }
+        let cuts = cut(&mut parts, 100, |tp, _| tp.1 == 1);
+        assert_eq!(cuts.len(), 1);
+        assert_eq!(cuts[0].batch.partition, 1);
+        assert_eq!(parts[&("t".to_string(), 0)].buffered(), 1);
+        assert_eq!(parts[&("t".to_string(), 1)].buffered(), 0);
+    }
+}
