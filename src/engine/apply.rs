@@ -188,7 +188,7 @@ pub fn is_transient(e: &Error) -> bool {
 
 /// The one retry helper of the engine: runs `op` until it succeeds, retrying transient database errors
 /// ([`is_transient`]) with [`backoff`] until `give_up()`. Used for starting up and for taking over checkpoints
-/// (every source; [`crate::engine::takeover`]); batches go through [`apply_batch`], which also resolves an
+/// (every source); batches go through [`apply_batch`], which also resolves an
 /// unknown commit through the checkpoint.
 ///
 /// # Errors

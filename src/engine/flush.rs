@@ -10,8 +10,7 @@ use std::time::Instant;
 use chrono::NaiveDate;
 
 use crate::engine::apply::{apply_batch, Applied};
-use crate::engine::state::PartState;
-use crate::engine::Tp;
+use crate::engine::types::{PartState, Tp};
 use crate::error::{Error, Result};
 use crate::sink::{Batch, Item, Sink};
 
@@ -25,7 +24,7 @@ pub struct Cut {
 
 type Results = (Vec<Sink>, Vec<(Cut, Result<Applied>)>);
 
-/// A flush applied on a background thread; joined by [`crate::engine::state::Core::settle`].
+/// A flush applied on a background thread; joined when the engine settles it.
 pub struct Inflight {
     handle: std::thread::JoinHandle<Results>,
     started: Instant,
@@ -203,7 +202,14 @@ mod tests {
             .iter()
             .map(|c| {
                 let b = &c.batch;
-                (b.partition, b.fence, b.expected, b.end, b.items.len(), c.days.len())
+                (
+                    b.partition,
+                    b.fence,
+                    b.expected,
+                    b.end,
+                    b.items.len(),
+                    c.days.len(),
+                )
             })
             .collect();
         assert_eq!(
@@ -216,7 +222,9 @@ mod tests {
             ]
         );
         assert_eq!(cuts[1].days, vec![None, d]);
-        assert!(parts.values().all(|p| p.buffer.is_empty() && p.days.is_empty() && p.oldest.is_none()));
+        assert!(parts
+            .values()
+            .all(|p| p.buffer.is_empty() && p.days.is_empty() && p.oldest.is_none()));
     }
 
     #[test]

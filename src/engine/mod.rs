@@ -20,6 +20,7 @@ pub mod flush;
 mod prune;
 pub mod state;
 pub mod takeover;
+pub mod types;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,10 +33,8 @@ use crate::error::{Error, Result};
 use crate::sink::{schema, Item, Sink, Tally};
 
 pub use decide::{decide, Extras};
-pub use state::{Ack, Core, NoAck, Observer, PartState};
-
-/// A topic and partition.
-pub type Tp = (String, i32);
+pub use state::Core;
+pub use types::{Ack, NoAck, Observer, PartState, Polled, Record, Tp};
 
 /// The engine's state, shared with the source.
 pub type Shared = Arc<Mutex<Core>>;
@@ -43,34 +42,6 @@ pub type Shared = Arc<Mutex<Core>>;
 /// Locks the shared state.
 pub fn lock(core: &Shared) -> MutexGuard<'_, Core> {
     core.lock().expect("engine state")
-}
-
-/// One record from a source, before the decision.
-pub struct Record {
-    /// Topic and partition.
-    pub tp: Tp,
-    /// Offset.
-    pub offset: i64,
-    /// Record timestamp, ms since the Unix epoch, if any.
-    pub timestamp_ms: Option<i64>,
-    /// Raw key.
-    pub key: Option<Vec<u8>>,
-    /// Raw value.
-    pub value: Option<Vec<u8>>,
-    /// The Debezium old-key header (a primary-key change), if any.
-    pub old_key: Option<Vec<u8>>,
-}
-
-/// What a poll returned.
-pub enum Polled {
-    /// A record of a held partition.
-    Record(Record),
-    /// Nothing arrived before the timeout (or a partition's end was reached).
-    Idle,
-    /// Something happened that is neither a record nor idleness (a logged client warning).
-    Busy,
-    /// The source cannot go on.
-    Failed(Error),
 }
 
 /// Where records come from: a group subscription, explicit partitions with stop offsets, a file.

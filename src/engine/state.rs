@@ -14,77 +14,9 @@ use crate::config::Pipeline;
 use crate::engine::apply::Applied;
 use crate::engine::flush::{self, Inflight};
 use crate::engine::takeover::{self, Acquired};
-use crate::engine::Tp;
+use crate::engine::types::{Ack, Observer, PartState, Tp};
 use crate::error::{Error, Result};
-use crate::sink::{Batch, Item, Outcome, Sink, Tally};
-
-/// What acknowledges committed batches to the source, after the database commit.
-pub trait Ack {
-    /// Whether this source acknowledges at all (Kafka sources commit offsets; a file does not).
-    fn acknowledges(&self) -> bool;
-    /// Commits `offsets` (next offset to read per partition) with `mode`; a failure is only logged (the
-    /// checkpoint in PostgreSQL is authoritative).
-    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode);
-    /// A batch of `tp` was fenced (another owner holds the checkpoint): `None` to stop reading the partition
-    /// and go on (a group), or the error that ends the run.
-    fn fenced(&self, tp: &Tp) -> Option<Error>;
-}
-
-/// An [`Ack`] that acknowledges nothing; a fenced partition ends the run with `fenced`'s error.
-pub struct NoAck(pub Box<dyn Fn(&Tp) -> Error + Send + Sync>);
-
-impl Ack for NoAck {
-    fn acknowledges(&self) -> bool {
-        false
-    }
-    fn commit(&self, _: &TopicPartitionList, _: CommitMode) {}
-    fn fenced(&self, tp: &Tp) -> Option<Error> {
-        Some((self.0)(tp))
-    }
-}
-
-/// Sees every committed batch (a backfill's per-day report, its progress bar) and the loop's turns.
-pub trait Observer: Send {
-    /// A batch committed: its items' partition-by days (empty when not tracked) and outcomes, in item order.
-    fn committed(&mut self, batch: &Batch, days: &[Option<NaiveDate>], outcomes: &[Outcome]);
-    /// Called on every turn of the loop (rate-limit yourself).
-    fn tick(&mut self, parts: &BTreeMap<Tp, PartState>, tally: &Tally);
-    /// The loop ended.
-    fn finish(&mut self) {}
-}
-
-/// A partition's state while held.
-pub struct PartState {
-    /// Our fence of the checkpoint row.
-    pub fence: i64,
-    /// The offset the partition was positioned at when taken over.
-    pub start: i64,
-    /// Checkpoint in the database: next offset to read (`None`: nothing committed yet).
-    pub next: Option<i64>,
-    pub(crate) buffer: Vec<Item>,
-    /// Partition-by day per buffered item (only when the decision tracks days).
-    pub(crate) days: Vec<Option<NaiveDate>>,
-    pub(crate) oldest: Option<Instant>,
-}
-
-impl PartState {
-    /// A partition taken over at `start`, checkpoint `next`.
-    pub fn new(fence: i64, start: i64, next: Option<i64>) -> PartState {
-        PartState {
-            fence,
-            start,
-            next,
-            buffer: Vec::new(),
-            days: Vec::new(),
-            oldest: None,
-        }
-    }
-
-    /// Records buffered, not yet launched.
-    pub fn buffered(&self) -> usize {
-        self.buffer.len()
-    }
-}
+use crate::sink::{Item, Outcome, Sink, Tally};
 
 /// The engine's state.
 pub struct Core {

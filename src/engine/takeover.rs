@@ -3,7 +3,7 @@
 
 use crate::config::Pipeline;
 use crate::engine::apply::retry_db;
-use crate::engine::Tp;
+use crate::engine::types::Tp;
 use crate::error::Result;
 use crate::sink::{sql, Sink};
 use crate::start;

@@ -14,7 +14,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::engine::takeover;
 use crate::engine::{lock, Ack, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
-use crate::source::{kafka_commit, record};
+use crate::source::kafka::{kafka_commit, record};
 
 /// One partition to read: `[start, stop)`.
 #[derive(Debug, Clone)]

@@ -27,7 +27,7 @@ use crate::engine::takeover::{self, Acquired};
 use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::sink::sql;
-use crate::source::{consumer_config, kafka_commit, record};
+use crate::source::kafka::{consumer_config, kafka_commit, partitions, record};
 use crate::start;
 
 /// The group's consumer, as the engine's acknowledgement: commits offsets, pauses a fenced partition.
@@ -233,8 +233,7 @@ impl Ctx {
                 |o, ts, sha| start::read_back(&self.config, &u.topic, u.partition, o, (ts, sha)),
             );
         }
-        let now =
-            crate::ops::offsets::partitions(&self.side, std::slice::from_ref(&u.topic))?.len();
+        let now = partitions(&self.side, std::slice::from_ref(&u.topic))?.len();
         let positioned: Vec<i32> = committed
             .keys()
             .filter(|(t, _)| *t == u.topic)
@@ -314,7 +313,7 @@ impl Group {
             c.remove("group.id");
             c.create()?
         };
-        crate::ops::offsets::partitions(&side, &pipeline.kafka.topics).map_err(|e| match e {
+        partitions(&side, &pipeline.kafka.topics).map_err(|e| match e {
             Error::Other(m) => Error::Usage(m),
             other => other,
         })?;

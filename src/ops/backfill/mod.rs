@@ -5,6 +5,7 @@
 //! `--from` (ListOffsets by timestamp, `offsets_for_times`) and stops before its stop offset (exclusive). The
 //! checkpoint rows of the backfill's own group id make a second run of the same backfill a no-op.
 
+pub mod options;
 mod plan;
 pub mod report;
 mod scan;
@@ -13,85 +14,20 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use chrono::{DateTime, NaiveDate};
-use serde::{Deserialize, Serialize};
+use chrono::DateTime;
 
 use crate::config::Pipeline;
 use crate::engine::{Engine, Extras, Options};
 use crate::error::{Error, Result};
-use crate::ops::offsets::StopFile;
 use crate::sink::Tally;
 use crate::source::assign::{Assign, Range};
 
+pub use options::{BackfillOptions, MissingStop, PartitionPlan, StopSpec};
 pub use plan::plan;
 pub use report::{
     DayCounts, LedgerRows, MissingRow, PastTheStop, RebuildCheck, Report, MISSING_LISTED,
 };
 pub use scan::{PAST_STOP_SCAN_MS, PAST_STOP_SCAN_RECORDS};
-
-/// Where the window ends.
-#[derive(Debug, Clone)]
-pub enum StopSpec {
-    /// A snapshot file (`offsets snapshot`).
-    Offsets(StopFile),
-    /// Another group's positions, read now.
-    Group(String),
-    /// The first offset at or after this time (ms since the epoch), or the end captured with the lookup.
-    Time(i64),
-}
-
-/// What to do with a partition that has no stop position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum MissingStop {
-    /// Stop at the partition's end as captured when planning.
-    End,
-    /// Leave the partition out.
-    Skip,
-    /// Refuse to start.
-    Error,
-}
-
-/// Options of a backfill.
-#[derive(Debug, Clone)]
-pub struct BackfillOptions {
-    /// Window start, ms since the Unix epoch (record timestamps).
-    pub from_ms: i64,
-    /// Window end.
-    pub stop: StopSpec,
-    /// Keep only records for which this CEL expression is true (others are `filtered` by rule `--filter`).
-    pub filter: Option<String>,
-    /// Keep only records whose partition-by day lies in this window (rebuild).
-    pub day_window: Option<(NaiveDate, NaiveDate)>,
-    /// The backfill's own consumer group id (checkpoints, Kafka commits).
-    pub group_id: String,
-    /// Raise the topic's `retention.ms` when the window is close to expiring.
-    pub ensure_retention: bool,
-    /// Plan and print only.
-    pub dry_run: bool,
-    /// Policy for partitions without a stop position.
-    pub missing_stop: MissingStop,
-    /// Show a progress bar (when stderr is a terminal).
-    pub progress: bool,
-    /// Offsets the replay must read whatever the times say, per `(topic, partition)`: `(lowest, highest)`,
-    /// both inclusive (rebuild: where the window's ledger rows came from). Empty for a plain backfill.
-    pub cover: BTreeMap<(String, i32), (i64, i64)>,
-}
-
-/// One partition of the plan.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PartitionPlan {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// First offset to read.
-    pub start_offset: i64,
-    /// Stop offset (exclusive): next offset to read after the window.
-    pub stop_offset: i64,
-    /// How the start was found (`time`, `end-at-lookup`, `empty`, `checkpoint`; `ledger` when a rebuild's
-    /// ledger rows lie below the time-based start).
-    pub start_from: String,
-}
 
 /// Runs a backfill (or only plans it with `dry_run`) and returns its report.
 ///

@@ -12,9 +12,10 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::ops::backfill::{BackfillOptions, MissingStop, PartitionPlan, StopSpec};
+use crate::ops::backfill::options::{BackfillOptions, MissingStop, PartitionPlan, StopSpec};
 use crate::ops::offsets;
 use crate::sink::schema;
+use crate::source::kafka::partitions;
 
 fn usage(msg: String) -> Error {
     Error::Usage(msg)
@@ -194,7 +195,7 @@ pub fn plan(
         .set("bootstrap.servers", brokers)
         .set("group.id", &opts.group_id)
         .create()?;
-    let parts = offsets::partitions(&consumer, &pipeline.kafka.topics)?;
+    let parts = partitions(&consumer, &pipeline.kafka.topics)?;
     // Ends captured before the lookups: "End" means the end as it was at the lookup (case C15).
     let mut marks = BTreeMap::new();
     for (t, p) in &parts {

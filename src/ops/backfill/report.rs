@@ -9,7 +9,7 @@ use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Observer, PartState, Tp};
-use crate::ops::backfill::PartitionPlan;
+use crate::ops::backfill::options::PartitionPlan;
 use crate::sink::{Batch, Outcome, Tally};
 
 /// Per-day outcome counts of a backfill.

@@ -9,8 +9,9 @@ use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::error::{Error, Result};
+use crate::ops::backfill::options::PartitionPlan;
 use crate::ops::backfill::plan::lookup_times;
-use crate::ops::backfill::{PartitionPlan, PastTheStop};
+use crate::ops::backfill::report::PastTheStop;
 
 /// `--to TIME`: how far past each partition's stop the scan for out-of-order timestamps reads — up to the
 /// first record at or after `--to` + this (ms) …
