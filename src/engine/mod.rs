@@ -275,14 +275,17 @@ impl Engine {
     }
 
     /// Decides and buffers one record.
-    fn take(&self, r: Record) -> Result<()> {
-        let decided = decide::decide_with(
-            &self.pipeline,
-            &self.extras,
-            r.key.as_deref(),
-            r.value.as_deref(),
-            r.old_key.as_deref(),
-        );
+    fn take(&self, mut r: Record) -> Result<()> {
+        let decided = match r.decided.take() {
+            Some(pending) => Ok((pending, None)),
+            None => decide::decide_with(
+                &self.pipeline,
+                &self.extras,
+                r.key.as_deref(),
+                r.value.as_deref(),
+                r.old_key.as_deref(),
+            ),
+        };
         let (pending, day) = match decided {
             Ok(d) => d,
             Err(detail) => {

@@ -9,7 +9,7 @@ use rdkafka::consumer::CommitMode;
 use rdkafka::topic_partition_list::TopicPartitionList;
 
 use crate::error::Error;
-use crate::sink::{Batch, Item, Outcome, Tally};
+use crate::sink::{Batch, Item, Outcome, Pending, Tally};
 
 /// A topic and partition.
 pub type Tp = (String, i32);
@@ -28,6 +28,9 @@ pub struct Record {
     pub value: Option<Vec<u8>>,
     /// The Debezium old-key header (a primary-key change), if any.
     pub old_key: Option<Vec<u8>>,
+    /// The decision, when the source took it already with the engine's `decide` (the file source
+    /// decides on its reader thread, in parallel with the engine); `None`: the engine decides.
+    pub decided: Option<Pending>,
 }
 
 /// What a poll returned.

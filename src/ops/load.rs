@@ -46,6 +46,6 @@ pub fn load(pipeline: Arc<Pipeline>, path: &Path, opts: LoadOptions) -> Result<T
     let mut o = Options::new(&opts.database_url, opts.shutdown.clone());
     o.group = Some(group.clone());
     let engine = Engine::start(rt.handle(), pipeline.clone(), o)?;
-    let source = File::open(engine.shared(), path, pipeline.kafka.topics.clone(), &group)?;
+    let source = File::open(engine.shared(), path, &group)?;
     engine.run(source)
 }

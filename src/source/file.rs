@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::config::Pipeline;
+use crate::engine::decide::decide;
 use crate::engine::{lock, Ack, NoAck, PartState, Polled, Record, Shared, Source, Tp};
 use crate::error::{Error, Result};
 
@@ -70,18 +72,19 @@ pub struct File {
 
 impl File {
     /// Opens `path` and starts reading it on a thread (parsing overlaps decoding and the transactions; the
-    /// channel is bounded, so memory stays flat). `topics`: the pipeline's; `group`: of the checkpoints.
+    /// channel is bounded, so memory stays flat); records are decided there too. `group`: of the checkpoints.
     ///
     /// # Errors
     /// [`Error::Usage`] when the file cannot be opened.
-    pub fn open(core: Shared, path: &Path, topics: Vec<String>, group: &str) -> Result<File> {
+    pub fn open(core: Shared, path: &Path, group: &str) -> Result<File> {
         let file = std::fs::File::open(path)
             .map_err(|e| Error::Usage(format!("cannot open {}: {e}", path.display())))?;
         let reader = std::io::BufReader::with_capacity(1 << 20, file);
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Read>>>(4);
+        let pipeline = lock(&core).pipeline.clone();
         let reader = {
             let path = path.to_path_buf();
-            std::thread::spawn(move || read_file(&topics, &path, reader, &tx))
+            std::thread::spawn(move || read_file(&pipeline, &path, reader, &tx))
         };
         let owner = group.to_string();
         Ok(File {
@@ -201,10 +204,10 @@ impl Source for File {
     }
 }
 
-/// The reader thread: parses kcat lines, checks the topic, and sends the records in chunks; the first bad line
-/// ends the stream with an error naming `file:line`.
+/// The reader thread: parses kcat lines, checks the topic, decides each record, and sends them in chunks; the
+/// first bad line ends the stream with an error naming `file:line`.
 fn read_file(
-    topics: &[String],
+    pipeline: &Pipeline,
     path: &Path,
     mut reader: impl BufRead,
     tx: &SyncSender<Result<Vec<Read>>>,
@@ -234,7 +237,7 @@ fn read_file(
                 )))
             }
         };
-        if !topics.contains(&env.topic) {
+        if !pipeline.kafka.topics.contains(&env.topic) {
             break Err(Error::Other(format!(
                 "{}: topic `{}` is not in the pipeline's [kafka] topics",
                 at(n),
@@ -245,16 +248,20 @@ fn read_file(
             Some("create" | "logappend") | None => env.ts,
             Some(_) => None,
         };
+        let key = env.key.map(String::into_bytes);
+        let value = env.payload.map(String::into_bytes);
+        // kcat -J does not carry headers (a primary-key change's old key then comes from nowhere).
+        let decided = Some(decide(pipeline, key.as_deref(), value.as_deref(), None));
         chunk.push((
             n,
             Record {
                 tp: (env.topic, env.partition),
                 offset: env.offset,
                 timestamp_ms,
-                key: env.key.map(String::into_bytes),
-                value: env.payload.map(String::into_bytes),
-                // kcat -J does not carry headers (a primary-key change's old key then comes from nowhere).
+                key,
+                value,
                 old_key: None,
+                decided,
             },
         ));
         if chunk.len() >= CHUNK

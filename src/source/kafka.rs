@@ -50,6 +50,7 @@ pub fn record(msg: &BorrowedMessage<'_>) -> Record {
         key: msg.key().map(<[u8]>::to_vec),
         value: msg.payload().map(<[u8]>::to_vec),
         old_key: crate::debezium::old_key_header(msg).map(<[u8]>::to_vec),
+        decided: None,
     }
 }
 

@@ -74,7 +74,7 @@ pub fn backfill(
         &per_day,
         &mut report.retention,
     )?;
-    report.per_day = std::mem::take(&mut *per_day.lock().expect("per-day counts"));
+    report.per_day = report::per_day_report(&per_day);
     report.accounting = tally.line();
     if let StopSpec::Time(to) = opts.stop {
         // Information about records not in the window: a failure to read it never fails the applied backfill.

@@ -153,8 +153,22 @@ impl Report {
     }
 }
 
-/// Per-day counts shared between the engine's observer and the report.
-pub type PerDay = Arc<Mutex<BTreeMap<String, DayCounts>>>;
+/// Per-day counts shared between the engine's observer and the report (`None`: the day is unknown).
+pub type PerDay = Arc<Mutex<BTreeMap<Option<NaiveDate>, DayCounts>>>;
+
+/// The report's per-day section: `YYYY-MM-DD`, or `unknown` for records without a day.
+pub fn per_day_report(per_day: &PerDay) -> BTreeMap<String, DayCounts> {
+    let counts = std::mem::take(&mut *per_day.lock().expect("per-day counts"));
+    counts
+        .into_iter()
+        .map(|(d, c)| {
+            (
+                d.map_or_else(|| "unknown".to_string(), |d| d.to_string()),
+                c,
+            )
+        })
+        .collect()
+}
 
 /// The backfill's [`Observer`]: counts each committed record under its partition-by day, advances the progress
 /// bar, and logs progress every 5 s when there is no bar.
@@ -200,12 +214,7 @@ impl Observer for Progress {
     fn committed(&mut self, batch: &Batch, days: &[Option<NaiveDate>], outcomes: &[Outcome]) {
         let mut per_day = self.per_day.lock().expect("per-day counts");
         for (i, o) in outcomes.iter().enumerate() {
-            let key = days
-                .get(i)
-                .copied()
-                .flatten()
-                .map_or_else(|| "unknown".to_string(), |d| d.to_string());
-            let c = per_day.entry(key).or_default();
+            let c = per_day.entry(days.get(i).copied().flatten()).or_default();
             match o {
                 Outcome::Landed => c.landed += 1,
                 Outcome::Duplicate => c.duplicate += 1,
