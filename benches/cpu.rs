@@ -48,7 +48,7 @@ fn decide(c: &mut Criterion) {
     let mut g = c.benchmark_group("decide");
     g.throughput(Throughput::Elements(1));
     g.bench_function("json_event", |b| {
-        b.iter(|| replaysafe::run::decide(&p, None, Some(black_box(EVENT)), None))
+        b.iter(|| replaysafe::engine::decide(&p, None, Some(black_box(EVENT)), None))
     });
     g.finish();
 }

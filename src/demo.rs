@@ -26,7 +26,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::{self, Pipeline};
 use crate::error::{Error, Result};
-use crate::run::{self, RunOptions};
+use crate::ops::run::{self, RunOptions};
 use crate::sink::{self, Tally};
 
 /// PostgreSQL used when `DATABASE_URL` is unset (what `scripts/pg-setup` prepares).

@@ -12,23 +12,23 @@
 //!    date, and the durable pruned-below day in `replaysafe_horizon`); older events are quarantined in the batch
 //!    transaction, never applied blindly.
 //!
+//! Data flow: [`source`] (group, assign, file) → [`engine`] (decide, batch, pipelined apply, settle, ack) →
+//! [`sink`] (the batch transaction). The commands are in [`ops`].
+//!
 //! Every consumed record ends as exactly one [`sink::Outcome`]; a run's [`sink::Tally`] adds up.
 
-pub mod apply;
-pub mod backfill;
 pub mod config;
 pub mod decode;
 pub mod demo;
+pub mod engine;
 pub mod error;
 pub mod filter;
 pub mod ident;
 pub mod metrics_http;
-pub mod offsets;
+pub mod ops;
 pub mod projection;
-pub mod run;
 pub mod sink;
-pub mod source_file;
+pub mod source;
 pub mod start;
-pub mod verify;
 
 pub use error::{Error, Result};

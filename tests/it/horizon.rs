@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{Days, NaiveDate, Utc};
-use replaysafe::apply::{apply_batch, Applied};
+use replaysafe::engine::apply::{apply_batch, Applied};
 use replaysafe::sink::{
     checkpoint, ledger, schema, Batch, Item, Outcome, Sink, Tally as SinkTally,
 };
@@ -310,7 +310,7 @@ impl Harness {
                     timestamp_ms: Some(Utc::now().timestamp_millis()),
                     key: Some(id.as_bytes().to_vec()),
                     value: Some(value.as_bytes().to_vec()),
-                    pending: replaysafe::run::decide(
+                    pending: replaysafe::engine::decide(
                         &p,
                         Some(id.as_bytes()),
                         Some(value.as_bytes()),

@@ -186,7 +186,10 @@ pub fn is_transient(e: &Error) -> bool {
     }
 }
 
-/// Runs `op` until it succeeds, retrying transient database errors with backoff until `give_up()`.
+/// The one retry helper of the engine: runs `op` until it succeeds, retrying transient database errors
+/// ([`is_transient`]) with [`backoff`] until `give_up()`. Used for starting up and for taking over checkpoints
+/// (every source); batches go through [`apply_batch`], which also resolves an
+/// unknown commit through the checkpoint.
 ///
 /// # Errors
 /// The first non-transient error, or the last error once `give_up()` is true.

@@ -43,31 +43,6 @@ pub struct StopFile {
     pub partitions: Vec<StopEntry>,
 }
 
-/// The partitions of the pipeline's topics, from broker metadata.
-///
-/// # Errors
-/// [`Error::Kafka`]; [`Error::Other`] when a topic does not exist.
-pub fn partitions(consumer: &BaseConsumer, topics: &[String]) -> Result<Vec<(String, i32)>> {
-    let mut out = Vec::new();
-    for t in topics {
-        let md = consumer.fetch_metadata(Some(t), Duration::from_secs(30))?;
-        let topic = md
-            .topics()
-            .first()
-            .ok_or_else(|| Error::Other(format!("topic {t} not found")))?;
-        if topic.error().is_some() || topic.partitions().is_empty() {
-            return Err(Error::Other(format!(
-                "topic {t} does not exist on the broker"
-            )));
-        }
-        for p in topic.partitions() {
-            out.push((t.clone(), p.id()));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// Takes the snapshot of `group`'s positions.
 ///
 /// # Errors
@@ -82,7 +57,7 @@ pub fn snapshot(
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
         .create()?;
-    let parts = partitions(&consumer, &pipeline.kafka.topics)?;
+    let parts = crate::source::kafka::partitions(&consumer, &pipeline.kafka.topics)?;
     let mut tpl = TopicPartitionList::new();
     for (t, p) in &parts {
         tpl.add_partition(t, *p);

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backfill::Report;
 use crate::config::{self, Pipeline};
 use crate::error::{Error, Result};
+use crate::ops::backfill::Report;
 use crate::projection::ProjectionKind;
 use crate::sink;
 

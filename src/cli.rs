@@ -1,0 +1,352 @@
+//! The command line: clap definitions, and resolving them into options once (the pipeline, brokers, database,
+//! one builder for backfill and rebuild).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use replaysafe::config;
+use replaysafe::error::Error;
+use replaysafe::ops::backfill::{BackfillOptions, StopSpec};
+use replaysafe::ops::rebuild::RebuildOptions;
+
+/// Consume Apache Kafka into PostgreSQL so that replaying anything is harmless.
+#[derive(Parser)]
+#[command(version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the pipeline: consume, land idempotently, project, checkpoint, commit offsets.
+    Run {
+        /// The pipeline file (TOML; see reference.toml).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+        #[arg(long)]
+        brokers: Option<String>,
+        /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+        /// Exit 0 once every assigned partition is caught up and applied (for batch jobs and tests).
+        #[arg(long)]
+        until_caught_up: bool,
+        /// Seconds between summary log lines.
+        #[arg(long, default_value_t = 10)]
+        summary_interval: u64,
+        /// Seconds between ledger prunes while running (dropping day partitions older than the horizon; also
+        /// done on start).
+        #[arg(long, default_value_t = 3600)]
+        prune_interval: u64,
+    },
+    /// Apply the records of a file in `kcat -C -J` format (one JSON envelope per line) through the same
+    /// decode → batch → transaction → checkpoint path as `run`, without a broker; exit 0 when the whole file is
+    /// applied, 1 on a bad line or runtime failure (earlier lines stay applied; a rerun resumes), 2 when the file
+    /// cannot be opened or the database does not match.
+    Load {
+        /// The pipeline file (its fields, projections and database; `[kafka] topics` must name the file's topics).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Checkpoints, ledger and dead-letter rows under this consumer group (default: the pipeline's).
+        #[arg(long)]
+        group_id: Option<String>,
+        /// The records: `kcat -C -J -e -b BROKERS -t TOPIC > FILE`.
+        file: PathBuf,
+    },
+    /// Validate the pipeline file and print the four answers; exit 0 when valid, 2 when not.
+    Check {
+        /// The pipeline file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Create or upgrade the tables the pipeline needs (run does this too), then check them.
+    Init {
+        /// The pipeline file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Another group's positions, read without joining it.
+    Offsets {
+        #[command(subcommand)]
+        command: OffsetsCommand,
+    },
+    /// Replay a window of the topic through the same idempotent path as `run`.
+    Backfill(BackfillArgs),
+    /// Zero a window of event days in the aggregates and the ledger, then replay it under a fresh group.
+    Rebuild(RebuildArgs),
+    /// Check that an aggregate changed by exactly what a backfill reported.
+    Verify {
+        #[command(subcommand)]
+        command: VerifyCommand,
+    },
+    /// Self-contained walk-through: first run, full replay under a fresh group, crash between database commit
+    /// and offset commit — the counts stay identical.
+    Demo {
+        /// Use this Kafka cluster instead of librdkafka's in-process mock cluster. The demo (re)creates the
+        /// PostgreSQL schema `replaysafe_demo` (DATABASE_URL, or the local default).
+        #[arg(long)]
+        brokers: Option<String>,
+        /// Events to generate.
+        #[arg(long, default_value_t = 600)]
+        events: usize,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum OffsetsCommand {
+    /// Write the group's positions per partition as JSON (checkpoints in PostgreSQL win over Kafka's).
+    Snapshot {
+        /// The pipeline file (its topics and database).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The group to read.
+        #[arg(long)]
+        group: String,
+        /// Output file (default: stdout).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+        #[arg(long)]
+        brokers: Option<String>,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct BackfillArgs {
+    /// The pipeline file.
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// Window start: RFC 3339 time or YYYY-MM-DD (UTC midnight), compared with record timestamps.
+    #[arg(long)]
+    pub from: String,
+    /// Stop at the offsets in this snapshot file (`offsets snapshot`).
+    #[arg(long, group = "stop")]
+    pub to_offsets: Option<PathBuf>,
+    /// Stop at this group's current positions.
+    #[arg(long, group = "stop")]
+    pub to_group: Option<String>,
+    /// Stop at the first record at or after this time.
+    #[arg(long, group = "stop")]
+    pub to: Option<String>,
+    /// Keep only records for which this CEL expression over the fields is true.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// The backfill's own consumer group id (never the production group).
+    #[arg(long)]
+    pub group_id: String,
+    /// Raise the topic's retention.ms when the window could expire during the run.
+    #[arg(long)]
+    pub ensure_retention: bool,
+    /// Print the plan (start/stop offsets, retention check) and stop.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// A partition without a stop position: stop at its current end, skip it, or refuse.
+    #[arg(long, value_enum, default_value = "error")]
+    pub missing_stop: replaysafe::ops::backfill::MissingStop,
+    /// Write the report (JSON) here (default: stdout).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+    #[arg(long)]
+    pub brokers: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct RebuildArgs {
+    /// The pipeline file.
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// First event day (YYYY-MM-DD).
+    #[arg(long)]
+    pub from: chrono::NaiveDate,
+    /// Last event day (YYYY-MM-DD, inclusive).
+    #[arg(long)]
+    pub to: chrono::NaiveDate,
+    /// A fresh group id for the replay.
+    #[arg(long)]
+    pub group_id: String,
+    /// Confirms that every other writer of the projection tables is paused.
+    #[arg(long)]
+    pub i_paused_other_writers: bool,
+    /// Hours of record time read before --from and after --to, to reach events never landed; landed events
+    /// are re-read from the offsets the ledger holds for them, however late they arrived.
+    #[arg(long, default_value_t = 24)]
+    pub slack_hours: i64,
+    /// Write the report (JSON) here (default: stdout).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+    #[arg(long)]
+    pub brokers: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum VerifyCommand {
+    /// Save a counter projection's rows.
+    Snapshot {
+        /// The pipeline file.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The counter projection's table.
+        #[arg(long)]
+        table: String,
+        /// Only rows matching this SQL condition (run read-only), e.g. "day between '2026-07-01' and '2026-07-06'".
+        #[arg(long = "where")]
+        filter: Option<String>,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Compare the table now with a snapshot: per day, the change must equal what the backfill landed.
+    Diff {
+        /// The snapshot taken before the backfill.
+        #[arg(long)]
+        before: PathBuf,
+        /// The backfill report.
+        #[arg(long)]
+        expect: PathBuf,
+    },
+}
+
+pub fn parse_time(s: &str) -> anyhow::Result<i64> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp_millis());
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight")
+            .and_utc()
+            .timestamp_millis());
+    }
+    Err(Error::Usage(format!(
+        "`{s}` is neither an RFC 3339 time nor a date (YYYY-MM-DD)"
+    ))
+    .into())
+}
+
+pub fn write_json<T: serde::Serialize>(value: &T, path: Option<&PathBuf>) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    match path {
+        Some(p) => {
+            std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?
+        }
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &PathBuf) -> anyhow::Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{}: {e}", path.display())).into())
+}
+
+pub fn database_url(p: &config::Pipeline) -> anyhow::Result<String> {
+    p.postgres
+        .url
+        .clone()
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .ok_or_else(|| Error::Config {
+            location: p.source.locate(0),
+            message: "no database: set [postgres] url or DATABASE_URL".into(),
+        })
+        .map_err(Into::into)
+}
+
+pub fn brokers(p: &config::Pipeline, flag: Option<String>) -> anyhow::Result<String> {
+    flag.or_else(|| p.kafka.brokers.clone())
+        .or_else(|| std::env::var("KAFKA_BROKERS").ok())
+        .ok_or_else(|| Error::Config {
+            location: p.source.locate(0),
+            message: "no Kafka brokers: set [kafka] brokers, KAFKA_BROKERS or --brokers".into(),
+        })
+        .map_err(Into::into)
+}
+
+/// What a backfill and a rebuild both resolve first: the pipeline, its brokers and database, the shutdown flag.
+pub struct Replay {
+    /// The pipeline.
+    pub pipeline: Arc<config::Pipeline>,
+    /// Kafka bootstrap servers, resolved.
+    pub brokers: String,
+    /// PostgreSQL connection string, resolved.
+    pub database_url: String,
+    /// Set on SIGINT/SIGTERM.
+    pub shutdown: Arc<AtomicBool>,
+}
+
+impl Replay {
+    fn new(config: &std::path::Path, flag: Option<String>) -> anyhow::Result<Replay> {
+        let pipeline = Arc::new(config::load(config)?);
+        Ok(Replay {
+            brokers: brokers(&pipeline, flag)?,
+            database_url: database_url(&pipeline)?,
+            pipeline,
+            shutdown: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+fn progress() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+}
+
+impl BackfillArgs {
+    /// Resolves the arguments into a [`Replay`] and the backfill's options.
+    ///
+    /// # Errors
+    /// The pipeline file's errors; [`Error::Usage`] for a missing window end or an unreadable time or stop file.
+    pub fn options(self) -> anyhow::Result<(Replay, BackfillOptions)> {
+        let replay = Replay::new(&self.config, self.brokers)?;
+        let stop = match (self.to_offsets, self.to_group, self.to) {
+            (Some(f), _, _) => StopSpec::Offsets(read_json(&f)?),
+            (_, Some(g), _) => StopSpec::Group(g),
+            (_, _, Some(t)) => StopSpec::Time(parse_time(&t)?),
+            _ => {
+                return Err(Error::Usage(
+                    "give the window's end: --to-offsets, --to-group or --to".into(),
+                )
+                .into())
+            }
+        };
+        let opts = BackfillOptions {
+            from_ms: parse_time(&self.from)?,
+            stop,
+            filter: self.filter,
+            day_window: None,
+            group_id: self.group_id,
+            ensure_retention: self.ensure_retention,
+            dry_run: self.dry_run,
+            missing_stop: self.missing_stop,
+            progress: progress(),
+            cover: Default::default(),
+        };
+        Ok((replay, opts))
+    }
+}
+
+impl RebuildArgs {
+    /// Resolves the arguments into a [`Replay`] and the rebuild's options.
+    ///
+    /// # Errors
+    /// The pipeline file's errors.
+    pub fn options(self) -> anyhow::Result<(Replay, RebuildOptions)> {
+        let replay = Replay::new(&self.config, self.brokers)?;
+        let opts = RebuildOptions {
+            from: self.from,
+            to: self.to,
+            group_id: self.group_id,
+            slack_hours: self.slack_hours,
+            others_paused: self.i_paused_other_writers,
+            progress: progress(),
+        };
+        Ok((replay, opts))
+    }
+}

@@ -1,0 +1,244 @@
+//! A flush: the buffered records of several partitions cut into batches and applied on a background thread,
+//! over the `postgres.connections` connections in parallel (one partition's batches in order on one
+//! connection), while the engine goes on polling and decoding.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::NaiveDate;
+
+use crate::engine::apply::{apply_batch, Applied};
+use crate::engine::types::{PartState, Tp};
+use crate::error::{Error, Result};
+use crate::sink::{Batch, Item, Sink};
+
+/// One batch of a flush, with its items' partition-by days (empty when not tracked).
+pub struct Cut {
+    /// The batch.
+    pub batch: Batch,
+    /// Partition-by day per item, or empty.
+    pub days: Vec<Option<NaiveDate>>,
+}
+
+type Results = (Vec<Sink>, Vec<(Cut, Result<Applied>)>);
+
+/// A flush applied on a background thread; joined when the engine settles it.
+pub struct Inflight {
+    handle: std::thread::JoinHandle<Results>,
+    started: Instant,
+}
+
+impl Inflight {
+    /// Whether the flush has finished (joining will not wait).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// Waits for the flush: the connections back, and each batch with what became of it.
+    ///
+    /// # Errors
+    /// [`Error::Other`] when the flush thread panicked.
+    pub fn join(self) -> Result<Results> {
+        let waited = Instant::now();
+        let r = self
+            .handle
+            .join()
+            .map_err(|_| Error::Other("the flush thread panicked".into()))?;
+        tracing::debug!(
+            applied_ms = self.started.elapsed().as_millis() as u64,
+            waited_ms = waited.elapsed().as_millis() as u64,
+            "flush settled"
+        );
+        metrics::histogram!("replaysafe_flush_seconds")
+            .record(self.started.elapsed().as_secs_f64());
+        Ok(r)
+    }
+}
+
+/// Takes the buffers of the partitions selected by `which` and cuts them into batches of at most `max`
+/// records, each expecting the checkpoint the previous one leaves.
+pub fn cut(
+    parts: &mut BTreeMap<Tp, PartState>,
+    max: usize,
+    which: impl Fn(&Tp, &PartState) -> bool,
+) -> Vec<Cut> {
+    let mut cuts = Vec::new();
+    for (tp, st) in parts.iter_mut() {
+        if st.buffer.is_empty() || !which(tp, st) {
+            continue;
+        }
+        let items = std::mem::take(&mut st.buffer);
+        let mut days = std::mem::take(&mut st.days).into_iter();
+        let tracked = days.len() > 0;
+        st.oldest = None;
+        let mut expected = st.next;
+        let mut it = items.into_iter().peekable();
+        while it.peek().is_some() {
+            let chunk: Vec<Item> = it.by_ref().take(max).collect();
+            let end = chunk.last().expect("non-empty").offset + 1;
+            let chunk_days = if tracked {
+                days.by_ref().take(chunk.len()).collect()
+            } else {
+                Vec::new()
+            };
+            cuts.push(Cut {
+                batch: Batch {
+                    topic: tp.0.clone(),
+                    partition: tp.1,
+                    fence: st.fence,
+                    expected,
+                    end,
+                    items: chunk,
+                },
+                days: chunk_days,
+            });
+            expected = Some(end);
+        }
+    }
+    cuts
+}
+
+/// Starts applying `cuts` on a background thread over `sinks` (partition → connection by hash). A fenced
+/// partition skips its own later batches only; an error stops the lane (the run ends with it, and the skipped
+/// batches were never committed).
+pub fn launch(
+    rt: &tokio::runtime::Handle,
+    mut sinks: Vec<Sink>,
+    cuts: Vec<Cut>,
+    stop: Arc<AtomicBool>,
+) -> Inflight {
+    let n = sinks.len();
+    let mut lanes: Vec<Vec<Cut>> = (0..n).map(|_| Vec::new()).collect();
+    for c in cuts {
+        let lane = (c.batch.partition as usize + c.batch.topic.len()) % n;
+        lanes[lane].push(c);
+    }
+    tracing::debug!(
+        batches = lanes.iter().map(Vec::len).sum::<usize>(),
+        lanes = lanes.iter().filter(|l| !l.is_empty()).count(),
+        records = lanes
+            .iter()
+            .flatten()
+            .map(|c| c.batch.items.len())
+            .sum::<usize>(),
+        "flush launched"
+    );
+    let rt = rt.clone();
+    let started = Instant::now();
+    let handle = std::thread::spawn(move || {
+        let give_up = move || stop.load(Ordering::Relaxed);
+        let results = rt.block_on(async {
+            let futs = sinks
+                .iter_mut()
+                .zip(lanes)
+                .map(|(sink, lane)| apply_lane(sink, lane, &give_up));
+            futures::future::join_all(futs).await
+        });
+        (sinks, results.into_iter().flatten().collect())
+    });
+    Inflight { handle, started }
+}
+
+async fn apply_lane(
+    sink: &mut Sink,
+    lane: Vec<Cut>,
+    give_up: &(dyn Fn() -> bool + Sync),
+) -> Vec<(Cut, Result<Applied>)> {
+    let mut out = Vec::with_capacity(lane.len());
+    let mut fenced: Vec<Tp> = Vec::new();
+    let mut failed = false;
+    for c in lane {
+        let tp = (c.batch.topic.clone(), c.batch.partition);
+        if failed || fenced.contains(&tp) {
+            out.push((c, Ok(Applied::Fenced)));
+            continue;
+        }
+        let r = apply_batch(sink, &c.batch, give_up).await;
+        match &r {
+            Ok(Applied::Committed(_)) => {}
+            Ok(Applied::Fenced) => fenced.push(tp),
+            Err(_) => failed = true,
+        }
+        out.push((c, r));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::Pending;
+
+    fn item(offset: i64) -> Item {
+        Item {
+            offset,
+            timestamp_ms: None,
+            key: None,
+            value: None,
+            pending: Pending::Filtered("t".into()),
+        }
+    }
+
+    #[test]
+    fn cut_chains_expected_checkpoints_and_splits_days_with_items() {
+        let mut parts = BTreeMap::new();
+        let mut a = PartState::new(7, 10, Some(10));
+        let d = NaiveDate::from_ymd_opt(2024, 4, 25);
+        for o in [10, 11, 13, 14, 15] {
+            a.buffer.push(item(o));
+            a.days.push(if o == 13 { None } else { d });
+        }
+        a.oldest = Some(Instant::now());
+        parts.insert(("t".to_string(), 0), a);
+        let mut b = PartState::new(3, 0, None);
+        b.buffer.push(item(0));
+        parts.insert(("t".to_string(), 1), b);
+        parts.insert(("t".to_string(), 2), PartState::new(1, 0, None));
+
+        let cuts = cut(&mut parts, 2, |_, _| true);
+        let shape: Vec<(i32, i64, Option<i64>, i64, usize, usize)> = cuts
+            .iter()
+            .map(|c| {
+                let b = &c.batch;
+                (
+                    b.partition,
+                    b.fence,
+                    b.expected,
+                    b.end,
+                    b.items.len(),
+                    c.days.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, 7, Some(10), 12, 2, 2),
+                (0, 7, Some(12), 15, 2, 2),
+                (0, 7, Some(15), 16, 1, 1),
+                (1, 3, None, 1, 1, 0),
+            ]
+        );
+        assert_eq!(cuts[1].days, vec![None, d]);
+        assert!(parts
+            .values()
+            .all(|p| p.buffer.is_empty() && p.days.is_empty() && p.oldest.is_none()));
+    }
+
+    #[test]
+    fn cut_leaves_unselected_partitions_buffered() {
+        let mut parts = BTreeMap::new();
+        for p in 0..2 {
+            let mut st = PartState::new(1, 0, Some(0));
+            st.buffer.push(item(0));
+            parts.insert(("t".to_string(), p), st);
+        }
+        let cuts = cut(&mut parts, 100, |tp, _| tp.1 == 1);
+        assert_eq!(cuts.len(), 1);
+        assert_eq!(cuts[0].batch.partition, 1);
+        assert_eq!(parts[&("t".to_string(), 0)].buffered(), 1);
+        assert_eq!(parts[&("t".to_string(), 1)].buffered(), 0);
+    }
+}

@@ -1,0 +1,352 @@
+//! The one consume loop, for every source (`run`, `load`, `backfill`, `rebuild`, `demo`):
+//!
+//! ```text
+//! source.poll ─► decide (decode, filters) ─► buffer per partition ─► flush: batches applied in the background
+//!   ▲                                                                 over postgres.connections connections
+//!   └──────────── ack (Kafka commit) ◄── settle (outcomes, tally, checkpoints) ◄──┘
+//! ```
+//!
+//! - a partition's buffer is flushed when it holds `batch.max-records` or its oldest record has waited
+//!   `batch.linger-ms`; the flush takes every partition's buffer and applies them on a background thread (one
+//!   transaction per batch, partitions in parallel) while polling goes on ([`state::Core::launch`]);
+//! - the next flush first settles the one in flight ([`state::Core::settle`]): outcomes are counted, each
+//!   partition's checkpoint advances, and only then is the source acknowledged (Kafka offsets committed);
+//! - a source ([`Source`]) takes partitions over (checkpoint row, fence bumped) and positions them; it says when
+//!   it is finished (caught up, every stop reached, end of file).
+
+pub mod apply;
+pub mod decide;
+pub mod flush;
+mod prune;
+pub mod state;
+pub mod takeover;
+pub mod types;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::CommitMode;
+
+use crate::config::Pipeline;
+use crate::error::{Error, Result};
+use crate::sink::{ledger, schema, Item, Sink, Tally};
+
+pub use decide::{decide, Extras};
+pub use state::Core;
+pub use types::{Ack, NoAck, Observer, PartState, Polled, Record, Tp};
+
+/// The engine's state, shared with the source.
+pub type Shared = Arc<Mutex<Core>>;
+
+/// Locks the shared state.
+pub fn lock(core: &Shared) -> MutexGuard<'_, Core> {
+    core.lock().expect("engine state")
+}
+
+/// Where records come from: a group subscription, explicit partitions with stop offsets, a file.
+pub trait Source {
+    /// Waits up to `timeout` for the next record.
+    fn poll(&mut self, timeout: Duration) -> Polled;
+    /// The acknowledgement of committed batches.
+    fn ack(&self) -> &dyn Ack;
+    /// Whether everything the source will deliver has been delivered (checked every turn; `idle_turns`
+    /// counts the consecutive polls that returned nothing). The engine then applies what is buffered and ends.
+    fn finished(&mut self, idle_turns: u32) -> bool;
+    /// On shutdown: `None` for a clean end (what is buffered is applied first), or the error to return (what
+    /// is buffered is applied first only when [`Source::flush_on_error`]).
+    fn interrupted(&self) -> Option<Error>;
+    /// Whether buffered records are applied before returning a [`Polled::Failed`] error.
+    fn flush_on_error(&self) -> bool;
+    /// The loop ended (whatever the result): give partitions up. What is in flight is settled afterwards.
+    fn close(&mut self) {}
+}
+
+/// Options of the engine.
+pub struct Options {
+    /// PostgreSQL connection string, resolved.
+    pub database_url: String,
+    /// The group id of checkpoints, ledger and dead-letter rows, when not the pipeline's.
+    pub group: Option<String>,
+    /// Set to stop: buffered work is applied, then the loop ends ([`Source::interrupted`]).
+    pub shutdown: Arc<AtomicBool>,
+    /// Interval of the summary log line, if any.
+    pub summary_interval: Option<Duration>,
+    /// Demo only: after this many committed batches, end without acknowledging (a crash between the database
+    /// commit and the offset commit).
+    pub crash_after_batches: Option<u64>,
+    /// Drop ledger partitions older than the horizon on start.
+    pub prune_on_start: bool,
+    /// Prune periodically at this interval while running.
+    pub prune_interval: Option<Duration>,
+    /// The decision's extras (`--filter`, a rebuild's window, per-day tracking).
+    pub extras: Extras,
+    /// Sees committed batches.
+    pub observer: Option<Box<dyn Observer>>,
+}
+
+impl Options {
+    /// Options with the defaults: the pipeline's group, no summary, prune on start only, no extras.
+    pub fn new(database_url: &str, shutdown: Arc<AtomicBool>) -> Options {
+        Options {
+            database_url: database_url.to_string(),
+            group: None,
+            shutdown,
+            summary_interval: None,
+            crash_after_batches: None,
+            prune_on_start: true,
+            prune_interval: None,
+            extras: Extras::default(),
+            observer: None,
+        }
+    }
+}
+
+/// The engine: its state (shared with the source) and what the loop needs beside it.
+pub struct Engine {
+    core: Shared,
+    pipeline: Arc<Pipeline>,
+    database_url: String,
+    extras: Extras,
+    summary_interval: Option<Duration>,
+    prune_interval: Option<Duration>,
+}
+
+impl Engine {
+    /// Creates the tables (or checks them), prunes the ledger when asked, and opens `postgres.connections`
+    /// connections — retried while the database is unavailable.
+    ///
+    /// # Errors
+    /// [`Error::Schema`] when the database does not match; a database error.
+    pub fn start(
+        rt: &tokio::runtime::Handle,
+        pipeline: Arc<Pipeline>,
+        mut opts: Options,
+    ) -> Result<Engine> {
+        let stop = opts.shutdown.clone();
+        let give_up = move || stop.load(Ordering::Relaxed);
+        let (url, group) = (&opts.database_url, opts.group.as_deref());
+        let prune = opts.prune_on_start;
+        let sinks = rt.block_on(apply::retry_db("starting", &give_up, || async {
+            let mut admin = crate::sink::connect(url).await?;
+            schema::init(&mut admin, &pipeline).await?;
+            if prune {
+                let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;
+                if !dropped.is_empty() {
+                    tracing::info!(?dropped, "dropped ledger partitions older than the horizon");
+                }
+            }
+            let mut sinks = Vec::new();
+            for _ in 0..pipeline.postgres.connections {
+                let sink = Sink::open(pipeline.clone(), url).await?;
+                sinks.push(match group {
+                    Some(g) => sink.with_group(g),
+                    None => sink,
+                });
+            }
+            Ok::<_, Error>(sinks)
+        }))?;
+        let core = Core {
+            pipeline: pipeline.clone(),
+            rt: rt.clone(),
+            sinks,
+            parts: Default::default(),
+            tally: Tally::default(),
+            batches: 0,
+            fatal: None,
+            crashed: false,
+            crash_after_batches: opts.crash_after_batches,
+            shutdown: opts.shutdown.clone(),
+            inflight: None,
+            observer: opts.observer.take(),
+            first_record: None,
+            last_commit: None,
+        };
+        Ok(Engine {
+            core: Arc::new(Mutex::new(core)),
+            pipeline,
+            database_url: opts.database_url,
+            extras: opts.extras,
+            summary_interval: opts.summary_interval,
+            prune_interval: opts.prune_interval,
+        })
+    }
+
+    /// The state, to hand to a source.
+    pub fn shared(&self) -> Shared {
+        self.core.clone()
+    }
+
+    /// Runs the loop over `source` until it is finished, shut down or failed; returns the tally.
+    ///
+    /// # Errors
+    /// The source's error, a batch's error, [`Source::interrupted`] on shutdown.
+    pub fn run(self, mut source: impl Source) -> Result<Tally> {
+        let result = self.turns(&mut source);
+        source.close();
+        // A flush still in flight (the loop ended on an error elsewhere) is waited for: its outcome is recorded.
+        let settled = lock(&self.core).settle(source.ack(), CommitMode::Sync);
+        let result = result.and(settled);
+        // Closing the source's client may still apply what a revocation hands back.
+        drop(source);
+        let mut core = lock(&self.core);
+        if let Some(obs) = core.observer.as_mut() {
+            obs.finish();
+        }
+        if let (Some(a), Some(b)) = (core.first_record, core.last_commit) {
+            let secs = b.saturating_duration_since(a).as_secs_f64();
+            tracing::info!(
+                records = core.tally.total(),
+                seconds = secs,
+                rate = core.tally.total() as f64 / secs.max(1e-9),
+                "throughput from first record to last checkpoint commit"
+            );
+        }
+        tracing::info!("{}", core.tally.line());
+        result.map(|()| core.tally.clone())
+    }
+
+    fn turns(&self, source: &mut impl Source) -> Result<()> {
+        let shutdown = lock(&self.core).shutdown.clone();
+        let mut last_summary = Instant::now();
+        let mut pruner = prune::Pruner::new(self.prune_interval);
+        let mut idle_turns = 0u32;
+        loop {
+            if let Some(e) = lock(&self.core).fatal.take() {
+                return Err(e);
+            }
+            if shutdown.load(Ordering::Relaxed) {
+                let interrupted = source.interrupted();
+                if interrupted.is_none() || source.flush_on_error() {
+                    tracing::info!("shutting down: applying buffered records");
+                    self.finish(source)?;
+                }
+                return interrupted.map_or(Ok(()), Err);
+            }
+            match source.poll(self.timeout()) {
+                Polled::Record(r) => {
+                    idle_turns = 0;
+                    self.take(r)?;
+                }
+                Polled::Idle => idle_turns += 1,
+                Polled::Busy => {}
+                Polled::Failed(e) => {
+                    if source.flush_on_error() {
+                        self.finish(source)?;
+                    }
+                    return Err(e);
+                }
+            }
+            // A rebalance callback during the poll may have failed (a partition it could not take over).
+            if let Some(e) = lock(&self.core).fatal.take() {
+                return Err(e);
+            }
+            let now = Instant::now();
+            self.maybe_flush(source, now)?;
+            if lock(&self.core).crashed {
+                tracing::warn!("simulated crash: database committed, Kafka offsets not committed");
+                return Ok(());
+            }
+            self.report(now, &mut last_summary);
+            pruner.tick(
+                &lock(&self.core).rt,
+                &self.pipeline,
+                &self.database_url,
+                now,
+            );
+            if source.finished(idle_turns) {
+                return self.finish(source);
+            }
+        }
+    }
+
+    /// The poll timeout: until the next linger deadline, at most 100 ms (10 ms while a flush runs, and then
+    /// at least 2 ms: a batch may be overdue while it waits for the flush — poll briefly, never spin).
+    fn timeout(&self) -> Duration {
+        let core = lock(&self.core);
+        let running = core.in_flight();
+        let cap = Duration::from_millis(if running { 10 } else { 100 });
+        let floor = Duration::from_millis(if running { 2 } else { 0 });
+        core.next_deadline()
+            .map(|d| d.saturating_duration_since(Instant::now()))
+            .unwrap_or(cap)
+            .min(cap)
+            .max(floor)
+    }
+
+    /// Decides and buffers one record.
+    fn take(&self, mut r: Record) -> Result<()> {
+        let decided = match r.decided.take() {
+            Some(pending) => Ok((pending, None)),
+            None => decide::decide_with(
+                &self.pipeline,
+                &self.extras,
+                r.key.as_deref(),
+                r.value.as_deref(),
+                r.old_key.as_deref(),
+            ),
+        };
+        let (pending, day) = match decided {
+            Ok(d) => d,
+            Err(detail) => {
+                // The operator's expression failing is not the record's fault: stop before applying it (what
+                // is in flight settles; what is buffered is not applied, a rerun resumes at the checkpoint).
+                return Err(Error::Usage(format!(
+                    "--filter failed on {}/{} offset {}: {detail}; nothing of that record was applied, fix the \
+                     expression and rerun the same command",
+                    r.tp.0, r.tp.1, r.offset
+                )));
+            }
+        };
+        let item = Item {
+            offset: r.offset,
+            timestamp_ms: r.timestamp_ms,
+            key: r.key,
+            value: r.value,
+            pending,
+        };
+        lock(&self.core).push(&r.tp, item, day, self.extras.days);
+        Ok(())
+    }
+
+    /// Starts a flush when one is due: a partition is full or has waited long enough. While a flush runs,
+    /// records keep accumulating (up to a full batch per connection) so that the next flush usually carries
+    /// several partitions' batches and uses the connections in parallel.
+    fn maybe_flush(&self, source: &impl Source, now: Instant) -> Result<()> {
+        let mut core = lock(&self.core);
+        let in_flight = core.inflight.as_ref().map(flush::Inflight::is_finished);
+        let cap = self.pipeline.max_records * self.pipeline.postgres.connections;
+        let running = in_flight == Some(false);
+        if core.due(now) && !(running && core.buffered() < cap) {
+            core.settle(source.ack(), CommitMode::Async)?;
+            if !core.crashed {
+                core.launch(|_, st| st.buffered() > 0);
+            }
+        } else if in_flight == Some(true) {
+            core.settle(source.ack(), CommitMode::Async)?;
+        }
+        Ok(())
+    }
+
+    /// Applies everything buffered and acknowledges every checkpoint held.
+    fn finish(&self, source: &impl Source) -> Result<()> {
+        let mut core = lock(&self.core);
+        let r = core.flush(source.ack(), |_, _| true, CommitMode::Sync);
+        core.commit_checkpoints(source.ack());
+        r
+    }
+
+    fn report(&self, now: Instant, last_summary: &mut Instant) {
+        let mut core = lock(&self.core);
+        let core = &mut *core;
+        if let Some(obs) = core.observer.as_mut() {
+            obs.tick(&core.parts, &core.tally);
+        }
+        if let Some(every) = self.summary_interval {
+            if now.duration_since(*last_summary) >= every {
+                *last_summary = now;
+                tracing::info!("{} (batches {})", core.tally.line(), core.batches);
+            }
+        }
+    }
+}

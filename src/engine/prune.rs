@@ -1,0 +1,66 @@
+//! The periodic ledger prune of a running `run`: every interval, one prune in the background on its own
+//! connection (never two at once), bounded by [`PRUNE_TIMEOUT`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Pipeline;
+use crate::sink::ledger;
+
+/// Longest a periodic prune may take (connecting, waiting for locks, dropping) before it is abandoned and
+/// tried again at the next interval.
+pub const PRUNE_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub(crate) struct Pruner {
+    interval: Option<Duration>,
+    last: Instant,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Pruner {
+    pub(crate) fn new(interval: Option<Duration>) -> Pruner {
+        Pruner {
+            interval,
+            last: Instant::now(),
+            task: None,
+        }
+    }
+
+    pub(crate) fn tick(
+        &mut self,
+        rt: &tokio::runtime::Handle,
+        p: &Arc<Pipeline>,
+        url: &str,
+        now: Instant,
+    ) {
+        let Some(interval) = self.interval else {
+            return;
+        };
+        if p.ledger.horizon_days.is_none()
+            || now.duration_since(self.last) < interval
+            || self.task.as_ref().is_some_and(|t| !t.is_finished())
+        {
+            return;
+        }
+        self.last = now;
+        let (p, url) = (p.clone(), url.to_string());
+        self.task = Some(rt.spawn(async move {
+            let work = async {
+                let mut client = crate::sink::connect(&url).await?;
+                ledger::drop_expired_partitions(&mut client, &p).await
+            };
+            match tokio::time::timeout(PRUNE_TIMEOUT, work).await {
+                Ok(Ok(dropped)) if !dropped.is_empty() => {
+                    tracing::info!(?dropped, "dropped ledger partitions older than the horizon")
+                }
+                Ok(Ok(_)) => tracing::debug!("ledger prune: nothing to drop"),
+                Ok(Err(e)) => {
+                    tracing::warn!("ledger prune failed, retried at the next interval: {e}")
+                }
+                Err(_) => tracing::warn!(
+                    "ledger prune did not finish in {PRUNE_TIMEOUT:?}; retried at the next interval"
+                ),
+            }
+        }));
+    }
+}

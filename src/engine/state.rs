@@ -1,0 +1,261 @@
+//! The engine's state between polls: held partitions and their buffers, the connections, the flush in flight,
+//! the tally. Shared (behind a mutex) with a source whose client calls back into it (a group's rebalance).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::NaiveDate;
+use rdkafka::consumer::CommitMode;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use crate::config::Pipeline;
+use crate::engine::apply::Applied;
+use crate::engine::flush::{self, Inflight};
+use crate::engine::takeover::{self, Acquired};
+use crate::engine::types::{Ack, Observer, PartState, Tp};
+use crate::error::{Error, Result};
+use crate::sink::{Item, Outcome, Sink, Tally};
+
+/// The engine's state.
+pub struct Core {
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) rt: tokio::runtime::Handle,
+    /// The connections (empty while a flush is in flight: they move to its thread).
+    pub(crate) sinks: Vec<Sink>,
+    /// Held partitions.
+    pub parts: BTreeMap<Tp, PartState>,
+    /// Outcomes so far.
+    pub tally: Tally,
+    /// Batches committed so far.
+    pub batches: u64,
+    /// An error raised where it cannot be returned (a rebalance callback); the loop ends with it.
+    pub fatal: Option<Error>,
+    /// Demo: the simulated crash happened (database committed, acknowledgement withheld).
+    pub crashed: bool,
+    pub(crate) crash_after_batches: Option<u64>,
+    pub(crate) shutdown: Arc<AtomicBool>,
+    pub(crate) inflight: Option<Inflight>,
+    pub(crate) observer: Option<Box<dyn Observer>>,
+    /// When the first record was buffered and when the last batch committed (throughput log line).
+    pub(crate) first_record: Option<Instant>,
+    pub(crate) last_commit: Option<Instant>,
+}
+
+impl Core {
+    pub(crate) fn give_up_flag(&self) -> Arc<AtomicBool> {
+        self.shutdown.clone()
+    }
+
+    /// Whether a flush is in flight.
+    pub fn in_flight(&self) -> bool {
+        self.inflight.is_some()
+    }
+
+    /// Records buffered over all partitions.
+    pub fn buffered(&self) -> usize {
+        self.parts.values().map(|s| s.buffer.len()).sum()
+    }
+
+    /// The runtime the database work runs on.
+    pub fn runtime(&self) -> tokio::runtime::Handle {
+        self.rt.clone()
+    }
+
+    /// The first connection, for the sources' checkpoint work; settle first (a flush in flight holds them).
+    pub fn sink(&mut self) -> &mut Sink {
+        &mut self.sinks[0]
+    }
+
+    /// Settles the flush in flight, then takes over `tps` ([`takeover::acquire`]) on the first connection.
+    ///
+    /// # Errors
+    /// As [`Core::settle`] and [`takeover::acquire`].
+    pub fn take_over(
+        &mut self,
+        ack: &dyn Ack,
+        group: &str,
+        tps: &[Tp],
+        newer: bool,
+    ) -> Result<Vec<Acquired>> {
+        self.settle(ack, CommitMode::Async)?;
+        let stop = self.give_up_flag();
+        let give_up = move || stop.load(Ordering::Relaxed);
+        let p = self.pipeline.clone();
+        let rt = self.rt.clone();
+        rt.block_on(takeover::acquire(
+            &mut self.sinks[0],
+            &p,
+            group,
+            tps,
+            newer,
+            &give_up,
+        ))
+    }
+
+    /// Buffers one decided record of a held partition (one not held is ignored).
+    pub fn push(&mut self, tp: &Tp, item: Item, day: Option<NaiveDate>, track_days: bool) {
+        let Some(st) = self.parts.get_mut(tp) else {
+            tracing::debug!(topic = %tp.0, partition = tp.1, offset = item.offset, "record for a partition not held; ignored");
+            return;
+        };
+        if st.buffer.is_empty() {
+            st.oldest = Some(Instant::now());
+        }
+        st.buffer.push(item);
+        if track_days {
+            st.days.push(day);
+        }
+        self.first_record.get_or_insert_with(Instant::now);
+    }
+
+    /// A partition's buffer is full or its oldest record has waited `batch.linger-ms`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.parts.values().any(|st| {
+            st.buffer.len() >= self.pipeline.max_records
+                || st
+                    .oldest
+                    .is_some_and(|t| now.duration_since(t) >= self.pipeline.linger)
+        })
+    }
+
+    /// When the oldest buffered record's linger ends.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.parts
+            .values()
+            .filter_map(|st| st.oldest)
+            .min()
+            .map(|t| t + self.pipeline.linger)
+    }
+
+    /// Flushes partitions selected by `which` and waits: the flush in flight (if any) is settled first, then
+    /// the selected buffers are applied and acknowledged with `mode`.
+    ///
+    /// # Errors
+    /// As [`Core::settle`].
+    pub fn flush(
+        &mut self,
+        ack: &dyn Ack,
+        which: impl Fn(&Tp, &PartState) -> bool,
+        mode: CommitMode,
+    ) -> Result<()> {
+        self.settle(ack, mode)?;
+        if self.crashed {
+            return Ok(());
+        }
+        self.launch(which);
+        self.settle(ack, mode)
+    }
+
+    /// Cuts the buffers of the partitions selected by `which` into batches and starts applying them in the
+    /// background ([`flush::launch`]): polling and decoding the next records overlaps the transactions. At
+    /// most one flush is in flight: [`Core::settle`] comes first, which also makes each partition's `next`
+    /// (the next batch's expected checkpoint) current.
+    pub fn launch(&mut self, which: impl Fn(&Tp, &PartState) -> bool) {
+        debug_assert!(self.inflight.is_none(), "one flush in flight at most");
+        let cuts = flush::cut(&mut self.parts, self.pipeline.max_records, which);
+        if cuts.is_empty() {
+            return;
+        }
+        let sinks = std::mem::take(&mut self.sinks);
+        self.inflight = Some(flush::launch(&self.rt, sinks, cuts, self.give_up_flag()));
+    }
+
+    /// Waits for the flush in flight (if any), records its outcomes, and acknowledges — after the database
+    /// commit — the offsets of the batches it committed, with `mode`.
+    ///
+    /// # Errors
+    /// The first batch's error; a fenced batch's error when the source ends on one ([`Ack::fenced`]).
+    pub fn settle(&mut self, ack: &dyn Ack, mode: CommitMode) -> Result<()> {
+        let Some(flight) = self.inflight.take() else {
+            return Ok(());
+        };
+        let (sinks, results) = flight.join()?;
+        self.sinks = sinks;
+        let mut commit = TopicPartitionList::new();
+        let mut first_err = None;
+        for (cut, r) in results {
+            let batch = &cut.batch;
+            let tp = (batch.topic.clone(), batch.partition);
+            match r {
+                Ok(Applied::Committed(outcomes)) => {
+                    self.batches += 1;
+                    self.last_commit = Some(Instant::now());
+                    metrics::counter!("replaysafe_batches_total").increment(1);
+                    for o in &outcomes {
+                        self.tally.add(o);
+                        count_metric(o);
+                    }
+                    if let Some(obs) = self.observer.as_mut() {
+                        obs.committed(batch, &cut.days, &outcomes);
+                    }
+                    if let Some(st) = self.parts.get_mut(&tp) {
+                        st.next = Some(batch.end);
+                    }
+                    commit.add_partition_offset(
+                        &batch.topic,
+                        batch.partition,
+                        Offset::Offset(batch.end),
+                    )?;
+                }
+                Ok(Applied::Fenced) => match ack.fenced(&tp) {
+                    // Another owner holds the checkpoint: what we buffered is dropped (the owner resumes from
+                    // the checkpoint).
+                    None => {
+                        self.parts.remove(&tp);
+                    }
+                    Some(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                },
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if commit.count() > 0 && ack.acknowledges() {
+            if let Some(limit) = self.crash_after_batches {
+                if self.batches >= limit {
+                    self.crashed = true;
+                    return Ok(());
+                }
+            }
+            fail::fail_point!("after-db-commit-before-kafka-commit", |_| {
+                std::process::abort();
+            });
+            ack.commit(&commit, mode);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Acknowledges every held partition's checkpoint synchronously (clean exits).
+    pub fn commit_checkpoints(&self, ack: &dyn Ack) {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), st) in &self.parts {
+            if let Some(n) = st.next {
+                let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(n));
+            }
+        }
+        if tpl.count() > 0 && !self.crashed && ack.acknowledges() {
+            ack.commit(&tpl, CommitMode::Sync);
+        }
+    }
+}
+
+fn count_metric(o: &Outcome) {
+    match o {
+        Outcome::Landed => metrics::counter!("replaysafe_records_total", "outcome" => "landed").increment(1),
+        Outcome::Duplicate => metrics::counter!("replaysafe_records_total", "outcome" => "duplicate").increment(1),
+        Outcome::Stale { .. } => metrics::counter!("replaysafe_records_total", "outcome" => "stale").increment(1),
+        Outcome::Filtered(rule) => {
+            metrics::counter!("replaysafe_records_total", "outcome" => "filtered", "rule" => rule.clone()).increment(1)
+        }
+        Outcome::Quarantined(r) => {
+            metrics::counter!("replaysafe_records_total", "outcome" => "quarantined", "reason" => r.as_str()).increment(1)
+        }
+    }
+}

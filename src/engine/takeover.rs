@@ -1,0 +1,129 @@
+//! Taking over a partition's checkpoint row (fence bumped), for every source: a group assignment, a backfill's
+//! explicit partitions, a file's partitions as they appear. Retried through [`retry_db`] like everything else.
+
+use crate::config::Pipeline;
+use crate::engine::apply::retry_db;
+use crate::engine::types::Tp;
+use crate::error::Result;
+use crate::sink::{checkpoint, Sink};
+use crate::start;
+
+/// A partition taken over.
+#[derive(Debug, Clone)]
+pub struct Acquired {
+    /// Topic and partition.
+    pub tp: Tp,
+    /// The checkpoint: next offset to apply (`None`: nothing committed in this generation yet).
+    pub next: Option<i64>,
+    /// Our fence (the bumped one): every batch's checkpoint compare-and-set carries it.
+    pub fence: i64,
+}
+
+/// Takes over the checkpoint rows of `tps` for `group` (creating them when missing), retrying transient
+/// database errors until `give_up()`. With `newer`, a checkpoint that another generation of the group has
+/// overtaken (a rolling deploy, a rollback of a generation change) is treated as absent (`next: None`), as
+/// after a generation change.
+///
+/// # Errors
+/// A non-transient database error, or the last one once `give_up()` is true.
+pub async fn acquire(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    tps: &[Tp],
+    newer: bool,
+    give_up: &(dyn Fn() -> bool + Sync),
+) -> Result<Vec<Acquired>> {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    let stmt = checkpoint::acquire_checkpoint(p);
+    let newer_stmt = checkpoint::newer_generation(p);
+    let sink = tokio::sync::Mutex::new(sink);
+    let what = if tps.len() == 1 {
+        "taking over a partition"
+    } else {
+        "taking over partitions"
+    };
+    retry_db(what, give_up, || async {
+        // One attempt at a time: the lock is never contended.
+        let mut sink = sink.lock().await;
+        if sink.is_closed() {
+            sink.reconnect().await?;
+        }
+        let mut out = Vec::with_capacity(tps.len());
+        for (topic, partition) in tps {
+            let superseded = if newer {
+                sink.client()
+                    .query_opt(&newer_stmt, &[&group, topic, partition, &generation])
+                    .await?
+            } else {
+                None
+            };
+            let row = sink
+                .client()
+                .query_one(&stmt, &[&group, topic, partition, &generation])
+                .await?;
+            let mut next = row.get::<_, Option<i64>>(0);
+            if let Some(r) = superseded {
+                let (other, at): (String, i64) = (r.get(0), r.get(1));
+                tracing::warn!(
+                    %topic,
+                    partition,
+                    stale = ?next,
+                    other_generation = %other,
+                    other_next = at,
+                    "generation `{other}` applied this partition after this generation's checkpoint; \
+                     continuing from the newest checkpoint instead"
+                );
+                next = None;
+            }
+            out.push(Acquired {
+                tp: (topic.clone(), *partition),
+                next,
+                fence: row.get::<_, i64>(1),
+            });
+        }
+        Ok(out)
+    })
+    .await
+}
+
+/// Writes a resolved start position into a checkpoint we hold (`fence`) before anything is consumed, so that a
+/// crash before the first batch cannot resolve it again differently. With `mark_unapplied`, a checkpoint that
+/// never applied a record also gets [`start::NOTHING_APPLIED`] as its last offset (a group's start). Returns
+/// the rows updated (0: taken over by another consumer meanwhile).
+///
+/// # Errors
+/// A database error.
+pub async fn write_start(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    (topic, partition): &Tp,
+    fence: i64,
+    offset: i64,
+    mark_unapplied: bool,
+) -> Result<u64> {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    let stmt = if mark_unapplied {
+        format!(
+            "UPDATE {} SET next_offset = $5, updated_at = now(), \
+             last_offset = CASE WHEN last_sha256 IS NULL THEN {} ELSE last_offset END \
+             WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4 AND generation = $6",
+            p.table(checkpoint::CHECKPOINTS),
+            start::NOTHING_APPLIED
+        )
+    } else {
+        format!(
+            "UPDATE {} SET next_offset = $5 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 \
+             AND fence = $4 AND generation = $6",
+            p.table(checkpoint::CHECKPOINTS)
+        )
+    };
+    Ok(sink
+        .client()
+        .execute(
+            &stmt,
+            &[&group, topic, partition, &fence, &offset, &generation],
+        )
+        .await?)
+}

@@ -1,0 +1,139 @@
+//! `replaysafe backfill`: replay a window of the topic through the engine (the same idempotent batch path as
+//! `run`: ledger claim + projections + checkpoint in one transaction) over the assign source.
+//!
+//! Partitions are assigned explicitly (no group subscription); each starts at the first offset at or after
+//! `--from` (ListOffsets by timestamp, `offsets_for_times`) and stops before its stop offset (exclusive). The
+//! checkpoint rows of the backfill's own group id make a second run of the same backfill a no-op.
+
+pub mod options;
+mod plan;
+pub mod report;
+mod scan;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use chrono::DateTime;
+
+use crate::config::Pipeline;
+use crate::engine::{Engine, Extras, Options};
+use crate::error::{Error, Result};
+use crate::sink::Tally;
+use crate::source::assign::{Assign, Range};
+
+pub use options::{BackfillOptions, MissingStop, PartitionPlan, StopSpec};
+pub use plan::plan;
+pub use report::{
+    DayCounts, LedgerRows, MissingRow, PastTheStop, RebuildCheck, Report, MISSING_LISTED,
+};
+pub use scan::{PAST_STOP_SCAN_MS, PAST_STOP_SCAN_RECORDS};
+
+/// Runs a backfill (or only plans it with `dry_run`) and returns its report.
+///
+/// # Errors
+/// As [`plan`]; [`Error::Usage`] when `--filter` fails on a record (what came before is applied);
+/// [`Error::Other`] when records of the window disappear during the run (retention), naming the lost range;
+/// database and Kafka errors.
+pub fn backfill(
+    pipeline: Arc<Pipeline>,
+    brokers: &str,
+    database_url: &str,
+    opts: &BackfillOptions,
+    shutdown: Arc<AtomicBool>,
+) -> Result<Report> {
+    let (plans, retention, stop) = plan(&pipeline, brokers, database_url, opts)?;
+    let mut report = Report {
+        group_id: opts.group_id.clone(),
+        pipeline_group: pipeline.kafka.group_id.clone(),
+        from: DateTime::from_timestamp_millis(opts.from_ms)
+            .unwrap_or_default()
+            .to_rfc3339(),
+        stop,
+        filter: opts.filter.clone(),
+        partitions: plans.clone(),
+        retention,
+        per_day: BTreeMap::new(),
+        accounting: String::new(),
+        dry_run: opts.dry_run,
+        past_the_stop: Vec::new(),
+        rebuild: None,
+    };
+    if opts.dry_run {
+        report.accounting = Tally::default().line();
+        return Ok(report);
+    }
+    let per_day = Arc::new(Mutex::new(BTreeMap::new()));
+    let tally = replay(
+        &pipeline,
+        brokers,
+        database_url,
+        opts,
+        shutdown,
+        &plans,
+        &per_day,
+        &mut report.retention,
+    )?;
+    report.per_day = report::per_day_report(&per_day);
+    report.accounting = tally.line();
+    if let StopSpec::Time(to) = opts.stop {
+        // Information about records not in the window: a failure to read it never fails the applied backfill.
+        match scan::past_the_stop(
+            brokers,
+            &opts.group_id,
+            &report.partitions,
+            opts.from_ms,
+            to,
+        ) {
+            Ok(found) => report.past_the_stop = found,
+            Err(e) => {
+                let note = format!(
+                    "reading past the stop offsets for out-of-order timestamps failed: {e}"
+                );
+                tracing::warn!("{note}");
+                report.retention.push(note);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The engine over the assign source with the backfill's extras (`--filter`, a rebuild's day window, per-day
+/// counts into `per_day`).
+#[allow(clippy::too_many_arguments)]
+fn replay(
+    pipeline: &Arc<Pipeline>,
+    brokers: &str,
+    database_url: &str,
+    opts: &BackfillOptions,
+    shutdown: Arc<AtomicBool>,
+    plans: &[PartitionPlan],
+    per_day: &report::PerDay,
+    notes: &mut Vec<String>,
+) -> Result<Tally> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let mut o = Options::new(database_url, shutdown);
+    o.group = Some(opts.group_id.clone());
+    o.prune_on_start = false;
+    o.extras = Extras::new(pipeline, opts.filter.as_deref(), opts.day_window)?;
+    o.observer = Some(Box::new(report::Progress::new(
+        plans,
+        opts.progress,
+        per_day.clone(),
+    )));
+    let engine = Engine::start(rt.handle(), pipeline.clone(), o)?;
+    let ranges = plans
+        .iter()
+        .map(|p| Range {
+            tp: (p.topic.clone(), p.partition),
+            start: p.start_offset,
+            stop: p.stop_offset,
+        })
+        .collect();
+    let source = Assign::open(engine.shared(), brokers, &opts.group_id, ranges, notes)?;
+    engine.run(source)
+}

@@ -1,0 +1,271 @@
+//! The backfill report (`-o report.json`; read by `verify diff --expect`) and what fills it while the engine
+//! runs: per-day outcome counts of every committed batch, progress.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDate;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Observer, PartState, Tp};
+use crate::ops::backfill::options::PartitionPlan;
+use crate::sink::{Batch, Outcome, Tally};
+
+/// Per-day outcome counts of a backfill.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DayCounts {
+    /// Newly claimed and projected.
+    pub landed: u64,
+    /// Already in the ledger, or a row projection already holds that state.
+    pub duplicate: u64,
+    /// Claimed, but a row projection holds a newer version (or the same version with another state).
+    #[serde(default)]
+    pub stale: u64,
+    /// Dropped by `--filter` or a pipeline filter rule.
+    pub filtered: u64,
+    /// Dead-lettered.
+    pub quarantined: u64,
+}
+
+/// The backfill report (`-o report.json`; read by `verify diff --expect`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// The backfill group id.
+    pub group_id: String,
+    /// The pipeline's production group.
+    pub pipeline_group: String,
+    /// Window start (RFC 3339).
+    pub from: String,
+    /// How the stop offsets were chosen.
+    pub stop: String,
+    /// The `--filter` expression.
+    pub filter: Option<String>,
+    /// Exact start/stop offsets used.
+    pub partitions: Vec<PartitionPlan>,
+    /// Retention findings and actions.
+    pub retention: Vec<String>,
+    /// Per partition-by day (`YYYY-MM-DD`, or `unknown` for undecodable records): the outcomes of the records
+    /// this run consumed — the same outcomes as `accounting` (a resumed backfill: this session's records).
+    pub per_day: BTreeMap<String, DayCounts>,
+    /// The accounting line.
+    pub accounting: String,
+    /// Whether this was a dry run.
+    pub dry_run: bool,
+    /// `--to TIME` only: partitions where records after the stop offset carry a timestamp inside the window
+    /// (out-of-order timestamps); they were not applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub past_the_stop: Vec<PastTheStop>,
+    /// Rebuild only: the window's ledger rows per day before and after, and the rows that did not come back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildCheck>,
+}
+
+/// Records after a partition's `--to TIME` stop whose timestamps lie in `[--from, --to)`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PastTheStop {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// First offset read past the stop (the stop offset).
+    pub scanned_from: i64,
+    /// End of the scan (exclusive).
+    pub scanned_to: i64,
+    /// Records in the scanned range with a timestamp inside the window (not applied).
+    pub earlier: u64,
+}
+
+/// Ledger rows of a rebuild's window of event days.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RebuildCheck {
+    /// Per event day (`YYYY-MM-DD`): ledger rows before the rebuild deleted them, and after the replay.
+    pub per_day: BTreeMap<String, LedgerRows>,
+    /// Ledger rows of the window that the replay did not bring back (first [`MISSING_LISTED`]).
+    pub missing: Vec<MissingRow>,
+    /// How many ledger rows of the window did not come back.
+    pub missing_total: u64,
+}
+
+/// Ledger rows of one day.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LedgerRows {
+    /// Rows before the rebuild.
+    pub before: u64,
+    /// Rows after the replay.
+    pub after: u64,
+}
+
+/// A ledger row deleted by a rebuild that the replay did not claim again.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MissingRow {
+    /// Event day.
+    pub day: String,
+    /// The delivery key (generation first), as stored.
+    pub key: Vec<String>,
+    /// Where it had come from.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+}
+
+/// How many missing rows a rebuild report lists by name.
+pub const MISSING_LISTED: usize = 100;
+
+impl Report {
+    /// Rebuild only: `Some(message)` when a day of the window ends with fewer ledger rows than it had, naming
+    /// the days and the first rows that did not come back.
+    pub fn rebuild_shortfall(&self) -> Option<String> {
+        let check = self.rebuild.as_ref()?;
+        let short: Vec<String> = check
+            .per_day
+            .iter()
+            .filter(|(_, r)| r.after < r.before)
+            .map(|(d, r)| format!("{d}: {} before, {} after", r.before, r.after))
+            .collect();
+        if short.is_empty() && check.missing_total == 0 {
+            return None;
+        }
+        let named: Vec<String> = check
+            .missing
+            .iter()
+            .take(10)
+            .map(|m| {
+                format!(
+                    "{} key {} from {}/{} offset {}",
+                    m.day,
+                    m.key.join("|"),
+                    m.topic,
+                    m.partition,
+                    m.offset
+                )
+            })
+            .collect();
+        Some(format!(
+            "the rebuild did not bring back {} ledger row(s) of the window ({}); first: {}; see `rebuild.missing` \
+             in the report and the per-day filtered/quarantined counts",
+            check.missing_total,
+            if short.is_empty() { "no day ended short".to_string() } else { short.join(", ") },
+            named.join(", ")
+        ))
+    }
+}
+
+/// Per-day counts shared between the engine's observer and the report (`None`: the day is unknown).
+pub type PerDay = Arc<Mutex<BTreeMap<Option<NaiveDate>, DayCounts>>>;
+
+/// The report's per-day section: `YYYY-MM-DD`, or `unknown` for records without a day.
+pub fn per_day_report(per_day: &PerDay) -> BTreeMap<String, DayCounts> {
+    let counts = std::mem::take(&mut *per_day.lock().expect("per-day counts"));
+    counts
+        .into_iter()
+        .map(|(d, c)| {
+            (
+                d.map_or_else(|| "unknown".to_string(), |d| d.to_string()),
+                c,
+            )
+        })
+        .collect()
+}
+
+/// The backfill's [`Observer`]: counts each committed record under its partition-by day, advances the progress
+/// bar, and logs progress every 5 s when there is no bar.
+pub struct Progress {
+    per_day: PerDay,
+    plans: Vec<PartitionPlan>,
+    total: i64,
+    bar: indicatif::ProgressBar,
+    show_bar: bool,
+    started: Instant,
+    last_log: Instant,
+}
+
+impl Progress {
+    /// Progress over `plans` (a bar when `show_bar`), counting into `per_day`.
+    pub fn new(plans: &[PartitionPlan], show_bar: bool, per_day: PerDay) -> Progress {
+        let total: i64 = plans.iter().map(|p| p.stop_offset - p.start_offset).sum();
+        let bar = if show_bar {
+            let b = indicatif::ProgressBar::new(total.max(0) as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} records  {per_sec}  ETA {eta}  {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        Progress {
+            per_day,
+            plans: plans.to_vec(),
+            total,
+            bar,
+            show_bar,
+            started: Instant::now(),
+            last_log: Instant::now(),
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn committed(&mut self, batch: &Batch, days: &[Option<NaiveDate>], outcomes: &[Outcome]) {
+        let mut per_day = self.per_day.lock().expect("per-day counts");
+        for (i, o) in outcomes.iter().enumerate() {
+            let c = per_day.entry(days.get(i).copied().flatten()).or_default();
+            match o {
+                Outcome::Landed => c.landed += 1,
+                Outcome::Duplicate => c.duplicate += 1,
+                Outcome::Stale { .. } => c.stale += 1,
+                Outcome::Filtered(_) => c.filtered += 1,
+                Outcome::Quarantined(_) => c.quarantined += 1,
+            }
+        }
+        let from = batch.expected.unwrap_or(batch.end);
+        self.bar.inc((batch.end - from).max(0) as u64);
+    }
+
+    fn tick(&mut self, parts: &BTreeMap<Tp, PartState>, _tally: &Tally) {
+        if self.show_bar || self.last_log.elapsed() < Duration::from_secs(5) {
+            return;
+        }
+        self.last_log = Instant::now();
+        let next = |p: &PartitionPlan| {
+            parts
+                .get(&(p.topic.clone(), p.partition))
+                .and_then(|s| s.next)
+                .unwrap_or(p.start_offset)
+        };
+        let done: i64 = self.plans.iter().map(|p| next(p) - p.start_offset).sum();
+        let rate = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        let eta = if rate > 0.0 {
+            (self.total - done) as f64 / rate
+        } else {
+            f64::INFINITY
+        };
+        let remaining: Vec<String> = self
+            .plans
+            .iter()
+            .filter(|p| next(p) < p.stop_offset)
+            .map(|p| {
+                format!(
+                    "{}/{}: {} left",
+                    p.topic,
+                    p.partition,
+                    p.stop_offset - next(p)
+                )
+            })
+            .collect();
+        tracing::info!(
+            "backfill {done}/{} records, {rate:.0}/s, ETA {eta:.0} s; {}",
+            self.total,
+            remaining.join(", ")
+        );
+    }
+
+    fn finish(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}

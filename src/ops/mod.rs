@@ -1,0 +1,8 @@
+//! The commands built on the engine and around it: `run`, `load`, `backfill`, `rebuild`, `offsets`, `verify`.
+
+pub mod backfill;
+pub mod load;
+pub mod offsets;
+pub mod rebuild;
+pub mod run;
+pub mod verify;

@@ -1,0 +1,68 @@
+//! `replaysafe run`: the engine over the group source (see [`crate::source::group`] and [`crate::engine`]).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Pipeline;
+use crate::engine::{Engine, Options};
+use crate::error::{Error, Result};
+use crate::sink::Tally;
+use crate::source::group::{self, Group};
+
+/// Options of one run.
+#[derive(Clone)]
+pub struct RunOptions {
+    /// `bootstrap.servers`, resolved.
+    pub brokers: String,
+    /// PostgreSQL connection string, resolved.
+    pub database_url: String,
+    /// Exit once every assigned partition is caught up (position ≥ high watermark, all applied).
+    pub until_caught_up: bool,
+    /// Set to stop: buffered work is applied and committed, then `run` returns.
+    pub shutdown: Arc<AtomicBool>,
+    /// Interval of the summary log line.
+    pub summary_interval: Duration,
+    /// Demo only: after this many committed batches, return without committing Kafka offsets (what a crash
+    /// between the database commit and the offset commit leaves behind).
+    pub crash_after_batches: Option<u64>,
+    /// Extra librdkafka properties applied last (tests, demo).
+    pub extra_properties: Vec<(String, String)>,
+    /// Interval of the ledger prune while running (it also runs on start); `run --prune-interval`, default an
+    /// hour.
+    pub prune_interval: Duration,
+}
+
+/// Runs the pipeline until shutdown (or until caught up), returning the tally of this run.
+///
+/// # Errors
+/// [`Error::Schema`] before consuming anything when the database does not match; [`Error::NoStartPosition`]
+/// when a partition has no position and `start` is unset; [`Error::Kafka`] / [`Error::Postgres`] for fatal
+/// client errors; [`Error::Other`] for a projection that fails.
+pub fn run(pipeline: Arc<Pipeline>, opts: RunOptions) -> Result<Tally> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("tokio runtime: {e}")))?;
+    run_on(rt.handle().clone(), pipeline, opts)
+}
+
+/// As [`run`], on an existing runtime (must not be called from inside it).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_on(
+    rt: tokio::runtime::Handle,
+    pipeline: Arc<Pipeline>,
+    opts: RunOptions,
+) -> Result<Tally> {
+    let mut o = Options::new(&opts.database_url, opts.shutdown.clone());
+    o.summary_interval = Some(opts.summary_interval);
+    o.crash_after_batches = opts.crash_after_batches;
+    o.prune_interval = Some(opts.prune_interval);
+    let engine = Engine::start(&rt, pipeline.clone(), o)?;
+    let config = group::config(&pipeline, &opts.brokers, &opts.extra_properties);
+    let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;
+    engine.run(source)
+}

@@ -1,0 +1,270 @@
+//! The assign source (`backfill`, `rebuild`): explicit partitions (no group subscription), each read from its
+//! start offset and stopped before its stop offset (exclusive). The checkpoint rows of the source's own group
+//! id make a second run of the same window a no-op: a partition resumes at its checkpoint.
+
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::engine::takeover;
+use crate::engine::{lock, Ack, PartState, Polled, Shared, Source, Tp};
+use crate::error::{Error, Result};
+use crate::source::kafka::{kafka_commit, record};
+
+/// One partition to read: `[start, stop)`.
+#[derive(Debug, Clone)]
+pub struct Range {
+    /// Topic and partition.
+    pub tp: Tp,
+    /// First offset to read.
+    pub start: i64,
+    /// Stop offset (exclusive).
+    pub stop: i64,
+}
+
+struct Part {
+    range: Range,
+    done: bool,
+}
+
+/// The source's consumer as the engine's acknowledgement: commits offsets of its group; a fenced batch (another
+/// process runs the same group) ends the run.
+pub struct AssignAck {
+    consumer: BaseConsumer,
+    group: String,
+}
+
+impl Ack for AssignAck {
+    fn acknowledges(&self) -> bool {
+        true
+    }
+
+    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) {
+        kafka_commit(&self.consumer, offsets, mode);
+    }
+
+    fn fenced(&self, tp: &Tp) -> Option<Error> {
+        Some(Error::Other(format!(
+            "another process runs backfill group {} on {}/{}; stopped",
+            self.group, tp.0, tp.1
+        )))
+    }
+}
+
+/// The assign source.
+pub struct Assign {
+    core: Shared,
+    ack: AssignAck,
+    parts: Vec<Part>,
+}
+
+impl Assign {
+    /// Takes over the checkpoints of `ranges` under `group` and assigns the partitions not yet done. A
+    /// partition with a checkpoint resumes there (a note in `notes` when inside the range); one without is
+    /// positioned at its start, written to the checkpoint.
+    ///
+    /// # Errors
+    /// [`Error::Other`] when a checkpoint lies below what retention left (the records after it are gone);
+    /// database and Kafka errors.
+    pub fn open(
+        core: Shared,
+        brokers: &str,
+        group: &str,
+        ranges: Vec<Range>,
+        notes: &mut Vec<String>,
+    ) -> Result<Assign> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "error")
+            .set("queued.max.messages.kbytes", "16384")
+            .create()?;
+        let ack = AssignAck {
+            consumer,
+            group: group.to_string(),
+        };
+        let mut parts = Vec::with_capacity(ranges.len());
+        {
+            let mut core = lock(&core);
+            let tps: Vec<Tp> = ranges.iter().map(|r| r.tp.clone()).collect();
+            let acquired = core.take_over(&ack, group, &tps, false)?;
+            let pipeline = core.pipeline.clone();
+            let rt = core.runtime();
+            for (range, a) in ranges.into_iter().zip(acquired) {
+                let resume = match a.next {
+                    Some(n) => resume_at(&ack.consumer, &range, n, notes)?,
+                    None => {
+                        rt.block_on(takeover::write_start(
+                            core.sink(),
+                            &pipeline,
+                            group,
+                            &range.tp,
+                            a.fence,
+                            range.start,
+                            false,
+                        ))?;
+                        range.start
+                    }
+                };
+                core.parts.insert(
+                    range.tp.clone(),
+                    PartState::new(a.fence, resume, Some(resume)),
+                );
+                parts.push(Part {
+                    done: resume >= range.stop,
+                    range,
+                });
+            }
+        }
+        let mut tpl = TopicPartitionList::new();
+        for p in parts.iter().filter(|p| !p.done) {
+            let next = lock(&core).parts[&p.range.tp].start;
+            tpl.add_partition_offset(&p.range.tp.0, p.range.tp.1, Offset::Offset(next))?;
+        }
+        ack.consumer.assign(&tpl)?;
+        Ok(Assign { core, ack, parts })
+    }
+
+    /// Idle: a partition whose position passed the stop (transaction markers) is done too.
+    fn check_positions(&mut self) {
+        let Ok(pos) = self.ack.consumer.position() else {
+            return;
+        };
+        let core = lock(&self.core);
+        for p in self.parts.iter_mut().filter(|p| !p.done) {
+            let (t, n) = &p.range.tp;
+            if let Some(Offset::Offset(o)) = pos.find_partition(t, *n).map(|e| e.offset()) {
+                if o >= p.range.stop
+                    && core
+                        .parts
+                        .get(&p.range.tp)
+                        .is_none_or(|s| s.buffered() == 0)
+                {
+                    p.done = true;
+                }
+            }
+        }
+    }
+
+    /// The error for a position out of range: records of the window deleted by retention during the run.
+    fn lost_range(&self) -> Error {
+        let mut lost = Vec::new();
+        let mut core = lock(&self.core);
+        // What is in flight lands (or fails) first: the checkpoints then say where the loss begins.
+        if let Err(e) = core.settle(&self.ack, CommitMode::Async) {
+            return e;
+        }
+        for p in self.parts.iter().filter(|p| !p.done) {
+            let (t, n) = &p.range.tp;
+            let next = core
+                .parts
+                .get(&p.range.tp)
+                .and_then(|s| s.next)
+                .unwrap_or(p.range.start);
+            if let Ok((low, _)) = self
+                .ack
+                .consumer
+                .fetch_watermarks(t, *n, Duration::from_secs(10))
+            {
+                if next < low {
+                    lost.push(format!("{t}/{n} offsets [{next}, {low})"));
+                }
+            }
+        }
+        Error::Other(format!(
+            "records of the window were deleted by retention during the backfill: {}; what was applied before stays \
+             applied (checkpoints); nothing was skipped silently",
+            if lost.is_empty() { "a partition's position is out of range".to_string() } else { lost.join(", ") }
+        ))
+    }
+}
+
+/// Where a partition with checkpoint `n` resumes.
+fn resume_at(
+    consumer: &BaseConsumer,
+    range: &Range,
+    n: i64,
+    notes: &mut Vec<String>,
+) -> Result<i64> {
+    let (topic, partition) = (&range.tp.0, range.tp.1);
+    let (low, _) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(30))?;
+    if n < low && n < range.stop {
+        return Err(Error::Other(format!(
+            "{topic}/{partition}: this backfill stopped at offset {n}, but offsets [{n}, {low}) were deleted by \
+             retention since; the records before {n} stay applied. Nothing was skipped: decide explicitly (a new \
+             --group-id starts the window again from what is left)"
+        )));
+    }
+    if n > range.start && n < range.stop {
+        notes.push(format!(
+            "{topic}/{partition}: resumed at offset {n} (this backfill group's checkpoint); offsets [{}, {n}) were \
+             applied by an earlier session and are not in this report's counts",
+            range.start
+        ));
+    }
+    Ok(n.max(range.start))
+}
+
+impl Source for Assign {
+    fn poll(&mut self, timeout: Duration) -> Polled {
+        match self.ack.consumer.poll(timeout) {
+            Some(Ok(msg)) => {
+                let Some(part) = self
+                    .parts
+                    .iter_mut()
+                    .find(|p| p.range.tp.0 == msg.topic() && p.range.tp.1 == msg.partition())
+                else {
+                    return Polled::Busy;
+                };
+                if part.done || msg.offset() >= part.range.stop {
+                    part.done = true;
+                    return Polled::Busy;
+                }
+                if msg.offset() + 1 >= part.range.stop {
+                    part.done = true;
+                }
+                Polled::Record(record(&msg))
+            }
+            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange)))
+            | Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset))) => {
+                Polled::Failed(self.lost_range())
+            }
+            Some(Err(e)) => {
+                tracing::warn!("kafka: {e}");
+                Polled::Busy
+            }
+            None => {
+                self.check_positions();
+                Polled::Idle
+            }
+        }
+    }
+
+    fn ack(&self) -> &dyn Ack {
+        &self.ack
+    }
+
+    fn finished(&mut self, _idle_turns: u32) -> bool {
+        self.parts.iter().all(|p| p.done)
+    }
+
+    fn interrupted(&self) -> Option<Error> {
+        Some(Error::Other(
+            "interrupted; rerun the same backfill command to resume from its checkpoints (a rebuild: rerun it with \
+             a new --group-id)"
+                .into(),
+        ))
+    }
+
+    fn flush_on_error(&self) -> bool {
+        // The error names the ranges lost after what was applied: nothing more is applied.
+        false
+    }
+}

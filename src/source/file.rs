@@ -1,0 +1,281 @@
+//! The file source (`replaysafe load`): the records of a file in the format `kcat -C -J` prints instead of the
+//! broker (benchmarks that separate broker cost, replays of an exported topic).
+//!
+//! The file holds one JSON object per line, as kcat's `-J` envelope:
+//! `{"topic":"t","partition":0,"offset":42,"tstype":"create","ts":1714003200000,"broker":1,"key":"k","payload":"…"}`
+//! — `tstype`/`ts` absent when the record has no timestamp, `key`/`payload` `null` for a null key or value,
+//! other members (`broker`, `headers`, …) ignored. Partitions may be interleaved; within a partition offsets
+//! must ascend (gaps are fine: compaction, transaction markers).
+//!
+//! Checkpoints are the pipeline's (`replaysafe_checkpoints`, keyed by group, generation, and the file's
+//! topic/partition): each partition met in the file is taken over (fence bumped) like an assignment in `run`,
+//! records below its checkpoint are skipped, and every batch advances it in the batch's transaction. A second
+//! load of the same file under the same group therefore applies nothing; under another group every record is
+//! a duplicate. No Kafka offsets are committed: there is no broker.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::Pipeline;
+use crate::engine::decide::decide;
+use crate::engine::{lock, Ack, NoAck, PartState, Polled, Record, Shared, Source, Tp};
+use crate::error::{Error, Result};
+
+/// One line of `kcat -C -J` output.
+#[derive(Deserialize)]
+struct Envelope {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    #[serde(default)]
+    tstype: Option<String>,
+    #[serde(default)]
+    ts: Option<i64>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    payload: Option<String>,
+}
+
+/// Records sent from the reader thread at a time.
+const CHUNK: usize = 1024;
+
+/// One record of the file, with its line number.
+type Read = (usize, Record);
+
+/// A partition met in the file.
+struct Seen {
+    /// The checkpoint when taken over: records below it are skipped.
+    next: Option<i64>,
+    /// Last offset read (order check).
+    last: Option<i64>,
+}
+
+/// The file source.
+pub struct File {
+    core: Shared,
+    path: PathBuf,
+    group: String,
+    rx: Option<Receiver<Result<Vec<Read>>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    chunk: std::vec::IntoIter<Read>,
+    seen: HashMap<Tp, Seen>,
+    eof: bool,
+    skipped: u64,
+    ack: NoAck,
+}
+
+impl File {
+    /// Opens `path` and starts reading it on a thread (parsing overlaps decoding and the transactions; the
+    /// channel is bounded, so memory stays flat); records are decided there too. `group`: of the checkpoints.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] when the file cannot be opened.
+    pub fn open(core: Shared, path: &Path, group: &str) -> Result<File> {
+        let file = std::fs::File::open(path)
+            .map_err(|e| Error::Usage(format!("cannot open {}: {e}", path.display())))?;
+        let reader = std::io::BufReader::with_capacity(1 << 20, file);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Read>>>(4);
+        let pipeline = lock(&core).pipeline.clone();
+        let reader = {
+            let path = path.to_path_buf();
+            std::thread::spawn(move || read_file(&pipeline, &path, reader, &tx))
+        };
+        let owner = group.to_string();
+        Ok(File {
+            core,
+            path: path.to_path_buf(),
+            group: group.to_string(),
+            rx: Some(rx),
+            reader: Some(reader),
+            chunk: Vec::new().into_iter(),
+            seen: HashMap::new(),
+            eof: false,
+            skipped: 0,
+            ack: NoAck(Box::new(move |tp: &Tp| {
+                Error::Other(format!(
+                    "{}/{} was taken over by another consumer of group `{owner}` while loading; nothing of that \
+                     batch was applied",
+                    tp.0, tp.1
+                ))
+            })),
+        })
+    }
+
+    /// Takes over a partition's checkpoint row (fence bumped), like an assignment in `run`.
+    fn take_over(&mut self, tp: &Tp) -> Result<()> {
+        let mut core = lock(&self.core);
+        let a = core.take_over(&self.ack, &self.group, std::slice::from_ref(tp), false)?;
+        let (next, fence) = (a[0].next, a[0].fence);
+        tracing::info!(topic = %tp.0, partition = tp.1, ?next, fence, "partition taken over from the file");
+        core.parts
+            .insert(tp.clone(), PartState::new(fence, next.unwrap_or(0), next));
+        self.seen.insert(tp.clone(), Seen { next, last: None });
+        Ok(())
+    }
+
+    /// Checks one record of the file: `Some` to apply it, `None` to skip it (below the checkpoint).
+    fn admit(&mut self, line: usize, r: Record) -> Result<Option<Record>> {
+        if !self.seen.contains_key(&r.tp) {
+            self.take_over(&r.tp)?;
+        }
+        let seen = self.seen.get_mut(&r.tp).expect("taken over");
+        if let Some(l) = seen.last.filter(|l| r.offset <= *l) {
+            return Err(Error::Other(format!(
+                "{}:{line}: offset {} of {}/{} does not ascend (previous {l})",
+                self.path.display(),
+                r.offset,
+                r.tp.0,
+                r.tp.1,
+            )));
+        }
+        seen.last = Some(r.offset);
+        if seen.next.is_some_and(|next| r.offset < next) {
+            self.skipped += 1;
+            return Ok(None);
+        }
+        Ok(Some(r))
+    }
+}
+
+impl Source for File {
+    fn poll(&mut self, timeout: Duration) -> Polled {
+        loop {
+            let Some((line, r)) = self.chunk.next() else {
+                let Some(rx) = &self.rx else {
+                    return Polled::Idle;
+                };
+                match rx.recv_timeout(timeout) {
+                    Ok(Ok(chunk)) => self.chunk = chunk.into_iter(),
+                    Ok(Err(e)) => return Polled::Failed(e),
+                    Err(RecvTimeoutError::Timeout) => return Polled::Idle,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        self.eof = true;
+                        return Polled::Idle;
+                    }
+                }
+                continue;
+            };
+            match self.admit(line, r) {
+                Ok(Some(r)) => return Polled::Record(r),
+                Ok(None) => {}
+                Err(e) => return Polled::Failed(e),
+            }
+        }
+    }
+
+    fn ack(&self) -> &dyn Ack {
+        &self.ack
+    }
+
+    fn finished(&mut self, _idle_turns: u32) -> bool {
+        self.eof
+    }
+
+    fn interrupted(&self) -> Option<Error> {
+        Some(Error::Other(format!(
+            "interrupted while reading {}: what was read is applied and checkpointed; rerun to resume",
+            self.path.display()
+        )))
+    }
+
+    fn flush_on_error(&self) -> bool {
+        // The records before a bad line are applied (a rerun resumes after them).
+        true
+    }
+
+    fn close(&mut self) {
+        // Stops the reader (its next send fails) when we stopped early.
+        self.rx = None;
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        if self.skipped > 0 {
+            tracing::info!(
+                skipped = self.skipped,
+                "records below their partition's checkpoint were skipped (applied before)"
+            );
+        }
+    }
+}
+
+/// The reader thread: parses kcat lines, checks the topic, decides each record, and sends them in chunks; the
+/// first bad line ends the stream with an error naming `file:line`.
+fn read_file(
+    pipeline: &Pipeline,
+    path: &Path,
+    mut reader: impl BufRead,
+    tx: &SyncSender<Result<Vec<Read>>>,
+) {
+    let at = |n: usize| format!("{}:{n}", path.display());
+    let mut line = String::new();
+    let mut n = 0usize;
+    let mut chunk = Vec::with_capacity(CHUNK);
+    let end = loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => break Ok(()),
+            Ok(_) => {}
+            Err(e) => break Err(Error::Other(format!("reading {}: {e}", at(n + 1)))),
+        }
+        n += 1;
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let env: Envelope = match serde_json::from_str(text) {
+            Ok(env) => env,
+            Err(e) => {
+                break Err(Error::Other(format!(
+                    "{}: not a kcat -J record (topic, partition, offset, key, payload): {e}",
+                    at(n)
+                )))
+            }
+        };
+        if !pipeline.kafka.topics.contains(&env.topic) {
+            break Err(Error::Other(format!(
+                "{}: topic `{}` is not in the pipeline's [kafka] topics",
+                at(n),
+                env.topic
+            )));
+        }
+        let timestamp_ms = match env.tstype.as_deref() {
+            Some("create" | "logappend") | None => env.ts,
+            Some(_) => None,
+        };
+        let key = env.key.map(String::into_bytes);
+        let value = env.payload.map(String::into_bytes);
+        // kcat -J does not carry headers (a primary-key change's old key then comes from nowhere).
+        let decided = Some(decide(pipeline, key.as_deref(), value.as_deref(), None));
+        chunk.push((
+            n,
+            Record {
+                tp: (env.topic, env.partition),
+                offset: env.offset,
+                timestamp_ms,
+                key,
+                value,
+                old_key: None,
+                decided,
+            },
+        ));
+        if chunk.len() >= CHUNK
+            && tx
+                .send(Ok(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK))))
+                .is_err()
+        {
+            return;
+        }
+    };
+    if !chunk.is_empty() && tx.send(Ok(chunk)).is_err() {
+        return;
+    }
+    if let Err(e) = end {
+        let _ = tx.send(Err(e));
+    }
+}

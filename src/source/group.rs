@@ -1,0 +1,437 @@
+//! The group source (`run`, `demo`): a consumer-group subscription.
+//!
+//! - on assignment the checkpoint row is taken over (fence bumped) and the partition is positioned at the
+//!   checkpoint; Kafka's committed offset is used only when no checkpoint exists, then `kafka.start`
+//!   ([`crate::start`]); a start resolved that way is written to the checkpoint before anything is consumed;
+//! - on revocation the flush in flight is settled and the buffered records of revoked partitions are applied,
+//!   their offsets committed synchronously, and only then are they given up; on a lost assignment they are
+//!   abandoned, never committed;
+//! - a fenced batch (another owner) pauses its partition until the next assignment;
+//! - with `until_caught_up` it is finished once every assigned partition's position is at its high watermark
+//!   and nothing is buffered or in flight.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
+use rdkafka::ClientContext;
+
+use crate::config::Pipeline;
+use crate::engine::takeover::{self, Acquired};
+use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
+use crate::error::{Error, Result};
+use crate::sink::checkpoint;
+use crate::source::kafka::{consumer_config, kafka_commit, partitions, record};
+use crate::start;
+
+/// The group's consumer, as the engine's acknowledgement: commits offsets, pauses a fenced partition.
+pub type GroupConsumer = BaseConsumer<Ctx>;
+
+/// The consumer context: rebalance callbacks reach the engine's state.
+pub struct Ctx {
+    core: Shared,
+    pipeline: Arc<Pipeline>,
+    /// A group-less client for watermark queries: on the consumer's own connection they would queue behind
+    /// long-polling fetches (`fetch.wait.max.ms`) and take up to half a second each.
+    side: Arc<BaseConsumer>,
+    /// The consumer's configuration (reading back an old generation's last record).
+    config: ClientConfig,
+    assigned_once: AtomicBool,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let mut core = lock(&self.core);
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.assigned_once.store(true, Ordering::Relaxed);
+                if let Err(e) = self.on_assign(&mut core, consumer, tpl) {
+                    tracing::error!("cannot take over partitions: {e}");
+                    core.fatal.get_or_insert(e);
+                    // Assign nothing we could not position.
+                    let _ = consumer.unassign();
+                    return;
+                }
+                let r = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = r {
+                    core.fatal.get_or_insert(Error::Kafka(e));
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let revoked: Vec<Tp> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect();
+                let lost = consumer.assignment_lost();
+                if let Err(e) = on_revoke(&mut core, consumer, &revoked, lost) {
+                    tracing::error!("revoking partitions: {e}");
+                    core.fatal.get_or_insert(e);
+                }
+                let r = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = r {
+                    tracing::warn!("unassign: {e}");
+                }
+            }
+            other => {
+                tracing::error!("rebalance error: {other:?}");
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+impl Ack for GroupConsumer {
+    fn acknowledges(&self) -> bool {
+        true
+    }
+
+    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) {
+        kafka_commit(self, offsets, mode);
+    }
+
+    fn fenced(&self, tp: &Tp) -> Option<Error> {
+        // Stop reading this partition until the next assignment.
+        let mut paused = TopicPartitionList::new();
+        paused.add_partition(&tp.0, tp.1);
+        if let Err(e) = self.pause(&paused) {
+            tracing::warn!(topic = %tp.0, partition = tp.1, "pausing a fenced partition: {e}");
+        }
+        None
+    }
+}
+
+impl Ctx {
+    /// Takes ownership of newly assigned partitions and sets each one's starting offset.
+    fn on_assign(
+        &self,
+        core: &mut Core,
+        consumer: &GroupConsumer,
+        tpl: &mut TopicPartitionList,
+    ) -> Result<()> {
+        let p = self.pipeline.clone();
+        let group = p.kafka.group_id.clone();
+        let elems: Vec<Tp> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
+        // The connections come back from the flush in flight (if any) first.
+        let acquired = core.take_over(consumer, &group, &elems, true)?;
+        let committed = committed_offsets(consumer, &acquired)?;
+        let mut resolved: Vec<(Tp, i64, i64)> = Vec::new();
+        for Acquired { tp, next, fence } in acquired {
+            let (topic, partition) = (&tp.0, tp.1);
+            let (low, high) =
+                self.side
+                    .fetch_watermarks(topic, partition, Duration::from_secs(30))?;
+            let (start, from) = match next {
+                Some(n) => (n, "checkpoint".to_string()),
+                None => {
+                    let u = start::Unpositioned {
+                        committed: committed.get(&tp).copied(),
+                        topic: topic.clone(),
+                        partition,
+                        low,
+                        high,
+                        checkpoints: p.table(checkpoint::CHECKPOINTS).to_string(),
+                    };
+                    let s = self.unpositioned_start(core, &u, &committed)?;
+                    (s.offset, s.from)
+                }
+            };
+            if start < low {
+                return Err(Error::Other(format!(
+                    "{topic}/{partition}: the {from} is offset {start} but the broker's log starts at {low}: records \
+                     {start}..{low} were deleted (retention) before they were applied. Nothing was consumed; decide \
+                     explicitly (e.g. reset the checkpoint) after checking what was lost"
+                )));
+            }
+            tracing::info!(%topic, partition, offset = start, from, fence, low, high, "partition assigned");
+            tpl.set_partition_offset(topic, partition, Offset::Offset(start))?;
+            if next.is_none() {
+                resolved.push((tp.clone(), fence, start));
+            }
+            core.parts
+                .insert(tp, PartState::new(fence, start, Some(start)));
+        }
+        // A start resolved from Kafka's committed offset or from `start` is written to the checkpoint before
+        // anything is consumed, so a crash before the first batch cannot resolve `latest` again and skip what
+        // arrived in between (case C17).
+        let rt = core.runtime();
+        for (tp, fence, start) in &resolved {
+            let n = rt.block_on(takeover::write_start(
+                core.sink(),
+                &p,
+                &group,
+                tp,
+                *fence,
+                *start,
+                true,
+            ))?;
+            if n != 1 {
+                return Err(Error::Other(format!(
+                    "{}/{} was taken over by another consumer while being assigned",
+                    tp.0, tp.1
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a partition without a checkpoint in this generation starts ([`start`] module docs): another
+    /// generation's checkpoint, Kafka's committed offset, "added after the group began", or `start`.
+    fn unpositioned_start(
+        &self,
+        core: &mut Core,
+        u: &start::Unpositioned,
+        committed: &HashMap<Tp, i64>,
+    ) -> Result<start::Start> {
+        let p = &self.pipeline;
+        let group = p.kafka.group_id.clone();
+        let generation = p.identity.generation.clone().unwrap_or_default();
+        let rt = core.runtime();
+        let client = core.sink().client();
+        let old = rt.block_on(start::old_checkpoints(
+            client,
+            p,
+            &group,
+            &generation,
+            &u.topic,
+        ))?;
+        if !old.is_empty() {
+            return start::after_generation_change(
+                u,
+                &group,
+                &generation,
+                old.get(&u.partition),
+                |o, ts, sha| start::read_back(&self.config, &u.topic, u.partition, o, (ts, sha)),
+            );
+        }
+        let now = partitions(&self.side, std::slice::from_ref(&u.topic))?.len();
+        let positioned: Vec<i32> = committed
+            .keys()
+            .filter(|(t, _)| *t == u.topic)
+            .map(|(_, part)| *part)
+            .collect();
+        let client = core.sink().client();
+        let began = rt.block_on(start::group_began_with(
+            client,
+            p,
+            &group,
+            &generation,
+            &u.topic,
+            i32::try_from(now).unwrap_or(i32::MAX),
+            &positioned,
+        ))?;
+        start::without_generation_change(u, &group, began, p.kafka.start)
+    }
+}
+
+/// Kafka's committed offsets of the partitions without a checkpoint (used only for those).
+fn committed_offsets(consumer: &GroupConsumer, acquired: &[Acquired]) -> Result<HashMap<Tp, i64>> {
+    let mut committed = HashMap::new();
+    let mut q = TopicPartitionList::new();
+    for a in acquired.iter().filter(|a| a.next.is_none()) {
+        q.add_partition(&a.tp.0, a.tp.1);
+    }
+    if q.count() == 0 {
+        return Ok(committed);
+    }
+    let c = consumer.committed_offsets(q, Duration::from_secs(30))?;
+    for e in c.elements() {
+        if let Offset::Offset(o) = e.offset() {
+            committed.insert((e.topic().to_string(), e.partition()), o);
+        }
+    }
+    Ok(committed)
+}
+
+fn on_revoke(core: &mut Core, consumer: &GroupConsumer, revoked: &[Tp], lost: bool) -> Result<()> {
+    // What is in flight commits or is fenced as a whole; its outcomes are recorded before anything is given up.
+    let settled = core.settle(consumer, CommitMode::Sync);
+    if lost || core.crashed {
+        // Another member may already own these: our buffered records are abandoned, never committed.
+        for tp in revoked {
+            if let Some(st) = core.parts.remove(tp) {
+                tracing::warn!(topic = %tp.0, partition = tp.1, abandoned = st.buffered(), "assignment lost");
+            }
+        }
+        return settled;
+    }
+    let result =
+        settled.and_then(|()| core.flush(consumer, |tp, _| revoked.contains(tp), CommitMode::Sync));
+    for tp in revoked {
+        core.parts.remove(tp);
+    }
+    result
+}
+
+/// The group source.
+pub struct Group {
+    consumer: GroupConsumer,
+    core: Shared,
+    side: Arc<BaseConsumer>,
+    until_caught_up: bool,
+}
+
+impl Group {
+    /// Subscribes to the pipeline's topics under its group.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] when a topic does not exist (the group would wait forever without a word); Kafka
+    /// client errors.
+    pub fn subscribe(core: Shared, config: ClientConfig, until_caught_up: bool) -> Result<Group> {
+        let pipeline = lock(&core).pipeline.clone();
+        let side: BaseConsumer = {
+            let mut c = config.clone();
+            c.remove("group.id");
+            c.create()?
+        };
+        partitions(&side, &pipeline.kafka.topics).map_err(|e| match e {
+            Error::Other(m) => Error::Usage(m),
+            other => other,
+        })?;
+        let side = Arc::new(side);
+        let consumer: GroupConsumer = config.create_with_context(Ctx {
+            core: core.clone(),
+            pipeline: pipeline.clone(),
+            side: side.clone(),
+            config: config.clone(),
+            assigned_once: AtomicBool::new(false),
+        })?;
+        let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        tracing::info!(group = %pipeline.kafka.group_id, ?topics, "consuming");
+        Ok(Group {
+            consumer,
+            core,
+            side,
+            until_caught_up,
+        })
+    }
+
+    /// Every assigned partition's position is at its high watermark and nothing is buffered or in flight.
+    fn caught_up(&self) -> bool {
+        let parts: Vec<(Tp, i64)> = {
+            let core = lock(&self.core);
+            if !self
+                .consumer
+                .context()
+                .assigned_once
+                .load(Ordering::Relaxed)
+                || core.buffered() > 0
+                || core.in_flight()
+            {
+                return false;
+            }
+            core.parts
+                .iter()
+                .map(|(tp, st)| (tp.clone(), st.next.unwrap_or(st.start)))
+                .collect()
+        };
+        let Ok(positions) = self.consumer.position() else {
+            return false;
+        };
+        for ((topic, partition), applied) in parts {
+            let Ok((_, high)) =
+                self.side
+                    .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+            else {
+                return false;
+            };
+            let pos = positions
+                .find_partition(&topic, partition)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                });
+            // The fetch position passes transaction markers the application never sees; before the first fetch
+            // it is unknown, and what was applied (or the assigned start) tells.
+            if pos.unwrap_or(applied).max(applied) < high {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl Source for Group {
+    fn poll(&mut self, timeout: Duration) -> Polled {
+        match self.consumer.poll(timeout) {
+            None => Polled::Idle,
+            Some(Ok(msg)) => Polled::Record(record(&msg)),
+            Some(Err(KafkaError::PartitionEOF(_))) => Polled::Idle,
+            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
+            | Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
+                Polled::Failed(Error::Other(
+                    "a partition's position is out of range on the broker (records deleted by retention while \
+                     consuming?); stopping instead of skipping them"
+                        .into(),
+                ))
+            }
+            Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                Polled::Failed(Error::Other(format!("fatal Kafka consumer error: {code}")))
+            }
+            Some(Err(e)) => {
+                tracing::warn!("kafka: {e}");
+                Polled::Busy
+            }
+        }
+    }
+
+    fn ack(&self) -> &dyn Ack {
+        &self.consumer
+    }
+
+    fn finished(&mut self, idle_turns: u32) -> bool {
+        self.until_caught_up && idle_turns >= 3 && self.caught_up()
+    }
+
+    fn interrupted(&self) -> Option<Error> {
+        None
+    }
+
+    fn flush_on_error(&self) -> bool {
+        // Leaving the group (close) hands the buffered records of revoked partitions back and applies them.
+        false
+    }
+
+    fn close(&mut self) {
+        if !lock(&self.core).crashed {
+            self.consumer.unsubscribe();
+            // Serve the revoke callback so buffered work is applied and committed before we return.
+            let _ = self.consumer.poll(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The consumer configuration of `run` ([`consumer_config`]).
+pub fn config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> ClientConfig {
+    consumer_config(p, brokers, extra)
+}

@@ -1,0 +1,12 @@
+//! Where the engine's records come from ([`crate::engine::Source`]): positions in, records and "finished" out.
+//!
+//! - [`group`]: a consumer-group subscription; partitions are taken over on assignment (checkpoint row, fence
+//!   bumped) and positioned at the checkpoint (else [`crate::start`]); acknowledged by Kafka offset commits.
+//! - [`assign`]: explicit partitions with start and stop offsets (backfill, rebuild); finished when every stop
+//!   is reached; acknowledged by Kafka offset commits of its own group.
+//! - [`file`]: the records of a `kcat -C -J` file; finished at its end; nothing acknowledged.
+
+pub mod assign;
+pub mod file;
+pub mod group;
+pub mod kafka;
