@@ -205,16 +205,34 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Logs go to stderr (`REPLAYSAFE_LOG`, default `info,tokio_postgres=warn`); the demo's go to the file
+/// [`replaysafe::demo::log_path`] so that its narrative on stdout reads as one story.
+fn logging(cli: &Cli) {
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("REPLAYSAFE_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"))
+    };
+    if matches!(cli.command, Command::Demo { .. }) {
+        let path = replaysafe::demo::log_path();
+        if let Ok(file) = std::fs::File::create(&path) {
+            tracing_subscriber::fmt()
+                .with_env_filter(filter())
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false)
+                .init();
+            return;
+        }
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("REPLAYSAFE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn")),
-        )
+        .with_env_filter(filter())
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    logging(&cli);
     // REPLAYSAFE_FAILPOINTS="name=action;…" (the `fail` crate's syntax), test builds only.
     #[cfg(feature = "failpoints")]
     if let Ok(spec) = std::env::var("REPLAYSAFE_FAILPOINTS") {

@@ -181,7 +181,16 @@ impl Engine {
     ///
     /// # Errors
     /// The source's error, a batch's error, [`Source::interrupted`] on shutdown.
-    pub fn run(self, mut source: impl Source) -> Result<Tally> {
+    pub fn run(self, source: impl Source) -> Result<Tally> {
+        self.run_timed(source).map(|(tally, _)| tally)
+    }
+
+    /// As [`Engine::run`], also returning the time from the first record polled to the last checkpoint commit
+    /// (`None` when nothing committed) — the applying time, without group joins or start-up.
+    ///
+    /// # Errors
+    /// As [`Engine::run`].
+    pub fn run_timed(self, mut source: impl Source) -> Result<(Tally, Option<Duration>)> {
         let result = self.turns(&mut source);
         source.close();
         // A flush still in flight (the loop ended on an error elsewhere) is waited for: its outcome is recorded.
@@ -193,8 +202,12 @@ impl Engine {
         if let Some(obs) = core.observer.as_mut() {
             obs.finish();
         }
-        if let (Some(a), Some(b)) = (core.first_record, core.last_commit) {
-            let secs = b.saturating_duration_since(a).as_secs_f64();
+        let applying = match (core.first_record, core.last_commit) {
+            (Some(a), Some(b)) => Some(b.saturating_duration_since(a)),
+            _ => None,
+        };
+        if let Some(d) = applying {
+            let secs = d.as_secs_f64();
             tracing::info!(
                 records = core.tally.total(),
                 seconds = secs,
@@ -203,7 +216,7 @@ impl Engine {
             );
         }
         tracing::info!("{}", core.tally.line());
-        result.map(|()| core.tally.clone())
+        result.map(|()| (core.tally.clone(), applying))
     }
 
     fn turns(&self, source: &mut impl Source) -> Result<()> {

@@ -57,6 +57,19 @@ pub fn run_on(
     pipeline: Arc<Pipeline>,
     opts: RunOptions,
 ) -> Result<Tally> {
+    run_timed(rt, pipeline, opts).map(|(tally, _)| tally)
+}
+
+/// As [`run_on`], also returning the applying time: from the first record polled to the last checkpoint
+/// commit (`None` when nothing committed), without the consumer-group join.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_timed(
+    rt: tokio::runtime::Handle,
+    pipeline: Arc<Pipeline>,
+    opts: RunOptions,
+) -> Result<(Tally, Option<Duration>)> {
     let mut o = Options::new(&opts.database_url, opts.shutdown.clone());
     o.summary_interval = Some(opts.summary_interval);
     o.crash_after_batches = opts.crash_after_batches;
@@ -64,5 +77,5 @@ pub fn run_on(
     let engine = Engine::start(&rt, pipeline.clone(), o)?;
     let config = group::config(&pipeline, &opts.brokers, &opts.extra_properties);
     let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;
-    engine.run(source)
+    engine.run_timed(source)
 }
