@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -14,7 +13,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::engine::takeover;
 use crate::engine::{lock, Ack, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
-use crate::source::kafka::{kafka_commit, record};
+use crate::source::kafka::{consumer_config, kafka_commit, record};
 
 /// One partition to read: `[start, stop)`.
 #[derive(Debug, Clone)]
@@ -78,13 +77,11 @@ impl Assign {
         ranges: Vec<Range>,
         notes: &mut Vec<String>,
     ) -> Result<Assign> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        // The pipeline's consumer configuration (its `[kafka.properties]`: security, fetch sizes; the bounded
+        // prefetch of `run`), under the backfill's own group.
+        let pipeline = lock(&core).pipeline.clone();
+        let consumer: BaseConsumer = consumer_config(&pipeline, brokers, &[])
             .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "error")
-            .set("queued.max.messages.kbytes", "16384")
             .create()?;
         let ack = AssignAck {
             consumer,

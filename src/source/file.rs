@@ -13,10 +13,10 @@
 //! load of the same file under the same group therefore applies nothing; under another group every record is
 //! a duplicate. No Kafka offsets are committed: there is no broker.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -56,6 +56,48 @@ struct Seen {
     last: Option<i64>,
 }
 
+/// Records read ahead of the engine, per partition, handed out in turn. A kcat file holds long runs of one
+/// partition (kcat writes what each fetch returned); handed out in file order, a flush would carry one or two
+/// partitions' batches and leave the other connections idle. Interleaved, each flush carries every partition
+/// read ahead, applied in parallel as in `run`. Order within a partition is the file's.
+struct Window {
+    queues: Vec<(Tp, VecDeque<Read>)>,
+    /// The queue to take from next.
+    turn: usize,
+    held: usize,
+    /// Records held at most: two flushes' worth (`batch.max-records` × `postgres.connections` × 2), at least
+    /// one chunk, at most 100,000.
+    cap: usize,
+}
+
+impl Window {
+    fn put(&mut self, chunk: Vec<Read>) {
+        for (line, r) in chunk {
+            self.held += 1;
+            match self.queues.iter_mut().find(|(tp, _)| *tp == r.tp) {
+                Some((_, q)) => q.push_back((line, r)),
+                None => self
+                    .queues
+                    .push((r.tp.clone(), VecDeque::from([(line, r)]))),
+            }
+        }
+    }
+
+    /// The next record, taking partitions in turn.
+    fn take(&mut self) -> Option<Read> {
+        let n = self.queues.len();
+        for i in 0..n {
+            let at = (self.turn + i) % n;
+            if let Some(read) = self.queues[at].1.pop_front() {
+                self.turn = (at + 1) % n;
+                self.held -= 1;
+                return Some(read);
+            }
+        }
+        None
+    }
+}
+
 /// The file source.
 pub struct File {
     core: Shared,
@@ -63,7 +105,9 @@ pub struct File {
     group: String,
     rx: Option<Receiver<Result<Vec<Read>>>>,
     reader: Option<std::thread::JoinHandle<()>>,
-    chunk: std::vec::IntoIter<Read>,
+    window: Window,
+    /// The reader's error, returned once the records read before it are handed out.
+    failed: Option<Error>,
     seen: HashMap<Tp, Seen>,
     eof: bool,
     skipped: u64,
@@ -82,6 +126,7 @@ impl File {
         let reader = std::io::BufReader::with_capacity(1 << 20, file);
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Read>>>(4);
         let pipeline = lock(&core).pipeline.clone();
+        let cap = (pipeline.max_records * pipeline.postgres.connections * 5).clamp(CHUNK, 100_000);
         let reader = {
             let path = path.to_path_buf();
             std::thread::spawn(move || read_file(&pipeline, &path, reader, &tx))
@@ -93,7 +138,13 @@ impl File {
             group: group.to_string(),
             rx: Some(rx),
             reader: Some(reader),
-            chunk: Vec::new().into_iter(),
+            window: Window {
+                queues: Vec::new(),
+                turn: 0,
+                held: 0,
+                cap,
+            },
+            failed: None,
             seen: HashMap::new(),
             eof: false,
             skipped: 0,
@@ -120,6 +171,36 @@ impl File {
     }
 
     /// Checks one record of the file: `Some` to apply it, `None` to skip it (below the checkpoint).
+    /// Fills the window from the reader: without waiting while it holds records, else up to `timeout` for
+    /// the next chunk. Marks the end of the file, or keeps the reader's error for after the window.
+    fn read_ahead(&mut self, timeout: Duration) {
+        while self.window.held < self.window.cap {
+            let Some(rx) = &self.rx else {
+                return;
+            };
+            let got = if self.window.held > 0 {
+                rx.try_recv().map_err(|e| match e {
+                    TryRecvError::Empty => RecvTimeoutError::Timeout,
+                    TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                })
+            } else {
+                rx.recv_timeout(timeout)
+            };
+            match got {
+                Ok(Ok(chunk)) => self.window.put(chunk),
+                Ok(Err(e)) => {
+                    self.failed = Some(e);
+                    self.rx = None;
+                }
+                Err(RecvTimeoutError::Timeout) => return,
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.eof = true;
+                    self.rx = None;
+                }
+            }
+        }
+    }
+
     fn admit(&mut self, line: usize, r: Record) -> Result<Option<Record>> {
         if !self.seen.contains_key(&r.tp) {
             self.take_over(&r.tp)?;
@@ -146,20 +227,12 @@ impl File {
 impl Source for File {
     fn poll(&mut self, timeout: Duration) -> Polled {
         loop {
-            let Some((line, r)) = self.chunk.next() else {
-                let Some(rx) = &self.rx else {
-                    return Polled::Idle;
-                };
-                match rx.recv_timeout(timeout) {
-                    Ok(Ok(chunk)) => self.chunk = chunk.into_iter(),
-                    Ok(Err(e)) => return Polled::Failed(e),
-                    Err(RecvTimeoutError::Timeout) => return Polled::Idle,
-                    Err(RecvTimeoutError::Disconnected) => {
-                        self.eof = true;
-                        return Polled::Idle;
-                    }
+            self.read_ahead(timeout);
+            let Some((line, r)) = self.window.take() else {
+                if let Some(e) = self.failed.take() {
+                    return Polled::Failed(e);
                 }
-                continue;
+                return Polled::Idle;
             };
             match self.admit(line, r) {
                 Ok(Some(r)) => return Polled::Record(r),
@@ -174,7 +247,7 @@ impl Source for File {
     }
 
     fn finished(&mut self, _idle_turns: u32) -> bool {
-        self.eof
+        self.eof && self.window.held == 0
     }
 
     fn interrupted(&self) -> Option<Error> {
