@@ -15,6 +15,14 @@ pub enum Applied {
     Committed(Vec<Outcome>),
     /// Another owner holds the partition now; nothing was written.
     Fenced,
+    /// The checkpoint row still carries our fence but its next offset is not where our batches left it
+    /// (`next offset to read` it holds): the last commits were lost behind our back — what a failover to an
+    /// asynchronous replica, or a restored backup, does. Nothing was written; the partition is read again from
+    /// the checkpoint (the ledger makes the re-read harmless). Case C37.
+    Rewound(i64),
+    /// Not tried: an earlier batch of its partition in the same flush was fenced or rewound, or the lane
+    /// failed. Nothing was written.
+    Skipped,
 }
 
 /// Backoff between retries: 100 ms doubling to 5 s.
@@ -72,6 +80,18 @@ pub async fn apply_batch(
                             .collect()
                     });
                     return Ok(Applied::Committed(outcomes));
+                }
+                if let (true, Some(at)) = (fence == batch.fence, next_offset) {
+                    tracing::warn!(
+                        topic = %batch.topic,
+                        partition = batch.partition,
+                        fence,
+                        checkpoint = at,
+                        expected = ?batch.expected,
+                        "the checkpoint moved under our own fence (commits lost by a database failover or \
+                         restore?); reading the partition again from the checkpoint"
+                    );
+                    return Ok(Applied::Rewound(at));
                 }
                 tracing::warn!(
                     topic = %batch.topic,
@@ -166,7 +186,7 @@ async fn isolate(
         };
         match Box::pin(apply_batch(sink, &single, give_up)).await? {
             Applied::Committed(o) => outcomes.extend(o),
-            Applied::Fenced => return Ok(Applied::Fenced),
+            other => return Ok(other),
         }
         expected = Some(single.end);
     }

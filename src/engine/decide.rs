@@ -37,6 +37,11 @@ pub struct Extras {
 }
 
 impl Extras {
+    /// No `--filter`, no window, no per-day tracking: the decision is [`decide`] alone.
+    pub fn is_plain(&self) -> bool {
+        self.keep.is_none() && self.window.is_none() && !self.days
+    }
+
     /// Compiles `--filter` against the pipeline's fields.
     ///
     /// # Errors

@@ -147,18 +147,20 @@ async fn apply_lane(
     give_up: &(dyn Fn() -> bool + Sync),
 ) -> Vec<(Cut, Result<Applied>)> {
     let mut out = Vec::with_capacity(lane.len());
-    let mut fenced: Vec<Tp> = Vec::new();
+    // A partition fenced or rewound skips its own later batches only; an error stops the lane (the run ends
+    // with it, and the skipped batches were never committed).
+    let mut stopped: Vec<Tp> = Vec::new();
     let mut failed = false;
     for c in lane {
         let tp = (c.batch.topic.clone(), c.batch.partition);
-        if failed || fenced.contains(&tp) {
-            out.push((c, Ok(Applied::Fenced)));
+        if failed || stopped.contains(&tp) {
+            out.push((c, Ok(Applied::Skipped)));
             continue;
         }
         let r = apply_batch(sink, &c.batch, give_up).await;
         match &r {
-            Ok(Applied::Committed(_)) => {}
-            Ok(Applied::Fenced) => fenced.push(tp),
+            Ok(Applied::Committed(_) | Applied::Skipped) => {}
+            Ok(Applied::Fenced | Applied::Rewound(_)) => stopped.push(tp),
             Err(_) => failed = true,
         }
         out.push((c, r));

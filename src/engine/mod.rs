@@ -199,6 +199,11 @@ impl Engine {
         // Closing the source's client may still apply what a revocation hands back.
         drop(source);
         let mut core = lock(&self.core);
+        // A revocation served while closing may have failed after the loop's last look.
+        let result = match core.fatal.take() {
+            Some(e) => result.and(Err(e)),
+            None => result,
+        };
         if let Some(obs) = core.observer.as_mut() {
             obs.finish();
         }
@@ -289,7 +294,10 @@ impl Engine {
 
     /// Decides and buffers one record.
     fn take(&self, mut r: Record) -> Result<()> {
-        let decided = match r.decided.take() {
+        // A source may decide on its own thread (the file source); the decision's extras (`--filter`, a window,
+        // per-day tracking) are only the engine's, so with extras the record is decided here.
+        let pre = r.decided.take().filter(|_| self.extras.is_plain());
+        let decided = match pre {
             Some(pending) => Ok((pending, None)),
             None => decide::decide_with(
                 &self.pipeline,

@@ -199,6 +199,22 @@ impl Core {
                         Offset::Offset(batch.end),
                     )?;
                 }
+                Ok(Applied::Rewound(at)) => match ack.rewind(&tp, at) {
+                    // Read again from the checkpoint: what we buffered after the lost commits is dropped.
+                    None => {
+                        if let Some(st) = self.parts.get_mut(&tp) {
+                            st.buffer.clear();
+                            st.days.clear();
+                            st.oldest = None;
+                            st.next = Some(at);
+                        }
+                        metrics::counter!("replaysafe_checkpoint_rewinds_total").increment(1);
+                    }
+                    Some(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                },
+                Ok(Applied::Skipped) => {}
                 Ok(Applied::Fenced) => match ack.fenced(&tp) {
                     // Another owner holds the checkpoint: what we buffered is dropped (the owner resumes from
                     // the checkpoint).

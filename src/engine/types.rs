@@ -55,6 +55,16 @@ pub trait Ack {
     /// A batch of `tp` was fenced (another owner holds the checkpoint): `None` to stop reading the partition
     /// and go on (a group), or the error that ends the run.
     fn fenced(&self, tp: &Tp) -> Option<Error>;
+    /// The checkpoint of `tp` moved under our own fence to `offset` (next offset to read; commits lost behind
+    /// our back, case C37): `None` once the partition is positioned there to be read again, or the error that
+    /// ends the run (a rerun resumes from the checkpoint). The default ends the run.
+    fn rewind(&self, tp: &Tp, offset: i64) -> Option<Error> {
+        Some(Error::Other(format!(
+            "{}/{}: the checkpoint moved back to offset {offset} under this process (commits lost by a database \
+             failover or restore?); nothing after it is acknowledged — rerun to resume from the checkpoint",
+            tp.0, tp.1
+        )))
+    }
 }
 
 /// An [`Ack`] that acknowledges nothing; a fenced partition ends the run with `fenced`'s error.

@@ -115,6 +115,18 @@ impl Ack for GroupConsumer {
         kafka_commit(self, offsets, mode);
     }
 
+    fn rewind(&self, tp: &Tp, offset: i64) -> Option<Error> {
+        // Bounded: librdkafka's seek waits for the fetcher at most this long.
+        match self.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(10)) {
+            Ok(()) => None,
+            Err(e) => Some(Error::Other(format!(
+                "{}/{}: the checkpoint moved back to offset {offset} under this process and seeking there failed \
+                 ({e}); rerun to resume from the checkpoint",
+                tp.0, tp.1
+            ))),
+        }
+    }
+
     fn fenced(&self, tp: &Tp) -> Option<Error> {
         // Stop reading this partition until the next assignment.
         let mut paused = TopicPartitionList::new();

@@ -635,3 +635,82 @@ fn db_has_checkpoint(db: &Db, group: &str, topic: &str, partition: i32) -> bool 
     .get(0);
     exists.is_some() && db.checkpoint(group, topic, partition).is_some()
 }
+
+/// C37 part B: the last committed batch — ledger claim, its amount, its outbox row — and its checkpoint advance
+/// vanish behind a running worker (a failover to an asynchronous replica). The checkpoint row still carries the
+/// worker's fence, so this is not a lost ownership: the worker reads the partition again from the checkpoint
+/// (the ledger makes the re-read harmless) instead of discarding its next batch as fenced and stalling.
+#[test]
+fn c37_checkpoint_moved_back_under_a_running_worker_is_read_again() {
+    let (db, topic) = stage("c37", 1);
+    let records = load("C37", None);
+    let group = unique("g");
+    let p = orders_pipeline(&topic, &group, &db, None);
+    let text = std::fs::read_to_string(&p.path).unwrap();
+    std::fs::write(&p.path, text.replace("linger-ms = 10", "linger-ms = 1000")).unwrap();
+    let cfg = p.path.to_str().unwrap();
+
+    // 30 and 31 land (checkpoint 2) under a long-running worker.
+    let mut map = produce_case(
+        &topic,
+        &records
+            .iter()
+            .filter(|r| r.offset <= 31)
+            .collect::<Vec<_>>(),
+    );
+    let mut child = spawn(&["run", "--config", cfg], &[], p.dir.path(), "c37");
+    let after_31 = map[&(0, 31)] + 1;
+    wait_until(Duration::from_secs(60), "tables created", || {
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text").is_some()
+    });
+    wait_until(Duration::from_secs(60), "30 and 31 applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(after_31)
+    });
+    // The failover: the transaction that applied 31 is not on the new primary.
+    db.execute(&format!(
+        "BEGIN;
+         UPDATE {{s}}.replaysafe_checkpoints SET next_offset = {} WHERE consumer_group = '{group}' AND topic = '{topic}';
+         DELETE FROM {{s}}.processed_events WHERE event_id = 'c37e0000-0000-4000-8000-000000000031';
+         UPDATE {{s}}.balances SET balance = balance - 2.00 WHERE entity_id = 'a-30';
+         DELETE FROM {{s}}.outbox WHERE payload->>'event_id' = 'c37e0000-0000-4000-8000-000000000031';
+         COMMIT;",
+        map[&(0, 31)]
+    ));
+    assert_eq!(balance(&db, "a-30"), "1.00");
+    // 32 and 33 arrive; their batch expects checkpoint `after_31` and finds the older one under its own fence.
+    map.extend(produce_case(
+        &topic,
+        &records
+            .iter()
+            .filter(|r| r.offset >= 32)
+            .collect::<Vec<_>>(),
+    ));
+    let end = map[&(0, 33)] + 1;
+    wait_until(
+        Duration::from_secs(60),
+        "31-33 applied after the rewind",
+        || db.checkpoint(&group, &topic, 0) == Some(end),
+    );
+    wait_until(Duration::from_secs(30), "Kafka offset committed", || {
+        committed(&group, &topic, 1)[0] == Some(end)
+    });
+    assert_eq!(terminate(&mut child), Some(0));
+
+    assert_decimal(&balance(&db, "a-30"), "15.00");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.processed_events"), 4);
+    assert_eq!(
+        db.i64("SELECT count(DISTINCT payload->>'event_id') FROM {s}.outbox"),
+        4
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 4);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    // 30, 31, then 31 (again: its claim was lost), 32, 33; the batch discarded at the rewind is not counted.
+    let out = std::fs::read_to_string(p.dir.path().join("c37.out")).unwrap();
+    assert!(
+        out.contains("consumed 5 = landed 5 + duplicate 0 + filtered 0 + quarantined 0"),
+        "{out}"
+    );
+}
