@@ -65,8 +65,8 @@ struct Window {
     /// The queue to take from next.
     turn: usize,
     held: usize,
-    /// Records held at most: two flushes' worth (`batch.max-records` × `postgres.connections` × 2), at least
-    /// one chunk, at most 100,000.
+    /// Records held at most: `batch.max-records` × `postgres.connections` × 5 (enough to span several of a
+    /// kcat file's runs of one partition, ~10,000–15,000 records each), at least one chunk, at most 100,000.
     cap: usize,
 }
 

@@ -661,7 +661,8 @@ fn c37_checkpoint_moved_back_under_a_running_worker_is_read_again() {
     let mut child = spawn(&["run", "--config", cfg], &[], p.dir.path(), "c37");
     let after_31 = map[&(0, 31)] + 1;
     wait_until(Duration::from_secs(60), "tables created", || {
-        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text").is_some()
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
+            .is_some()
     });
     wait_until(Duration::from_secs(60), "30 and 31 applied", || {
         db.checkpoint(&group, &topic, 0) == Some(after_31)
