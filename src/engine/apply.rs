@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::decode::{Reason, Rejection};
 use crate::error::{Error, Result};
-use crate::sink::{ApplyError, Batch, Outcome, Pending, Sink};
+use crate::sink::{self, ApplyError, Batch, Outcome, Pending, Sink};
 
 /// What became of a batch.
 #[derive(Debug)]
@@ -115,15 +115,17 @@ pub async fn apply_batch(
                 }
                 attempt += 1;
                 metrics::counter!("replaysafe_db_retries_total").increment(1);
-                tracing::warn!(attempt, commit_sent, topic = %batch.topic, partition = batch.partition, "database error, retrying the batch: {error}");
+                let detail = sink::describe(&error);
+                tracing::warn!(attempt, commit_sent, topic = %batch.topic, partition = batch.partition, "database error, retrying the batch: {detail}");
                 if give_up() {
                     return Err(Error::Other(format!(
-                        "gave up after {attempt} attempts: {error}"
+                        "gave up after {attempt} attempts: {detail}"
                     )));
                 }
                 tokio::time::sleep(backoff(attempt)).await;
-                if !sink.is_closed() && commit_sent {
-                    // The server may still be finishing; a fresh connection gives a clean session.
+                if !sink.is_closed() && (commit_sent || sink::is_read_only(&error)) {
+                    // The server may still be finishing, or this session reached a read-only server (a failover
+                    // the pool has not followed, case C37): a fresh connection gives a clean session.
                     let _ = sink.reconnect().await;
                 }
             }
@@ -193,14 +195,13 @@ async fn isolate(
     Ok(Applied::Committed(outcomes))
 }
 
-/// Whether a PostgreSQL error is worth retrying: no SQLSTATE (I/O, closed connection) or a class the server
-/// uses for "try again" (08 connection, 40 rollback, 53 resources, 55 lock not available, 57 operator
-/// intervention) — PostgreSQL manual, Appendix A.
+/// Whether an error is worth retrying: a PostgreSQL error without SQLSTATE (I/O, closed connection) or one
+/// [`sink::retryable`] names (classes 08, 40, 53, 55, 57 and 25006 read-only — PostgreSQL manual, Appendix A).
 pub fn is_transient(e: &Error) -> bool {
     match e {
         Error::Postgres(pg) => match pg.code() {
             None => true,
-            Some(c) => matches!(&c.code()[..2], "08" | "40" | "53" | "55" | "57"),
+            Some(c) => sink::retryable(c.code()),
         },
         _ => false,
     }

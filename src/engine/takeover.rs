@@ -4,8 +4,8 @@
 use crate::config::Pipeline;
 use crate::engine::apply::retry_db;
 use crate::engine::types::Tp;
-use crate::error::Result;
-use crate::sink::{checkpoint, Sink};
+use crate::error::{Error, Result};
+use crate::sink::{checkpoint, is_read_only, Sink};
 use crate::start;
 
 /// A partition taken over.
@@ -49,42 +49,68 @@ pub async fn acquire(
         if sink.is_closed() {
             sink.reconnect().await?;
         }
-        let mut out = Vec::with_capacity(tps.len());
-        for (topic, partition) in tps {
-            let superseded = if newer {
-                sink.client()
-                    .query_opt(&newer_stmt, &[&group, topic, partition, &generation])
-                    .await?
-            } else {
-                None
-            };
-            let row = sink
-                .client()
-                .query_one(&stmt, &[&group, topic, partition, &generation])
-                .await?;
-            let mut next = row.get::<_, Option<i64>>(0);
-            if let Some(r) = superseded {
-                let (other, at): (String, i64) = (r.get(0), r.get(1));
-                tracing::warn!(
-                    %topic,
-                    partition,
-                    stale = ?next,
-                    other_generation = %other,
-                    other_next = at,
-                    "generation `{other}` applied this partition after this generation's checkpoint; \
-                     continuing from the newest checkpoint instead"
-                );
-                next = None;
-            }
-            out.push(Acquired {
-                tp: (topic.clone(), *partition),
-                next,
-                fence: row.get::<_, i64>(1),
-            });
+        let result = acquire_once(
+            &mut sink,
+            (&stmt, &newer_stmt),
+            group,
+            &generation,
+            tps,
+            newer,
+        )
+        .await;
+        if matches!(&result, Err(Error::Postgres(e)) if is_read_only(e)) {
+            // A session on a read-only server (a failover the connection has not followed): the retry gets a
+            // new connection.
+            let _ = sink.reconnect().await;
         }
-        Ok(out)
+        result
     })
     .await
+}
+
+/// One attempt of [`acquire`] on `sink`: `stmts` are the take-over and newer-generation statements.
+async fn acquire_once(
+    sink: &mut Sink,
+    (stmt, newer_stmt): (&str, &str),
+    group: &str,
+    generation: &str,
+    tps: &[Tp],
+    newer: bool,
+) -> Result<Vec<Acquired>> {
+    let mut out = Vec::with_capacity(tps.len());
+    for (topic, partition) in tps {
+        let superseded = if newer {
+            sink.client()
+                .query_opt(newer_stmt, &[&group, topic, partition, &generation])
+                .await?
+        } else {
+            None
+        };
+        let row = sink
+            .client()
+            .query_one(stmt, &[&group, topic, partition, &generation])
+            .await?;
+        let mut next = row.get::<_, Option<i64>>(0);
+        if let Some(r) = superseded {
+            let (other, at): (String, i64) = (r.get(0), r.get(1));
+            tracing::warn!(
+                %topic,
+                partition,
+                stale = ?next,
+                other_generation = %other,
+                other_next = at,
+                "generation `{other}` applied this partition after this generation's checkpoint; \
+                 continuing from the newest checkpoint instead"
+            );
+            next = None;
+        }
+        out.push(Acquired {
+            tp: (topic.clone(), *partition),
+            next,
+            fence: row.get::<_, i64>(1),
+        });
+    }
+    Ok(out)
 }
 
 /// Writes a resolved start position into a checkpoint we hold (`fence`) before anything is consumed, so that a

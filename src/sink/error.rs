@@ -37,7 +37,33 @@ pub enum ApplyError {
     },
 }
 
-/// Classifies a PostgreSQL error by SQLSTATE class (PostgreSQL manual, Appendix A "Error Codes").
+/// SQLSTATE 25006 `read_only_sql_transaction`: the session reached a server (or a session setting) that
+/// refuses writes — what a failover to a replica looks like until the pool reconnects (case C37). Retried on a
+/// new connection.
+pub const READ_ONLY: &str = "25006";
+
+/// Whether a SQLSTATE means "try again" (PostgreSQL manual, Appendix A "Error Codes"): classes 08 connection,
+/// 40 rollback (deadlock, serialization), 53 resources, 55 lock not available, 57 operator intervention
+/// (shutdown, terminated), and [`READ_ONLY`]. The one rule for batches, take-over and start-up.
+pub fn retryable(code: &str) -> bool {
+    code == READ_ONLY || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57"))
+}
+
+/// Whether a PostgreSQL error came from a read-only session ([`READ_ONLY`]): the connection is replaced before
+/// the retry.
+pub fn is_read_only(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| c.code() == READ_ONLY)
+}
+
+/// `message (SQLSTATE code)` for a server error, the client's text otherwise — for retry log lines.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// Classifies a PostgreSQL error by SQLSTATE ([`retryable`]; class 22/23 data errors; the rest fatal).
 pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
     let Some(code) = e.code().map(|c| c.code().to_string()) else {
         // No SQLSTATE: I/O error or closed connection.
@@ -47,12 +73,14 @@ pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
             outcomes: None,
         };
     };
-    match &code[..2] {
-        "08" | "53" | "57" | "40" | "55" => ApplyError::Transient {
+    if retryable(&code) {
+        return ApplyError::Transient {
             error: e,
             commit_sent,
             outcomes: None,
-        },
+        };
+    }
+    match &code[..2] {
         "22" | "23" => ApplyError::Data(e),
         _ => ApplyError::Fatal(Error::Postgres(e)),
     }
@@ -64,5 +92,24 @@ pub fn from_error(e: Error) -> ApplyError {
     match e {
         Error::Postgres(pg) => classify(pg, false),
         other => ApplyError::Fatal(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{retryable, READ_ONLY};
+
+    #[test]
+    fn retryable_sqlstates() {
+        // Deadlock, serialization failure, admin shutdown, terminated connection, lock timeout, read-only.
+        for code in [
+            "40P01", "40001", "57P01", "08006", "55P03", "53300", READ_ONLY,
+        ] {
+            assert!(retryable(code), "{code}");
+        }
+        // Unique violation, bad value, undefined table, syntax, another class-25 state (no active transaction).
+        for code in ["23505", "22P02", "42P01", "42601", "25001"] {
+            assert!(!retryable(code), "{code}");
+        }
     }
 }

@@ -9,7 +9,7 @@ pub mod ledger;
 pub mod schema;
 
 pub use batch::{Batch, Item, Outcome, Pending, Tally};
-pub use error::{classify, ApplyError};
+pub use error::{classify, describe, is_read_only, retryable, ApplyError, READ_ONLY};
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -715,3 +715,94 @@ fn c37_checkpoint_moved_back_under_a_running_worker_is_read_again() {
         "{out}"
     );
 }
+
+/// C37 part A: the database fails over and the worker's new sessions land on a read-only server (SQLSTATE
+/// 25006) for a while. That is an outage, not bad data: the batch is retried on fresh connections until a
+/// writable server answers — never dead-lettered, and the worker does not exit. (A session that turns
+/// read-only while open — `default_transaction_read_only` reloaded server-wide — is the chaos harness's
+/// `postgres` scenario: it cannot be confined to one test's sessions.)
+#[test]
+fn c37_read_only_failover_is_retried_not_dead_lettered() {
+    let (db, topic) = stage("c37a", 1);
+    // A login role of our own, so the read-only period hits only this test's sessions.
+    let role = db.schema.clone();
+    db.execute(&format!("CREATE ROLE \"{role}\" LOGIN SUPERUSER"));
+    let url = {
+        let base = database_url();
+        let rest = base.split_once('@').map(|(_, r)| r.to_string()).unwrap();
+        format!("postgresql://{role}@{rest}")
+    };
+    let records = load("C37", None);
+    let group = unique("g");
+    let p = orders_pipeline(&topic, &group, &db, None);
+    let cfg = p.path.to_str().unwrap();
+    let mut map = produce_case(
+        &topic,
+        &records
+            .iter()
+            .filter(|r| r.offset <= 31)
+            .collect::<Vec<_>>(),
+    );
+    let mut child = spawn(
+        &["run", "--config", cfg],
+        &[("DATABASE_URL", &url)],
+        p.dir.path(),
+        "c37a",
+    );
+    let after_31 = map[&(0, 31)] + 1;
+    wait_until(Duration::from_secs(60), "tables created", || {
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
+            .is_some()
+    });
+    wait_until(Duration::from_secs(60), "30 and 31 applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(after_31)
+    });
+    // The failover: every session is cut, and new ones reach a server that refuses writes.
+    db.execute(&format!(
+        "ALTER ROLE \"{role}\" SET default_transaction_read_only = on"
+    ));
+    db.query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+        &[&role],
+    );
+    map.extend(produce_case(
+        &topic,
+        &records
+            .iter()
+            .filter(|r| r.offset >= 32)
+            .collect::<Vec<_>>(),
+    ));
+    let log = p.dir.path().join("c37a.err");
+    wait_until(
+        Duration::from_secs(60),
+        "a batch refused by a read-only session",
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("SQLSTATE 25006")),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(after_31));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the worker exited on a read-only server"
+    );
+    // The new primary is promoted: writable again.
+    db.execute(&format!(
+        "ALTER ROLE \"{role}\" RESET default_transaction_read_only"
+    ));
+    let end = map[&(0, 33)] + 1;
+    wait_until(Duration::from_secs(60), "32 and 33 applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(end)
+    });
+    assert_eq!(terminate(&mut child), Some(0));
+
+    assert_decimal(&balance(&db, "a-30"), "15.00");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.processed_events"), 4);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    let out = std::fs::read_to_string(p.dir.path().join("c37a.out")).unwrap();
+    assert!(
+        out.contains("consumed 4 = landed 4 + duplicate 0 + filtered 0 + quarantined 0"),
+        "{out}"
+    );
+}
