@@ -217,6 +217,44 @@ fn assert_decimal(got: &str, want: &str) {
     assert!((g - w).abs() < 1e-9, "got {got}, want {want}");
 }
 
+/// A login role named after the test's schema, and a DATABASE_URL logging in as it: what a test does to that
+/// role's sessions (cut them, make them read-only, refuse logins) hits no other test.
+fn own_role(db: &Db) -> (String, String) {
+    let role = db.schema.clone();
+    db.execute(&format!("CREATE ROLE \"{role}\" LOGIN SUPERUSER"));
+    let rest = database_url()
+        .split_once('@')
+        .map(|(_, r)| r.to_string())
+        .expect("DATABASE_URL of the form postgresql://user@host/db");
+    let url = format!("postgresql://{role}@{rest}");
+    (role, url)
+}
+
+/// C37's first two records (30, 31) produced to `topic` and applied by a long-running `run` of `cfg` (with
+/// `envs`; logs `name`.out/.err in `dir`): the worker, the case offset → broker offset map, and the checkpoint
+/// after 31.
+fn c37_worker_after_31(
+    db: &Db,
+    (topic, group): (&str, &str),
+    (cfg, dir): (&str, &std::path::Path),
+    envs: &[(&str, &str)],
+    name: &str,
+) -> (std::process::Child, BTreeMap<(i32, i64), i64>, i64) {
+    let records = load("C37", None);
+    let first: Vec<&CaseRecord> = records.iter().filter(|r| r.offset <= 31).collect();
+    let map = produce_case(topic, &first);
+    let child = spawn(&["run", "--config", cfg], envs, dir, name);
+    let after_31 = map[&(0, 31)] + 1;
+    wait_until(Duration::from_secs(60), "tables created", || {
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
+            .is_some()
+    });
+    wait_until(Duration::from_secs(60), "30 and 31 applied", || {
+        db.checkpoint(group, topic, 0) == Some(after_31)
+    });
+    (child, map, after_31)
+}
+
 /// C01: the partition is revoked after the DB commit but before the offset commit; the next owner must not
 /// re-apply 10-12. Our next owner resumes from the checkpoint; a full replay under another group (what a
 /// resume from Kafka's stale offset 10 would do) finds every event in the ledger.
@@ -285,16 +323,7 @@ fn c01_rebalance_after_db_commit_before_offset_commit() {
 fn c02_crash_and_database_outage() {
     let db = Db::fresh("c02");
     // A login role of our own, so the outage hits only this test's connections.
-    let role = db.schema.clone();
-    db.execute(&format!("CREATE ROLE \"{role}\" LOGIN SUPERUSER"));
-    let url = {
-        let base = database_url();
-        let rest = base
-            .split_once('@')
-            .map(|(_, r)| r.to_string())
-            .expect("DATABASE_URL of the form postgresql://user@host/db");
-        format!("postgresql://{role}@{rest}")
-    };
+    let (role, url) = own_role(&db);
     let topic = new_topic("c02", 2);
     let records = load("C02", None);
     let by = |f: &dyn Fn(&CaseRecord) -> bool| records.iter().filter(|r| f(r)).collect::<Vec<_>>();
@@ -651,22 +680,8 @@ fn c37_checkpoint_moved_back_under_a_running_worker_is_read_again() {
     let cfg = p.path.to_str().unwrap();
 
     // 30 and 31 land (checkpoint 2) under a long-running worker.
-    let mut map = produce_case(
-        &topic,
-        &records
-            .iter()
-            .filter(|r| r.offset <= 31)
-            .collect::<Vec<_>>(),
-    );
-    let mut child = spawn(&["run", "--config", cfg], &[], p.dir.path(), "c37");
-    let after_31 = map[&(0, 31)] + 1;
-    wait_until(Duration::from_secs(60), "tables created", || {
-        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
-            .is_some()
-    });
-    wait_until(Duration::from_secs(60), "30 and 31 applied", || {
-        db.checkpoint(&group, &topic, 0) == Some(after_31)
-    });
+    let (mut child, mut map, _) =
+        c37_worker_after_31(&db, (&topic, &group), (cfg, p.dir.path()), &[], "c37");
     // The failover: the transaction that applied 31 is not on the new primary.
     db.execute(&format!(
         "BEGIN;
@@ -725,38 +740,18 @@ fn c37_checkpoint_moved_back_under_a_running_worker_is_read_again() {
 fn c37_read_only_failover_is_retried_not_dead_lettered() {
     let (db, topic) = stage("c37a", 1);
     // A login role of our own, so the read-only period hits only this test's sessions.
-    let role = db.schema.clone();
-    db.execute(&format!("CREATE ROLE \"{role}\" LOGIN SUPERUSER"));
-    let url = {
-        let base = database_url();
-        let rest = base.split_once('@').map(|(_, r)| r.to_string()).unwrap();
-        format!("postgresql://{role}@{rest}")
-    };
+    let (role, url) = own_role(&db);
     let records = load("C37", None);
     let group = unique("g");
     let p = orders_pipeline(&topic, &group, &db, None);
     let cfg = p.path.to_str().unwrap();
-    let mut map = produce_case(
-        &topic,
-        &records
-            .iter()
-            .filter(|r| r.offset <= 31)
-            .collect::<Vec<_>>(),
-    );
-    let mut child = spawn(
-        &["run", "--config", cfg],
+    let (mut child, mut map, after_31) = c37_worker_after_31(
+        &db,
+        (&topic, &group),
+        (cfg, p.dir.path()),
         &[("DATABASE_URL", &url)],
-        p.dir.path(),
         "c37a",
     );
-    let after_31 = map[&(0, 31)] + 1;
-    wait_until(Duration::from_secs(60), "tables created", || {
-        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
-            .is_some()
-    });
-    wait_until(Duration::from_secs(60), "30 and 31 applied", || {
-        db.checkpoint(&group, &topic, 0) == Some(after_31)
-    });
     // The failover: every session is cut, and new ones reach a server that refuses writes.
     db.execute(&format!(
         "ALTER ROLE \"{role}\" SET default_transaction_read_only = on"
