@@ -23,6 +23,7 @@ pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod filter;
+pub mod health;
 pub mod ident;
 pub mod metrics_http;
 pub mod ops;

@@ -85,6 +85,7 @@ fn run(
     if let Some(addr) = metrics_addr {
         let _guard = rt.enter();
         replaysafe::metrics_http::install(addr)?;
+        replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
     }
     let tally = ops::run::run_on(rt.handle().clone(), p, opts).context("run failed")?;
     println!("{}", tally.line());

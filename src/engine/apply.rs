@@ -48,6 +48,7 @@ pub async fn apply_batch(
                 attempt += 1;
                 metrics::counter!("replaysafe_db_retries_total").increment(1);
                 tracing::warn!(attempt, "database unavailable, retrying: {e}");
+                crate::health::retrying(&e.to_string());
                 if give_up() {
                     return Err(Error::Other(format!(
                         "gave up after {attempt} attempts: {e}"
@@ -117,6 +118,7 @@ pub async fn apply_batch(
                 metrics::counter!("replaysafe_db_retries_total").increment(1);
                 let detail = sink::describe(&error);
                 tracing::warn!(attempt, commit_sent, topic = %batch.topic, partition = batch.partition, "database error, retrying the batch: {detail}");
+                crate::health::retrying(&detail);
                 if give_up() {
                     return Err(Error::Other(format!(
                         "gave up after {attempt} attempts: {detail}"
@@ -231,6 +233,7 @@ where
                 attempt += 1;
                 metrics::counter!("replaysafe_db_retries_total").increment(1);
                 tracing::warn!(attempt, "{what}: database unavailable, retrying: {e}");
+                crate::health::beat(None);
                 tokio::time::sleep(backoff(attempt)).await;
             }
             Err(e) => return Err(e),

@@ -60,6 +60,12 @@ pub trait Source {
     fn flush_on_error(&self) -> bool;
     /// The loop ended (whatever the result): give partitions up. What is in flight is settled afterwards.
     fn close(&mut self) {}
+    /// The consumer's position per partition (next offset it will deliver), where known: a Kafka consumer's
+    /// position steps over control records (transaction markers) the application never sees. Used only when
+    /// the loop is idle ([`Engine`] steps a checkpoint over them). The default knows none.
+    fn positions(&self) -> Vec<(Tp, i64)> {
+        Vec::new()
+    }
 }
 
 /// Options of the engine.
@@ -246,7 +252,12 @@ impl Engine {
                     idle_turns = 0;
                     self.take(r)?;
                 }
-                Polled::Idle => idle_turns += 1,
+                Polled::Idle => {
+                    idle_turns += 1;
+                    if idle_turns >= 3 {
+                        self.step_over_markers(source);
+                    }
+                }
                 Polled::Busy => {}
                 Polled::Failed(e) => {
                     if source.flush_on_error() {
@@ -260,6 +271,7 @@ impl Engine {
                 return Err(e);
             }
             let now = Instant::now();
+            crate::health::beat(Some(lock(&self.core).parts.len()));
             self.maybe_flush(source, now)?;
             if lock(&self.core).crashed {
                 tracing::warn!("simulated crash: database committed, Kafka offsets not committed");
@@ -347,6 +359,45 @@ impl Engine {
             core.settle(source.ack(), CommitMode::Async)?;
         }
         Ok(())
+    }
+
+    /// A partition whose last records are control records (a transactional producer's COMMIT or ABORT marker,
+    /// and the records of an aborted transaction a `read_committed` consumer skips) leaves the checkpoint below
+    /// the consumer's position, and lag tools would show that gap forever. When the loop is idle with nothing
+    /// buffered or in flight, every held partition whose position ([`Source::positions`]) is beyond its
+    /// checkpoint gets a batch without records from the checkpoint to the position: the same fenced
+    /// compare-and-set in its own transaction as any batch (fenced or rewound the same way), then the position is
+    /// committed to Kafka when it settles. Everything below the position was delivered (a consumer's position
+    /// only passes what the application polled, or control records) and, nothing being buffered, applied.
+    fn step_over_markers(&self, source: &impl Source) {
+        if lock(&self.core).buffered() > 0 || lock(&self.core).in_flight() {
+            return;
+        }
+        let positions = source.positions();
+        let mut core = lock(&self.core);
+        if core.buffered() > 0 || core.in_flight() || core.crashed {
+            return;
+        }
+        let cuts: Vec<flush::Cut> = positions
+            .into_iter()
+            .filter_map(|(tp, pos)| {
+                let st = core.parts.get(&tp)?;
+                let next = st.next.filter(|n| pos > *n)?;
+                tracing::debug!(topic = %tp.0, partition = tp.1, from = next, to = pos, "checkpoint steps over control records");
+                Some(flush::Cut {
+                    batch: crate::sink::Batch {
+                        topic: tp.0,
+                        partition: tp.1,
+                        fence: st.fence,
+                        expected: Some(next),
+                        end: pos,
+                        items: Vec::new(),
+                    },
+                    days: Vec::new(),
+                })
+            })
+            .collect();
+        core.launch_cuts(cuts);
     }
 
     /// Applies everything buffered and acknowledges every checkpoint held.

@@ -80,6 +80,7 @@ impl Core {
         newer: bool,
     ) -> Result<Vec<Acquired>> {
         self.settle(ack, CommitMode::Async)?;
+        crate::health::unfenced(tps);
         let stop = self.give_up_flag();
         let give_up = move || stop.load(Ordering::Relaxed);
         let p = self.pipeline.clone();
@@ -155,6 +156,12 @@ impl Core {
     pub fn launch(&mut self, which: impl Fn(&Tp, &PartState) -> bool) {
         debug_assert!(self.inflight.is_none(), "one flush in flight at most");
         let cuts = flush::cut(&mut self.parts, self.pipeline.max_records, which);
+        self.launch_cuts(cuts);
+    }
+
+    /// Starts applying `cuts` in the background (nothing when empty); no flush may be in flight.
+    pub(crate) fn launch_cuts(&mut self, cuts: Vec<flush::Cut>) {
+        debug_assert!(self.inflight.is_none(), "one flush in flight at most");
         if cuts.is_empty() {
             return;
         }
@@ -180,6 +187,7 @@ impl Core {
             let tp = (batch.topic.clone(), batch.partition);
             match r {
                 Ok(Applied::Committed(outcomes)) => {
+                    crate::health::committed();
                     self.batches += 1;
                     self.last_commit = Some(Instant::now());
                     metrics::counter!("replaysafe_batches_total").increment(1);
@@ -219,6 +227,7 @@ impl Core {
                     // Another owner holds the checkpoint: what we buffered is dropped (the owner resumes from
                     // the checkpoint).
                     None => {
+                        crate::health::fenced(&tp);
                         self.parts.remove(&tp);
                     }
                     Some(e) => {

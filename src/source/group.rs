@@ -287,6 +287,7 @@ fn committed_offsets(consumer: &GroupConsumer, acquired: &[Acquired]) -> Result<
 fn on_revoke(core: &mut Core, consumer: &GroupConsumer, revoked: &[Tp], lost: bool) -> Result<()> {
     // What is in flight commits or is fenced as a whole; its outcomes are recorded before anything is given up.
     let settled = core.settle(consumer, CommitMode::Sync);
+    crate::health::unfenced(revoked);
     if lost || core.crashed {
         // Another member may already own these: our buffered records are abandoned, never committed.
         for tp in revoked {
@@ -310,6 +311,8 @@ pub struct Group {
     core: Shared,
     side: Arc<BaseConsumer>,
     until_caught_up: bool,
+    /// The `replaysafe_consumer_lag` updater ([`crate::source::lag`]).
+    _lag: crate::source::lag::Lag,
 }
 
 impl Group {
@@ -340,11 +343,13 @@ impl Group {
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         tracing::info!(group = %pipeline.kafka.group_id, ?topics, "consuming");
+        let lag = crate::source::lag::spawn(Arc::downgrade(&core), side.clone());
         Ok(Group {
             consumer,
             core,
             side,
             until_caught_up,
+            _lag: lag,
         })
     }
 
@@ -432,6 +437,19 @@ impl Source for Group {
     fn flush_on_error(&self) -> bool {
         // Leaving the group (close) hands the buffered records of revoked partitions back and applies them.
         false
+    }
+
+    fn positions(&self) -> Vec<(Tp, i64)> {
+        let Ok(tpl) = self.consumer.position() else {
+            return Vec::new();
+        };
+        tpl.elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                _ => None,
+            })
+            .collect()
     }
 
     fn close(&mut self) {

@@ -1,0 +1,231 @@
+//! Liveness and readiness of a `run` process, served as `/healthz` and `/readyz` beside `/metrics`
+//! ([`crate::metrics_http`]).
+//!
+//! The state is process-wide (like the metrics recorder): the engine loop, the batch retries, the settle of
+//! a fenced batch and the group source report into it; [`spawn_probe`] checks the database in the background;
+//! the HTTP handlers only read it — an HTTP request never waits on Kafka or PostgreSQL.
+//!
+//! Rules (thresholds are the constants below):
+//! - **alive** (`/healthz` 200): the engine loop turned within [`ALIVE_WITHIN`] (it turns at least every 100 ms
+//!   while idle), or it is waiting on the database with bounded retries (start-up, a batch being retried —
+//!   each attempt bounded by the session timeouts; `/readyz` says so). Before the loop starts, alive for
+//!   [`ALIVE_WITHIN`] after the process started.
+//! - **ready** (`/readyz` 200) when all of:
+//!   1. alive;
+//!   2. the worker holds at least one partition (a group member without partitions — more workers than
+//!      partitions, or before the first assignment — is not ready: it does no work);
+//!   3. the last database probe succeeded and is at most [`PROBE_STALE`] old. The probe (every
+//!      [`PROBE_EVERY`], bounded by [`PROBE_TIMEOUT`]) runs `UPDATE <checkpoints> SET fence = fence WHERE false`:
+//!      it touches no row and takes no row lock, yet PostgreSQL checks the session can write — it fails on a
+//!      read-only server or transaction (SQLSTATE 25006, a replica after failover), on missing privileges
+//!      (42501), on a missing table, and when the server is unreachable;
+//!   4. no partition is fenced: a batch found another owner's fence and the partition is paused until the
+//!      next rebalance (cleared when it is assigned again or revoked);
+//!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`].
+//!
+//!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::config::Pipeline;
+use crate::engine::Tp;
+use crate::sink::checkpoint::CHECKPOINTS;
+
+/// `/healthz` fails when the loop has not turned (nor retried the database) for this long.
+pub const ALIVE_WITHIN: Duration = Duration::from_secs(60);
+/// Interval of the database probe.
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// Bound of one probe (connect and statement).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A successful probe older than this no longer counts.
+pub const PROBE_STALE: Duration = Duration::from_secs(15);
+/// Batches retried without a commit for this long make `/readyz` fail.
+pub const STUCK_AFTER: Duration = Duration::from_secs(30);
+
+/// The process-wide health state.
+struct State {
+    epoch: Instant,
+    /// Milliseconds since `epoch` of the last loop turn or database retry (0: none yet).
+    beat_ms: AtomicU64,
+    /// Partitions held by the engine (updated every turn).
+    held: AtomicUsize,
+    fenced: Mutex<BTreeSet<Tp>>,
+    /// When batches started failing (retried without a commit since), with the last error.
+    failing: Mutex<Option<(Instant, String)>>,
+    /// The last probe: when, and its error if it failed.
+    probe: Mutex<Option<(Instant, Option<String>)>>,
+}
+
+fn state() -> &'static State {
+    static STATE: OnceLock<State> = OnceLock::new();
+    STATE.get_or_init(|| State {
+        epoch: Instant::now(),
+        beat_ms: AtomicU64::new(0),
+        held: AtomicUsize::new(0),
+        fenced: Mutex::new(BTreeSet::new()),
+        failing: Mutex::new(None),
+        probe: Mutex::new(None),
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts the clock (call at process start, before the engine starts).
+pub fn init() {
+    let _ = state();
+}
+
+/// The engine loop turned (or a database retry is under way); `held`: partitions held, when known.
+pub fn beat(held: Option<usize>) {
+    let s = state();
+    let ms = u64::try_from(s.epoch.elapsed().as_millis()).unwrap_or(u64::MAX).max(1);
+    s.beat_ms.store(ms, Ordering::Relaxed);
+    if let Some(n) = held {
+        s.held.store(n, Ordering::Relaxed);
+    }
+}
+
+/// A batch of `tp` was fenced: the partition is paused until it is assigned again.
+pub fn fenced(tp: &Tp) {
+    lock(&state().fenced).insert(tp.clone());
+}
+
+/// `tps` were taken over or given up: no longer fenced.
+pub fn unfenced(tps: &[Tp]) {
+    let mut f = lock(&state().fenced);
+    for tp in tps {
+        f.remove(tp);
+    }
+}
+
+/// A batch attempt failed and is retried (`detail`: the error). Also a heartbeat.
+pub fn retrying(detail: &str) {
+    beat(None);
+    let mut f = lock(&state().failing);
+    match f.as_mut() {
+        Some((_, last)) => *last = detail.to_string(),
+        None => *f = Some((Instant::now(), detail.to_string())),
+    }
+}
+
+/// A batch committed: batches are not failing.
+pub fn committed() {
+    *lock(&state().failing) = None;
+}
+
+fn probed(error: Option<String>) {
+    *lock(&state().probe) = Some((Instant::now(), error));
+}
+
+/// `/healthz`: `Ok` with a short text, or `Err` with the reason.
+///
+/// # Errors
+/// The reason the process is not alive.
+pub fn alive() -> Result<String, String> {
+    let s = state();
+    let beat = s.beat_ms.load(Ordering::Relaxed);
+    let last = s.epoch + Duration::from_millis(beat);
+    let since = last.elapsed();
+    if since <= ALIVE_WITHIN {
+        Ok("ok".into())
+    } else {
+        Err(format!(
+            "the engine loop has not turned for {} s",
+            since.as_secs()
+        ))
+    }
+}
+
+/// `/readyz`: `Ok` with a short text, or `Err` with every failed rule (module docs).
+///
+/// # Errors
+/// The reasons the worker is not ready, one a line.
+pub fn ready() -> Result<String, String> {
+    let s = state();
+    let mut why = Vec::new();
+    if let Err(e) = alive() {
+        why.push(e);
+    }
+    let held = s.held.load(Ordering::Relaxed);
+    if held == 0 {
+        why.push("no partitions assigned".to_string());
+    }
+    match lock(&s.probe).as_ref() {
+        None => why.push("database not checked yet".to_string()),
+        Some((_, Some(e))) => why.push(format!("database not writable: {e}")),
+        Some((at, None)) if at.elapsed() > PROBE_STALE => why.push(format!(
+            "database last checked {} s ago",
+            at.elapsed().as_secs()
+        )),
+        Some(_) => {}
+    }
+    for (topic, partition) in lock(&s.fenced).iter() {
+        why.push(format!(
+            "partition {topic}/{partition} fenced (another owner holds its checkpoint); paused until the next rebalance"
+        ));
+    }
+    if let Some((since, last)) = lock(&s.failing).as_ref() {
+        if since.elapsed() > STUCK_AFTER {
+            why.push(format!(
+                "batches failing for {} s: {last}",
+                since.elapsed().as_secs()
+            ));
+        }
+    }
+    if why.is_empty() {
+        Ok(format!("ready: {held} partitions"))
+    } else {
+        Err(why.join("\n"))
+    }
+}
+
+/// The probe statement (module docs): writes nothing, fails when the session cannot write the checkpoints.
+pub fn probe_sql(p: &Pipeline) -> String {
+    format!("UPDATE {} SET fence = fence WHERE false", p.table(CHECKPOINTS))
+}
+
+/// Starts the database probe on `rt`: every [`PROBE_EVERY`] on its own connection (reconnected after a
+/// failure), each connect and statement bounded by [`PROBE_TIMEOUT`]. Runs until the runtime stops.
+pub fn spawn_probe(rt: &tokio::runtime::Handle, pipeline: Arc<Pipeline>, url: String) {
+    rt.spawn(async move {
+        let sql = probe_sql(&pipeline);
+        let mut client = None;
+        loop {
+            let r = probe_once(&mut client, &url, &sql).await;
+            if let Err(e) = &r {
+                tracing::debug!("database probe failed: {e}");
+                client = None;
+            }
+            probed(r.err());
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    });
+}
+
+async fn probe_once(
+    client: &mut Option<tokio_postgres::Client>,
+    url: &str,
+    sql: &str,
+) -> Result<(), String> {
+    let bounded = async {
+        if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+            *client = Some(crate::sink::connect(url).await.map_err(|e| e.to_string())?);
+        }
+        let c = client.as_ref().expect("connected");
+        c.batch_execute(sql)
+            .await
+            .map_err(|e| crate::sink::describe(&e))
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, bounded).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "no answer within {} s",
+            PROBE_TIMEOUT.as_secs()
+        )),
+    }
+}
