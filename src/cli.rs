@@ -31,7 +31,7 @@ pub enum Command {
         /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
         #[arg(long)]
         brokers: Option<String>,
-        /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+        /// Serve /metrics (Prometheus), /healthz and /readyz on this address (e.g. 127.0.0.1:9464).
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
         /// Exit 0 once every assigned partition is caught up and applied (for batch jobs and tests).

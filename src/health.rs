@@ -83,7 +83,9 @@ pub fn init() {
 /// The engine loop turned (or a database retry is under way); `held`: partitions held, when known.
 pub fn beat(held: Option<usize>) {
     let s = state();
-    let ms = u64::try_from(s.epoch.elapsed().as_millis()).unwrap_or(u64::MAX).max(1);
+    let ms = u64::try_from(s.epoch.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
     s.beat_ms.store(ms, Ordering::Relaxed);
     if let Some(n) = held {
         s.held.store(n, Ordering::Relaxed);
@@ -186,7 +188,10 @@ pub fn ready() -> Result<String, String> {
 
 /// The probe statement (module docs): writes nothing, fails when the session cannot write the checkpoints.
 pub fn probe_sql(p: &Pipeline) -> String {
-    format!("UPDATE {} SET fence = fence WHERE false", p.table(CHECKPOINTS))
+    format!(
+        "UPDATE {} SET fence = fence WHERE false",
+        p.table(CHECKPOINTS)
+    )
 }
 
 /// Starts the database probe on `rt`: every [`PROBE_EVERY`] on its own connection (reconnected after a
@@ -213,7 +218,10 @@ async fn probe_once(
     sql: &str,
 ) -> Result<(), String> {
     let bounded = async {
-        if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
             *client = Some(crate::sink::connect(url).await.map_err(|e| e.to_string())?);
         }
         let c = client.as_ref().expect("connected");
@@ -223,9 +231,6 @@ async fn probe_once(
     };
     match tokio::time::timeout(PROBE_TIMEOUT, bounded).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "no answer within {} s",
-            PROBE_TIMEOUT.as_secs()
-        )),
+        Err(_) => Err(format!("no answer within {} s", PROBE_TIMEOUT.as_secs())),
     }
 }

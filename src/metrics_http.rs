@@ -73,7 +73,10 @@ fn respond(req: &Request<Incoming>, handle: &PrometheusHandle) -> Response<Full<
         "/metrics" => (StatusCode::OK, handle.render()),
         "/healthz" => verdict("not alive", crate::health::alive()),
         "/readyz" => verdict("not ready", crate::health::ready()),
-        other => (StatusCode::NOT_FOUND, format!("no such path {other}: /metrics, /healthz, /readyz\n")),
+        other => (
+            StatusCode::NOT_FOUND,
+            format!("no such path {other}: /metrics, /healthz, /readyz\n"),
+        ),
     };
     let content_type = if status == StatusCode::OK && req.uri().path() == "/metrics" {
         "text/plain; version=0.0.4"

@@ -13,6 +13,7 @@ mod debezium;
 mod entities;
 mod file_source;
 mod hardening;
+mod health;
 mod horizon;
 mod keys_drift;
 mod starts;

@@ -1,0 +1,266 @@
+//! Health for orchestrators: transaction markers leave no lag (the checkpoint steps over a trailing COMMIT or
+//! ABORT marker), `/healthz`, `/readyz` and the `replaysafe_consumer_lag` gauge of `run --metrics-addr`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+
+use crate::common::*;
+use crate::core::{counts, seed_events, SEED};
+
+/// A transactional producer on the test broker.
+fn tx_producer() -> ThreadedProducer<rdkafka::producer::DefaultProducerContext> {
+    let p: ThreadedProducer<_> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("transactional.id", unique("tx"))
+        .create()
+        .unwrap();
+    p.init_transactions(Duration::from_secs(30)).unwrap();
+    p
+}
+
+/// Sends `recs` to `topic` in one transaction, committed or aborted.
+fn in_transaction(
+    p: &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    recs: &[Rec],
+    commit: bool,
+) {
+    p.begin_transaction().unwrap();
+    for r in recs {
+        let mut br: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(r.partition);
+        br = br
+            .key(r.key.as_deref().unwrap())
+            .payload(r.value.as_deref().unwrap());
+        br = br.timestamp(r.timestamp_ms.unwrap());
+        p.send(br).map_err(|(e, _)| e).unwrap();
+    }
+    if commit {
+        p.commit_transaction(Duration::from_secs(30)).unwrap();
+    } else {
+        p.flush(Duration::from_secs(30)).unwrap();
+        p.abort_transaction(Duration::from_secs(30)).unwrap();
+    }
+}
+
+/// The high watermark of every partition of `topic`.
+fn highs(topic: &str, partitions: i32) -> Vec<i64> {
+    let c = consumer(&[]);
+    (0..partitions)
+        .map(|p| {
+            rdkafka::consumer::Consumer::fetch_watermarks(&c, topic, p, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .collect()
+}
+
+/// A transactional producer's records: partition 0 ends with a committed transaction (COMMIT marker last),
+/// partition 1 with an aborted one (its records and the ABORT marker last). After `run --until-caught-up`
+/// every checkpoint and Kafka committed offset equals the high watermark (no lag of 1 left by the marker),
+/// and the state holds exactly the committed records (`read_committed` skips the aborted ones).
+#[test]
+fn transaction_markers_leave_checkpoint_at_high_watermark() {
+    let (db, topic) = stage("txmark", 2);
+    let group = unique("g");
+    let (recs, _) = seed_events(120, 2);
+    let (first, rest) = recs.split_at(60);
+    let (aborted, last) = rest.split_at(30);
+    let aborted: Vec<Rec> = aborted
+        .iter()
+        .map(|r| Rec {
+            partition: 1,
+            ..r.clone()
+        })
+        .collect();
+    let last: Vec<Rec> = last
+        .iter()
+        .map(|r| Rec {
+            partition: 0,
+            ..r.clone()
+        })
+        .collect();
+    let p = tx_producer();
+    in_transaction(&p, &topic, first, true);
+    in_transaction(&p, &topic, &aborted, false);
+    in_transaction(&p, &topic, &last, true);
+    let applied: Vec<Rec> = first.iter().chain(&last).cloned().collect();
+    let truth = tally_of(&applied);
+
+    let out = run_text(SEED, &topic, &group, &db);
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed), (90, 90), "{:?}", out.tally_line());
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 90);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    let high = highs(&topic, 2);
+    // p0: 30 + 1 marker + 30 + 1 marker; p1: 30 + 1 marker + 30 aborted + 1 marker.
+    assert_eq!(high, vec![62, 62]);
+    let committed = committed(&group, &topic, 2);
+    for part in 0..2 {
+        assert_eq!(
+            db.checkpoint(&group, &topic, part),
+            Some(high[part as usize]),
+            "p{part}"
+        );
+        assert_eq!(
+            committed[part as usize],
+            Some(high[part as usize]),
+            "p{part}"
+        );
+    }
+    // Nothing left to read: a second run consumes nothing and changes nothing.
+    let again = run_text(SEED, &topic, &group, &db);
+    assert_eq!(again.tally().consumed, 0);
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(62));
+}
+
+/// `(day, customer) → count` of seed records.
+fn tally_of(recs: &[Rec]) -> BTreeMap<(String, String), i64> {
+    let mut m = BTreeMap::new();
+    for r in recs {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        let day = v["occurred_at"].as_str().unwrap()[..10].to_string();
+        let customer = v["customer_id"].as_str().unwrap().to_string();
+        *m.entry((day, customer)).or_insert(0) += 1;
+    }
+    m
+}
+
+/// `GET path` on `addr`: status code and body.
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// The value of `replaysafe_consumer_lag{topic, partition}` in a `/metrics` text.
+fn lag(metrics: &str, topic: &str, partition: i32) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("replaysafe_consumer_lag{"))
+        .filter(|l| l.contains(&format!("topic=\"{topic}\"")))
+        .find(|l| l.contains(&format!("partition=\"{partition}\"")))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+fn wait_for(addr: &str, path: &str, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
+    let mut last = String::new();
+    wait_until(Duration::from_secs(60), what, || match get(addr, path) {
+        Some((code, body)) => {
+            let ok = cond(code, &body);
+            last = body;
+            ok
+        }
+        None => false,
+    });
+    last
+}
+
+/// Two workers with `--metrics-addr` in one group over one partition: the one without a partition answers
+/// `/readyz` 503 ("no partitions assigned"), the owner 200; the owner's lag gauge shows its buffered backlog
+/// exactly; after the owner stops, the other takes over and becomes ready with lag 0; a fence bumped behind its
+/// back makes it not ready (fenced partition). `/healthz` is 200 throughout; the final state is exact.
+#[test]
+fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
+    let (db, topic) = stage("ready", 1);
+    let group = unique("g");
+    // Long linger: records wait in the buffer until 8 have arrived, so the backlog is known.
+    let text = SEED
+        .replace("max-records = 200", "max-records = 8")
+        .replace("linger-ms = 20", "linger-ms = 600000");
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let mut a = spawn_run(&p, &["--metrics-addr", &a_addr], "a");
+    wait_for(&a_addr, "/readyz", "a ready", |c, _| c == 200);
+    let mut b = spawn_run(&p, &["--metrics-addr", &b_addr], "b");
+    let why = wait_for(&b_addr, "/readyz", "b answers 503", |c, _| c == 503);
+    assert_eq!(get(&b_addr, "/healthz").unwrap().0, 200);
+    // Once b has joined (its database probe done), the only reason left is the missing partition.
+    let why = if why.contains("no partitions assigned") && !why.contains("database") {
+        why
+    } else {
+        wait_for(&b_addr, "/readyz", "b: only no partitions", |c, b| {
+            c == 503 && b.trim() == "not ready: no partitions assigned"
+        })
+    };
+    assert_eq!(why.trim(), "not ready: no partitions assigned");
+    assert_eq!(get(&a_addr, "/readyz").unwrap().0, 200, "a still owns p0");
+
+    let (recs, _) = seed_events(13, 1);
+    produce(&topic, &recs[..5]);
+    let m = wait_for(&a_addr, "/metrics", "a's lag shows 5 buffered", |_, m| {
+        lag(m, &topic, 0) == Some(5.0)
+    });
+    assert!(m.contains("replaysafe_consumer_lag"));
+    assert_eq!(
+        db.checkpoint(&group, &topic, 0),
+        Some(0),
+        "nothing applied yet"
+    );
+    assert_eq!(
+        terminate(&mut a),
+        Some(0),
+        "a applies its buffer on SIGTERM"
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(5));
+
+    wait_for(&b_addr, "/readyz", "b ready after taking over", |c, _| {
+        c == 200
+    });
+    wait_for(&b_addr, "/metrics", "b's lag 0", |_, m| {
+        lag(m, &topic, 0) == Some(0.0)
+    });
+
+    // Another owner's fence behind b's back: b's next batch is fenced and p0 paused.
+    db.execute("UPDATE {s}.replaysafe_checkpoints SET fence = fence + 1");
+    produce(&topic, &recs[5..]);
+    let why = wait_for(&b_addr, "/readyz", "b not ready: fenced", |c, b| {
+        c == 503 && b.contains("fenced")
+    });
+    assert!(
+        why.contains(&format!("partition {topic}/0 fenced")),
+        "{why}"
+    );
+    assert_eq!(
+        get(&b_addr, "/healthz").unwrap().0,
+        200,
+        "fenced is not dead"
+    );
+    assert_eq!(
+        db.checkpoint(&group, &topic, 0),
+        Some(5),
+        "the fenced batch wrote nothing"
+    );
+    assert_eq!(terminate(&mut b), Some(0));
+
+    // A new owner applies the rest; the final state is exact.
+    let out = run_text(&text, &topic, &group, &db);
+    assert_eq!(out.tally().landed, 8);
+    assert_eq!(counts(&db), tally_of(&recs));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 13);
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(13));
+    assert_eq!(committed(&group, &topic, 1), vec![Some(13)]);
+}
