@@ -264,3 +264,70 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(13));
     assert_eq!(committed(&group, &topic, 1), vec![Some(13)]);
 }
+
+/// The worker's database turns read-only (what a failover to a replica looks like; here only for the worker's
+/// own role: `default_transaction_read_only` on its sessions, which are then reconnected): `/readyz` answers
+/// 503 naming SQLSTATE 25006 while `/healthz` stays 200; records produced meanwhile are retried, not lost;
+/// once writable again the worker is ready and the final state is exact.
+#[test]
+fn readyz_503_while_the_database_is_read_only() {
+    let (db, topic) = stage("ro", 1);
+    let group = unique("g");
+    let role = db.schema.clone();
+    db.execute(&format!("CREATE ROLE \"{role}\" LOGIN SUPERUSER"));
+    let rest = database_url().split_once('@').unwrap().1.to_string();
+    let url = format!("postgresql://{role}@{rest}");
+    let kick = || {
+        db.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+            &[&role],
+        );
+    };
+    let p = pipeline(SEED, &topic, &group, &db.schema);
+    let addr = free_addr();
+    let head = [
+        "run",
+        "--config",
+        p.path.to_str().unwrap(),
+        "--metrics-addr",
+        &addr,
+    ];
+    let mut w = spawn(&head, &[("DATABASE_URL", &url)], p.dir.path(), "w");
+    let (recs, _) = seed_events(5, 1);
+    produce(&topic, &recs[..3]);
+    wait_for(&addr, "/readyz", "ready", |c, _| c == 200);
+    wait_until(Duration::from_secs(60), "3 applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(3)
+    });
+
+    db.execute(&format!(
+        "ALTER ROLE \"{role}\" SET default_transaction_read_only = on"
+    ));
+    kick();
+    let why = wait_for(&addr, "/readyz", "not ready: read-only", |c, b| {
+        c == 503 && b.contains("database not writable")
+    });
+    assert!(why.contains("SQLSTATE 25006"), "{why}");
+    assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+    produce(&topic, &recs[3..]);
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
+
+    db.execute(&format!(
+        "ALTER ROLE \"{role}\" RESET default_transaction_read_only"
+    ));
+    kick();
+    wait_for(&addr, "/readyz", "ready again", |c, _| c == 200);
+    wait_until(Duration::from_secs(60), "5 applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(5)
+    });
+    assert_eq!(terminate(&mut w), Some(0));
+    assert_eq!(counts(&db), tally_of(&recs));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    assert_eq!(committed(&group, &topic, 1), vec![Some(5)]);
+    let out = std::fs::read_to_string(p.dir.path().join("w.out")).unwrap();
+    assert!(out.contains("consumed 5 = landed 5"), "{out}");
+}
