@@ -40,6 +40,14 @@ pub fn install(addr: SocketAddr) -> Result<()> {
         .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
         .install_recorder()
         .map_err(|e| Error::Other(format!("metrics recorder: {e}")))?;
+    // With `install_recorder` the upkeep (draining histogram samples) is ours to run.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
     tokio::spawn(serve(listener, handle));
     Ok(())
 }
