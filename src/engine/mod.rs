@@ -12,7 +12,9 @@
 //! - the next flush first settles the one in flight ([`state::Core::settle`]): outcomes are counted, each
 //!   partition's checkpoint advances, and only then is the source acknowledged (Kafka offsets committed);
 //! - a source ([`Source`]) takes partitions over (checkpoint row, fence bumped) and positions them; it says when
-//!   it is finished (caught up, every stop reached, end of file).
+//!   it is finished (caught up, every stop reached, end of file);
+//! - when idle with nothing buffered or in flight, a checkpoint below the source's position (control records:
+//!   transaction markers) steps to it through a batch without records ([`Engine`]'s `step_over_markers`).
 
 pub mod apply;
 pub mod decide;

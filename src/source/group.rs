@@ -7,6 +7,8 @@
 //!   their offsets committed synchronously, and only then are they given up; on a lost assignment they are
 //!   abandoned, never committed;
 //! - a fenced batch (another owner) pauses its partition until the next assignment;
+//! - its positions ([`Source::positions`]) let the engine step an idle checkpoint over transaction markers; a
+//!   thread keeps the `replaysafe_consumer_lag` gauge ([`crate::source::lag`]);
 //! - with `until_caught_up` it is finished once every assigned partition's position is at its high watermark
 //!   and nothing is buffered or in flight.
 
