@@ -124,63 +124,100 @@ fn probed(error: Option<String>) {
     *lock(&state().probe) = Some((Instant::now(), error));
 }
 
+/// What the rules look at, as ages (time since) rather than instants.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Since the last loop turn or database retry (since start before the first).
+    pub since_beat: Duration,
+    /// Partitions held.
+    pub held: usize,
+    /// The last probe: its age and its error, if it failed; `None`: not probed yet.
+    pub probe: Option<(Duration, Option<String>)>,
+    /// Fenced partitions.
+    pub fenced: Vec<Tp>,
+    /// Batches failing: for how long, and the last error.
+    pub failing: Option<(Duration, String)>,
+}
+
+fn snapshot() -> Snapshot {
+    let s = state();
+    let beat = s.epoch + Duration::from_millis(s.beat_ms.load(Ordering::Relaxed));
+    Snapshot {
+        since_beat: beat.elapsed(),
+        held: s.held.load(Ordering::Relaxed),
+        probe: lock(&s.probe)
+            .as_ref()
+            .map(|(at, e)| (at.elapsed(), e.clone())),
+        fenced: lock(&s.fenced).iter().cloned().collect(),
+        failing: lock(&s.failing)
+            .as_ref()
+            .map(|(at, e)| (at.elapsed(), e.clone())),
+    }
+}
+
 /// `/healthz`: `Ok` with a short text, or `Err` with the reason.
 ///
 /// # Errors
 /// The reason the process is not alive.
 pub fn alive() -> Result<String, String> {
-    let s = state();
-    let beat = s.beat_ms.load(Ordering::Relaxed);
-    let last = s.epoch + Duration::from_millis(beat);
-    let since = last.elapsed();
-    if since <= ALIVE_WITHIN {
+    judge_alive(&snapshot())
+}
+
+/// `/readyz`: `Ok` with a short text, or `Err` with every failed rule (module docs), one a line.
+///
+/// # Errors
+/// The reasons the worker is not ready.
+pub fn ready() -> Result<String, String> {
+    judge_ready(&snapshot())
+}
+
+/// The liveness rule over `s` (module docs).
+///
+/// # Errors
+/// The reason the process is not alive.
+pub fn judge_alive(s: &Snapshot) -> Result<String, String> {
+    if s.since_beat <= ALIVE_WITHIN {
         Ok("ok".into())
     } else {
         Err(format!(
             "the engine loop has not turned for {} s",
-            since.as_secs()
+            s.since_beat.as_secs()
         ))
     }
 }
 
-/// `/readyz`: `Ok` with a short text, or `Err` with every failed rule (module docs).
+/// The readiness rules over `s` (module docs).
 ///
 /// # Errors
 /// The reasons the worker is not ready, one a line.
-pub fn ready() -> Result<String, String> {
-    let s = state();
+pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
     let mut why = Vec::new();
-    if let Err(e) = alive() {
+    if let Err(e) = judge_alive(s) {
         why.push(e);
     }
-    let held = s.held.load(Ordering::Relaxed);
-    if held == 0 {
+    if s.held == 0 {
         why.push("no partitions assigned".to_string());
     }
-    match lock(&s.probe).as_ref() {
+    match &s.probe {
         None => why.push("database not checked yet".to_string()),
         Some((_, Some(e))) => why.push(format!("database not writable: {e}")),
-        Some((at, None)) if at.elapsed() > PROBE_STALE => why.push(format!(
-            "database last checked {} s ago",
-            at.elapsed().as_secs()
-        )),
+        Some((age, None)) if *age > PROBE_STALE => {
+            why.push(format!("database last checked {} s ago", age.as_secs()))
+        }
         Some(_) => {}
     }
-    for (topic, partition) in lock(&s.fenced).iter() {
+    for (topic, partition) in &s.fenced {
         why.push(format!(
             "partition {topic}/{partition} fenced (another owner holds its checkpoint); paused until the next rebalance"
         ));
     }
-    if let Some((since, last)) = lock(&s.failing).as_ref() {
-        if since.elapsed() > STUCK_AFTER {
-            why.push(format!(
-                "batches failing for {} s: {last}",
-                since.elapsed().as_secs()
-            ));
+    if let Some((age, last)) = &s.failing {
+        if *age > STUCK_AFTER {
+            why.push(format!("batches failing for {} s: {last}", age.as_secs()));
         }
     }
     if why.is_empty() {
-        Ok(format!("ready: {held} partitions"))
+        Ok(format!("ready: {} partitions", s.held))
     } else {
         Err(why.join("\n"))
     }
@@ -232,5 +269,78 @@ async fn probe_once(
     match tokio::time::timeout(PROBE_TIMEOUT, bounded).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {} s", PROBE_TIMEOUT.as_secs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_state() -> Snapshot {
+        Snapshot {
+            since_beat: Duration::from_millis(50),
+            held: 2,
+            probe: Some((Duration::from_secs(1), None)),
+            fenced: Vec::new(),
+            failing: None,
+        }
+    }
+
+    #[test]
+    fn ready_when_every_rule_holds() {
+        assert_eq!(
+            judge_ready(&ready_state()),
+            Ok("ready: 2 partitions".into())
+        );
+        assert_eq!(judge_alive(&ready_state()), Ok("ok".into()));
+    }
+
+    #[test]
+    fn each_rule_fails_alone_with_its_reason() {
+        let cases: Vec<(fn(&mut Snapshot), &str)> = vec![
+            (|s| s.held = 0, "no partitions assigned"),
+            (|s| s.probe = None, "database not checked yet"),
+            (
+                |s| s.probe = Some((Duration::ZERO, Some("read-only (SQLSTATE 25006)".into()))),
+                "database not writable: read-only (SQLSTATE 25006)",
+            ),
+            (
+                |s| s.probe = Some((PROBE_STALE + Duration::from_secs(1), None)),
+                "database last checked 16 s ago",
+            ),
+            (
+                |s| s.fenced = vec![("t".into(), 3)],
+                "partition t/3 fenced (another owner holds its checkpoint); paused until the next rebalance",
+            ),
+            (
+                |s| s.failing = Some((STUCK_AFTER + Duration::from_secs(1), "boom".into())),
+                "batches failing for 31 s: boom",
+            ),
+            (
+                |s| s.since_beat = ALIVE_WITHIN + Duration::from_secs(1),
+                "the engine loop has not turned for 61 s",
+            ),
+        ];
+        for (change, reason) in cases {
+            let mut s = ready_state();
+            change(&mut s);
+            assert_eq!(judge_ready(&s), Err(reason.to_string()));
+        }
+    }
+
+    #[test]
+    fn thresholds_are_exclusive_and_failing_briefly_is_ready() {
+        let mut s = ready_state();
+        s.failing = Some((STUCK_AFTER, "retrying".into()));
+        s.since_beat = ALIVE_WITHIN;
+        s.probe = Some((PROBE_STALE, None));
+        assert!(judge_ready(&s).is_ok());
+        s.held = 0;
+        s.since_beat = ALIVE_WITHIN + Duration::from_millis(1);
+        assert_eq!(
+            judge_ready(&s),
+            Err("the engine loop has not turned for 60 s\nno partitions assigned".into())
+        );
+        assert!(judge_alive(&s).is_err());
     }
 }
