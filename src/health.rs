@@ -297,7 +297,8 @@ mod tests {
 
     #[test]
     fn each_rule_fails_alone_with_its_reason() {
-        let cases: Vec<(fn(&mut Snapshot), &str)> = vec![
+        type Change = fn(&mut Snapshot);
+        let cases: Vec<(Change, &str)> = vec![
             (|s| s.held = 0, "no partitions assigned"),
             (|s| s.probe = None, "database not checked yet"),
             (
