@@ -179,10 +179,10 @@ fn wait_for(addr: &str, path: &str, what: &str, cond: impl Fn(u16, &str) -> bool
     last
 }
 
-/// Two workers with `--metrics-addr` in one group over one partition: the one without a partition answers
-/// `/readyz` 503 ("no partitions assigned"), the owner 200; the owner's lag gauge shows its buffered backlog
-/// exactly; after the owner stops, the other takes over and becomes ready with lag 0; a fence bumped behind its
-/// back makes it not ready (fenced partition). `/healthz` is 200 throughout; the final state is exact.
+/// Two workers with `--metrics-addr` in one group over one partition: the first is ready once assigned; the
+/// one without a partition answers `/readyz` 503 ("no partitions assigned"), the owner 200; the owner's lag
+/// gauge shows its buffered backlog exactly; after the owner stops, the other takes over and becomes ready
+/// with lag 0; a fence bumped behind its back makes it not ready (fenced partition). `/healthz` is 200 throughout; the final state is exact.
 #[test]
 fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
     let (db, topic) = stage("ready", 1);
@@ -193,44 +193,68 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
         .replace("linger-ms = 20", "linger-ms = 600000");
     let p = pipeline(&text, &topic, &group, &db.schema);
     let (a_addr, b_addr) = (free_addr(), free_addr());
-    let mut a = spawn_run(&p, &["--metrics-addr", &a_addr], "a");
+    let a = spawn_run(&p, &["--metrics-addr", &a_addr], "a");
     wait_for(&a_addr, "/readyz", "a ready", |c, _| c == 200);
-    let mut b = spawn_run(&p, &["--metrics-addr", &b_addr], "b");
-    let why = wait_for(&b_addr, "/readyz", "b answers 503", |c, _| c == 503);
+    let b = spawn_run(&p, &["--metrics-addr", &b_addr], "b");
+    let first = wait_for(&b_addr, "/readyz", "b answers", |c, _| c == 503);
+    assert!(first.starts_with("not ready: "), "{first}");
     assert_eq!(get(&b_addr, "/healthz").unwrap().0, 200);
-    // Once b has joined (its database probe done), the only reason left is the missing partition.
-    let why = if why.contains("no partitions assigned") && !why.contains("database") {
-        why
+    // Once both have joined (and probed the database), one owns p0 — whichever the assignor picked — and the
+    // other's only reason is the missing partition.
+    let mut owner = None;
+    wait_until(
+        Duration::from_secs(60),
+        "one ready, one without partitions",
+        || {
+            let (ra, rb) = (get(&a_addr, "/readyz"), get(&b_addr, "/readyz"));
+            let idle = |r: &Option<(u16, String)>| {
+                r.as_ref().is_some_and(|(c, t)| {
+                    *c == 503 && t.trim() == "not ready: no partitions assigned"
+                })
+            };
+            let ok = |r: &Option<(u16, String)>| r.as_ref().is_some_and(|(c, _)| *c == 200);
+            owner = match (ok(&ra) && idle(&rb), idle(&ra) && ok(&rb)) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            };
+            owner.is_some()
+        },
+    );
+    let (mut own, own_addr, other, other_addr) = if owner == Some(true) {
+        (a, a_addr, b, b_addr)
     } else {
-        wait_for(&b_addr, "/readyz", "b: only no partitions", |c, b| {
-            c == 503 && b.trim() == "not ready: no partitions assigned"
-        })
+        (b, b_addr, a, a_addr)
     };
-    assert_eq!(why.trim(), "not ready: no partitions assigned");
-    assert_eq!(get(&a_addr, "/readyz").unwrap().0, 200, "a still owns p0");
 
     let (recs, _) = seed_events(13, 1);
     produce(&topic, &recs[..5]);
-    let m = wait_for(&a_addr, "/metrics", "a's lag shows 5 buffered", |_, m| {
-        lag(m, &topic, 0) == Some(5.0)
-    });
-    assert!(m.contains("replaysafe_consumer_lag"));
+    wait_for(
+        &own_addr,
+        "/metrics",
+        "the owner's lag shows 5 buffered",
+        |_, m| lag(m, &topic, 0) == Some(5.0),
+    );
     assert_eq!(
         db.checkpoint(&group, &topic, 0),
         Some(0),
         "nothing applied yet"
     );
     assert_eq!(
-        terminate(&mut a),
+        terminate(&mut own),
         Some(0),
-        "a applies its buffer on SIGTERM"
+        "the owner applies its buffer on SIGTERM"
     );
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(5));
 
-    wait_for(&b_addr, "/readyz", "b ready after taking over", |c, _| {
-        c == 200
-    });
-    wait_for(&b_addr, "/metrics", "b's lag 0", |_, m| {
+    let (b_addr, mut b) = (other_addr, other);
+    wait_for(
+        &b_addr,
+        "/readyz",
+        "the other ready after taking over",
+        |c, _| c == 200,
+    );
+    wait_for(&b_addr, "/metrics", "its lag 0", |_, m| {
         lag(m, &topic, 0) == Some(0.0)
     });
 
