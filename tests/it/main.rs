@@ -15,4 +15,5 @@ mod file_source;
 mod hardening;
 mod horizon;
 mod keys_drift;
+mod lock_order;
 mod starts;
