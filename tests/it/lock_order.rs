@@ -81,7 +81,10 @@ fn assert_stats(db: &Db, customer: &str, orders: i64, total: f64) {
     let (n, t) = stats(db, customer);
     assert_eq!(n, orders, "{customer} orders_placed");
     let t: f64 = t.parse().unwrap();
-    assert!((t - total).abs() < 1e-9, "{customer} total {t}, want {total}");
+    assert!(
+        (t - total).abs() < 1e-9,
+        "{customer} total {t}, want {total}"
+    );
 }
 
 /// A second session of the test (its own connection on the test's runtime) and its backend pid.
@@ -157,12 +160,15 @@ fn c36_batches_lock_aggregate_rows_in_key_order() {
          UPDATE {s}.customer_stats SET total = total + 100 WHERE customer_id = 'c-1'",
     );
     let records = load("C36", None);
-    let part = |n: i32| -> Vec<&CaseRecord> { records.iter().filter(|r| r.partition == n).collect() };
+    let part =
+        |n: i32| -> Vec<&CaseRecord> { records.iter().filter(|r| r.partition == n).collect() };
     let mut map = produce_case(&topic, &part(1));
     let mut child = spawn_run(&p, &[], "c36a");
-    wait_until(Duration::from_secs(60), "p1's batch waiting for c-1", || {
-        blocked_by(&db, s_pid) == 1
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "p1's batch waiting for c-1",
+        || blocked_by(&db, s_pid) == 1,
+    );
     // Sorted: the batch holds no lock on c-2. Record order: it would (SQLSTATE 55P03 here).
     exec(
         &db,
@@ -220,9 +226,11 @@ fn c36_a_batch_waits_on_its_smallest_key_holding_no_other() {
         .collect();
     let offsets = produce(&topic, &recs);
     let mut child = spawn_run(&p, &[], "c36k");
-    wait_until(Duration::from_secs(60), "the batch waiting for k-01", || {
-        blocked_by(&db, s_pid) == 1
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "the batch waiting for k-01",
+        || blocked_by(&db, s_pid) == 1,
+    );
     let others: Vec<String> = customers[1..].iter().map(|c| format!("'{c}'")).collect();
     exec(
         &db,
@@ -265,9 +273,11 @@ fn c36_deadlock_is_retried_as_a_new_transaction() {
     let p0: Vec<&CaseRecord> = records.iter().filter(|r| r.partition == 0).collect();
     let mut map = produce_case(&topic, &p0);
     let mut child = spawn_run(&p, &[], "c36b");
-    wait_until(Duration::from_secs(60), "the p0 batch waiting for c-2", || {
-        blocked_by(&db, b_pid) == 1
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "the p0 batch waiting for c-2",
+        || blocked_by(&db, b_pid) == 1,
+    );
     let worker: i32 = db.query(
         "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
         &[&b_pid],
@@ -359,7 +369,12 @@ fn c36_two_groups_on_shared_customers_never_deadlock() {
             let part = rnd(2) as i32;
             recs.push(Rec::json(part, &format!("o-{n}"), &v, 1_714_003_201_000));
             if rnd(10) == 0 {
-                recs.push(Rec::json(1 - part, &format!("o-{n}"), &v, 1_714_003_201_000));
+                recs.push(Rec::json(
+                    1 - part,
+                    &format!("o-{n}"),
+                    &v,
+                    1_714_003_201_000,
+                ));
             }
             let e = truth.entry(c).or_default();
             e.0 += 1;
