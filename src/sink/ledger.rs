@@ -141,7 +141,9 @@ pub fn create_landed(p: &Pipeline) -> String {
 /// another partition, a second consumer group) in opposite orders would deadlock (40P01); in one order the later
 /// one just waits. The executor inserts the rows of `INSERT … SELECT` in the order the SELECT yields them
 /// (PostgreSQL manual, "Explicit Locking" → "Deadlocks": lock in a consistent order; latitude-dev/latitude-llm#3463
-/// sorted its `ON CONFLICT DO NOTHING` batch by the conflict key for the same reason).
+/// sorted its `ON CONFLICT DO NOTHING` batch by the conflict key for the same reason). The order is taken in SQL,
+/// after the casts: the `unnest` arrays arrive in offset order as raw text, and only the typed values (a uuid
+/// in any spelling, a date) are ordered alike by every session.
 pub fn claim(p: &Pipeline) -> String {
     let n = p.fields.len();
     let passes = p.pass_columns();
