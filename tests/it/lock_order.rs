@@ -102,14 +102,21 @@ fn exec(db: &Db, c: &tokio_postgres::Client, sql: &str) {
     let sql = sql.replace("{s}", &format!("\"{}\"", db.schema));
     db.rt
         .block_on(c.batch_execute(&sql))
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        .unwrap_or_else(|e| panic!("{sql}: {e} {:?}", e.as_db_error().map(|d| d.message())));
 }
 
 /// How many backends wait for a lock `pid` holds (PostgreSQL's `pg_blocking_pids`).
 fn blocked_by(db: &Db, pid: i32) -> i64 {
+    blocked_in(db, pid, "")
+}
+
+/// How many backends wait for a lock `pid` holds in a statement starting with `prefix` (not, say, in start-up
+/// DDL).
+fn blocked_in(db: &Db, pid: i32, prefix: &str) -> i64 {
     db.query(
-        "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        &[&pid],
+        "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) \
+         AND starts_with(query, $2)",
+        &[&pid, &prefix],
     )[0]
     .get(0)
 }
@@ -167,7 +174,7 @@ fn c36_batches_lock_aggregate_rows_in_key_order() {
     wait_until(
         Duration::from_secs(60),
         "p1's batch waiting for c-1",
-        || blocked_by(&db, s_pid) == 1,
+        || blocked_in(&db, s_pid, "INSERT INTO") == 1,
     );
     // Sorted: the batch holds no lock on c-2. Record order: it would (SQLSTATE 55P03 here).
     exec(
@@ -229,7 +236,7 @@ fn c36_a_batch_waits_on_its_smallest_key_holding_no_other() {
     wait_until(
         Duration::from_secs(60),
         "the batch waiting for k-01",
-        || blocked_by(&db, s_pid) == 1,
+        || blocked_in(&db, s_pid, "INSERT INTO") == 1,
     );
     let others: Vec<String> = customers[1..].iter().map(|c| format!("'{c}'")).collect();
     exec(
@@ -251,6 +258,95 @@ fn c36_a_batch_waits_on_its_smallest_key_holding_no_other() {
     }
     assert_eq!(db.i64("SELECT count(*) FROM {s}.processed_events"), 16);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 16);
+}
+
+/// The ledger claim in one order: two batches claiming overlapping delivery keys (a redelivery on another
+/// partition, a second consumer group) wait on each other's uncommitted claims. A test session holds an
+/// uncommitted claim of the batch's smallest key; the batch (keys in descending record order) waits for it
+/// holding no other claim, so the session's claims of every other key go through without waiting (each would
+/// otherwise wait on the worker and end in a deadlock or the session's lock timeout). The session rolls back;
+/// the batch then lands everything.
+#[test]
+fn c36_ledger_claims_wait_on_the_smallest_key_holding_no_other() {
+    let (db, topic, group, p) = c36_stage("c36l", 100);
+    let id = |i: usize| format!("c36d0000-0000-4000-8000-{i:012}");
+    let claim = |ids: &[String]| {
+        let values: Vec<String> = ids
+            .iter()
+            .map(|e| format!("('{e}', '2024-04-25', 'x', 0, 0, 'test')"))
+            .collect();
+        format!(
+            "INSERT INTO {{s}}.processed_events (event_id, day, topic, partition, \"offset\", consumer_group) \
+             VALUES {}",
+            values.join(", ")
+        )
+    };
+    // The day partition the worker would create first.
+    db.execute(
+        "CREATE TABLE {s}.processed_events_p20240425 PARTITION OF {s}.processed_events \
+         FOR VALUES FROM ('2024-04-25') TO ('2024-04-26')",
+    );
+    let (s, s_pid) = session(&db);
+    exec(
+        &db,
+        &s,
+        &format!("BEGIN; SET LOCAL lock_timeout = '5s'; {}", claim(&[id(1)])),
+    );
+    let recs: Vec<Rec> = (1..=8)
+        .rev()
+        .map(|i| {
+            let v = format!(
+                r#"{{"event_id":"{}","entity_id":"o-{i}","occurred_at":"2024-04-25T00:00:01Z","data":{{"customer_id":"c-{}","total":"1.00"}}}}"#,
+                id(i),
+                i % 3
+            );
+            Rec::json(0, &format!("o-{i}"), &v, 1_714_003_201_000)
+        })
+        .collect();
+    let offsets = produce(&topic, &recs);
+    // The worker never runs the deadlock check (60 s), so a wait of the session on it shows as the session's
+    // lock timeout instead of the worker being aborted and retried.
+    let url = database_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}options=-c%20deadlock_timeout%3D60s");
+    let config = arg(&p.path);
+    let mut child = spawn(
+        &["run", "--config", config],
+        &[("DATABASE_URL", &url)],
+        p.dir.path(),
+        "c36l",
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "the batch waiting for key 1",
+        || blocked_in(&db, s_pid, "WITH input AS") == 1,
+    );
+    let others: Vec<String> = (2..=8).map(id).collect();
+    exec(&db, &s, &format!("{}; ROLLBACK", claim(&others)));
+    let end = offsets.last().unwrap() + 1;
+    wait_until(Duration::from_secs(60), "the batch committed", || {
+        db.checkpoint(&group, &topic, 0) == Some(end)
+    });
+    assert_eq!(terminate(&mut child), Some(0));
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM {s}.processed_events WHERE consumer_group = $g"
+                .replace("$g", &format!("'{group}'"))
+                .as_str()
+        ),
+        8
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.processed_events"), 8);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 8);
+    assert_eq!(
+        db.i64("SELECT sum(orders_placed)::bigint FROM {s}.customer_stats"),
+        8
+    );
+    let out = std::fs::read_to_string(p.dir.path().join("c36l.out")).unwrap();
+    assert!(
+        out.contains("consumed 8 = landed 8 + duplicate 0 + filtered 0 + quarantined 0"),
+        "{out}"
+    );
 }
 
 /// C36 when a deadlock does happen: a real 40P01 aborts the worker's p0 batch in the middle. The cycle: the
@@ -276,7 +372,7 @@ fn c36_deadlock_is_retried_as_a_new_transaction() {
     wait_until(
         Duration::from_secs(60),
         "the p0 batch waiting for c-2",
-        || blocked_by(&db, b_pid) == 1,
+        || blocked_in(&db, b_pid, "INSERT INTO") == 1,
     );
     let worker: i32 = db.query(
         "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
