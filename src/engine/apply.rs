@@ -110,6 +110,10 @@ pub async fn apply_batch(
                 commit_sent,
                 outcomes,
             }) => {
+                // The attempt's transaction is gone (rolled back by the server — a deadlock 40P01 or
+                // serialization failure 40001 — or with its connection): the next `sink.apply` is a brand-new
+                // transaction that claims again, so nothing of the attempt is kept but, after a lost COMMIT reply,
+                // its outcomes for the checkpoint to confirm (case C36).
                 if commit_sent {
                     // What the transaction computed: the truth if the checkpoint later shows it committed.
                     unknown = outcomes;

@@ -1,5 +1,6 @@
 //! What `counter` and `sum` share: a table keyed by the `group-by` fields whose value columns are incremented
-//! by each batch (`INSERT … ON CONFLICT DO UPDATE SET v = v + EXCLUDED.v`).
+//! by each batch (`INSERT … SELECT … GROUP BY key ORDER BY key ON CONFLICT DO UPDATE SET v = v + EXCLUDED.v`:
+//! one row per key, locked in ascending key order — see [`compile`]).
 
 use super::kind::{Aggregate, Compiled, Ctx, Settings};
 use crate::error::Result;
@@ -71,9 +72,18 @@ pub(crate) fn compile(
         .collect::<Vec<_>>()
         .join(", ");
     let where_pass = &ctx.where_pass;
+    // Lock order (case C36): `GROUP BY` makes one row per key, so the statement touches each aggregate row once
+    // (ON CONFLICT DO UPDATE must not affect a row twice), and `ORDER BY` the primary key makes every batch
+    // transaction lock the rows it increments — existing rows and the speculative inserts of new keys — in one
+    // ascending key order. The executor inserts the rows of `INSERT … SELECT` one at a time in the order the
+    // SELECT yields them, so two partitions' batches over the same keys wait for each other instead of locking
+    // c-2 then c-1 against c-1 then c-2 and deadlocking (40P01). PostgreSQL manual, "Explicit Locking" →
+    // "Deadlocks": acquire locks on multiple objects in a consistent order; the same fix as
+    // openobserve/openobserve#13480 and latitude-dev/latitude-llm#3463. The order is the key columns' types and
+    // collation in `landed`, the same in every session of the database.
     let statement = format!(
         "INSERT INTO {table} ({g}, {tcols}) SELECT {g}, {texprs} FROM landed{where_pass} GROUP BY {g} \
-         ON CONFLICT ({g}) DO UPDATE SET {updates}"
+         ORDER BY {g} ON CONFLICT ({g}) DO UPDATE SET {updates}"
     );
     let tdefs = targets
         .iter()

@@ -1,5 +1,11 @@
 //! `kind = "sql"`: the user's statement over `landed`, run once per batch when something landed. With a
 //! `filter`, `landed` is shadowed by a CTE holding only the rows that pass it.
+//!
+//! Lock order is the user's part (case C36): a statement that writes rows other partitions' batches also write
+//! must take them in one order, e.g. `INSERT … SELECT … FROM landed GROUP BY k ORDER BY k ON CONFLICT (k) DO
+//! UPDATE …` (one row per key, ascending), or `UPDATE t … FROM (SELECT … FROM t JOIN landed … ORDER BY k FOR
+//! UPDATE OF t) …` — otherwise PostgreSQL may abort one batch with a deadlock (40P01), which is retried as a new
+//! transaction but costs the wait of `deadlock_timeout` and a redo.
 
 use std::collections::HashSet;
 

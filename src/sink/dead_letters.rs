@@ -55,13 +55,16 @@ pub fn resolve_statement(p: &Pipeline) -> String {
 /// Dead-letter insert. Parameters: `$1` generation, `$2` topic, `$3` partition, `$4` consumer group, `$5`
 /// offsets (int8[]), `$6` timestamps ms (int8[]), `$7` keys (bytea[]), `$8` values (bytea[]), `$9` value sizes
 /// (int4[]), `$10` value SHA-256 (bytea[]), `$11` reasons (text[]), `$12` details (text[]).
+///
+/// Rows are inserted in offset order (`ORDER BY u.o`), the unique key's order within one partition: two
+/// consumer groups quarantining the same records take those keys in one order (case C36).
 pub fn insert_dead_letters(p: &Pipeline) -> String {
     format!(
         "INSERT INTO {} (generation, topic, partition, \"offset\", record_timestamp, key, value, value_bytes, \
          value_sha256, reason, detail, consumer_group) \
          SELECT $1, $2, $3, u.o, CASE WHEN u.ts IS NULL THEN NULL ELSE to_timestamp(u.ts / 1000.0) END, u.k, u.v, u.n, \
          u.h, u.r, u.d, $4 FROM unnest($5::bigint[], $6::bigint[], $7::bytea[], $8::bytea[], $9::int[], $10::bytea[], \
-         $11::text[], $12::text[]) AS u(o, ts, k, v, n, h, r, d) \
+         $11::text[], $12::text[]) AS u(o, ts, k, v, n, h, r, d) ORDER BY u.o \
          ON CONFLICT (generation, topic, partition, \"offset\") DO NOTHING",
         p.table(DEAD_LETTERS)
     )

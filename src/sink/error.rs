@@ -44,7 +44,9 @@ pub const READ_ONLY: &str = "25006";
 
 /// Whether a SQLSTATE means "try again" (PostgreSQL manual, Appendix A "Error Codes"): classes 08 connection,
 /// 40 rollback (deadlock, serialization), 53 resources, 55 lock not available, 57 operator intervention
-/// (shutdown, terminated), and [`READ_ONLY`]. The one rule for batches, take-over and start-up.
+/// (shutdown, terminated), and [`READ_ONLY`]. The one rule for batches, take-over and start-up. Class 40
+/// (40P01 deadlock, 40001 serialization failure) means PostgreSQL rolled the whole transaction back: a batch is
+/// redone as a new transaction from its first step, claims included (case C36).
 pub fn retryable(code: &str) -> bool {
     code == READ_ONLY || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57"))
 }

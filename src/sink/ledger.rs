@@ -134,6 +134,16 @@ pub fn create_landed(p: &Pipeline) -> String {
 /// `$4` consumer group, `$5` offsets (int8[]), `$6` record timestamps in ms (int8[], null elements allowed),
 /// then one `text[]` per field, then one `bool[]` per projection pass column. Returns the offsets of the rows it
 /// newly claimed (and copied into `landed`); copies of one key inside the batch count once (the lowest offset).
+///
+/// Lock order (case C36): the claims are inserted in ascending ledger-key order (`ORDER BY` the primary key's
+/// fields; the generation is one value per batch). An insert that meets another transaction's uncommitted claim
+/// of the same key waits for that transaction, so two batches with overlapping delivery keys (a redelivery on
+/// another partition, a second consumer group) in opposite orders would deadlock (40P01); in one order the later
+/// one just waits. The executor inserts the rows of `INSERT … SELECT` in the order the SELECT yields them
+/// (PostgreSQL manual, "Explicit Locking" → "Deadlocks": lock in a consistent order; latitude-dev/latitude-llm#3463
+/// sorted its `ON CONFLICT DO NOTHING` batch by the conflict key for the same reason). The order is taken in SQL,
+/// after the casts: the `unnest` arrays arrive in offset order as raw text, and only the typed values (a uuid
+/// in any spelling, a date) are ordered alike by every session.
 pub fn claim(p: &Pipeline) -> String {
     let n = p.fields.len();
     let passes = p.pass_columns();
@@ -185,7 +195,7 @@ pub fn claim(p: &Pipeline) -> String {
         "WITH input AS (SELECT {select} FROM unnest({params}) AS u({names})), \
          dedup AS (SELECT DISTINCT ON ({pk}) * FROM input ORDER BY {pk}, _offset), \
          claimed AS (INSERT INTO {ledger} (generation, {lcols}, topic, partition, \"offset\", consumer_group) \
-           SELECT $1, {lcols}, $2, $3, _offset, $4 FROM dedup ON CONFLICT DO NOTHING RETURNING \"offset\") \
+           SELECT $1, {lcols}, $2, $3, _offset, $4 FROM dedup ORDER BY {pk} ON CONFLICT DO NOTHING RETURNING \"offset\") \
          INSERT INTO pg_temp.landed ({landed_cols}) SELECT {landed_vals} FROM dedup d \
            JOIN claimed c ON c.\"offset\" = d._offset RETURNING _offset",
         select = select.join(", "),

@@ -16,4 +16,5 @@ mod hardening;
 mod health;
 mod horizon;
 mod keys_drift;
+mod lock_order;
 mod starts;
