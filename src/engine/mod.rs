@@ -128,7 +128,7 @@ impl Engine {
         let (url, group) = (&opts.database_url, opts.group.as_deref());
         let prune = opts.prune_on_start;
         let sinks = rt.block_on(apply::retry_db("starting", &give_up, || async {
-            let mut admin = crate::sink::connect(url).await?;
+            let mut admin = crate::sink::connect_with(url, &pipeline.postgres.timeouts).await?;
             schema::init(&mut admin, &pipeline).await?;
             if prune {
                 let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;

@@ -329,6 +329,9 @@ async fn delete_window(
         .map(|c| format!("k.{c} = d.{c}"))
         .collect();
     let tx = client.transaction().await?;
+    // The window's deletes may run longer than a batch statement may: no statement timeout for this operator
+    // command's transaction (lock waits stay bounded by the session's lock timeout).
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
     for d in deletes {
         let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
         tracing::info!(rows = n, "{d}");

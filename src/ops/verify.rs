@@ -102,6 +102,8 @@ pub fn snapshot(config_path: &Path, table: &str, filter: Option<&str>) -> Result
     let rows = rt.block_on(async {
         let mut client = sink::connect(&url).await?;
         let tx = client.build_transaction().read_only(true).start().await?;
+        // A whole table's snapshot may run longer than a batch statement may.
+        tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
         let rows = tx
             .query(&sql, &[])
             .await
