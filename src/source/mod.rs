@@ -10,3 +10,4 @@ pub mod assign;
 pub mod file;
 pub mod group;
 pub mod kafka;
+pub mod pending;
