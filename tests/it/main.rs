@@ -16,3 +16,4 @@ mod hardening;
 mod horizon;
 mod keys_drift;
 mod starts;
+mod waits;
