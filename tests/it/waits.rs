@@ -77,6 +77,25 @@ fn finished(mut child: Child, p: &Pipeline, name: &str, limit: Duration) -> Out 
     }
 }
 
+/// [`wait_until`] for a spawned `run`, showing its log when `cond` never holds.
+fn wait_for(p: &Pipeline, name: &str, limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}; {name}'s log:\n{}", stderr_of(p, name));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `next_offset` of a checkpoint, `None` also while the table does not exist yet.
+fn checkpoint(db: &Db, group: &str, topic: &str, partition: i32) -> Option<i64> {
+    let exists: Option<String> = db.query(
+        "SELECT to_regclass($1)::text",
+        &[&format!("\"{}\".replaysafe_checkpoints", db.schema)],
+    )[0]
+    .get(0);
+    exists.and_then(|_| db.checkpoint(group, topic, partition))
+}
+
 fn stderr_of(p: &Pipeline, name: &str) -> String {
     std::fs::read_to_string(p.dir.path().join(format!("{name}.err"))).unwrap_or_default()
 }
@@ -121,7 +140,7 @@ fn frozen_previous_owner_blocks_only_its_partition_and_everything_lands_once_aft
     let worker = spawn_run(&p, &["--until-caught-up"], "worker");
 
     // The worker consumes partitions 0 and 2 to their ends while partition 1's take-over waits.
-    wait_until(Duration::from_secs(90), "partitions 0 and 2 applied while 1 is locked", || {
+    wait_for(&p, "worker", Duration::from_secs(90), "partitions 0 and 2 applied while 1 is locked", || {
         db.checkpoint(&group, &topic, 0) == Some(ends[&0]) && db.checkpoint(&group, &topic, 2) == Some(ends[&2])
     });
     assert_eq!(db.checkpoint(&group, &topic, 1), Some(30), "partition 1 not applied while its row is locked");
@@ -207,8 +226,8 @@ fn sigterm_drains_and_exits_0_with_the_accounting_line() {
     let (recs, truth) = seed_events(75, PARTITIONS);
     produce(&topic, &recs);
     let mut worker = spawn_run(&p, &["--shutdown-timeout", "30"], "worker");
-    wait_until(Duration::from_secs(90), "the full batches committed", || {
-        (0..PARTITIONS).all(|part| db.checkpoint(&group, &topic, part) >= Some(20))
+    wait_for(&p, "worker", Duration::from_secs(90), "the full batches committed", || {
+        (0..PARTITIONS).all(|part| checkpoint(&db, &group, &topic, part) >= Some(20))
     });
     assert_eq!(terminate(&mut worker), Some(0), "{}", stderr_of(&p, "worker"));
     let out = finished(worker, &p, "worker", Duration::from_secs(10));
@@ -238,14 +257,14 @@ fn a_drain_that_cannot_finish_exits_4_within_the_shutdown_timeout() {
     let (first, truth1) = seed_events(30, PARTITIONS);
     produce(&topic, &first);
     let mut worker = spawn_run(&p, &["--shutdown-timeout", "3"], "worker");
-    wait_until(Duration::from_secs(90), "the first records applied", || {
-        (0..PARTITIONS).all(|part| db.checkpoint(&group, &topic, part) == Some(10))
+    wait_for(&p, "worker", Duration::from_secs(90), "the first records applied", || {
+        (0..PARTITIONS).all(|part| checkpoint(&db, &group, &topic, part) == Some(10))
     });
     // Partition 0's checkpoint row stays locked: its next batch cannot commit.
     let locker = lock_checkpoint_row(&db, &group, &topic, 0);
     let (second, truth2) = seed_events(30, PARTITIONS);
     produce(&topic, &second);
-    wait_until(Duration::from_secs(60), "the batch retrying on the lock", || {
+    wait_for(&p, "worker", Duration::from_secs(60), "the batch retrying on the lock", || {
         stderr_of(&p, "worker").contains("lock timeout")
     });
     let code = terminate(&mut worker);
