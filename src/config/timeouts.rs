@@ -63,7 +63,9 @@ fn millis(src: &Source, v: &Option<Spanned<i64>>, key: &str, default: u64) -> Re
         Some(s) if (1..=MAX_TIMEOUT_MS as i64).contains(s.get_ref()) => Ok(*s.get_ref() as u64),
         Some(s) => Err(src.error(
             s.span(),
-            format!("`{key}` must be a whole number of milliseconds between 1 and {MAX_TIMEOUT_MS}"),
+            format!(
+                "`{key}` must be a whole number of milliseconds between 1 and {MAX_TIMEOUT_MS}"
+            ),
         )),
     }
 }
@@ -146,13 +148,29 @@ mod tests {
         assert_eq!(t.idle_in_transaction, Duration::from_millis(300));
         for (extra, line, needle) in [
             ("lock-timeout-ms = 0\n", 10, "`lock-timeout-ms` must be"),
-            ("statement-timeout-ms = 2147483648\n", 10, "`statement-timeout-ms` must be"),
-            ("idle-in-transaction-timeout-ms = -5\n", 10, "`idle-in-transaction-timeout-ms`"),
-            ("connections = 2\nlock-timeout-ms = 60000\n", 11, "must be below `statement-timeout-ms`"),
+            (
+                "statement-timeout-ms = 2147483648\n",
+                10,
+                "`statement-timeout-ms` must be",
+            ),
+            (
+                "idle-in-transaction-timeout-ms = -5\n",
+                10,
+                "`idle-in-transaction-timeout-ms`",
+            ),
+            (
+                "connections = 2\nlock-timeout-ms = 60000\n",
+                11,
+                "must be below `statement-timeout-ms`",
+            ),
         ] {
             match parse(extra) {
                 Err(Error::Config { location, message }) => {
-                    assert_eq!(location.split(':').nth(1), Some(&*line.to_string()), "{extra}");
+                    assert_eq!(
+                        location.split(':').nth(1),
+                        Some(&*line.to_string()),
+                        "{extra}"
+                    );
                     assert!(message.contains(needle), "{message}");
                 }
                 other => panic!("{extra}: {other:?}"),

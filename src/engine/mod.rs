@@ -161,7 +161,10 @@ impl Engine {
             crashed: false,
             crash_after_batches: opts.crash_after_batches,
             shutdown: opts.shutdown.clone(),
-            give_up: opts.give_up.clone().unwrap_or_else(|| opts.shutdown.clone()),
+            give_up: opts
+                .give_up
+                .clone()
+                .unwrap_or_else(|| opts.shutdown.clone()),
             inflight: None,
             observer: opts.observer.take(),
             first_record: None,

@@ -67,7 +67,17 @@ pub async fn acquire_or_defer(
 ) -> Result<(Vec<Acquired>, Vec<Blocked>)> {
     let (mut acquired, mut blocked) = (Vec::new(), Vec::new());
     for tp in tps {
-        match acquire_with(sink, p, group, std::slice::from_ref(tp), newer, give_up, true).await? {
+        match acquire_with(
+            sink,
+            p,
+            group,
+            std::slice::from_ref(tp),
+            newer,
+            give_up,
+            true,
+        )
+        .await?
+        {
             Ok(mut a) => acquired.append(&mut a),
             Err(e) => blocked.push(Blocked {
                 tp: tp.clone(),

@@ -50,7 +50,9 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 /// 40 rollback (deadlock, serialization), 53 resources, 55 lock not available, 57 operator intervention
 /// (shutdown, terminated, 57014 statement timeout), [`READ_ONLY`] and [`IDLE_IN_TRANSACTION_TIMEOUT`]. The one rule for batches, take-over and start-up.
 pub fn retryable(code: &str) -> bool {
-    code == READ_ONLY || code == IDLE_IN_TRANSACTION_TIMEOUT || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57"))
+    code == READ_ONLY
+        || code == IDLE_IN_TRANSACTION_TIMEOUT
+        || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57"))
 }
 
 /// Whether a PostgreSQL error came from a read-only session ([`READ_ONLY`]): the connection is replaced before
