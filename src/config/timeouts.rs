@@ -147,20 +147,20 @@ mod tests {
         assert_eq!(t.statement, Duration::from_millis(200));
         assert_eq!(t.idle_in_transaction, Duration::from_millis(300));
         for (extra, line, needle) in [
-            ("lock-timeout-ms = 0\n", 10, "`lock-timeout-ms` must be"),
+            ("lock-timeout-ms = 0\n", 9, "`lock-timeout-ms` must be"),
             (
                 "statement-timeout-ms = 2147483648\n",
-                10,
+                9,
                 "`statement-timeout-ms` must be",
             ),
             (
                 "idle-in-transaction-timeout-ms = -5\n",
-                10,
+                9,
                 "`idle-in-transaction-timeout-ms`",
             ),
             (
                 "connections = 2\nlock-timeout-ms = 60000\n",
-                11,
+                10,
                 "must be below `statement-timeout-ms`",
             ),
         ] {
