@@ -49,6 +49,8 @@ pub struct Blocked {
     pub tp: Tp,
     /// PostgreSQL's message and SQLSTATE.
     pub detail: String,
+    /// The backend pid of the transaction holding the row ([`holder`]), when it could be told.
+    pub holder: Option<i32>,
 }
 
 /// As [`acquire`], partition by partition, but a take-over that waits longer than the lock timeout for the
@@ -82,10 +84,35 @@ pub async fn acquire_or_defer(
             Err(e) => blocked.push(Blocked {
                 tp: tp.clone(),
                 detail: describe(&e),
+                holder: holder(sink, p, group, tp).await,
             }),
         }
     }
     Ok((acquired, blocked))
+}
+
+/// Best effort: the pid of the session whose transaction locks `tp`'s checkpoint row — the row's `xmax` is the
+/// locking transaction's id (a plain row lock or update), whose own transaction-id lock `pg_locks` lists. `None`
+/// when the lock is gone or shared (a multixact), or the query fails.
+async fn holder(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    (topic, partition): &Tp,
+) -> Option<i32> {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    let sql = format!(
+        "SELECT l.pid FROM {} c JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax \
+         AND l.granted AND l.mode = 'ExclusiveLock' \
+         WHERE c.consumer_group = $1 AND c.topic = $2 AND c.partition = $3 AND c.generation = $4 LIMIT 1",
+        p.table(checkpoint::CHECKPOINTS)
+    );
+    let row = sink
+        .client()
+        .query_opt(&sql, &[&group, topic, partition, &generation])
+        .await
+        .ok()??;
+    row.get(0)
 }
 
 /// SQLSTATE 55P03 `lock_not_available`: `lock_timeout` fired.

@@ -41,6 +41,7 @@ impl Pending {
             partition = b.tp.1,
             attempts = w.attempts,
             waited_ms = now.duration_since(w.since).as_millis() as u64,
+            blocking_pid = ?b.holder,
             "take-over waits: the partition's checkpoint row is locked by another session (a previous owner's \
              open batch transaction?); the partition stays paused, nothing is consumed from it, the take-over is \
              retried from the poll loop: {}",

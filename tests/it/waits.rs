@@ -189,6 +189,16 @@ fn frozen_previous_owner_blocks_only_its_partition_and_everything_lands_once_aft
         30,
         "nothing of partition 1 claimed while its take-over waits"
     );
+    let locker_pid: i32 = db
+        .rt
+        .block_on(locker.query_one("SELECT pg_backend_pid()", &[]))
+        .unwrap()
+        .get(0);
+    assert!(
+        stderr_of(&p, "worker").contains(&format!("blocking_pid=Some({locker_pid})")),
+        "the blocking session is named:\n{}",
+        stderr_of(&p, "worker")
+    );
     assert!(
         stderr_of(&p, "worker").contains("take-over waits"),
         "the wait is logged:\n{}",
