@@ -71,7 +71,7 @@ fn init(config: PathBuf) -> anyhow::Result<()> {
     let url = database_url(&p)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let mut client = sink::connect(&url).await?;
+        let mut client = sink::connect_with(&url, &p.postgres.timeouts).await?;
         sink::schema::init(&mut client, &p).await
     })?;
     println!(

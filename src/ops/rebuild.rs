@@ -81,7 +81,8 @@ pub fn rebuild(
         .map_err(|e| Error::Other(e.to_string()))?;
     // This connection lives until the report is complete: it keeps the deleted ledger rows (a temporary table).
     let mut client = rt.block_on(async {
-        let mut client = crate::sink::connect(database_url).await?;
+        let mut client =
+            crate::sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
         schema::init(&mut client, &pipeline).await?;
         Ok::<_, Error>(client)
     })?;
