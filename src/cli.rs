@@ -44,6 +44,10 @@ pub enum Command {
         /// done on start).
         #[arg(long, default_value_t = 3600)]
         prune_interval: u64,
+        /// Seconds a SIGINT/SIGTERM drain (apply and commit what is buffered, leave the group) may take; past
+        /// it `run` exits with code 4 (what was committed stays; the rest is read again on restart).
+        #[arg(long, default_value_t = 30)]
+        shutdown_timeout: u64,
     },
     /// Apply the records of a file in `kcat -C -J` format (one JSON envelope per line) through the same
     /// decode → batch → transaction → checkpoint path as `run`, without a broker; exit 0 when the whole file is

@@ -276,6 +276,7 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
     );
 
     let opts = |crash: Option<u64>| RunOptions {
+        give_up: None,
         brokers: brokers.clone(),
         database_url: database_url.to_string(),
         until_caught_up: true,

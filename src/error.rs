@@ -12,6 +12,9 @@ pub const EXIT_CONFIG: i32 = 2;
 /// Exit code when a partition has neither a checkpoint nor a committed offset and `kafka.start` is not set
 /// (librdkafka's `auto.offset.reset=error` fired). Set `start = "earliest"` or `"latest"` to decide.
 pub const EXIT_NO_START_POSITION: i32 = 3;
+/// Exit code of `run` when a SIGINT/SIGTERM drain did not finish within `--shutdown-timeout`: what was
+/// committed stays committed; the records not applied yet are read again on restart (from the checkpoints).
+pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 4;
 
 /// Everything that can go wrong in replaysafe.
 #[derive(Debug, thiserror::Error)]

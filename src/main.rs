@@ -13,7 +13,7 @@ use clap::Parser;
 use cli::{
     brokers, database_url, read_json, write_json, Cli, Command, OffsetsCommand, VerifyCommand,
 };
-use replaysafe::error::{Error, EXIT_FAILURE, EXIT_OK};
+use replaysafe::error::{Error, EXIT_FAILURE, EXIT_OK, EXIT_SHUTDOWN_TIMEOUT};
 use replaysafe::ops::{self, backfill::Report};
 use replaysafe::{config, sink};
 
@@ -37,6 +37,29 @@ fn signals(flag: Arc<AtomicBool>) {
     });
 }
 
+/// `run`'s signal handling: the first SIGINT/SIGTERM starts the drain (`shutdown`); if the process is still
+/// running `timeout` later, the drain's database retries are ended (`give_up`) and the process exits with
+/// [`EXIT_SHUTDOWN_TIMEOUT`].
+fn signals_with_deadline(shutdown: Arc<AtomicBool>, give_up: Arc<AtomicBool>, timeout: Duration) {
+    let fired = Arc::new(AtomicBool::new(false));
+    signals(fired.clone());
+    std::thread::spawn(move || {
+        while !fired.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        shutdown.store(true, Ordering::Relaxed);
+        std::thread::sleep(timeout);
+        give_up.store(true, Ordering::Relaxed);
+        tracing::error!(
+            timeout_s = timeout.as_secs(),
+            "the drain did not finish within --shutdown-timeout (a batch still waiting for the database?): \
+             exiting with code {EXIT_SHUTDOWN_TIMEOUT}; what was committed stays, records not applied yet are \
+             read again from the checkpoints on restart"
+        );
+        std::process::exit(EXIT_SHUTDOWN_TIMEOUT);
+    });
+}
+
 fn check(config: PathBuf) -> anyhow::Result<()> {
     let p = config::load(&config)?;
     println!("{}: valid\n\n{}", config.display(), p.four_answers());
@@ -48,7 +71,7 @@ fn init(config: PathBuf) -> anyhow::Result<()> {
     let url = database_url(&p)?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let mut client = sink::connect(&url).await?;
+        let mut client = sink::connect_with(&url, &p.postgres.timeouts).await?;
         sink::schema::init(&mut client, &p).await
     })?;
     println!(
@@ -64,7 +87,7 @@ fn run(
     flag: Option<String>,
     metrics_addr: Option<std::net::SocketAddr>,
     until_caught_up: bool,
-    (summary_interval, prune_interval): (u64, u64),
+    (summary_interval, prune_interval, shutdown_timeout): (u64, u64, u64),
 ) -> anyhow::Result<()> {
     let p = Arc::new(config::load(&config)?);
     let opts = ops::run::RunOptions {
@@ -72,12 +95,17 @@ fn run(
         database_url: database_url(&p)?,
         until_caught_up,
         shutdown: Arc::new(AtomicBool::new(false)),
+        give_up: Some(Arc::new(AtomicBool::new(false))),
         summary_interval: Duration::from_secs(summary_interval.max(1)),
         crash_after_batches: None,
         extra_properties: Vec::new(),
         prune_interval: Duration::from_secs(prune_interval.max(1)),
     };
-    signals(opts.shutdown.clone());
+    signals_with_deadline(
+        opts.shutdown.clone(),
+        opts.give_up.clone().expect("set above"),
+        Duration::from_secs(shutdown_timeout),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -169,12 +197,13 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             until_caught_up,
             summary_interval,
             prune_interval,
+            shutdown_timeout,
         } => run(
             config,
             brokers,
             metrics_addr,
             until_caught_up,
-            (summary_interval, prune_interval),
+            (summary_interval, prune_interval, shutdown_timeout),
         ),
         Command::Load {
             config,

@@ -7,11 +7,13 @@ pub mod kafka;
 pub mod plan;
 pub mod raw;
 pub mod source;
+pub mod timeouts;
 
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
 pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
 pub use source::Source;
+pub use timeouts::Timeouts;
 
 use std::path::Path;
 
@@ -118,6 +120,9 @@ mod tests {
             "url",
             "schema",
             "connections",
+            "lock-timeout-ms",
+            "statement-timeout-ms",
+            "idle-in-transaction-timeout-ms",
             "max-records",
             "linger-ms",
             "max-record-bytes",

@@ -15,6 +15,7 @@ use super::fields::{
 use super::kafka::{kafka, KafkaPlan};
 use super::raw::RawPipeline;
 use super::source::Source;
+use super::timeouts::{timeouts, Timeouts};
 use crate::error::Result;
 use crate::ident::{Ident, QualifiedName};
 use crate::projection::row::plan::{TombstoneMode, VersionPlan};
@@ -70,6 +71,8 @@ pub struct PostgresPlan {
     pub schema: Ident,
     /// Connections used to commit partitions in parallel.
     pub connections: usize,
+    /// Lock, statement and idle-in-transaction timeouts pinned on every session.
+    pub timeouts: Timeouts,
 }
 
 /// `[identity]`: what identifies a change.
@@ -291,7 +294,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     })
 }
 
-/// `[postgres]`: url, schema, connections (1 to 64).
+/// `[postgres]`: url, schema, connections (1 to 64), timeouts ([`timeouts`]).
 fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
     let schema = match &raw.postgres.schema {
         Some(s) => ident(src, s)?,
@@ -316,6 +319,7 @@ fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
                 return Err(src.error(c.span(), "`connections` must be between 1 and 64"));
             }
         },
+        timeouts: timeouts(src, &raw.postgres)?,
     })
 }
 

@@ -54,6 +54,9 @@ pub struct RawPostgres {
     pub url: Option<Spanned<String>>,
     pub schema: Option<Spanned<String>>,
     pub connections: Option<Spanned<i64>>,
+    pub lock_timeout_ms: Option<Spanned<i64>>,
+    pub statement_timeout_ms: Option<Spanned<i64>>,
+    pub idle_in_transaction_timeout_ms: Option<Spanned<i64>>,
 }
 
 /// `[batch]`

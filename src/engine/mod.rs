@@ -78,6 +78,9 @@ pub struct Options {
     pub group: Option<String>,
     /// Set to stop: buffered work is applied, then the loop ends ([`Source::interrupted`]).
     pub shutdown: Arc<AtomicBool>,
+    /// Set to end the database retries of batches and take-overs; `None`: the same flag as `shutdown` (a stop
+    /// gives up at once). `run` sets it only when its drain's `--shutdown-timeout` has passed.
+    pub give_up: Option<Arc<AtomicBool>>,
     /// Interval of the summary log line, if any.
     pub summary_interval: Option<Duration>,
     /// Demo only: after this many committed batches, end without acknowledging (a crash between the database
@@ -100,6 +103,7 @@ impl Options {
             database_url: database_url.to_string(),
             group: None,
             shutdown,
+            give_up: None,
             summary_interval: None,
             crash_after_batches: None,
             prune_on_start: true,
@@ -136,7 +140,7 @@ impl Engine {
         let (url, group) = (&opts.database_url, opts.group.as_deref());
         let prune = opts.prune_on_start;
         let sinks = rt.block_on(apply::retry_db("starting", &give_up, || async {
-            let mut admin = crate::sink::connect(url).await?;
+            let mut admin = crate::sink::connect_with(url, &pipeline.postgres.timeouts).await?;
             schema::init(&mut admin, &pipeline).await?;
             if prune {
                 let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;
@@ -165,6 +169,10 @@ impl Engine {
             crashed: false,
             crash_after_batches: opts.crash_after_batches,
             shutdown: opts.shutdown.clone(),
+            give_up: opts
+                .give_up
+                .clone()
+                .unwrap_or_else(|| opts.shutdown.clone()),
             inflight: None,
             observer: opts.observer.take(),
             first_record: None,

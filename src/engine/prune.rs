@@ -46,7 +46,7 @@ impl Pruner {
         let (p, url) = (p.clone(), url.to_string());
         self.task = Some(rt.spawn(async move {
             let work = async {
-                let mut client = crate::sink::connect(&url).await?;
+                let mut client = crate::sink::connect_with(&url, &p.postgres.timeouts).await?;
                 ledger::drop_expired_partitions(&mut client, &p).await
             };
             match tokio::time::timeout(PRUNE_TIMEOUT, work).await {

@@ -36,6 +36,8 @@ pub struct Core {
     pub crashed: bool,
     pub(crate) crash_after_batches: Option<u64>,
     pub(crate) shutdown: Arc<AtomicBool>,
+    /// Ends the database retries ([`crate::engine::Options::give_up`]).
+    pub(crate) give_up: Arc<AtomicBool>,
     pub(crate) inflight: Option<Inflight>,
     pub(crate) observer: Option<Box<dyn Observer>>,
     /// When the first record was buffered and when the last batch committed (throughput log line).
@@ -45,7 +47,7 @@ pub struct Core {
 
 impl Core {
     pub(crate) fn give_up_flag(&self) -> Arc<AtomicBool> {
-        self.shutdown.clone()
+        self.give_up.clone()
     }
 
     /// Whether a flush is in flight.

@@ -5,7 +5,7 @@ use crate::config::Pipeline;
 use crate::engine::apply::retry_db;
 use crate::engine::types::Tp;
 use crate::error::{Error, Result};
-use crate::sink::{checkpoint, is_read_only, Sink};
+use crate::sink::{checkpoint, describe, is_read_only, Sink};
 use crate::start;
 
 /// A partition taken over.
@@ -34,6 +34,102 @@ pub async fn acquire(
     newer: bool,
     give_up: &(dyn Fn() -> bool + Sync),
 ) -> Result<Vec<Acquired>> {
+    match acquire_with(sink, p, group, tps, newer, give_up, false).await? {
+        Ok(acquired) => Ok(acquired),
+        Err(e) => Err(Error::Postgres(e)),
+    }
+}
+
+/// A partition whose checkpoint row another session kept locked past `postgres.lock-timeout-ms` (SQLSTATE
+/// 55P03): typically a previous owner frozen inside its batch transaction, which holds the row until it commits
+/// or PostgreSQL ends it (`postgres.idle-in-transaction-timeout-ms`).
+#[derive(Debug, Clone)]
+pub struct Blocked {
+    /// Topic and partition.
+    pub tp: Tp,
+    /// PostgreSQL's message and SQLSTATE.
+    pub detail: String,
+    /// The backend pid of the transaction holding the row ([`holder`]), when it could be told.
+    pub holder: Option<i32>,
+}
+
+/// As [`acquire`], partition by partition, but a take-over that waits longer than the lock timeout for the
+/// checkpoint row is not retried here: it comes back as [`Blocked`], for the caller to retry later (outside a
+/// rebalance callback, so the consumer keeps polling its other partitions).
+///
+/// # Errors
+/// As [`acquire`].
+pub async fn acquire_or_defer(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    tps: &[Tp],
+    newer: bool,
+    give_up: &(dyn Fn() -> bool + Sync),
+) -> Result<(Vec<Acquired>, Vec<Blocked>)> {
+    let (mut acquired, mut blocked) = (Vec::new(), Vec::new());
+    for tp in tps {
+        match acquire_with(
+            sink,
+            p,
+            group,
+            std::slice::from_ref(tp),
+            newer,
+            give_up,
+            true,
+        )
+        .await?
+        {
+            Ok(mut a) => acquired.append(&mut a),
+            Err(e) => blocked.push(Blocked {
+                tp: tp.clone(),
+                detail: describe(&e),
+                holder: holder(sink, p, group, tp).await,
+            }),
+        }
+    }
+    Ok((acquired, blocked))
+}
+
+/// Best effort: the pid of the session whose transaction locks `tp`'s checkpoint row — the row's `xmax` is the
+/// locking transaction's id (a plain row lock or update), whose own transaction-id lock `pg_locks` lists. `None`
+/// when the lock is gone or shared (a multixact), or the query fails.
+async fn holder(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    (topic, partition): &Tp,
+) -> Option<i32> {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    let sql = format!(
+        "SELECT l.pid FROM {} c JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax \
+         AND l.granted AND l.mode = 'ExclusiveLock' \
+         WHERE c.consumer_group = $1 AND c.topic = $2 AND c.partition = $3 AND c.generation = $4 LIMIT 1",
+        p.table(checkpoint::CHECKPOINTS)
+    );
+    let row = sink
+        .client()
+        .query_opt(&sql, &[&group, topic, partition, &generation])
+        .await
+        .ok()??;
+    row.get(0)
+}
+
+/// SQLSTATE 55P03 `lock_not_available`: `lock_timeout` fired.
+fn is_lock_timeout(e: &Error) -> bool {
+    matches!(e, Error::Postgres(pg) if pg.code().is_some_and(|c| c.code() == "55P03"))
+}
+
+/// [`acquire`]'s retries; with `defer_locked`, a lock timeout ends them as `Ok(Err(_))`.
+async fn acquire_with(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    tps: &[Tp],
+    newer: bool,
+    give_up: &(dyn Fn() -> bool + Sync),
+    defer_locked: bool,
+) -> Result<std::result::Result<Vec<Acquired>, tokio_postgres::Error>> {
     let generation = p.identity.generation.clone().unwrap_or_default();
     let stmt = checkpoint::acquire_checkpoint(p);
     let newer_stmt = checkpoint::newer_generation(p);
@@ -63,7 +159,13 @@ pub async fn acquire(
             // new connection.
             let _ = sink.reconnect().await;
         }
-        result
+        match result {
+            Err(e) if defer_locked && is_lock_timeout(&e) => match e {
+                Error::Postgres(pg) => Ok(Err(pg)),
+                other => Err(other),
+            },
+            other => other.map(Ok),
+        }
     })
     .await
 }

@@ -76,7 +76,7 @@ pub fn snapshot(
         .build()
         .map_err(|e| Error::Other(e.to_string()))?;
     let checkpoints: BTreeMap<(String, i32), i64> = rt.block_on(async {
-        let client = sink::connect(database_url).await?;
+        let client = sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
         let table = pipeline.table(checkpoint::CHECKPOINTS).to_string();
         let exists: Option<String> = client.query_one("SELECT to_regclass($1)::text", &[&table]).await?.get(0);
         if exists.is_none() {

@@ -81,7 +81,8 @@ pub fn rebuild(
         .map_err(|e| Error::Other(e.to_string()))?;
     // This connection lives until the report is complete: it keeps the deleted ledger rows (a temporary table).
     let mut client = rt.block_on(async {
-        let mut client = crate::sink::connect(database_url).await?;
+        let mut client =
+            crate::sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
         schema::init(&mut client, &pipeline).await?;
         Ok::<_, Error>(client)
     })?;
@@ -329,6 +330,9 @@ async fn delete_window(
         .map(|c| format!("k.{c} = d.{c}"))
         .collect();
     let tx = client.transaction().await?;
+    // The window's deletes may run longer than a batch statement may: no statement timeout for this operator
+    // command's transaction (lock waits stay bounded by the session's lock timeout).
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
     for d in deletes {
         let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
         tracing::info!(rows = n, "{d}");

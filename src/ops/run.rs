@@ -21,6 +21,8 @@ pub struct RunOptions {
     pub until_caught_up: bool,
     /// Set to stop: buffered work is applied and committed, then `run` returns.
     pub shutdown: Arc<AtomicBool>,
+    /// Set to end the database retries of the drain (`--shutdown-timeout` passed); `None`: `shutdown` ends them.
+    pub give_up: Option<Arc<AtomicBool>>,
     /// Interval of the summary log line.
     pub summary_interval: Duration,
     /// Demo only: after this many committed batches, return without committing Kafka offsets (what a crash
@@ -71,6 +73,7 @@ pub fn run_timed(
     opts: RunOptions,
 ) -> Result<(Tally, Option<Duration>)> {
     let mut o = Options::new(&opts.database_url, opts.shutdown.clone());
+    o.give_up = opts.give_up.clone();
     o.summary_interval = Some(opts.summary_interval);
     o.crash_after_batches = opts.crash_after_batches;
     o.prune_interval = Some(opts.prune_interval);

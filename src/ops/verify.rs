@@ -100,8 +100,10 @@ pub fn snapshot(config_path: &Path, table: &str, filter: Option<&str>) -> Result
         .build()
         .map_err(|e| Error::Other(e.to_string()))?;
     let rows = rt.block_on(async {
-        let mut client = sink::connect(&url).await?;
+        let mut client = sink::connect_with(&url, &p.postgres.timeouts).await?;
         let tx = client.build_transaction().read_only(true).start().await?;
+        // A whole table's snapshot may run longer than a batch statement may.
+        tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
         let rows = tx
             .query(&sql, &[])
             .await

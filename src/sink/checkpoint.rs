@@ -14,7 +14,9 @@ pub const CHECKPOINTS: &str = "replaysafe_checkpoints";
 /// offset to read, Kafka's convention), plus the fence epoch bumped by every new owner of the partition, and
 /// the *fingerprint* of the last record applied (`last_offset`, `last_timestamp` in ms, `last_sha256` of its key
 /// and value, the same digest as `start::fingerprint`): a new stream generation reads that record back to tell whether
-/// the topic is the same one or was recreated. The `ALTER` adds the fingerprint to tables of earlier versions.
+/// the topic is the same one or was recreated. The `ALTER` adds the fingerprint to tables of earlier versions, only
+/// when missing: its ACCESS EXCLUSIVE lock would otherwise wait for every open batch transaction (a frozen owner's
+/// too) at each start.
 pub fn create_checkpoints(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
     format!(
@@ -22,8 +24,10 @@ pub fn create_checkpoints(p: &Pipeline) -> String {
          generation text NOT NULL DEFAULT '', next_offset bigint, fence bigint NOT NULL DEFAULT 0, \
          updated_at timestamptz NOT NULL DEFAULT now(), last_offset bigint, last_timestamp bigint, last_sha256 bytea, \
          PRIMARY KEY (consumer_group, generation, topic, partition)); \
+         DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{t}'::regclass \
+         AND attname = 'last_sha256' AND NOT attisdropped) THEN \
          ALTER TABLE {t} ADD COLUMN IF NOT EXISTS last_offset bigint, ADD COLUMN IF NOT EXISTS last_timestamp bigint, \
-         ADD COLUMN IF NOT EXISTS last_sha256 bytea"
+         ADD COLUMN IF NOT EXISTS last_sha256 bytea; END IF; END $$"
     )
 }
 

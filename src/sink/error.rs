@@ -42,13 +42,20 @@ pub enum ApplyError {
 /// new connection.
 pub const READ_ONLY: &str = "25006";
 
+/// SQLSTATE 25P03 `idle_in_transaction_session_timeout`: the server ended a session whose transaction stayed
+/// idle past `postgres.idle-in-transaction-timeout-ms` (nothing of it committed). Retried on a new connection.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
+
 /// Whether a SQLSTATE means "try again" (PostgreSQL manual, Appendix A "Error Codes"): classes 08 connection,
 /// 40 rollback (deadlock, serialization), 53 resources, 55 lock not available, 57 operator intervention
-/// (shutdown, terminated), and [`READ_ONLY`]. The one rule for batches, take-over and start-up. Class 40
-/// (40P01 deadlock, 40001 serialization failure) means PostgreSQL rolled the whole transaction back: a batch is
-/// redone as a new transaction from its first step, claims included (case C36).
+/// (shutdown, terminated, 57014 statement timeout), [`READ_ONLY`] and [`IDLE_IN_TRANSACTION_TIMEOUT`]. The one
+/// rule for batches, take-over and start-up. Class 40 (40P01 deadlock, 40001 serialization failure) means
+/// PostgreSQL rolled the whole transaction back: a batch is redone as a new transaction from its first step,
+/// claims included (case C36).
 pub fn retryable(code: &str) -> bool {
-    code == READ_ONLY || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57"))
+    code == READ_ONLY
+        || code == IDLE_IN_TRANSACTION_TIMEOUT
+        || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57"))
 }
 
 /// Whether a PostgreSQL error came from a read-only session ([`READ_ONLY`]): the connection is replaced before
@@ -105,7 +112,7 @@ mod tests {
     fn retryable_sqlstates() {
         // Deadlock, serialization failure, admin shutdown, terminated connection, lock timeout, read-only.
         for code in [
-            "40P01", "40001", "57P01", "08006", "55P03", "53300", READ_ONLY,
+            "40P01", "40001", "57P01", "08006", "55P03", "53300", READ_ONLY, "57014", "25P03",
         ] {
             assert!(retryable(code), "{code}");
         }

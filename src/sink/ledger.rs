@@ -363,8 +363,10 @@ pub fn horizon_start(p: &Pipeline) -> Option<NaiveDate> {
 }
 
 /// Longest wait for the DDL lock and the horizon row during a prune; past it the prune fails (SQLSTATE 55P03)
-/// and is retried later.
-const PRUNE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '60s'";
+/// and is retried later. The statement timeout is raised above it for the prune's transaction only (a lock wait
+/// counts toward it; the session's `postgres.statement-timeout-ms` may be shorter).
+const PRUNE_LOCK_TIMEOUT: &str =
+    "SET LOCAL lock_timeout = '60s'; SET LOCAL statement_timeout = '90s'";
 
 /// Prunes the ledger to the horizon, in one transaction under the DDL lock: raises the durable pruned-below
 /// day (`replaysafe_horizon`) to the database's UTC date minus `horizon-days` (it never moves back: a longer

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use chrono::NaiveDate;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use crate::config::Pipeline;
+use crate::config::{Pipeline, Timeouts};
 use crate::error::{Error, Result};
 use crate::projection::apply::apply_statements;
 use crate::projection::row;
@@ -55,11 +55,23 @@ pub struct Sink {
 pub const SESSION_SETTINGS: &str =
     "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; SET intervalstyle = 'postgres'";
 
-/// Opens a connection (TLS off; see README) with [`SESSION_SETTINGS`].
+/// Opens a connection (TLS off; see README) with [`SESSION_SETTINGS`] and the default [`Timeouts`] (tools
+/// without a pipeline's `[postgres]` settings); see [`connect_with`].
 ///
 /// # Errors
 /// [`Error::Postgres`].
 pub async fn connect(url: &str) -> Result<Client> {
+    connect_with(url, &Timeouts::default()).await
+}
+
+/// Opens a connection (TLS off; see README) with [`SESSION_SETTINGS`] and `timeouts` pinned
+/// ([`Timeouts::settings`]: `lock_timeout`, `statement_timeout`, `idle_in_transaction_session_timeout`), so that
+/// no wait of this session on PostgreSQL is unbounded. A statement that legitimately needs longer (a rebuild's
+/// delete, a prune's DDL lock) overrides them with `SET LOCAL` in its transaction.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn connect_with(url: &str, timeouts: &Timeouts) -> Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -67,6 +79,7 @@ pub async fn connect(url: &str) -> Result<Client> {
         }
     });
     client.batch_execute(SESSION_SETTINGS).await?;
+    client.batch_execute(&timeouts.settings()).await?;
     Ok(client)
 }
 
@@ -76,7 +89,7 @@ impl Sink {
     /// # Errors
     /// [`Error::Postgres`], or [`Error::Schema`] when a statement does not compile.
     pub async fn open(pipeline: Arc<Pipeline>, url: &str) -> Result<Sink> {
-        let client = connect(url).await?;
+        let client = connect_with(url, &pipeline.postgres.timeouts).await?;
         client
             .batch_execute(&ledger::create_landed(&pipeline))
             .await?;

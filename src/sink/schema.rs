@@ -398,6 +398,8 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
 
 fn schema_error(what: &str, stmt: &str, e: tokio_postgres::Error) -> Error {
     match e.as_db_error() {
+        // A lock or statement timeout, a terminated session: not a mismatch, retried by the caller.
+        Some(db) if super::retryable(db.code().code()) => Error::Postgres(e),
         Some(db) => Error::Schema(format!("{what}: {} (statement: {stmt})", db.message())),
         None => Error::Postgres(e),
     }

@@ -6,6 +6,9 @@
 //! - on revocation the flush in flight is settled and the buffered records of revoked partitions are applied,
 //!   their offsets committed synchronously, and only then are they given up; on a lost assignment they are
 //!   abandoned, never committed;
+//! - a take-over that finds the checkpoint row locked past `postgres.lock-timeout-ms` (a frozen previous owner)
+//!   does not wait in the callback: the partition is assigned paused and unpositioned, and the take-over is
+//!   retried from the poll loop with backoff ([`crate::source::pending`]); revoked meanwhile, it is dropped;
 //! - a fenced batch (another owner) pauses its partition until the next assignment;
 //! - its positions ([`Source::positions`]) let the engine step an idle checkpoint over transaction markers; a
 //!   thread keeps the `replaysafe_consumer_lag` gauge ([`crate::source::lag`]);
@@ -14,8 +17,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -30,6 +33,7 @@ use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::sink::checkpoint;
 use crate::source::kafka::{consumer_config, kafka_commit, partitions, record};
+use crate::source::pending::Pending;
 use crate::start;
 
 /// The group's consumer, as the engine's acknowledgement: commits offsets, pauses a fenced partition.
@@ -45,6 +49,9 @@ pub struct Ctx {
     /// The consumer's configuration (reading back an old generation's last record).
     config: ClientConfig,
     assigned_once: AtomicBool,
+    /// Assigned partitions whose take-over waits for a locked checkpoint row (paused, unpositioned); lock it
+    /// after the engine's state.
+    pending: Mutex<Pending>,
 }
 
 impl ClientContext for Ctx {}
@@ -64,19 +71,23 @@ impl ConsumerContext for Ctx {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 self.assigned_once.store(true, Ordering::Relaxed);
-                if let Err(e) = self.on_assign(&mut core, consumer, tpl) {
-                    tracing::error!("cannot take over partitions: {e}");
-                    core.fatal.get_or_insert(e);
-                    // Assign nothing we could not position.
-                    let _ = consumer.unassign();
-                    return;
-                }
+                let blocked = match self.on_assign(&mut core, consumer, tpl) {
+                    Ok(blocked) => blocked,
+                    Err(e) => {
+                        tracing::error!("cannot take over partitions: {e}");
+                        core.fatal.get_or_insert(e);
+                        // Assign nothing we could not position.
+                        let _ = consumer.unassign();
+                        return;
+                    }
+                };
                 let r = if cooperative {
                     consumer.incremental_assign(tpl)
                 } else {
                     consumer.assign(tpl)
                 };
-                if let Err(e) = r {
+                // Partitions whose take-over waits stay paused: nothing is fetched from them.
+                if let Err(e) = r.and_then(|()| consumer.pause(&blocked)) {
                     core.fatal.get_or_insert(Error::Kafka(e));
                 }
             }
@@ -87,6 +98,13 @@ impl ConsumerContext for Ctx {
                     .map(|e| (e.topic().to_string(), e.partition()))
                     .collect();
                 let lost = consumer.assignment_lost();
+                {
+                    // A pending take-over of a revoked partition is just dropped (nothing was consumed).
+                    let mut pending = lock_pending(self);
+                    for tp in &revoked {
+                        pending.remove(tp);
+                    }
+                }
                 if let Err(e) = on_revoke(&mut core, consumer, &revoked, lost) {
                     tracing::error!("revoking partitions: {e}");
                     core.fatal.get_or_insert(e);
@@ -102,6 +120,7 @@ impl ConsumerContext for Ctx {
             }
             other => {
                 tracing::error!("rebalance error: {other:?}");
+                *lock_pending(self) = Pending::default();
                 let _ = consumer.unassign();
             }
         }
@@ -141,24 +160,48 @@ impl Ack for GroupConsumer {
 }
 
 impl Ctx {
-    /// Takes ownership of newly assigned partitions and sets each one's starting offset.
+    /// Takes ownership of newly assigned partitions and sets each one's starting offset in `tpl`. A partition
+    /// whose checkpoint row stays locked past the lock timeout is left pending ([`Pending`]): set to the log's
+    /// beginning in `tpl` only to be assigned, returned to be paused, taken over later from the poll loop.
     fn on_assign(
         &self,
         core: &mut Core,
         consumer: &GroupConsumer,
         tpl: &mut TopicPartitionList,
-    ) -> Result<()> {
-        let p = self.pipeline.clone();
-        let group = p.kafka.group_id.clone();
+    ) -> Result<TopicPartitionList> {
         let elems: Vec<Tp> = tpl
             .elements()
             .iter()
             .map(|e| (e.topic().to_string(), e.partition()))
             .collect();
         // The connections come back from the flush in flight (if any) first.
-        let acquired = core.take_over(consumer, &group, &elems, true)?;
+        let (acquired, blocked) = take_over_or_defer(core, consumer, &elems)?;
+        for (tp, start) in self.position(core, consumer, acquired)? {
+            tpl.set_partition_offset(&tp.0, tp.1, Offset::Offset(start))?;
+        }
+        let mut paused = TopicPartitionList::new();
+        let mut pending = lock_pending(self);
+        for b in &blocked {
+            tpl.set_partition_offset(&b.tp.0, b.tp.1, Offset::Beginning)?;
+            paused.add_partition(&b.tp.0, b.tp.1);
+            pending.blocked(b);
+        }
+        Ok(paused)
+    }
+
+    /// Positions partitions just taken over: the checkpoint, else [`Ctx::unpositioned_start`] (written to the
+    /// checkpoint before anything is consumed). Returns each one's start; they are held by the engine from now.
+    fn position(
+        &self,
+        core: &mut Core,
+        consumer: &GroupConsumer,
+        acquired: Vec<Acquired>,
+    ) -> Result<Vec<(Tp, i64)>> {
+        let p = self.pipeline.clone();
+        let group = p.kafka.group_id.clone();
         let committed = committed_offsets(consumer, &acquired)?;
         let mut resolved: Vec<(Tp, i64, i64)> = Vec::new();
+        let mut starts = Vec::new();
         for Acquired { tp, next, fence } in acquired {
             let (topic, partition) = (&tp.0, tp.1);
             let (low, high) =
@@ -187,7 +230,7 @@ impl Ctx {
                 )));
             }
             tracing::info!(%topic, partition, offset = start, from, fence, low, high, "partition assigned");
-            tpl.set_partition_offset(topic, partition, Offset::Offset(start))?;
+            starts.push((tp.clone(), start));
             if next.is_none() {
                 resolved.push((tp.clone(), fence, start));
             }
@@ -215,7 +258,7 @@ impl Ctx {
                 )));
             }
         }
-        Ok(())
+        Ok(starts)
     }
 
     /// Where a partition without a checkpoint in this generation starts ([`start`] module docs): another
@@ -286,6 +329,33 @@ fn committed_offsets(consumer: &GroupConsumer, acquired: &[Acquired]) -> Result<
     Ok(committed)
 }
 
+/// Settles the flush in flight, then takes `tps` over ([`takeover::acquire_or_defer`]): a partition whose
+/// checkpoint row stays locked past the lock timeout comes back blocked instead of being waited for.
+fn take_over_or_defer(
+    core: &mut Core,
+    ack: &dyn Ack,
+    tps: &[Tp],
+) -> Result<(Vec<Acquired>, Vec<takeover::Blocked>)> {
+    core.settle(ack, CommitMode::Async)?;
+    let stop = core.give_up_flag();
+    let give_up = move || stop.load(Ordering::Relaxed);
+    let p = core.pipeline.clone();
+    let group = p.kafka.group_id.clone();
+    let rt = core.runtime();
+    rt.block_on(takeover::acquire_or_defer(
+        core.sink(),
+        &p,
+        &group,
+        tps,
+        true,
+        &give_up,
+    ))
+}
+
+fn lock_pending(ctx: &Ctx) -> MutexGuard<'_, Pending> {
+    ctx.pending.lock().expect("pending take-overs")
+}
+
 fn on_revoke(core: &mut Core, consumer: &GroupConsumer, revoked: &[Tp], lost: bool) -> Result<()> {
     // What is in flight commits or is fenced as a whole; its outcomes are recorded before anything is given up.
     let settled = core.settle(consumer, CommitMode::Sync);
@@ -341,6 +411,7 @@ impl Group {
             side: side.clone(),
             config: config.clone(),
             assigned_once: AtomicBool::new(false),
+            pending: Mutex::new(Pending::default()),
         })?;
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -355,6 +426,31 @@ impl Group {
         })
     }
 
+    /// Retries the take-overs that are due ([`Pending`]), outside the rebalance callback: a partition taken over
+    /// now is positioned, sought to its start and resumed; one still blocked waits for its next attempt.
+    fn retry_pending(&mut self) -> Result<()> {
+        let ctx = self.consumer.context();
+        let mut core = lock(&self.core);
+        let due = lock_pending(ctx).due(Instant::now());
+        if due.is_empty() {
+            return Ok(());
+        }
+        let (acquired, blocked) = take_over_or_defer(&mut core, &self.consumer, &due)?;
+        for b in &blocked {
+            lock_pending(ctx).blocked(b);
+        }
+        for (tp, start) in ctx.position(&mut core, &self.consumer, acquired)? {
+            lock_pending(ctx).remove(&tp);
+            // Bounded: librdkafka's seek waits for the fetcher at most this long.
+            self.consumer
+                .seek(&tp.0, tp.1, Offset::Offset(start), Duration::from_secs(10))?;
+            let mut one = TopicPartitionList::new();
+            one.add_partition(&tp.0, tp.1);
+            self.consumer.resume(&one)?;
+        }
+        Ok(())
+    }
+
     /// Every assigned partition's position is at its high watermark and nothing is buffered or in flight.
     fn caught_up(&self) -> bool {
         let parts: Vec<(Tp, i64)> = {
@@ -366,6 +462,7 @@ impl Group {
                 .load(Ordering::Relaxed)
                 || core.buffered() > 0
                 || core.in_flight()
+                || !lock_pending(self.consumer.context()).is_empty()
             {
                 return false;
             }
@@ -402,6 +499,9 @@ impl Group {
 
 impl Source for Group {
     fn poll(&mut self, timeout: Duration) -> Polled {
+        if let Err(e) = self.retry_pending() {
+            return Polled::Failed(e);
+        }
         match self.consumer.poll(timeout) {
             None => Polled::Idle,
             Some(Ok(msg)) => Polled::Record(record(&msg)),

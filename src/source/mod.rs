@@ -11,3 +11,4 @@ pub mod file;
 pub mod group;
 pub mod kafka;
 pub mod lag;
+pub mod pending;

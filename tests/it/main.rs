@@ -18,3 +18,4 @@ mod horizon;
 mod keys_drift;
 mod lock_order;
 mod starts;
+mod waits;

@@ -1,0 +1,387 @@
+//! Every wait on PostgreSQL is bounded (issue 10): a frozen previous owner's locked checkpoint row does not stop
+//! the new owner's other partitions, PostgreSQL ends a session idle in a transaction and the cut batch is
+//! retried, and `run --shutdown-timeout` bounds a SIGTERM drain.
+
+use std::collections::BTreeMap;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use crate::core::{counts, seed_events, SEED};
+
+const PARTITIONS: i32 = 3;
+
+/// [`SEED`] with short PostgreSQL timeouts (`[postgres]` is the header's last table).
+fn pipeline_text(extra_postgres: &str) -> String {
+    let (head, rest) = SEED.split_at(SEED.find("[batch]").unwrap());
+    format!("{head}{extra_postgres}{rest}")
+}
+
+/// Records per partition of `recs`: the end offsets of a fresh topic they were produced to.
+fn ends(recs: &[Rec]) -> BTreeMap<i32, i64> {
+    let mut m = BTreeMap::new();
+    for r in recs {
+        *m.entry(r.partition).or_insert(0) += 1;
+    }
+    m
+}
+
+fn merged(
+    a: &BTreeMap<(String, String), i64>,
+    b: &BTreeMap<(String, String), i64>,
+) -> BTreeMap<(String, String), i64> {
+    let mut m = a.clone();
+    for (k, v) in b {
+        *m.entry(k.clone()).or_insert(0) += v;
+    }
+    m
+}
+
+fn ledger_rows(db: &Db, partition: i32) -> i64 {
+    db.query(
+        "SELECT count(*) FROM {s}.replaysafe_ledger WHERE partition = $1",
+        &[&partition],
+    )[0]
+    .get(0)
+}
+
+/// Everything landed exactly once: counts, ledger rows per partition, checkpoints and Kafka's committed offsets
+/// at the end offsets.
+fn assert_exact(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    truth: &BTreeMap<(String, String), i64>,
+    ends: &BTreeMap<i32, i64>,
+) {
+    assert_eq!(&counts(db), truth, "daily_counts equal the truth");
+    for (&p, &end) in ends {
+        assert_eq!(ledger_rows(db, p), end, "ledger rows of partition {p}");
+        assert_eq!(
+            db.checkpoint(group, topic, p),
+            Some(end),
+            "checkpoint of partition {p}"
+        );
+    }
+    let committed = committed(group, topic, PARTITIONS);
+    for (&p, &end) in ends {
+        assert_eq!(
+            committed[p as usize],
+            Some(end),
+            "Kafka committed offset of partition {p}"
+        );
+    }
+}
+
+/// Waits (bounded) for a spawned `run` to exit; its output from the files [`spawn_run`] wrote.
+fn finished(mut child: Child, p: &Pipeline, name: &str, limit: Duration) -> Out {
+    let deadline = Instant::now() + limit;
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if Instant::now() > deadline {
+            unsafe_kill(child.id(), "KILL");
+            let _ = child.wait();
+            panic!("{name} did not exit in {limit:?}:\n{}", stderr_of(p, name));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Out {
+        code,
+        stdout: std::fs::read_to_string(p.dir.path().join(format!("{name}.out"))).unwrap(),
+        stderr: stderr_of(p, name),
+    }
+}
+
+/// [`wait_until`] for a spawned `run`, showing its log when `cond` never holds.
+fn wait_for(p: &Pipeline, name: &str, limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; {name}'s log:\n{}",
+            stderr_of(p, name)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `next_offset` of a checkpoint, `None` also while the table does not exist yet.
+fn checkpoint(db: &Db, group: &str, topic: &str, partition: i32) -> Option<i64> {
+    let exists: Option<String> = db.query(
+        "SELECT to_regclass($1)::text",
+        &[&format!("\"{}\".replaysafe_checkpoints", db.schema)],
+    )[0]
+    .get(0);
+    exists.and_then(|_| db.checkpoint(group, topic, partition))
+}
+
+fn stderr_of(p: &Pipeline, name: &str) -> String {
+    std::fs::read_to_string(p.dir.path().join(format!("{name}.err"))).unwrap_or_default()
+}
+
+/// A second session holding partition `partition`'s checkpoint row locked in an open transaction: what a
+/// previous owner frozen (SIGSTOP) inside its batch transaction looks like to the new owner.
+fn lock_checkpoint_row(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    partition: i32,
+) -> tokio_postgres::Client {
+    let locker = pg_client(&db.rt);
+    db.rt.block_on(locker.batch_execute("BEGIN")).unwrap();
+    let n = db
+        .rt
+        .block_on(locker.execute(
+            &format!(
+                "SELECT 1 FROM \"{}\".replaysafe_checkpoints WHERE consumer_group = $1 AND topic = $2 \
+                 AND partition = $3 FOR UPDATE",
+                db.schema
+            ),
+            &[&group, &topic, &partition],
+        ))
+        .unwrap();
+    assert_eq!(n, 1, "the checkpoint row exists");
+    locker
+}
+
+#[test]
+fn frozen_previous_owner_blocks_only_its_partition_and_everything_lands_once_after() {
+    let (db, topic) = stage("waits_frozen", PARTITIONS);
+    let group = unique("waits_frozen");
+    let p = pipeline(
+        &pipeline_text("lock-timeout-ms = 1000\n"),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let (first, truth1) = seed_events(90, PARTITIONS);
+    produce(&topic, &first);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 90);
+
+    // Partition 1's previous owner is frozen inside its batch transaction; more records arrive everywhere.
+    let locker = lock_checkpoint_row(&db, &group, &topic, 1);
+    let (second, truth2) = seed_events(150, PARTITIONS);
+    produce(&topic, &second);
+    let all: Vec<Rec> = first.iter().chain(&second).cloned().collect();
+    let ends = ends(&all);
+    let worker = spawn_run(&p, &["--until-caught-up"], "worker");
+
+    // The worker consumes partitions 0 and 2 to their ends while partition 1's take-over waits.
+    wait_for(
+        &p,
+        "worker",
+        Duration::from_secs(90),
+        "partitions 0 and 2 applied while 1 is locked",
+        || {
+            db.checkpoint(&group, &topic, 0) == Some(ends[&0])
+                && db.checkpoint(&group, &topic, 2) == Some(ends[&2])
+        },
+    );
+    assert_eq!(
+        db.checkpoint(&group, &topic, 1),
+        Some(30),
+        "partition 1 not applied while its row is locked"
+    );
+    assert_eq!(
+        ledger_rows(&db, 1),
+        30,
+        "nothing of partition 1 claimed while its take-over waits"
+    );
+    let locker_pid: i32 = db
+        .rt
+        .block_on(locker.query_one("SELECT pg_backend_pid()", &[]))
+        .unwrap()
+        .get(0);
+    assert!(
+        stderr_of(&p, "worker").contains(&format!("blocking_pid=Some({locker_pid})")),
+        "the blocking session is named:\n{}",
+        stderr_of(&p, "worker")
+    );
+    assert!(
+        stderr_of(&p, "worker").contains("take-over waits"),
+        "the wait is logged:\n{}",
+        stderr_of(&p, "worker")
+    );
+
+    // The frozen owner's transaction ends: the take-over succeeds, the partition is read from its checkpoint.
+    db.rt.block_on(locker.batch_execute("ROLLBACK")).unwrap();
+    let out = finished(worker, &p, "worker", Duration::from_secs(120));
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate),
+        (150, 150, 0),
+        "{:?}",
+        out.tally_line()
+    );
+    assert!(
+        out.stderr.contains("pending take-over ended"),
+        "{}",
+        out.stderr
+    );
+    assert_exact(&db, &group, &topic, &merged(&truth1, &truth2), &ends);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 240);
+}
+
+#[test]
+fn sessions_pin_the_timeouts_and_postgres_ends_an_idle_transaction() {
+    let rt = runtime();
+    rt.block_on(async {
+        let c = replaysafe::sink::connect(&database_url()).await.unwrap();
+        for (name, want) in [
+            ("lock_timeout", "5s"),
+            ("statement_timeout", "1min"),
+            ("idle_in_transaction_session_timeout", "20s"),
+        ] {
+            let got: String = c
+                .query_one(&format!("SHOW {name}"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(got, want, "{name}");
+        }
+        let t = replaysafe::config::Timeouts {
+            idle_in_transaction: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let c = replaysafe::sink::connect_with(&database_url(), &t)
+            .await
+            .unwrap();
+        c.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let e = c.batch_execute("SELECT 1").await.unwrap_err();
+        let code = e.code().map(|c| c.code().to_string());
+        assert!(
+            code.as_deref() == Some("25P03") || c.is_closed(),
+            "the session was ended by the server: {e} ({code:?})"
+        );
+        assert!(replaysafe::sink::retryable("25P03"));
+    });
+}
+
+#[test]
+fn a_batch_transaction_cut_by_idle_in_transaction_timeout_is_retried_on_a_new_connection() {
+    let (db, topic) = stage("waits_idle", PARTITIONS);
+    let group = unique("waits_idle");
+    let p = pipeline(
+        &pipeline_text("idle-in-transaction-timeout-ms = 500\n"),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let (recs, truth) = seed_events(120, PARTITIONS);
+    produce(&topic, &recs);
+    // The first batch's transaction idles 2 s before its COMMIT: PostgreSQL ends the session at 0.5 s.
+    let out = try_run_with(
+        &p.path,
+        &[("REPLAYSAFE_FAILPOINTS", "before-db-commit=1*sleep(2000)")],
+        Duration::from_secs(120),
+    );
+    out.assert_ok();
+    assert!(
+        out.stderr.contains("database error, retrying the batch"),
+        "the cut batch was retried:\n{}",
+        out.stderr
+    );
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed, t.duplicate), (120, 120, 0));
+    assert_exact(&db, &group, &topic, &truth, &ends(&recs));
+}
+
+#[test]
+fn sigterm_drains_and_exits_0_with_the_accounting_line() {
+    let (db, topic) = stage("waits_drain", PARTITIONS);
+    let group = unique("waits_drain");
+    // Full batches of 10 commit at once; the last 5 records of each partition wait for a 10-minute linger.
+    let text = pipeline_text("").replace(
+        "max-records = 200\nlinger-ms = 20",
+        "max-records = 10\nlinger-ms = 600000",
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let (recs, truth) = seed_events(75, PARTITIONS);
+    produce(&topic, &recs);
+    let mut worker = spawn_run(&p, &["--shutdown-timeout", "30"], "worker");
+    wait_for(
+        &p,
+        "worker",
+        Duration::from_secs(90),
+        "the full batches committed",
+        || (0..PARTITIONS).all(|part| checkpoint(&db, &group, &topic, part) >= Some(20)),
+    );
+    assert_eq!(
+        terminate(&mut worker),
+        Some(0),
+        "{}",
+        stderr_of(&p, "worker")
+    );
+    let out = finished(worker, &p, "worker", Duration::from_secs(10));
+    let t = out.tally();
+    // Whatever was consumed was applied and its offsets committed before leaving the group.
+    let applied: i64 = (0..PARTITIONS)
+        .map(|part| db.checkpoint(&group, &topic, part).unwrap())
+        .sum();
+    assert_eq!(t.consumed as i64, applied, "{:?}", out.tally_line());
+    let committed = committed(&group, &topic, PARTITIONS);
+    for part in 0..PARTITIONS {
+        assert_eq!(
+            committed[part as usize],
+            db.checkpoint(&group, &topic, part),
+            "partition {part}"
+        );
+    }
+    // A restart reads the rest: everything exactly once.
+    let rest = run_caught_up(&p.path).tally();
+    assert_eq!(t.landed + rest.landed, 75);
+    assert_eq!(rest.duplicate, 0);
+    assert_exact(&db, &group, &topic, &truth, &ends(&recs));
+}
+
+#[test]
+fn a_drain_that_cannot_finish_exits_4_within_the_shutdown_timeout() {
+    let (db, topic) = stage("waits_stuck", PARTITIONS);
+    let group = unique("waits_stuck");
+    let text =
+        pipeline_text("lock-timeout-ms = 300\n").replace("max-records = 200", "max-records = 10");
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let (first, truth1) = seed_events(30, PARTITIONS);
+    produce(&topic, &first);
+    let mut worker = spawn_run(&p, &["--shutdown-timeout", "3"], "worker");
+    wait_for(
+        &p,
+        "worker",
+        Duration::from_secs(90),
+        "the first records applied",
+        || (0..PARTITIONS).all(|part| checkpoint(&db, &group, &topic, part) == Some(10)),
+    );
+    // Partition 0's checkpoint row stays locked: its next batch cannot commit.
+    let locker = lock_checkpoint_row(&db, &group, &topic, 0);
+    let (second, truth2) = seed_events(30, PARTITIONS);
+    produce(&topic, &second);
+    wait_for(
+        &p,
+        "worker",
+        Duration::from_secs(60),
+        "the batch retrying on the lock",
+        || stderr_of(&p, "worker").contains("lock timeout"),
+    );
+    let code = terminate(&mut worker);
+    let err = stderr_of(&p, "worker");
+    assert_eq!(code, Some(4), "{err}");
+    assert!(
+        err.contains("did not finish within --shutdown-timeout"),
+        "{err}"
+    );
+    assert_eq!(
+        ledger_rows(&db, 0),
+        10,
+        "nothing of the stuck batch committed"
+    );
+    // After the lock is gone, a restart applies the rest exactly once.
+    db.rt.block_on(locker.batch_execute("ROLLBACK")).unwrap();
+    let rest = run_caught_up(&p.path).tally();
+    assert_eq!(rest.duplicate + rest.landed, rest.consumed);
+    let all: Vec<Rec> = first.iter().chain(&second).cloned().collect();
+    assert_exact(&db, &group, &topic, &merged(&truth1, &truth2), &ends(&all));
+}
