@@ -396,7 +396,7 @@ def wait_table(url, table, timeout=120):
             if c.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]:
                 return
             time.sleep(0.5)
-    raise SystemExit(f"chaos: {table} was not created within {timeout} s (see the worker logs)")
+    raise RuntimeError(f"chaos: {table} was not created within {timeout} s (see the worker logs)")
 
 
 AUDIT = """
@@ -544,7 +544,7 @@ class Faults:
         out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "kafka-start")], check=True,
                              capture_output=True, text=True, env=env).stdout.strip().splitlines()[-1]
         if out.split("=", 1)[1] != self.ctx.brokers:
-            raise SystemExit(f"chaos: the broker came back on {out}, not {self.ctx.brokers}")
+            raise RuntimeError(f"chaos: the broker came back on {out}, not {self.ctx.brokers}")
         self.note("broker_restart")
 
 
@@ -798,7 +798,7 @@ def every(ctx, seconds, lo, hi, action):
 
 def sc_kills(ctx, f, secs):
     """SIGKILL + restart of a random worker, >= 30 times, over a backlog plus continuous production."""
-    every(ctx, secs, secs / 36, secs / 31, f.kill_restart)
+    every(ctx, secs, secs / 42, secs / 36, f.kill_restart)
 
 
 def sc_zombie(ctx, f, secs):
