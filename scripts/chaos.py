@@ -1,27 +1,45 @@
 #!/usr/bin/env python3
 """The fault harness of issue 10: several `replaysafe run` workers under faults, checked against the truth.
 
-Run through `scripts/chaos` (which starts the services, builds the release binary and the Python venv). Each
-scenario gets its own topic (12 partitions), schema and consumer group; a producer thread writes JSON events
-while the faults run:
-  - purchases (counted into daily_counts, summed into daily_totals, one outbox row each),
-  - customer row changes (CustomerUpdated / CustomerClosed, version-guarded `row` projection customer_state),
-  - ~5% redeliveries of an earlier record (same key and bytes, a later offset) and ~0.2% poison records.
-Records are keyed by event id, so one customer's events — and one aggregate row's updates — come from every
-partition (entities spread over partitions).
+Run through `scripts/chaos`, which starts a PRIVATE PostgreSQL cluster (initdb + pg_ctl; CHAOS_PGBIN,
+CHAOS_PGDATA, CHAOS_PGLOG, CHAOS_PG_AS) and a PRIVATE Kafka broker (scripts/kafka-start with KAFKA_STATE_DIR =
+CHAOS_KAFKA_STATE_DIR), builds the release binary and the Python venv, and stops both services at the end: the
+postgres and broker scenarios restart those, never the shared ones.
 
-After the faults the producer stops, every worker is (re)started and, while they keep running, the tables
-must converge to the truth computed from what the producer wrote: lost = sum of missing counts, doubled = sum
-of surplus counts (0 both), outbox rows = purchases, rows/tombstones = each customer's newest change, dead
-letters = exactly the poison records, Kafka committed offsets = checkpoints. Then SIGTERM: every worker must
-exit 0 within --shutdown-timeout with an accounting line that adds up. A trigger on the checkpoint table
-records any checkpoint that moved backwards under a running worker (the harness's own lost-commit fault is
-exempt by application_name).
+Each scenario gets two topics (12 partitions each), two schemas and its consumer groups; two producer threads
+write while the faults run:
+  - JSON events: purchases (counted into daily_counts, summed into daily_totals, one outbox row each), customer
+    row changes (CustomerUpdated / CustomerClosed, version-guarded `row` projection customer_state with
+    tombstones), ~5% redeliveries of an earlier record (same key and bytes, a later offset), ~0.2% poison
+    records. Keyed by event id, so one customer's events — and one aggregate row's updates — come from every
+    partition (entities spread over partitions).
+  - Debezium-shaped row changes of public.accounts (schemaless JSON converter envelope: op r/c/u/d, before/after,
+    source {lsn, sequence, txId, …}, a Kafka tombstone after each delete; ~5% redeliveries, ~0.2% poison) into
+    a second pipeline (`[source] format = "debezium"`, row projection `accounts`, tombstones table) run by one
+    more worker per scenario, which takes the same faults as the others.
+
+Scenarios (time shares of --minutes by WEIGHTS): kills (SIGKILL + restart >= 30 times; a backlog so that
+>= 300k events at 5 minutes), zombie (SIGSTOP with a transaction open, 15 s > session.timeout.ms 10 s, SIGCONT;
+an audit trigger records any checkpoint that moved backwards), postgres (24 pg_terminate_backend, every other one
+of a backend executing COMMIT — a deferred trigger makes COMMIT take 20 ms so it can be caught: an uncertain
+commit —, pg_ctl restart twice, 10 s default_transaction_read_only), broker (stopped 5 s, restarted on its
+ports), storm (workers joining/leaving every 2–5 s), two-groups (the replay under a second group id into the
+same tables), c36 (8 customers on one day, batches of 20–50, 4 connections per worker: batches of different
+partitions update the same aggregate rows at once; the 40P01 count is reported), lost-commit (a partition's
+newest batch and its checkpoint advance rolled back behind the running worker).
+
+After the faults the producers stop, every worker is (re)started and, while they keep running, the tables
+must converge to the truth computed from what the producers wrote: lost = sum of missing counts, doubled = sum
+of surplus counts (0 both), sums exact, outbox rows = purchases, rows/tombstones = each customer's and each
+account's newest change, dead letters = exactly the poison records, ledger rows = unique events, Kafka committed
+offsets = checkpoints (every group) within 10 s. Then SIGTERM: every running worker must exit 0 within
+--shutdown-timeout with an accounting line; every accounting line of every process adds up (consumed = landed +
+duplicate + stale + filtered + quarantined), and so does their sum. SQLSTATEs seen in worker logs are counted.
 
 Reproducible from --seed: the events, the schedule of faults and which worker each hits (timing on a loaded
-machine still varies). Writes chaos/results/<UTC timestamp>.json: per scenario `events`, `faults` (by kind),
+machine still varies). Writes chaos/results/<run>.json: per scenario `events`, `faults` (by kind),
 `duration_s`, `lost`, `doubled`, `accounting_exact`, and the details behind them. Exit 0 when every scenario
-has lost = doubled = 0 and accounting_exact, 1 otherwise.
+has lost = doubled = 0 and accounting_exact, 1 otherwise (also when a scenario's harness step failed).
 """
 import argparse
 import datetime as dt
@@ -399,6 +417,20 @@ def wait_table(url, table, timeout=120):
     raise RuntimeError(f"chaos: {table} was not created within {timeout} s (see the worker logs)")
 
 
+def wait_leaders(admin, topics, timeout=60):
+    """Waits (bounded) until every partition of the new topics has a leader: a worker started earlier can get
+    NotLeaderForPartition from its take-over's metadata request and exit 1 (a deployment's topics exist
+    before its workers; see the report of issue 10)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = admin.list_topics(timeout=10).topics
+        if all(t in md and md[t].error is None and len(md[t].partitions) == PARTITIONS
+               and all(p.leader >= 0 and p.error is None for p in md[t].partitions.values()) for t in topics):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"chaos: topics {topics} have no leader for every partition after {timeout} s")
+
+
 AUDIT = """
 CREATE TABLE IF NOT EXISTS {s}.chaos_audit (at timestamptz DEFAULT now(), consumer_group text, topic text,
   partition int, old_next bigint, new_next bigint, old_fence bigint, new_fence bigint, app text);
@@ -575,6 +607,7 @@ class Scenario:
         self.truth, self.cdc_truth = Truth(), CdcTruth()
         self.workers, self.producer, self.cdc_producer = [], None, None
         self.groups = [self.group]
+        self.crashed = []  # worker processes that had exited by themselves when the faults ended
 
     def config(self, group, max_records, connections=2):
         path = os.path.join(self.logdir, f"{group}.{max_records}.toml")
@@ -606,6 +639,7 @@ class Scenario:
         admin = AdminClient({"bootstrap.servers": self.brokers})
         for f in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in (self.topic, self.cdc_topic)]).values():
             f.result(30)
+        wait_leaders(admin, (self.topic, self.cdc_topic))
         self.producer = EventProducer(self.brokers, self.topic, self.rng.randrange(2**32), self.args.rate,
                                       self.truth, customers=customers, days=days)
         self.cdc_producer = CdcProducer(self.brokers, self.cdc_topic, self.rng.randrange(2**32),
@@ -644,10 +678,17 @@ class Scenario:
         for w in self.workers:
             if not w.alive() and not w.stopped:
                 log(f"{w.name} had exited (rc {w.proc.returncode}); restarted")
+                self.crashed.append(f"{os.path.basename(w.logs[-1])}: rc {w.proc.returncode}")
                 w.start()
-        deadline = time.monotonic() + self.args.converge_s
+        start = time.monotonic()
+        last, progress_at = None, start
         while True:
             v = self.verify()
+            seen = (v["ledger_rows"], v["cdc"]["ledger_rows"])
+            if seen != last:
+                last, progress_at = seen, time.monotonic()
+            # bounded: --converge-s without progress (ledger rows not growing), 15 minutes in all
+            deadline = min(progress_at + self.args.converge_s, start + 900)
             if (v["lost"] == 0 and v["doubled"] == 0 and v["rows_wrong"] == 0 and v["outbox_wrong"] == 0
                     and v["dead_letters_wrong"] == 0 and v["cdc"]["rows_wrong"] == 0
                     and v["cdc"]["tombstones_wrong"] == 0 and v["cdc"]["dead_letters_wrong"] == 0
@@ -878,8 +919,19 @@ SCENARIOS = {
 WEIGHTS = {"kills": 2.0, "storm": 2.2, "postgres": 1.5}
 # Setup per scenario: kills gets a backlog (>= 300k events at 5 minutes), c36 a contended load.
 SETUP = {
-    "c36": dict(customers=8, days=DAYS[:1], sizes=(20, 50, 30), connections=4),
+    "c36": dict(customers=40, days=DAYS[:1], sizes=(100, 500, 2000), connections=4),
 }
+
+
+def required_faults(name, minutes):
+    """The faults a scenario must have injected (kind -> at least), else it fails: a fault that never happened
+    proves nothing."""
+    return {
+        "kills": {"sigkill": 30 if minutes >= 5 else 10}, "zombie": {"zombie_sigstop": 1},
+        "postgres": {"pg_terminate": 20, "pg_terminate_after_commit": 1, "pg_restart": 2, "pg_read_only": 1},
+        "broker": {"broker_restart": 1}, "storm": {"worker_joined": 3, "worker_left": 1},
+        "two-groups": {"second_group": 1}, "c36": {}, "lost-commit": {"lost_commit": 1},
+    }[name]
 
 
 def run_scenario(name, args, run_id, rng, secs):
@@ -912,11 +964,15 @@ def run_scenario(name, args, run_id, rng, secs):
                   and ok_exits and not offsets and v["checkpoint_regressions"] == 0 and total[0] == sum(total[1:])
                   and cdc["rows_wrong"] == 0 and cdc["tombstones_wrong"] == 0 and cdc["dead_letters_wrong"] == 0
                   and cdc["checkpoint_regressions"] == 0)
+    got = dict(f.count, pg_terminate=f.count.get("pg_terminate_backend", 0)
+               + f.count.get("pg_terminate_after_commit", 0))
+    missing = {k: (got.get(k, 0), n) for k, n in required_faults(name, args.minutes).items() if got.get(k, 0) < n}
     res = {
         "events": ctx.truth.sent + ctx.cdc_truth.sent, "unique_events": v["unique_events"] + cdc["changes"],
         "faults": f.count, "duration_s": round(time.monotonic() - t0, 1), "lost": v["lost"], "doubled": v["doubled"],
         "accounting_exact": accounting and v["sums_wrong"] == 0 and v["rows_wrong"] == 0 and v["outbox_wrong"] == 0,
-        "details": dict(v, json_events=ctx.truth.sent, exits=exits, accounting_lines_wrong=bad_lines,
+        "faults_as_planned": not missing,
+        "details": dict(v, json_events=ctx.truth.sent, faults_missing=missing, workers_exited_early=ctx.crashed, exits=exits, accounting_lines_wrong=bad_lines,
                         accounting_total=dict(zip(("consumed", "landed", "duplicate", "stale", "filtered",
                                                    "quarantined"), total)),
                         offsets_not_committed=offsets, sqlstates_in_logs=sqlstates(ctx.logdir),
@@ -934,7 +990,8 @@ def main():
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--rate", type=int, default=2500, help="events/s the producer writes while faults run")
-    ap.add_argument("--converge-s", type=int, default=120, help="bound on the wait for the truth after faults")
+    ap.add_argument("--converge-s", type=int, default=90,
+                    help="after the faults, how long to wait for the truth without progress (ledger not growing)")
     ap.add_argument("--shutdown-timeout", type=int, default=30)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--run-id", default=None, help="the run's name (default: the UTC time)")
@@ -958,14 +1015,16 @@ def main():
         except Exception as e:  # a harness or service failure fails the scenario; the others still run
             log(f"{n}: FAILED with {e!r}")
             results["scenarios"][n] = {"events": None, "faults": {}, "duration_s": None, "lost": None,
-                                       "doubled": None, "accounting_exact": False, "error": repr(e)}
+                                       "doubled": None, "accounting_exact": False, "faults_as_planned": False,
+                                       "error": repr(e)}
     os.makedirs(os.path.join(ROOT, "chaos", "results"), exist_ok=True)
     out = os.path.join(ROOT, "chaos", "results", f"{run_id}.json")
     with open(out, "w") as fh:
         json.dump(results, fh, indent=2, default=str)
-    passed = all(r["lost"] == 0 and r["doubled"] == 0 and r["accounting_exact"]
+    passed = all(r["lost"] == 0 and r["doubled"] == 0 and r["accounting_exact"] and r.get("faults_as_planned")
                  for r in results["scenarios"].values())
-    print(json.dumps({n: {k: r[k] for k in ("events", "faults", "duration_s", "lost", "doubled", "accounting_exact")}
+    print(json.dumps({n: {k: r[k] for k in ("events", "faults", "duration_s", "lost", "doubled", "accounting_exact",
+                                            "faults_as_planned")}
                       for n, r in results["scenarios"].items()}, indent=2))
     log(f"{'PASSED' if passed else 'FAILED'}; results in {out}")
     sys.exit(0 if passed else 1)
