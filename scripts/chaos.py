@@ -490,8 +490,9 @@ class Faults:
              "AND xact_start IS NOT NULL AND state IN ('active', 'idle in transaction')")
         by_app = {f"chaos-{w.name}": w for w in self.ctx.workers}
         with psycopg.connect(self.ctx.url, autocommit=True, application_name=HARNESS_APP) as c:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
+                self.ctx.revive()
                 apps = [r[0] for r in c.execute(q, (f"chaos-{self.ctx.name}-%",)).fetchall()]
                 ws = [by_app[a] for a in apps if a in by_app and by_app[a].alive()]
                 if ws:
@@ -661,6 +662,14 @@ class Scenario:
         with psycopg.connect(self.url, autocommit=True, application_name=HARNESS_APP) as c:
             for s in (self.schema, self.cdc_schema):
                 c.execute(AUDIT.format(s=s, app=HARNESS_APP))
+
+    def revive(self):
+        """Restarts (as an orchestrator would) every worker that exited by itself; recorded in `crashed`."""
+        for w in self.workers:
+            if w.proc is not None and not w.alive() and not w.stopped:
+                log(f"{w.name} had exited (rc {w.proc.returncode}); restarted")
+                self.crashed.append(f"{os.path.basename(w.logs[-1])}: rc {w.proc.returncode}")
+                w.start()
 
     def delay_commits(self):
         """Every batch COMMIT of this scenario sleeps 20 ms in a deferred trigger, so that a backend can be
