@@ -938,7 +938,7 @@ def required_faults(name, minutes):
     return {
         "kills": {"sigkill": 30 if minutes >= 5 else 10}, "zombie": {"zombie_sigstop": 1},
         "postgres": {"pg_terminate": 20, "pg_terminate_after_commit": 1, "pg_restart": 2, "pg_read_only": 1},
-        "broker": {"broker_restart": 1}, "storm": {"worker_joined": 3, "worker_left": 1},
+        "broker": {"broker_restart": 1}, "storm": {"worker_joined": 2, "worker_left": 1},
         "two-groups": {"second_group": 1}, "c36": {}, "lost-commit": {"lost_commit": 1},
     }[name]
 
