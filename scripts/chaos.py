@@ -495,8 +495,9 @@ class Faults:
                 self.ctx.revive()
                 apps = [r[0] for r in c.execute(q, (f"chaos-{self.ctx.name}-%",)).fetchall()]
                 ws = [by_app[a] for a in apps if a in by_app and by_app[a].alive()]
-                if ws:
-                    w = ws[0]
+                json_ws = [w for w in ws if "-w" in w.name]  # a JSON worker: its group has others to take over
+                if json_ws or (ws and time.monotonic() > deadline - 10):
+                    w = (json_ws or ws)[0]
                     w.signal(signal.SIGSTOP)
                     log(f"zombie: {w.name} frozen for {freeze_s} s with a transaction open")
                     time.sleep(freeze_s)
@@ -662,6 +663,8 @@ class Scenario:
         with psycopg.connect(self.url, autocommit=True, application_name=HARNESS_APP) as c:
             for s in (self.schema, self.cdc_schema):
                 c.execute(AUDIT.format(s=s, app=HARNESS_APP))
+        time.sleep(3)
+        self.revive()  # a worker that exited at start (NotLeaderForPartition on a new topic) runs the scenario
 
     def revive(self):
         """Restarts (as an orchestrator would) every worker that exited by itself; recorded in `crashed`."""
@@ -843,6 +846,7 @@ def every(ctx, seconds, lo, hi, action):
             time.sleep(max(0.0, end - time.monotonic()))
             return
         time.sleep(wait)
+        ctx.revive()
         action()
 
 
