@@ -191,7 +191,8 @@ fn resume_at(
     notes: &mut Vec<String>,
 ) -> Result<i64> {
     let (topic, partition) = (&range.tp.0, range.tp.1);
-    let (low, _) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(30))?;
+    let (low, _) =
+        crate::source::kafka::watermarks(consumer, topic, partition, Duration::from_secs(30))?;
     if n < low && n < range.stop {
         return Err(Error::Other(format!(
             "{topic}/{partition}: this backfill stopped at offset {n}, but offsets [{n}, {low}) were deleted by \

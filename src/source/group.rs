@@ -32,7 +32,7 @@ use crate::engine::takeover::{self, Acquired};
 use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::sink::checkpoint;
-use crate::source::kafka::{consumer_config, kafka_commit, partitions, record};
+use crate::source::kafka::{consumer_config, kafka_commit, partitions, record, watermarks};
 use crate::source::pending::Pending;
 use crate::start;
 
@@ -204,9 +204,7 @@ impl Ctx {
         let mut starts = Vec::new();
         for Acquired { tp, next, fence } in acquired {
             let (topic, partition) = (&tp.0, tp.1);
-            let (low, high) =
-                self.side
-                    .fetch_watermarks(topic, partition, Duration::from_secs(30))?;
+            let (low, high) = watermarks(&self.side, topic, partition, Duration::from_secs(10))?;
             let (start, from) = match next {
                 Some(n) => (n, "checkpoint".to_string()),
                 None => {

@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::topic_partition_list::TopicPartitionList;
+use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::Pipeline;
 use crate::engine::types::Record;
@@ -91,4 +93,62 @@ pub fn partitions(consumer: &BaseConsumer, topics: &[String]) -> Result<Vec<(Str
     }
     out.sort();
     Ok(out)
+}
+
+/// How long [`watermarks`] keeps retrying a transient broker error (a partition without a leader yet — a topic
+/// just created, a broker restarting or failing over — or a request timeout) before it gives up.
+pub const WATERMARK_RETRY: Duration = Duration::from_secs(30);
+
+/// The partition's low and high watermarks (first offset kept, next offset to be written), asked of the
+/// partition's leader with `timeout` per attempt. Errors Kafka documents as retriable (`NOT_LEADER_OR_FOLLOWER`,
+/// `LEADER_NOT_AVAILABLE`, `UNKNOWN_TOPIC_OR_PARTITION` while metadata propagates, timeouts, transport failures;
+/// Kafka protocol guide, "Error Codes") are retried with backoff (100 ms doubling to 2 s) for at most
+/// [`WATERMARK_RETRY`]; a leader election is not a reason to stop a worker.
+///
+/// # Errors
+/// [`Error::Kafka`]: a non-retriable error, or the last retriable one after [`WATERMARK_RETRY`].
+pub fn watermarks<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    timeout: Duration,
+) -> Result<(i64, i64)> {
+    let deadline = std::time::Instant::now() + WATERMARK_RETRY;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match consumer.fetch_watermarks(topic, partition, timeout) {
+            Ok(w) => return Ok(w),
+            Err(e) if retriable(&e) && std::time::Instant::now() + pause < deadline => {
+                tracing::warn!(%topic, partition, "watermarks: {e}; retrying in {pause:?}");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether a Kafka client error is one the broker expects the client to retry (leadership moving, metadata not
+/// propagated yet, a timeout, a connection lost).
+fn retriable(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    let code = match e {
+        KafkaError::MetadataFetch(c) | KafkaError::OffsetFetch(c) => *c,
+        _ => return false,
+    };
+    matches!(
+        code,
+        C::NotLeaderForPartition
+            | C::LeaderNotAvailable
+            | C::UnknownTopicOrPartition
+            | C::UnknownPartition
+            | C::RequestTimedOut
+            | C::OperationTimedOut
+            | C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::BrokerNotAvailable
+            | C::NotCoordinator
+            | C::CoordinatorLoadInProgress
+            | C::CoordinatorNotAvailable
+    )
 }

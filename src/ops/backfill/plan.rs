@@ -201,7 +201,7 @@ pub fn plan(
     for (t, p) in &parts {
         marks.insert(
             (t.clone(), *p),
-            consumer.fetch_watermarks(t, *p, Duration::from_secs(30))?,
+            crate::source::kafka::watermarks(&consumer, t, *p, Duration::from_secs(30))?,
         );
     }
     let starts = lookup_times(&consumer, &parts, opts.from_ms)?;

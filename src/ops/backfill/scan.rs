@@ -45,8 +45,12 @@ pub(crate) fn past_the_stop(
     let mut tpl = TopicPartitionList::new();
     for p in plans {
         let tp = (p.topic.clone(), p.partition);
-        let (low, high) =
-            consumer.fetch_watermarks(&p.topic, p.partition, Duration::from_secs(30))?;
+        let (low, high) = crate::source::kafka::watermarks(
+            &consumer,
+            &p.topic,
+            p.partition,
+            Duration::from_secs(30),
+        )?;
         let by_time = match ends.get(&tp) {
             Some(Offset::Offset(o)) => *o,
             _ => high,
