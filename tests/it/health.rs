@@ -200,8 +200,8 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
     assert!(first.starts_with("not ready: "), "{first}");
     assert_eq!(get(&b_addr, "/healthz").unwrap().0, 200);
     // Once both have joined (and probed the database), one owns p0 — whichever the assignor picked — and the
-    // other's only reason is the missing partition.
-    let mut owner = None;
+    // other's only reason is the missing partition. Right after the second join the first may still answer from
+    // before the rebalance, so the owner is the one whose lag gauge then shows the backlog.
     wait_until(
         Duration::from_secs(60),
         "one ready, one without partitions",
@@ -213,7 +213,20 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
                 })
             };
             let ok = |r: &Option<(u16, String)>| r.as_ref().is_some_and(|(c, _)| *c == 200);
-            owner = match (ok(&ra) && idle(&rb), idle(&ra) && ok(&rb)) {
+            (ok(&ra) && idle(&rb)) || (idle(&ra) && ok(&rb))
+        },
+    );
+
+    let (recs, _) = seed_events(13, 1);
+    produce(&topic, &recs[..5]);
+    let shows =
+        |addr: &str| get(addr, "/metrics").is_some_and(|(_, m)| lag(&m, &topic, 0) == Some(5.0));
+    let mut owner = None;
+    wait_until(
+        Duration::from_secs(60),
+        "the owner's lag shows 5 buffered",
+        || {
+            owner = match (shows(&a_addr), shows(&b_addr)) {
                 (true, _) => Some(true),
                 (_, true) => Some(false),
                 _ => None,
@@ -226,15 +239,12 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
     } else {
         (b, b_addr, a, a_addr)
     };
-
-    let (recs, _) = seed_events(13, 1);
-    produce(&topic, &recs[..5]);
-    wait_for(
-        &own_addr,
-        "/metrics",
-        "the owner's lag shows 5 buffered",
-        |_, m| lag(m, &topic, 0) == Some(5.0),
+    assert_eq!(
+        get(&other_addr, "/readyz").map(|(c, t)| (c, t.trim().to_string())),
+        Some((503, "not ready: no partitions assigned".to_string())),
+        "the worker without the partition"
     );
+    assert_eq!(get(&own_addr, "/readyz").map(|(c, _)| c), Some(200));
     assert_eq!(
         db.checkpoint(&group, &topic, 0),
         Some(0),
