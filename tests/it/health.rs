@@ -7,6 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 use crate::common::*;
@@ -161,6 +162,19 @@ fn lag(metrics: &str, topic: &str, partition: i32) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// The number of members of `group` when the broker reports it `Stable` (a rebalance finished).
+fn stable_members(group: &str) -> Option<usize> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .ok()?;
+    let list = c
+        .fetch_group_list(Some(group), Duration::from_secs(5))
+        .ok()?;
+    let g = list.groups().first()?;
+    (g.state() == "Stable").then(|| g.members().len())
+}
+
 fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
@@ -215,6 +229,13 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
             let ok = |r: &Option<(u16, String)>| r.as_ref().is_some_and(|(c, _)| *c == 200);
             (ok(&ra) && idle(&rb)) || (idle(&ra) && ok(&rb))
         },
+    );
+    // Readiness can answer from before the second join's rebalance: wait for the group itself to be stable with
+    // both members, so no revocation flushes the backlog below while it is being looked at.
+    wait_until(
+        Duration::from_secs(60),
+        "the group stable with 2 members",
+        || stable_members(&group) == Some(2),
     );
 
     let (recs, _) = seed_events(13, 1);
