@@ -9,7 +9,7 @@
 //! - a take-over that finds the checkpoint row locked past `postgres.lock-timeout-ms` (a frozen previous owner)
 //!   does not wait in the callback: the partition is assigned paused and unpositioned, and the take-over is
 //!   retried from the poll loop with backoff ([`crate::source::pending`]); revoked meanwhile, it is dropped;
-//! - a fenced batch (another owner) pauses its partition until the next assignment;
+//! - a fenced batch (another owner) pauses its partition until the next assignment, which resumes it;
 //! - its positions ([`Source::positions`]) let the engine step an idle checkpoint over transaction markers; a
 //!   thread keeps the `replaysafe_consumer_lag` gauge ([`crate::source::lag`]);
 //! - with `until_caught_up` it is finished once every assigned partition's position is at its high watermark
@@ -86,8 +86,15 @@ impl ConsumerContext for Ctx {
                 } else {
                     consumer.assign(tpl)
                 };
-                // Partitions whose take-over waits stay paused: nothing is fetched from them.
-                if let Err(e) = r.and_then(|()| consumer.pause(&blocked)) {
+                // A partition paused by a fenced batch stays paused in librdkafka across a rebalance: the
+                // partitions taken over are resumed explicitly (found by the chaos harness: a zombie given its
+                // fenced partitions back never read them again). Those whose take-over waits stay paused:
+                // nothing is fetched from them.
+                let taken = taken_over(tpl, &blocked);
+                if let Err(e) = r
+                    .and_then(|()| consumer.resume(&taken))
+                    .and_then(|()| consumer.pause(&blocked))
+                {
                     core.fatal.get_or_insert(Error::Kafka(e));
                 }
             }
@@ -306,6 +313,17 @@ impl Ctx {
         ))?;
         start::without_generation_change(u, &group, began, p.kafka.start)
     }
+}
+
+/// The partitions of `tpl` not in `blocked`: those taken over in this assignment.
+fn taken_over(tpl: &TopicPartitionList, blocked: &TopicPartitionList) -> TopicPartitionList {
+    let mut taken = TopicPartitionList::new();
+    for e in tpl.elements() {
+        if blocked.find_partition(e.topic(), e.partition()).is_none() {
+            taken.add_partition(e.topic(), e.partition());
+        }
+    }
+    taken
 }
 
 /// Kafka's committed offsets of the partitions without a checkpoint (used only for those).
