@@ -1,5 +1,5 @@
 //! Liveness and readiness of a `run` process, served as `/healthz` and `/readyz` beside `/metrics`
-//! ([`crate::metrics_http`]).
+//! (served by `metrics_http`).
 //!
 //! The state is process-wide (like the metrics recorder): the engine loop, the batch retries, the settle of
 //! a fenced batch and the group source report into it; [`spawn_probe`] checks the database in the background;
@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::config::Pipeline;
-use crate::engine::Tp;
+use crate::engine::types::Tp;
 use crate::sink::checkpoint::CHECKPOINTS;
 
 /// `/healthz` fails when the loop has not turned (nor retried the database) for this long.

@@ -5,7 +5,7 @@
 //! A background thread updates it every [`EVERY`] with one `ListOffsets` request per held partition on the
 //! group-less side client (each bounded by [`WATERMARK_TIMEOUT`]; a partition whose watermark does not come
 //! keeps its last value). A partition no longer held (revoked, fenced) is set to 0 at the next update and
-//! disappears from `/metrics` after [`crate::metrics_http::GAUGE_IDLE`]. With `read_committed` (librdkafka's
+//! disappears from `/metrics` after `metrics_http::GAUGE_IDLE`. With `read_committed` (librdkafka's
 //! default) the high watermark includes records of open transactions and the final transaction marker; the
 //! checkpoint steps over a trailing marker once the partition is idle, so an idle, applied partition reads 0.
 
