@@ -19,6 +19,11 @@ use replaysafe::ops::rebuild::RebuildOptions;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Seconds start-up waits for PostgreSQL and the Kafka brokers (retrying a refused connection, a DNS
+    /// failure, a timeout) before it exits with the error (code 1) naming the address, where it came from and
+    /// the cause.
+    #[arg(long, global = true, default_value_t = 60, value_name = "SECONDS")]
+    pub connect_timeout: u64,
 }
 
 #[derive(Subcommand)]
@@ -252,26 +257,41 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &PathBuf) -> anyhow::Resu
     serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{}: {e}", path.display())).into())
 }
 
+/// The database URL: `[postgres] url`, else `DATABASE_URL`; its origin is noted for connection errors
+/// ([`replaysafe::endpoint::note_origin`]).
 pub fn database_url(p: &config::Pipeline) -> anyhow::Result<String> {
-    p.postgres
-        .url
-        .clone()
-        .or_else(|| std::env::var("DATABASE_URL").ok())
-        .ok_or_else(|| Error::Config {
-            location: p.source.locate(0),
-            message: "no database: set [postgres] url or DATABASE_URL".into(),
-        })
-        .map_err(Into::into)
+    let (url, origin) = match (&p.postgres.url, std::env::var("DATABASE_URL")) {
+        (Some(u), _) => (u.clone(), format!("[postgres] url in {}", p.source.path)),
+        (None, Ok(u)) => (u, "DATABASE_URL (environment)".to_string()),
+        (None, Err(_)) => {
+            return Err(Error::Config {
+                location: p.source.locate(0),
+                message: "no database: set [postgres] url or DATABASE_URL".into(),
+            }
+            .into())
+        }
+    };
+    replaysafe::endpoint::note_origin(&url, origin);
+    Ok(url)
 }
 
+/// The brokers: `--brokers`, else `[kafka] brokers`, else `KAFKA_BROKERS`; the origin is noted for connection
+/// errors.
 pub fn brokers(p: &config::Pipeline, flag: Option<String>) -> anyhow::Result<String> {
-    flag.or_else(|| p.kafka.brokers.clone())
-        .or_else(|| std::env::var("KAFKA_BROKERS").ok())
-        .ok_or_else(|| Error::Config {
-            location: p.source.locate(0),
-            message: "no Kafka brokers: set [kafka] brokers, KAFKA_BROKERS or --brokers".into(),
-        })
-        .map_err(Into::into)
+    let (brokers, origin) = match (flag, &p.kafka.brokers, std::env::var("KAFKA_BROKERS")) {
+        (Some(b), _, _) => (b, "--brokers".to_string()),
+        (None, Some(b), _) => (b.clone(), format!("[kafka] brokers in {}", p.source.path)),
+        (None, None, Ok(b)) => (b, "KAFKA_BROKERS (environment)".to_string()),
+        (None, None, Err(_)) => {
+            return Err(Error::Config {
+                location: p.source.locate(0),
+                message: "no Kafka brokers: set [kafka] brokers, KAFKA_BROKERS or --brokers".into(),
+            }
+            .into())
+        }
+    };
+    replaysafe::endpoint::note_origin(&brokers, origin);
+    Ok(brokers)
 }
 
 /// What a backfill and a rebuild both resolve first: the pipeline, its brokers and database, the shutdown flag.

@@ -50,6 +50,10 @@ pub enum Error {
     /// A Kafka error.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// PostgreSQL or the Kafka brokers could not be reached: names the address (never a password), where the
+    /// setting came from and the cause ([`crate::endpoint`]). Exit code 1.
+    #[error("{0}")]
+    Connect(crate::endpoint::ConnectError),
     /// Anything else, with context.
     #[error("{0}")]
     Other(String),

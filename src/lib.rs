@@ -20,6 +20,7 @@
 pub mod config;
 pub mod decode;
 pub mod demo;
+pub mod endpoint;
 pub mod engine;
 pub mod error;
 pub mod filter;

@@ -263,6 +263,7 @@ fn logging(cli: &Cli) {
 fn main() {
     let cli = Cli::parse();
     logging(&cli);
+    replaysafe::endpoint::set_connect_timeout(Duration::from_secs(cli.connect_timeout));
     // REPLAYSAFE_FAILPOINTS="name=action;…" (the `fail` crate's syntax), test builds only.
     #[cfg(feature = "failpoints")]
     if let Ok(spec) = std::env::var("REPLAYSAFE_FAILPOINTS") {
@@ -280,8 +281,13 @@ fn main() {
                 .find_map(|c| c.downcast_ref::<Error>())
                 .map_or(EXIT_FAILURE, Error::exit_code);
             eprintln!("error: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+            // Each cause once: a wrapped error often repeats its source's text.
+            let mut said = vec![e.to_string()];
+            for cause in e.chain().skip(1).map(|c| c.to_string()) {
+                if !said.iter().any(|s| s.contains(&cause)) {
+                    eprintln!("  caused by: {cause}");
+                    said.push(cause);
+                }
             }
             code
         }

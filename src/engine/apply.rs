@@ -205,6 +205,7 @@ async fn isolate(
 /// [`sink::retryable`] names (classes 08, 40, 53, 55, 57 and 25006 read-only — PostgreSQL manual, Appendix A).
 pub fn is_transient(e: &Error) -> bool {
     match e {
+        Error::Connect(c) => c.transient,
         Error::Postgres(pg) => match pg.code() {
             None => true,
             Some(c) => sink::retryable(c.code()),
@@ -223,22 +224,49 @@ pub fn is_transient(e: &Error) -> bool {
 pub async fn retry_db<T, F, Fut>(
     what: &str,
     give_up: &(dyn Fn() -> bool + Sync),
+    op: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    retry_db_until(what, give_up, None, op).await
+}
+
+/// As [`retry_db`], also ending at `deadline` (start-up: `--connect-timeout`): no sleep goes past it, and the
+/// last error is returned once it has passed, prefixed with how long was waited.
+///
+/// # Errors
+/// As [`retry_db`]; the last transient error once `deadline` has passed.
+pub async fn retry_db_until<T, F, Fut>(
+    what: &str,
+    give_up: &(dyn Fn() -> bool + Sync),
+    deadline: Option<std::time::Instant>,
     mut op: F,
 ) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
+    let started = std::time::Instant::now();
     let mut attempt = 0u32;
     loop {
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
         match op().await {
             Ok(v) => return Ok(v),
+            Err(e) if is_transient(&e) && left.is_some_and(|l| l.is_zero()) => {
+                return Err(Error::Other(format!(
+                    "{what}: gave up after {} s (--connect-timeout): {e}",
+                    started.elapsed().as_secs()
+                )));
+            }
             Err(e) if is_transient(&e) && !give_up() => {
                 attempt += 1;
                 metrics::counter!("replaysafe_db_retries_total").increment(1);
                 tracing::warn!(attempt, "{what}: database unavailable, retrying: {e}");
                 crate::health::beat(None);
-                tokio::time::sleep(backoff(attempt)).await;
+                let pause = backoff(attempt);
+                tokio::time::sleep(left.map_or(pause, |l| l.min(pause))).await;
             }
             Err(e) => return Err(e),
         }

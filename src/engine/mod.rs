@@ -126,10 +126,12 @@ pub struct Engine {
 
 impl Engine {
     /// Creates the tables (or checks them), prunes the ledger when asked, and opens `postgres.connections`
-    /// connections — retried while the database is unavailable.
+    /// connections — retried while the database is unavailable, for at most `--connect-timeout`
+    /// ([`crate::endpoint::connect_timeout`]).
     ///
     /// # Errors
-    /// [`Error::Schema`] when the database does not match; a database error.
+    /// [`Error::Schema`] when the database does not match; a database error; the connection error (address,
+    /// origin, cause) once `--connect-timeout` has passed.
     pub fn start(
         rt: &tokio::runtime::Handle,
         pipeline: Arc<Pipeline>,
@@ -139,7 +141,9 @@ impl Engine {
         let give_up = move || stop.load(Ordering::Relaxed);
         let (url, group) = (&opts.database_url, opts.group.as_deref());
         let prune = opts.prune_on_start;
-        let sinks = rt.block_on(apply::retry_db("starting", &give_up, || async {
+        // Start-up waits for the database at most `--connect-timeout`, then exits with the error.
+        let deadline = Instant::now() + crate::endpoint::connect_timeout();
+        let sinks = rt.block_on(apply::retry_db_until("starting", &give_up, Some(deadline), || async {
             let mut admin = crate::sink::connect_with(url, &pipeline.postgres.timeouts).await?;
             schema::init(&mut admin, &pipeline).await?;
             if prune {

@@ -53,6 +53,8 @@ pub fn snapshot(
     database_url: &str,
     group: &str,
 ) -> Result<StopFile> {
+    let probe = crate::source::kafka::consumer_config(pipeline, brokers, &[]);
+    crate::source::kafka::reachable(&probe, brokers, &pipeline.kafka.topics[0])?;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)

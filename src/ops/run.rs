@@ -77,8 +77,10 @@ pub fn run_timed(
     o.summary_interval = Some(opts.summary_interval);
     o.crash_after_batches = opts.crash_after_batches;
     o.prune_interval = Some(opts.prune_interval);
-    let engine = Engine::start(&rt, pipeline.clone(), o)?;
     let config = group::config(&pipeline, &opts.brokers, &opts.extra_properties);
+    // The brokers answer (within --connect-timeout) before any table is created.
+    crate::source::kafka::reachable(&config, &opts.brokers, &pipeline.kafka.topics[0])?;
+    let engine = Engine::start(&rt, pipeline.clone(), o)?;
     let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;
     engine.run_timed(source)
 }

@@ -71,8 +71,24 @@ pub async fn connect(url: &str) -> Result<Client> {
 ///
 /// # Errors
 /// [`Error::Postgres`].
+/// A connection that fails names the address (`host:port`, never the password), where the URL came from and
+/// the cause ([`crate::endpoint`]); one attempt waits at most `connect_timeout` of the URL, else
+/// [`crate::endpoint::ATTEMPT_TIMEOUT`] (bounded by `--connect-timeout`).
 pub async fn connect_with(url: &str, timeouts: &Timeouts) -> Result<Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        Error::Usage(format!(
+            "the database URL (from {}) does not parse: {e}",
+            crate::endpoint::origin(url, "DATABASE_URL")
+        ))
+    })?;
+    if config.get_connect_timeout().is_none() {
+        let bound = crate::endpoint::ATTEMPT_TIMEOUT.min(crate::endpoint::connect_timeout());
+        config.connect_timeout(bound.max(std::time::Duration::from_secs(1)));
+    }
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| Error::Connect(crate::endpoint::pg_error(&config, url, &e)))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!("postgres connection ended: {e}");

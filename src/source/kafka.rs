@@ -95,6 +95,72 @@ pub fn partitions(consumer: &BaseConsumer, topics: &[String]) -> Result<Vec<(Str
     Ok(out)
 }
 
+/// Collects librdkafka's error callbacks (`Connect to … failed: Connection refused`, `Failed to resolve …`) for
+/// [`reachable`]'s message.
+#[derive(Default)]
+struct Reasons(std::sync::Mutex<Vec<String>>);
+
+impl rdkafka::ClientContext for Reasons {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let mut all = self.0.lock().expect("reasons");
+        // "1/1 brokers are down" follows every failed connect: keep the reason that says why.
+        let informative = !reason.contains("brokers are down") || all.is_empty();
+        // Repeated attempts differ only in the "(after N ms in state …)" tail.
+        let head = reason.split(" (after ").next().unwrap_or(reason);
+        if informative && !all.iter().any(|r| r.starts_with(head)) {
+            tracing::debug!("kafka: {error}: {reason}");
+            all.push(reason.to_string());
+        }
+    }
+
+    /// librdkafka logs a failed connection (`FAIL`: `Connect to … failed: Connection refused`) from its broker
+    /// threads; the error callback would need a poll.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        if (level as i32) <= (RDKafkaLogLevel::Warning as i32) || fac == "FAIL" {
+            self.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), message);
+        }
+    }
+}
+
+impl ConsumerContext for Reasons {}
+
+/// Waits until the brokers answer a metadata request for `topic` (with the pipeline's client configuration:
+/// security properties included), for at most `--connect-timeout` ([`crate::endpoint::connect_timeout`]),
+/// warning every 5 s with the address and the cause.
+///
+/// # Errors
+/// [`Error::Connect`] naming the brokers, where they came from and the cause (connection refused, DNS lookup
+/// failed, authentication failed, timed out); [`Error::Kafka`] when the configuration is refused.
+pub fn reachable(config: &ClientConfig, brokers: &str, topic: &str) -> Result<()> {
+    let mut c = config.clone();
+    c.remove("group.id");
+    let probe: BaseConsumer<Reasons> = c.create_with_context(Reasons::default())?;
+    let started = std::time::Instant::now();
+    let deadline = started + crate::endpoint::connect_timeout();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let attempt = left.min(Duration::from_secs(5)).max(Duration::from_millis(100));
+        let result = probe.fetch_metadata(Some(topic), attempt);
+        // Serve the log and error events queued meanwhile (they reach the context only through a poll).
+        let drain = std::time::Instant::now() + Duration::from_millis(50);
+        while std::time::Instant::now() < drain {
+            let _ = probe.poll(Duration::from_millis(10));
+        }
+        let reasons = probe.context().0.lock().expect("reasons").clone();
+        match result {
+            Ok(_) => return Ok(()),
+            Err(_) if std::time::Instant::now() < deadline => {
+                let e = crate::endpoint::kafka_error(brokers, &reasons, None);
+                tracing::warn!("{e}; retrying for up to --connect-timeout");
+            }
+            Err(_) => {
+                let e = crate::endpoint::kafka_error(brokers, &reasons, Some(started.elapsed()));
+                return Err(Error::Connect(e));
+            }
+        }
+    }
+}
+
 /// How long [`watermarks`] keeps retrying a transient broker error (a partition without a leader yet — a topic
 /// just created, a broker restarting or failing over — or a request timeout) before it gives up.
 pub const WATERMARK_RETRY: Duration = Duration::from_secs(30);

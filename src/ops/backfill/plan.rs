@@ -191,6 +191,8 @@ pub fn plan(
     opts: &BackfillOptions,
 ) -> Result<(Vec<PartitionPlan>, Vec<String>, String)> {
     validate(pipeline, opts)?;
+    let probe = crate::source::kafka::consumer_config(pipeline, brokers, &[]);
+    crate::source::kafka::reachable(&probe, brokers, &pipeline.kafka.topics[0])?;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", &opts.group_id)

@@ -1,0 +1,232 @@
+//! Where replaysafe connects and what to say when it cannot: the address (`host:port`, never a password), where
+//! the setting came from (the pipeline file's key, an environment variable, a flag) and the cause (connection
+//! refused, DNS lookup failed, timed out, authentication failed), and the bound on start-up retries
+//! (`--connect-timeout`, default [`DEFAULT_CONNECT_TIMEOUT`]).
+//!
+//! The command line resolves the database URL and the brokers once and notes their origin here
+//! ([`note_origin`]); every connection error then names it without threading it through every call.
+
+use std::collections::BTreeMap;
+use std::error::Error as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long start-up waits for PostgreSQL and the Kafka brokers before giving up (`--connect-timeout`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The longest single PostgreSQL connection attempt when the URL sets no `connect_timeout` (a host that drops
+/// packets would otherwise wait for the kernel's TCP timeout, minutes).
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+static CONNECT_TIMEOUT_MS: AtomicU64 = AtomicU64::new(60_000);
+static ORIGINS: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
+
+/// Sets the start-up bound for this process (`--connect-timeout SECONDS`).
+pub fn set_connect_timeout(d: Duration) {
+    CONNECT_TIMEOUT_MS.store(d.as_millis() as u64, Ordering::Relaxed);
+}
+
+/// The start-up bound: how long the first connection to PostgreSQL (and to the brokers) is retried.
+pub fn connect_timeout() -> Duration {
+    Duration::from_millis(CONNECT_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
+/// Records where a resolved setting (a database URL, a brokers list) came from, e.g. `DATABASE_URL
+/// (environment)` or `[postgres] url in pipeline.toml:12:7`.
+pub fn note_origin(value: &str, origin: impl Into<String>) {
+    ORIGINS
+        .lock()
+        .expect("origins")
+        .insert(value.to_string(), origin.into());
+}
+
+/// Where `value` came from: what [`note_origin`] recorded, else the environment variable `env` when it holds
+/// exactly `value`, else "given by the caller".
+pub fn origin(value: &str, env: &str) -> String {
+    if let Some(o) = ORIGINS.lock().expect("origins").get(value) {
+        return o.clone();
+    }
+    if std::env::var(env).is_ok_and(|v| v == value) {
+        return format!("{env} (environment)");
+    }
+    "given by the caller".to_string()
+}
+
+/// A connection that could not be made: the message names the service, address, origin and cause.
+#[derive(Debug)]
+pub struct ConnectError {
+    /// `cannot connect to PostgreSQL at HOST:PORT (from ORIGIN): CAUSE — detail`.
+    pub message: String,
+    /// Whether retrying may help (refused, DNS, timeout: yes; authentication, a missing database: no).
+    pub transient: bool,
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The `host:port` list of a PostgreSQL URL or key/value string (never user or password); the input unparsed
+/// is never shown (it may hold the password).
+pub fn pg_address(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match h {
+                Host::Tcp(name) => format!("{name}:{port}"),
+                Host::Unix(path) => format!("{}/.s.PGSQL.{port}", path.display()),
+            }
+        })
+        .collect();
+    if hosts.is_empty() {
+        "localhost:5432 (default)".to_string()
+    } else {
+        hosts.join(",")
+    }
+}
+
+/// The cause of a failed PostgreSQL connection in a few words, and whether retrying may help.
+pub fn pg_cause(e: &tokio_postgres::Error) -> (&'static str, bool) {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return match &code[..2] {
+            "28" => ("authentication failed", false),
+            "3D" => ("no such database", false),
+            "53" | "57" => ("the server is not accepting connections", true),
+            _ => ("the server refused the session", false),
+        };
+    }
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io_cause(io);
+        }
+        source = s.source();
+    }
+    let text = e.to_string();
+    if text.contains("timeout") || text.contains("timed out") {
+        ("timed out", true)
+    } else {
+        ("connection failed", true)
+    }
+}
+
+fn io_cause(io: &std::io::Error) -> (&'static str, bool) {
+    use std::io::ErrorKind as K;
+    let text = io.to_string().to_lowercase();
+    match io.kind() {
+        K::ConnectionRefused => ("connection refused", true),
+        K::TimedOut => ("timed out", true),
+        K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof => {
+            ("connection closed by the server", true)
+        }
+        _ if text.contains("lookup") || text.contains("resolve") || text.contains("name or service") => {
+            ("DNS lookup failed", true)
+        }
+        _ if text.contains("timed out") => ("timed out", true),
+        _ => ("connection failed", true),
+    }
+}
+
+/// The error for a failed PostgreSQL connection to `config`.
+pub fn pg_error(config: &tokio_postgres::Config, url: &str, e: &tokio_postgres::Error) -> ConnectError {
+    let (cause, transient) = pg_cause(e);
+    let user = config.get_user().map(|u| format!(" as {u}")).unwrap_or_default();
+    ConnectError {
+        message: format!(
+            "cannot connect to PostgreSQL at {}{user} (from {}): {cause} — {}",
+            pg_address(config),
+            origin(url, "DATABASE_URL"),
+            describe_chain(e)
+        ),
+        transient,
+    }
+}
+
+/// The server's message and SQLSTATE, or the client's error and its causes (each once).
+pub fn describe_chain(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
+}
+
+/// The cause of a failed broker connection from librdkafka's error reasons (its error callback), in a few words.
+pub fn kafka_cause(reasons: &[String]) -> &'static str {
+    let all = reasons.join("\n").to_lowercase();
+    if all.contains("connection refused") {
+        "connection refused"
+    } else if all.contains("failed to resolve") || all.contains("name or service not known") {
+        "DNS lookup failed"
+    } else if all.contains("authentication") || all.contains("sasl") {
+        "authentication failed"
+    } else if all.contains("ssl") || all.contains("handshake") {
+        "TLS handshake failed"
+    } else if all.contains("timed out") || reasons.is_empty() {
+        "timed out (no answer from any broker)"
+    } else {
+        "connection failed"
+    }
+}
+
+/// The error for brokers that did not answer; `gave_up`: how long start-up waited (the final error).
+pub fn kafka_error(brokers: &str, reasons: &[String], gave_up: Option<Duration>) -> ConnectError {
+    let cause = kafka_cause(reasons);
+    let detail = reasons
+        .last()
+        .map(|r| format!(" — {r}"))
+        .unwrap_or_default();
+    let waited = gave_up
+        .map(|d| format!(", gave up after {} s (--connect-timeout)", d.as_secs()))
+        .unwrap_or_default();
+    ConnectError {
+        message: format!(
+            "cannot connect to the Kafka brokers {brokers} (from {}): {cause}{waited}{detail}",
+            origin(brokers, "KAFKA_BROKERS"),
+        ),
+        transient: cause != "authentication failed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_never_shows_the_password() {
+        let c: tokio_postgres::Config = "postgresql://u:hunter2@db.example:6543/x".parse().unwrap();
+        assert_eq!(pg_address(&c), "db.example:6543");
+        let c: tokio_postgres::Config = "host=a,b port=1,2 password=hunter2".parse().unwrap();
+        assert_eq!(pg_address(&c), "a:1,b:2");
+    }
+
+    #[test]
+    fn kafka_causes() {
+        let r = |s: &str| vec![s.to_string()];
+        assert_eq!(
+            kafka_cause(&r("127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused")),
+            "connection refused"
+        );
+        assert_eq!(
+            kafka_cause(&r("x:9092/bootstrap: Failed to resolve 'x:9092': Name or service not known")),
+            "DNS lookup failed"
+        );
+        assert_eq!(kafka_cause(&[]), "timed out (no answer from any broker)");
+    }
+}
