@@ -113,6 +113,7 @@ fn run(
     if let Some(addr) = metrics_addr {
         let _guard = rt.enter();
         replaysafe::metrics_http::install(addr)?;
+        replaysafe::metrics_http::register(&p);
         replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
     }
     let tally = ops::run::run_on(rt.handle().clone(), p, opts).context("run failed")?;

@@ -2,10 +2,10 @@
 //! `metrics-exporter-prometheus`), `/healthz` and `/readyz` ([`crate::health`]: the rules and the reasons a
 //! 503 gives). Plain HTTP/1.1 (hyper), one small response per request; any other path is 404.
 //!
-//! Metrics: `replaysafe_records_total{outcome="landed"|"duplicate"|"stale"|"filtered"|"quarantined", rule,
-//! reason}`, `replaysafe_batches_total`, `replaysafe_db_retries_total`, `replaysafe_flush_seconds` (histogram,
-//! seconds), `replaysafe_consumer_lag{topic, partition}` (gauge, records: the partition's high watermark minus
-//! its checkpoint, the next offset to apply — [`crate::source::lag`]).
+//! The series, their types and labels are README's table "Metrics and health" (a test parses it and scrapes an
+//! idle instance): every series is registered at zero on start ([`register`]) with the labels known then, so an
+//! idle or restarted instance serves them all; `replaysafe_flush_seconds` is a histogram with
+//! [`FLUSH_BUCKETS`] (without buckets the exporter would render a summary).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,10 +14,65 @@ use std::time::Duration;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 
+use crate::config::{Format, Pipeline};
+use crate::decode::Reason;
 use crate::error::{Error, Result};
+
+/// The flush histogram's name: seconds from a flush's start to its settle (every batch of the flush applied).
+pub const FLUSH_SECONDS: &str = "replaysafe_flush_seconds";
+
+/// Upper bounds (seconds) of the `replaysafe_flush_seconds` buckets: 5 ms to 60 s (a flush waits out lock and
+/// statement timeouts of 30 s by default), `+Inf` beyond.
+pub const FLUSH_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The filtered rules the Debezium decoder applies by itself (`rule` label).
+const CDC_RULES: [&str; 4] = [
+    "cdc-kafka-tombstone",
+    "cdc-transaction-metadata",
+    "cdc-heartbeat",
+    "cdc-message",
+];
+
+/// Registers every series at zero with the labels known on start: each outcome, each `[[filter]]` rule (and
+/// the Debezium decoder's own), each quarantine reason, each row projection; the flush histogram empty. The
+/// lag gauge (`topic`, `partition`) appears per partition once held ([`crate::source::lag`]). Call after
+/// [`install`]; without a recorder it does nothing.
+pub fn register(p: &Pipeline) {
+    for outcome in ["landed", "duplicate", "stale"] {
+        metrics::counter!("replaysafe_records_total", "outcome" => outcome).absolute(0);
+    }
+    let mut rules: Vec<String> = p.filters.iter().map(|f| f.name.clone()).collect();
+    if p.format == Format::Debezium {
+        rules.extend(CDC_RULES.iter().map(|r| r.to_string()));
+    }
+    for rule in rules {
+        metrics::counter!("replaysafe_records_total", "outcome" => "filtered", "rule" => rule).absolute(0);
+    }
+    for r in Reason::ALL {
+        metrics::counter!("replaysafe_records_total", "outcome" => "quarantined", "reason" => r.as_str())
+            .absolute(0);
+    }
+    for name in [
+        "replaysafe_batches_total",
+        "replaysafe_db_retries_total",
+        "replaysafe_takeover_deferrals_total",
+        "replaysafe_checkpoint_rewinds_total",
+    ] {
+        metrics::counter!(name).absolute(0);
+    }
+    for proj in p.projections.iter().filter(|x| x.row.is_some()) {
+        let name = proj.name.clone();
+        metrics::counter!("replaysafe_conflicts_total", "projection" => name.clone()).absolute(0);
+        metrics::counter!("replaysafe_resnapshot_reads_total", "projection" => name).absolute(0);
+    }
+    // Registered with no sample: `_bucket` lines at 0, `_sum` and `_count` 0.
+    let _ = metrics::histogram!(FLUSH_SECONDS);
+}
 
 /// A gauge not set for this long disappears from `/metrics` (a revoked partition's lag).
 pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
@@ -38,6 +93,8 @@ pub fn install(addr: SocketAddr) -> Result<()> {
         .map_err(|e| Error::Other(format!("--metrics-addr {addr}: {e}")))?;
     let handle = PrometheusBuilder::new()
         .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
+        .set_buckets_for_metric(Matcher::Full(FLUSH_SECONDS.into()), FLUSH_BUCKETS)
+        .map_err(|e| Error::Other(format!("metrics buckets: {e}")))?
         .install_recorder()
         .map_err(|e| Error::Other(format!("metrics recorder: {e}")))?;
     // With `install_recorder` the upkeep (draining histogram samples) is ours to run.

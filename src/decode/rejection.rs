@@ -25,6 +25,19 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason (the `reason` labels `/metrics` registers at zero on start).
+    pub const ALL: [Reason; 9] = [
+        Reason::NullValue,
+        Reason::Oversize,
+        Reason::InvalidJson,
+        Reason::MissingField,
+        Reason::InvalidField,
+        Reason::BeyondHorizon,
+        Reason::FilterError,
+        Reason::RejectedByDatabase,
+        Reason::Flattened,
+    ];
+
     /// Stable kebab-case name.
     pub fn as_str(self) -> &'static str {
         match self {

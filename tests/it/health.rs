@@ -137,7 +137,7 @@ fn tally_of(recs: &[Rec]) -> BTreeMap<(String, String), i64> {
 }
 
 /// `GET path` on `addr`: status code and body.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+pub(crate) fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(
@@ -175,12 +175,12 @@ fn stable_members(group: &str) -> Option<usize> {
     (g.state() == "Stable").then(|| g.members().len())
 }
 
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
 }
 
-fn wait_for(addr: &str, path: &str, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
+pub(crate) fn wait_for(addr: &str, path: &str, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
     let mut last = String::new();
     wait_until(Duration::from_secs(60), what, || match get(addr, path) {
         Some((code, body)) => {

@@ -108,3 +108,98 @@ fn wrong_broker_is_named_with_its_origin_and_cause() {
     assert_names(&bf, &["127.0.0.1:1", "KAFKA_BROKERS", "connection refused"]);
     assert_eq!(schema_tables(&db), 0);
 }
+
+/// A JSON pipeline with a filter rule, a row projection and a counter: every label kind `/metrics` registers.
+const METRICS_PIPELINE: &str = concat!(
+    header!(),
+    r#"[fields]
+event_id = { path = "/event_id", type = "uuid" }
+entity = { path = "/entity", type = "text" }
+v = { path = "/v", type = "bigint" }
+day = { path = "/occurred_at", type = "date" }
+[[filter]]
+name = "no-tests"
+drop-if = "entity == 'test'"
+[identity]
+key = ["event_id"]
+partition-by = "day"
+[[projection]]
+kind = "row"
+table = "accounts"
+key = ["entity"]
+version = "v"
+columns = ["entity", "v"]
+[[projection]]
+kind = "counter"
+table = "daily_counts"
+group-by = ["day"]
+column = "n"
+"#
+);
+
+/// The series names of README's metrics table (rows starting with "| `replaysafe_" in "Metrics and health").
+fn readme_series() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("### Metrics and health")
+        .nth(1)
+        .and_then(|s| s.split("\n#").next())
+        .expect("README has a section \"Metrics and health\"");
+    let names: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("| `replaysafe_"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(|n| format!("replaysafe_{n}"))
+        .collect();
+    assert!(names.len() >= 9, "README's metrics table parsed: {names:?}");
+    names
+}
+
+/// Scrapes `/metrics` of an idle instance until the lag gauge (set once a partition is held) is there.
+fn idle_scrape(addr: &str) -> String {
+    crate::health::wait_for(addr, "/readyz", "ready (partitions held)", |c, _| c == 200);
+    crate::health::wait_for(addr, "/metrics", "the lag gauge", |c, b| {
+        c == 200 && b.contains("replaysafe_consumer_lag{")
+    })
+}
+
+fn assert_every_series(body: &str, topic: &str) {
+    for name in readme_series() {
+        assert!(
+            body.lines().any(|l| l.starts_with(&name)),
+            "README lists {name}; /metrics of an idle instance lacks it:\n{body}"
+        );
+    }
+    assert!(
+        body.contains("# TYPE replaysafe_flush_seconds histogram")
+            && body.contains("replaysafe_flush_seconds_bucket{le=\"0.1\"} 0")
+            && body.contains("replaysafe_flush_seconds_bucket{le=\"+Inf\"} 0"),
+        "flush_seconds is a histogram with buckets:\n{body}"
+    );
+    for line in [
+        "replaysafe_records_total{outcome=\"filtered\",rule=\"no-tests\"} 0",
+        "replaysafe_records_total{outcome=\"quarantined\",reason=\"missing-field\"} 0",
+        "replaysafe_conflicts_total{projection=\"accounts\"} 0",
+        "replaysafe_batches_total 0",
+    ] {
+        assert!(body.contains(line), "{line} registered at zero:\n{body}");
+    }
+    assert!(body.contains(&format!("replaysafe_consumer_lag{{topic=\"{topic}\"")));
+}
+
+/// An idle fresh instance (an empty topic) serves every series README lists — at zero — and a histogram with
+/// `_bucket` lines for the flush time; so does the same instance restarted (nothing applied in between).
+#[test]
+fn metrics_of_an_idle_instance_list_every_readme_series() {
+    let (db, topic) = stage("metrics_idle", 2);
+    let p = pipeline(METRICS_PIPELINE, &topic, &unique("g"), &db.schema);
+    for name in ["first", "restarted"] {
+        let addr = crate::health::free_addr();
+        let mut child = spawn_run(&p, &["--metrics-addr", &addr], name);
+        let body = idle_scrape(&addr);
+        assert_eq!(terminate(&mut child), Some(0));
+        assert_every_series(&body, &topic);
+    }
+    assert_eq!(db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(db.i64("SELECT count(*)::bigint FROM {s}.accounts"), 0);
+}
