@@ -164,6 +164,10 @@ pub struct BackfillArgs {
     /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
     #[arg(long)]
     pub brokers: Option<String>,
+    /// Also commit the backfill group's offsets to Kafka (by default none are: the group never appears in
+    /// Kafka; the checkpoints in PostgreSQL are what a rerun resumes from).
+    #[arg(long)]
+    pub keep_group: bool,
 }
 
 #[derive(clap::Args)]
@@ -351,6 +355,7 @@ impl BackfillArgs {
             missing_stop: self.missing_stop,
             progress: progress(),
             cover: Default::default(),
+            keep_group: self.keep_group,
         };
         Ok((replay, opts))
     }

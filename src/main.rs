@@ -140,7 +140,7 @@ fn backfill(a: cli::BackfillArgs) -> anyhow::Result<()> {
     signals(r.shutdown.clone());
     let report =
         ops::backfill::backfill(r.pipeline, &r.brokers, &r.database_url, &opts, r.shutdown)?;
-    eprintln!("{}", report.accounting);
+    eprintln!("backfill, this session: {}", report.accounting);
     write_json(&report, output.as_ref())
 }
 

@@ -128,6 +128,7 @@ pub fn rebuild(
         missing_stop: MissingStop::End,
         progress: opts.progress,
         cover: cover.clone(),
+        keep_group: false,
     };
     // Plan first (retention, the ledger's offsets still in the topic) so nothing is deleted when the replay
     // cannot re-read it all.

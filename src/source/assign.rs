@@ -36,11 +36,13 @@ struct Part {
 pub struct AssignAck {
     consumer: BaseConsumer,
     group: String,
+    /// Whether offsets are committed to Kafka (a backfill's `--keep-group`).
+    commit: bool,
 }
 
 impl Ack for AssignAck {
     fn acknowledges(&self) -> bool {
-        true
+        self.commit
     }
 
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) {
@@ -60,12 +62,15 @@ pub struct Assign {
     core: Shared,
     ack: AssignAck,
     parts: Vec<Part>,
+    /// Where each partition starts in this session (its range's start, or the checkpoint it resumes at).
+    starts: Vec<(Tp, i64)>,
 }
 
 impl Assign {
     /// Takes over the checkpoints of `ranges` under `group` and assigns the partitions not yet done. A
     /// partition with a checkpoint resumes there (a note in `notes` when inside the range); one without is
-    /// positioned at its start, written to the checkpoint.
+    /// positioned at its start, written to the checkpoint. Offsets are committed to Kafka under `group` only
+    /// with `commit` (a backfill's `--keep-group`): the checkpoints are what a rerun resumes from.
     ///
     /// # Errors
     /// [`Error::Other`] when a checkpoint lies below what retention left (the records after it are gone);
@@ -76,6 +81,7 @@ impl Assign {
         group: &str,
         ranges: Vec<Range>,
         notes: &mut Vec<String>,
+        commit: bool,
     ) -> Result<Assign> {
         // The pipeline's consumer configuration (its `[kafka.properties]`: security, fetch sizes; the bounded
         // prefetch of `run`), under the backfill's own group.
@@ -86,8 +92,10 @@ impl Assign {
         let ack = AssignAck {
             consumer,
             group: group.to_string(),
+            commit,
         };
         let mut parts = Vec::with_capacity(ranges.len());
+        let mut starts = Vec::with_capacity(ranges.len());
         {
             let mut core = lock(&core);
             let tps: Vec<Tp> = ranges.iter().map(|r| r.tp.clone()).collect();
@@ -114,6 +122,7 @@ impl Assign {
                     range.tp.clone(),
                     PartState::new(a.fence, resume, Some(resume)),
                 );
+                starts.push((range.tp.clone(), resume));
                 parts.push(Part {
                     done: resume >= range.stop,
                     range,
@@ -126,7 +135,17 @@ impl Assign {
             tpl.add_partition_offset(&p.range.tp.0, p.range.tp.1, Offset::Offset(next))?;
         }
         ack.consumer.assign(&tpl)?;
-        Ok(Assign { core, ack, parts })
+        Ok(Assign {
+            core,
+            ack,
+            parts,
+            starts,
+        })
+    }
+
+    /// Where each partition starts in this session: its range's start, or the checkpoint it resumes at.
+    pub fn starts(&self) -> &[(Tp, i64)] {
+        &self.starts
     }
 
     /// Idle: a partition whose position passed the stop (transaction markers) is done too.

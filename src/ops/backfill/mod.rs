@@ -54,6 +54,7 @@ pub fn backfill(
         partitions: plans.clone(),
         retention,
         per_day: BTreeMap::new(),
+        counts: report::COUNTS_COVER.to_string(),
         accounting: String::new(),
         dry_run: opts.dry_run,
         past_the_stop: Vec::new(),
@@ -64,16 +65,21 @@ pub fn backfill(
         return Ok(report);
     }
     let per_day = Arc::new(Mutex::new(BTreeMap::new()));
-    let tally = replay(
-        &pipeline,
-        brokers,
-        database_url,
-        opts,
-        shutdown,
-        &plans,
-        &per_day,
-        &mut report.retention,
-    )?;
+    let reached = report::Reached::default();
+    let session = Session {
+        per_day: &per_day,
+        reached: &reached,
+        notes: &mut report.retention,
+        partitions: &mut report.partitions,
+    };
+    let tally = match replay(&pipeline, brokers, database_url, opts, shutdown, session) {
+        Ok(t) => t,
+        Err(e) => {
+            // Interrupted or failed: what this session applied and what is left, for the rerun.
+            tracing::warn!("{}", report::stopped(&report.partitions, &reached));
+            return Err(e);
+        }
+    };
     report.per_day = report::per_day_report(&per_day);
     report.accounting = tally.line();
     if let StopSpec::Time(to) = opts.stop {
@@ -98,19 +104,26 @@ pub fn backfill(
     Ok(report)
 }
 
+/// What a session of the replay fills in: per-day counts and the offsets reached (shared with the engine's
+/// observer), the report's notes, and its partitions (their start moved to where this session resumed).
+struct Session<'a> {
+    per_day: &'a report::PerDay,
+    reached: &'a report::Reached,
+    notes: &'a mut Vec<String>,
+    partitions: &'a mut Vec<PartitionPlan>,
+}
+
 /// The engine over the assign source with the backfill's extras (`--filter`, a rebuild's day window, per-day
 /// counts into `per_day`).
-#[allow(clippy::too_many_arguments)]
 fn replay(
     pipeline: &Arc<Pipeline>,
     brokers: &str,
     database_url: &str,
     opts: &BackfillOptions,
     shutdown: Arc<AtomicBool>,
-    plans: &[PartitionPlan],
-    per_day: &report::PerDay,
-    notes: &mut Vec<String>,
+    s: Session<'_>,
 ) -> Result<Tally> {
+    let plans = s.partitions.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -121,9 +134,10 @@ fn replay(
     o.prune_on_start = false;
     o.extras = Extras::new(pipeline, opts.filter.as_deref(), opts.day_window)?;
     o.observer = Some(Box::new(report::Progress::new(
-        plans,
+        &plans,
         opts.progress,
-        per_day.clone(),
+        s.per_day.clone(),
+        s.reached.clone(),
     )));
     let engine = Engine::start(rt.handle(), pipeline.clone(), o)?;
     let ranges = plans
@@ -134,6 +148,8 @@ fn replay(
             stop: p.stop_offset,
         })
         .collect();
-    let source = Assign::open(engine.shared(), brokers, &opts.group_id, ranges, notes)?;
+    let group = &opts.group_id;
+    let source = Assign::open(engine.shared(), brokers, group, ranges, s.notes, opts.keep_group)?;
+    report::resumed_at(s.partitions, source.starts());
     engine.run(source)
 }

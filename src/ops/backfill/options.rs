@@ -53,6 +53,10 @@ pub struct BackfillOptions {
     /// Offsets the replay must read whatever the times say, per `(topic, partition)`: `(lowest, highest)`,
     /// both inclusive (rebuild: where the window's ledger rows came from). Empty for a plain backfill.
     pub cover: BTreeMap<(String, i32), (i64, i64)>,
+    /// Commit the backfill group's offsets to Kafka (`--keep-group`); by default nothing is committed, so the
+    /// group never shows in Kafka (lag tools would show it as a consumer with a permanent lag). The checkpoints
+    /// in PostgreSQL are what a rerun resumes from either way.
+    pub keep_group: bool,
 }
 
 /// One partition of the plan.
@@ -66,7 +70,8 @@ pub struct PartitionPlan {
     pub start_offset: i64,
     /// Stop offset (exclusive): next offset to read after the window.
     pub stop_offset: i64,
-    /// How the start was found (`time`, `end-at-lookup`, `empty`, `checkpoint`; `ledger` when a rebuild's
-    /// ledger rows lie below the time-based start).
+    /// How the start was found (`time`, `end-at-lookup`, `empty`; `ledger` when a rebuild's ledger rows lie
+    /// below the time-based start; in the report, `checkpoint` when this session resumed at the backfill group's
+    /// checkpoint — `start_offset` is then where this session started).
     pub start_from: String,
 }

@@ -46,9 +46,12 @@ pub struct Report {
     /// Retention findings and actions.
     pub retention: Vec<String>,
     /// Per partition-by day (`YYYY-MM-DD`, or `unknown` for undecodable records): the outcomes of the records
-    /// this run consumed — the same outcomes as `accounting` (a resumed backfill: this session's records).
+    /// this session consumed — the same records as `accounting` and `partitions` ([`COUNTS_COVER`]).
     pub per_day: BTreeMap<String, DayCounts>,
-    /// The accounting line.
+    /// What `per_day`, `accounting` and `partitions` cover: [`COUNTS_COVER`].
+    #[serde(default)]
+    pub counts: String,
+    /// The accounting line of this session.
     pub accounting: String,
     /// Whether this was a dry run.
     pub dry_run: bool,
@@ -109,6 +112,63 @@ pub struct MissingRow {
     pub partition: i32,
     /// Offset.
     pub offset: i64,
+}
+
+/// The report's `counts` label: a resumed backfill reports the session that ran, from where each partition
+/// resumed (`start_from = "checkpoint"`) to its stop; earlier sessions' records are in the ledger, not counted
+/// again.
+pub const COUNTS_COVER: &str = "this session: per_day, accounting and partitions cover the offsets this run read \
+    (a partition resumed at its checkpoint starts there, start_from = checkpoint)";
+
+/// What this session committed, shared with the observer: per partition the next offset after its last
+/// committed batch, and the outcomes.
+#[derive(Default)]
+pub struct Committed {
+    /// Per partition, the end of the last committed batch.
+    pub reached: BTreeMap<Tp, i64>,
+    /// The outcomes of the committed batches.
+    pub tally: Tally,
+}
+
+/// [`Committed`], shared.
+pub type Reached = Arc<Mutex<Committed>>;
+
+/// Moves each partition's `start_offset` to where this session starts (`starts`, from the assign source) when it
+/// resumed at a checkpoint inside the window (`start_from` becomes `checkpoint`), so that the report's offsets,
+/// per-day counts and accounting line cover the same records.
+pub fn resumed_at(partitions: &mut [PartitionPlan], starts: &[(Tp, i64)]) {
+    for p in partitions.iter_mut() {
+        let tp = (p.topic.clone(), p.partition);
+        if let Some((_, s)) = starts.iter().find(|(t, _)| *t == tp) {
+            if *s > p.start_offset {
+                p.start_offset = (*s).min(p.stop_offset);
+                p.start_from = "checkpoint".to_string();
+            }
+        }
+    }
+}
+
+/// The summary of a backfill that stopped before its end (SIGINT/SIGTERM, a failure): what this session
+/// applied (its accounting, from the committed batches) and, per partition, where it stopped and what is left.
+pub fn stopped(partitions: &[PartitionPlan], committed: &Reached) -> String {
+    let committed = committed.lock().expect("committed offsets");
+    let (reached, tally) = (&committed.reached, &committed.tally);
+    let mut left = 0;
+    let parts: Vec<String> = partitions
+        .iter()
+        .map(|p| {
+            let tp = (p.topic.clone(), p.partition);
+            let at = reached.get(&tp).copied().unwrap_or(p.start_offset).max(p.start_offset);
+            left += (p.stop_offset - at).max(0);
+            format!("{}/{} at {at}: {} left", p.topic, p.partition, (p.stop_offset - at).max(0))
+        })
+        .collect();
+    format!(
+        "backfill interrupted: this session {}; {left} records of the window left ({}); what was applied stays \
+         (checkpoints): rerun the same command to resume",
+        tally.line(),
+        parts.join(", ")
+    )
 }
 
 /// How many missing rows a rebuild report lists by name.
@@ -174,6 +234,7 @@ pub fn per_day_report(per_day: &PerDay) -> BTreeMap<String, DayCounts> {
 /// bar, and logs progress every 5 s when there is no bar.
 pub struct Progress {
     per_day: PerDay,
+    reached: Reached,
     plans: Vec<PartitionPlan>,
     total: i64,
     bar: indicatif::ProgressBar,
@@ -183,8 +244,9 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Progress over `plans` (a bar when `show_bar`), counting into `per_day`.
-    pub fn new(plans: &[PartitionPlan], show_bar: bool, per_day: PerDay) -> Progress {
+    /// Progress over `plans` (a bar when `show_bar`), counting into `per_day`, each partition's committed end
+    /// into `reached`.
+    pub fn new(plans: &[PartitionPlan], show_bar: bool, per_day: PerDay, reached: Reached) -> Progress {
         let total: i64 = plans.iter().map(|p| p.stop_offset - p.start_offset).sum();
         let bar = if show_bar {
             let b = indicatif::ProgressBar::new(total.max(0) as u64);
@@ -200,6 +262,7 @@ impl Progress {
         };
         Progress {
             per_day,
+            reached,
             plans: plans.to_vec(),
             total,
             bar,
@@ -225,6 +288,12 @@ impl Observer for Progress {
         }
         let from = batch.expected.unwrap_or(batch.end);
         self.bar.inc((batch.end - from).max(0) as u64);
+        let tp = (batch.topic.clone(), batch.partition);
+        let mut committed = self.reached.lock().expect("committed offsets");
+        committed.reached.insert(tp, batch.end);
+        for o in outcomes {
+            committed.tally.add(o);
+        }
     }
 
     fn tick(&mut self, parts: &BTreeMap<Tp, PartState>, _tally: &Tally) {
