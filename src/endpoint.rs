@@ -127,7 +127,10 @@ fn io_cause(io: &std::io::Error) -> (&'static str, bool) {
         K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof => {
             ("connection closed by the server", true)
         }
-        _ if text.contains("lookup") || text.contains("resolve") || text.contains("name or service") => {
+        _ if text.contains("lookup")
+            || text.contains("resolve")
+            || text.contains("name or service") =>
+        {
             ("DNS lookup failed", true)
         }
         _ if text.contains("timed out") => ("timed out", true),
@@ -136,9 +139,16 @@ fn io_cause(io: &std::io::Error) -> (&'static str, bool) {
 }
 
 /// The error for a failed PostgreSQL connection to `config`.
-pub fn pg_error(config: &tokio_postgres::Config, url: &str, e: &tokio_postgres::Error) -> ConnectError {
+pub fn pg_error(
+    config: &tokio_postgres::Config,
+    url: &str,
+    e: &tokio_postgres::Error,
+) -> ConnectError {
     let (cause, transient) = pg_cause(e);
-    let user = config.get_user().map(|u| format!(" as {u}")).unwrap_or_default();
+    let user = config
+        .get_user()
+        .map(|u| format!(" as {u}"))
+        .unwrap_or_default();
     ConnectError {
         message: format!(
             "cannot connect to PostgreSQL at {}{user} (from {}): {cause} — {}",
@@ -220,11 +230,15 @@ mod tests {
     fn kafka_causes() {
         let r = |s: &str| vec![s.to_string()];
         assert_eq!(
-            kafka_cause(&r("127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused")),
+            kafka_cause(&r(
+                "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused"
+            )),
             "connection refused"
         );
         assert_eq!(
-            kafka_cause(&r("x:9092/bootstrap: Failed to resolve 'x:9092': Name or service not known")),
+            kafka_cause(&r(
+                "x:9092/bootstrap: Failed to resolve 'x:9092': Name or service not known"
+            )),
             "DNS lookup failed"
         );
         assert_eq!(kafka_cause(&[]), "timed out (no answer from any broker)");

@@ -51,7 +51,8 @@ pub fn register(p: &Pipeline) {
         rules.extend(CDC_RULES.iter().map(|r| r.to_string()));
     }
     for rule in rules {
-        metrics::counter!("replaysafe_records_total", "outcome" => "filtered", "rule" => rule).absolute(0);
+        metrics::counter!("replaysafe_records_total", "outcome" => "filtered", "rule" => rule)
+            .absolute(0);
     }
     for r in Reason::ALL {
         metrics::counter!("replaysafe_records_total", "outcome" => "quarantined", "reason" => r.as_str())

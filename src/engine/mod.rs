@@ -142,8 +142,8 @@ impl Engine {
         let (url, group) = (&opts.database_url, opts.group.as_deref());
         let prune = opts.prune_on_start;
         // Start-up waits for the database at most `--connect-timeout`, then exits with the error.
-        let deadline = Instant::now() + crate::endpoint::connect_timeout();
-        let sinks = rt.block_on(apply::retry_db_until("starting", &give_up, Some(deadline), || async {
+        let dl = Some(Instant::now() + crate::endpoint::connect_timeout());
+        let sinks = rt.block_on(apply::retry_db_until("starting", &give_up, dl, || async {
             let mut admin = crate::sink::connect_with(url, &pipeline.postgres.timeouts).await?;
             schema::init(&mut admin, &pipeline).await?;
             if prune {

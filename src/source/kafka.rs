@@ -117,7 +117,10 @@ impl rdkafka::ClientContext for Reasons {
     /// threads; the error callback would need a poll.
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         if (level as i32) <= (RDKafkaLogLevel::Warning as i32) || fac == "FAIL" {
-            self.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), message);
+            self.error(
+                KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+                message,
+            );
         }
     }
 }
@@ -139,7 +142,9 @@ pub fn reachable(config: &ClientConfig, brokers: &str, topic: &str) -> Result<()
     let deadline = started + crate::endpoint::connect_timeout();
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let attempt = left.min(Duration::from_secs(5)).max(Duration::from_millis(100));
+        let attempt = left
+            .min(Duration::from_secs(5))
+            .max(Duration::from_millis(100));
         let result = probe.fetch_metadata(Some(topic), attempt);
         // Serve the log and error events queued meanwhile (they reach the context only through a poll).
         let drain = std::time::Instant::now() + Duration::from_millis(50);

@@ -180,7 +180,12 @@ pub(crate) fn free_addr() -> String {
     l.local_addr().unwrap().to_string()
 }
 
-pub(crate) fn wait_for(addr: &str, path: &str, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
+pub(crate) fn wait_for(
+    addr: &str,
+    path: &str,
+    what: &str,
+    cond: impl Fn(u16, &str) -> bool,
+) -> String {
     let mut last = String::new();
     wait_until(Duration::from_secs(60), what, || match get(addr, path) {
         Some((code, body)) => {

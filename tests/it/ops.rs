@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::core::{seed_events, SEED};
 use crate::common::*;
+use crate::core::{seed_events, SEED};
 
 const PASSWORD: &str = "hunter2-not-shown";
 
@@ -23,9 +23,18 @@ fn bounded(args: &[&str], envs: &[(&str, &str)]) -> Out {
 }
 
 fn assert_names(out: &Out, what: &[&str]) {
-    assert_eq!(out.code, Some(1), "exit 1 (runtime failure)\n{}", out.stderr);
+    assert_eq!(
+        out.code,
+        Some(1),
+        "exit 1 (runtime failure)\n{}",
+        out.stderr
+    );
     for w in what {
-        assert!(out.stderr.contains(w), "stderr names `{w}`:\n{}", out.stderr);
+        assert!(
+            out.stderr.contains(w),
+            "stderr names `{w}`:\n{}",
+            out.stderr
+        );
     }
     assert!(
         !out.stderr.contains(PASSWORD) && !out.stdout.contains(PASSWORD),
@@ -43,15 +52,30 @@ fn wrong_database_port_is_named_with_its_origin_and_cause() {
     let p = pipeline(SEED, &topic, &unique("g"), &db.schema);
     let bad = format!("postgresql://postgres:{PASSWORD}@127.0.0.1:1/postgres?sslmode=disable");
     let env = [("DATABASE_URL", bad.as_str())];
-    let run = bounded(&["run", "--config", arg(&p.path), "--until-caught-up"], &env);
+    let run = bounded(
+        &["run", "--config", arg(&p.path), "--until-caught-up"],
+        &env,
+    );
     assert_names(
         &run,
-        &["127.0.0.1:1", "DATABASE_URL", "connection refused", "--connect-timeout"],
+        &[
+            "127.0.0.1:1",
+            "DATABASE_URL",
+            "connection refused",
+            "--connect-timeout",
+        ],
     );
     let bf = bounded(
         &[
-            "backfill", "--config", arg(&p.path), "--from", "2024-04-25", "--to", "2024-05-01",
-            "--group-id", "bf-conn",
+            "backfill",
+            "--config",
+            arg(&p.path),
+            "--from",
+            "2024-04-25",
+            "--to",
+            "2024-05-01",
+            "--group-id",
+            "bf-conn",
         ],
         &env,
     );
@@ -59,8 +83,14 @@ fn wrong_database_port_is_named_with_its_origin_and_cause() {
     // The URL from the pipeline file: the origin is its key and file.
     let text = SEED.replace("[postgres]", &format!("[postgres]\nurl = \"{bad}\""));
     let p2 = pipeline(&text, &topic, &unique("g"), &db.schema);
-    let run = bounded(&["run", "--config", arg(&p2.path), "--until-caught-up"], &[]);
-    assert_names(&run, &["127.0.0.1:1", "[postgres] url in", "connection refused"]);
+    let run = bounded(
+        &["run", "--config", arg(&p2.path), "--until-caught-up"],
+        &[],
+    );
+    assert_names(
+        &run,
+        &["127.0.0.1:1", "[postgres] url in", "connection refused"],
+    );
     assert_eq!(schema_tables(&db), 0, "nothing was created");
 }
 
@@ -75,33 +105,71 @@ fn wrong_broker_is_named_with_its_origin_and_cause() {
     );
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
     let env = [("KAFKA_BROKERS", "127.0.0.1:1")];
-    let run = bounded(&["run", "--config", arg(&p.path), "--until-caught-up"], &env);
+    let run = bounded(
+        &["run", "--config", arg(&p.path), "--until-caught-up"],
+        &env,
+    );
     assert_names(
         &run,
-        &["127.0.0.1:1", "KAFKA_BROKERS", "connection refused", "--connect-timeout"],
+        &[
+            "127.0.0.1:1",
+            "KAFKA_BROKERS",
+            "connection refused",
+            "--connect-timeout",
+        ],
     );
     assert!(
         run.stderr.matches("BrokerTransportFailure").count() <= 1,
         "the cause chain says it once:\n{}",
         run.stderr
     );
-    assert_eq!(schema_tables(&db), 0, "run created nothing before the brokers answered");
+    assert_eq!(
+        schema_tables(&db),
+        0,
+        "run created nothing before the brokers answered"
+    );
     let flag = bounded(
-        &["run", "--config", arg(&p.path), "--until-caught-up", "--brokers", "127.0.0.1:2"],
+        &[
+            "run",
+            "--config",
+            arg(&p.path),
+            "--until-caught-up",
+            "--brokers",
+            "127.0.0.1:2",
+        ],
         &[],
     );
     assert_names(&flag, &["127.0.0.1:2", "--brokers", "connection refused"]);
     let dir = p.dir.path().join("stop.json");
     let snap = bounded(
-        &["offsets", "snapshot", "--config", arg(&p.path), "--group", "g", "-o", arg(&dir)],
+        &[
+            "offsets",
+            "snapshot",
+            "--config",
+            arg(&p.path),
+            "--group",
+            "g",
+            "-o",
+            arg(&dir),
+        ],
         &env,
     );
-    assert_names(&snap, &["127.0.0.1:1", "KAFKA_BROKERS", "connection refused"]);
+    assert_names(
+        &snap,
+        &["127.0.0.1:1", "KAFKA_BROKERS", "connection refused"],
+    );
     assert!(!dir.exists(), "no stop file written");
     let bf = bounded(
         &[
-            "backfill", "--config", arg(&p.path), "--from", "2024-04-25", "--to", "2024-05-01",
-            "--group-id", "bf-conn",
+            "backfill",
+            "--config",
+            arg(&p.path),
+            "--from",
+            "2024-04-25",
+            "--to",
+            "2024-05-01",
+            "--group-id",
+            "bf-conn",
         ],
         &env,
     );
@@ -200,7 +268,10 @@ fn metrics_of_an_idle_instance_list_every_readme_series() {
         assert_eq!(terminate(&mut child), Some(0));
         assert_every_series(&body, &topic);
     }
-    assert_eq!(db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"),
+        0
+    );
     assert_eq!(db.i64("SELECT count(*)::bigint FROM {s}.accounts"), 0);
 }
 
@@ -212,17 +283,29 @@ fn accounting(text: &str) -> (u64, u64) {
         .find_map(|l| l.split_once("consumed ").map(|(_, r)| r))
         .unwrap_or_else(|| panic!("no accounting line in:\n{text}"));
     let num = |after: &str| -> u64 {
-        line.split(after).nth(1).and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap()
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap()
     };
-    (line.split_whitespace().next().unwrap().parse().unwrap(), num("landed "))
+    (
+        line.split_whitespace().next().unwrap().parse().unwrap(),
+        num("landed "),
+    )
 }
 
 /// Whether the broker knows `group` (committed offsets or members): listed and not `Dead`.
 fn group_listed(group: &str) -> bool {
     use rdkafka::consumer::Consumer;
     let c = consumer(&[]);
-    let list = c.fetch_group_list(Some(group), Duration::from_secs(10)).unwrap();
-    list.groups().iter().any(|g| g.name() == group && g.state() != "Dead")
+    let list = c
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .unwrap();
+    list.groups()
+        .iter()
+        .any(|g| g.name() == group && g.state() != "Dead")
 }
 
 /// A backfill interrupted by SIGINT prints its progress summary (what this session applied, what is left per
@@ -239,60 +322,120 @@ fn backfill_interrupted_and_resumed_reports_agree_and_leave_no_group() {
     let group = unique("bf");
     let report = p.dir.path().join("report.json");
     let args = [
-        "backfill", "--config", arg(&p.path), "--from", "2024-04-25", "--to", "2024-05-01",
-        "--group-id", &group, "-o", arg(&report),
+        "backfill",
+        "--config",
+        arg(&p.path),
+        "--from",
+        "2024-04-25",
+        "--to",
+        "2024-05-01",
+        "--group-id",
+        &group,
+        "-o",
+        arg(&report),
     ];
     // Session 1: from the fourth batch on each commit waits 1 s; SIGINT once a checkpoint moved.
-    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=3*off->sleep(1000)")];
+    let slow = [(
+        "REPLAYSAFE_FAILPOINTS",
+        "before-db-commit=3*off->sleep(1000)",
+    )];
     let mut child = spawn(&args, &slow, p.dir.path(), "first");
     let table = format!("\"{}\".replaysafe_checkpoints", db.schema);
-    wait_until(Duration::from_secs(60), "a backfill batch committed", || {
-        let exists = db.query("SELECT to_regclass($1) IS NOT NULL", &[&table])[0].get::<_, bool>(0);
-        exists
+    wait_until(
+        Duration::from_secs(60),
+        "a backfill batch committed",
+        || {
+            let exists =
+                db.query("SELECT to_regclass($1) IS NOT NULL", &[&table])[0].get::<_, bool>(0);
+            exists
             && db.i64(&format!(
                 "SELECT coalesce(max(next_offset), 0)::bigint FROM {table} WHERE consumer_group = '{group}'"
             )) > 0
-    });
+        },
+    );
     unsafe_kill(child.id(), "INT");
     let code = child.wait().unwrap().code();
     let stderr = std::fs::read_to_string(p.dir.path().join("first.err")).unwrap();
     assert_eq!(code, Some(1), "interrupted: exit 1\n{stderr}");
     let ledger1 = db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger");
     assert!(ledger1 < 900, "interrupted before the end: {ledger1}");
-    assert!(stderr.contains("backfill interrupted"), "a progress summary:\n{stderr}");
+    assert!(
+        stderr.contains("backfill interrupted"),
+        "a progress summary:\n{stderr}"
+    );
     let (consumed1, landed1) = accounting(stderr.split("backfill interrupted").nth(1).unwrap());
-    assert_eq!(landed1 as i64, ledger1, "the summary's landed = ledger rows:\n{stderr}");
+    assert_eq!(
+        landed1 as i64, ledger1,
+        "the summary's landed = ledger rows:\n{stderr}"
+    );
     assert_eq!(consumed1, landed1);
-    assert!(stderr.contains(" left"), "what is left per partition:\n{stderr}");
-    assert!(!group_listed(&group), "no group in Kafka after the interrupted session");
+    assert!(
+        stderr.contains(" left"),
+        "what is left per partition:\n{stderr}"
+    );
+    assert!(
+        !group_listed(&group),
+        "no group in Kafka after the interrupted session"
+    );
 
     // Session 2: resumes; its report covers this session, labelled, and agrees with itself.
     let second = replaysafe(&args);
     second.assert_ok();
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let (consumed2, landed2) = accounting(r["accounting"].as_str().unwrap());
     let days = r["per_day"].as_object().unwrap();
     let sum = |k: &str| days.values().map(|d| d[k].as_u64().unwrap()).sum::<u64>();
-    assert_eq!(sum("landed"), landed2, "per-day landed = accounting landed: {r}");
+    assert_eq!(
+        sum("landed"),
+        landed2,
+        "per-day landed = accounting landed: {r}"
+    );
     let all = ["landed", "duplicate", "stale", "filtered", "quarantined"].map(sum);
-    assert_eq!(all.iter().sum::<u64>(), consumed2, "per-day total = consumed: {r}");
+    assert_eq!(
+        all.iter().sum::<u64>(),
+        consumed2,
+        "per-day total = consumed: {r}"
+    );
     let planned: i64 = r["partitions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|x| x["stop_offset"].as_i64().unwrap() - x["start_offset"].as_i64().unwrap())
         .sum();
-    assert_eq!(planned as u64, consumed2, "the partitions' offsets are this session's: {r}");
-    assert!(r["counts"].as_str().unwrap().contains("this session"), "labelled: {r}");
+    assert_eq!(
+        planned as u64, consumed2,
+        "the partitions' offsets are this session's: {r}"
+    );
+    assert!(
+        r["counts"].as_str().unwrap().contains("this session"),
+        "labelled: {r}"
+    );
     assert_eq!(landed1 + landed2, 900);
-    assert_eq!(db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"), 900);
+    assert_eq!(
+        db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"),
+        900
+    );
     assert_eq!(crate::core::counts(&db), truth);
-    assert_eq!(committed(&group, &topic, 3), vec![None; 3], "no offsets committed");
-    assert!(!group_listed(&group), "no group in Kafka after the backfill");
+    assert_eq!(
+        committed(&group, &topic, 3),
+        vec![None; 3],
+        "no offsets committed"
+    );
+    assert!(
+        !group_listed(&group),
+        "no group in Kafka after the backfill"
+    );
 
     // --keep-group: the offsets stay committed at the stop (every record a duplicate under a new group).
     let kept = unique("bf");
-    let out = backfill(&p, "2024-04-25", ("--to", "2024-05-01"), &kept, &["--keep-group"]);
+    let out = backfill(
+        &p,
+        "2024-04-25",
+        ("--to", "2024-05-01"),
+        &kept,
+        &["--keep-group"],
+    );
     out.assert_ok();
     let stops: Vec<Option<i64>> = (0..3).map(|_| Some(300)).collect();
     assert_eq!(committed(&kept, &topic, 3), stops);

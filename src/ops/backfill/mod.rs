@@ -149,7 +149,14 @@ fn replay(
         })
         .collect();
     let group = &opts.group_id;
-    let source = Assign::open(engine.shared(), brokers, group, ranges, s.notes, opts.keep_group)?;
+    let source = Assign::open(
+        engine.shared(),
+        brokers,
+        group,
+        ranges,
+        s.notes,
+        opts.keep_group,
+    )?;
     report::resumed_at(s.partitions, source.starts());
     engine.run(source)
 }

@@ -117,7 +117,8 @@ pub struct MissingRow {
 /// The report's `counts` label: a resumed backfill reports the session that ran, from where each partition
 /// resumed (`start_from = "checkpoint"`) to its stop; earlier sessions' records are in the ledger, not counted
 /// again.
-pub const COUNTS_COVER: &str = "this session: per_day, accounting and partitions cover the offsets this run read \
+pub const COUNTS_COVER: &str =
+    "this session: per_day, accounting and partitions cover the offsets this run read \
     (a partition resumed at its checkpoint starts there, start_from = checkpoint)";
 
 /// What this session committed, shared with the observer: per partition the next offset after its last
@@ -158,9 +159,18 @@ pub fn stopped(partitions: &[PartitionPlan], committed: &Reached) -> String {
         .iter()
         .map(|p| {
             let tp = (p.topic.clone(), p.partition);
-            let at = reached.get(&tp).copied().unwrap_or(p.start_offset).max(p.start_offset);
+            let at = reached
+                .get(&tp)
+                .copied()
+                .unwrap_or(p.start_offset)
+                .max(p.start_offset);
             left += (p.stop_offset - at).max(0);
-            format!("{}/{} at {at}: {} left", p.topic, p.partition, (p.stop_offset - at).max(0))
+            format!(
+                "{}/{} at {at}: {} left",
+                p.topic,
+                p.partition,
+                (p.stop_offset - at).max(0)
+            )
         })
         .collect();
     format!(
@@ -246,7 +256,12 @@ pub struct Progress {
 impl Progress {
     /// Progress over `plans` (a bar when `show_bar`), counting into `per_day`, each partition's committed end
     /// into `reached`.
-    pub fn new(plans: &[PartitionPlan], show_bar: bool, per_day: PerDay, reached: Reached) -> Progress {
+    pub fn new(
+        plans: &[PartitionPlan],
+        show_bar: bool,
+        per_day: PerDay,
+        reached: Reached,
+    ) -> Progress {
         let total: i64 = plans.iter().map(|p| p.stop_offset - p.start_offset).sum();
         let bar = if show_bar {
             let b = indicatif::ProgressBar::new(total.max(0) as u64);
