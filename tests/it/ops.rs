@@ -91,6 +91,64 @@ fn wrong_database_port_is_named_with_its_origin_and_cause() {
         &run,
         &["127.0.0.1:1", "[postgres] url in", "connection refused"],
     );
+    // `load` (start-up retries) and `verify snapshot` (one attempt) name it too.
+    let file = p.dir.path().join("records.jsonl");
+    std::fs::write(&file, "").unwrap();
+    let load = bounded(&["load", "--config", arg(&p.path), arg(&file)], &env);
+    assert_names(
+        &load,
+        &["127.0.0.1:1", "DATABASE_URL", "connection refused"],
+    );
+    let out = p.dir.path().join("snap.json");
+    let args = [
+        "verify",
+        "snapshot",
+        "--config",
+        arg(&p.path),
+        "--table",
+        "daily_counts",
+    ];
+    let verify = bounded(&[&args[..], &["-o", arg(&out)]].concat(), &env);
+    assert_names(
+        &verify,
+        &["127.0.0.1:1", "DATABASE_URL", "connection refused"],
+    );
+    // A host that does not resolve; a database that does not exist (not retried).
+    let run_with = |url: &str| {
+        let args = ["run", "--config", arg(&p.path), "--until-caught-up"];
+        bounded(&args, &[("DATABASE_URL", url)])
+    };
+    let dns = format!("postgresql://postgres:{PASSWORD}@no-such-host.invalid:5432/postgres");
+    let run = run_with(&dns);
+    assert_names(&run, &["no-such-host.invalid:5432", "DNS lookup failed"]);
+    let good = database_url();
+    let at = good
+        .rfind("/postgres")
+        .expect("DATABASE_URL names the postgres database");
+    let nodb = format!("{}/no_such_database_rs{}", &good[..at], &good[at + 9..]);
+    let run = run_with(&nodb);
+    assert_names(
+        &run,
+        &["DATABASE_URL", "no such database", "no_such_database_rs"],
+    );
+    assert!(
+        !run.stderr.contains("retrying"),
+        "not retried:\n{}",
+        run.stderr
+    );
+    // A role that does not exist: authentication failed (SQLSTATE 28000), not retried.
+    let norole = good.replacen("//postgres", "//no_such_role_rs", 1);
+    assert_ne!(norole, good, "DATABASE_URL names the postgres role");
+    let run = run_with(&norole);
+    assert_names(
+        &run,
+        &["DATABASE_URL", "authentication failed", "no_such_role_rs"],
+    );
+    assert!(
+        !run.stderr.contains("retrying"),
+        "not retried:\n{}",
+        run.stderr
+    );
     assert_eq!(schema_tables(&db), 0, "nothing was created");
 }
 
@@ -174,6 +232,15 @@ fn wrong_broker_is_named_with_its_origin_and_cause() {
         &env,
     );
     assert_names(&bf, &["127.0.0.1:1", "KAFKA_BROKERS", "connection refused"]);
+    let dns = [("KAFKA_BROKERS", "no-such-host.invalid:9092")];
+    let args = ["run", "--config", arg(&p.path), "--until-caught-up"];
+    let run = bounded(&args, &dns);
+    let named = [
+        "no-such-host.invalid:9092",
+        "KAFKA_BROKERS",
+        "DNS lookup failed",
+    ];
+    assert_names(&run, &named);
     assert_eq!(schema_tables(&db), 0);
 }
 
@@ -360,7 +427,7 @@ fn backfill_interrupted_and_resumed_reports_agree_and_leave_no_group() {
     let ledger1 = db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger");
     assert!(ledger1 < 900, "interrupted before the end: {ledger1}");
     assert!(
-        stderr.contains("backfill interrupted"),
+        stderr.contains("backfill interrupted: this session"),
         "a progress summary:\n{stderr}"
     );
     let (consumed1, landed1) = accounting(stderr.split("backfill interrupted").nth(1).unwrap());

@@ -72,11 +72,17 @@ pub fn backfill(
         notes: &mut report.retention,
         partitions: &mut report.partitions,
     };
+    let signalled = shutdown.clone();
     let tally = match replay(&pipeline, brokers, database_url, opts, shutdown, session) {
         Ok(t) => t,
         Err(e) => {
             // Interrupted or failed: what this session applied and what is left, for the rerun.
-            tracing::warn!("{}", report::stopped(&report.partitions, &reached));
+            let how = if signalled.load(std::sync::atomic::Ordering::Relaxed) {
+                "interrupted"
+            } else {
+                "stopped by an error"
+            };
+            tracing::warn!("{}", report::stopped(how, &report.partitions, &reached));
             return Err(e);
         }
     };

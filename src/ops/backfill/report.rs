@@ -149,9 +149,10 @@ pub fn resumed_at(partitions: &mut [PartitionPlan], starts: &[(Tp, i64)]) {
     }
 }
 
-/// The summary of a backfill that stopped before its end (SIGINT/SIGTERM, a failure): what this session
-/// applied (its accounting, from the committed batches) and, per partition, where it stopped and what is left.
-pub fn stopped(partitions: &[PartitionPlan], committed: &Reached) -> String {
+/// The summary of a backfill that stopped before its end (`how`: interrupted by SIGINT/SIGTERM, or stopped by an
+/// error): what this session applied (its accounting, from the committed batches) and, per partition, where it
+/// stopped and what is left.
+pub fn stopped(how: &str, partitions: &[PartitionPlan], committed: &Reached) -> String {
     let committed = committed.lock().expect("committed offsets");
     let (reached, tally) = (&committed.reached, &committed.tally);
     let mut left = 0;
@@ -174,10 +175,10 @@ pub fn stopped(partitions: &[PartitionPlan], committed: &Reached) -> String {
         })
         .collect();
     format!(
-        "backfill interrupted: this session {}; {left} records of the window left ({}); what was applied stays \
+        "backfill {how}: this session {}; {left} records of the window left ({}); what was applied stays \
          (checkpoints): rerun the same command to resume",
         tally.line(),
-        parts.join(", ")
+        parts.join(", "),
     )
 }
 
