@@ -133,7 +133,8 @@ impl ConsumerContext for Reasons {}
 ///
 /// # Errors
 /// [`Error::Connect`] naming the brokers, where they came from and the cause (connection refused, DNS lookup
-/// failed, authentication failed, timed out); [`Error::Kafka`] when the configuration is refused.
+/// failed, authentication failed — at once, not retried —, timed out); [`Error::Kafka`] when the configuration
+/// is refused.
 pub fn reachable(config: &ClientConfig, brokers: &str, topic: &str) -> Result<()> {
     let mut c = config.clone();
     c.remove("group.id");
@@ -152,17 +153,17 @@ pub fn reachable(config: &ClientConfig, brokers: &str, topic: &str) -> Result<()
             let _ = probe.poll(Duration::from_millis(10));
         }
         let reasons = probe.context().0.lock().expect("reasons").clone();
-        match result {
-            Ok(_) => return Ok(()),
-            Err(_) if std::time::Instant::now() < deadline => {
-                let e = crate::endpoint::kafka_error(brokers, &reasons, None);
-                tracing::warn!("{e}; retrying for up to --connect-timeout");
-            }
-            Err(_) => {
-                let e = crate::endpoint::kafka_error(brokers, &reasons, Some(started.elapsed()));
-                return Err(Error::Connect(e));
-            }
+        if result.is_ok() {
+            return Ok(());
         }
+        let e = crate::endpoint::kafka_error(brokers, &reasons, None);
+        if !e.transient || std::time::Instant::now() >= deadline {
+            // Authentication is not retried; anything else once --connect-timeout has passed.
+            let waited = Some(started.elapsed()).filter(|_| e.transient);
+            let e = crate::endpoint::kafka_error(brokers, &reasons, waited);
+            return Err(Error::Connect(e));
+        }
+        tracing::warn!("{e}; retrying for up to --connect-timeout");
     }
 }
 
