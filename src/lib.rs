@@ -22,6 +22,7 @@ pub mod decode;
 pub mod demo;
 pub mod engine;
 pub mod error;
+pub mod cel;
 pub mod filter;
 pub mod health;
 pub mod ident;
