@@ -18,4 +18,5 @@ mod horizon;
 mod keys_drift;
 mod lock_order;
 mod starts;
+mod tolerance;
 mod waits;
