@@ -166,7 +166,10 @@ pub fn locate(expr: &str) -> Option<(usize, usize, String)> {
                     Some((o, _)) if o == open => {}
                     Some((o, at)) => {
                         let (l, col) = pos(at);
-                        return found(i, format!("`{c}` closes the `{o}` of line {l}, column {col}"));
+                        return found(
+                            i,
+                            format!("`{c}` closes the `{o}` of line {l}, column {col}"),
+                        );
                     }
                     None => return found(i, format!("`{c}` has no opening `{open}`")),
                 }
@@ -204,7 +207,10 @@ pub fn locate(expr: &str) -> Option<(usize, usize, String)> {
     if last.0 == Last::Operator {
         return found(
             last.1,
-            format!("the expression ends after `{}`: an operand is missing", last.2),
+            format!(
+                "the expression ends after `{}`: an operand is missing",
+                last.2
+            ),
         );
     }
     if let Some((o, at)) = stack.pop() {
@@ -248,12 +254,7 @@ fn string_start(chars: &[char], i: usize) -> Option<(usize, bool)> {
 
 /// Scans the string literal starting at `i` (prefix and opening quotes `open` chars long): the index after
 /// it, or the position and reason it is malformed (an escape CEL does not define, never closed).
-fn scan_string(
-    chars: &[char],
-    i: usize,
-    open: usize,
-    raw: bool,
-) -> Result<usize, (usize, String)> {
+fn scan_string(chars: &[char], i: usize, open: usize, raw: bool) -> Result<usize, (usize, String)> {
     let q = chars[i + open - 1];
     let triple = open >= 3 && chars[i + open - 3..i + open].iter().all(|c| *c == q);
     let mut j = i + open;
@@ -280,9 +281,7 @@ fn escape(chars: &[char], j: usize) -> Result<usize, (usize, String)> {
     let Some(&e) = chars.get(j + 1) else {
         return bad("a backslash at the end");
     };
-    let hex = |n: usize| {
-        (1..=n).all(|k| chars.get(j + 1 + k).is_some_and(char::is_ascii_hexdigit))
-    };
+    let hex = |n: usize| (1..=n).all(|k| chars.get(j + 1 + k).is_some_and(char::is_ascii_hexdigit));
     match e {
         'a' | 'b' | 'f' | 'n' | 'r' | 't' | 'v' | '\\' | '?' | '\'' | '"' | '`' => Ok(j + 2),
         'x' | 'X' if hex(2) => Ok(j + 4),
@@ -306,7 +305,10 @@ mod tests {
     fn malformed_expressions_give_a_position_and_no_panic_text() {
         for (expr, want) in [
             ("amount >", "at column 8: the expression ends after `>`"),
-            ("amount > 5 &&", "at column 12: the expression ends after `&&`"),
+            (
+                "amount > 5 &&",
+                "at column 12: the expression ends after `&&`",
+            ),
             ("1 +", "at column 3"),
             ("!", "at column 1"),
             ("\"abc", "at column 1: this string is never closed"),
@@ -316,7 +318,9 @@ mod tests {
             ("amount > > 3", "at column 10"),
             ("(amount", "at column 8"),
         ] {
-            let e = compile(expr).err().unwrap_or_else(|| panic!("{expr} compiled"));
+            let e = compile(expr)
+                .err()
+                .unwrap_or_else(|| panic!("{expr} compiled"));
             assert!(e.contains(want), "{expr}: {e}");
             assert!(!e.contains("unreachable") && !e.contains("panicked"), "{e}");
         }
@@ -324,7 +328,11 @@ mod tests {
 
     #[test]
     fn well_formed_expressions_compile() {
-        for expr in ["amount > 5 && customer_id in ['a', 'b']", "r\"\\d\" == s", "'\\u00e9' == s"] {
+        for expr in [
+            "amount > 5 && customer_id in ['a', 'b']",
+            "r\"\\d\" == s",
+            "'\\u00e9' == s",
+        ] {
             assert!(compile(expr).is_ok(), "{expr}");
         }
         assert!(locate("a + (b * 2)").is_none());

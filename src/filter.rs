@@ -60,7 +60,9 @@ pub fn eval(program: &Program, expr: &str, ctx: &Context<'_>) -> Result<bool, St
         Ok(Ok(Value::Bool(b))) => Ok(b),
         Ok(Ok(other)) => Err(format!("`{expr}` gave {other:?}, not a boolean")),
         Ok(Err(e)) => Err(format!("`{expr}` failed: {e}")),
-        Err(panic) => Err(format!("`{expr}` failed inside the CEL interpreter: {panic}")),
+        Err(panic) => Err(format!(
+            "`{expr}` failed inside the CEL interpreter: {panic}"
+        )),
     }
 }
 

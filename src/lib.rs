@@ -17,12 +17,12 @@
 //!
 //! Every consumed record ends as exactly one [`sink::Outcome`]; a run's [`sink::Tally`] adds up.
 
+pub mod cel;
 pub mod config;
 pub mod decode;
 pub mod demo;
 pub mod engine;
 pub mod error;
-pub mod cel;
 pub mod filter;
 pub mod health;
 pub mod ident;

@@ -165,10 +165,16 @@ fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
             let rows = dl::list(&p, &url, &sel, limit)?;
             let mut per_reason = std::collections::BTreeMap::<&str, u64>::new();
             for r in &rows {
-                println!("{}\t{}\t{}\t{}\t{}", r.topic, r.partition, r.offset, r.reason, r.detail);
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    r.topic, r.partition, r.offset, r.reason, r.detail
+                );
                 *per_reason.entry(r.reason.as_str()).or_default() += 1;
             }
-            eprintln!("{} unresolved dead letter(s) listed {per_reason:?}", rows.len());
+            eprintln!(
+                "{} unresolved dead letter(s) listed {per_reason:?}",
+                rows.len()
+            );
             Ok(())
         }
         cli::DeadLettersCommand::Replay { select, group_id } => {

@@ -84,13 +84,24 @@ impl ErrorsPlan {
     }
 }
 
-fn within(src: &Source, v: &Option<Spanned<i64>>, key: &str, range: (u32, u32), default: u32) -> Result<u32> {
+fn within(
+    src: &Source,
+    v: &Option<Spanned<i64>>,
+    key: &str,
+    range: (u32, u32),
+    default: u32,
+) -> Result<u32> {
     match v {
         None => Ok(default),
-        Some(s) if (i64::from(range.0)..=i64::from(range.1)).contains(s.get_ref()) => Ok(*s.get_ref() as u32),
+        Some(s) if (i64::from(range.0)..=i64::from(range.1)).contains(s.get_ref()) => {
+            Ok(*s.get_ref() as u32)
+        }
         Some(s) => Err(src.error(
             s.span(),
-            format!("`errors.{key}` must be a whole number between {} and {}", range.0, range.1),
+            format!(
+                "`errors.{key}` must be a whole number between {} and {}",
+                range.0, range.1
+            ),
         )),
     }
 }
@@ -118,9 +129,21 @@ pub fn errors(src: &Source, raw: Option<&RawErrors>) -> Result<ErrorsPlan> {
     };
     Ok(ErrorsPlan {
         tolerance,
-        max_consecutive: within(src, &raw.max_consecutive, "max-consecutive", (1, MAX_WINDOW), DEFAULT_MAX_CONSECUTIVE)?,
+        max_consecutive: within(
+            src,
+            &raw.max_consecutive,
+            "max-consecutive",
+            (1, MAX_WINDOW),
+            DEFAULT_MAX_CONSECUTIVE,
+        )?,
         window: within(src, &raw.window, "window", (1, MAX_WINDOW), DEFAULT_WINDOW)?,
-        max_percent: within(src, &raw.max_percent, "max-percent", (0, 100), DEFAULT_MAX_PERCENT)?,
+        max_percent: within(
+            src,
+            &raw.max_percent,
+            "max-percent",
+            (0, 100),
+            DEFAULT_MAX_PERCENT,
+        )?,
     })
 }
 
@@ -137,11 +160,25 @@ mod tests {
     #[test]
     fn defaults_values_and_errors() {
         assert_eq!(parse("").unwrap(), super::ErrorsPlan::default());
-        let p = parse("[errors]\ntolerance = \"all\"\nmax-consecutive = 5\nwindow = 20\nmax-percent = 30\n").unwrap();
-        assert_eq!((p.stops(), p.max_consecutive, p.window, p.window_limit()), (false, 5, 20, 6));
-        let e = parse("[errors]\ntolerance = \"some\"\n").unwrap_err().to_string();
-        assert!(e.starts_with("p.toml:9:13: `errors.tolerance` must be"), "{e}");
+        let p = parse(
+            "[errors]\ntolerance = \"all\"\nmax-consecutive = 5\nwindow = 20\nmax-percent = 30\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (p.stops(), p.max_consecutive, p.window, p.window_limit()),
+            (false, 5, 20, 6)
+        );
+        let e = parse("[errors]\ntolerance = \"some\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.toml:9:13: `errors.tolerance` must be"),
+            "{e}"
+        );
         let e = parse("[errors]\nwindow = 0\n").unwrap_err().to_string();
-        assert!(e.contains("p.toml:9:10: `errors.window` must be a whole number between 1 and"), "{e}");
+        assert!(
+            e.contains("p.toml:9:10: `errors.window` must be a whole number between 1 and"),
+            "{e}"
+        );
     }
 }

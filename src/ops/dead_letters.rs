@@ -74,7 +74,8 @@ impl Replayed {
 
 /// The selection's `WHERE` (parameters `$1` generation, `$2` reason, `$3` topic, `$4` partition; nulls match
 /// everything).
-const WHERE: &str = "generation = $1 AND resolved_at IS NULL AND ($2::text IS NULL OR reason = $2) \
+const WHERE: &str =
+    "generation = $1 AND resolved_at IS NULL AND ($2::text IS NULL OR reason = $2) \
      AND ($3::text IS NULL OR topic = $3) AND ($4::int IS NULL OR partition = $4)";
 
 fn generation(p: &Pipeline) -> String {
@@ -109,7 +110,16 @@ pub fn list(p: &Pipeline, url: &str, sel: &Selection, limit: i64) -> Result<Vec<
             p.table(DEAD_LETTERS)
         );
         let rows = client
-            .query(&sql, &[&generation(p), &sel.reason, &sel.topic, &sel.partition, &limit])
+            .query(
+                &sql,
+                &[
+                    &generation(p),
+                    &sel.reason,
+                    &sel.topic,
+                    &sel.partition,
+                    &limit,
+                ],
+            )
             .await?;
         Ok(rows
             .iter()
@@ -164,7 +174,8 @@ pub fn replay(
             for batch in batches(&pipeline, page, &mut out.not_kept) {
                 if give_up() {
                     return Err(Error::Other(
-                        "interrupted: the batches committed so far stay resolved; rerun to go on".into(),
+                        "interrupted: the batches committed so far stay resolved; rerun to go on"
+                            .into(),
                     ));
                 }
                 match apply_batch(&mut sink, &batch, &give_up).await? {
@@ -178,9 +189,20 @@ pub fn replay(
                 }
             }
         }
-        let count = format!("SELECT count(*) FROM {} WHERE {WHERE}", pipeline.table(DEAD_LETTERS));
+        let count = format!(
+            "SELECT count(*) FROM {} WHERE {WHERE}",
+            pipeline.table(DEAD_LETTERS)
+        );
         out.unresolved = client
-            .query_one(&count, &[&generation(&pipeline), &sel.reason, &sel.topic, &sel.partition])
+            .query_one(
+                &count,
+                &[
+                    &generation(&pipeline),
+                    &sel.reason,
+                    &sel.topic,
+                    &sel.partition,
+                ],
+            )
             .await?
             .get(0);
         Ok(out)
@@ -208,7 +230,16 @@ async fn read_page(
     let rows = client
         .query(
             &sql,
-            &[&generation(p), &sel.reason, &sel.topic, &sel.partition, &after.0, &after.1, &after.2, &limit],
+            &[
+                &generation(p),
+                &sel.reason,
+                &sel.topic,
+                &sel.partition,
+                &after.0,
+                &after.1,
+                &after.2,
+                &limit,
+            ],
         )
         .await?;
     Ok(rows
@@ -240,7 +271,11 @@ fn batches(p: &Pipeline, page: Vec<Stored>, not_kept: &mut u64) -> Vec<Batch> {
         }
         let end = item.offset + 1;
         match out.last_mut() {
-            Some(b) if b.topic == topic && b.partition == partition && b.items.len() < p.max_records => {
+            Some(b)
+                if b.topic == topic
+                    && b.partition == partition
+                    && b.items.len() < p.max_records =>
+            {
                 b.end = end;
                 b.items.push(item);
             }

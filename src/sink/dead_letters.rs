@@ -242,7 +242,14 @@ pub(super) async fn check_tolerance(
     let row = tx
         .query_opt(
             stmt,
-            &[&generation, &batch.topic, &batch.partition, &first.offset, &last.offset, &offsets],
+            &[
+                &generation,
+                &batch.topic,
+                &batch.partition,
+                &first.offset,
+                &last.offset,
+                &offsets,
+            ],
         )
         .await
         .map_err(|e| classify(e, false))?;
@@ -323,10 +330,14 @@ pub(super) async fn settle_replayed(
             (Outcome::Duplicate, _) => (Some("replay: duplicate".to_string()), None, None),
             (Outcome::Stale { conflict: false }, _) => (Some("replay: stale".into()), None, None),
             (Outcome::Stale { conflict: true }, _) => (Some("replay: conflict".into()), None, None),
-            (Outcome::Filtered(rule), _) => (Some(format!("replay: filtered by {rule}")), None, None),
-            (Outcome::Quarantined(reason), Pending::Quarantine(r)) => {
-                (None, Some(reason.as_str()), Some(storable_detail(&r.detail)))
+            (Outcome::Filtered(rule), _) => {
+                (Some(format!("replay: filtered by {rule}")), None, None)
             }
+            (Outcome::Quarantined(reason), Pending::Quarantine(r)) => (
+                None,
+                Some(reason.as_str()),
+                Some(storable_detail(&r.detail)),
+            ),
             (Outcome::Quarantined(reason), _) => (None, Some(reason.as_str()), None),
         };
         offsets.push(item.offset);
@@ -347,7 +358,15 @@ pub(super) async fn settle_replayed(
     );
     tx.execute(
         &sql,
-        &[&generation, &batch.topic, &batch.partition, &offsets, &by, &reasons, &details],
+        &[
+            &generation,
+            &batch.topic,
+            &batch.partition,
+            &offsets,
+            &by,
+            &reasons,
+            &details,
+        ],
     )
     .await
     .map_err(|e| classify(e, false))?;

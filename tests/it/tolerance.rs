@@ -111,7 +111,11 @@ fn a_typod_pointer_stops_run_backfill_and_load_with_nothing_applied() {
         &db.schema,
     );
     let t = run_caught_up(&fixed.path).tally();
-    assert_eq!((t.consumed, t.landed, t.quarantined), (900, 900, 0), "{t:?}");
+    assert_eq!(
+        (t.consumed, t.landed, t.quarantined),
+        (900, 900, 0),
+        "{t:?}"
+    );
     assert_eq!(counts(&db), truth);
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
@@ -127,9 +131,18 @@ fn a_few_poison_records_are_quarantined_under_the_default() {
     let (mut recs, truth) = seed_events(900, 3);
     let poison = [
         (0, "not json"),
-        (1, r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301","amount":"1","occurred_at":"2024-04-25"}"#),
-        (2, r#"{"event_id":"nope","customer_id":"c","amount":"1","occurred_at":"2024-04-25"}"#),
-        (0, r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3302","customer_id":"c","amount":"x","occurred_at":"2024-04-25"}"#),
+        (
+            1,
+            r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301","amount":"1","occurred_at":"2024-04-25"}"#,
+        ),
+        (
+            2,
+            r#"{"event_id":"nope","customer_id":"c","amount":"1","occurred_at":"2024-04-25"}"#,
+        ),
+        (
+            0,
+            r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3302","customer_id":"c","amount":"x","occurred_at":"2024-04-25"}"#,
+        ),
         (1, "[]"),
     ];
     for (i, (p, v)) in poison.iter().enumerate() {
@@ -139,7 +152,11 @@ fn a_few_poison_records_are_quarantined_under_the_default() {
     let group = unique("g");
     let p = pipeline(SEED, &topic, &group, &db.schema);
     let t = run_caught_up(&p.path).tally();
-    assert_eq!((t.consumed, t.landed, t.quarantined), (905, 900, 5), "{t:?}");
+    assert_eq!(
+        (t.consumed, t.landed, t.quarantined),
+        (905, 900, 5),
+        "{t:?}"
+    );
     assert_eq!(counts(&db), truth);
     assert_eq!(
         db.strings(
@@ -155,7 +172,11 @@ fn a_few_poison_records_are_quarantined_under_the_default() {
     );
     for part in 0..3 {
         let n = recs.iter().filter(|r| r.partition == part).count() as i64;
-        assert_eq!(db.checkpoint(&group, &topic, part), Some(n), "partition {part}");
+        assert_eq!(
+            db.checkpoint(&group, &topic, part),
+            Some(n),
+            "partition {part}"
+        );
     }
 }
 
@@ -177,17 +198,30 @@ fn tolerance_all_then_dead_letters_replay_after_the_fix() {
     let all = typo().replace("[identity]", "[errors]\ntolerance = \"all\"\n\n[identity]");
     let p = pipeline(&all, &topic, &group, &db.schema);
     let t = run_caught_up(&p.path).tally();
-    assert_eq!((t.consumed, t.landed, t.quarantined), (603, 0, 603), "{t:?}");
+    assert_eq!(
+        (t.consumed, t.landed, t.quarantined),
+        (603, 0, 603),
+        "{t:?}"
+    );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
     let checkpoints: Vec<Option<i64>> = (0..3).map(|i| db.checkpoint(&group, &topic, i)).collect();
     assert_eq!(checkpoints, vec![Some(201); 3]);
 
     let listed = replaysafe(&[
-        "dead-letters", "list", "--config", arg(&p.path), "--topic", &topic, "--partition", "1",
+        "dead-letters",
+        "list",
+        "--config",
+        arg(&p.path),
+        "--topic",
+        &topic,
+        "--partition",
+        "1",
     ]);
     listed.assert_ok();
     assert_eq!(listed.stdout.lines().count(), 201, "{}", listed.stdout);
-    assert!(listed.stdout.contains("missing-field\tfield `customer_id` (/custmer_id)"));
+    assert!(listed
+        .stdout
+        .contains("missing-field\tfield `customer_id` (/custmer_id)"));
 
     let fixed = pipeline(
         &typo().replace("/custmer_id", "/customer_id"),
@@ -233,8 +267,13 @@ fn tolerance_all_then_dead_letters_replay_after_the_fix() {
         "replayed 3 = landed 0 + duplicate 0 + filtered 0 + quarantined 3 [quarantined invalid-field: 3]; \
          still unresolved 3 (value not kept: 0)"
     );
-    assert_eq!(replay(&["--reason", "missing-field"]).split(';').next().unwrap(),
-        "replayed 0 = landed 0 + duplicate 0 + filtered 0 + quarantined 0");
+    assert_eq!(
+        replay(&["--reason", "missing-field"])
+            .split(';')
+            .next()
+            .unwrap(),
+        "replayed 0 = landed 0 + duplicate 0 + filtered 0 + quarantined 0"
+    );
     assert_eq!(counts(&db), truth);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
 
@@ -265,8 +304,16 @@ fn a_bad_cel_expression_is_a_clean_error_with_its_position() {
     let db = Db::fresh("tol_cel");
     let topic = unique("tol_cel");
     for (key, expr, col) in [
-        ("drop-if", "amount > 5.0 &&", "at column 14: the expression ends after `&&`"),
-        ("drop-if", "customer_id == \"c-1", "at column 16: this string is never closed"),
+        (
+            "drop-if",
+            "amount > 5.0 &&",
+            "at column 14: the expression ends after `&&`",
+        ),
+        (
+            "drop-if",
+            "customer_id == \"c-1",
+            "at column 16: this string is never closed",
+        ),
         ("drop-if", "(amount > 1.0", "at column 14"),
     ] {
         let text = SEED.replace(
@@ -284,9 +331,18 @@ fn a_bad_cel_expression_is_a_clean_error_with_its_position() {
             assert_eq!(out.code, Some(2), "{cmd} {expr}: {}", out.stderr);
             let want = format!("pipeline.toml:{line}:");
             assert!(out.stderr.contains(&want), "{want}: {}", out.stderr);
-            assert!(out.stderr.contains(&format!("`{expr}` does not compile: {col}")), "{}", out.stderr);
+            assert!(
+                out.stderr
+                    .contains(&format!("`{expr}` does not compile: {col}")),
+                "{}",
+                out.stderr
+            );
             for bad in ["panicked", "unreachable", "backtrace", "RUST_BACKTRACE"] {
-                assert!(!out.stderr.contains(bad), "{cmd} {expr}: `{bad}` in\n{}", out.stderr);
+                assert!(
+                    !out.stderr.contains(bad),
+                    "{cmd} {expr}: `{bad}` in\n{}",
+                    out.stderr
+                );
             }
         }
     }
