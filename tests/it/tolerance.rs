@@ -352,3 +352,42 @@ fn a_bad_cel_expression_is_a_clean_error_with_its_position() {
     );
     assert_eq!(db.i64(&tables), 0, "run refused before creating anything");
 }
+
+/// The window rule: two records in three undecodable on each partition never make `max-consecutive`, but
+/// cross `max-percent` of `window` at a fixed offset (the 16th of the 30-offset window ending at offset 23):
+/// exit 5 naming it, nothing applied.
+#[test]
+fn a_high_share_of_one_reason_stops_by_the_window_rule() {
+    let (db, topic) = stage("tol_window", 2);
+    let (good, _) = seed_events(40, 2);
+    let mut good = good.into_iter();
+    let mut recs = Vec::new();
+    for part in 0..2 {
+        for i in 0..60 {
+            recs.push(match i % 3 {
+                0 => Rec {
+                    partition: part,
+                    ..good.next().unwrap()
+                },
+                _ => Rec::json(part, "k", "not json", 1_714_003_200_000),
+            });
+        }
+    }
+    produce(&topic, &recs);
+    let group = unique("g");
+    let text = typo().replace("/custmer_id", "/customer_id").replace(
+        "[identity]",
+        "[errors]\nwindow = 30\nmax-percent = 50\n\n[identity]",
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(5), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "offsets 0–23: 16 of 30 offsets quarantined as `invalid-json`, more than errors.max-percent = 50 %"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_nothing_applied(&db, &group, &topic, 2, "window rule");
+}
