@@ -103,7 +103,8 @@ pub fn list(p: &Pipeline, url: &str, sel: &Selection, limit: i64) -> Result<Vec<
     check(sel)?;
     let rt = runtime()?;
     rt.block_on(async {
-        let client = connect(p, url).await?;
+        // Read only: no schema work (a missing table is PostgreSQL's error).
+        let client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
         let sql = format!(
             "SELECT topic, partition, \"offset\", reason, detail FROM {} WHERE {WHERE} \
              ORDER BY topic, partition, \"offset\" LIMIT $5",
