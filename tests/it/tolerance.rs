@@ -296,7 +296,8 @@ fn tolerance_all_then_dead_letters_replay_after_the_fix() {
     );
 }
 
-/// A CEL expression the parser panics on (a trailing operator, an unterminated string) is a configuration
+/// A CEL expression the parser panics on (a trailing operator, an unterminated string; in a `[[filter]]` and a
+/// projection's `filter`) is a configuration
 /// error naming the file, the line of the key, the expression and the column — no panic text or backtrace,
 /// even with `RUST_BACKTRACE=1`; `run` refuses it before touching the database.
 #[test]
@@ -315,11 +316,20 @@ fn a_bad_cel_expression_is_a_clean_error_with_its_position() {
             "at column 16: this string is never closed",
         ),
         ("drop-if", "(amount > 1.0", "at column 14"),
+        ("filter", "customer_id in", "at column 13"),
     ] {
-        let text = SEED.replace(
-            "[identity]",
-            &format!("[[filter]]\nname = \"f\"\n{key} = '{expr}'\n\n[identity]"),
-        );
+        let text = if key == "filter" {
+            // A projection's filter.
+            SEED.replace(
+                "column = \"n\"",
+                &format!("column = \"n\"\n{key} = '{expr}'"),
+            )
+        } else {
+            SEED.replace(
+                "[identity]",
+                &format!("[[filter]]\nname = \"f\"\n{key} = '{expr}'\n\n[identity]"),
+            )
+        };
         let p = pipeline(&text, &topic, &unique("g"), &db.schema);
         let line = text.lines().position(|l| l.starts_with(key)).unwrap() + 1;
         for cmd in ["check", "run"] {
