@@ -297,9 +297,9 @@ fn tolerance_all_then_dead_letters_replay_after_the_fix() {
 }
 
 /// A CEL expression the parser panics on (a trailing operator, an unterminated string; in a `[[filter]]` and a
-/// projection's `filter`) is a configuration
-/// error naming the file, the line of the key, the expression and the column — no panic text or backtrace,
-/// even with `RUST_BACKTRACE=1`; `run` refuses it before touching the database.
+/// projection's `filter`) is a configuration error naming the file, the line of the key, the expression and the
+/// column — no panic text or backtrace, even with `RUST_BACKTRACE=1`; `run` refuses it before touching the
+/// database.
 #[test]
 fn a_bad_cel_expression_is_a_clean_error_with_its_position() {
     let db = Db::fresh("tol_cel");
