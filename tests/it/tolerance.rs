@@ -393,9 +393,9 @@ fn a_high_share_of_one_reason_stops_by_the_window_rule() {
     let out = try_run(&p.path);
     assert_eq!(out.code, Some(5), "{}", out.stderr);
     assert!(
-        out.stderr.contains(&format!(
+        out.stderr.contains(
             "offsets 0–23: 16 of 30 offsets quarantined as `invalid-json`, more than errors.max-percent = 50 %"
-        )),
+        ),
         "{}",
         out.stderr
     );
