@@ -2,7 +2,7 @@
 //! re-applying them after a fix.
 //!
 //! `replay` reads the stored raw key and value of each selected dead letter back from
-//! `replaysafe_dead_letters`, decides it again with the *current* pipeline file ([`crate::engine::decide`]:
+//! `replaysafe_dead_letters`, decides it again with the *current* pipeline file ([`crate::engine::decide()`]:
 //! decode, filters) and applies it through the engine's batch path ([`crate::engine::apply::apply_batch`]:
 //! retries, record-by-record isolation) on a [`Sink::replaying`] connection — one transaction per batch of a
 //! partition holding the horizon check, the ledger claims (a record already applied is a `duplicate`, never

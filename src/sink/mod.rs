@@ -159,7 +159,7 @@ impl Sink {
     /// back from `replaysafe_dead_letters`, applied through the same transaction — horizon, ledger claims,
     /// projections over the rows claimed, resolution of the dead letters that land — without the checkpoint step
     /// (no partition is owned) and without the tolerance check; in the same transaction every dead letter of the
-    /// batch that did not land is settled ([`dead_letters::settle_replayed`]).
+    /// batch that did not land is settled (`dead_letters::settle_replayed`).
     pub fn replaying(mut self) -> Sink {
         self.replay = true;
         self
