@@ -94,6 +94,11 @@ pub enum Command {
         #[command(subcommand)]
         command: VerifyCommand,
     },
+    /// The pipeline's unresolved dead letters (quarantined records): list them, or re-apply them after a fix.
+    DeadLetters {
+        #[command(subcommand)]
+        command: DeadLettersCommand,
+    },
     /// Self-contained walk-through: first run, full replay under a fresh group, crash between database commit
     /// and offset commit — the counts stay identical.
     Demo {
@@ -124,6 +129,70 @@ pub enum OffsetsCommand {
         #[arg(long)]
         brokers: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+pub enum DeadLettersCommand {
+    /// Print the unresolved dead letters of the selection (topic, partition, offset, reason, detail; tab
+    /// separated), then a count per reason on stderr.
+    List {
+        #[command(flatten)]
+        select: DeadLetterSelect,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 1000)]
+        limit: i64,
+    },
+    /// Re-decode the stored records with the current pipeline file and apply them through the batch
+    /// transaction (ledger claims, projections); the ones that land (or are duplicates, stale, filtered) are
+    /// marked resolved in the same transaction, the others stay unresolved with their new reason. Prints the
+    /// accounting line; exit 0 even when some stay unresolved (the line says how many).
+    Replay {
+        #[command(flatten)]
+        select: DeadLetterSelect,
+        /// The consumer group written in the ledger rows claimed (default: the pipeline's group-id).
+        #[arg(long)]
+        group_id: Option<String>,
+    },
+}
+
+/// Which unresolved dead letters of the pipeline's generation a `dead-letters` command works on.
+#[derive(clap::Args)]
+pub struct DeadLetterSelect {
+    /// The pipeline file (its database, generation and — for replay — fields, filters and projections).
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// Only this reason (e.g. missing-field, invalid-field, invalid-json, filter-error).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Only this topic.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only this partition (needs --topic).
+    #[arg(long)]
+    pub partition: Option<i32>,
+}
+
+impl DeadLetterSelect {
+    /// The pipeline, its database and the selection.
+    ///
+    /// # Errors
+    /// The pipeline file's errors; no database.
+    pub fn resolve(
+        self,
+    ) -> anyhow::Result<(
+        Arc<config::Pipeline>,
+        String,
+        replaysafe::ops::dead_letters::Selection,
+    )> {
+        let p = Arc::new(config::load(&self.config)?);
+        let url = database_url(&p)?;
+        let sel = replaysafe::ops::dead_letters::Selection {
+            reason: self.reason,
+            topic: self.topic,
+            partition: self.partition,
+        };
+        Ok((p, url, sel))
+    }
 }
 
 #[derive(clap::Args)]

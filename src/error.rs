@@ -15,6 +15,10 @@ pub const EXIT_NO_START_POSITION: i32 = 3;
 /// Exit code of `run` when a SIGINT/SIGTERM drain did not finish within `--shutdown-timeout`: what was
 /// committed stays committed; the records not applied yet are read again on restart (from the checkpoints).
 pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 4;
+/// Exit code when the pipeline's declared error tolerance (`[errors]`, default `tolerance = "none"`) stopped it:
+/// a partition's records were quarantined for one reason beyond the thresholds. Nothing of the batch that
+/// crossed them was committed; fix the pipeline file (or the data) and rerun.
+pub const EXIT_TOLERANCE: i32 = 5;
 
 /// Everything that can go wrong in replaysafe.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +58,9 @@ pub enum Error {
     /// setting came from and the cause ([`crate::endpoint`]). Exit code 1.
     #[error("{0}")]
     Connect(crate::endpoint::ConnectError),
+    /// The declared error tolerance stopped the pipeline (see [`EXIT_TOLERANCE`]).
+    #[error("{0}")]
+    Tolerance(String),
     /// Anything else, with context.
     #[error("{0}")]
     Other(String),
@@ -68,6 +75,7 @@ impl Error {
             | Error::Schema(_)
             | Error::Usage(_) => EXIT_CONFIG,
             Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
+            Error::Tolerance(_) => EXIT_TOLERANCE,
             _ => EXIT_FAILURE,
         }
     }

@@ -50,15 +50,19 @@ pub fn context<'a>(pipeline: &Pipeline, fields: &Fields) -> Context<'a> {
     ctx
 }
 
-/// Evaluates a boolean expression.
+/// Evaluates a boolean expression. A panic inside the CEL interpreter is caught silently ([`crate::cel::quietly`])
+/// and becomes this record's evaluation error.
 ///
 /// # Errors
 /// A message when evaluation fails or the result is not a boolean.
 pub fn eval(program: &Program, expr: &str, ctx: &Context<'_>) -> Result<bool, String> {
-    match program.execute(ctx) {
-        Ok(Value::Bool(b)) => Ok(b),
-        Ok(other) => Err(format!("`{expr}` gave {other:?}, not a boolean")),
-        Err(e) => Err(format!("`{expr}` failed: {e}")),
+    match crate::cel::quietly(|| program.execute(ctx)) {
+        Ok(Ok(Value::Bool(b))) => Ok(b),
+        Ok(Ok(other)) => Err(format!("`{expr}` gave {other:?}, not a boolean")),
+        Ok(Err(e)) => Err(format!("`{expr}` failed: {e}")),
+        Err(panic) => Err(format!(
+            "`{expr}` failed inside the CEL interpreter: {panic}"
+        )),
     }
 }
 

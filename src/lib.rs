@@ -17,6 +17,7 @@
 //!
 //! Every consumed record ends as exactly one [`sink::Outcome`]; a run's [`sink::Tally`] adds up.
 
+pub mod cel;
 pub mod config;
 pub mod decode;
 pub mod demo;

@@ -158,6 +158,38 @@ fn rebuild(a: cli::RebuildArgs) -> anyhow::Result<()> {
     }
 }
 
+fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
+    use replaysafe::ops::dead_letters as dl;
+    match command {
+        cli::DeadLettersCommand::List { select, limit } => {
+            let (p, url, sel) = select.resolve()?;
+            let rows = dl::list(&p, &url, &sel, limit)?;
+            let mut per_reason = std::collections::BTreeMap::<&str, u64>::new();
+            for r in &rows {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    r.topic, r.partition, r.offset, r.reason, r.detail
+                );
+                *per_reason.entry(r.reason.as_str()).or_default() += 1;
+            }
+            eprintln!(
+                "{} unresolved dead letter(s) listed {per_reason:?}",
+                rows.len()
+            );
+            Ok(())
+        }
+        cli::DeadLettersCommand::Replay { select, group_id } => {
+            let (p, url, sel) = select.resolve()?;
+            let shutdown = Arc::new(AtomicBool::new(false));
+            signals(shutdown.clone());
+            let out = dl::replay(p, &url, &sel, group_id.as_deref(), shutdown)
+                .context("dead-letters replay failed")?;
+            println!("{}", out.line());
+            Ok(())
+        }
+    }
+}
+
 fn verify(command: VerifyCommand) -> anyhow::Result<()> {
     match command {
         VerifyCommand::Snapshot {
@@ -227,6 +259,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Backfill(a) => backfill(a),
         Command::Rebuild(a) => rebuild(a),
         Command::Verify { command } => verify(command),
+        Command::DeadLetters { command } => dead_letters(command),
         Command::Demo { brokers, events } => {
             let url = std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| replaysafe::demo::DEFAULT_DATABASE_URL.to_string());

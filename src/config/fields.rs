@@ -247,10 +247,9 @@ pub(crate) fn compile_cel(
     if expr.trim().is_empty() {
         return Err("the CEL expression is empty".into());
     }
-    // The CEL parser (antlr4rust) panics on some malformed input instead of returning an error.
-    let compiled = std::panic::catch_unwind(|| Program::compile(expr))
-        .map_err(|_| format!("CEL expression `{expr}` does not compile"))?;
-    let program = compiled.map_err(|e| format!("CEL expression does not compile: {e}"))?;
+    // The CEL parser (antlr4rust) panics on some malformed input: `cel::compile` catches it silently and
+    // says where the expression fails.
+    let program = crate::cel::compile(expr).map_err(|e| format!("CEL expression {e}"))?;
     for var in program.references().variables() {
         if !fields.iter().any(|f| f.name.as_str() == var) {
             let known = fields

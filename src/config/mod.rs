@@ -2,6 +2,7 @@
 //!
 //! Every error names `file:line:column`. See `reference.toml` for every key, its default and unit.
 
+pub mod errors;
 pub mod fields;
 pub mod kafka;
 pub mod plan;
@@ -9,6 +10,7 @@ pub mod raw;
 pub mod source;
 pub mod timeouts;
 
+pub use errors::{ErrorsPlan, Tolerance};
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
 pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};

@@ -60,6 +60,8 @@ pub struct Pipeline {
     pub filters: Vec<FilterPlan>,
     /// `[[projection]]`s, in file order (also the order they run in each batch).
     pub projections: Vec<ProjectionPlan>,
+    /// `[errors]`: the declared error tolerance.
+    pub errors: super::errors::ErrorsPlan,
 }
 
 /// `[postgres]`, validated.
@@ -276,6 +278,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let ledger = ledger(src, &raw, &schema, &fields, &identity)?;
     let filters = filters(src, &raw, &fields)?;
     let projections = projections(src, &raw, format, &fields, &schema, &identity)?;
+    let errors = super::errors::errors(src, raw.errors.as_ref())?;
 
     Ok(Pipeline {
         format,
@@ -291,6 +294,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         ledger,
         filters,
         projections,
+        errors,
     })
 }
 

@@ -25,6 +25,7 @@ pub struct RawPipeline {
     pub filter: Vec<Spanned<RawFilter>>,
     #[serde(default)]
     pub projection: Vec<Spanned<RawProjection>>,
+    pub errors: Option<super::errors::RawErrors>,
 }
 
 /// `[source]`

@@ -1,6 +1,8 @@
-//! The commands built on the engine and around it: `run`, `load`, `backfill`, `rebuild`, `offsets`, `verify`.
+//! The commands built on the engine and around it: `run`, `load`, `backfill`, `rebuild`, `offsets`, `verify`,
+//! `dead-letters`.
 
 pub mod backfill;
+pub mod dead_letters;
 pub mod load;
 pub mod offsets;
 pub mod rebuild;

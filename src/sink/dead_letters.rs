@@ -1,5 +1,6 @@
-//! Dead letters: one row per quarantined record, written in the batch transaction; resolved when a later batch
-//! lands the record.
+//! Dead letters: one row per quarantined record, written in the batch transaction (then the `[errors]` tolerance
+//! check over them, [`tolerance_statement`]); resolved when a later batch lands the record, or settled by
+//! `replaysafe dead-letters replay` ([`crate::ops::dead_letters`]).
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Statement, Transaction};
@@ -181,5 +182,194 @@ pub(super) async fn insert(
         .await
         .map_err(|e| classify(e, false))?;
     }
+    Ok(())
+}
+
+/// The tolerance check ([`crate::config::ErrorsPlan`]), run in the batch transaction after the dead-letter
+/// insert when the batch quarantined records and `[errors] tolerance = "none"`. Over the partition's unresolved
+/// dead letters of this generation (those of earlier batches and processes included: the database holds the
+/// history, so the decision depends on the records only — not on batch boundaries, restarts or which process
+/// reads them), for each reason, each dead letter counts the dead letters of its reason in the
+/// `max-consecutive` offsets and in the `window` offsets ending at it (`RANGE … PRECEDING` window frames). The
+/// first of this batch's quarantined offsets that ends a full run or a window above the limit is returned:
+/// `offset, reason, detail, run, win`. Parameters: `$1` generation, `$2` topic, `$3` partition, `$4` and `$5`
+/// the batch's first and last offset, `$6` the offsets this batch quarantined (int8[]).
+pub fn tolerance_statement(p: &Pipeline) -> String {
+    let e = &p.errors;
+    let (run, win) = (e.max_consecutive, e.window);
+    format!(
+        "WITH d AS (SELECT \"offset\" AS o, reason, detail, \
+         count(*) OVER (PARTITION BY reason ORDER BY \"offset\" RANGE BETWEEN {rp} PRECEDING AND CURRENT ROW) AS run, \
+         count(*) OVER (PARTITION BY reason ORDER BY \"offset\" RANGE BETWEEN {wp} PRECEDING AND CURRENT ROW) AS win \
+         FROM {t} WHERE generation = $1 AND topic = $2 AND partition = $3 AND resolved_at IS NULL \
+         AND \"offset\" BETWEEN $4::bigint - {back} AND $5::bigint) \
+         SELECT o, reason, detail, run, win FROM d WHERE o = ANY($6::bigint[]) AND (run >= {run} OR win > {limit}) \
+         ORDER BY o LIMIT 1",
+        rp = run - 1,
+        wp = win - 1,
+        back = run.max(win) - 1,
+        limit = e.window_limit(),
+        t = p.table(DEAD_LETTERS)
+    )
+}
+
+/// Step 4b of the batch transaction: [`tolerance_statement`] over this batch's quarantined offsets. Nothing is
+/// checked when the batch quarantined nothing.
+///
+/// # Errors
+/// [`ApplyError::Fatal`] with [`crate::error::Error::Tolerance`] — the transaction is then rolled back, nothing
+/// of the batch committed — naming the partition, the offsets, the reason and its detail (the field and its
+/// JSON pointer for `missing-field` / `invalid-field`), the threshold crossed and what to do; otherwise as
+/// [`classify`].
+pub(super) async fn check_tolerance(
+    tx: &Transaction<'_>,
+    stmt: &Statement,
+    p: &Pipeline,
+    generation: &str,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    let offsets: Vec<i64> = batch
+        .items
+        .iter()
+        .filter(|i| matches!(i.pending, Pending::Quarantine(_)))
+        .map(|i| i.offset)
+        .collect();
+    let (Some(first), Some(last)) = (batch.items.first(), batch.items.last()) else {
+        return Ok(());
+    };
+    if offsets.is_empty() {
+        return Ok(());
+    }
+    let row = tx
+        .query_opt(
+            stmt,
+            &[
+                &generation,
+                &batch.topic,
+                &batch.partition,
+                &first.offset,
+                &last.offset,
+                &offsets,
+            ],
+        )
+        .await
+        .map_err(|e| classify(e, false))?;
+    let Some(row) = row else {
+        return Ok(());
+    };
+    let (at, reason, detail, run, win): (i64, String, String, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    Err(ApplyError::Fatal(crate::error::Error::Tolerance(
+        tolerance_message(p, batch, at, &reason, &detail, run, win),
+    )))
+}
+
+fn tolerance_message(
+    p: &Pipeline,
+    batch: &Batch,
+    at: i64,
+    reason: &str,
+    detail: &str,
+    run: i64,
+    win: i64,
+) -> String {
+    let e = &p.errors;
+    let crossed = if run >= i64::from(e.max_consecutive) {
+        format!(
+            "offsets {}–{at}: {run} consecutive offsets quarantined as `{reason}` (errors.max-consecutive = {})",
+            at + 1 - run,
+            e.max_consecutive
+        )
+    } else {
+        format!(
+            "offsets {}–{at}: {win} of {} offsets quarantined as `{reason}`, more than errors.max-percent = {} %",
+            (at + 1 - i64::from(e.window)).max(0),
+            e.window,
+            e.max_percent
+        )
+    };
+    let checkpoint = match batch.expected {
+        Some(n) => format!("stays at offset {n}"),
+        None => "was not written".to_string(),
+    };
+    format!(
+        "{topic}/{partition} {crossed}; the last one: {detail}. Stopped by [errors] tolerance = \"none\": nothing \
+         of the batch {topic}/{partition} offsets {first}–{last} was committed (no ledger claim, projection row or \
+         dead letter) and its checkpoint {checkpoint}. Fix the pipeline file (a misspelled [fields] path?) and \
+         rerun: the same records are read again. To quarantine them and go on instead, set [errors] tolerance = \
+         \"all\" (then `replaysafe dead-letters replay` re-applies them after a fix)",
+        topic = batch.topic,
+        partition = batch.partition,
+        first = batch.items.first().map_or(0, |i| i.offset),
+        last = batch.items.last().map_or(0, |i| i.offset),
+    )
+}
+
+/// Settles, in the transaction of a dead-letter replay batch (`replaysafe dead-letters replay`), the dead
+/// letters of its records that did not land (those that landed were resolved by [`resolve_statement`] with
+/// their delivery key): a duplicate, stale or filtered record is resolved with `resolved_by` saying so
+/// (`replay: duplicate`, `replay: stale`, `replay: conflict`, `replay: filtered by <rule>`); a record
+/// quarantined again stays unresolved with its new `reason` and `detail`.
+///
+/// # Errors
+/// As [`classify`].
+pub(super) async fn settle_replayed(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    generation: &str,
+    batch: &Batch,
+    outcomes: &[super::batch::Outcome],
+) -> Result<(), ApplyError> {
+    use super::batch::Outcome;
+    let mut offsets = Vec::new();
+    let mut by: Vec<Option<String>> = Vec::new();
+    let mut reasons: Vec<Option<&str>> = Vec::new();
+    let mut details: Vec<Option<String>> = Vec::new();
+    for (item, o) in batch.items.iter().zip(outcomes) {
+        let (b, r, d) = match (o, &item.pending) {
+            (Outcome::Landed, _) => continue,
+            (Outcome::Duplicate, _) => (Some("replay: duplicate".to_string()), None, None),
+            (Outcome::Stale { conflict: false }, _) => (Some("replay: stale".into()), None, None),
+            (Outcome::Stale { conflict: true }, _) => (Some("replay: conflict".into()), None, None),
+            (Outcome::Filtered(rule), _) => {
+                (Some(format!("replay: filtered by {rule}")), None, None)
+            }
+            (Outcome::Quarantined(reason), Pending::Quarantine(r)) => (
+                None,
+                Some(reason.as_str()),
+                Some(storable_detail(&r.detail)),
+            ),
+            (Outcome::Quarantined(reason), _) => (None, Some(reason.as_str()), None),
+        };
+        offsets.push(item.offset);
+        by.push(b);
+        reasons.push(r);
+        details.push(d);
+    }
+    if offsets.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "UPDATE {} d SET resolved_at = CASE WHEN u.by IS NULL THEN NULL ELSE now() END, resolved_by = u.by, \
+         reason = coalesce(u.r, d.reason), detail = coalesce(u.d, d.detail) \
+         FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[]) AS u(o, by, r, d) \
+         WHERE d.generation = $1 AND d.topic = $2 AND d.partition = $3 AND d.\"offset\" = u.o \
+         AND d.resolved_at IS NULL",
+        p.table(DEAD_LETTERS)
+    );
+    tx.execute(
+        &sql,
+        &[
+            &generation,
+            &batch.topic,
+            &batch.partition,
+            &offsets,
+            &by,
+            &reasons,
+            &details,
+        ],
+    )
+    .await
+    .map_err(|e| classify(e, false))?;
     Ok(())
 }

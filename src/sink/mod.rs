@@ -27,6 +27,8 @@ struct Prepared {
     dead: Statement,
     /// Marks dead letters of landed records resolved.
     resolve: Statement,
+    /// The error-tolerance check ([`dead_letters::tolerance_statement`]); `None` under `tolerance = "all"`.
+    tolerance: Option<Statement>,
     advance: Statement,
     /// The claim horizon read under a share lock ([`ledger::horizon_statement`]); `None` without `partition-by`.
     horizon: Option<Statement>,
@@ -46,6 +48,9 @@ pub struct Sink {
     /// The oldest claimable day last read from the database (it only moves forward); days before it get no
     /// partition. The claim transaction decides again.
     floor: Option<NaiveDate>,
+    /// Re-applying dead letters ([`Sink::replaying`]): no checkpoint, no tolerance check, the dead letters of the
+    /// batch settled in its transaction.
+    replay: bool,
 }
 
 /// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
@@ -122,6 +127,10 @@ impl Sink {
             claim: prep(ledger::claim(&pipeline)).await?,
             dead: prep(dead_letters::insert_dead_letters(&pipeline)).await?,
             resolve: prep(dead_letters::resolve_statement(&pipeline)).await?,
+            tolerance: match pipeline.errors.stops() {
+                true => Some(prep(dead_letters::tolerance_statement(&pipeline)).await?),
+                false => None,
+            },
             advance: prep(checkpoint::advance_checkpoint(&pipeline)).await?,
             horizon: match pipeline.identity.partition_by {
                 Some(_) => Some(prep(ledger::horizon_statement(&pipeline)).await?),
@@ -158,7 +167,18 @@ impl Sink {
             prepared,
             partitions,
             floor: None,
+            replay: false,
         })
+    }
+
+    /// This connection re-applies dead letters (`replaysafe dead-letters replay`): its batches are records read
+    /// back from `replaysafe_dead_letters`, applied through the same transaction — horizon, ledger claims,
+    /// projections over the rows claimed, resolution of the dead letters that land — without the checkpoint step
+    /// (no partition is owned) and without the tolerance check; in the same transaction every dead letter of the
+    /// batch that did not land is settled (`dead_letters::settle_replayed`).
+    pub fn replaying(mut self) -> Sink {
+        self.replay = true;
+        self
     }
 
     /// Uses `group` (e.g. a backfill's own group id) for checkpoints, ledger and dead-letter rows instead of the
@@ -174,9 +194,11 @@ impl Sink {
     /// As [`Sink::open`].
     pub async fn reconnect(&mut self) -> Result<()> {
         let group = self.group.clone();
+        let replay = self.replay;
         *self = Sink::open(self.pipeline.clone(), &self.url)
             .await?
             .with_group(&group);
+        self.replay = replay;
         Ok(())
     }
 
@@ -261,16 +283,18 @@ impl Sink {
             .items
             .last()
             .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
-        checkpoint::advance(
-            &tx,
-            &prepared.advance,
-            &p,
-            group,
-            &generation,
-            batch,
-            last_sha,
-        )
-        .await?;
+        if !self.replay {
+            checkpoint::advance(
+                &tx,
+                &prepared.advance,
+                &p,
+                group,
+                &generation,
+                batch,
+                last_sha,
+            )
+            .await?;
+        }
 
         // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
         let horizoned = ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
@@ -296,7 +320,15 @@ impl Sink {
         // 4. Dead letters.
         dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
 
+        // 4b. The declared error tolerance: a systematic failure rolls the whole batch back.
+        if let (Some(stmt), false) = (&prepared.tolerance, self.replay) {
+            dead_letters::check_tolerance(&tx, stmt, &p, &generation, batch).await?;
+        }
+
         let outcomes = batch::outcomes(batch, &landed, &overrides);
+        if self.replay {
+            dead_letters::settle_replayed(&tx, &p, &generation, batch, &outcomes).await?;
+        }
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
         )));

@@ -19,4 +19,5 @@ mod keys_drift;
 mod lock_order;
 mod ops;
 mod starts;
+mod tolerance;
 mod waits;

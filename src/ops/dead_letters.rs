@@ -1,0 +1,294 @@
+//! `replaysafe dead-letters list|replay`: the unresolved dead letters of the pipeline's generation, and
+//! re-applying them after a fix.
+//!
+//! `replay` reads the stored raw key and value of each selected dead letter back from
+//! `replaysafe_dead_letters`, decides it again with the *current* pipeline file ([`crate::engine::decide()`]:
+//! decode, filters) and applies it through the engine's batch path ([`crate::engine::apply::apply_batch`]:
+//! retries, record-by-record isolation) on a [`Sink::replaying`] connection — one transaction per batch of a
+//! partition holding the horizon check, the ledger claims (a record already applied is a `duplicate`, never
+//! counted twice), the projections over the rows claimed, and the resolution of its dead letters: landed ones
+//! get `resolved_by` = the delivery key, duplicate/stale/filtered ones a `replay: …` note, and records failing
+//! again stay unresolved with their new reason and detail. No checkpoint moves and nothing is committed to
+//! Kafka. A value above `batch.max-record-bytes` was not kept (only its size and SHA-256): it is left as is and
+//! counted `not kept` — replay that window with `backfill` instead.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio_postgres::Client;
+
+use crate::config::Pipeline;
+use crate::engine::apply::{apply_batch, Applied};
+use crate::error::{Error, Result};
+use crate::sink::dead_letters::DEAD_LETTERS;
+use crate::sink::{schema, Batch, Item, Sink, Tally};
+
+/// Which dead letters a command works on (always the unresolved ones of the pipeline's generation).
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only this reason (`missing-field`, `invalid-field`, …).
+    pub reason: Option<String>,
+    /// Only this topic.
+    pub topic: Option<String>,
+    /// Only this partition (with `topic`).
+    pub partition: Option<i32>,
+}
+
+/// One unresolved dead letter, as `list` prints it.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Reason.
+    pub reason: String,
+    /// Detail.
+    pub detail: String,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Default)]
+pub struct Replayed {
+    /// The outcomes of the records applied again (they add up to the dead letters replayed).
+    pub tally: Tally,
+    /// Dead letters whose value was not kept (above `batch.max-record-bytes`): left unresolved.
+    pub not_kept: u64,
+    /// Dead letters of the selection still unresolved afterwards.
+    pub unresolved: i64,
+}
+
+impl Replayed {
+    /// `replayed N = landed a + duplicate b + … ; still unresolved U (not kept K)`.
+    pub fn line(&self) -> String {
+        format!(
+            "replayed {}; still unresolved {} (value not kept: {})",
+            self.tally.line().trim_start_matches("consumed "),
+            self.unresolved,
+            self.not_kept
+        )
+    }
+}
+
+/// The selection's `WHERE` (parameters `$1` generation, `$2` reason, `$3` topic, `$4` partition; nulls match
+/// everything).
+const WHERE: &str =
+    "generation = $1 AND resolved_at IS NULL AND ($2::text IS NULL OR reason = $2) \
+     AND ($3::text IS NULL OR topic = $3) AND ($4::int IS NULL OR partition = $4)";
+
+fn generation(p: &Pipeline) -> String {
+    p.identity.generation.clone().unwrap_or_default()
+}
+
+async fn connect(p: &Pipeline, url: &str) -> Result<Client> {
+    let mut client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
+    schema::init(&mut client, p).await?;
+    Ok(client)
+}
+
+fn check(sel: &Selection) -> Result<()> {
+    if sel.partition.is_some() && sel.topic.is_none() {
+        return Err(Error::Usage("--partition needs --topic".into()));
+    }
+    Ok(())
+}
+
+/// The unresolved dead letters of the selection, in topic, partition, offset order (at most `limit`).
+///
+/// # Errors
+/// [`Error::Usage`] for `--partition` without `--topic`; a database error.
+pub fn list(p: &Pipeline, url: &str, sel: &Selection, limit: i64) -> Result<Vec<Listed>> {
+    check(sel)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        // Read only: no schema work (a missing table is PostgreSQL's error).
+        let client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
+        let sql = format!(
+            "SELECT topic, partition, \"offset\", reason, detail FROM {} WHERE {WHERE} \
+             ORDER BY topic, partition, \"offset\" LIMIT $5",
+            p.table(DEAD_LETTERS)
+        );
+        let rows = client
+            .query(
+                &sql,
+                &[
+                    &generation(p),
+                    &sel.reason,
+                    &sel.topic,
+                    &sel.partition,
+                    &limit,
+                ],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Listed {
+                topic: r.get(0),
+                partition: r.get(1),
+                offset: r.get(2),
+                reason: r.get(3),
+                detail: r.get(4),
+            })
+            .collect())
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("tokio runtime: {e}")))
+}
+
+/// Re-applies the selected dead letters with the current pipeline (see the module documentation); `group`
+/// (default: the pipeline's `group-id`) is the consumer group written in the ledger rows claimed.
+///
+/// # Errors
+/// [`Error::Usage`] for `--partition` without `--topic`; [`Error::Schema`] when the database does not match
+/// the pipeline; a database error that retries do not cure, or `shutdown` (what was committed stays: a rerun
+/// goes on with what is still unresolved).
+pub fn replay(
+    pipeline: Arc<Pipeline>,
+    url: &str,
+    sel: &Selection,
+    group: Option<&str>,
+    shutdown: Arc<AtomicBool>,
+) -> Result<Replayed> {
+    check(sel)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let client = connect(&pipeline, url).await?;
+        let mut sink = Sink::open(pipeline.clone(), url).await?.replaying();
+        if let Some(g) = group {
+            sink = sink.with_group(g);
+        }
+        let give_up = move || shutdown.load(Ordering::Relaxed);
+        let mut out = Replayed::default();
+        let mut after: (String, i32, i64) = (String::new(), -1, -1);
+        loop {
+            let page = read_page(&client, &pipeline, sel, &after).await?;
+            let Some(last) = page.last() else { break };
+            after = (last.0.clone(), last.1, last.2.offset);
+            for batch in batches(&pipeline, page, &mut out.not_kept) {
+                if give_up() {
+                    return Err(Error::Other(
+                        "interrupted: the batches committed so far stay resolved; rerun to go on"
+                            .into(),
+                    ));
+                }
+                match apply_batch(&mut sink, &batch, &give_up).await? {
+                    Applied::Committed(outcomes) => outcomes.iter().for_each(|o| out.tally.add(o)),
+                    other => {
+                        return Err(Error::Other(format!(
+                            "{}/{}: unexpected result of a dead-letter replay batch: {other:?}",
+                            batch.topic, batch.partition
+                        )))
+                    }
+                }
+            }
+        }
+        let count = format!(
+            "SELECT count(*) FROM {} WHERE {WHERE}",
+            pipeline.table(DEAD_LETTERS)
+        );
+        out.unresolved = client
+            .query_one(
+                &count,
+                &[
+                    &generation(&pipeline),
+                    &sel.reason,
+                    &sel.topic,
+                    &sel.partition,
+                ],
+            )
+            .await?
+            .get(0);
+        Ok(out)
+    })
+}
+
+/// A dead letter read back: topic, partition, the record as an item (its value `None` when not kept), and
+/// whether the value was kept.
+type Stored = (String, i32, Item, bool);
+
+/// The next page of the selection after `after` (topic, partition, offset), in that order.
+async fn read_page(
+    client: &Client,
+    p: &Pipeline,
+    sel: &Selection,
+    after: &(String, i32, i64),
+) -> Result<Vec<Stored>> {
+    let sql = format!(
+        "SELECT topic, partition, \"offset\", (extract(epoch FROM record_timestamp) * 1000)::bigint, key, value, \
+         value IS NOT NULL OR value_bytes IS NULL FROM {} WHERE {WHERE} AND (topic, partition, \"offset\") > ($5, $6, $7) \
+         ORDER BY topic, partition, \"offset\" LIMIT $8",
+        p.table(DEAD_LETTERS)
+    );
+    let limit = p.max_records as i64;
+    let rows = client
+        .query(
+            &sql,
+            &[
+                &generation(p),
+                &sel.reason,
+                &sel.topic,
+                &sel.partition,
+                &after.0,
+                &after.1,
+                &after.2,
+                &limit,
+            ],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let key: Option<Vec<u8>> = r.get(4);
+            let value: Option<Vec<u8>> = r.get(5);
+            let pending = crate::engine::decide(p, key.as_deref(), value.as_deref(), None);
+            let item = Item {
+                offset: r.get(2),
+                timestamp_ms: r.get(3),
+                key,
+                value,
+                pending,
+            };
+            (r.get(0), r.get(1), item, r.get(6))
+        })
+        .collect())
+}
+
+/// Groups a page into one batch per partition (offsets ascending); dead letters whose value was not kept are
+/// counted in `not_kept` and left out.
+fn batches(p: &Pipeline, page: Vec<Stored>, not_kept: &mut u64) -> Vec<Batch> {
+    let mut out: Vec<Batch> = Vec::new();
+    for (topic, partition, item, kept) in page {
+        if !kept {
+            *not_kept += 1;
+            continue;
+        }
+        let end = item.offset + 1;
+        match out.last_mut() {
+            Some(b)
+                if b.topic == topic
+                    && b.partition == partition
+                    && b.items.len() < p.max_records =>
+            {
+                b.end = end;
+                b.items.push(item);
+            }
+            _ => out.push(Batch {
+                topic,
+                partition,
+                fence: 0,
+                expected: None,
+                end,
+                items: vec![item],
+            }),
+        }
+    }
+    out
+}
