@@ -73,6 +73,11 @@ pub struct PostgresPlan {
     pub connections: usize,
     /// Lock, statement and idle-in-transaction timeouts pinned on every session.
     pub timeouts: Timeouts,
+    /// `manage-schema` (default true): `run`, `load`, `backfill` and `rebuild` create missing tables and ledger
+    /// day partitions and prune expired partitions. `false` (or `run --no-ddl`): they issue no DDL — the tables
+    /// and partitions must exist (`replaysafe init` by their owner), a missing partition stops the batch uncommitted
+    /// (README "Privileges").
+    pub manage_schema: bool,
 }
 
 /// `[identity]`: what identifies a change.
@@ -320,6 +325,11 @@ fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
             }
         },
         timeouts: timeouts(src, &raw.postgres)?,
+        manage_schema: raw
+            .postgres
+            .manage_schema
+            .as_ref()
+            .is_none_or(|m| *m.get_ref()),
     })
 }
 

@@ -125,7 +125,8 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Creates the tables (or checks them), prunes the ledger when asked, and opens `postgres.connections`
+    /// Creates the tables (or checks them; only checks with `manage-schema = false`), prunes the ledger when asked
+    /// (never without DDL), and opens `postgres.connections`
     /// connections — retried while the database is unavailable.
     ///
     /// # Errors
@@ -141,8 +142,9 @@ impl Engine {
         let prune = opts.prune_on_start;
         let sinks = rt.block_on(apply::retry_db("starting", &give_up, || async {
             let mut admin = crate::sink::connect_with(url, &pipeline.postgres.timeouts).await?;
-            schema::init(&mut admin, &pipeline).await?;
-            if prune {
+            schema::prepare(&mut admin, &pipeline).await?;
+            // Without DDL (manage-schema = false) nothing is dropped: `init` run by the owner prunes.
+            if prune && pipeline.postgres.manage_schema {
                 let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;
                 if !dropped.is_empty() {
                     tracing::info!(?dropped, "dropped ledger partitions older than the horizon");

@@ -1,6 +1,7 @@
-//! The commands built on the engine and around it: `run`, `load`, `backfill`, `rebuild`, `offsets`, `verify`.
+//! The commands built on the engine and around it: `check`, `run`, `load`, `backfill`, `rebuild`, `offsets`, `verify`.
 
 pub mod backfill;
+pub mod check;
 pub mod load;
 pub mod offsets;
 pub mod rebuild;

@@ -83,7 +83,7 @@ pub fn rebuild(
     let mut client = rt.block_on(async {
         let mut client =
             crate::sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
-        schema::init(&mut client, &pipeline).await?;
+        schema::prepare(&mut client, &pipeline).await?;
         Ok::<_, Error>(client)
     })?;
     // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.

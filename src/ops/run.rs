@@ -77,6 +77,8 @@ pub fn run_timed(
     o.summary_interval = Some(opts.summary_interval);
     o.crash_after_batches = opts.crash_after_batches;
     o.prune_interval = Some(opts.prune_interval);
+    // A misspelled topic is refused before the database is touched (nothing created).
+    crate::ops::check::require_topics(&pipeline, &opts.brokers, &opts.extra_properties)?;
     let engine = Engine::start(&rt, pipeline.clone(), o)?;
     let config = group::config(&pipeline, &opts.brokers, &opts.extra_properties);
     let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;

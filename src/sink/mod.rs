@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod dead_letters;
 pub mod error;
 pub mod ledger;
+pub mod privileges;
 pub mod schema;
 
 pub use batch::{Batch, Item, Outcome, Pending, Tally};

@@ -12,26 +12,55 @@ use crate::error::{Error, Result};
 
 /// Creates (or leaves alone, when present and compatible) the schema, ledger, checkpoint and dead-letter tables
 /// and the tables of built-in projections, runs each `sql` projection's `setup`, then checks that the ledger has
-/// the columns the pipeline expects and that every projection statement compiles against the database.
+/// the columns the pipeline expects and that every projection statement compiles against the database. The
+/// schema and replaysafe's own tables are created only when missing (a role without `CREATE` gets past them when
+/// its owner made them); projection setup is idempotent DDL run every time.
 ///
 /// # Errors
 /// [`Error::Schema`] when an existing table does not match or a projection statement does not compile;
-/// [`Error::Postgres`] for connection problems.
+/// [`Error::Privilege`] when the role may not create or alter what is needed (the message says how to split DDL
+/// from the runtime role); [`Error::Postgres`] for connection problems.
 pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
+    init_unchecked(client, p)
+        .await
+        .map_err(|e| super::privileges::explain(e, p))
+}
+
+async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
     let tx = client.transaction().await?;
     tx.execute(DDL_LOCK, &[]).await?;
-    tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {}",
-        p.postgres.schema
-    ))
-    .await?;
-    for stmt in [
-        ledger::create_ledger(p),
-        checkpoint::create_checkpoints(p),
-        dead_letters::create_dead_letters(p),
-        checkpoint::create_group_starts(p),
-        ledger::create_horizon(p),
+    let schema_missing: bool = tx
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&p.postgres.schema.as_str()],
+        )
+        .await?
+        .get(0);
+    if schema_missing {
+        let stmt = format!("CREATE SCHEMA IF NOT EXISTS {}", p.postgres.schema);
+        tx.batch_execute(&stmt)
+            .await
+            .map_err(|e| schema_error("creating the schema", &stmt, e))?;
+    }
+    for (table, stmt) in [
+        (p.ledger.table.clone(), ledger::create_ledger(p)),
+        (
+            p.table(checkpoint::CHECKPOINTS),
+            checkpoint::create_checkpoints(p),
+        ),
+        (
+            p.table(dead_letters::DEAD_LETTERS),
+            dead_letters::create_dead_letters(p),
+        ),
+        (
+            p.table(checkpoint::GROUP_STARTS),
+            checkpoint::create_group_starts(p),
+        ),
+        (p.table(ledger::HORIZON), ledger::create_horizon(p)),
     ] {
+        if super::privileges::table_exists(&tx, &table.to_string()).await? {
+            continue;
+        }
         tx.batch_execute(&stmt)
             .await
             .map_err(|e| schema_error("creating replaysafe tables", &stmt, e))?;
@@ -73,6 +102,99 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
     check_ledger(client, p).await?;
     check_owner(client, p).await?;
     check_statements(client, p).await
+}
+
+/// Makes the database ready for the pipeline: [`init`] when `manage-schema` is true, [`verify`] (no DDL) when
+/// it is false (`run --no-ddl`).
+///
+/// # Errors
+/// As [`init`] or [`verify`].
+pub async fn prepare(client: &mut Client, p: &Pipeline) -> Result<()> {
+    if p.postgres.manage_schema {
+        init(client, p).await
+    } else {
+        verify(client, p).await
+    }
+}
+
+/// The read-only counterpart of [`init`] for `manage-schema = false` / `run --no-ddl`: checks that the tables
+/// exist (and the dead-letter table has its newer columns, the ledger its horizon row), then the same column,
+/// ledger and statement checks as `init`, and that the ledger's comment records this pipeline's projections —
+/// without creating, altering or commenting anything (only session-local temporary tables).
+///
+/// # Errors
+/// [`Error::Schema`] naming what is missing or differs, with the fix: `replaysafe init` run by the owner.
+pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
+    let by_init = "manage-schema = false (or `run --no-ddl`) creates and alters nothing: run `replaysafe init \
+                   --config FILE` as the owner of the schema first";
+    let missing = super::privileges::missing_tables(client, p).await?;
+    if !missing.is_empty() {
+        return Err(Error::Schema(format!(
+            "{} missing: {}; {by_init}",
+            missing.join(", "),
+            if missing.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
+        )));
+    }
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                 AND attname = 'resolved_by' AND NOT attisdropped), \
+                 EXISTS (SELECT 1 FROM {} WHERE ledger = $2)",
+                p.table(ledger::HORIZON)
+            ),
+            &[
+                &p.table(dead_letters::DEAD_LETTERS).to_string(),
+                &p.ledger.table.to_string(),
+            ],
+        )
+        .await?;
+    let (resolvable, horizon_row): (bool, bool) = (row.get(0), row.get(1));
+    if !resolvable || !horizon_row {
+        return Err(Error::Schema(format!(
+            "{} needs an upgrade by this version's `init`; {by_init}",
+            if resolvable {
+                format!("the horizon row of ledger {}", p.ledger.table)
+            } else {
+                format!(
+                    "{} (resolved_at, resolved_by)",
+                    p.table(dead_letters::DEAD_LETTERS)
+                )
+            }
+        )));
+    }
+    check_column_types(client, p).await?;
+    check_ledger(client, p).await?;
+    if !projection_record_matches(&*client, p).await? {
+        return Err(Error::Schema(format!(
+            "ledger {}: its comment does not record this pipeline's projections (init records them, and refuses \
+             a ledger whose claims were made for other projections); {by_init}",
+            p.ledger.table
+        )));
+    }
+    check_statements(client, p).await
+}
+
+/// Whether the ledger's comment is this pipeline's projection record exactly (read only).
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub(crate) async fn projection_record_matches(
+    c: &impl tokio_postgres::GenericClient,
+    p: &Pipeline,
+) -> Result<bool> {
+    let have: Option<String> = c
+        .query_one(
+            "SELECT obj_description(to_regclass($1), 'pg_class')",
+            &[&p.ledger.table.to_string()],
+        )
+        .await?
+        .get(0);
+    Ok(have.as_deref() == Some(projection_record(p).as_str()))
 }
 
 /// Prefix of the ledger table comment recording the projections its claims were made for (format 2): followed by
