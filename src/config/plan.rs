@@ -177,8 +177,13 @@ impl Pipeline {
             .join(", ");
         let horizon = match (self.ledger.horizon_days, self.identity.partition_by) {
             (Some(d), Some(p)) => format!(
-                "the ledger keeps the days of `{}` from today − {d} on (by the database's UTC date); older partitions are dropped on start and every --prune-interval, the day pruned below is kept in replaysafe_horizon and only moves forward (a longer horizon-days later does not reopen pruned days), and every claim older than it — run, load, backfill, rebuild — is quarantined as beyond-horizon in its batch transaction",
-                self.fields[p].name.as_str()
+                "the ledger keeps the days of `{}` from today − {d} on (by the database's UTC date); older partitions are dropped {}, the day pruned below is kept in replaysafe_horizon and only moves forward (a longer horizon-days later does not reopen pruned days), and every claim older than it — run, load, backfill, rebuild — is quarantined as beyond-horizon in its batch transaction",
+                self.fields[p].name.as_str(),
+                if self.postgres.manage_schema {
+                    "on start and every --prune-interval (with run --no-ddl: by `init`)"
+                } else {
+                    "by `init` (manage-schema = false: run the owner's `init --days N` daily)"
+                }
             ),
             _ => "no horizon: the ledger keeps every delivery key forever".to_string(),
         };
