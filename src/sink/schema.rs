@@ -113,7 +113,9 @@ pub async fn prepare(client: &mut Client, p: &Pipeline) -> Result<()> {
     if p.postgres.manage_schema {
         init(client, p).await
     } else {
-        verify(client, p).await
+        verify(client, p)
+            .await
+            .map_err(super::privileges::explain_missing)
     }
 }
 
@@ -130,13 +132,9 @@ pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
     let missing = super::privileges::missing_tables(client, p).await?;
     if !missing.is_empty() {
         return Err(Error::Schema(format!(
-            "{} missing: {}; {by_init}",
+            "{} {} missing; {by_init}",
             missing.join(", "),
-            if missing.len() == 1 {
-                "it is"
-            } else {
-                "they are"
-            }
+            if missing.len() == 1 { "is" } else { "are" }
         )));
     }
     let row = client

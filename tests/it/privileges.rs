@@ -299,10 +299,35 @@ fn a_missing_partition_under_no_ddl_is_named_and_nothing_is_lost() {
     let offsets = produce(&topic, &evs.iter().map(|e| e.0.clone()).collect::<Vec<_>>());
     let ahead_offset = offsets[6];
 
-    replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
     let role = Role::new();
-    role.grant_runtime(&db.schema);
     let config = arg(&p.path);
+    let no_ddl = ["run", "--config", config, "--until-caught-up", "--no-ddl"];
+    // Before `init`: the tables are missing, and --no-ddl creates none.
+    role.sql(&format!(
+        "GRANT USAGE ON SCHEMA \"{}\" TO \"{}\"",
+        db.schema, role.name
+    ));
+    let out = role.replaysafe(&no_ddl);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("replaysafe_ledger\"")
+            && out.stderr.contains("missing")
+            && out.stderr.contains("replaysafe init"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(created(&db, &db.schema), (1, 0));
+    // After `init`, before the table grants: the privilege is named, with where to find the rest.
+    replaysafe(&["init", "--config", config, "--days", "1"]).assert_ok();
+    let out = role.replaysafe(&no_ddl);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("permission denied for table")
+            && out.stderr.contains("check --config FILE --database"),
+        "{}",
+        out.stderr
+    );
+    role.grant_runtime(&db.schema);
     let out = role.replaysafe(&["run", "--config", config, "--until-caught-up", "--no-ddl"]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     let name = format!("replaysafe_ledger_p{}", later.format("%Y%m%d"));
