@@ -74,6 +74,8 @@ pub fn rebuild(
         )));
     }
     let deletes = zero_statements(&pipeline, day)?;
+    // A misspelled topic is refused before the database is touched (nothing created or deleted).
+    crate::ops::check::require_topics(&pipeline, brokers, &[])?;
     let (from_ms, to_ms) = record_window(opts);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
