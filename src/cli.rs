@@ -78,8 +78,9 @@ pub enum Command {
         #[arg(short, long)]
         config: PathBuf,
         /// Create the ledger's day partitions from its horizon through today + this many days (a role
-        /// without DDL needs them; schedule `init` daily).
-        #[arg(long, default_value_t = replaysafe::sink::ledger::DEFAULT_DAYS_AHEAD)]
+        /// without DDL needs them; schedule `init` daily). 0 to 366.
+        #[arg(long, default_value_t = replaysafe::sink::ledger::DEFAULT_DAYS_AHEAD,
+              value_parser = clap::value_parser!(u32).range(0..=366))]
         days: u32,
     },
     /// Another group's positions, read without joining it.
@@ -125,8 +126,8 @@ pub struct CheckArgs {
     /// UPDATE, DELETE on every table, sequences, TEMPORARY, the ledger's day partitions.
     #[arg(long)]
     pub database: bool,
-    /// With --database: the ledger's day partitions must exist through today + this many days.
-    #[arg(long, default_value_t = 1)]
+    /// With --database: the ledger's day partitions must exist through today + this many days (0 to 366).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=366))]
     pub days: u32,
 }
 
