@@ -282,12 +282,20 @@ async fn unfinished_rebuild(
 ) -> Result<()> {
     let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
     let pending = pending_table(pipeline);
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {pending} (LIKE {})",
-            pipeline.ledger.table
-        ))
-        .await?;
+    let create = format!(
+        "CREATE TABLE IF NOT EXISTS {pending} (LIKE {})",
+        pipeline.ledger.table
+    );
+    if !crate::sink::privileges::table_exists(client, &pending.to_string()).await? {
+        if !pipeline.postgres.manage_schema {
+            return Err(Error::Schema(format!(
+                "rebuild keeps the ledger rows it deleted in {pending}, which does not exist, and manage-schema = \
+                 false creates nothing: as the ledger's owner run `{create}` and grant the runtime role SELECT, \
+                 INSERT, UPDATE, DELETE on it"
+            )));
+        }
+        client.batch_execute(&create).await?;
+    }
     let r = client
         .query_one(
             &format!("SELECT min({day}), max({day}), count(*) FROM {pending}"),
