@@ -91,10 +91,10 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
             failed.push(format!("database: {}", bad.join("; ")));
         }
     }
-    match failed.is_empty() {
-        true => Ok(()),
-        false => Err(Error::Usage(format!("{}: {}", a.config.display(), failed.join("; "))).into()),
+    if failed.is_empty() {
+        return Ok(());
     }
+    Err(Error::Usage(format!("{}: {}", a.config.display(), failed.join("; "))).into())
 }
 
 fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {

@@ -32,7 +32,7 @@ use rdkafka::consumer::CommitMode;
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::sink::{ledger, schema, Item, Sink, Tally};
+use crate::sink::{ledger, verify, Item, Sink, Tally};
 
 pub use decide::{decide, Extras};
 pub use state::Core;
@@ -142,7 +142,7 @@ impl Engine {
         let prune = opts.prune_on_start;
         let sinks = rt.block_on(apply::retry_db("starting", &give_up, || async {
             let mut admin = crate::sink::connect_with(url, &pipeline.postgres.timeouts).await?;
-            schema::prepare(&mut admin, &pipeline).await?;
+            verify::prepare(&mut admin, &pipeline).await?;
             // Without DDL (manage-schema = false) nothing is dropped: `init` run by the owner prunes.
             if prune && pipeline.postgres.manage_schema {
                 let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;

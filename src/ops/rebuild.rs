@@ -14,7 +14,7 @@ use crate::ops::backfill::{
     backfill, plan, BackfillOptions, MissingRow, MissingStop, RebuildCheck, Report, StopSpec,
     MISSING_LISTED,
 };
-use crate::sink::{checkpoint, ledger, schema};
+use crate::sink::{checkpoint, ledger, verify};
 
 fn usage(msg: String) -> Error {
     Error::Usage(msg)
@@ -85,7 +85,7 @@ pub fn rebuild(
     let mut client = rt.block_on(async {
         let mut client =
             crate::sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
-        schema::prepare(&mut client, &pipeline).await?;
+        verify::prepare(&mut client, &pipeline).await?;
         Ok::<_, Error>(client)
     })?;
     // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.

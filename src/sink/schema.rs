@@ -104,97 +104,6 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
     check_statements(client, p).await
 }
 
-/// Makes the database ready for the pipeline: [`init`] when `manage-schema` is true, [`verify`] (no DDL) when
-/// it is false (`run --no-ddl`).
-///
-/// # Errors
-/// As [`init`] or [`verify`].
-pub async fn prepare(client: &mut Client, p: &Pipeline) -> Result<()> {
-    if p.postgres.manage_schema {
-        init(client, p).await
-    } else {
-        verify(client, p)
-            .await
-            .map_err(super::privileges::explain_missing)
-    }
-}
-
-/// The read-only counterpart of [`init`] for `manage-schema = false` / `run --no-ddl`: checks that the tables
-/// exist (and the dead-letter table has its newer columns, the ledger its horizon row), then the same column,
-/// ledger and statement checks as `init`, and that the ledger's comment records this pipeline's projections —
-/// without creating, altering or commenting anything (only session-local temporary tables).
-///
-/// # Errors
-/// [`Error::Schema`] naming what is missing or differs, with the fix: `replaysafe init` run by the owner.
-pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
-    let by_init = "manage-schema = false (or `run --no-ddl`) creates and alters nothing: run `replaysafe init \
-                   --config FILE` as the owner of the schema first";
-    let missing = super::privileges::missing_tables(client, p).await?;
-    if !missing.is_empty() {
-        return Err(Error::Schema(format!(
-            "{} {} missing; {by_init}",
-            missing.join(", "),
-            if missing.len() == 1 { "is" } else { "are" }
-        )));
-    }
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
-                 AND attname = 'resolved_by' AND NOT attisdropped), \
-                 EXISTS (SELECT 1 FROM {} WHERE ledger = $2)",
-                p.table(ledger::HORIZON)
-            ),
-            &[
-                &p.table(dead_letters::DEAD_LETTERS).to_string(),
-                &p.ledger.table.to_string(),
-            ],
-        )
-        .await?;
-    let (resolvable, horizon_row): (bool, bool) = (row.get(0), row.get(1));
-    if !resolvable || !horizon_row {
-        return Err(Error::Schema(format!(
-            "{} needs an upgrade by this version's `init`; {by_init}",
-            if resolvable {
-                format!("the horizon row of ledger {}", p.ledger.table)
-            } else {
-                format!(
-                    "{} (resolved_at, resolved_by)",
-                    p.table(dead_letters::DEAD_LETTERS)
-                )
-            }
-        )));
-    }
-    check_column_types(client, p).await?;
-    check_ledger(client, p).await?;
-    if !projection_record_matches(&*client, p).await? {
-        return Err(Error::Schema(format!(
-            "ledger {}: its comment does not record this pipeline's projections (init records them, and refuses \
-             a ledger whose claims were made for other projections); {by_init}",
-            p.ledger.table
-        )));
-    }
-    check_statements(client, p).await
-}
-
-/// Whether the ledger's comment is this pipeline's projection record exactly (read only).
-///
-/// # Errors
-/// [`Error::Postgres`].
-pub(crate) async fn projection_record_matches(
-    c: &impl tokio_postgres::GenericClient,
-    p: &Pipeline,
-) -> Result<bool> {
-    let have: Option<String> = c
-        .query_one(
-            "SELECT obj_description(to_regclass($1), 'pg_class')",
-            &[&p.ledger.table.to_string()],
-        )
-        .await?
-        .get(0);
-    Ok(have.as_deref() == Some(projection_record(p).as_str()))
-}
-
 /// Prefix of the ledger table comment recording the projections its claims were made for (format 2): followed by
 /// a JSON object `{projection name: {setting: value}}` ([`crate::config::ProjectionPlan::settings`]).
 const OWNER_V2: &str = "replaysafe projections v2 ";
@@ -228,7 +137,7 @@ fn projection_settings(p: &Pipeline) -> Settings {
 /// claimed under one definition of the projections is never projected again, so a ledger that holds rows and
 /// was recorded with other projections — another set, or one whose settings (filter, group-by, targets,
 /// payload, key, columns, version, the fields it reads …) differ — is refused.
-fn projection_record(p: &Pipeline) -> String {
+pub(super) fn projection_record(p: &Pipeline) -> String {
     format!(
         "{OWNER_V2}{}",
         serde_json::to_string(&projection_settings(p)).expect("strings serialise")
@@ -413,7 +322,7 @@ struct TypedColumn<'a> {
 ///
 /// # Errors
 /// [`Error::Schema`] naming the projection, the column, the table's type and the field's type.
-async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
+pub(super) async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
     let mut cols: Vec<TypedColumn<'_>> = Vec::new();
     for proj in &p.projections {
         if let Some(a) = &proj.aggregate {
@@ -527,7 +436,7 @@ fn schema_error(what: &str, stmt: &str, e: tokio_postgres::Error) -> Error {
 
 /// Checks the ledger's columns and types against the pipeline (a changed key or type would silently break
 /// deduplication).
-async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
+pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
     let rows = client
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
@@ -596,7 +505,7 @@ async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
 
 /// Prepares every statement a batch runs, so a projection that names a missing table or column fails before
 /// anything is consumed.
-async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
+pub(super) async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
     client.batch_execute(&ledger::create_landed(p)).await?;
     let tx = client.transaction().await?;
     for (what, stmt) in [
