@@ -93,7 +93,8 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
                     format!("`{key}` is forced to false: offsets are committed only after the database transaction"),
                 ))
             }
-            "group.id" | "bootstrap.servers" | "auto.offset.reset" => {
+            // `metadata.broker.list` is librdkafka's alias of `bootstrap.servers`.
+            "group.id" | "bootstrap.servers" | "metadata.broker.list" | "auto.offset.reset" => {
                 return Err(src.error(
                     k.span(),
                     format!("set `{key}` through `group-id`, `brokers` or `start` in [kafka], not in [kafka.properties]"),
@@ -200,6 +201,30 @@ mod tests {
             "{e}"
         );
         check_property("session.timeout.ms", "6000").unwrap();
+    }
+
+    #[test]
+    fn the_brokers_alias_is_refused_like_bootstrap_servers() {
+        let text = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[kafka.properties]\n\"metadata.broker.list\" = \"h:9092\"\n\
+                    [fields]\nevent_id = { path = \"/event_id\", type = \"uuid\" }\n[identity]\nkey = [\"event_id\"]\n";
+        let e = crate::config::parse("p.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.toml:5:") && e.contains("metadata.broker.list"),
+            "{e}"
+        );
+        let typo = text.replace(
+            "metadata.broker.list\" = \"h:9092",
+            "sesion.timeout.ms\" = \"6000",
+        );
+        let e = crate::config::parse("p.toml", &typo)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.toml:5:") && e.contains("`sesion.timeout.ms`"),
+            "{e}"
+        );
     }
 
     #[test]
