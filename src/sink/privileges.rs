@@ -158,12 +158,23 @@ pub async fn check_database(client: &mut Client, p: &Pipeline, days: u32) -> Res
         "TEMPORARY on the database (each session's `landed` temporary table)",
         &format!("GRANT TEMPORARY ON DATABASE <db> TO {role}"),
     ));
-    schemas(&tx, p, &role, &mut out).await?;
+    let usable = schemas(&tx, p, &role, &mut out).await?;
     for t in pipeline_tables(p) {
         table(&tx, &t, &role, &mut out).await?;
     }
-    partitions(&tx, p, days, &mut out).await?;
-    out.push(record(&tx, p).await?);
+    // Names in a schema without USAGE cannot even be looked up (to_regclass refuses): checked once it is granted.
+    let horizon = p.table(ledger::HORIZON).to_string();
+    if usable && readable(&tx, &horizon).await? {
+        partitions(&tx, p, days, &mut out).await?;
+        out.push(record(&tx, p).await?);
+    } else {
+        out.push(Finding {
+            ok: false,
+            what: "ledger day partitions and projection record not checked: they need USAGE on the schema and \
+                   SELECT on the horizon table first"
+                .to_string(),
+        });
+    }
     if p.postgres.manage_schema {
         out.extend(ddl_note(&tx, p, &role).await?);
     }
@@ -182,13 +193,37 @@ fn grant(ok: bool, what: &str, fix: &str) -> Finding {
     }
 }
 
-/// `USAGE` on every schema a table of the pipeline lives in.
+/// The OID of the table named `name` (SQL text, quoted or not), looked up in the catalog — without the `USAGE`
+/// on its schema that `to_regclass` needs.
+async fn table_oid(c: &impl GenericClient, name: &str) -> Result<Option<u32>> {
+    Ok(c.query_opt(
+        "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = (parse_ident($1))[1] AND c.relname = (parse_ident($1))[2]",
+        &[&name],
+    )
+    .await?
+    .map(|r| r.get(0)))
+}
+
+/// Whether the table exists and the role may `SELECT` from it.
+async fn readable(c: &impl GenericClient, name: &str) -> Result<bool> {
+    Ok(match table_oid(c, name).await? {
+        Some(oid) => c
+            .query_one("SELECT has_table_privilege($1::oid, 'SELECT')", &[&oid])
+            .await?
+            .get(0),
+        None => false,
+    })
+}
+
+/// `USAGE` on every schema a table of the pipeline lives in; returns whether every one exists and is usable.
 async fn schemas(
     tx: &tokio_postgres::Transaction<'_>,
     p: &Pipeline,
     role: &str,
     out: &mut Vec<Finding>,
-) -> Result<()> {
+) -> Result<bool> {
+    let mut all = true;
     let mut names: Vec<String> = vec![p.postgres.schema.as_str().to_string()];
     names.push(p.ledger.table.schema.as_str().to_string());
     names.sort();
@@ -202,6 +237,7 @@ async fn schemas(
             )
             .await?;
         let (exists, usage): (bool, bool) = (row.get(0), row.get(1));
+        all &= usage;
         out.push(if exists {
             grant(
                 usage,
@@ -217,7 +253,7 @@ async fn schemas(
             }
         });
     }
-    Ok(())
+    Ok(all)
 }
 
 /// `SELECT, INSERT, UPDATE, DELETE` on `t`, and `USAGE` on the sequences its columns use.
@@ -227,7 +263,7 @@ async fn table(
     role: &str,
     out: &mut Vec<Finding>,
 ) -> Result<()> {
-    if !table_exists(tx, t).await? {
+    let Some(oid) = table_oid(tx, t).await? else {
         out.push(Finding {
             ok: false,
             what: format!(
@@ -235,11 +271,14 @@ async fn table(
             ),
         });
         return Ok(());
-    }
+    };
     let mut missing = Vec::new();
     for privilege in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
         let ok: bool = tx
-            .query_one("SELECT has_table_privilege($1, $2)", &[&t, &privilege])
+            .query_one(
+                "SELECT has_table_privilege($1::oid, $2)",
+                &[&oid, &privilege],
+            )
             .await?
             .get(0);
         if !ok {
@@ -259,8 +298,8 @@ async fn table(
         .query(
             "SELECT s.oid::regclass::text, has_sequence_privilege(s.oid, 'USAGE') FROM pg_depend d \
              JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' \
-             WHERE d.refobjid = to_regclass($1) AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')",
-            &[&t],
+             WHERE d.refobjid = $1 AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')",
+            &[&oid],
         )
         .await?;
     for r in seqs {
@@ -361,12 +400,13 @@ async fn ddl_note(
     p: &Pipeline,
     role: &str,
 ) -> Result<Option<Finding>> {
+    let ledger = table_oid(tx, &p.ledger.table.to_string()).await?;
     let row = tx
         .query_one(
             "SELECT coalesce((SELECT has_schema_privilege(oid, 'CREATE') FROM pg_namespace WHERE nspname = $1), \
              has_database_privilege(current_database(), 'CREATE')), \
-             coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($2)), true)",
-            &[&p.postgres.schema.as_str(), &p.ledger.table.to_string()],
+             coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $2::oid), true)",
+            &[&p.postgres.schema.as_str(), &ledger],
         )
         .await?;
     let (create, owner): (bool, bool) = (row.get(0), row.get(1));

@@ -264,6 +264,14 @@ fn check_database_names_a_missing_privilege_and_missing_partitions_without_writi
     let p = pipeline(PIPE, "unused", &unique("g"), &db.schema);
     replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
     let role = Role::new();
+    // No grant at all: the schema's USAGE is named (the tables cannot even be looked up without it).
+    let out = role.replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let want = format!(
+        "MISSING USAGE on schema {0}: GRANT USAGE ON SCHEMA {0} TO",
+        db.schema
+    );
+    assert!(out.stdout.contains(&want), "{}", out.stdout);
     role.grant_runtime(&db.schema);
     role.sql(&format!(
         "REVOKE UPDATE ON \"{}\".replaysafe_checkpoints FROM \"{}\"",
