@@ -468,3 +468,100 @@ fn a_missing_topic_is_named_by_check_connect_and_refused_by_run_before_anything_
     );
     assert_eq!(created(&db, &schema), (0, 0));
 }
+
+/// Row projections (their tombstone, conflict and truncate tables) and an outbox (a bigserial id): the side
+/// tables and sequences a DML-only role needs too.
+const ROWS: &str = concat!(
+    header!(),
+    r#"[batch]
+linger-ms = 20
+[fields]
+event_id = { path = "/event_id", type = "text" }
+event_type = { path = "/event_type", type = "text" }
+customer_id = { path = "/customer_id", type = "text" }
+amount = { path = "/amount", type = "bigint", optional = true }
+version = { path = "/version", type = "bigint" }
+[identity]
+key = ["event_id"]
+[[projection]]
+kind = "row"
+table = "customers"
+key = ["customer_id"]
+version = "version"
+columns = ["customer_id", "amount"]
+delete-if = "event_type == 'CustomerClosed'"
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["event_id", "customer_id", "amount"]
+"#
+);
+
+#[test]
+fn row_and_outbox_projections_run_under_a_dml_only_role() {
+    let (db, topic) = stage("privs_rows", 3);
+    let group = unique("g");
+    let p = pipeline(ROWS, &topic, &group, &db.schema);
+    let ev = |id: &str, ty: &str, c: &str, amount: i64, v: i64| {
+        format!(
+            r#"{{"event_id":"{id}","event_type":"{ty}","customer_id":"{c}","amount":{amount},"version":{v}}}"#
+        )
+    };
+    // Each customer on one partition; e1 redelivered on another.
+    let recs = [
+        (0, ev("e1", "Opened", "c1", 10, 1)),
+        (0, ev("e2", "Changed", "c1", 20, 2)),
+        (1, ev("e3", "Opened", "c2", 5, 1)),
+        (1, ev("e4", "CustomerClosed", "c2", 5, 2)),
+        (2, ev("e5", "Opened", "c3", 7, 1)),
+        (2, ev("e1", "Opened", "c1", 10, 1)),
+    ];
+    let recs: Vec<Rec> = recs
+        .iter()
+        .map(|(part, v)| Rec::json(*part, "k", v, now_ms()))
+        .collect();
+    produce(&topic, &recs);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    let role = Role::new();
+    role.grant_runtime(&db.schema);
+    let out = role.replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    for t in [
+        "customers_tombstones",
+        "replaysafe_conflicts",
+        "replaysafe_truncates",
+        "outbox_id_seq",
+    ] {
+        assert!(out.stdout.contains(t), "{t}: {}", out.stdout);
+    }
+    let out = role.replaysafe(&[
+        "run",
+        "--config",
+        arg(&p.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.quarantined),
+        (6, 5, 1, 0)
+    );
+    let rows: Vec<(String, i64)> = db
+        .query(
+            "SELECT customer_id, amount FROM {s}.customers ORDER BY 1",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows, [("c1".to_string(), 20), ("c3".to_string(), 7)]);
+    assert_eq!(
+        db.strings("SELECT customer_id FROM {s}.customers_tombstones"),
+        ["c2"]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 5);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5);
+    assert_eq!(db.checkpoint(&group, &topic, 2), Some(2));
+    assert_eq!(role.owned(), 0);
+}
