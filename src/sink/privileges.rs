@@ -216,7 +216,7 @@ async fn readable(c: &impl GenericClient, name: &str) -> Result<bool> {
     })
 }
 
-/// `USAGE` on every schema a table of the pipeline lives in; returns whether every one exists and is usable.
+/// `USAGE` on every schema a table of [`pipeline_tables`] lives in (and the pipeline's); returns whether every one exists and is usable.
 async fn schemas(
     tx: &tokio_postgres::Transaction<'_>,
     p: &Pipeline,
@@ -225,7 +225,10 @@ async fn schemas(
 ) -> Result<bool> {
     let mut all = true;
     let mut names: Vec<String> = vec![p.postgres.schema.as_str().to_string()];
-    names.push(p.ledger.table.schema.as_str().to_string());
+    for t in pipeline_tables(p) {
+        let row = tx.query_one("SELECT (parse_ident($1))[1]", &[&t]).await?;
+        names.push(row.get(0));
+    }
     names.sort();
     names.dedup();
     for s in names {
