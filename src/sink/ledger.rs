@@ -521,10 +521,11 @@ pub(super) async fn apply_horizon(
 }
 
 /// Step 0, before the batch transaction: creates the day partitions the batch's claims need (see
-/// [`ensure_partitions`]).
+/// [`ensure_partitions`]); with `manage-schema = false` only requires them ([`require_partitions`]).
 ///
 /// # Errors
-/// As [`classify`]; other errors are fatal.
+/// As [`classify`]; other errors are fatal — a refused partition creation (SQLSTATE 42501) with the way to split
+/// DDL from the runtime role, a missing partition without DDL naming it.
 pub(super) async fn ensure_batch_partitions(
     client: &mut Client,
     p: &Pipeline,
