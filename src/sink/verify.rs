@@ -8,11 +8,11 @@ use super::{dead_letters, ledger};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
 
-/// Makes the database ready for the pipeline: [`init`](super::schema::init) when `manage-schema` is true, [`verify`] (no DDL) when
-/// it is false (`run --no-ddl`).
+/// Makes the database ready for the pipeline: [`init`] when `manage-schema` is true, [`verify`] (no DDL) when it
+/// is false (`run --no-ddl`).
 ///
 /// # Errors
-/// As [`init`](super::schema::init) or [`verify`].
+/// As [`init`] or [`verify`].
 pub async fn prepare(client: &mut Client, p: &Pipeline) -> Result<()> {
     if p.postgres.manage_schema {
         init(client, p).await
@@ -23,7 +23,7 @@ pub async fn prepare(client: &mut Client, p: &Pipeline) -> Result<()> {
     }
 }
 
-/// The read-only counterpart of [`init`](super::schema::init) for `manage-schema = false` / `run --no-ddl`: checks that the tables
+/// The read-only counterpart of [`init`] for `manage-schema = false` / `run --no-ddl`: checks that the tables
 /// exist (and the dead-letter table has its newer columns, the ledger its horizon row), then the same column,
 /// ledger and statement checks as `init`, and that the ledger's comment records this pipeline's projections —
 /// without creating, altering or commenting anything (only session-local temporary tables).
