@@ -53,6 +53,11 @@ pub enum Command {
         /// it `run` exits with code 4 (what was committed stays; the rest is read again on restart).
         #[arg(long, default_value_t = 30)]
         shutdown_timeout: u64,
+        /// Issue no DDL (as `[postgres] manage-schema = false`): the tables and the ledger's day partitions must
+        /// exist (`init` by their owner); a batch needing a missing partition stops uncommitted, naming it; no
+        /// prune (the owner's `init` prunes). README "Privileges".
+        #[arg(long)]
+        no_ddl: bool,
     },
     /// Apply the records of a file in `kcat -C -J` format (one JSON envelope per line) through the same
     /// decode → batch → transaction → checkpoint path as `run`, without a broker; exit 0 when the whole file is
@@ -68,17 +73,20 @@ pub enum Command {
         /// The records: `kcat -C -J -e -b BROKERS -t TOPIC > FILE`.
         file: PathBuf,
     },
-    /// Validate the pipeline file and print the four answers; exit 0 when valid, 2 when not.
-    Check {
-        /// The pipeline file.
-        #[arg(short, long)]
-        config: PathBuf,
-    },
-    /// Create or upgrade the tables the pipeline needs (run does this too), then check them.
+    /// Validate the pipeline file (librdkafka properties included) and print the four answers; exit 0 when
+    /// valid, 2 when not (or when a `--connect` / `--database` check fails).
+    Check(CheckArgs),
+    /// Create or upgrade the tables the pipeline needs (run does this too unless --no-ddl), then check them;
+    /// prune the ledger to its horizon and create its day partitions ahead. Run it as the tables' owner.
     Init {
         /// The pipeline file.
         #[arg(short, long)]
         config: PathBuf,
+        /// Create the ledger's day partitions from its horizon through today + this many days (a role
+        /// without DDL needs them; schedule `init` daily). 0 to 366.
+        #[arg(long, default_value_t = replaysafe::sink::ledger::DEFAULT_DAYS_AHEAD,
+              value_parser = clap::value_parser!(u32).range(0..=366))]
+        days: u32,
     },
     /// Another group's positions, read without joining it.
     Offsets {
@@ -110,6 +118,27 @@ pub enum Command {
         #[arg(long, default_value_t = 600)]
         events: usize,
     },
+}
+
+/// `check`: the pipeline file, and optionally the broker and the database.
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// The pipeline file.
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// Also ask the broker whether every topic exists.
+    #[arg(long)]
+    pub connect: bool,
+    /// Kafka bootstrap servers for --connect; overrides the file and KAFKA_BROKERS.
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Also check, without writing, what the connection's role needs: USAGE on the schema, SELECT, INSERT,
+    /// UPDATE, DELETE on every table, sequences, TEMPORARY, the ledger's day partitions.
+    #[arg(long)]
+    pub database: bool,
+    /// With --database: the ledger's day partitions must exist through today + this many days (0 to 366).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=366))]
+    pub days: u32,
 }
 
 #[derive(Subcommand)]

@@ -45,6 +45,10 @@ pub enum Error {
     /// The database schema does not match what the pipeline needs.
     #[error("schema mismatch: {0}")]
     Schema(String),
+    /// The connection's role may not do what was asked (create or alter the pipeline's objects); the message
+    /// says how to split DDL (`init` by the owner) from the runtime role (README "Privileges").
+    #[error("insufficient privilege: {0}")]
+    Privilege(String),
     /// A partition has no checkpoint and no committed offset, and `kafka.start` is not set.
     #[error("{0}")]
     NoStartPosition(String),
@@ -73,6 +77,7 @@ impl Error {
             Error::ReadConfig { .. }
             | Error::Config { .. }
             | Error::Schema(_)
+            | Error::Privilege(_)
             | Error::Usage(_) => EXIT_CONFIG,
             Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
             Error::Tolerance(_) => EXIT_TOLERANCE,

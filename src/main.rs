@@ -60,36 +60,85 @@ fn signals_with_deadline(shutdown: Arc<AtomicBool>, give_up: Arc<AtomicBool>, ti
     });
 }
 
-fn check(config: PathBuf) -> anyhow::Result<()> {
-    let p = config::load(&config)?;
-    println!("{}: valid\n\n{}", config.display(), p.four_answers());
-    Ok(())
+fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
+    let p = config::load(&a.config)?;
+    println!("{}: valid\n\n{}", a.config.display(), p.four_answers());
+    let mut failed = Vec::new();
+    if a.connect {
+        let brokers = brokers(&p, a.brokers)?;
+        let missing = ops::check::missing_topics(&p, &brokers, &[])?;
+        println!("\nbroker {brokers}:");
+        for t in &p.kafka.topics {
+            let ok = !missing.contains(t);
+            println!("{} topic {t}", if ok { "ok     " } else { "MISSING" });
+        }
+        if !missing.is_empty() {
+            failed.push(format!("topic(s) {} do not exist", missing.join(", ")));
+        }
+    }
+    if a.database {
+        let findings = ops::check::database(&p, &database_url(&p)?, a.days)?;
+        println!("\ndatabase (read only, schema {}):", p.postgres.schema);
+        for f in &findings {
+            println!("{f}");
+        }
+        let bad: Vec<String> = findings
+            .into_iter()
+            .filter(|f| !f.ok)
+            .map(|f| f.what)
+            .collect();
+        if !bad.is_empty() {
+            failed.push(format!("database: {}", bad.join("; ")));
+        }
+    }
+    if failed.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!("{}: {}", a.config.display(), failed.join("; "))).into())
 }
 
-fn init(config: PathBuf) -> anyhow::Result<()> {
+fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
     let p = config::load(&config)?;
     let url = database_url(&p)?;
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async {
+    let (dropped, (created, covered)) = rt.block_on(async {
         let mut client = sink::connect_with(&url, &p.postgres.timeouts).await?;
-        sink::schema::init(&mut client, &p).await
+        sink::schema::init(&mut client, &p).await?;
+        let explain = |e| sink::privileges::explain(e, &p);
+        let dropped = sink::ledger::drop_expired_partitions(&mut client, &p)
+            .await
+            .map_err(explain)?;
+        let ahead = sink::ledger::create_partitions_ahead(&mut client, &p, days)
+            .await
+            .map_err(explain)?;
+        Ok::<_, Error>((dropped, ahead))
     })?;
     println!(
         "{}: tables ready in schema {}",
         config.display(),
         p.postgres.schema
     );
+    if let Some((from, to)) = covered {
+        println!(
+            "ledger {}: day partitions {from} through {to} ({} created, {} expired dropped)",
+            p.ledger.table,
+            created.len(),
+            dropped.len()
+        );
+    }
     Ok(())
 }
 
 fn run(
-    config: PathBuf,
+    (config, no_ddl): (PathBuf, bool),
     flag: Option<String>,
     metrics_addr: Option<std::net::SocketAddr>,
     until_caught_up: bool,
     (summary_interval, prune_interval, shutdown_timeout): (u64, u64, u64),
 ) -> anyhow::Result<()> {
-    let p = Arc::new(config::load(&config)?);
+    let mut p = config::load(&config)?;
+    p.postgres.manage_schema &= !no_ddl;
+    let p = Arc::new(p);
     let opts = ops::run::RunOptions {
         brokers: brokers(&p, flag)?,
         database_url: database_url(&p)?,
@@ -221,8 +270,8 @@ fn verify(command: VerifyCommand) -> anyhow::Result<()> {
 
 fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Check { config } => check(config),
-        Command::Init { config } => init(config),
+        Command::Check(a) => check(a),
+        Command::Init { config, days } => init(config, days),
         Command::Run {
             config,
             brokers,
@@ -231,8 +280,9 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             summary_interval,
             prune_interval,
             shutdown_timeout,
+            no_ddl,
         } => run(
-            config,
+            (config, no_ddl),
             brokers,
             metrics_addr,
             until_caught_up,

@@ -1,5 +1,9 @@
 //! `[kafka]`: group id, topics, start policy and librdkafka properties.
 
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError;
+
 use super::raw::RawPipeline;
 use super::source::Source;
 use crate::error::Result;
@@ -89,15 +93,27 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
                     format!("`{key}` is forced to false: offsets are committed only after the database transaction"),
                 ))
             }
-            "group.id" | "bootstrap.servers" | "auto.offset.reset" => {
+            // `metadata.broker.list` is librdkafka's alias of `bootstrap.servers`.
+            "group.id" | "bootstrap.servers" | "metadata.broker.list" | "auto.offset.reset" => {
                 return Err(src.error(
                     k.span(),
                     format!("set `{key}` through `group-id`, `brokers` or `start` in [kafka], not in [kafka.properties]"),
                 ))
             }
-            _ => properties.push((key.to_string(), value)),
+            _ => {
+                check_property(key, &value).map_err(|m| src.error(k.span(), m))?;
+                properties.push((key.to_string(), value));
+            }
         }
     }
+    check_client(&group_id, &properties).map_err(|(i, m)| {
+        let span = rk
+            .properties
+            .keys()
+            .find(|k| i.is_some_and(|i| k.get_ref() == &properties[i].0))
+            .map_or(raw.kafka.span(), |k| k.span());
+        src.error(span, m)
+    })?;
     Ok(KafkaPlan {
         brokers: rk.brokers.as_ref().map(|b| b.get_ref().clone()),
         group_id,
@@ -105,4 +121,121 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
         start,
         properties,
     })
+}
+
+/// Checks one librdkafka property as librdkafka itself does when it is set (`rd_kafka_conf_set`: the name must be
+/// a known property, the value valid for it), without creating a client or connecting.
+///
+/// # Errors
+/// The message naming the property and librdkafka's reason.
+fn check_property(key: &str, value: &str) -> std::result::Result<(), String> {
+    let mut c = ClientConfig::new();
+    c.set(key, value);
+    match c.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(KafkaError::ClientConfig(_, desc, _, _)) => Err(format!(
+            "librdkafka property `{key}` = `{value}` is refused: {desc} (librdkafka CONFIGURATION.md lists the \
+             properties)"
+        )),
+        Err(e) => Err(format!("librdkafka property `{key}`: {e}")),
+    }
+}
+
+/// Builds the consumer the pipeline's properties configure — the same forced settings as `run`, but no
+/// `bootstrap.servers`, so nothing connects — and drops it: librdkafka checks the properties together when a
+/// client is created (e.g. `max.poll.interval.ms` must be at least `session.timeout.ms`). Done when the pipeline
+/// file is loaded, before any command touches the database.
+///
+/// # Errors
+/// The index of the first property the message names (if any) and the message.
+fn check_client(
+    group_id: &str,
+    properties: &[(String, String)],
+) -> std::result::Result<(), (Option<usize>, String)> {
+    let mut c = ClientConfig::new();
+    c.set("group.id", group_id);
+    for (k, v) in properties {
+        c.set(k, v);
+    }
+    c.set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "error")
+        .set_log_level(RDKafkaLogLevel::Emerg);
+    match c.create::<BaseConsumer>() {
+        Ok(consumer) => {
+            drop(consumer);
+            Ok(())
+        }
+        Err(e) => {
+            let msg = match &e {
+                KafkaError::ClientCreation(m) => m.clone(),
+                other => other.to_string(),
+            };
+            let named = properties
+                .iter()
+                .position(|(k, _)| msg.contains(k.as_str()));
+            Err((
+                named,
+                format!(
+                    "[kafka.properties] refused by librdkafka when building the consumer: {msg}"
+                ),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_and_invalid_properties_are_named() {
+        let e = check_property("sesion.timeout.ms", "6000").unwrap_err();
+        assert!(
+            e.contains("`sesion.timeout.ms`") && e.contains("No such configuration property"),
+            "{e}"
+        );
+        let e = check_property("session.timeout.ms", "soon").unwrap_err();
+        assert!(
+            e.contains("`session.timeout.ms`") && e.contains("Invalid value"),
+            "{e}"
+        );
+        check_property("session.timeout.ms", "6000").unwrap();
+    }
+
+    #[test]
+    fn the_brokers_alias_is_refused_like_bootstrap_servers() {
+        let text = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[kafka.properties]\n\"metadata.broker.list\" = \"h:9092\"\n\
+                    [fields]\nevent_id = { path = \"/event_id\", type = \"uuid\" }\n[identity]\nkey = [\"event_id\"]\n";
+        let e = crate::config::parse("p.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.toml:5:") && e.contains("metadata.broker.list"),
+            "{e}"
+        );
+        let typo = text.replace(
+            "metadata.broker.list\" = \"h:9092",
+            "sesion.timeout.ms\" = \"6000",
+        );
+        let e = crate::config::parse("p.toml", &typo)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.toml:5:") && e.contains("`sesion.timeout.ms`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn properties_are_checked_together_without_connecting() {
+        check_client("g", &[("session.timeout.ms".into(), "6000".into())]).unwrap();
+        let props = [
+            ("session.timeout.ms".to_string(), "60000".to_string()),
+            ("max.poll.interval.ms".to_string(), "10000".to_string()),
+        ];
+        let (i, m) = check_client("g", &props).unwrap_err();
+        assert!(i.is_some(), "{m}");
+        assert!(m.contains("max.poll.interval.ms"), "{m}");
+    }
 }

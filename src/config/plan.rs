@@ -75,6 +75,11 @@ pub struct PostgresPlan {
     pub connections: usize,
     /// Lock, statement and idle-in-transaction timeouts pinned on every session.
     pub timeouts: Timeouts,
+    /// `manage-schema` (default true): `run`, `load`, `backfill` and `rebuild` create missing tables and ledger
+    /// day partitions and prune expired partitions. `false` (or `run --no-ddl`): they issue no DDL — the tables
+    /// and partitions must exist (`replaysafe init` by their owner), a missing partition stops the batch uncommitted
+    /// (README "Privileges").
+    pub manage_schema: bool,
 }
 
 /// `[identity]`: what identifies a change.
@@ -174,8 +179,13 @@ impl Pipeline {
             .join(", ");
         let horizon = match (self.ledger.horizon_days, self.identity.partition_by) {
             (Some(d), Some(p)) => format!(
-                "the ledger keeps the days of `{}` from today − {d} on (by the database's UTC date); older partitions are dropped on start and every --prune-interval, the day pruned below is kept in replaysafe_horizon and only moves forward (a longer horizon-days later does not reopen pruned days), and every claim older than it — run, load, backfill, rebuild — is quarantined as beyond-horizon in its batch transaction",
-                self.fields[p].name.as_str()
+                "the ledger keeps the days of `{}` from today − {d} on (by the database's UTC date); older partitions are dropped {}, the day pruned below is kept in replaysafe_horizon and only moves forward (a longer horizon-days later does not reopen pruned days), and every claim older than it — run, load, backfill, rebuild — is quarantined as beyond-horizon in its batch transaction",
+                self.fields[p].name.as_str(),
+                if self.postgres.manage_schema {
+                    "on start and every --prune-interval (with run --no-ddl: by `init`)"
+                } else {
+                    "by `init` (manage-schema = false: run the owner's `init --days N` daily)"
+                }
             ),
             _ => "no horizon: the ledger keeps every delivery key forever".to_string(),
         };
@@ -324,6 +334,11 @@ fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
             }
         },
         timeouts: timeouts(src, &raw.postgres)?,
+        manage_schema: raw
+            .postgres
+            .manage_schema
+            .as_ref()
+            .is_none_or(|m| *m.get_ref()),
     })
 }
 

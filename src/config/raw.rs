@@ -58,6 +58,7 @@ pub struct RawPostgres {
     pub lock_timeout_ms: Option<Spanned<i64>>,
     pub statement_timeout_ms: Option<Spanned<i64>>,
     pub idle_in_transaction_timeout_ms: Option<Spanned<i64>>,
+    pub manage_schema: Option<Spanned<bool>>,
 }
 
 /// `[batch]`

@@ -32,7 +32,7 @@ use rdkafka::consumer::CommitMode;
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::sink::{ledger, schema, Item, Sink, Tally};
+use crate::sink::{ledger, verify, Item, Sink, Tally};
 
 pub use decide::{decide, Extras};
 pub use state::Core;
@@ -125,9 +125,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Creates the tables (or checks them), prunes the ledger when asked, and opens `postgres.connections`
-    /// connections — retried while the database is unavailable, for at most `--connect-timeout`
-    /// ([`crate::endpoint::connect_timeout`]).
+    /// Creates the tables (or checks them; only checks with `manage-schema = false`), prunes the ledger when asked
+    /// (never without DDL), and opens `postgres.connections` connections — retried while the database is
+    /// unavailable, for at most `--connect-timeout` ([`crate::endpoint::connect_timeout`]).
     ///
     /// # Errors
     /// [`Error::Schema`] when the database does not match; a database error; the connection error (address,
@@ -145,8 +145,9 @@ impl Engine {
         let dl = Some(Instant::now() + crate::endpoint::connect_timeout());
         let sinks = rt.block_on(apply::retry_db_until("starting", &give_up, dl, || async {
             let mut admin = crate::sink::connect_with(url, &pipeline.postgres.timeouts).await?;
-            schema::init(&mut admin, &pipeline).await?;
-            if prune {
+            verify::prepare(&mut admin, &pipeline).await?;
+            // Without DDL (manage-schema = false) nothing is dropped: `init` run by the owner prunes.
+            if prune && pipeline.postgres.manage_schema {
                 let dropped = ledger::drop_expired_partitions(&mut admin, &pipeline).await?;
                 if !dropped.is_empty() {
                     tracing::info!(?dropped, "dropped ledger partitions older than the horizon");

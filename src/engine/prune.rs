@@ -36,7 +36,9 @@ impl Pruner {
         let Some(interval) = self.interval else {
             return;
         };
+        // Without DDL (manage-schema = false) the owner's `init` prunes; claims still refuse days past the horizon.
         if p.ledger.horizon_days.is_none()
+            || !p.postgres.manage_schema
             || now.duration_since(self.last) < interval
             || self.task.as_ref().is_some_and(|t| !t.is_finished())
         {

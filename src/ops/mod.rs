@@ -1,7 +1,8 @@
-//! The commands built on the engine and around it: `run`, `load`, `backfill`, `rebuild`, `offsets`, `verify`,
-//! `dead-letters`.
+//! The commands built on the engine and around it: `check`, `run`, `load`, `backfill`, `rebuild`, `offsets`,
+//! `verify`, `dead-letters`.
 
 pub mod backfill;
+pub mod check;
 pub mod dead_letters;
 pub mod load;
 pub mod offsets;

@@ -14,7 +14,7 @@ use crate::ops::backfill::{
     backfill, plan, BackfillOptions, MissingRow, MissingStop, RebuildCheck, Report, StopSpec,
     MISSING_LISTED,
 };
-use crate::sink::{checkpoint, ledger, schema};
+use crate::sink::{checkpoint, ledger, verify};
 
 fn usage(msg: String) -> Error {
     Error::Usage(msg)
@@ -74,6 +74,8 @@ pub fn rebuild(
         )));
     }
     let deletes = zero_statements(&pipeline, day)?;
+    // A misspelled topic is refused before the database is touched (nothing created or deleted).
+    crate::ops::check::require_topics(&pipeline, brokers, &[])?;
     let (from_ms, to_ms) = record_window(opts);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -83,7 +85,7 @@ pub fn rebuild(
     let mut client = rt.block_on(async {
         let mut client =
             crate::sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
-        schema::init(&mut client, &pipeline).await?;
+        verify::prepare(&mut client, &pipeline).await?;
         Ok::<_, Error>(client)
     })?;
     // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.
@@ -281,12 +283,20 @@ async fn unfinished_rebuild(
 ) -> Result<()> {
     let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
     let pending = pending_table(pipeline);
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {pending} (LIKE {})",
-            pipeline.ledger.table
-        ))
-        .await?;
+    let create = format!(
+        "CREATE TABLE IF NOT EXISTS {pending} (LIKE {})",
+        pipeline.ledger.table
+    );
+    if !crate::sink::privileges::table_exists(client, &pending.to_string()).await? {
+        if !pipeline.postgres.manage_schema {
+            return Err(Error::Schema(format!(
+                "rebuild keeps the ledger rows it deleted in {pending}, which does not exist, and manage-schema = \
+                 false creates nothing: as the ledger's owner run `{create}` and grant the runtime role SELECT, \
+                 INSERT, UPDATE, DELETE on it"
+            )));
+        }
+        client.batch_execute(&create).await?;
+    }
     let r = client
         .query_one(
             &format!("SELECT min({day}), max({day}), count(*) FROM {pending}"),

@@ -80,6 +80,8 @@ pub fn run_timed(
     let config = group::config(&pipeline, &opts.brokers, &opts.extra_properties);
     // The brokers answer (within --connect-timeout) before any table is created.
     crate::source::kafka::reachable(&config, &opts.brokers, &pipeline.kafka.topics[0])?;
+    // A misspelled topic is refused before the database is touched (nothing created).
+    crate::ops::check::require_topics(&pipeline, &opts.brokers, &opts.extra_properties)?;
     let engine = Engine::start(&rt, pipeline.clone(), o)?;
     let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;
     engine.run_timed(source)

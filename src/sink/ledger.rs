@@ -4,13 +4,14 @@
 use std::collections::HashSet;
 
 use chrono::{Days, NaiveDate, Utc};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 
 use super::batch::{Batch, Item, Pending};
 use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
 use crate::decode::{Reason, Rejection};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Ledger columns other than the fixed bookkeeping ones: `(column, type)` for the key fields, the
 /// partition-by field and `ledger.columns`, in that order without repeats.
@@ -335,17 +336,7 @@ pub async fn ensure_partitions(
         .filter(|d| horizon.oldest.is_none_or(|o| *d >= o))
         .collect();
     for day in &create {
-        let next = day.checked_add_days(Days::new(1)).unwrap_or(*day);
-        // Dates are rendered by chrono (digits and dashes only), never taken from input text.
-        tx.batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {}.\"{}\" PARTITION OF {} FOR VALUES FROM ('{}') TO ('{}')",
-            p.ledger.table.schema,
-            partition_name(p, *day),
-            p.ledger.table,
-            day.format("%Y-%m-%d"),
-            next.format("%Y-%m-%d"),
-        ))
-        .await?;
+        tx.batch_execute(&create_partition(p, *day)).await?;
     }
     tx.commit().await?;
     known.extend(create);
@@ -530,10 +521,11 @@ pub(super) async fn apply_horizon(
 }
 
 /// Step 0, before the batch transaction: creates the day partitions the batch's claims need (see
-/// [`ensure_partitions`]).
+/// [`ensure_partitions`]); with `manage-schema = false` only requires them ([`require_partitions`]).
 ///
 /// # Errors
-/// As [`classify`]; other errors are fatal.
+/// As [`classify`]; other errors are fatal — a refused partition creation (SQLSTATE 42501) with the way to split
+/// DDL from the runtime role, a missing partition without DDL naming it.
 pub(super) async fn ensure_batch_partitions(
     client: &mut Client,
     p: &Pipeline,
@@ -552,9 +544,126 @@ pub(super) async fn ensure_batch_partitions(
             _ => None,
         })
         .collect();
+    if !p.postgres.manage_schema {
+        return require_partitions(client, p, known, floor, days, batch).await;
+    }
     ensure_partitions(client, p, known, floor, days)
         .await
-        .map_err(super::error::from_error)
+        .map_err(|e| match e {
+            Error::Postgres(pg) if pg.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                ApplyError::Fatal(Error::Other(format!(
+                    "ledger {}: creating a day partition for {}/{} was refused ({}): {}",
+                    p.ledger.table,
+                    batch.topic,
+                    batch.partition,
+                    super::describe(&pg),
+                    super::privileges::SPLIT_DDL
+                )))
+            }
+            other => super::error::from_error(other),
+        })
+}
+
+/// Without DDL (`manage-schema = false`, `run --no-ddl`): the day partitions the batch's claims need must
+/// exist. A day not in `known` (nor older than the claim horizon, whose records are quarantined in the
+/// transaction) makes it read the partitions and the horizon again; a day still missing stops the batch before
+/// its transaction — nothing of it is committed, its checkpoint stays, so its records are read again after a
+/// restart — with an error naming the partitions, the `init --days` fix and the SQL that creates them.
+///
+/// # Errors
+/// [`ApplyError::Fatal`] naming the missing partitions; database errors as [`classify`].
+async fn require_partitions(
+    client: &mut Client,
+    p: &Pipeline,
+    known: &mut HashSet<NaiveDate>,
+    floor: &mut Option<NaiveDate>,
+    days: Vec<NaiveDate>,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    let wanted = |d: &NaiveDate, known: &HashSet<NaiveDate>, floor: Option<NaiveDate>| {
+        !known.contains(d) && floor.is_none_or(|f| *d >= f)
+    };
+    if !days.iter().any(|d| wanted(d, known, *floor)) {
+        return Ok(());
+    }
+    *known = existing_partitions(&*client, p)
+        .await
+        .map_err(super::error::from_error)?;
+    let horizon = claim_horizon(&*client, horizon_statement(p).as_str(), p)
+        .await
+        .map_err(|e| classify(e, false))?;
+    *floor = horizon.oldest;
+    let mut missing: Vec<NaiveDate> = days
+        .into_iter()
+        .filter(|d| wanted(d, known, *floor))
+        .collect();
+    missing.sort();
+    missing.dedup();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let ahead = (*missing.last().expect("not empty") - horizon.today)
+        .num_days()
+        .max(1);
+    let names: Vec<String> = missing.iter().map(|d| partition_name(p, *d)).collect();
+    let sql: Vec<String> = missing.iter().map(|d| create_partition(p, *d)).collect();
+    Err(ApplyError::Fatal(Error::Other(format!(
+        "ledger {}: no day partition {} for event day(s) {} of {}/{} (offsets {}..{}), and this process creates \
+         none (manage-schema = false or run --no-ddl). Nothing of this batch was committed; its records are read \
+         again from the checkpoint after a restart. As the ledger's owner, run `replaysafe init --config FILE \
+         --days {ahead}` (days ahead of today; schedule it daily), or create them: {}",
+        p.ledger.table,
+        names.join(", "),
+        missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        batch.topic,
+        batch.partition,
+        batch.items.first().map_or(batch.end, |i| i.offset),
+        batch.end - 1,
+        sql.join("; ")
+    ))))
+}
+
+/// `CREATE TABLE IF NOT EXISTS … PARTITION OF` the ledger for `day` (dates rendered by chrono: digits and dashes
+/// only, never input text).
+fn create_partition(p: &Pipeline, day: NaiveDate) -> String {
+    let next = day.checked_add_days(Days::new(1)).unwrap_or(day);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {}.\"{}\" PARTITION OF {} FOR VALUES FROM ('{}') TO ('{}')",
+        p.ledger.table.schema,
+        partition_name(p, day),
+        p.ledger.table,
+        day.format("%Y-%m-%d"),
+        next.format("%Y-%m-%d"),
+    )
+}
+
+/// Default of `init --days`: a week of day partitions ahead of today.
+pub const DEFAULT_DAYS_AHEAD: u32 = 7;
+
+/// `init --days N`: creates the ledger's day partitions from the oldest claimable day (the horizon; today
+/// without one) through the database's today + `days`, so that a process without DDL finds them. Returns the
+/// days created and the range covered; nothing without `partition-by`.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn create_partitions_ahead(
+    client: &mut Client,
+    p: &Pipeline,
+    days: u32,
+) -> Result<(Vec<NaiveDate>, Option<(NaiveDate, NaiveDate)>)> {
+    if p.identity.partition_by.is_none() {
+        return Ok((Vec::new(), None));
+    }
+    let (from, to) = super::privileges::coverage(&*client, p, days).await?;
+    let before = existing_partitions(&*client, p).await?;
+    let mut known = before.clone();
+    let mut floor = None;
+    let all = std::iter::successors(Some(from), |d| d.checked_add_days(Days::new(1)))
+        .take_while(|d| *d <= to);
+    ensure_partitions(client, p, &mut known, &mut floor, all).await?;
+    let mut created: Vec<NaiveDate> = known.difference(&before).copied().collect();
+    created.sort();
+    Ok((created, Some((from, to))))
 }
 
 /// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine;

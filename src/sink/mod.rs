@@ -6,7 +6,9 @@ pub mod checkpoint;
 pub mod dead_letters;
 pub mod error;
 pub mod ledger;
+pub mod privileges;
 pub mod schema;
+pub mod verify;
 
 pub use batch::{Batch, Item, Outcome, Pending, Tally};
 pub use error::{classify, describe, is_read_only, retryable, ApplyError, READ_ONLY};

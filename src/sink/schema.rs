@@ -12,26 +12,55 @@ use crate::error::{Error, Result};
 
 /// Creates (or leaves alone, when present and compatible) the schema, ledger, checkpoint and dead-letter tables
 /// and the tables of built-in projections, runs each `sql` projection's `setup`, then checks that the ledger has
-/// the columns the pipeline expects and that every projection statement compiles against the database.
+/// the columns the pipeline expects and that every projection statement compiles against the database. The
+/// schema and replaysafe's own tables are created only when missing (a role without `CREATE` gets past them when
+/// its owner made them); projection setup is idempotent DDL run every time.
 ///
 /// # Errors
 /// [`Error::Schema`] when an existing table does not match or a projection statement does not compile;
-/// [`Error::Postgres`] for connection problems.
+/// [`Error::Privilege`] when the role may not create or alter what is needed (the message says how to split DDL
+/// from the runtime role); [`Error::Postgres`] for connection problems.
 pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
+    init_unchecked(client, p)
+        .await
+        .map_err(|e| super::privileges::explain(e, p))
+}
+
+async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
     let tx = client.transaction().await?;
     tx.execute(DDL_LOCK, &[]).await?;
-    tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {}",
-        p.postgres.schema
-    ))
-    .await?;
-    for stmt in [
-        ledger::create_ledger(p),
-        checkpoint::create_checkpoints(p),
-        dead_letters::create_dead_letters(p),
-        checkpoint::create_group_starts(p),
-        ledger::create_horizon(p),
+    let schema_missing: bool = tx
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&p.postgres.schema.as_str()],
+        )
+        .await?
+        .get(0);
+    if schema_missing {
+        let stmt = format!("CREATE SCHEMA IF NOT EXISTS {}", p.postgres.schema);
+        tx.batch_execute(&stmt)
+            .await
+            .map_err(|e| schema_error("creating the schema", &stmt, e))?;
+    }
+    for (table, stmt) in [
+        (p.ledger.table.clone(), ledger::create_ledger(p)),
+        (
+            p.table(checkpoint::CHECKPOINTS),
+            checkpoint::create_checkpoints(p),
+        ),
+        (
+            p.table(dead_letters::DEAD_LETTERS),
+            dead_letters::create_dead_letters(p),
+        ),
+        (
+            p.table(checkpoint::GROUP_STARTS),
+            checkpoint::create_group_starts(p),
+        ),
+        (p.table(ledger::HORIZON), ledger::create_horizon(p)),
     ] {
+        if super::privileges::table_exists(&tx, &table.to_string()).await? {
+            continue;
+        }
         tx.batch_execute(&stmt)
             .await
             .map_err(|e| schema_error("creating replaysafe tables", &stmt, e))?;
@@ -108,7 +137,7 @@ fn projection_settings(p: &Pipeline) -> Settings {
 /// claimed under one definition of the projections is never projected again, so a ledger that holds rows and
 /// was recorded with other projections — another set, or one whose settings (filter, group-by, targets,
 /// payload, key, columns, version, the fields it reads …) differ — is refused.
-fn projection_record(p: &Pipeline) -> String {
+pub(super) fn projection_record(p: &Pipeline) -> String {
     format!(
         "{OWNER_V2}{}",
         serde_json::to_string(&projection_settings(p)).expect("strings serialise")
@@ -293,7 +322,7 @@ struct TypedColumn<'a> {
 ///
 /// # Errors
 /// [`Error::Schema`] naming the projection, the column, the table's type and the field's type.
-async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
+pub(super) async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
     let mut cols: Vec<TypedColumn<'_>> = Vec::new();
     for proj in &p.projections {
         if let Some(a) = &proj.aggregate {
@@ -407,7 +436,7 @@ fn schema_error(what: &str, stmt: &str, e: tokio_postgres::Error) -> Error {
 
 /// Checks the ledger's columns and types against the pipeline (a changed key or type would silently break
 /// deduplication).
-async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
+pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
     let rows = client
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
@@ -476,7 +505,7 @@ async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
 
 /// Prepares every statement a batch runs, so a projection that names a missing table or column fails before
 /// anything is consumed.
-async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
+pub(super) async fn check_statements(client: &mut Client, p: &Pipeline) -> Result<()> {
     client.batch_execute(&ledger::create_landed(p)).await?;
     let tx = client.transaction().await?;
     for (what, stmt) in [

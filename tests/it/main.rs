@@ -18,6 +18,7 @@ mod horizon;
 mod keys_drift;
 mod lock_order;
 mod ops;
+mod privileges;
 mod starts;
 mod tolerance;
 mod waits;

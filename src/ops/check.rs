@@ -1,0 +1,77 @@
+//! `replaysafe check --connect` and `--database`: what a pipeline needs from the broker (its topics) and from
+//! the database (privileges, tables, ledger partitions), checked without consuming or writing. `run` uses the
+//! topic check before it touches the database.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::config::Pipeline;
+use crate::error::{Error, Result};
+use crate::sink::privileges::{self, Finding};
+
+/// How long one topic's metadata request may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The pipeline's topics the broker does not know, asked with the pipeline's consumer configuration (its
+/// `[kafka.properties]` and `extra`, without the group: nothing joins, nothing is created — consumers do not
+/// auto-create topics by default).
+///
+/// # Errors
+/// [`Error::Kafka`] when the broker cannot be asked.
+pub fn missing_topics(
+    p: &Pipeline,
+    brokers: &str,
+    extra: &[(String, String)],
+) -> Result<Vec<String>> {
+    let mut config = crate::source::kafka::consumer_config(p, brokers, extra);
+    config.remove("group.id");
+    let consumer: BaseConsumer = config.create()?;
+    let mut missing = Vec::new();
+    for t in &p.kafka.topics {
+        let md = consumer.fetch_metadata(Some(t), METADATA_TIMEOUT)?;
+        let found = md
+            .topics()
+            .iter()
+            .any(|x| x.name() == t && x.error().is_none() && !x.partitions().is_empty());
+        if !found {
+            missing.push(t.clone());
+        }
+    }
+    Ok(missing)
+}
+
+/// Refuses, before anything is created, a pipeline whose topics the broker does not have.
+///
+/// # Errors
+/// [`Error::Usage`] naming every missing topic; [`Error::Kafka`] when the broker cannot be asked.
+pub fn require_topics(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> Result<()> {
+    let missing = missing_topics(p, brokers, extra)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "{}: topic(s) {} of [kafka] topics do not exist on the broker ({brokers}); nothing was created or consumed",
+        p.source.path,
+        missing
+            .iter()
+            .map(|t| format!("`{t}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
+/// `check --database`: connects and runs [`privileges::check_database`] (a read-only transaction).
+///
+/// # Errors
+/// [`Error::Postgres`] when it cannot connect or query.
+pub fn database(p: &Pipeline, url: &str, days: u32) -> Result<Vec<Finding>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("tokio runtime: {e}")))?;
+    rt.block_on(async {
+        let mut client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
+        privileges::check_database(&mut client, p, days).await
+    })
+}

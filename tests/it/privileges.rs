@@ -1,0 +1,567 @@
+//! Least privilege (issue 16): the owner runs `init` (tables, ledger day partitions ahead), a role with DML only
+//! runs the pipeline with `--no-ddl`; `check --database` names what a role lacks without writing; a missing
+//! partition under `--no-ddl` stops the batch uncommitted, named, and nothing is lost. And configuration
+//! errors (a librdkafka property typo, a missing topic) are refused before anything is created.
+//!
+//! The local cluster uses trust authentication: a role is used by putting its name in the URL's user.
+
+use chrono::{Days, NaiveDate};
+
+use crate::common::*;
+
+/// One counter per (day, customer); the ledger is partitioned by day and keeps 30 days.
+const PIPE: &str = concat!(
+    header!(),
+    r#"[batch]
+max-records = 20
+linger-ms = 20
+
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+customer_id = { path = "/customer_id", type = "text" }
+
+[identity]
+key = ["event_id"]
+partition-by = "day"
+
+[ledger]
+horizon-days = 30
+
+[[projection]]
+kind = "counter"
+table = "daily_counts"
+group-by = ["day", "customer_id"]
+column = "n"
+"#
+);
+
+/// A login role created for one test (no privileges beyond PUBLIC's), dropped with everything granted to it.
+struct Role {
+    name: String,
+    db: tokio_postgres::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Role {
+    fn new() -> Role {
+        let rt = runtime();
+        let db = pg_client(&rt);
+        let name = unique("rs_dml").to_lowercase();
+        rt.block_on(db.batch_execute(&format!("CREATE ROLE \"{name}\" LOGIN")))
+            .unwrap();
+        Role { name, db, rt }
+    }
+
+    /// `DATABASE_URL` with this role as the user.
+    fn url(&self) -> String {
+        let url = database_url();
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let rest = match rest.split_once('@') {
+            Some((_, host)) => host,
+            None => rest,
+        };
+        format!("{scheme}://{}@{rest}", self.name)
+    }
+
+    /// README "Privileges": the grants of a runtime role on the pipeline's schema.
+    fn grant_runtime(&self, schema: &str) {
+        let r = &self.name;
+        self.sql(&format!(
+            "GRANT USAGE ON SCHEMA \"{schema}\" TO \"{r}\"; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{r}\"; \
+             GRANT USAGE ON ALL SEQUENCES IN SCHEMA \"{schema}\" TO \"{r}\""
+        ));
+    }
+
+    fn sql(&self, sql: &str) {
+        self.rt
+            .block_on(self.db.batch_execute(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Objects (tables, partitions, sequences …) owned by the role, other than temporary ones (a session's
+    /// `landed` table is dropped as its backend exits, which may be just after the process ended).
+    fn owned(&self) -> i64 {
+        self.rt
+            .block_on(self.db.query_one(
+                "SELECT count(*) FROM pg_class WHERE relpersistence <> 't' \
+                 AND relowner = (SELECT oid FROM pg_roles WHERE rolname = $1)",
+                &[&self.name],
+            ))
+            .unwrap()
+            .get(0)
+    }
+
+    /// `replaysafe ARGS` connected as this role.
+    fn replaysafe(&self, args: &[&str]) -> Out {
+        let url = self.url();
+        replaysafe_with(
+            args,
+            &[("DATABASE_URL", url.as_str())],
+            std::time::Duration::from_secs(120),
+        )
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let n = &self.name;
+        let sql = format!("DROP OWNED BY \"{n}\"; DROP ROLE IF EXISTS \"{n}\"");
+        // Bounded: a backend of the role may still be exiting (its temporary tables).
+        for _ in 0..50 {
+            if self.rt.block_on(self.db.batch_execute(&sql)).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("could not drop role {n}");
+    }
+}
+
+/// The database's UTC date (the one clock of the ledger).
+fn db_today(db: &Db) -> NaiveDate {
+    let t = db
+        .text("SELECT ((now() AT TIME ZONE 'UTC')::date)::text")
+        .unwrap();
+    NaiveDate::parse_from_str(&t, "%Y-%m-%d").unwrap()
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn event(n: usize, day: NaiveDate, customer: usize) -> String {
+    format!(
+        r#"{{"event_id":"6f1c1f4e-6a55-4c0b-9a55-{n:012}","occurred_at":"{day}T12:00:00Z","customer_id":"c{customer}"}}"#
+    )
+}
+
+/// `n` events over the days `today - 2 ..= today` and 4 customers, spread over 3 partitions.
+fn events(today: NaiveDate, n: usize) -> Vec<(Rec, NaiveDate, String)> {
+    (0..n)
+        .map(|i| {
+            let day = today.checked_sub_days(Days::new((i % 3) as u64)).unwrap();
+            let customer = format!("c{}", i % 4);
+            let rec = Rec::json(
+                (i % 3) as i32,
+                &format!("k{i}"),
+                &event(i, day, i % 4),
+                now_ms(),
+            );
+            (rec, day, customer)
+        })
+        .collect()
+}
+
+/// `(day, customer, n)` of the expected counter rows.
+fn expected_counts(evs: &[(Rec, NaiveDate, String)]) -> Vec<(String, String, i64)> {
+    let mut m = std::collections::BTreeMap::new();
+    for (_, d, c) in evs {
+        *m.entry((d.to_string(), c.clone())).or_insert(0i64) += 1;
+    }
+    m.into_iter().map(|((d, c), n)| (d, c, n)).collect()
+}
+
+fn counts(db: &Db) -> Vec<(String, String, i64)> {
+    db.query(
+        "SELECT day::text, customer_id, n FROM {s}.daily_counts ORDER BY 1, 2",
+        &[],
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+fn partitions(db: &Db) -> i64 {
+    db.i64("SELECT count(*) FROM pg_inherits WHERE inhparent = '{s}.replaysafe_ledger'::regclass")
+}
+
+#[test]
+fn a_dml_only_role_runs_the_pipeline_after_init_by_the_owner() {
+    let (db, topic) = stage("privs_run", 3);
+    let group = unique("g");
+    let p = pipeline(PIPE, &topic, &group, &db.schema);
+    let today = db_today(&db);
+    let mut evs = events(today, 30);
+    // A redelivery of event 0 on another partition: one delivery key, landed once.
+    let dup = Rec::json(1, "k0", &event(0, evs[0].1, 0), now_ms());
+    let mut recs: Vec<Rec> = evs.iter().map(|e| e.0.clone()).collect();
+    recs.push(dup);
+    produce(&topic, &recs);
+
+    // The owner: tables, 30 days of horizon + today + 3 days ahead.
+    let out = replaysafe(&["init", "--config", arg(&p.path), "--days", "3"]);
+    out.assert_ok();
+    assert_eq!(partitions(&db), 34, "{}", out.stdout);
+
+    // An expired day partition (40 days back, horizon 30) the owner left: a --no-ddl run must not drop it.
+    let old = today.checked_sub_days(Days::new(40)).unwrap();
+    db.execute(&format!(
+        "CREATE TABLE {{s}}.replaysafe_ledger_p{} PARTITION OF {{s}}.replaysafe_ledger FOR VALUES FROM ('{old}') TO ('{}')",
+        old.format("%Y%m%d"),
+        old.succ_opt().unwrap()
+    ));
+    let role = Role::new();
+    role.grant_runtime(&db.schema);
+    let config = arg(&p.path);
+
+    // Everything it needs, checked without writing.
+    let out = role.replaysafe(&["check", "--config", config, "--database"]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert!(!out.stdout.contains("MISSING"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("SELECT, INSERT, UPDATE, DELETE on"),
+        "{}",
+        out.stdout
+    );
+
+    // Without --no-ddl the role is asked for DDL it may not do: a clear refusal, nothing consumed.
+    let out = role.replaysafe(&["run", "--config", config, "--until-caught-up"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("insufficient privilege") && out.stderr.contains("--no-ddl"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_checkpoints"), 0);
+
+    // With --no-ddl: the whole topic, exactly.
+    let out = role.replaysafe(&["run", "--config", config, "--until-caught-up", "--no-ddl"]);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.quarantined),
+        (31, 30, 1, 0)
+    );
+    evs.sort_by_key(|e| e.1);
+    assert_eq!(counts(&db), expected_counts(&evs));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 30);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(10));
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(11));
+    assert_eq!(db.checkpoint(&group, &topic, 2), Some(10));
+    assert_eq!(partitions(&db), 35, "no partition created or dropped");
+    assert_eq!(role.owned(), 0, "the role created nothing");
+    // Pruning is the owner's `init`: it drops the expired day.
+    let out = replaysafe(&["init", "--config", config, "--days", "3"]);
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("0 created, 1 expired dropped"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(partitions(&db), 34);
+}
+
+#[test]
+fn check_database_names_a_missing_privilege_and_missing_partitions_without_writing() {
+    let db = Db::fresh("privs_check");
+    let p = pipeline(PIPE, "unused", &unique("g"), &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
+    let role = Role::new();
+    // No grant at all: the schema's USAGE is named (the tables cannot even be looked up without it).
+    let out = role.replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let want = format!(
+        "MISSING USAGE on schema {0}: GRANT USAGE ON SCHEMA {0} TO",
+        db.schema
+    );
+    assert!(out.stdout.contains(&want), "{}", out.stdout);
+    role.grant_runtime(&db.schema);
+    role.sql(&format!(
+        "REVOKE UPDATE ON \"{}\".replaysafe_checkpoints FROM \"{}\"",
+        db.schema, role.name
+    ));
+    let out = role.replaysafe(&[
+        "check",
+        "--config",
+        arg(&p.path),
+        "--database",
+        "--days",
+        "3",
+    ]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let want = format!(
+        "MISSING UPDATE on \"{}\".\"replaysafe_checkpoints\"",
+        db.schema
+    );
+    assert!(out.stdout.contains(&want), "{}", out.stdout);
+    assert!(out.stdout.contains("GRANT UPDATE ON"), "{}", out.stdout);
+    // today + 1 exists (init --days 1), today + 2 and + 3 do not: named.
+    let today = db_today(&db);
+    for (d, missing) in [(1, false), (2, true), (3, true)] {
+        let name = format!(
+            "replaysafe_ledger_p{}",
+            today
+                .checked_add_days(Days::new(d))
+                .unwrap()
+                .format("%Y%m%d")
+        );
+        assert_eq!(
+            out.stdout.contains(&name),
+            missing,
+            "{name}: {}",
+            out.stdout
+        );
+    }
+    assert!(out.stderr.contains("UPDATE on"), "{}", out.stderr);
+    assert_eq!(role.owned(), 0);
+}
+
+#[test]
+fn a_missing_partition_under_no_ddl_is_named_and_nothing_is_lost() {
+    let (db, topic) = stage("privs_part", 3);
+    let group = unique("g");
+    let p = pipeline(PIPE, &topic, &group, &db.schema);
+    let today = db_today(&db);
+    let later = today.checked_add_days(Days::new(5)).unwrap();
+    let mut evs = events(today, 12);
+    // On partition 0 between others: an event dated 5 days ahead, beyond `init --days 1`.
+    let ahead = (
+        Rec::json(0, "ahead", &event(99, later, 1), now_ms()),
+        later,
+        "c1".to_string(),
+    );
+    evs.insert(6, ahead);
+    let offsets = produce(&topic, &evs.iter().map(|e| e.0.clone()).collect::<Vec<_>>());
+    let ahead_offset = offsets[6];
+
+    let role = Role::new();
+    let config = arg(&p.path);
+    let no_ddl = ["run", "--config", config, "--until-caught-up", "--no-ddl"];
+    // Before `init`: the tables are missing, and --no-ddl creates none.
+    role.sql(&format!(
+        "GRANT USAGE ON SCHEMA \"{}\" TO \"{}\"",
+        db.schema, role.name
+    ));
+    let out = role.replaysafe(&no_ddl);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("replaysafe_ledger\"")
+            && out.stderr.contains("missing")
+            && out.stderr.contains("replaysafe init"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(created(&db, &db.schema), (1, 0));
+    // After `init`, before the table grants: the privilege is named, with where to find the rest.
+    replaysafe(&["init", "--config", config, "--days", "1"]).assert_ok();
+    let out = role.replaysafe(&no_ddl);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("permission denied for table")
+            && out.stderr.contains("check --config FILE --database"),
+        "{}",
+        out.stderr
+    );
+    role.grant_runtime(&db.schema);
+    let out = role.replaysafe(&["run", "--config", config, "--until-caught-up", "--no-ddl"]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let name = format!("replaysafe_ledger_p{}", later.format("%Y%m%d"));
+    assert!(
+        out.stderr.contains(&name)
+            && out.stderr.contains("init --config")
+            && out.stderr.contains("--days 5"),
+        "{}",
+        out.stderr
+    );
+    // Nothing of that batch committed: no claim of the event, partition 0 checkpointed before it at most.
+    let id = "6f1c1f4e-6a55-4c0b-9a55-000000000099";
+    assert_eq!(
+        db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE event_id = '{id}'"
+        )),
+        0
+    );
+    assert!(db
+        .checkpoint(&group, &topic, 0)
+        .is_none_or(|c| c <= ahead_offset));
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+
+    // The owner creates the days ahead; the role's rerun (`manage-schema = false` in the file this time) lands
+    // everything, exactly once.
+    replaysafe(&["init", "--config", config, "--days", "5"]).assert_ok();
+    let text = PIPE.replace(
+        "schema = \"{schema}\"",
+        "schema = \"{schema}\"\nmanage-schema = false",
+    );
+    let p2 = pipeline(&text, &topic, &group, &db.schema);
+    role.replaysafe(&["run", "--config", arg(&p2.path), "--until-caught-up"])
+        .assert_ok();
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 13);
+    evs.sort_by_key(|e| e.1);
+    assert_eq!(counts(&db), expected_counts(&evs));
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(5));
+    assert_eq!(role.owned(), 0);
+}
+
+/// The schemas and tables named like `schema` (information_schema).
+fn created(db: &Db, schema: &str) -> (i64, i64) {
+    let n = |sql: &str| -> i64 { db.query(sql, &[&schema])[0].get(0) };
+    (
+        n("SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1"),
+        n("SELECT count(*) FROM information_schema.tables WHERE table_schema = $1"),
+    )
+}
+
+#[test]
+fn a_librdkafka_property_typo_exits_2_naming_it_before_anything_is_created() {
+    let db = Db::fresh("privs_typo");
+    let topic = new_topic("privs_typo", 1);
+    let schema = unique("privs_never").to_lowercase();
+    let text = format!(
+        "{PIPE}\n[kafka.properties]\n\"session.timeout.ms\" = 10000\n\"sesion.timeout.ms\" = 6000\n"
+    );
+    let p = pipeline(&text, &topic, &unique("g"), &schema);
+    let line = text
+        .lines()
+        .position(|l| l.starts_with("\"sesion"))
+        .unwrap()
+        + 1;
+    let at = format!("{}:{line}:", p.path.display());
+    for cmd in ["check", "init", "run"] {
+        let out = replaysafe(&[cmd, "--config", arg(&p.path)]);
+        assert_eq!(out.code, Some(2), "{cmd}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("`sesion.timeout.ms`") && out.stderr.contains(&at),
+            "{cmd}: {}",
+            out.stderr
+        );
+    }
+    assert_eq!(created(&db, &schema), (0, 0));
+}
+
+#[test]
+fn a_missing_topic_is_named_by_check_connect_and_refused_by_run_before_anything_is_created() {
+    let db = Db::fresh("privs_topic");
+    let topic = new_topic("privs_topic", 1);
+    let schema = unique("privs_never").to_lowercase();
+    let missing = unique("privs_no_such_topic");
+    let text = PIPE.replace("[\"{topic}\"]", &format!("[\"{{topic}}\", \"{missing}\"]"));
+    let p = pipeline(&text, &topic, &unique("g"), &schema);
+    let out = replaysafe(&["check", "--config", arg(&p.path), "--connect"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stdout.contains(&format!("MISSING topic {missing}")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&format!("ok      topic {topic}")),
+        "{}",
+        out.stdout
+    );
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("`{missing}`")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(created(&db, &schema), (0, 0));
+}
+
+/// Row projections (their tombstone, conflict and truncate tables) and an outbox (a bigserial id): the side
+/// tables and sequences a DML-only role needs too.
+const ROWS: &str = concat!(
+    header!(),
+    r#"[batch]
+linger-ms = 20
+[fields]
+event_id = { path = "/event_id", type = "text" }
+event_type = { path = "/event_type", type = "text" }
+customer_id = { path = "/customer_id", type = "text" }
+amount = { path = "/amount", type = "bigint", optional = true }
+version = { path = "/version", type = "bigint" }
+[identity]
+key = ["event_id"]
+[[projection]]
+kind = "row"
+table = "customers"
+key = ["customer_id"]
+version = "version"
+columns = ["customer_id", "amount"]
+delete-if = "event_type == 'CustomerClosed'"
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["event_id", "customer_id", "amount"]
+"#
+);
+
+#[test]
+fn row_and_outbox_projections_run_under_a_dml_only_role() {
+    let (db, topic) = stage("privs_rows", 3);
+    let group = unique("g");
+    let p = pipeline(ROWS, &topic, &group, &db.schema);
+    let ev = |id: &str, ty: &str, c: &str, amount: i64, v: i64| {
+        format!(
+            r#"{{"event_id":"{id}","event_type":"{ty}","customer_id":"{c}","amount":{amount},"version":{v}}}"#
+        )
+    };
+    // Each customer on one partition; e1 redelivered on another.
+    let recs = [
+        (0, ev("e1", "Opened", "c1", 10, 1)),
+        (0, ev("e2", "Changed", "c1", 20, 2)),
+        (1, ev("e3", "Opened", "c2", 5, 1)),
+        (1, ev("e4", "CustomerClosed", "c2", 5, 2)),
+        (2, ev("e5", "Opened", "c3", 7, 1)),
+        (2, ev("e1", "Opened", "c1", 10, 1)),
+    ];
+    let recs: Vec<Rec> = recs
+        .iter()
+        .map(|(part, v)| Rec::json(*part, "k", v, now_ms()))
+        .collect();
+    produce(&topic, &recs);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    let role = Role::new();
+    role.grant_runtime(&db.schema);
+    let out = role.replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    for t in [
+        "customers_tombstones",
+        "replaysafe_conflicts",
+        "replaysafe_truncates",
+        "outbox_id_seq",
+    ] {
+        assert!(out.stdout.contains(t), "{t}: {}", out.stdout);
+    }
+    let out = role.replaysafe(&[
+        "run",
+        "--config",
+        arg(&p.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.quarantined),
+        (6, 5, 1, 0)
+    );
+    let rows: Vec<(String, i64)> = db
+        .query(
+            "SELECT customer_id, amount FROM {s}.customers ORDER BY 1",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows, [("c1".to_string(), 20), ("c3".to_string(), 7)]);
+    assert_eq!(
+        db.strings("SELECT customer_id FROM {s}.customers_tombstones"),
+        ["c2"]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 5);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5);
+    assert_eq!(db.checkpoint(&group, &topic, 2), Some(2));
+    assert_eq!(role.owned(), 0);
+}
