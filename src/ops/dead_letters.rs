@@ -21,7 +21,7 @@ use crate::config::Pipeline;
 use crate::engine::apply::{apply_batch, Applied};
 use crate::error::{Error, Result};
 use crate::sink::dead_letters::DEAD_LETTERS;
-use crate::sink::{schema, Batch, Item, Sink, Tally};
+use crate::sink::{Batch, Item, Sink, Tally};
 
 /// Which dead letters a command works on (always the unresolved ones of the pipeline's generation).
 #[derive(Debug, Clone, Default)]
@@ -84,7 +84,8 @@ fn generation(p: &Pipeline) -> String {
 
 async fn connect(p: &Pipeline, url: &str) -> Result<Client> {
     let mut client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
-    schema::init(&mut client, p).await?;
+    // Creates or checks the tables; with `manage-schema = false` only checks them (no DDL).
+    crate::sink::verify::prepare(&mut client, p).await?;
     Ok(client)
 }
 
