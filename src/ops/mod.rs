@@ -3,6 +3,7 @@
 pub mod backfill;
 pub mod load;
 pub mod offsets;
+pub mod projection;
 pub mod rebuild;
 pub mod run;
 pub mod verify;

@@ -2,10 +2,13 @@
 //! claims, every projection (over the rows actually claimed), and the dead letters.
 
 pub mod batch;
+pub mod build;
 pub mod checkpoint;
 pub mod dead_letters;
 pub mod error;
 pub mod ledger;
+pub mod marks;
+pub mod projset;
 pub mod schema;
 
 pub use batch::{Batch, Item, Outcome, Pending, Tally};
@@ -22,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::projection::apply::apply_statements;
 use crate::projection::row;
 
+
 struct Prepared {
     claim: Statement,
     dead: Statement,
@@ -30,6 +34,8 @@ struct Prepared {
     advance: Statement,
     /// The claim horizon read under a share lock ([`ledger::horizon_statement`]); `None` without `partition-by`.
     horizon: Option<Statement>,
+    /// The projection record's version under a share lock ([`projset::version_statement`]).
+    version: Statement,
     /// One per projection; `None` for row projections (see `rows`).
     projections: Vec<Option<Statement>>,
     rows: Vec<row::Prepared>,
@@ -46,6 +52,10 @@ pub struct Sink {
     /// The oldest claimable day last read from the database (it only moves forward); days before it get no
     /// partition. The claim transaction decides again.
     floor: Option<NaiveDate>,
+    /// The projection record's version this sink's pipeline matched when opened; every batch checks it.
+    version: i64,
+    /// `replaysafe projection build`: the index of the one projection fed (see [`Sink::for_build`]).
+    build: Option<usize>,
 }
 
 /// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
@@ -107,6 +117,7 @@ impl Sink {
             dead: prep(dead_letters::insert_dead_letters(&pipeline)).await?,
             resolve: prep(dead_letters::resolve_statement(&pipeline)).await?,
             advance: prep(checkpoint::advance_checkpoint(&pipeline)).await?,
+            version: prep(projset::version_statement(&pipeline)).await?,
             horizon: match pipeline.identity.partition_by {
                 Some(_) => Some(prep(ledger::horizon_statement(&pipeline)).await?),
                 None => None,
@@ -134,6 +145,7 @@ impl Sink {
             },
         };
         let partitions = ledger::existing_partitions(&client, &pipeline).await?;
+        let version = projset::current_version(&client, &pipeline).await?;
         Ok(Sink {
             group: pipeline.kafka.group_id.clone(),
             pipeline,
@@ -142,7 +154,35 @@ impl Sink {
             prepared,
             partitions,
             floor: None,
+            version,
+            build: None,
         })
+    }
+
+    /// Turns this sink into one of `replaysafe projection build` for projection number `index`: instead of
+    /// claiming, a batch matches its records with the ledger rows claimed at their (topic, partition, offset)
+    /// before the projection's hand-over point (its group's hand-over rows, [`build::match_statement`]) and feeds
+    /// only that projection with them; no dead letters are written (production wrote them), no ledger partition
+    /// is created, and a record older than the ledger's horizon stops the build.
+    ///
+    /// # Errors
+    /// [`Error::Schema`] when the statement does not compile.
+    pub async fn for_build(mut self, index: usize) -> Result<Sink> {
+        let p = self.pipeline.clone();
+        let stmt = build::match_statement(&p);
+        self.prepared.claim = self
+            .client
+            .prepare(&stmt)
+            .await
+            .map_err(|e| Error::Schema(format!("{e}: {stmt}")))?;
+        for (i, s) in self.prepared.projections.iter_mut().enumerate() {
+            if i != index {
+                *s = None;
+            }
+        }
+        self.prepared.rows.retain(|r| r.shape.index == index);
+        self.build = Some(index);
+        Ok(self)
     }
 
     /// Uses `group` (e.g. a backfill's own group id) for checkpoints, ledger and dead-letter rows instead of the
@@ -158,9 +198,13 @@ impl Sink {
     /// As [`Sink::open`].
     pub async fn reconnect(&mut self) -> Result<()> {
         let group = self.group.clone();
-        *self = Sink::open(self.pipeline.clone(), &self.url)
+        let sink = Sink::open(self.pipeline.clone(), &self.url)
             .await?
             .with_group(&group);
+        *self = match self.build {
+            Some(i) => sink.for_build(i).await?,
+            None => sink,
+        };
         Ok(())
     }
 
@@ -223,14 +267,16 @@ impl Sink {
 
     async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
         let p = self.pipeline.clone();
-        ledger::ensure_batch_partitions(
-            &mut self.client,
-            &p,
-            &mut self.partitions,
-            &mut self.floor,
-            batch,
-        )
-        .await?;
+        if self.build.is_none() {
+            ledger::ensure_batch_partitions(
+                &mut self.client,
+                &p,
+                &mut self.partitions,
+                &mut self.floor,
+                batch,
+            )
+            .await?;
+        }
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
         let tx = self
@@ -256,8 +302,14 @@ impl Sink {
         )
         .await?;
 
+        // 1a. The projection record's version: a process running an older definition stops here.
+        projset::check_version(&tx, &prepared.version, &p, self.version).await?;
+
         // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
         let horizoned = ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
+        if let (Some(h), Some(_)) = (&horizoned, self.build) {
+            return Err(build::beyond_horizon(&p, h));
+        }
         let batch = horizoned.as_ref().unwrap_or(batch);
 
         // 2. Ledger claims → landed.
@@ -273,12 +325,14 @@ impl Sink {
         }
 
         // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
-        if !landed.is_empty() {
+        if !landed.is_empty() && self.build.is_none() {
             dead_letters::resolve_landed(&tx, &prepared.resolve, batch, &generation).await?;
         }
 
-        // 4. Dead letters.
-        dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
+        // 4. Dead letters (a build writes none: production wrote them).
+        if self.build.is_none() {
+            dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
+        }
 
         let outcomes = batch::outcomes(batch, &landed, &overrides);
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
