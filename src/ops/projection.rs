@@ -129,8 +129,7 @@ fn starts(
     parts: &[(String, i32)],
     from_ms: Option<i64>,
 ) -> Result<Vec<i64>> {
-    let consumer: BaseConsumer =
-        crate::source::kafka::consumer_config(p, brokers, &[]).create()?;
+    let consumer: BaseConsumer = crate::source::kafka::consumer_config(p, brokers, &[]).create()?;
     let by_time = match from_ms {
         Some(ms) => {
             let mut tpl = TopicPartitionList::new();
@@ -150,7 +149,10 @@ fn starts(
     let mut out = Vec::new();
     for (t, part) in parts {
         let (low, high) = consumer.fetch_watermarks(t, *part, Duration::from_secs(30))?;
-        let start = match by_time.as_ref().and_then(|m| m.get(&(t.clone(), *part)).copied()) {
+        let start = match by_time
+            .as_ref()
+            .and_then(|m| m.get(&(t.clone(), *part)).copied())
+        {
             Some(Offset::Offset(o)) => o.max(low),
             Some(_) => high,
             None => low,
@@ -283,7 +285,10 @@ async fn complete(
     let tx = client.transaction().await?;
     tx.execute(DDL_LOCK, &[]).await?;
     let mut rec = projset::lock(&tx, p).await?.ok_or_else(|| {
-        Error::Other(format!("the projection record of ledger {} is gone", p.ledger.table))
+        Error::Other(format!(
+            "the projection record of ledger {} is gone",
+            p.ledger.table
+        ))
     })?;
     let at: String = tx.query_one("SELECT now()::text", &[]).await?.get(0);
     match rec.entries.get_mut(name) {
@@ -313,7 +318,8 @@ async fn complete(
 pub fn remove(pipeline: &Pipeline, database_url: &str, name: &str) -> Result<Option<String>> {
     let rt = runtime()?;
     rt.block_on(async {
-        let mut client = crate::sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
+        let mut client =
+            crate::sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
         remove_in(&mut client, pipeline, name).await
     })
 }

@@ -25,7 +25,10 @@ fn marked_by(comment: &str) -> Option<&str> {
 }
 
 /// A table's comment and whether it holds rows; `None` when it does not exist.
-async fn table_state(c: &impl GenericClient, table: &str) -> Result<Option<(Option<String>, bool)>> {
+async fn table_state(
+    c: &impl GenericClient,
+    table: &str,
+) -> Result<Option<(Option<String>, bool)>> {
     let row = c
         .query_one(
             "SELECT to_regclass($1)::text, obj_description(to_regclass($1), 'pg_class')",

@@ -25,7 +25,6 @@ use crate::error::{Error, Result};
 use crate::projection::apply::apply_statements;
 use crate::projection::row;
 
-
 struct Prepared {
     claim: Statement,
     dead: Statement,

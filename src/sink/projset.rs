@@ -96,8 +96,7 @@ pub fn pipeline_settings(p: &Pipeline) -> Settings {
 /// Whether `new` equals `old` on every setting both hold (a setting present on one side only was written by
 /// another version of replaysafe).
 fn same_settings(old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> bool {
-    old.iter()
-        .all(|(k, v)| new.get(k).is_none_or(|nv| nv == v))
+    old.iter().all(|(k, v)| new.get(k).is_none_or(|nv| nv == v))
 }
 
 /// What differs in one projection's settings, one sentence each.
@@ -205,7 +204,9 @@ pub fn refuse_changes(p: &Pipeline, d: &Diff) -> Result<()> {
             "ledger {ledger} records projection {names}, which this file does not have. If this process runs an \
              older pipeline file, start it with the current one. To remove a projection from the pipeline, run \
              `replaysafe projection remove --config FILE --projection {first}` with the file that no longer has \
-             it (its table is left as it is, no longer fed)"
+             it (its table is left as it is, no longer fed). A second pipeline with other projections needs its \
+             own [ledger] table and projection tables of its own (and its own [kafka] group-id with start = \
+             \"earliest\")"
         )));
     }
     Ok(())
@@ -411,14 +412,18 @@ pub struct Start {
 
 async fn ledger_has_rows(c: &impl GenericClient, p: &Pipeline) -> Result<bool> {
     let name: Option<String> = c
-        .query_one("SELECT to_regclass($1)::text", &[&p.ledger.table.to_string()])
+        .query_one(
+            "SELECT to_regclass($1)::text",
+            &[&p.ledger.table.to_string()],
+        )
         .await?
         .get(0);
     let Some(name) = name else { return Ok(false) };
-    Ok(c
-        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {name})"), &[])
-        .await?
-        .get(0))
+    Ok(
+        c.query_one(&format!("SELECT EXISTS (SELECT 1 FROM {name})"), &[])
+            .await?
+            .get(0),
+    )
 }
 
 /// Checks the pipeline's projections against the ledger's record and the projection tables' marks

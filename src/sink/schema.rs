@@ -93,7 +93,11 @@ async fn projection_start(tx: &Transaction<'_>, p: &Pipeline) -> Result<projset:
 ///
 /// # Errors
 /// [`Error::Postgres`].
-async fn record_projections(tx: &Transaction<'_>, p: &Pipeline, start: projset::Start) -> Result<()> {
+async fn record_projections(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    start: projset::Start,
+) -> Result<()> {
     projset::record(tx, p, start).await?;
     marks::write(tx, p).await
 }
@@ -105,7 +109,10 @@ async fn record_projections(tx: &Transaction<'_>, p: &Pipeline, start: projset::
 ///
 /// # Errors
 /// [`Error::Postgres`] when the checkpoints cannot be read.
-async fn warn_new_ledger_behind_checkpoints(client: &impl GenericClient, p: &Pipeline) -> Result<()> {
+async fn warn_new_ledger_behind_checkpoints(
+    client: &impl GenericClient,
+    p: &Pipeline,
+) -> Result<()> {
     let table = p.table(checkpoint::CHECKPOINTS).to_string();
     let exists: bool = client
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
@@ -250,7 +257,7 @@ async fn check_column_types(client: &mut Client, p: &Pipeline) -> Result<()> {
                      new values into the column's type (one entity could land in two groups or rows, a sum be \
                      rounded) or fail. \
                      Change the type back, or migrate deliberately: ALTER the column to {want} and convert its rows, \
-                     or rebuild from the topic: a new [ledger] table, new (or emptied) projection tables and a \
+                     or rebuild from the topic: a new [ledger] table, new projection tables and a \
                      new [kafka] group-id with start = \"earliest\"",
                     c.projection, c.column, c.table, c.from
                 )));

@@ -17,5 +17,6 @@ mod health;
 mod horizon;
 mod keys_drift;
 mod lock_order;
+mod projections;
 mod starts;
 mod waits;
