@@ -82,8 +82,10 @@ pub async fn check(
         if rows && mark.is_none() && !ledger_has_rows {
             return Err(Error::Schema(format!(
                 "projection `{name}`: table {table} holds rows, but no ledger is recorded as feeding it and ledger \
-                 {ours} holds no delivery keys: consuming would project the topic's records into it again. Run the \
-                 pipeline with the ledger that fed this table, or give the projection a new table"
+                 {ours} holds no delivery keys: if a replaysafe ledger fed it (a pipeline of an earlier version), \
+                 consuming would project the topic's records into it again. Run the pipeline with that ledger, or \
+                 give the projection a new table. Only if no replaysafe ledger ever fed it (its rows come from \
+                 another writer), record this ledger as its feeder: COMMENT ON TABLE {table} IS '{MARK}{ours}'"
             )));
         }
     }

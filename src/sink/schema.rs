@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 /// [`Error::Schema`] when an existing table does not match or a projection statement does not compile;
 /// [`Error::Postgres`] for connection problems.
 pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
+    // Existing projection columns of another type: refused before anything is created or recorded.
+    check_column_types(client, p).await?;
     let tx = client.transaction().await?;
     tx.execute(DDL_LOCK, &[]).await?;
     // The projection record and the projection tables' marks are checked before anything is created: a
@@ -71,7 +73,6 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
     }
     record_projections(&tx, p, start).await?;
     tx.commit().await?;
-    check_column_types(client, p).await?;
     check_ledger(client, p).await?;
     check_statements(client, p).await
 }
