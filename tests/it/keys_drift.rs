@@ -368,7 +368,7 @@ fn a_sum_target_that_would_round_the_field_is_refused() {
     db.execute(
         "CREATE TABLE {s}.totals (cust text PRIMARY KEY, total bigint NOT NULL DEFAULT 0); \
          INSERT INTO {s}.totals VALUES ('c', 1); \
-         COMMENT ON TABLE {s}.totals IS 'replaysafe: fed by ledger \"{s}\".\"replaysafe_ledger\"'",
+         COMMENT ON TABLE {s}.totals IS 'replaysafe: fed by ledger {s}.\"replaysafe_ledger\"'",
     );
     let group = unique("g");
     let p = pipeline(
