@@ -119,7 +119,10 @@ fn a_ledger_is_not_shared_by_pipelines_with_other_projections() {
     let out = try_run(&pipeline(&own, &topic, &unique("g"), &db.schema).path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("is fed by ledger"), "{}", out.stderr);
-    assert_eq!(db.text("SELECT to_regclass('{s}.other_ledger')::text"), None);
+    assert_eq!(
+        db.text("SELECT to_regclass('{s}.other_ledger')::text"),
+        None
+    );
     // With its own ledger and tables it counts everything; the first pipeline's tables are unchanged.
     let own = own.replace("\"daily_totals\"", "\"other_totals\"");
     let p3 = pipeline(&own, &topic, &unique("g"), &db.schema);

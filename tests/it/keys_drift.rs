@@ -387,8 +387,14 @@ fn a_sum_target_that_would_round_the_field_is_refused() {
     }
     assert_eq!(db.i64("SELECT total FROM {s}.totals WHERE cust = 'c'"), 1);
     // Refused before anything is created (the check runs before the tables are).
-    assert_eq!(db.text("SELECT to_regclass('{s}.replaysafe_ledger')::text"), None);
-    assert_eq!(db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text"), None);
+    assert_eq!(
+        db.text("SELECT to_regclass('{s}.replaysafe_ledger')::text"),
+        None
+    );
+    assert_eq!(
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text"),
+        None
+    );
 
     // A bigint field into a bigint target is exact: accepted, the sum lands.
     let bigint = GROUPS
@@ -496,7 +502,11 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
         let out = init(&SUMS.replace(from, to));
         assert_eq!(out.code, Some(2), "{to}: {}", out.stderr);
         assert!(out.stderr.contains(needle), "`{needle}` in {}", out.stderr);
-        assert!(out.stderr.contains("cannot change in place"), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("cannot change in place"),
+            "{}",
+            out.stderr
+        );
         assert!(
             out.stderr.contains("replaysafe projection build"),
             "{}",
@@ -527,10 +537,7 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     comment(&v1(&["out:Outbox", "totals:Sum"]));
     init(SUMS).assert_ok();
     let recorded = ledger_record();
-    assert!(
-        recorded.contains("\"state\": \"active\""),
-        "{recorded}"
-    );
+    assert!(recorded.contains("\"state\": \"active\""), "{recorded}");
     let out = init(&stricter);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     comment(&v1(&["totals:Sum"]));
@@ -547,10 +554,7 @@ fn a_changed_projection_is_refused_by_the_ledger_check() {
     comment("purchases ledger, owner: team shop");
     init(SUMS).assert_ok();
     let recorded = ledger_record();
-    assert!(
-        recorded.contains("\"state\": \"active\""),
-        "{recorded}"
-    );
+    assert!(recorded.contains("\"state\": \"active\""), "{recorded}");
     let out = init(&stricter);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);

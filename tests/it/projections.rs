@@ -179,7 +179,10 @@ fn assert_added_exact(db: &Db, t: &Truth) {
 fn wait_applied(db: &Db, group: &str, t: &Truth) {
     let want = t.events.len() as i64;
     wait_until(Duration::from_secs(180), "every record applied", || {
-        if db.text("SELECT to_regclass('{s}.replaysafe_ledger')::text").is_none() {
+        if db
+            .text("SELECT to_regclass('{s}.replaysafe_ledger')::text")
+            .is_none()
+        {
             return false;
         }
         let ledger = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
