@@ -443,7 +443,10 @@ pub async fn start(c: &impl GenericClient, p: &Pipeline) -> Result<Start> {
         Some(r) => diff(r, &pipeline_settings(p)),
         None => Diff::default(),
     };
-    refuse_changes(p, &diff)?;
+    // A ledger without claims has nothing projected under the recorded definition: any change is recorded.
+    if ledger_rows {
+        refuse_changes(p, &diff)?;
+    }
     super::marks::check(c, p, &diff.added, ledger_rows).await?;
     Ok(Start {
         record,
@@ -466,6 +469,17 @@ pub async fn record(tx: &Transaction<'_>, p: &Pipeline, start: Start) -> Result<
         return store(tx, p, &all_active(1, now)).await;
     };
     let mut rec = lock(tx, p).await?.unwrap_or(recorded);
+    if !start.ledger_rows && !(start.diff.missing.is_empty() && start.diff.changed.is_empty()) {
+        // Checked again under the lock: a batch of the recorded definition may have claimed meanwhile.
+        if ledger_has_rows(tx, p).await? {
+            return Err(Error::Schema(format!(
+                "ledger {} received its first delivery keys while this start changed its projections; start again \
+                 (the change is then checked against them)",
+                p.ledger.table
+            )));
+        }
+        return store(tx, p, &all_active(rec.version + 1, now)).await;
+    }
     if start.diff.added.is_empty() {
         let mut changed = false;
         for (name, e) in rec.entries.iter_mut() {
