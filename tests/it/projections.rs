@@ -468,6 +468,17 @@ fn a_projection_changed_in_place_is_refused_and_the_advised_path_is_exact() {
         "{}",
         out.stderr
     );
+    // A worker still running the file that has it stops at its next batch once it is removed.
+    let mut worker = spawn_run(&beside, &[], "beside");
+    wait_until(
+        Duration::from_secs(60),
+        "the worker to take its partitions",
+        || {
+            std::fs::read_to_string(beside.dir.path().join("beside.err"))
+                .unwrap()
+                .contains("partition assigned")
+        },
+    );
     let removed = replaysafe(&[
         "projection",
         "remove",
@@ -485,6 +496,9 @@ fn a_projection_changed_in_place_is_refused_and_the_advised_path_is_exact() {
     assert_eq!(state(&db, "totals").as_deref(), Some("removed"));
     let totals_then = table(&db, "SELECT cust, total::bigint FROM {s}.totals");
     produce(&topic, &truth.batch(50));
+    let (code, err) = wait_exit(&mut worker, &beside, "beside");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("runs an older pipeline file"), "{err}");
     run_caught_up(&without.path);
     assert_eq!(
         table(&db, "SELECT cust, total::bigint FROM {s}.totals_v2"),
@@ -514,4 +528,61 @@ fn beside_text_without_totals(topic: &str, group: &str, schema: &str, filtered: 
          group-by = [\"cust\"]\n{filtered}"
     );
     pipeline(&text, topic, group, schema)
+}
+
+/// Records the ledger claimed before the hand-over that retention deleted from the topic: the build refuses
+/// (exit 1) naming the partition and offsets, the projection stays `building` and untouched; with a declared
+/// start (`--from`) it builds the rest, says how many claimed records it left out, and the projection holds
+/// exactly the ledger's claims minus those.
+#[test]
+fn a_build_refuses_history_lost_to_retention_unless_a_start_is_declared() {
+    let (db, topic) = stage("projlost", PARTITIONS);
+    let group = unique("g");
+    let old = pipeline(BASE, &topic, &group, &db.schema);
+    let new = pipeline(&format!("{BASE}{ADDED}"), &topic, &group, &db.schema);
+    let mut truth = Truth::new(11);
+    produce(&topic, &truth.batch(200));
+    run_caught_up(&old.path);
+    replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
+    delete_records_before(&topic, 0, 10);
+    let lost = db.i64(&format!(
+        "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE topic = '{topic}' AND partition = 0 AND \"offset\" < 10"
+    ));
+    assert!(lost > 0);
+
+    let out = build(&new, "by_cust", &[]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("{topic}/0: {lost} records the ledger claimed"))
+            && out.stderr.contains("--from"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(state(&db, "by_cust").as_deref(), Some("building"));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.by_cust"), 0);
+
+    let out = replaysafe(&[
+        "projection",
+        "build",
+        "--config",
+        arg(&new.path),
+        "--projection",
+        "by_cust",
+        "--from",
+        "2026-07-01T00:00:00Z",
+    ]);
+    out.assert_ok();
+    assert!(
+        out.stdout
+            .contains(&format!("claimed before --from {lost}")),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(state(&db, "by_cust").as_deref(), Some("active"));
+    assert_eq!(
+        db.i64("SELECT sum(n)::bigint FROM {s}.by_cust"),
+        truth.events.len() as i64 - lost
+    );
+    assert_old_exact(&db, &truth);
 }
