@@ -586,3 +586,36 @@ fn a_build_refuses_history_lost_to_retention_unless_a_start_is_declared() {
     );
     assert_old_exact(&db, &truth);
 }
+
+/// A record older than the ledger's horizon (its delivery key may have been pruned: whether production landed it
+/// cannot be known) stops the build (exit 1, nothing of that batch applied) instead of being guessed at; the
+/// projection stays `building`.
+#[test]
+fn a_build_stops_at_a_record_older_than_the_ledger_horizon() {
+    let (db, topic) = stage("projhorizon", PARTITIONS);
+    let group = unique("g");
+    let horizon = |t: &str| t.replace("[identity]", "[ledger]\nhorizon-days = 400\n[identity]");
+    let old = pipeline(&horizon(BASE), &topic, &group, &db.schema);
+    let new = pipeline(
+        &horizon(&format!("{BASE}{ADDED}")),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let mut truth = Truth::new(13);
+    produce(&topic, &truth.batch(100));
+    run_caught_up(&old.path);
+    replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
+    // The ledger aged by hand: days before 2026-07-03 are no longer remembered.
+    db.execute("UPDATE {s}.replaysafe_horizon SET pruned_below = '2026-07-03'");
+    let out = build(&new, "by_cust", &[]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("older than the horizon of ledger") && out.stderr.contains("--from"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(state(&db, "by_cust").as_deref(), Some("building"));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.by_cust"), 0);
+    assert_old_exact(&db, &truth);
+}
