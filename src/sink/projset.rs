@@ -469,7 +469,8 @@ pub async fn record(tx: &Transaction<'_>, p: &Pipeline, start: Start) -> Result<
         return store(tx, p, &all_active(1, now)).await;
     };
     let mut rec = lock(tx, p).await?.unwrap_or(recorded);
-    if !start.ledger_rows && !(start.diff.missing.is_empty() && start.diff.changed.is_empty()) {
+    let changed = !(start.diff.missing.is_empty() && start.diff.changed.is_empty());
+    if !start.ledger_rows && changed {
         // Checked again under the lock: a batch of the recorded definition may have claimed meanwhile.
         if ledger_has_rows(tx, p).await? {
             return Err(Error::Schema(format!(
