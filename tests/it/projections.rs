@@ -619,3 +619,29 @@ fn a_build_stops_at_a_record_older_than_the_ledger_horizon() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.by_cust"), 0);
     assert_old_exact(&db, &truth);
 }
+
+/// A ledger that holds no claims has projected nothing under its recorded projections: a changed or dropped
+/// projection is recorded (no refusal, no build).
+#[test]
+fn a_ledger_without_claims_takes_any_change() {
+    let (db, topic) = stage("projempty", 1);
+    let group = unique("g");
+    replaysafe(&[
+        "init",
+        "--config",
+        arg(&pipeline(BASE, &topic, &group, &db.schema).path),
+    ])
+    .assert_ok();
+    let changed = BASE.replace(
+        "add = { total = \"amount\" }\n",
+        "add = { total = \"amount\" }\nfilter = \"amount > 0.0\"\n",
+    );
+    let p = pipeline(&changed, &topic, &group, &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    assert_eq!(
+        db.text("SELECT projections->'totals'->'settings'->>'filter' FROM {s}.replaysafe_projection_set")
+            .as_deref(),
+        Some("amount > 0.0")
+    );
+    assert_eq!(state(&db, "totals").as_deref(), Some("active"));
+}
