@@ -334,7 +334,7 @@ async fn remove_in(client: &mut Client, p: &Pipeline, name: &str) -> Result<Opti
     tx.execute(DDL_LOCK, &[]).await?;
     let mut rec = match projset::lock(&tx, p).await? {
         Some(r) => r,
-        None => match projset::legacy(&tx, p).await? {
+        None => match crate::sink::projstart::legacy(&tx, p).await? {
             Some(s) => projset::all_active(1, s),
             None => {
                 return Err(Error::Usage(format!(

@@ -9,6 +9,7 @@ pub mod error;
 pub mod ledger;
 pub mod marks;
 pub mod projset;
+pub mod projstart;
 pub mod schema;
 
 pub use batch::{Batch, Item, Outcome, Pending, Tally};

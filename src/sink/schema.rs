@@ -3,7 +3,7 @@
 use tokio_postgres::{Client, GenericClient, Transaction};
 
 use super::ledger::DDL_LOCK;
-use super::{checkpoint, dead_letters, ledger, marks, projset};
+use super::{checkpoint, dead_letters, ledger, marks, projset, projstart};
 use crate::config::{FieldType, Pipeline};
 use crate::error::{Error, Result};
 
@@ -78,12 +78,12 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
 }
 
 /// The projection record and the projection tables' marks, checked before anything is created
-/// ([`projset::start`]); a new, empty ledger behind its group's checkpoints is warned about.
+/// ([`projstart::start`]); a new, empty ledger behind its group's checkpoints is warned about.
 ///
 /// # Errors
 /// As [`projset::start`].
-async fn projection_start(tx: &Transaction<'_>, p: &Pipeline) -> Result<projset::Start> {
-    let start = projset::start(tx, p).await?;
+async fn projection_start(tx: &Transaction<'_>, p: &Pipeline) -> Result<projstart::Start> {
+    let start = projstart::start(tx, p).await?;
     if start.record.is_none() && !start.ledger_rows {
         warn_new_ledger_behind_checkpoints(tx, p).await?;
     }
@@ -97,9 +97,9 @@ async fn projection_start(tx: &Transaction<'_>, p: &Pipeline) -> Result<projset:
 async fn record_projections(
     tx: &Transaction<'_>,
     p: &Pipeline,
-    start: projset::Start,
+    start: projstart::Start,
 ) -> Result<()> {
-    projset::record(tx, p, start).await?;
+    projstart::record(tx, p, start).await?;
     marks::write(tx, p).await
 }
 
