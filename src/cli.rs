@@ -93,6 +93,11 @@ pub enum Command {
         #[command(subcommand)]
         command: OffsetsCommand,
     },
+    /// Change the projections of a running pipeline: build an added one from history, remove one.
+    Projection {
+        #[command(subcommand)]
+        command: ProjectionCommand,
+    },
     /// Replay a window of the topic through the same idempotent path as `run`.
     Backfill(BackfillArgs),
     /// Zero a window of event days in the aggregates and the ledger, then replay it under a fresh group.
@@ -222,6 +227,37 @@ impl DeadLetterSelect {
         };
         Ok((p, url, sel))
     }
+}
+
+/// `replaysafe projection …` (README "Change a running pipeline").
+#[derive(Subcommand)]
+pub enum ProjectionCommand {
+    /// Apply the records the ledger claimed before an added projection's hand-over point to that projection
+    /// only, then record it active; resumes after an interruption. Production keeps running.
+    Build {
+        /// The pipeline file with the added projection (the one production runs).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The projection's `name` (default name: its table's).
+        #[arg(long)]
+        projection: String,
+        /// Read each partition from its first record at or after this time (RFC 3339) instead of its
+        /// beginning: the records claimed before it are left out of the projection (counted).
+        #[arg(long)]
+        from: Option<String>,
+        /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+        #[arg(long)]
+        brokers: Option<String>,
+    },
+    /// Record a projection deleted from the pipeline file as removed: no longer fed; its table is left as is.
+    Remove {
+        /// The pipeline file without the projection.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The removed projection's `name`.
+        #[arg(long)]
+        projection: String,
+    },
 }
 
 #[derive(clap::Args)]

@@ -193,6 +193,52 @@ fn backfill(a: cli::BackfillArgs) -> anyhow::Result<()> {
     write_json(&report, output.as_ref())
 }
 
+fn projection(command: cli::ProjectionCommand) -> anyhow::Result<()> {
+    match command {
+        cli::ProjectionCommand::Build {
+            config,
+            projection,
+            from,
+            brokers: flag,
+        } => {
+            let p = Arc::new(config::load(&config)?);
+            let opts = ops::projection::BuildOptions {
+                brokers: brokers(&p, flag)?,
+                database_url: database_url(&p)?,
+                projection: projection.clone(),
+                from_ms: from.as_deref().map(cli::parse_time).transpose()?,
+                shutdown: Arc::new(AtomicBool::new(false)),
+            };
+            signals(opts.shutdown.clone());
+            let s = ops::projection::build(p, opts)?;
+            if s.already_complete {
+                println!("projection `{projection}`: active, nothing to build");
+            } else {
+                let t = &s.tally;
+                println!(
+                    "projection `{projection}` built: applied {}, skipped {} (claimed elsewhere or after the \
+                     hand-over), filtered {}, quarantined {}, claimed before --from {}",
+                    t.landed,
+                    t.duplicate,
+                    t.filtered.values().sum::<u64>(),
+                    t.quarantined.values().sum::<u64>(),
+                    s.before_start
+                );
+            }
+            Ok(())
+        }
+        cli::ProjectionCommand::Remove { config, projection } => {
+            let p = config::load(&config)?;
+            let table = ops::projection::remove(&p, &database_url(&p)?, &projection)?;
+            println!(
+                "projection `{projection}` removed: no longer fed; its table {} is left as it is",
+                table.as_deref().unwrap_or("(none)")
+            );
+            Ok(())
+        }
+    }
+}
+
 fn rebuild(a: cli::RebuildArgs) -> anyhow::Result<()> {
     let output = a.output.clone();
     let (r, opts) = a.options()?;
@@ -306,6 +352,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             let snap = ops::offsets::snapshot(&p, &brokers(&p, flag)?, &database_url(&p)?, &group)?;
             write_json(&snap, output.as_ref())
         }
+        Command::Projection { command } => projection(command),
         Command::Backfill(a) => backfill(a),
         Command::Rebuild(a) => rebuild(a),
         Command::Verify { command } => verify(command),

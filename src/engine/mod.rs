@@ -94,6 +94,9 @@ pub struct Options {
     pub extras: Extras,
     /// Sees committed batches.
     pub observer: Option<Box<dyn Observer>>,
+    /// `replaysafe projection build`: feed only this projection, from the ledger rows claimed before its
+    /// hand-over ([`crate::sink::Sink::for_build`]).
+    pub build: Option<usize>,
 }
 
 impl Options {
@@ -110,6 +113,7 @@ impl Options {
             prune_interval: None,
             extras: Extras::default(),
             observer: None,
+            build: None,
         }
     }
 }
@@ -140,7 +144,7 @@ impl Engine {
         let stop = opts.shutdown.clone();
         let give_up = move || stop.load(Ordering::Relaxed);
         let (url, group) = (&opts.database_url, opts.group.as_deref());
-        let prune = opts.prune_on_start;
+        let (prune, build) = (opts.prune_on_start, opts.build);
         // Start-up waits for the database at most `--connect-timeout`, then exits with the error.
         let dl = Some(Instant::now() + crate::endpoint::connect_timeout());
         let sinks = rt.block_on(apply::retry_db_until("starting", &give_up, dl, || async {
@@ -156,8 +160,12 @@ impl Engine {
             let mut sinks = Vec::new();
             for _ in 0..pipeline.postgres.connections {
                 let sink = Sink::open(pipeline.clone(), url).await?;
-                sinks.push(match group {
+                let sink = match group {
                     Some(g) => sink.with_group(g),
+                    None => sink,
+                };
+                sinks.push(match build {
+                    Some(i) => sink.for_build(i).await?,
                     None => sink,
                 });
             }

@@ -6,6 +6,7 @@ pub mod check;
 pub mod dead_letters;
 pub mod load;
 pub mod offsets;
+pub mod projection;
 pub mod rebuild;
 pub mod run;
 pub mod verify;

@@ -88,6 +88,19 @@ pub fn rebuild(
         verify::prepare(&mut client, &pipeline).await?;
         Ok::<_, Error>(client)
     })?;
+    // A projection being built (README "Change a running pipeline") would race the window's delete.
+    if let Some(rec) = rt.block_on(crate::sink::projset::load(&client, &pipeline))? {
+        if let Some((name, _)) = rec
+            .entries
+            .iter()
+            .find(|(_, e)| e.state == crate::sink::projset::State::Building)
+        {
+            return Err(usage(format!(
+                "projection `{name}` is being built (`replaysafe projection build`): finish its build first, then \
+                 rebuild"
+            )));
+        }
+    }
     // A group with checkpoints would resume where it stopped after the window was deleted again: refuse.
     let table = pipeline.table(checkpoint::CHECKPOINTS).to_string();
     let used: bool = rt

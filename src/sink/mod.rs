@@ -2,11 +2,15 @@
 //! claims, every projection (over the rows actually claimed), and the dead letters.
 
 pub mod batch;
+pub mod build;
 pub mod checkpoint;
 pub mod dead_letters;
 pub mod error;
 pub mod ledger;
+pub mod marks;
 pub mod privileges;
+pub mod projset;
+pub mod projstart;
 pub mod schema;
 pub mod verify;
 
@@ -34,6 +38,8 @@ struct Prepared {
     advance: Statement,
     /// The claim horizon read under a share lock ([`ledger::horizon_statement`]); `None` without `partition-by`.
     horizon: Option<Statement>,
+    /// The projection record's version under a share lock ([`projset::version_statement`]).
+    version: Statement,
     /// One per projection; `None` for row projections (see `rows`).
     projections: Vec<Option<Statement>>,
     rows: Vec<row::Prepared>,
@@ -53,6 +59,10 @@ pub struct Sink {
     /// Re-applying dead letters ([`Sink::replaying`]): no checkpoint, no tolerance check, the dead letters of the
     /// batch settled in its transaction.
     replay: bool,
+    /// The projection record's version this sink's pipeline matched when opened; every batch checks it.
+    version: i64,
+    /// `replaysafe projection build`: the index of the one projection fed (see [`Sink::for_build`]).
+    build: Option<usize>,
 }
 
 /// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
@@ -134,6 +144,7 @@ impl Sink {
                 false => None,
             },
             advance: prep(checkpoint::advance_checkpoint(&pipeline)).await?,
+            version: prep(projset::version_statement(&pipeline)).await?,
             horizon: match pipeline.identity.partition_by {
                 Some(_) => Some(prep(ledger::horizon_statement(&pipeline)).await?),
                 None => None,
@@ -161,6 +172,7 @@ impl Sink {
             },
         };
         let partitions = ledger::existing_partitions(&client, &pipeline).await?;
+        let version = projset::current_version(&client, &pipeline).await?;
         Ok(Sink {
             group: pipeline.kafka.group_id.clone(),
             pipeline,
@@ -170,6 +182,8 @@ impl Sink {
             partitions,
             floor: None,
             replay: false,
+            version,
+            build: None,
         })
     }
 
@@ -181,6 +195,32 @@ impl Sink {
     pub fn replaying(mut self) -> Sink {
         self.replay = true;
         self
+    }
+
+    /// Turns this sink into one of `replaysafe projection build` for projection number `index`: instead of
+    /// claiming, a batch matches its records with the ledger rows claimed at their (topic, partition, offset)
+    /// before the projection's hand-over point (its group's hand-over rows, [`build::match_statement`]) and feeds
+    /// only that projection with them; no dead letters are written (production wrote them), no ledger partition
+    /// is created, and a record older than the ledger's horizon stops the build.
+    ///
+    /// # Errors
+    /// [`Error::Schema`] when the statement does not compile.
+    pub async fn for_build(mut self, index: usize) -> Result<Sink> {
+        let p = self.pipeline.clone();
+        let stmt = build::match_statement(&p);
+        self.prepared.claim = self
+            .client
+            .prepare(&stmt)
+            .await
+            .map_err(|e| Error::Schema(format!("{e}: {stmt}")))?;
+        for (i, s) in self.prepared.projections.iter_mut().enumerate() {
+            if i != index {
+                *s = None;
+            }
+        }
+        self.prepared.rows.retain(|r| r.shape.index == index);
+        self.build = Some(index);
+        Ok(self)
     }
 
     /// Uses `group` (e.g. a backfill's own group id) for checkpoints, ledger and dead-letter rows instead of the
@@ -196,10 +236,14 @@ impl Sink {
     /// As [`Sink::open`].
     pub async fn reconnect(&mut self) -> Result<()> {
         let group = self.group.clone();
-        let replay = self.replay;
-        *self = Sink::open(self.pipeline.clone(), &self.url)
+        let (replay, build) = (self.replay, self.build);
+        let sink = Sink::open(self.pipeline.clone(), &self.url)
             .await?
             .with_group(&group);
+        *self = match build {
+            Some(i) => sink.for_build(i).await?,
+            None => sink,
+        };
         self.replay = replay;
         Ok(())
     }
@@ -263,14 +307,16 @@ impl Sink {
 
     async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
         let p = self.pipeline.clone();
-        ledger::ensure_batch_partitions(
-            &mut self.client,
-            &p,
-            &mut self.partitions,
-            &mut self.floor,
-            batch,
-        )
-        .await?;
+        if self.build.is_none() {
+            ledger::ensure_batch_partitions(
+                &mut self.client,
+                &p,
+                &mut self.partitions,
+                &mut self.floor,
+                batch,
+            )
+            .await?;
+        }
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
         let tx = self
@@ -298,8 +344,14 @@ impl Sink {
             .await?;
         }
 
+        // 1a. The projection record's version: a process running an older definition stops here.
+        projset::check_version(&tx, &prepared.version, &p, self.version).await?;
+
         // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
         let horizoned = ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
+        if let (Some(h), Some(_)) = (&horizoned, self.build) {
+            return Err(build::beyond_horizon(&p, h));
+        }
         let batch = horizoned.as_ref().unwrap_or(batch);
 
         // 2. Ledger claims → landed.
@@ -315,15 +367,17 @@ impl Sink {
         }
 
         // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
-        if !landed.is_empty() {
+        if !landed.is_empty() && self.build.is_none() {
             dead_letters::resolve_landed(&tx, &prepared.resolve, batch, &generation).await?;
         }
 
-        // 4. Dead letters.
-        dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
+        // 4. Dead letters (a build writes none: production wrote them).
+        if self.build.is_none() {
+            dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
+        }
 
         // 4b. The declared error tolerance: a systematic failure rolls the whole batch back.
-        if let (Some(stmt), false) = (&prepared.tolerance, self.replay) {
+        if let (Some(stmt), false) = (&prepared.tolerance, self.replay || self.build.is_some()) {
             dead_letters::check_tolerance(&tx, stmt, &p, &generation, batch).await?;
         }
 

@@ -39,6 +39,8 @@ pub fn pipeline_tables(p: &Pipeline) -> Vec<String> {
         p.table(dead_letters::DEAD_LETTERS).to_string(),
         p.table(checkpoint::GROUP_STARTS).to_string(),
         p.table(ledger::HORIZON).to_string(),
+        p.table(super::projset::PROJECTION_SET).to_string(),
+        p.table(super::projset::HANDOVER).to_string(),
     ];
     for proj in &p.projections {
         if let Some(a) = &proj.aggregate {
@@ -384,8 +386,8 @@ pub async fn coverage(
     Ok((row.get(0), row.get(1)))
 }
 
-/// Whether the ledger's comment records this pipeline's projections (`init` writes it; a `--no-ddl` start
-/// requires it).
+/// Whether the ledger's projection record (`replaysafe_projection_set`) is this pipeline's projections (`init`
+/// writes it; a `--no-ddl` start requires it).
 async fn record(tx: &tokio_postgres::Transaction<'_>, p: &Pipeline) -> Result<Finding> {
     let ok = super::verify::projection_record_matches(tx, p).await?;
     Ok(grant(

@@ -1,12 +1,9 @@
 //! Creating and checking the tables a pipeline needs, and the ledger's day partitions.
 
-use std::collections::BTreeMap;
-
-use sha2::{Digest, Sha256};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient, Transaction};
 
 use super::ledger::DDL_LOCK;
-use super::{checkpoint, dead_letters, ledger};
+use super::{checkpoint, dead_letters, ledger, marks, projset, projstart};
 use crate::config::{FieldType, Pipeline};
 use crate::error::{Error, Result};
 
@@ -27,8 +24,13 @@ pub async fn init(client: &mut Client, p: &Pipeline) -> Result<()> {
 }
 
 async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
+    // Existing projection columns of another type: refused before anything is created or recorded.
+    check_column_types(client, p).await?;
     let tx = client.transaction().await?;
     tx.execute(DDL_LOCK, &[]).await?;
+    // The projection record and the projection tables' marks are checked before anything is created: a
+    // refused start leaves the database as it was.
+    let start = projection_start(&tx, p).await?;
     let schema_missing: bool = tx
         .query_one(
             "SELECT NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
@@ -42,23 +44,8 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             .await
             .map_err(|e| schema_error("creating the schema", &stmt, e))?;
     }
-    for (table, stmt) in [
-        (p.ledger.table.clone(), ledger::create_ledger(p)),
-        (
-            p.table(checkpoint::CHECKPOINTS),
-            checkpoint::create_checkpoints(p),
-        ),
-        (
-            p.table(dead_letters::DEAD_LETTERS),
-            dead_letters::create_dead_letters(p),
-        ),
-        (
-            p.table(checkpoint::GROUP_STARTS),
-            checkpoint::create_group_starts(p),
-        ),
-        (p.table(ledger::HORIZON), ledger::create_horizon(p)),
-    ] {
-        if super::privileges::table_exists(&tx, &table.to_string()).await? {
+    for (table, stmt) in own_tables(p) {
+        if super::privileges::table_exists(&tx, &table).await? {
             continue;
         }
         tx.batch_execute(&stmt)
@@ -97,177 +84,64 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             super::row::setup(&tx, p, i).await?;
         }
     }
+    record_projections(&tx, p, start).await?;
     tx.commit().await?;
-    check_column_types(client, p).await?;
     check_ledger(client, p).await?;
-    check_owner(client, p).await?;
     check_statements(client, p).await
 }
 
-/// Prefix of the ledger table comment recording the projections its claims were made for (format 2): followed by
-/// a JSON object `{projection name: {setting: value}}` ([`crate::config::ProjectionPlan::settings`]).
-const OWNER_V2: &str = "replaysafe projections v2 ";
-/// Prefix of the format-1 comment (replaysafe before format 2): a digest of the projections' names and kinds.
-const OWNER_V1: &str = "replaysafe projections sha256:";
-/// What every projection record written by replaysafe starts with; any other comment is not one.
-const OWNER_PREFIX: &str = "replaysafe projections ";
-
-/// Format 1: the digest of the projections' names and kinds (kept to recognise ledgers written before format 2).
-fn projection_digest_v1(p: &Pipeline) -> String {
-    let mut parts: Vec<String> = p
-        .projections
-        .iter()
-        .map(|x| format!("{}:{:?}", x.name, x.kind))
-        .collect();
-    parts.sort();
-    let digest = Sha256::digest(parts.join("\n").as_bytes());
-    format!("{OWNER_V1}{}", hex::encode(digest))
+/// replaysafe's own tables of the pipeline, each with the statement creating it (the projection record's
+/// statement creates its hand-over table too, named here).
+fn own_tables(p: &Pipeline) -> [(String, String); 6] {
+    [
+        (p.ledger.table.to_string(), ledger::create_ledger(p)),
+        (
+            p.table(checkpoint::CHECKPOINTS).to_string(),
+            checkpoint::create_checkpoints(p),
+        ),
+        (
+            p.table(dead_letters::DEAD_LETTERS).to_string(),
+            dead_letters::create_dead_letters(p),
+        ),
+        (
+            p.table(checkpoint::GROUP_STARTS).to_string(),
+            checkpoint::create_group_starts(p),
+        ),
+        (
+            p.table(ledger::HORIZON).to_string(),
+            ledger::create_horizon(p),
+        ),
+        (
+            p.table(projset::HANDOVER).to_string(),
+            projset::create_tables(p),
+        ),
+    ]
 }
 
-type Settings = BTreeMap<String, BTreeMap<String, String>>;
-
-fn projection_settings(p: &Pipeline) -> Settings {
-    p.projections
-        .iter()
-        .map(|x| (x.name.clone(), x.settings.clone()))
-        .collect()
+/// The projection record and the projection tables' marks, checked before anything is created
+/// ([`projstart::start`]); a new, empty ledger behind its group's checkpoints is warned about.
+///
+/// # Errors
+/// As [`projset::start`].
+async fn projection_start(tx: &Transaction<'_>, p: &Pipeline) -> Result<projstart::Start> {
+    let start = projstart::start(tx, p).await?;
+    if start.record.is_none() && !start.ledger_rows {
+        warn_new_ledger_behind_checkpoints(tx, p).await?;
+    }
+    Ok(start)
 }
 
-/// The projections a ledger's claims were made for, as recorded in the ledger's table comment. A delivery key
-/// claimed under one definition of the projections is never projected again, so a ledger that holds rows and
-/// was recorded with other projections — another set, or one whose settings (filter, group-by, targets,
-/// payload, key, columns, version, the fields it reads …) differ — is refused.
-pub(super) fn projection_record(p: &Pipeline) -> String {
-    format!(
-        "{OWNER_V2}{}",
-        serde_json::to_string(&projection_settings(p)).expect("strings serialise")
-    )
-}
-
-/// What differs between the recorded projections and the pipeline's, one sentence each. Settings present on one
-/// side only (written by another version of replaysafe) are not compared.
-fn settings_changes(old: &Settings, new: &Settings) -> Vec<String> {
-    let mut out = Vec::new();
-    for (name, o) in old {
-        match new.get(name) {
-            None => out.push(format!(
-                "projection `{name}` ({}) is no longer in the pipeline",
-                o.get("kind").map_or("?", String::as_str)
-            )),
-            Some(n) => {
-                for (k, ov) in o {
-                    if let Some(nv) = n.get(k) {
-                        if nv != ov {
-                            let shown = |v: &str| {
-                                if v.is_empty() {
-                                    "none".to_string()
-                                } else {
-                                    format!("`{v}`")
-                                }
-                            };
-                            out.push(format!(
-                                "projection `{name}`: `{k}` was {}, now {}",
-                                shown(ov),
-                                shown(nv)
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for (name, n) in new {
-        if !old.contains_key(name) {
-            out.push(format!(
-                "projection `{name}` ({}) is new",
-                n.get("kind").map_or("?", String::as_str)
-            ));
-        }
-    }
-    out
-}
-
-async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
-    let want = projection_record(p);
-    let table = p.ledger.table.to_string();
-    let have: Option<String> = client
-        .query_one(
-            "SELECT obj_description(to_regclass($1), 'pg_class')",
-            &[&table],
-        )
-        .await?
-        .get(0);
-    if have.as_deref() == Some(want.as_str()) {
-        return Ok(());
-    }
-    let has_rows: bool = client
-        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {table})"), &[])
-        .await?
-        .get(0);
-    let fix = "The records already claimed were projected under the recorded definition and are never projected \
-               again, so the tables would mix both. To apply the change, give this pipeline its own [ledger] table, \
-               new projection tables and a new [kafka] group-id with start = \"earliest\" (checkpoints belong to \
-               the group: under the old group-id it would resume where the old pipeline stopped, and the new \
-               tables would miss every earlier record), or empty the ledger and those tables and consume from the \
-               beginning under a new group-id; changing a projection of a live pipeline in place is not supported \
-               yet";
-    match have.as_deref() {
-        // A comment replaysafe did not write (a DBA's note on a ledger from before the check): no record of
-        // the projections, as with no comment; replaced, and said so.
-        Some(h) if has_rows && !h.starts_with(OWNER_PREFIX) => {
-            tracing::warn!(
-                ledger = %table,
-                replaced = %h,
-                "the ledger's table comment is not a replaysafe projection record; replacing it with the record of \
-                 this pipeline's projections (replaysafe keeps its projection record in the ledger's comment)"
-            );
-        }
-        Some(h) if has_rows => {
-            if let Some(json) = h.strip_prefix(OWNER_V2) {
-                let old: Settings = serde_json::from_str(json).map_err(|e| {
-                    Error::Schema(format!(
-                        "ledger {table}: its comment records projections in an unreadable form ({e}); restore it or \
-                         use another [ledger] table"
-                    ))
-                })?;
-                let changes = settings_changes(&old, &projection_settings(p));
-                if !changes.is_empty() {
-                    return Err(Error::Schema(format!(
-                        "ledger {table} already holds delivery keys claimed for other projections: {}. {fix}",
-                        changes.join("; ")
-                    )));
-                }
-                // Equal on every setting both record (another replaysafe version may record more).
-            } else if h == projection_digest_v1(p) {
-                // Format 1 recorded only names and kinds: those match, the settings cannot be compared. Recorded
-                // in format 2 from now on, so later changes are caught.
-                tracing::info!(
-                    ledger = %table,
-                    "ledger recorded its projections' names and kinds only (replaysafe before format 2); recording \
-                     their settings now — a settings change made before this start cannot be detected"
-                );
-            } else {
-                let names: Vec<&str> = p.projections.iter().map(|x| x.name.as_str()).collect();
-                return Err(Error::Schema(format!(
-                    "ledger {table} already holds delivery keys claimed for a different set of projections than \
-                     this pipeline's [{}]: records already in the ledger would never reach the new or other \
-                     projections. {fix}",
-                    names.join(", ")
-                )));
-            }
-        }
-        None if !has_rows => warn_new_ledger_behind_checkpoints(client, p).await?,
-        _ => {}
-    }
-    let stmt: String = client
-        .query_one(
-            "SELECT format('COMMENT ON TABLE %s IS %L', $1::text, $2::text)",
-            &[&table, &want],
-        )
-        .await?
-        .get(0);
-    client.batch_execute(&stmt).await?;
-    Ok(())
+/// Records the projections (and the hand-over point of added ones) and marks their tables, in `tx`.
+///
+/// # Errors
+/// [`Error::Postgres`].
+async fn record_projections(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    start: projstart::Start,
+) -> Result<()> {
+    projstart::record(tx, p, start).await?;
+    marks::write(tx, p).await
 }
 
 /// A new, empty ledger under a group that already has checkpoints (a changed pipeline given its own ledger but
@@ -277,7 +151,18 @@ async fn check_owner(client: &mut Client, p: &Pipeline) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::Postgres`] when the checkpoints cannot be read.
-async fn warn_new_ledger_behind_checkpoints(client: &Client, p: &Pipeline) -> Result<()> {
+async fn warn_new_ledger_behind_checkpoints(
+    client: &impl GenericClient,
+    p: &Pipeline,
+) -> Result<()> {
+    let table = p.table(checkpoint::CHECKPOINTS).to_string();
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(());
+    }
     let row = client
         .query_opt(
             &format!(
@@ -414,7 +299,7 @@ pub(super) async fn check_column_types(client: &mut Client, p: &Pipeline) -> Res
                      new values into the column's type (one entity could land in two groups or rows, a sum be \
                      rounded) or fail. \
                      Change the type back, or migrate deliberately: ALTER the column to {want} and convert its rows, \
-                     or rebuild from the topic: a new [ledger] table, new (or emptied) projection tables and a \
+                     or rebuild from the topic: a new [ledger] table, new projection tables and a \
                      new [kafka] group-id with start = \"earliest\"",
                     c.projection, c.column, c.table, c.from
                 )));
@@ -541,51 +426,4 @@ pub(super) async fn check_statements(client: &mut Client, p: &Pipeline) -> Resul
     }
     tx.rollback().await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(entries: &[(&str, &[(&str, &str)])]) -> Settings {
-        entries
-            .iter()
-            .map(|(name, kv)| {
-                (
-                    name.to_string(),
-                    kv.iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                )
-            })
-            .collect()
-    }
-
-    #[test]
-    fn settings_changes_name_what_changed_and_ignore_settings_one_side_lacks() {
-        let old = settings(&[
-            ("totals", &[("kind", "sum"), ("filter", "amount > 0.0")]),
-            ("gone", &[("kind", "counter")]),
-        ]);
-        let new = settings(&[
-            (
-                "totals",
-                &[
-                    ("kind", "sum"),
-                    ("filter", "amount > 100.0"),
-                    ("later", "x"),
-                ],
-            ),
-            ("added", &[("kind", "outbox")]),
-        ]);
-        assert_eq!(
-            settings_changes(&old, &new),
-            [
-                "projection `gone` (counter) is no longer in the pipeline",
-                "projection `totals`: `filter` was `amount > 0.0`, now `amount > 100.0`",
-                "projection `added` (outbox) is new",
-            ]
-        );
-        assert!(settings_changes(&new, &new).is_empty());
-    }
 }

@@ -3,8 +3,8 @@
 
 use tokio_postgres::Client;
 
-use super::schema::{check_column_types, check_ledger, check_statements, init, projection_record};
-use super::{dead_letters, ledger};
+use super::schema::{check_column_types, check_ledger, check_statements, init};
+use super::{dead_letters, ledger, projset};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
 
@@ -25,7 +25,7 @@ pub async fn prepare(client: &mut Client, p: &Pipeline) -> Result<()> {
 
 /// The read-only counterpart of [`init`] for `manage-schema = false` / `run --no-ddl`: checks that the tables
 /// exist (and the dead-letter table has its newer columns, the ledger its horizon row), then the same column,
-/// ledger and statement checks as `init`, and that the ledger's comment records this pipeline's projections —
+/// ledger and statement checks as `init`, and that the projection record holds this pipeline's projections —
 /// without creating, altering or commenting anything (only session-local temporary tables).
 ///
 /// # Errors
@@ -73,28 +73,26 @@ pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
     check_ledger(client, p).await?;
     if !projection_record_matches(&*client, p).await? {
         return Err(Error::Schema(format!(
-            "ledger {}: its comment does not record this pipeline's projections (init records them, and refuses \
-             a ledger whose claims were made for other projections); {by_init}",
-            p.ledger.table
+            "ledger {}: {} does not record this pipeline's projections as they are (init records them — an added \
+             projection with its hand-over point — and refuses a changed one); {by_init}",
+            p.ledger.table,
+            p.table(projset::PROJECTION_SET)
         )));
     }
     check_statements(client, p).await
 }
 
-/// Whether the ledger's comment is this pipeline's projection record exactly (read only).
+/// Whether the ledger's projection record ([`projset`]) holds exactly this pipeline's projections — none added,
+/// missing or changed (read only).
 ///
 /// # Errors
-/// [`Error::Postgres`].
+/// [`Error::Postgres`]; [`Error::Schema`] when the record cannot be read.
 pub(crate) async fn projection_record_matches(
     c: &impl tokio_postgres::GenericClient,
     p: &Pipeline,
 ) -> Result<bool> {
-    let have: Option<String> = c
-        .query_one(
-            "SELECT obj_description(to_regclass($1), 'pg_class')",
-            &[&p.ledger.table.to_string()],
-        )
-        .await?
-        .get(0);
-    Ok(have.as_deref() == Some(projection_record(p).as_str()))
+    Ok(match projset::load(c, p).await? {
+        Some(r) => projset::diff(&r, &projset::pipeline_settings(p)).is_same(),
+        None => false,
+    })
 }

@@ -110,14 +110,25 @@ fn a_ledger_is_not_shared_by_pipelines_with_other_projections() {
     let out = try_run(&p2.path);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
-    // With its own ledger it counts everything.
+    // Its own ledger over the first pipeline's `daily_totals` is refused: that table would count every event
+    // twice (issue 16.1); nothing is created.
     let own = other.replace(
         "[identity]",
         "[ledger]\ntable = \"other_ledger\"\n\n[identity]",
     );
+    let out = try_run(&pipeline(&own, &topic, &unique("g"), &db.schema).path);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("is fed by ledger"), "{}", out.stderr);
+    assert_eq!(
+        db.text("SELECT to_regclass('{s}.other_ledger')::text"),
+        None
+    );
+    // With its own ledger and tables it counts everything; the first pipeline's tables are unchanged.
+    let own = own.replace("\"daily_totals\"", "\"other_totals\"");
     let p3 = pipeline(&own, &topic, &unique("g"), &db.schema);
     assert_eq!(run_caught_up(&p3.path).tally().landed, 50);
     assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.other_counts"), 50);
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 50);
 }
 
 /// A topic that does not exist is a clear error (exit 2), not a silent wait.

@@ -19,6 +19,7 @@ mod keys_drift;
 mod lock_order;
 mod ops;
 mod privileges;
+mod projections;
 mod starts;
 mod tolerance;
 mod waits;

@@ -1,0 +1,97 @@
+//! The batch of `replaysafe projection build` (a [`super::Sink`] turned by [`super::Sink::for_build`]): instead
+//! of claiming, it matches each record with the ledger row of its delivery key claimed *at this record's* topic,
+//! partition and offset before the projection's hand-over point, and feeds only the projection being built.
+
+use super::batch::{Batch, Pending};
+use super::error::ApplyError;
+use super::ledger::{ledger_pk, HORIZON};
+use super::projset::HANDOVER;
+use crate::config::Pipeline;
+use crate::error::Error;
+
+/// The match statement, with the parameters of [`super::ledger::claim`] (`$4` is the build group, the key of
+/// its hand-over rows): copies the records whose delivery key the ledger holds at exactly their `(topic,
+/// partition, offset)`, claimed by a consumer group below that group's hand-over offset of the partition, into
+/// `landed`, and returns their offsets. A record whose key was claimed at another position (a duplicate — in
+/// history, or after the hand-over in another partition) or after the hand-over is not copied: it reached the
+/// projection (or will) through its own claim. Nothing is locked or written in the ledger.
+pub fn match_statement(p: &Pipeline) -> String {
+    let n = p.fields.len();
+    let passes = p.pass_columns();
+    let mut params = vec!["$5::bigint[]".to_string(), "$6::bigint[]".to_string()];
+    let mut names = vec!["_offset".to_string(), "_ts".to_string()];
+    let mut select = vec![
+        "u._offset".to_string(),
+        "CASE WHEN u._ts IS NULL THEN NULL ELSE to_timestamp(u._ts / 1000.0) END AS _timestamp"
+            .to_string(),
+    ];
+    for (i, f) in p.fields.iter().enumerate() {
+        params.push(format!("${}::text[]", 7 + i));
+        names.push(format!("f{i}"));
+        select.push(format!("u.f{i}::{} AS {}", f.ty.sql(), f.name));
+    }
+    for j in 0..passes {
+        params.push(format!("${}::boolean[]", 7 + n + j));
+        names.push(format!("p{j}"));
+        select.push(format!("u.p{j} AS \"_pass_{j}\""));
+    }
+    let key: Vec<String> = ledger_pk(p)
+        .into_iter()
+        .skip(1)
+        .map(|c| format!("l.{c} = d.{c}"))
+        .collect();
+    let mut cols = vec![
+        "_generation".to_string(),
+        "_topic".into(),
+        "_partition".into(),
+        "_offset".into(),
+        "_timestamp".into(),
+    ];
+    let mut vals = vec![
+        "$1".to_string(),
+        "$2".into(),
+        "$3".into(),
+        "d._offset".into(),
+        "d._timestamp".into(),
+    ];
+    cols.extend(p.fields.iter().map(|f| f.name.to_string()));
+    vals.extend(p.fields.iter().map(|f| format!("d.{}", f.name)));
+    cols.extend((0..passes).map(|j| format!("\"_pass_{j}\"")));
+    vals.extend((0..passes).map(|j| format!("d.\"_pass_{j}\"")));
+    format!(
+        "WITH input AS (SELECT {select} FROM unnest({params}) AS u({names})), \
+         matched AS (SELECT d.* FROM input d JOIN {ledger} l ON l.generation = $1 AND {key} \
+           AND l.topic = $2 AND l.partition = $3 AND l.\"offset\" = d._offset \
+           JOIN {handover} h ON h.build_group = $4 AND h.consumer_group = l.consumer_group \
+           AND h.generation = l.generation AND h.topic = l.topic AND h.partition = l.partition \
+           AND l.\"offset\" < h.next_offset) \
+         INSERT INTO pg_temp.landed ({cols}) SELECT {vals} FROM matched d ORDER BY d._offset RETURNING _offset",
+        select = select.join(", "),
+        params = params.join(", "),
+        names = names.join(", "),
+        ledger = p.ledger.table,
+        key = key.join(" AND "),
+        handover = p.table(HANDOVER),
+        cols = cols.join(", "),
+        vals = vals.join(", "),
+    )
+}
+
+/// The error of a build batch holding a record older than the ledger's horizon (`horizoned`: the batch with
+/// those records quarantined): its ledger row may have been pruned, so whether it was claimed before the
+/// hand-over cannot be known — the build stops rather than guess.
+pub(super) fn beyond_horizon(p: &Pipeline, horizoned: &Batch) -> ApplyError {
+    let first = horizoned.items.iter().find(|it| {
+        matches!(&it.pending, Pending::Quarantine(r) if r.reason == crate::decode::Reason::BeyondHorizon)
+    });
+    let at = first.map_or(String::new(), |it| format!(" at offset {}", it.offset));
+    ApplyError::Fatal(Error::Other(format!(
+        "{}/{}: a record{at} is older than the horizon of ledger {} ({}): its delivery key may have been \
+         pruned, so whether production landed it cannot be known. Nothing of this batch was applied; build \
+         from a later start with `--from TIME` (records of event days inside the horizon)",
+        horizoned.topic,
+        horizoned.partition,
+        p.ledger.table,
+        p.table(HORIZON)
+    )))
+}
