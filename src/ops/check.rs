@@ -50,14 +50,19 @@ pub fn require_topics(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -
     if missing.is_empty() {
         return Ok(());
     }
+    let names = missing
+        .iter()
+        .map(|t| format!("`{t}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (what, verb) = match missing.len() {
+        1 => ("topic", "does"),
+        _ => ("topics", "do"),
+    };
     Err(Error::Usage(format!(
-        "{}: topic(s) {} of [kafka] topics do not exist on the broker ({brokers}); nothing was created or consumed",
-        p.source.path,
-        missing
-            .iter()
-            .map(|t| format!("`{t}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        "{}: {what} {names} of [kafka] topics {verb} not exist on the broker ({brokers}); nothing was created or \
+         consumed",
+        p.source.path
     )))
 }
 
