@@ -92,7 +92,7 @@ pub fn beat(held: Option<usize>) {
     }
 }
 
-/// A batch of `tp` was fenced: the partition is paused until it is assigned again.
+/// A batch of `tp` was fenced: the partition is paused until it is taken over again or given up.
 pub fn fenced(tp: &Tp) {
     lock(&state().fenced).insert(tp.clone());
 }
@@ -208,7 +208,7 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
     }
     for (topic, partition) in &s.fenced {
         why.push(format!(
-            "partition {topic}/{partition} fenced (another owner holds its checkpoint); paused until the next rebalance"
+            "partition {topic}/{partition} fenced (another owner holds its checkpoint); paused until it is taken over again or given up"
         ));
     }
     if let Some((age, last)) = &s.failing {
@@ -311,7 +311,7 @@ mod tests {
             ),
             (
                 |s| s.fenced = vec![("t".into(), 3)],
-                "partition t/3 fenced (another owner holds its checkpoint); paused until the next rebalance",
+                "partition t/3 fenced (another owner holds its checkpoint); paused until it is taken over again or given up",
             ),
             (
                 |s| s.failing = Some((STUCK_AFTER + Duration::from_secs(1), "boom".into())),

@@ -225,9 +225,10 @@ impl Core {
                     }
                 },
                 Ok(Applied::Skipped) => {}
-                Ok(Applied::Fenced) => match ack.fenced(&tp) {
+                Ok(Applied::Fenced) => match self.fenced(ack, &tp) {
                     // Another owner holds the checkpoint: what we buffered is dropped (the owner resumes from
-                    // the checkpoint).
+                    // the checkpoint; a group source takes the partition over again once the group coordinator
+                    // confirms it is still ours, or gives it up — src/source/group.rs).
                     None => {
                         crate::health::fenced(&tp);
                         self.parts.remove(&tp);
@@ -256,6 +257,21 @@ impl Core {
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// A batch of `tp` was fenced: counted in `replaysafe_fenced_batches_total{topic, partition}`, then handed
+    /// to the source with the checkpoint this process last committed ([`Ack::fenced_at`]).
+    fn fenced(&self, ack: &dyn Ack, tp: &Tp) -> Option<Error> {
+        metrics::counter!(
+            "replaysafe_fenced_batches_total",
+            "topic" => tp.0.clone(),
+            "partition" => tp.1.to_string()
+        )
+        .increment(1);
+        match self.parts.get(tp) {
+            Some(st) => ack.fenced_at(tp, st.next.unwrap_or(st.start)),
+            None => ack.fenced(tp),
         }
     }
 
