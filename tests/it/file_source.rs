@@ -7,7 +7,7 @@ use crate::common::*;
 use crate::core::{counts, seed_events, SEED};
 
 /// One kcat `-J` line.
-fn kcat_line(topic: &str, partition: i32, offset: i64, r: &Rec) -> String {
+pub fn kcat_line(topic: &str, partition: i32, offset: i64, r: &Rec) -> String {
     let s = |b: &Option<Vec<u8>>| match b {
         Some(b) => serde_json::to_string(&String::from_utf8_lossy(b)).unwrap(),
         None => "null".into(),
