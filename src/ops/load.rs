@@ -132,7 +132,9 @@ fn check_ends(
 ) -> Result<HashMap<String, Vec<i64>>> {
     let ends = match brokers {
         Some(b) => live_ends(p, b),
-        None => Err("no Kafka brokers configured ([kafka] brokers, KAFKA_BROKERS or --brokers)".to_string()),
+        None => Err(
+            "no Kafka brokers configured ([kafka] brokers, KAFKA_BROKERS or --brokers)".to_string(),
+        ),
     };
     let ends = match ends {
         Ok(ends) => ends,
@@ -202,16 +204,25 @@ pub fn end_of(ends: &[i64], partition: i32) -> i64 {
 
 /// Each pipeline topic's partition ends on the broker, by partition number; a topic missing there is left out
 /// (its offsets cannot be checked). `Err`: why the broker could not be asked.
-fn live_ends(p: &Pipeline, brokers: &str) -> std::result::Result<HashMap<String, Vec<i64>>, String> {
+fn live_ends(
+    p: &Pipeline,
+    brokers: &str,
+) -> std::result::Result<HashMap<String, Vec<i64>>, String> {
     let mut config = consumer_config(p, brokers, &[]);
     config.remove("group.id");
-    let client: BaseConsumer = config.create().map_err(|e| format!("the Kafka client: {e}"))?;
+    let client: BaseConsumer = config
+        .create()
+        .map_err(|e| format!("the Kafka client: {e}"))?;
     let mut out = HashMap::new();
     for topic in &p.kafka.topics {
         let md = client
             .fetch_metadata(Some(topic), Duration::from_secs(10))
             .map_err(|e| format!("the broker {brokers} did not answer: {e}"))?;
-        let Some(t) = md.topics().first().filter(|t| t.error().is_none() && !t.partitions().is_empty()) else {
+        let Some(t) = md
+            .topics()
+            .first()
+            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+        else {
             tracing::warn!(%topic, "topic not found on {brokers}: its offsets in the file are not checked");
             continue;
         };

@@ -198,11 +198,7 @@ fn load_of_a_foreign_dump_leaves_checkpoints_at_or_below_the_end() {
             );
             assert!(out.stderr.contains(&says), "{says}\n{}", out.stderr);
         }
-        assert!(
-            out.stderr.contains("Nothing was applied"),
-            "{}",
-            out.stderr
-        );
+        assert!(out.stderr.contains("Nothing was applied"), "{}", out.stderr);
     }
     assert_eq!(checkpoints(&db, &group), before);
     assert_eq!(
@@ -242,10 +238,7 @@ fn load_of_a_foreign_dump_leaves_checkpoints_at_or_below_the_end() {
     let t = run_caught_up(&p.path).tally();
     assert_eq!((t.consumed, t.landed), (6, 6));
 
-    assert_eq!(
-        counts(&db),
-        sum(&[&truth_a, &truth_b, &truth_c, &truth_e])
-    );
+    assert_eq!(counts(&db), sum(&[&truth_a, &truth_b, &truth_c, &truth_e]));
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 60);
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.replaysafe_checkpoints"),
@@ -302,9 +295,11 @@ fn a_fenced_run_takes_its_partition_back_and_counts_the_fenced_batch() {
 
     db.execute("UPDATE {s}.replaysafe_checkpoints SET fence = fence + 1 WHERE partition = 0");
     produce(&topic, &recs[20..]);
-    wait_until(Duration::from_secs(90), "the rest applied by the worker", || {
-        nexts(&db, &group) == vec![Some(20); 2]
-    });
+    wait_until(
+        Duration::from_secs(90),
+        "the rest applied by the worker",
+        || nexts(&db, &group) == vec![Some(20); 2],
+    );
     let text = metrics(&addr).expect("/metrics");
     assert_eq!(fenced_batches(&text, &topic, 0), Some(1.0), "{text}");
     assert_eq!(fenced_batches(&text, &topic, 1).unwrap_or(0.0), 0.0);
