@@ -273,3 +273,70 @@ fn scan(path: &Path) -> Option<BTreeMap<Tp, (i64, i64)>> {
     }
     Some(ranges)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline() -> Pipeline {
+        crate::config::parse(
+            "p.toml",
+            "[kafka]\ngroup-id = \"prod\"\ntopics = [\"t\"]\n[fields]\nid = { path = \"/id\", type = \"text\" }\n\
+             [identity]\nkey = [\"id\"]\n[[projection]]\nkind = \"counter\"\ntable = \"c\"\ngroup-by = [\"id\"]\n",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_load_writes_its_own_group_unless_told_to_take_over() {
+        let p = pipeline();
+        let file = Path::new("/data/dumps/orders.jsonl");
+        let own = group(&p, file, None, false).unwrap();
+        assert!(own.starts_with("replaysafe-load-orders-"), "{own}");
+        assert_eq!(own.len(), "replaysafe-load-orders-".len() + 8);
+        // Same path, same group (a rerun resumes); another path with the same name, another group.
+        assert_eq!(group(&p, file, None, false).unwrap(), own);
+        assert_ne!(default_group(Path::new("/other/orders.jsonl")), own);
+        assert_eq!(group(&p, file, Some("mine"), false).unwrap(), "mine");
+        assert_eq!(group(&p, file, None, true).unwrap(), "prod");
+        let refused = group(&p, file, Some("prod"), false).unwrap_err();
+        assert!(
+            matches!(&refused, Error::Usage(m) if m.contains("--take-over")),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn scan_gives_each_partitions_offset_range_up_to_a_bad_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.jsonl");
+        let line = |p: i32, o: i64| {
+            format!(r#"{{"topic":"t","partition":{p},"offset":{o},"key":null,"payload":"x"}}"#)
+        };
+        let text = [
+            line(0, 4),
+            line(1, 0),
+            String::new(),
+            line(0, 9),
+            "not json".into(),
+            line(0, 99),
+        ]
+        .join("\n");
+        std::fs::write(&path, text).unwrap();
+        let ranges = scan(&path).unwrap();
+        assert_eq!(
+            ranges.into_iter().collect::<Vec<_>>(),
+            vec![
+                (("t".to_string(), 0), (4, 9)),
+                (("t".to_string(), 1), (0, 0))
+            ]
+        );
+        assert_eq!(end_of(&[10, 20], 1), 20);
+        assert_eq!(
+            end_of(&[10, 20], 2),
+            0,
+            "a partition the live topic does not have"
+        );
+        assert_eq!(end_of(&[10, 20], -1), 0);
+    }
+}
