@@ -19,8 +19,8 @@
 //!      it touches no row and takes no row lock, yet PostgreSQL checks the session can write — it fails on a
 //!      read-only server or transaction (SQLSTATE 25006, a replica after failover), on missing privileges
 //!      (42501), on a missing table, and when the server is unreachable;
-//!   4. no partition is fenced: a batch found another owner's fence and the partition is paused until the
-//!      next rebalance (cleared when it is assigned again or revoked);
+//!   4. no partition is fenced: a batch found another owner's fence and the partition is paused until it is
+//!      taken over again (the group coordinator confirmed it is still ours, or it is assigned again) or revoked;
 //!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`].
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
