@@ -282,6 +282,16 @@ impl Ctx {
                      explicitly (e.g. reset the checkpoint) after checking what was lost"
                 )));
             }
+            let high = self.end_at_least(topic, partition, start, high)?;
+            if start > high {
+                return Err(Error::Other(format!(
+                    "{topic}/{partition}: the {from} is offset {start} but the broker's partition ends at {high}: \
+                     a position past the end (a `load` of another cluster's dump, a topic recreated under the same \
+                     generation, records lost by the broker?) would skip the records that arrive at offsets \
+                     {high}..{start}. Nothing was consumed; decide explicitly (e.g. reset the checkpoint) after \
+                     checking where the data came from"
+                )));
+            }
             tracing::info!(%topic, partition, offset = start, from, fence, low, high, "partition assigned");
             starts.push((tp.clone(), start));
             if next.is_none() {
@@ -312,6 +322,19 @@ impl Ctx {
             }
         }
         Ok(starts)
+    }
+
+    /// The partition's end (high watermark), asked again after 1 s when `start` is past `high` (a leader just
+    /// elected may report a high watermark that has not caught up yet).
+    ///
+    /// # Errors
+    /// As [`watermarks`].
+    fn end_at_least(&self, topic: &str, partition: i32, start: i64, high: i64) -> Result<i64> {
+        if start <= high {
+            return Ok(high);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(watermarks(&self.side, topic, partition, Duration::from_secs(10))?.1)
     }
 
     /// Where a partition without a checkpoint in this generation starts ([`start`] module docs): another

@@ -247,6 +247,17 @@ fn load_of_a_foreign_dump_leaves_checkpoints_at_or_below_the_end() {
     );
     assert_eq!(nexts(&db, &group), vec![Some(20); 3]);
     assert_eq!(committed(&group, &topic, 3), vec![Some(20); 3]);
+
+    // A checkpoint already past the end (what an earlier `load` could write): `run` refuses to position there
+    // instead of skipping the records that will arrive below it.
+    db.execute("UPDATE {s}.replaysafe_checkpoints SET next_offset = 25 WHERE partition = 1");
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let says =
+        format!("{topic}/1: the checkpoint is offset 25 but the broker's partition ends at 20");
+    assert!(out.stderr.contains(&says), "{says}\n{}", out.stderr);
+    assert_eq!(nexts(&db, &group), vec![Some(20), Some(25), Some(20)]);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 60);
 }
 
 /// `GET /metrics` on `addr`.
