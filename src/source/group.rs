@@ -143,6 +143,13 @@ impl ConsumerContext for Ctx {
                     tracing::error!("revoking partitions: {e}");
                     core.fatal.get_or_insert(e);
                 }
+                {
+                    // A batch fenced while settling above left its partition pending: it is given up now.
+                    let mut pending = lock_pending(self);
+                    for tp in &revoked {
+                        pending.remove(tp);
+                    }
+                }
                 let r = if cooperative {
                     consumer.incremental_unassign(tpl)
                 } else {
@@ -566,10 +573,16 @@ impl Group {
     /// Not confirmed for longer than `max.poll.interval.ms` since the fence.
     fn confirmed(&self, tp: &Tp, at: i64) -> Result<bool> {
         let ctx = self.consumer.context();
+        let assigned = self.consumer.assignment()?;
+        if assigned.find_partition(&tp.0, tp.1).is_none() {
+            // Given up already (revoked): nothing is held.
+            lock_pending(ctx).remove(tp);
+            crate::health::unfenced(std::slice::from_ref(tp));
+            return Ok(false);
+        }
         let check = || -> std::result::Result<(), String> {
-            let assigned = self.consumer.assignment().map_err(|e| e.to_string())?;
-            if assigned.find_partition(&tp.0, tp.1).is_none() || self.consumer.assignment_lost() {
-                return Err("no longer assigned".into());
+            if self.consumer.assignment_lost() {
+                return Err("the assignment is lost".into());
             }
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(at))
