@@ -131,3 +131,32 @@ impl Pending {
         self.waiting.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fenced_partition_is_due_after_its_grace_with_its_checkpoint() {
+        let mut p = Pending::default();
+        let tp = ("t".to_string(), 3);
+        let grace = Duration::from_millis(200);
+        p.fenced(&tp, 42, grace);
+        let now = Instant::now();
+        assert!(p.due(now).is_empty(), "not before the grace");
+        assert!(
+            !p.is_empty(),
+            "a fenced partition keeps `run --until-caught-up` from finishing"
+        );
+        assert_eq!(p.due(now + grace), vec![(tp.clone(), Some(42))]);
+        // Not confirmed: retried after a backoff, the time since the fence reported.
+        let waited = p.unconfirmed(&tp, "Broker: Specified group generation id is not valid");
+        assert!(waited < Duration::from_secs(5));
+        assert!(p.due(Instant::now()).is_empty());
+        assert_eq!(p.due(Instant::now() + backoff(1)).len(), 1);
+        // Revoked (or taken over): forgotten.
+        assert!(p.remove(&tp));
+        assert!(p.is_empty());
+        assert_eq!(p.unconfirmed(&tp, "gone"), Duration::ZERO);
+    }
+}
