@@ -60,16 +60,31 @@ pub enum Command {
         no_ddl: bool,
     },
     /// Apply the records of a file in `kcat -C -J` format (one JSON envelope per line) through the same
-    /// decode → batch → transaction → checkpoint path as `run`, without a broker; exit 0 when the whole file is
-    /// applied, 1 on a bad line or runtime failure (earlier lines stay applied; a rerun resumes), 2 when the file
-    /// cannot be opened or the database does not match.
+    /// decode → batch → transaction → checkpoint path as `run`, without consuming from a broker. Checkpoints go
+    /// to a group of the load's own (never the pipeline's unless --take-over); the keys it lands are in the
+    /// pipeline's ledger, so `run` later counts them `duplicate`. Exit 0 when the whole file is applied, 1 on a
+    /// bad line or runtime failure (earlier lines stay applied; a rerun resumes), 2 when the file cannot be
+    /// opened, the database does not match, --group-id is the pipeline's group without --take-over, or a
+    /// partition's offsets in the file reach the live topic's end (nothing applied).
     Load {
         /// The pipeline file (its fields, projections and database; `[kafka] topics` must name the file's topics).
         #[arg(short, long)]
         config: PathBuf,
-        /// Checkpoints, ledger and dead-letter rows under this consumer group (default: the pipeline's).
+        /// Checkpoints and dead-letter rows under this consumer group (default:
+        /// `replaysafe-load-<file stem>-<8 hex digits of the SHA-256 of the file's absolute path>`: rerunning the
+        /// same file resumes). The pipeline's own `[kafka] group-id` is refused without --take-over.
         #[arg(long)]
         group_id: Option<String>,
+        /// Write the pipeline's own group's checkpoints (`[kafka] group-id`), as if its `run` had read the file:
+        /// stop that `run` first (it would be fenced; a running one takes its partitions back and this load
+        /// fails), and only with a dump of the live topic — the broker must answer and every partition's offsets
+        /// must be below its end.
+        #[arg(long, conflicts_with = "group_id")]
+        take_over: bool,
+        /// Kafka bootstrap servers to check the file's offsets against the live topic's end; overrides the file
+        /// and KAFKA_BROKERS. Without any, a load under its own group is not checked (warned).
+        #[arg(long)]
+        brokers: Option<String>,
         /// The records: `kcat -C -J -e -b BROKERS -t TOPIC > FILE`.
         file: PathBuf,
     },

@@ -19,8 +19,8 @@
 //!      it touches no row and takes no row lock, yet PostgreSQL checks the session can write — it fails on a
 //!      read-only server or transaction (SQLSTATE 25006, a replica after failover), on missing privileges
 //!      (42501), on a missing table, and when the server is unreachable;
-//!   4. no partition is fenced: a batch found another owner's fence and the partition is paused until the
-//!      next rebalance (cleared when it is assigned again or revoked);
+//!   4. no partition is fenced: a batch found another owner's fence and the partition is paused until it is
+//!      taken over again (the group coordinator confirmed it is still ours, or it is assigned again) or revoked;
 //!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`].
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
@@ -92,7 +92,7 @@ pub fn beat(held: Option<usize>) {
     }
 }
 
-/// A batch of `tp` was fenced: the partition is paused until it is assigned again.
+/// A batch of `tp` was fenced: the partition is paused until it is taken over again or given up.
 pub fn fenced(tp: &Tp) {
     lock(&state().fenced).insert(tp.clone());
 }
@@ -208,7 +208,7 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
     }
     for (topic, partition) in &s.fenced {
         why.push(format!(
-            "partition {topic}/{partition} fenced (another owner holds its checkpoint); paused until the next rebalance"
+            "partition {topic}/{partition} fenced (another owner holds its checkpoint); paused until it is taken over again or given up"
         ));
     }
     if let Some((age, last)) = &s.failing {
@@ -311,7 +311,7 @@ mod tests {
             ),
             (
                 |s| s.fenced = vec![("t".into(), 3)],
-                "partition t/3 fenced (another owner holds its checkpoint); paused until the next rebalance",
+                "partition t/3 fenced (another owner holds its checkpoint); paused until it is taken over again or given up",
             ),
             (
                 |s| s.failing = Some((STUCK_AFTER + Duration::from_secs(1), "boom".into())),

@@ -170,11 +170,18 @@ fn run(
     Ok(())
 }
 
-fn load(config: PathBuf, group: Option<String>, file: PathBuf) -> anyhow::Result<()> {
+fn load(
+    config: PathBuf,
+    (group, take_over): (Option<String>, bool),
+    flag: Option<String>,
+    file: PathBuf,
+) -> anyhow::Result<()> {
     let p = Arc::new(config::load(&config)?);
     let opts = ops::load::LoadOptions {
         database_url: database_url(&p)?,
         group,
+        take_over,
+        brokers: brokers(&p, flag).ok(),
         shutdown: Arc::new(AtomicBool::new(false)),
     };
     signals(opts.shutdown.clone());
@@ -337,8 +344,10 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Load {
             config,
             group_id,
+            take_over,
+            brokers,
             file,
-        } => load(config, group_id, file),
+        } => load(config, (group_id, take_over), brokers, file),
         Command::Offsets {
             command:
                 OffsetsCommand::Snapshot {

@@ -83,6 +83,10 @@ impl Core {
     ) -> Result<Vec<Acquired>> {
         self.settle(ack, CommitMode::Async)?;
         crate::health::unfenced(tps);
+        for tp in tps {
+            // Registered at zero with the partition's labels (README "Metrics and health").
+            fenced_counter(tp).increment(0);
+        }
         let stop = self.give_up_flag();
         let give_up = move || stop.load(Ordering::Relaxed);
         let p = self.pipeline.clone();
@@ -225,9 +229,10 @@ impl Core {
                     }
                 },
                 Ok(Applied::Skipped) => {}
-                Ok(Applied::Fenced) => match ack.fenced(&tp) {
+                Ok(Applied::Fenced) => match self.fenced(ack, &tp) {
                     // Another owner holds the checkpoint: what we buffered is dropped (the owner resumes from
-                    // the checkpoint).
+                    // the checkpoint; a group source takes the partition over again once the group coordinator
+                    // confirms it is still ours, or gives it up — src/source/group.rs).
                     None => {
                         crate::health::fenced(&tp);
                         self.parts.remove(&tp);
@@ -259,6 +264,16 @@ impl Core {
         }
     }
 
+    /// A batch of `tp` was fenced: counted in `replaysafe_fenced_batches_total{topic, partition}`, then handed
+    /// to the source with the checkpoint this process last committed ([`Ack::fenced_at`]).
+    fn fenced(&self, ack: &dyn Ack, tp: &Tp) -> Option<Error> {
+        fenced_counter(tp).increment(1);
+        match self.parts.get(tp) {
+            Some(st) => ack.fenced_at(tp, st.next.unwrap_or(st.start)),
+            None => ack.fenced(tp),
+        }
+    }
+
     /// Acknowledges every held partition's checkpoint synchronously (clean exits).
     pub fn commit_checkpoints(&self, ack: &dyn Ack) {
         let mut tpl = TopicPartitionList::new();
@@ -285,4 +300,13 @@ fn count_metric(o: &Outcome) {
             metrics::counter!("replaysafe_records_total", "outcome" => "quarantined", "reason" => r.as_str()).increment(1)
         }
     }
+}
+
+/// `replaysafe_fenced_batches_total{topic, partition}`: batches of the partition rolled back by another owner's fence.
+fn fenced_counter(tp: &Tp) -> metrics::Counter {
+    metrics::counter!(
+        "replaysafe_fenced_batches_total",
+        "topic" => tp.0.clone(),
+        "partition" => tp.1.to_string()
+    )
 }

@@ -55,6 +55,13 @@ pub trait Ack {
     /// A batch of `tp` was fenced (another owner holds the checkpoint): `None` to stop reading the partition
     /// and go on (a group), or the error that ends the run.
     fn fenced(&self, tp: &Tp) -> Option<Error>;
+    /// As [`Ack::fenced`], with `at`: the partition's checkpoint as this process last committed it (next offset
+    /// to read) — what a group source commits to Kafka to ask the group coordinator whether it still owns the
+    /// partition. The default ignores it.
+    fn fenced_at(&self, tp: &Tp, at: i64) -> Option<Error> {
+        let _ = at;
+        self.fenced(tp)
+    }
     /// The checkpoint of `tp` moved under our own fence to `offset` (next offset to read; commits lost behind
     /// our back, case C37): `None` once the partition is positioned there to be read again, or the error that
     /// ends the run (a rerun resumes from the checkpoint). The default ends the run.

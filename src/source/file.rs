@@ -7,11 +7,13 @@
 //! other members (`broker`, `headers`, …) ignored. Partitions may be interleaved; within a partition offsets
 //! must ascend (gaps are fine: compaction, transaction markers).
 //!
-//! Checkpoints are the pipeline's (`replaysafe_checkpoints`, keyed by group, generation, and the file's
-//! topic/partition): each partition met in the file is taken over (fence bumped) like an assignment in `run`,
-//! records below its checkpoint are skipped, and every batch advances it in the batch's transaction. A second
-//! load of the same file under the same group therefore applies nothing; under another group every record is
-//! a duplicate. No Kafka offsets are committed: there is no broker.
+//! Checkpoints are the pipeline's table (`replaysafe_checkpoints`, keyed by group, generation, and the file's
+//! topic/partition) under the load's group (its own by default, see [`crate::ops::load`]): each partition met in
+//! the file is taken over (fence bumped) like an assignment in `run`, records below its checkpoint are skipped,
+//! and every batch advances it in the batch's transaction. A second load of the same file under the same group
+//! therefore applies nothing; under another group every record is a duplicate. A record at or past its live
+//! partition's end (when the broker told it) stops the load before its batch: a checkpoint never passes the
+//! end. No Kafka offsets are committed.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::BufRead;
@@ -109,6 +111,9 @@ pub struct File {
     /// The reader's error, returned once the records read before it are handed out.
     failed: Option<Error>,
     seen: HashMap<Tp, Seen>,
+    /// The live topics' partition ends by partition number ([`crate::ops::load::end_of`]); a topic absent is
+    /// not checked.
+    ends: HashMap<String, Vec<i64>>,
     eof: bool,
     skipped: u64,
     ack: NoAck,
@@ -116,11 +121,18 @@ pub struct File {
 
 impl File {
     /// Opens `path` and starts reading it on a thread (parsing overlaps decoding and the transactions; the
-    /// channel is bounded, so memory stays flat); records are decided there too. `group`: of the checkpoints.
+    /// channel is bounded, so memory stays flat); records are decided there too. `group`: of the checkpoints;
+    /// `ends`: the live partitions' ends per topic (next offset to be written), a record at or past which
+    /// fails the load.
     ///
     /// # Errors
     /// [`Error::Usage`] when the file cannot be opened.
-    pub fn open(core: Shared, path: &Path, group: &str) -> Result<File> {
+    pub fn open(
+        core: Shared,
+        path: &Path,
+        group: &str,
+        ends: HashMap<String, Vec<i64>>,
+    ) -> Result<File> {
         let file = std::fs::File::open(path)
             .map_err(|e| Error::Usage(format!("cannot open {}: {e}", path.display())))?;
         let reader = std::io::BufReader::with_capacity(1 << 20, file);
@@ -146,6 +158,7 @@ impl File {
             },
             failed: None,
             seen: HashMap::new(),
+            ends,
             eof: false,
             skipped: 0,
             ack: NoAck(Box::new(move |tp: &Tp| {
@@ -202,6 +215,19 @@ impl File {
     }
 
     fn admit(&mut self, line: usize, r: Record) -> Result<Option<Record>> {
+        if let Some(ends) = self.ends.get(&r.tp.0) {
+            let end = crate::ops::load::end_of(ends, r.tp.1);
+            if r.offset >= end {
+                return Err(Error::Other(format!(
+                    "{}:{line}: offset {} of {}/{} is at or past the live partition's end {end}: not a dump of the \
+                     live topic; stopped before applying it (the checkpoint stays at or below the end)",
+                    self.path.display(),
+                    r.offset,
+                    r.tp.0,
+                    r.tp.1,
+                )));
+            }
+        }
         if !self.seen.contains_key(&r.tp) {
             self.take_over(&r.tp)?;
         }

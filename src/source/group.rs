@@ -9,7 +9,12 @@
 //! - a take-over that finds the checkpoint row locked past `postgres.lock-timeout-ms` (a frozen previous owner)
 //!   does not wait in the callback: the partition is assigned paused and unpositioned, and the take-over is
 //!   retried from the poll loop with backoff ([`crate::source::pending`]); revoked meanwhile, it is dropped;
-//! - a fenced batch (another owner) pauses its partition until the next assignment, which resumes it;
+//! - a fenced batch (another writer bumped the fence) pauses its partition; after [`fence_grace`] the group
+//!   coordinator is asked whether this member still owns it (a synchronous offset commit carries the member id
+//!   and generation). Confirmed, the partition is taken over again through the normal path (the other writer —
+//!   a `load --take-over`, a manual fence bump — is fenced in turn); refused, this process is the zombie and the
+//!   rebalance that follows gives the partition up (its pending entry is dropped at the revocation). Neither
+//!   within `max.poll.interval.ms`: the run fails (exit 1) and leaves the group — it never idles holding it;
 //! - its positions ([`Source::positions`]) let the engine step an idle checkpoint over transaction markers; a
 //!   thread keeps the `replaysafe_consumer_lag` gauge ([`crate::source::lag`]);
 //! - with `until_caught_up` it is finished once every assigned partition's position is at its high watermark
@@ -49,9 +54,31 @@ pub struct Ctx {
     /// The consumer's configuration (reading back an old generation's last record).
     config: ClientConfig,
     assigned_once: AtomicBool,
-    /// Assigned partitions whose take-over waits for a locked checkpoint row (paused, unpositioned); lock it
-    /// after the engine's state.
+    /// Assigned partitions whose take-over waits for a locked checkpoint row (paused, unpositioned) or for the
+    /// coordinator to confirm a fenced partition is still ours; lock it after the engine's state.
     pending: Mutex<Pending>,
+    /// How long a fenced partition waits before its ownership is checked ([`fence_grace`]).
+    fence_grace: Duration,
+    /// How long a fenced partition may stay neither confirmed nor revoked before the run fails
+    /// (`max.poll.interval.ms`).
+    fence_limit: Duration,
+}
+
+/// A librdkafka duration property of `config` in ms, or `default_ms`.
+fn config_ms(config: &ClientConfig, key: &str, default_ms: u64) -> Duration {
+    Duration::from_millis(
+        config
+            .get(key)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default_ms),
+    )
+}
+
+/// The wait after a fenced batch before asking the coordinator: two heartbeats (`heartbeat.interval.ms`,
+/// librdkafka default 3 s), at least 2 s — a member the group has expelled (a zombie woken after
+/// `session.timeout.ms`) learns it from its next heartbeat and gives its partitions up instead.
+pub fn fence_grace(config: &ClientConfig) -> Duration {
+    (config_ms(config, "heartbeat.interval.ms", 3_000) * 2).max(Duration::from_secs(2))
 }
 
 impl ClientContext for Ctx {}
@@ -116,6 +143,13 @@ impl ConsumerContext for Ctx {
                     tracing::error!("revoking partitions: {e}");
                     core.fatal.get_or_insert(e);
                 }
+                {
+                    // A batch fenced while settling above left its partition pending: it is given up now.
+                    let mut pending = lock_pending(self);
+                    for tp in &revoked {
+                        pending.remove(tp);
+                    }
+                }
                 let r = if cooperative {
                     consumer.incremental_unassign(tpl)
                 } else {
@@ -156,13 +190,34 @@ impl Ack for GroupConsumer {
     }
 
     fn fenced(&self, tp: &Tp) -> Option<Error> {
-        // Stop reading this partition until the next assignment.
-        let mut paused = TopicPartitionList::new();
-        paused.add_partition(&tp.0, tp.1);
-        if let Err(e) = self.pause(&paused) {
-            tracing::warn!(topic = %tp.0, partition = tp.1, "pausing a fenced partition: {e}");
-        }
+        // Not held any more (only when revoked meanwhile): stop reading it until the next assignment.
+        pause_one(self, tp);
         None
+    }
+
+    fn fenced_at(&self, tp: &Tp, at: i64) -> Option<Error> {
+        pause_one(self, tp);
+        let ctx = self.context();
+        tracing::warn!(
+            topic = %tp.0,
+            partition = tp.1,
+            checkpoint = at,
+            grace_ms = ctx.fence_grace.as_millis() as u64,
+            "partition paused after a fenced batch: once the group coordinator confirms this member still owns it, \
+             it is taken over again from its checkpoint (the other writer is fenced then); otherwise the \
+             rebalance gives it up"
+        );
+        lock_pending(ctx).fenced(tp, at, ctx.fence_grace);
+        None
+    }
+}
+
+/// Pauses `tp` (nothing is fetched from it); a failure is only logged.
+fn pause_one(consumer: &GroupConsumer, tp: &Tp) {
+    let mut paused = TopicPartitionList::new();
+    paused.add_partition(&tp.0, tp.1);
+    if let Err(e) = consumer.pause(&paused) {
+        tracing::warn!(topic = %tp.0, partition = tp.1, "pausing a fenced partition: {e}");
     }
 }
 
@@ -234,6 +289,16 @@ impl Ctx {
                      explicitly (e.g. reset the checkpoint) after checking what was lost"
                 )));
             }
+            let high = self.end_at_least(topic, partition, start, high)?;
+            if start > high {
+                return Err(Error::Other(format!(
+                    "{topic}/{partition}: the {from} is offset {start} but the broker's partition ends at {high}: \
+                     a position past the end (a `load` of another cluster's dump, a topic recreated under the same \
+                     generation, records lost by the broker?) would skip the records that arrive at offsets \
+                     {high}..{start}. Nothing was consumed; decide explicitly (e.g. reset the checkpoint) after \
+                     checking where the data came from"
+                )));
+            }
             tracing::info!(%topic, partition, offset = start, from, fence, low, high, "partition assigned");
             starts.push((tp.clone(), start));
             if next.is_none() {
@@ -264,6 +329,19 @@ impl Ctx {
             }
         }
         Ok(starts)
+    }
+
+    /// The partition's end (high watermark), asked again after 1 s when `start` is past `high` (a leader just
+    /// elected may report a high watermark that has not caught up yet).
+    ///
+    /// # Errors
+    /// As [`watermarks`].
+    fn end_at_least(&self, topic: &str, partition: i32, start: i64, high: i64) -> Result<i64> {
+        if start <= high {
+            return Ok(high);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(watermarks(&self.side, topic, partition, Duration::from_secs(10))?.1)
     }
 
     /// Where a partition without a checkpoint in this generation starts ([`start`] module docs): another
@@ -428,6 +506,8 @@ impl Group {
             config: config.clone(),
             assigned_once: AtomicBool::new(false),
             pending: Mutex::new(Pending::default()),
+            fence_grace: fence_grace(&config),
+            fence_limit: config_ms(&config, "max.poll.interval.ms", 300_000),
         })?;
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -442,21 +522,37 @@ impl Group {
         })
     }
 
-    /// Retries the take-overs that are due ([`Pending`]), outside the rebalance callback: a partition taken over
-    /// now is positioned, sought to its start and resumed; one still blocked waits for its next attempt.
+    /// Retries the take-overs that are due ([`Pending`]), outside the rebalance callback: a fenced partition
+    /// first has its ownership confirmed ([`Group::confirmed`]); a partition taken over now is positioned, sought
+    /// to its start and resumed; one still blocked waits for its next attempt.
+    ///
+    /// # Errors
+    /// As the take-over; a fenced partition neither confirmed nor revoked within `max.poll.interval.ms`.
     fn retry_pending(&mut self) -> Result<()> {
         let ctx = self.consumer.context();
-        let mut core = lock(&self.core);
         let due = lock_pending(ctx).due(Instant::now());
-        if due.is_empty() {
+        let mut tps = Vec::new();
+        for (tp, fenced) in due {
+            match fenced {
+                Some(at) => {
+                    if self.confirmed(&tp, at)? {
+                        tps.push(tp);
+                    }
+                }
+                None => tps.push(tp),
+            }
+        }
+        if tps.is_empty() {
             return Ok(());
         }
-        let (acquired, blocked) = take_over_or_defer(&mut core, &self.consumer, &due)?;
+        let mut core = lock(&self.core);
+        let (acquired, blocked) = take_over_or_defer(&mut core, &self.consumer, &tps)?;
         for b in &blocked {
             lock_pending(ctx).blocked(b);
         }
         for (tp, start) in ctx.position(&mut core, &self.consumer, acquired)? {
             lock_pending(ctx).remove(&tp);
+            crate::health::unfenced(std::slice::from_ref(&tp));
             // Bounded: librdkafka's seek waits for the fetcher at most this long.
             self.consumer
                 .seek(&tp.0, tp.1, Offset::Offset(start), Duration::from_secs(10))?;
@@ -465,6 +561,57 @@ impl Group {
             self.consumer.resume(&one)?;
         }
         Ok(())
+    }
+
+    /// Whether the group coordinator confirms this member still owns the fenced partition `tp`: it is still in
+    /// the assignment, and a synchronous commit of `at` (its checkpoint as this process last committed it;
+    /// PostgreSQL's checkpoint stays the truth) succeeds — the commit carries the member id and generation, and
+    /// the coordinator refuses it (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS) unless the
+    /// generation whose assignment gave us `tp` is still current, so nobody else can own it in Kafka's eyes.
+    ///
+    /// # Errors
+    /// Not confirmed for longer than `max.poll.interval.ms` since the fence.
+    fn confirmed(&self, tp: &Tp, at: i64) -> Result<bool> {
+        let ctx = self.consumer.context();
+        let assigned = self.consumer.assignment()?;
+        if assigned.find_partition(&tp.0, tp.1).is_none() {
+            // Given up already (revoked): nothing is held.
+            lock_pending(ctx).remove(tp);
+            crate::health::unfenced(std::slice::from_ref(tp));
+            return Ok(false);
+        }
+        let check = || -> std::result::Result<(), String> {
+            if self.consumer.assignment_lost() {
+                return Err("the assignment is lost".into());
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(at))
+                .map_err(|e| e.to_string())?;
+            Consumer::commit(&self.consumer, &tpl, CommitMode::Sync).map_err(|e| e.to_string())
+        };
+        let detail = match check() {
+            Ok(()) => {
+                tracing::warn!(
+                    topic = %tp.0,
+                    partition = tp.1,
+                    "the group coordinator confirms this member still owns the fenced partition: taking it over \
+                     again (another writer bumped its fence: a `load --take-over`, a manual change?)"
+                );
+                return Ok(true);
+            }
+            Err(detail) => detail,
+        };
+        let waited = lock_pending(ctx).unconfirmed(tp, &detail);
+        if waited > ctx.fence_limit {
+            return Err(Error::Other(format!(
+                "{}/{}: a batch was fenced by another writer {} s ago and the group has neither revoked the \
+                 partition nor confirmed this member owns it ({detail}); exiting so that the group reassigns it",
+                tp.0,
+                tp.1,
+                waited.as_secs()
+            )));
+        }
+        Ok(false)
     }
 
     /// Every assigned partition's position is at its high watermark and nothing is buffered or in flight.

@@ -7,7 +7,7 @@ use crate::common::*;
 use crate::core::{counts, seed_events, SEED};
 
 /// One kcat `-J` line.
-fn kcat_line(topic: &str, partition: i32, offset: i64, r: &Rec) -> String {
+pub fn kcat_line(topic: &str, partition: i32, offset: i64, r: &Rec) -> String {
     let s = |b: &Option<Vec<u8>>| match b {
         Some(b) => serde_json::to_string(&String::from_utf8_lossy(b)).unwrap(),
         None => "null".into(),
@@ -64,6 +64,14 @@ fn load_applies_a_kcat_file_once_and_a_second_load_is_all_duplicates() {
         "{}",
         out.stderr
     );
+    // Under a group of its own, named after the file; the pipeline's group has no checkpoint.
+    let groups = db.strings("SELECT DISTINCT consumer_group FROM {s}.replaysafe_checkpoints");
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert!(
+        groups[0].starts_with("replaysafe-load-records-"),
+        "{groups:?}"
+    );
+    let loaded = groups[0].clone();
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
     assert_eq!(counts(&db), truth);
     assert_eq!(
@@ -71,7 +79,8 @@ fn load_applies_a_kcat_file_once_and_a_second_load_is_all_duplicates() {
         1
     );
     for (part, end) in next.iter().enumerate() {
-        assert_eq!(db.checkpoint(&group, &topic, part as i32), Some(*end));
+        assert_eq!(db.checkpoint(&loaded, &topic, part as i32), Some(*end));
+        assert_eq!(db.checkpoint(&group, &topic, part as i32), None);
     }
 
     // The same file under the same group: everything is below the checkpoints, nothing is applied.
@@ -119,12 +128,13 @@ fn load_refuses_a_bad_file() {
         kcat_line(&topic, 0, 1, &recs[2]),
     ];
     std::fs::write(&file, lines.join("\n")).unwrap();
-    let out = load(&p.path, &file, &[]);
+    let own = unique("file-bad-load");
+    let out = load(&p.path, &file, &["--group-id", &own]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("records.jsonl:3"), "{}", out.stderr);
     assert!(out.stderr.contains("does not ascend"), "{}", out.stderr);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2);
-    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
+    assert_eq!(db.checkpoint(&own, &topic, 0), Some(2));
 
     // A topic the pipeline does not consume.
     std::fs::write(&file, kcat_line("another.topic", 0, 0, &recs[0]) + "\n").unwrap();

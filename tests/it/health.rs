@@ -315,9 +315,10 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
         "the fenced batch wrote nothing"
     );
 
-    // A member joining the group for another topic makes everyone rebalance (eager protocol): b is given p0
-    // again, resumes it (librdkafka keeps a paused partition paused across a rebalance unless told) and applies
-    // the rest from the checkpoint.
+    // b takes p0 back by itself once the coordinator confirms it still owns it (tests/it/load_safety.rs), or —
+    // whichever comes first — a member joining the group for another topic makes everyone rebalance (eager
+    // protocol): b is given p0 again, resumes it (librdkafka keeps a paused partition paused across a rebalance
+    // unless told) and applies the rest from the checkpoint.
     let other_topic = new_topic("ready_other", 1);
     let q = pipeline(&text, &other_topic, &group, &db.schema);
     let mut c = spawn_run(&q, &[], "c");

@@ -16,6 +16,7 @@ mod hardening;
 mod health;
 mod horizon;
 mod keys_drift;
+mod load_safety;
 mod lock_order;
 mod ops;
 mod privileges;
