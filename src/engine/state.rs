@@ -83,10 +83,6 @@ impl Core {
     ) -> Result<Vec<Acquired>> {
         self.settle(ack, CommitMode::Async)?;
         crate::health::unfenced(tps);
-        for tp in tps {
-            // Registered at zero with the partition's labels (README "Metrics and health").
-            fenced_counter(tp).increment(0);
-        }
         let stop = self.give_up_flag();
         let give_up = move || stop.load(Ordering::Relaxed);
         let p = self.pipeline.clone();
@@ -302,8 +298,9 @@ fn count_metric(o: &Outcome) {
     }
 }
 
-/// `replaysafe_fenced_batches_total{topic, partition}`: batches of the partition rolled back by another owner's fence.
-fn fenced_counter(tp: &Tp) -> metrics::Counter {
+/// `replaysafe_fenced_batches_total{topic, partition}`: batches of the partition rolled back by another owner's
+/// fence (registered at zero by every take-over, [`super::takeover`]).
+pub(super) fn fenced_counter(tp: &Tp) -> metrics::Counter {
     metrics::counter!(
         "replaysafe_fenced_batches_total",
         "topic" => tp.0.clone(),

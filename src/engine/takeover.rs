@@ -206,6 +206,8 @@ async fn acquire_once(
             );
             next = None;
         }
+        // The partition's fenced-batches series exists from its take-over on (README "Metrics and health").
+        super::state::fenced_counter(&(topic.clone(), *partition)).increment(0);
         out.push(Acquired {
             tp: (topic.clone(), *partition),
             next,
