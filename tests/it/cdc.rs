@@ -191,9 +191,9 @@ fn c07_out_of_order_business_event_is_stale() {
         3,
         "the stale event is in the ledger, never retried"
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 2);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.order_outbox"), 2);
     assert_eq!(
-        db.i64("SELECT count(*) FROM {s}.outbox WHERE payload->>'event_id' = 'c1000000-0000-4000-8000-000000000021'"),
+        db.i64("SELECT count(*) FROM {s}.order_outbox WHERE payload->>'event_id' = 'c1000000-0000-4000-8000-000000000021'"),
         0
     );
     assert_eq!(committed(&group, &topic, 1), vec![Some(map[&(0, 21)] + 1)]);
@@ -230,7 +230,7 @@ columns = ["entity_id", "email", "version"]
 delete-if = "event_type == 'CustomerDeleted'"
 [[projection]]
 kind = "outbox"
-table = "outbox"
+table = "order_outbox"
 payload = ["event_id", "event_type", "entity_id", "version"]
 "#
 );
