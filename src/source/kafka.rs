@@ -43,6 +43,21 @@ pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) 
     c
 }
 
+/// The librdkafka configuration of a client that is not a consumer (the admin client of backfill's retention
+/// check): `brokers` and the pipeline's `[kafka.properties]` — its security settings (`security.protocol`,
+/// `sasl.*`, `ssl.*`) above all — with nothing forced. librdkafka ignores consumer-only properties on such a
+/// client (a `CONFWARN` log line, not an error).
+pub fn client_config(p: &Pipeline, brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("client.id", "replaysafe");
+    for (k, v) in &p.kafka.properties {
+        c.set(k, v);
+    }
+    c.set_log_level(RDKafkaLogLevel::Warning);
+    c
+}
+
 /// Copies a consumed record for the engine.
 pub fn record(msg: &BorrowedMessage<'_>) -> Record {
     Record {
