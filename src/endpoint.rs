@@ -179,7 +179,8 @@ pub fn describe_chain(e: &tokio_postgres::Error) -> String {
 
 /// The cause of a failed TLS connection when the broker's certificate is not trusted: not retried, like a refused
 /// password (a wrong `ssl.ca.location` does not fix itself).
-pub const KAFKA_UNTRUSTED: &str = "TLS handshake failed: the broker's certificate could not be verified \
+pub const KAFKA_UNTRUSTED: &str =
+    "TLS handshake failed: the broker's certificate could not be verified \
                                    (check ssl.ca.location)";
 
 /// The cause of a failed broker connection from librdkafka's error reasons (its error callback), in a few words.
@@ -267,7 +268,11 @@ mod tests {
         let pw = "sasl_ssl://127.0.0.1:51525/bootstrap: SASL authentication error: Authentication failed during \
                   authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512";
         assert_eq!(kafka_cause(&r(pw)), "authentication failed");
-        let slow = "sasl_ssl://127.0.0.1:51525/bootstrap: Connection setup timed out in state CONNECT";
-        assert_eq!(kafka_cause(&r(slow)), "timed out (no answer from any broker)");
+        let slow =
+            "sasl_ssl://127.0.0.1:51525/bootstrap: Connection setup timed out in state CONNECT";
+        assert_eq!(
+            kafka_cause(&r(slow)),
+            "timed out (no answer from any broker)"
+        );
     }
 }
