@@ -58,6 +58,31 @@ pub fn client_config(p: &Pipeline, brokers: &str) -> ClientConfig {
     c
 }
 
+/// How the pipeline's clients reach the brokers, for `check --connect`: `security.protocol` (default
+/// `PLAINTEXT`), and when set `sasl.mechanism`, `sasl.username` and `ssl.ca.location` — never a password or a key
+/// (`sasl.password`, `ssl.key.password`, `ssl.key.pem`, … are not looked at).
+pub fn security_summary(p: &Pipeline) -> String {
+    let get = |k: &str| {
+        p.kafka
+            .properties
+            .iter()
+            .rev()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let mut parts = vec![get("security.protocol").unwrap_or("PLAINTEXT").to_string()];
+    if let Some(m) = get("sasl.mechanism") {
+        parts.push(match get("sasl.username") {
+            Some(u) => format!("{m} as `{u}`"),
+            None => m.to_string(),
+        });
+    }
+    if let Some(ca) = get("ssl.ca.location") {
+        parts.push(format!("CA {ca}"));
+    }
+    parts.join(", ")
+}
+
 /// Copies a consumed record for the engine.
 pub fn record(msg: &BorrowedMessage<'_>) -> Record {
     Record {

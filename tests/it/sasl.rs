@@ -123,7 +123,18 @@ fn run_lands_everything_through_sasl_ssl() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
     assert_at_end(&db, &group, &topic, &offsets, &recs, 3);
     // The password is in the pipeline file only: never in what replaysafe printed.
-    assert!(!out.stdout.contains(&s.password) && !out.stderr.contains(&s.password));
+    output_without(&out, &s.password);
+    // check --connect through SASL_SSL: how it connects, the topic found, no password.
+    let check = replaysafe(&["check", "--config", arg(&p.path), "--connect"]);
+    check.assert_ok();
+    let line = format!(
+        "broker {} (SASL_SSL, SCRAM-SHA-512 as `{}`, CA {}):\nok      topic {topic}",
+        s.brokers,
+        s.username,
+        s.ca.display()
+    );
+    assert!(check.stdout.contains(&line), "{check:?}");
+    output_without(&check, &s.password);
     // A second run through SASL_SSL reads nothing again.
     let again = run_caught_up(&p.path).tally();
     assert_eq!((again.consumed, again.landed), (0, 0));
