@@ -131,14 +131,40 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
 fn check_property(key: &str, value: &str) -> std::result::Result<(), String> {
     let mut c = ClientConfig::new();
     c.set(key, value);
+    let secret = is_secret(key) && !value.is_empty();
+    let shown = if secret { "(not shown)" } else { value };
+    let hide = |m: String| {
+        if secret {
+            m.replace(value, "(not shown)")
+        } else {
+            m
+        }
+    };
     match c.create_native_config() {
         Ok(_) => Ok(()),
-        Err(KafkaError::ClientConfig(_, desc, _, _)) => Err(format!(
-            "librdkafka property `{key}` = `{value}` is refused: {desc} (librdkafka CONFIGURATION.md lists the \
+        Err(KafkaError::ClientConfig(_, desc, _, _)) => Err(hide(format!(
+            "librdkafka property `{key}` = `{shown}` is refused: {desc} (librdkafka CONFIGURATION.md lists the \
              properties)"
-        )),
-        Err(e) => Err(format!("librdkafka property `{key}`: {e}")),
+        ))),
+        Err(e) => Err(hide(format!("librdkafka property `{key}`: {e}"))),
     }
+}
+
+/// Whether a librdkafka property holds a secret whose value is never shown in a message: passwords
+/// (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`), client secrets, private keys (`ssl.key.pem`),
+/// the JAAS and OAUTHBEARER configurations.
+pub(crate) fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "ssl.key.pem",
+        "jaas",
+        "oauthbearer.config",
+        "token",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 /// Builds the consumer the pipeline's properties configure — the same forced settings as `run`, but no
@@ -261,6 +287,27 @@ mod tests {
             ("sasl.password".to_string(), "p".to_string()),
         ];
         check_client("g", &ok).unwrap();
+    }
+
+    #[test]
+    fn secret_properties_are_known() {
+        for k in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "ssl.key.pem",
+            "sasl.jaas.config",
+        ] {
+            assert!(is_secret(k), "{k}");
+        }
+        for k in [
+            "sasl.username",
+            "sasl.mechanism",
+            "ssl.ca.location",
+            "security.protocol",
+        ] {
+            assert!(!is_secret(k), "{k}");
+        }
     }
 
     #[test]
