@@ -380,3 +380,62 @@ fn a_wrong_ca_is_named_as_a_tls_error() {
         "refused before the database: no table created"
     );
 }
+
+/// Writes a kcat `-J` file of `recs`, each partition's records at offsets from 0 (a dump of a topic that
+/// held nothing else).
+fn dump(path: &Path, topic: &str, recs: &[Rec]) {
+    let mut next = BTreeMap::new();
+    let lines: Vec<String> = recs
+        .iter()
+        .map(|r| {
+            let o = next.entry(r.partition).or_insert(0i64);
+            *o += 1;
+            crate::file_source::kcat_line(topic, r.partition, *o - 1, r)
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn load_checks_the_live_end_through_sasl_ssl() {
+    let Some(s) = sasl("load_checks_the_live_end_through_sasl_ssl") else {
+        return;
+    };
+    let (db, topic) = stage("sasl_load", 3);
+    let (live, truth) = seed_events(30, 3);
+    produce(&topic, &live);
+    let group = unique("prod");
+    let p = pipeline(
+        &s.pipeline_text(SEED, &s.password, &s.ca),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let load =
+        |file: &Path| replaysafe(&["load", "--config", arg(&p.path), "--take-over", arg(file)]);
+    // A dump reaching past the live end (15 records per partition, the topic holds 10): the broker, asked
+    // through SASL_SSL, says where each partition ends; nothing applied.
+    let foreign = p.dir.path().join("foreign.jsonl");
+    dump(&foreign, &topic, &seed_events(45, 3).0);
+    let out = load(&foreign);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    for part in 0..3 {
+        let says =
+            format!("{topic}/{part}: offsets 0..=14 in the file, the live partition ends at 10");
+        assert!(out.stderr.contains(&says), "{says}\n{}", out.stderr);
+    }
+    assert_eq!(tables(&db), 0, "refused before anything was created");
+    // The live topic's dump: checked against the end through SASL_SSL, applied under the pipeline's group.
+    let file = p.dir.path().join("live.jsonl");
+    dump(&file, &topic, &live);
+    let out = load(&file);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed), (30, 30), "{out:?}");
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 30);
+    for part in 0..3 {
+        assert_eq!(db.checkpoint(&group, &topic, part), Some(10));
+    }
+    output_without(&out, &s.password);
+}
