@@ -177,13 +177,30 @@ pub fn describe_chain(e: &tokio_postgres::Error) -> String {
     parts.join(": ")
 }
 
+/// The cause of a failed TLS connection when the broker's certificate is not trusted: not retried, like a refused
+/// password (a wrong `ssl.ca.location` does not fix itself).
+pub const KAFKA_UNTRUSTED: &str =
+    "TLS handshake failed: the broker's certificate could not be verified \
+                                   (check ssl.ca.location)";
+
 /// The cause of a failed broker connection from librdkafka's error reasons (its error callback), in a few words.
+/// The broker name each reason starts with (`sasl_ssl://host:port/bootstrap: `) is not looked at.
 pub fn kafka_cause(reasons: &[String]) -> &'static str {
-    let all = reasons.join("\n").to_lowercase();
+    let all = reasons
+        .iter()
+        .map(|r| match r.split_once(": ") {
+            Some((head, rest)) if head.contains('/') && !head.contains(' ') => rest,
+            _ => r.as_str(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .to_lowercase();
     if all.contains("connection refused") {
         "connection refused"
     } else if all.contains("failed to resolve") || all.contains("name or service not known") {
         "DNS lookup failed"
+    } else if all.contains("certificate verify failed") || all.contains("could not be verified") {
+        KAFKA_UNTRUSTED
     } else if all.contains("authentication") || all.contains("sasl") {
         "authentication failed"
     } else if all.contains("ssl") || all.contains("handshake") {
@@ -210,7 +227,7 @@ pub fn kafka_error(brokers: &str, reasons: &[String], gave_up: Option<Duration>)
             "cannot connect to the Kafka brokers {brokers} (from {}): {cause}{waited}{detail}",
             origin(brokers, "KAFKA_BROKERS"),
         ),
-        transient: cause != "authentication failed",
+        transient: cause != "authentication failed" && cause != KAFKA_UNTRUSTED,
     }
 }
 
@@ -242,5 +259,20 @@ mod tests {
             "DNS lookup failed"
         );
         assert_eq!(kafka_cause(&[]), "timed out (no answer from any broker)");
+        // The broker name `sasl_ssl://…` is no cause: a wrong CA is a TLS failure, a wrong password an
+        // authentication failure (librdkafka's messages, seen against the test kit's SASL_SSL listener).
+        let ca = "sasl_ssl://127.0.0.1:51525/bootstrap: error:0A000086:SSL routines::certificate verify failed \
+                  (after 6ms in state SSL_HANDSHAKE)";
+        assert_eq!(kafka_cause(&r(ca)), KAFKA_UNTRUSTED);
+        assert!(!kafka_error("b:1", &r(ca), None).transient);
+        let pw = "sasl_ssl://127.0.0.1:51525/bootstrap: SASL authentication error: Authentication failed during \
+                  authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512";
+        assert_eq!(kafka_cause(&r(pw)), "authentication failed");
+        let slow =
+            "sasl_ssl://127.0.0.1:51525/bootstrap: Connection setup timed out in state CONNECT";
+        assert_eq!(
+            kafka_cause(&r(slow)),
+            "timed out (no answer from any broker)"
+        );
     }
 }

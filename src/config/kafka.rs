@@ -131,14 +131,40 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
 fn check_property(key: &str, value: &str) -> std::result::Result<(), String> {
     let mut c = ClientConfig::new();
     c.set(key, value);
+    let secret = is_secret(key) && !value.is_empty();
+    let shown = if secret { "(not shown)" } else { value };
+    let hide = |m: String| {
+        if secret {
+            m.replace(value, "(not shown)")
+        } else {
+            m
+        }
+    };
     match c.create_native_config() {
         Ok(_) => Ok(()),
-        Err(KafkaError::ClientConfig(_, desc, _, _)) => Err(format!(
-            "librdkafka property `{key}` = `{value}` is refused: {desc} (librdkafka CONFIGURATION.md lists the \
+        Err(KafkaError::ClientConfig(_, desc, _, _)) => Err(hide(format!(
+            "librdkafka property `{key}` = `{shown}` is refused: {desc} (librdkafka CONFIGURATION.md lists the \
              properties)"
-        )),
-        Err(e) => Err(format!("librdkafka property `{key}`: {e}")),
+        ))),
+        Err(e) => Err(hide(format!("librdkafka property `{key}`: {e}"))),
     }
+}
+
+/// Whether a librdkafka property holds a secret whose value is never shown in a message: passwords
+/// (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`), client secrets, private keys (`ssl.key.pem`),
+/// the JAAS and OAUTHBEARER configurations.
+pub(crate) fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "ssl.key.pem",
+        "jaas",
+        "oauthbearer.config",
+        "token",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 /// Builds the consumer the pipeline's properties configure — the same forced settings as `run`, but no
@@ -171,9 +197,16 @@ fn check_client(
                 KafkaError::ClientCreation(m) => m.clone(),
                 other => other.to_string(),
             };
+            // librdkafka names the SASL mechanism's value, not the key (`No provider for SASL mechanism GSSAPI`).
             let named = properties
                 .iter()
-                .position(|(k, _)| msg.contains(k.as_str()));
+                .position(|(k, _)| msg.contains(k.as_str()))
+                .or_else(|| {
+                    let sasl = msg.contains("SASL mechanism");
+                    properties
+                        .iter()
+                        .position(|(k, _)| sasl && k == "sasl.mechanism")
+                });
             Err((
                 named,
                 format!(
@@ -225,6 +258,56 @@ mod tests {
             e.starts_with("p.toml:5:") && e.contains("`sesion.timeout.ms`"),
             "{e}"
         );
+    }
+
+    /// SASL/SCRAM needs librdkafka built with OpenSSL (rdkafka's `ssl` feature, Cargo.toml); GSSAPI (Kerberos)
+    /// would need the `gssapi` feature and Cyrus SASL, which replaysafe does not build: it is refused when the
+    /// pipeline file is loaded, naming the property.
+    #[test]
+    fn librdkafka_has_tls_and_scram_but_no_gssapi() {
+        let native = ClientConfig::new().create_native_config().unwrap();
+        let features = native.get("builtin.features").unwrap();
+        for needed in ["ssl", "sasl_scram", "sasl_plain"] {
+            assert!(
+                features.split(',').any(|f| f == needed),
+                "{needed} not in {features}"
+            );
+        }
+        let props = [
+            ("security.protocol".to_string(), "SASL_SSL".to_string()),
+            ("sasl.mechanism".to_string(), "GSSAPI".to_string()),
+        ];
+        let (i, m) = check_client("g", &props).unwrap_err();
+        assert!(m.contains("GSSAPI"), "{m}");
+        assert_eq!(i, Some(1), "the message points at sasl.mechanism: {m}");
+        let ok = [
+            ("security.protocol".to_string(), "SASL_SSL".to_string()),
+            ("sasl.mechanism".to_string(), "SCRAM-SHA-512".to_string()),
+            ("sasl.username".to_string(), "u".to_string()),
+            ("sasl.password".to_string(), "p".to_string()),
+        ];
+        check_client("g", &ok).unwrap();
+    }
+
+    #[test]
+    fn secret_properties_are_known() {
+        for k in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "ssl.key.pem",
+            "sasl.jaas.config",
+        ] {
+            assert!(is_secret(k), "{k}");
+        }
+        for k in [
+            "sasl.username",
+            "sasl.mechanism",
+            "ssl.ca.location",
+            "security.protocol",
+        ] {
+            assert!(!is_secret(k), "{k}");
+        }
     }
 
     #[test]

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
@@ -55,10 +54,8 @@ pub fn snapshot(
 ) -> Result<StopFile> {
     let probe = crate::source::kafka::consumer_config(pipeline, brokers, &[]);
     crate::source::kafka::reachable(&probe, brokers, &pipeline.kafka.topics[0])?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .create()?;
+    // The pipeline's properties (security included); `group` only names whose offsets are read.
+    let consumer: BaseConsumer = probe.clone().set("group.id", group).create()?;
     let parts = crate::source::kafka::partitions(&consumer, &pipeline.kafka.topics)?;
     let mut tpl = TopicPartitionList::new();
     for (t, p) in &parts {

@@ -43,6 +43,46 @@ pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) 
     c
 }
 
+/// The librdkafka configuration of a client that is not a consumer (the admin client of backfill's retention
+/// check): `brokers` and the pipeline's `[kafka.properties]` — its security settings (`security.protocol`,
+/// `sasl.*`, `ssl.*`) above all — with nothing forced. librdkafka ignores consumer-only properties on such a
+/// client (a `CONFWARN` log line, not an error).
+pub fn client_config(p: &Pipeline, brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("client.id", "replaysafe");
+    for (k, v) in &p.kafka.properties {
+        c.set(k, v);
+    }
+    c.set_log_level(RDKafkaLogLevel::Warning);
+    c
+}
+
+/// How the pipeline's clients reach the brokers, for `check --connect`: `security.protocol` (default
+/// `PLAINTEXT`), and when set `sasl.mechanism`, `sasl.username` and `ssl.ca.location` — never a password or a key
+/// (`sasl.password`, `ssl.key.password`, `ssl.key.pem`, … are not looked at).
+pub fn security_summary(p: &Pipeline) -> String {
+    let get = |k: &str| {
+        p.kafka
+            .properties
+            .iter()
+            .rev()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let mut parts = vec![get("security.protocol").unwrap_or("PLAINTEXT").to_string()];
+    if let Some(m) = get("sasl.mechanism") {
+        parts.push(match get("sasl.username") {
+            Some(u) => format!("{m} as `{u}`"),
+            None => m.to_string(),
+        });
+    }
+    if let Some(ca) = get("ssl.ca.location") {
+        parts.push(format!("CA {ca}"));
+    }
+    parts.join(", ")
+}
+
 /// Copies a consumed record for the engine.
 pub fn record(msg: &BorrowedMessage<'_>) -> Record {
     Record {

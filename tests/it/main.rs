@@ -21,6 +21,7 @@ mod lock_order;
 mod ops;
 mod privileges;
 mod projections;
+mod sasl;
 mod starts;
 mod tolerance;
 mod waits;

@@ -91,6 +91,7 @@ pub fn backfill(
     if let StopSpec::Time(to) = opts.stop {
         // Information about records not in the window: a failure to read it never fails the applied backfill.
         match scan::past_the_stop(
+            &pipeline,
             brokers,
             &opts.group_id,
             &report.partitions,

@@ -6,7 +6,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -193,10 +192,8 @@ pub fn plan(
     validate(pipeline, opts)?;
     let probe = crate::source::kafka::consumer_config(pipeline, brokers, &[]);
     crate::source::kafka::reachable(&probe, brokers, &pipeline.kafka.topics[0])?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", &opts.group_id)
-        .create()?;
+    // The pipeline's properties (security included), under the backfill's group.
+    let consumer: BaseConsumer = probe.clone().set("group.id", &opts.group_id).create()?;
     let parts = partitions(&consumer, &pipeline.kafka.topics)?;
     // Ends captured before the lookups: "End" means the end as it was at the lookup (case C15).
     let mut marks = BTreeMap::new();
@@ -325,9 +322,8 @@ fn check_retention(
     pipeline: &Pipeline,
     opts: &BackfillOptions,
 ) -> Result<Vec<String>> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> =
+        crate::source::kafka::client_config(pipeline, brokers).create()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
+use crate::config::Pipeline;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -24,17 +24,16 @@ pub const PAST_STOP_SCAN_RECORDS: i64 = 1_000;
 /// `to_ms + PAST_STOP_SCAN_MS`, at least [`PAST_STOP_SCAN_RECORDS`] records, never beyond the end — and counts
 /// the records whose timestamp lies in `[from_ms, to_ms)`. Nothing read here is applied.
 pub(crate) fn past_the_stop(
+    pipeline: &Pipeline,
     brokers: &str,
     group: &str,
     plans: &[PartitionPlan],
     from_ms: i64,
     to_ms: i64,
 ) -> Result<Vec<PastTheStop>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    // The pipeline's consumer configuration (security, isolation level; auto-commit off), under `group`.
+    let consumer: BaseConsumer = crate::source::kafka::consumer_config(pipeline, brokers, &[])
         .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "error")
         .create()?;
     let parts: Vec<(String, i32)> = plans
         .iter()
