@@ -270,7 +270,10 @@ mod tests {
         let c = |s: &str| tls_cause(s).map(|c| c.0).unwrap_or("none");
         assert!(c("error performing TLS handshake: error:0A000086:SSL routines:tls_post_process_server_certificate:certificate verify failed: Hostname mismatch").contains("host name mismatch"));
         assert!(c("error performing TLS handshake: ...certificate verify failed: unable to get local issuer certificate").contains("not signed by a CA"));
-        assert!(c("error performing TLS handshake: server does not support TLS").contains("does not offer"));
+        assert!(
+            c("error performing TLS handshake: server does not support TLS")
+                .contains("does not offer")
+        );
         assert_eq!(c("connection refused"), "none");
     }
 }

@@ -39,11 +39,9 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            _ => {
-                return Err(format!(
-                    "`sslmode` must be disable, prefer, require, verify-ca or verify-full, not `{s}`"
-                ))
-            }
+            _ => return Err(format!(
+                "`sslmode` must be disable, prefer, require, verify-ca or verify-full, not `{s}`"
+            )),
         })
     }
 

@@ -85,6 +85,8 @@ mod tests {
         let e = expand_with("x${NOPE}", env).unwrap_err();
         assert!(e.contains("`NOPE` is not set"), "{e}");
         assert!(expand_with("${PW", env).unwrap_err().contains("not closed"));
-        assert!(expand_with("${1X}", env).unwrap_err().contains("not a valid"));
+        assert!(expand_with("${1X}", env)
+            .unwrap_err()
+            .contains("not a valid"));
     }
 }

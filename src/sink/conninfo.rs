@@ -48,10 +48,14 @@ pub struct Security {
 pub fn resolve(url: &str) -> Result<(tokio_postgres::Config, Security)> {
     let origin = crate::endpoint::origin(url, "DATABASE_URL");
     let (rest, params) = split_tls_params(url).map_err(|m| {
-        Error::Usage(format!("the database URL (from {origin}) does not parse: {m}"))
+        Error::Usage(format!(
+            "the database URL (from {origin}) does not parse: {m}"
+        ))
     })?;
     let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
-        Error::Usage(format!("the database URL (from {origin}) does not parse: {e}"))
+        Error::Usage(format!(
+            "the database URL (from {origin}) does not parse: {e}"
+        ))
     })?;
     let noted = NOTED.lock().expect("noted").get(url).cloned();
     let (plan, file) = noted.unwrap_or_default();
@@ -66,9 +70,8 @@ pub fn resolve(url: &str) -> Result<(tokio_postgres::Config, Security)> {
         }
     };
     let mode = match pick("sslmode", plan.sslmode.map(|m| m.as_str().to_string()))? {
-        Some(m) => SslMode::parse(&m).map_err(|e| {
-            Error::Usage(format!("the database URL (from {origin}): {e}"))
-        })?,
+        Some(m) => SslMode::parse(&m)
+            .map_err(|e| Error::Usage(format!("the database URL (from {origin}): {e}")))?,
         None => SslMode::Prefer,
     };
     let path = |p: Option<PathBuf>| p.map(|p| p.display().to_string());
@@ -103,6 +106,52 @@ pub fn resolve(url: &str) -> Result<(tokio_postgres::Config, Security)> {
         config.password(read_password(f)?);
     }
     Ok((config, security))
+}
+
+/// One line saying how connections to `url` are made, for `replaysafe check`: address, user, database, TLS
+/// mode and files, where the password comes from — never the password itself.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn summary(url: &str) -> Result<String> {
+    let (config, s) = resolve(url)?;
+    let mut tls = format!("sslmode={}", s.mode.as_str());
+    let verifies = matches!(s.mode, SslMode::VerifyCa | SslMode::VerifyFull)
+        || (s.mode != SslMode::Disable && s.rootcert.is_some());
+    match (&s.rootcert, verifies) {
+        (Some(r), true) => tls.push_str(&format!(", CA {r}")),
+        (None, true) => tls.push_str(", CA ~/.postgresql/root.crt"),
+        _ => {}
+    }
+    if let Some((c, k)) = &s.client {
+        tls.push_str(&format!(
+            ", client certificate {} (key {})",
+            c.display(),
+            k.display()
+        ));
+    }
+    let noted = NOTED.lock().expect("noted").get(url).cloned();
+    let password = match (
+        noted.and_then(|(p, _)| p.password_file),
+        config.get_password(),
+    ) {
+        (Some(f), _) => format!("password from password-file {}", f.display()),
+        (None, Some(_)) => "password in the URL (not shown)".to_string(),
+        (None, None) => "no password".to_string(),
+    };
+    Ok(format!(
+        "postgres {}{}{} (from {}): {tls}; {password}",
+        crate::endpoint::pg_address(&config),
+        config
+            .get_user()
+            .map(|u| format!(" as {u}"))
+            .unwrap_or_default(),
+        config
+            .get_dbname()
+            .map(|d| format!(", database {d}"))
+            .unwrap_or_default(),
+        crate::endpoint::origin(url, "DATABASE_URL"),
+    ))
 }
 
 /// The first line of `path` (without its line end).
@@ -247,7 +296,10 @@ mod tests {
             r"host=db password='it\'s' sslmode=verify-ca sslkey='/k dir/k.pem' user = u",
         )
         .unwrap();
-        assert!(rest.contains("host='db'") && rest.contains("user='u'"), "{rest}");
+        assert!(
+            rest.contains("host='db'") && rest.contains("user='u'"),
+            "{rest}"
+        );
         assert_eq!(p["sslmode"], "verify-ca");
         assert_eq!(p["sslkey"], "/k dir/k.pem");
         let c: tokio_postgres::Config = rest.parse().unwrap();
@@ -291,6 +343,9 @@ mod tests {
         assert_eq!(c.get_password(), Some(&b"hunter2"[..]));
         note("postgresql://u:other@h/x", &plan, "p.toml");
         let e = resolve("postgresql://u:other@h/x").unwrap_err().to_string();
-        assert!(e.contains("keep one") && !e.contains("other@") && !e.contains("hunter2"), "{e}");
+        assert!(
+            e.contains("keep one") && !e.contains("other@") && !e.contains("hunter2"),
+            "{e}"
+        );
     }
 }

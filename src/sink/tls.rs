@@ -37,7 +37,8 @@ use crate::error::{Error, Result};
 /// [`Error::Usage`] naming the file and the key when a CA file, certificate or key cannot be read or used, a key
 /// file is readable by others, or a verify mode has no CA to verify with.
 pub fn connector(s: &Security) -> Result<MakeTlsConnector> {
-    let setup = |what: String| move |e: openssl::error::ErrorStack| Error::Usage(format!("{what}: {e}"));
+    let setup =
+        |what: String| move |e: openssl::error::ErrorStack| Error::Usage(format!("{what}: {e}"));
     let mut b = SslConnector::builder(SslMethod::tls_client())
         .map_err(setup("TLS setup (OpenSSL)".into()))?;
     let verify = match (s.mode, trust_anchor(s)?) {
@@ -90,10 +91,12 @@ fn trust_anchor(s: &Security) -> Result<Option<Anchor>> {
     Ok(match s.rootcert.as_deref() {
         Some("system") => Some(Anchor::System),
         Some(p) => Some(Anchor::File(PathBuf::from(p))),
-        None if matches!(s.mode, SslMode::VerifyCa | SslMode::VerifyFull) => std::env::var_os("HOME")
-            .map(|h| Path::new(&h).join(".postgresql/root.crt"))
-            .filter(|p| p.is_file())
-            .map(Anchor::File),
+        None if matches!(s.mode, SslMode::VerifyCa | SslMode::VerifyFull) => {
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".postgresql/root.crt"))
+                .filter(|p| p.is_file())
+                .map(Anchor::File)
+        }
         None => None,
     })
 }

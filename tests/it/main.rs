@@ -22,5 +22,6 @@ mod ops;
 mod privileges;
 mod projections;
 mod starts;
+mod tls;
 mod tolerance;
 mod waits;
