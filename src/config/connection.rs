@@ -39,9 +39,11 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "`sslmode` must be disable, prefer, require, verify-ca or verify-full, not `{s}`"
-            )),
+            ))
+            }
         })
     }
 

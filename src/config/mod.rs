@@ -128,6 +128,7 @@ mod tests {
             "lock-timeout-ms",
             "statement-timeout-ms",
             "idle-in-transaction-timeout-ms",
+            "sslmode",
             "max-records",
             "linger-ms",
             "max-record-bytes",
