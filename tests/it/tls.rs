@@ -219,6 +219,19 @@ fn a_url_with_libpq_tls_parameters_connects_and_a_wrong_ca_or_host_is_named() {
         out.stderr
     );
 
+    // `system`: the system's trusted CAs, which do not include the test CA.
+    let system = cert_url(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert=system&{client}"),
+    );
+    let out = check_database(&system, &db);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("TLS certificate verify failed"),
+        "{}",
+        out.stderr
+    );
+
     // A verify mode without a CA is refused before connecting.
     let out = check_database(
         &cert_url("localhost", &format!("sslmode=verify-full&{client}")),
