@@ -89,4 +89,51 @@ mod tests {
             .unwrap_err()
             .contains("not a valid"));
     }
+
+    #[test]
+    fn the_documented_keys_are_expanded() {
+        let home = std::env::var("HOME").expect("HOME is set");
+        let text = r#"[kafka]
+brokers = "${HOME}:9092"
+group-id = "g"
+topics = ["t"]
+[kafka.properties]
+"client.id" = "c-${HOME}"
+[postgres]
+url = "postgresql://u@h/${HOME}"
+sslmode = "verify-full"
+sslrootcert = "${HOME}/ca.pem"
+sslcert = "${HOME}/c.crt"
+sslkey = "${HOME}/c.key"
+password-file = "${HOME}/pw"
+[fields]
+event_id = { path = "/event_id", type = "text" }
+[identity]
+key = ["event_id"]
+[[projection]]
+kind = "counter"
+table = "c"
+group-by = ["event_id"]
+column = "n"
+"#;
+        let p = crate::config::parse("p.toml", text).unwrap();
+        assert_eq!(p.kafka.brokers, Some(format!("{home}:9092")));
+        assert!(p
+            .kafka
+            .properties
+            .contains(&("client.id".to_string(), format!("c-{home}"))));
+        assert_eq!(p.postgres.url, Some(format!("postgresql://u@h/{home}")));
+        let c = &p.postgres.connection;
+        assert_eq!(c.sslmode, Some(crate::config::SslMode::VerifyFull));
+        assert_eq!(c.sslrootcert, Some(format!("{home}/ca.pem")));
+        assert_eq!(c.sslkey, Some(format!("{home}/c.key").into()));
+        assert_eq!(c.password_file, Some(format!("{home}/pw").into()));
+        let e = crate::config::parse("p.toml", &text.replace("${HOME}/pw", "${NOPE_X}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.toml:13:17: environment variable `NOPE_X` is not set"),
+            "{e}"
+        );
+    }
 }
