@@ -45,14 +45,19 @@ linger-ms = 20
 [fields]
 event_id = { path = "/event_id", type = "text" }
 customer_id = { path = "/customer_id", type = "text" }
+day = { path = "/day", type = "date" }
 
 [identity]
 key = ["event_id"]
+partition-by = "day"
+
+[ledger]
+horizon-days = 30
 
 [[projection]]
 kind = "counter"
 table = "per_customer"
-group-by = ["customer_id"]
+group-by = ["day", "customer_id"]
 column = "n"
 "#;
 
@@ -86,14 +91,19 @@ fn verify_full_with_the_ca_and_a_client_certificate_runs_a_pipeline_end_to_end()
                 sslkey = \"${PGSSL_TEST_DIR}/client.key\"";
     let p = tls_pipeline(conn, &topic, &group, &db);
     let env = [("PGSSL_TEST_DIR", kit.to_str().unwrap())];
+    let day = chrono::Utc::now().date_naive();
     let recs: Vec<Rec> = (0..12)
         .map(|i| {
-            let v = format!(r#"{{"event_id":"e{i}","customer_id":"c{}"}}"#, i % 4);
+            let v = format!(
+                r#"{{"event_id":"e{i}","customer_id":"c{}","day":"{day}"}}"#,
+                i % 4
+            );
             Rec::json(i % 3, &format!("k{i}"), &v, 1_700_000_000_000)
         })
         .collect();
     produce(&topic, &recs);
-    let redelivered = Rec::json(2, "k0", r#"{"event_id":"e0","customer_id":"c0"}"#, 1);
+    let v = format!(r#"{{"event_id":"e0","customer_id":"c0","day":"{day}"}}"#);
+    let redelivered = Rec::json(2, "k0", &v, 1);
     produce(&topic, &[redelivered]);
 
     let check = with_env(&["check", "--config", arg(&p.path)], &env);
@@ -124,6 +134,18 @@ fn verify_full_with_the_ca_and_a_client_certificate_runs_a_pipeline_end_to_end()
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(4));
     assert_eq!(db.checkpoint(&group, &topic, 1), Some(4));
     assert_eq!(db.checkpoint(&group, &topic, 2), Some(5));
+    // `verify snapshot` (its own URL resolution) goes through the same TLS settings.
+    let snap = p.dir.path().join("snap.json");
+    let args = [
+        "verify",
+        "snapshot",
+        "--config",
+        arg(&p.path),
+        "--table",
+        "per_customer",
+    ];
+    with_env(&[&args[..], &["-o", arg(&snap)]].concat(), &env).assert_ok();
+    assert!(std::fs::read_to_string(&snap).unwrap().contains("c3"));
     // The tables are the certificate role's: the run logged in as replaysafe_cert, which only `hostssl … cert`
     // admits.
     assert_eq!(
