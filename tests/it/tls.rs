@@ -533,3 +533,31 @@ fn an_unset_variable_is_a_config_error_naming_file_line_and_variable() {
         out.stderr
     );
 }
+
+#[test]
+fn the_health_probe_connects_through_the_pipelines_tls_settings() {
+    let kit = kit();
+    let (db, topic) = stage("tls_probe", 1);
+    db.execute("GRANT ALL ON SCHEMA {s} TO replaysafe_cert");
+    let group = unique("g");
+    let conn = format!(
+        "url = \"postgresql://replaysafe_cert@localhost:5432/postgres\"\n\
+         sslmode = \"verify-full\"\nsslrootcert = \"{}\"\nsslcert = \"{}\"\nsslkey = \"{}\"",
+        file(&kit, "ca.crt"),
+        file(&kit, "client.crt"),
+        file(&kit, "client.key")
+    );
+    let p = tls_pipeline(&conn, &topic, &group, &db);
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let args = ["run", "--config", arg(&p.path), "--metrics-addr", &addr];
+    let mut child = spawn(&args, &[], p.dir.path(), "run");
+    // Ready needs a partition and a successful probe (a `replaysafe_cert` login: TLS with its certificate).
+    let body = crate::health::wait_for(&addr, "/readyz", "ready", |c, _| c == 200);
+    assert!(body.contains("ready: 1 partition"), "{body}");
+    assert_eq!(terminate(&mut child), Some(0));
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(0));
+}
