@@ -109,12 +109,15 @@ pub fn resolve(url: &str) -> Result<(tokio_postgres::Config, Security)> {
 }
 
 /// One line saying how connections to `url` are made, for `replaysafe check`: address, user, database, TLS
-/// mode and files, where the password comes from — never the password itself.
+/// mode and files, where the password comes from — never the password itself. The password file is read and
+/// the TLS files loaded ([`super::tls::connector`]), so that `check` refuses what a connection would; nothing
+/// connects.
 ///
 /// # Errors
-/// As [`resolve`].
+/// As [`resolve`] and [`super::tls::connector`].
 pub fn summary(url: &str) -> Result<String> {
     let (config, s) = resolve(url)?;
+    super::tls::connector(&s)?;
     let mut tls = format!("sslmode={}", s.mode.as_str());
     let verifies = matches!(s.mode, SslMode::VerifyCa | SslMode::VerifyFull)
         || (s.mode != SslMode::Disable && s.rootcert.is_some());

@@ -65,7 +65,11 @@ pub fn connector(s: &Security) -> Result<MakeTlsConnector> {
         b.set_certificate_chain_file(cert)
             .map_err(setup(format!("sslcert {}", cert.display())))?;
         b.set_private_key_file(key, SslFiletype::PEM)
-            .map_err(setup(format!("sslkey {}", key.display())))?;
+            .map_err(setup(format!(
+                "sslkey {} (the key of sslcert {})",
+                key.display(),
+                cert.display()
+            )))?;
         b.check_private_key().map_err(setup(format!(
             "sslkey {} does not match sslcert {}",
             key.display(),

@@ -561,3 +561,39 @@ fn the_health_probe_connects_through_the_pipelines_tls_settings() {
     assert_eq!(terminate(&mut child), Some(0));
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(0));
 }
+
+#[test]
+fn check_refuses_tls_files_and_a_password_file_it_cannot_use() {
+    let kit = kit();
+    let db = Db::fresh("tls_check");
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.pem");
+    let cases = [
+        (
+            format!(
+                "sslmode = \"verify-full\"\nsslrootcert = \"{}\"",
+                missing.display()
+            ),
+            format!("sslrootcert {}", missing.display()),
+        ),
+        (
+            format!(
+                "sslcert = \"{}\"\nsslkey = \"{}\"",
+                file(&kit, "ca.crt"),
+                file(&kit, "client.key")
+            ),
+            "(the key of sslcert".to_string(),
+        ),
+        (
+            format!("password-file = \"{}\"", missing.display()),
+            format!("cannot read [postgres] password-file {}", missing.display()),
+        ),
+    ];
+    for (conn, said) in cases {
+        let conn = format!("url = \"postgresql://postgres@localhost:5432/postgres\"\n{conn}");
+        let p = tls_pipeline(&conn, "t", "g", &db);
+        let out = with_env(&["check", "--config", arg(&p.path)], &[]);
+        assert_eq!(out.code, Some(2), "{conn}: {}", out.stderr);
+        assert!(out.stderr.contains(&said), "{conn}: {}", out.stderr);
+    }
+}
