@@ -129,8 +129,19 @@ fn tls_cause(chain: &str) -> Option<(&'static str, bool)> {
         "TLS is required (sslmode) but the server does not offer it"
     } else if text.contains("hostname mismatch") || text.contains("ip address mismatch") {
         "TLS host name mismatch: the server's certificate does not name the host connected to (sslmode=verify-full)"
-    } else if text.contains("certificate verify failed") {
+    } else if text.contains("certificate verify failed")
+        && [
+            "local issuer",
+            "self-signed",
+            "self signed",
+            "unable to get issuer",
+        ]
+        .iter()
+        .any(|r| text.contains(r))
+    {
         "TLS certificate verify failed: the server's certificate is not signed by a CA in sslrootcert"
+    } else if text.contains("certificate verify failed") {
+        "TLS certificate verify failed (OpenSSL's reason at the end)"
     } else if text.contains("ssl routines") || text.contains("tlsv1 alert") {
         "TLS handshake failed"
     } else {
@@ -274,6 +285,7 @@ mod tests {
             c("error performing TLS handshake: server does not support TLS")
                 .contains("does not offer")
         );
+        assert!(c("...certificate verify failed: certificate has expired").ends_with("at the end)"));
         assert_eq!(c("connection refused"), "none");
     }
 }
