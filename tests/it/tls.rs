@@ -241,6 +241,25 @@ fn a_url_with_libpq_tls_parameters_connects_and_a_wrong_ca_or_host_is_named() {
         out.stderr
     );
 
+    // As in libpq, `require` with an explicit sslrootcert checks the chain (not the host name).
+    let require = |ca: &str| {
+        let q = format!("sslmode=require&sslrootcert={}&{client}", file(&kit, ca));
+        check_database(&cert_url("127.0.0.1", &q), &db)
+    };
+    let out = require("other-ca.crt");
+    assert!(
+        out.stderr.contains("not signed by a CA in sslrootcert"),
+        "{}",
+        out.stderr
+    );
+    let out = require("ca.crt");
+    assert!(
+        out.stdout.contains("database (read only"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+
     // `system`: the system's trusted CAs, which do not include the test CA.
     let system = cert_url(
         "localhost",
