@@ -411,7 +411,8 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &PathBuf) -> anyhow::Resu
 }
 
 /// The database URL: `[postgres] url`, else `DATABASE_URL`; its origin is noted for connection errors
-/// ([`replaysafe::endpoint::note_origin`]).
+/// ([`replaysafe::endpoint::note_origin`]), the pipeline's TLS and password keys for every connection to it
+/// ([`replaysafe::sink::conninfo::note`]).
 pub fn database_url(p: &config::Pipeline) -> anyhow::Result<String> {
     let (url, origin) = match (&p.postgres.url, std::env::var("DATABASE_URL")) {
         (Some(u), _) => (u.clone(), format!("[postgres] url in {}", p.source.path)),
@@ -425,6 +426,7 @@ pub fn database_url(p: &config::Pipeline) -> anyhow::Result<String> {
         }
     };
     replaysafe::endpoint::note_origin(&url, origin);
+    replaysafe::sink::conninfo::note(&url, &p.postgres.connection, &p.source.path);
     Ok(url)
 }
 

@@ -103,6 +103,9 @@ pub fn pg_cause(e: &tokio_postgres::Error) -> (&'static str, bool) {
             _ => ("the server refused the session", false),
         };
     }
+    if let Some(cause) = tls_cause(&describe_chain(e)) {
+        return cause;
+    }
     let mut source = e.source();
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
@@ -116,6 +119,35 @@ pub fn pg_cause(e: &tokio_postgres::Error) -> (&'static str, bool) {
     } else {
         ("connection failed", true)
     }
+}
+
+/// A TLS failure named from the client's error text (OpenSSL's verify result, tokio-postgres' refusal); never
+/// retried: the same certificates fail the same way.
+fn tls_cause(chain: &str) -> Option<(&'static str, bool)> {
+    let text = chain.to_lowercase();
+    let cause = if text.contains("server does not support tls") {
+        "TLS is required (sslmode) but the server does not offer it"
+    } else if text.contains("hostname mismatch") || text.contains("ip address mismatch") {
+        "TLS host name mismatch: the server's certificate does not name the host connected to (sslmode=verify-full)"
+    } else if text.contains("certificate verify failed")
+        && [
+            "local issuer",
+            "self-signed",
+            "self signed",
+            "unable to get issuer",
+        ]
+        .iter()
+        .any(|r| text.contains(r))
+    {
+        "TLS certificate verify failed: the server's certificate is not signed by a CA in sslrootcert"
+    } else if text.contains("certificate verify failed") {
+        "TLS certificate verify failed (OpenSSL's reason at the end)"
+    } else if text.contains("ssl routines") || text.contains("tlsv1 alert") {
+        "TLS handshake failed"
+    } else {
+        return None;
+    };
+    Some((cause, false))
 }
 
 fn io_cause(io: &std::io::Error) -> (&'static str, bool) {
@@ -274,5 +306,18 @@ mod tests {
             kafka_cause(&r(slow)),
             "timed out (no answer from any broker)"
         );
+    }
+
+    #[test]
+    fn tls_causes() {
+        let c = |s: &str| tls_cause(s).map(|c| c.0).unwrap_or("none");
+        assert!(c("error performing TLS handshake: error:0A000086:SSL routines:tls_post_process_server_certificate:certificate verify failed: Hostname mismatch").contains("host name mismatch"));
+        assert!(c("error performing TLS handshake: ...certificate verify failed: unable to get local issuer certificate").contains("not signed by a CA"));
+        assert!(
+            c("error performing TLS handshake: server does not support TLS")
+                .contains("does not offer")
+        );
+        assert!(c("...certificate verify failed: certificate has expired").ends_with("at the end)"));
+        assert_eq!(c("connection refused"), "none");
     }
 }

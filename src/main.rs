@@ -63,6 +63,10 @@ fn signals_with_deadline(shutdown: Arc<AtomicBool>, give_up: Arc<AtomicBool>, ti
 fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
     let p = config::load(&a.config)?;
     println!("{}: valid\n\n{}", a.config.display(), p.four_answers());
+    if let Ok(url) = database_url(&p) {
+        // How the database is reached (TLS, where the password comes from), never a secret.
+        println!("\n{}", replaysafe::sink::conninfo::summary(&url)?);
+    }
     let mut failed = Vec::new();
     if a.connect {
         let brokers = brokers(&p, a.brokers)?;

@@ -76,7 +76,7 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
     for (k, v) in &rk.properties {
         let key = k.get_ref().as_str();
         let value = match v.get_ref() {
-            toml::Value::String(s) => s.clone(),
+            toml::Value::String(s) => super::expand::expand(src, s, v.span())?,
             toml::Value::Integer(i) => i.to_string(),
             toml::Value::Boolean(b) => b.to_string(),
             _ => {
@@ -115,7 +115,10 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
         src.error(span, m)
     })?;
     Ok(KafkaPlan {
-        brokers: rk.brokers.as_ref().map(|b| b.get_ref().clone()),
+        brokers: match &rk.brokers {
+            Some(b) => Some(super::expand::expand(src, b.get_ref(), b.span())?),
+            None => None,
+        },
         group_id,
         topics,
         start,

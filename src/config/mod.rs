@@ -2,7 +2,9 @@
 //!
 //! Every error names `file:line:column`. See `reference.toml` for every key, its default and unit.
 
+pub mod connection;
 pub mod errors;
+pub mod expand;
 pub mod fields;
 pub mod kafka;
 pub mod plan;
@@ -10,6 +12,7 @@ pub mod raw;
 pub mod source;
 pub mod timeouts;
 
+pub use connection::{ConnectionPlan, SslMode};
 pub use errors::{ErrorsPlan, Tolerance};
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
@@ -125,6 +128,7 @@ mod tests {
             "lock-timeout-ms",
             "statement-timeout-ms",
             "idle-in-transaction-timeout-ms",
+            "sslmode",
             "max-records",
             "linger-ms",
             "max-record-bytes",

@@ -67,8 +67,10 @@ pub struct Pipeline {
 /// `[postgres]`, validated.
 #[derive(Debug, Clone)]
 pub struct PostgresPlan {
-    /// Connection string; `None` means `DATABASE_URL`.
+    /// Connection string (after `${NAME}` expansion); `None` means `DATABASE_URL`.
     pub url: Option<String>,
+    /// TLS and password settings (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`, `password-file`).
+    pub connection: super::ConnectionPlan,
     /// The schema all replaysafe tables and unqualified projection tables live in.
     pub schema: Ident,
     /// Connections used to commit partitions in parallel.
@@ -315,7 +317,11 @@ fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
         None => Ident::new("public").expect("static"),
     };
     Ok(PostgresPlan {
-        url: raw.postgres.url.as_ref().map(|u| u.get_ref().clone()),
+        url: match &raw.postgres.url {
+            Some(u) => Some(super::expand::expand(src, u.get_ref(), u.span())?),
+            None => None,
+        },
+        connection: super::connection::connection(src, &raw.postgres)?,
         schema: schema.clone(),
         connections: match positive(
             src,

@@ -59,6 +59,11 @@ pub struct RawPostgres {
     pub statement_timeout_ms: Option<Spanned<i64>>,
     pub idle_in_transaction_timeout_ms: Option<Spanned<i64>>,
     pub manage_schema: Option<Spanned<bool>>,
+    pub sslmode: Option<Spanned<String>>,
+    pub sslrootcert: Option<Spanned<String>>,
+    pub sslcert: Option<Spanned<String>>,
+    pub sslkey: Option<Spanned<String>>,
+    pub password_file: Option<Spanned<String>>,
 }
 
 /// `[batch]`

@@ -142,11 +142,15 @@ fn where_error(e: tokio_postgres::Error, filter: Option<&str>) -> Error {
 }
 
 fn database_url(p: &Pipeline) -> Result<String> {
-    p.postgres
+    let url = p
+        .postgres
         .url
         .clone()
         .or_else(|| std::env::var("DATABASE_URL").ok())
-        .ok_or_else(|| Error::Usage("no database: set [postgres] url or DATABASE_URL".into()))
+        .ok_or_else(|| Error::Usage("no database: set [postgres] url or DATABASE_URL".into()))?;
+    // The pipeline's TLS and password keys apply to this URL too.
+    crate::sink::conninfo::note(&url, &p.postgres.connection, &p.source.path);
+    Ok(url)
 }
 
 /// One day whose aggregate change differs from what the backfill reported.

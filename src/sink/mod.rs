@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod build;
 pub mod checkpoint;
+pub mod conninfo;
 pub mod dead_letters;
 pub mod error;
 pub mod ledger;
@@ -12,6 +13,7 @@ pub mod privileges;
 pub mod projset;
 pub mod projstart;
 pub mod schema;
+pub mod tls;
 pub mod verify;
 
 pub use batch::{Batch, Item, Outcome, Pending, Tally};
@@ -21,7 +23,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::NaiveDate;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 use crate::config::{Pipeline, Timeouts};
 use crate::error::{Error, Result};
@@ -72,7 +74,7 @@ pub struct Sink {
 pub const SESSION_SETTINGS: &str =
     "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; SET intervalstyle = 'postgres'";
 
-/// Opens a connection (TLS off; see README) with [`SESSION_SETTINGS`] and the default [`Timeouts`] (tools
+/// Opens a connection (TLS as the URL and the noted `[postgres]` keys say: [`tls`]) with [`SESSION_SETTINGS`] and the default [`Timeouts`] (tools
 /// without a pipeline's `[postgres]` settings); see [`connect_with`].
 ///
 /// # Errors
@@ -81,29 +83,27 @@ pub async fn connect(url: &str) -> Result<Client> {
     connect_with(url, &Timeouts::default()).await
 }
 
-/// Opens a connection (TLS off; see README) with [`SESSION_SETTINGS`] and `timeouts` pinned
+/// Opens a connection with [`SESSION_SETTINGS`] and `timeouts` pinned
 /// ([`Timeouts::settings`]: `lock_timeout`, `statement_timeout`, `idle_in_transaction_session_timeout`), so that
 /// no wait of this session on PostgreSQL is unbounded. A statement that legitimately needs longer (a rebuild's
 /// delete, a prune's DDL lock) overrides them with `SET LOCAL` in its transaction.
 ///
 /// # Errors
-/// [`Error::Postgres`].
+/// [`Error::Postgres`]; [`Error::Usage`] for a URL that does not parse or TLS files that cannot be used
+/// ([`conninfo::resolve`], [`tls::connector`]). TLS parameters (`sslmode` up to verify-full, `sslrootcert`,
+/// `sslcert`, `sslkey`) come from the URL as libpq spells them or from `[postgres]` ([`conninfo`]).
 /// A connection that fails names the address (`host:port`, never the password), where the URL came from and
 /// the cause ([`crate::endpoint`]); one attempt waits at most `connect_timeout` of the URL, else
 /// [`crate::endpoint::ATTEMPT_TIMEOUT`] (bounded by `--connect-timeout`).
 pub async fn connect_with(url: &str, timeouts: &Timeouts) -> Result<Client> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-        Error::Usage(format!(
-            "the database URL (from {}) does not parse: {e}",
-            crate::endpoint::origin(url, "DATABASE_URL")
-        ))
-    })?;
+    let (mut config, security) = conninfo::resolve(url)?;
+    let tls = tls::connector(&security)?;
     if config.get_connect_timeout().is_none() {
         let bound = crate::endpoint::ATTEMPT_TIMEOUT.min(crate::endpoint::connect_timeout());
         config.connect_timeout(bound.max(std::time::Duration::from_secs(1)));
     }
     let (client, connection) = config
-        .connect(NoTls)
+        .connect(tls)
         .await
         .map_err(|e| Error::Connect(crate::endpoint::pg_error(&config, url, &e)))?;
     tokio::spawn(async move {

@@ -23,5 +23,6 @@ mod privileges;
 mod projections;
 mod sasl;
 mod starts;
+mod tls;
 mod tolerance;
 mod waits;

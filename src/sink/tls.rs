@@ -1,0 +1,137 @@
+//! TLS to PostgreSQL with OpenSSL (`postgres-openssl`, maintained with tokio-postgres itself).
+//!
+//! Why OpenSSL: librdkafka already links it (the rdkafka `ssl` feature), so one TLS library and one set of
+//! build prerequisites (`libssl-dev`) serve both PostgreSQL and Kafka; it is the library libpq uses, so
+//! certificates and keys that work with `psql` work here, and its verification messages ("unable to get local
+//! issuer certificate", "Hostname mismatch") are the ones operators know. The libpq semantics followed (PostgreSQL
+//! manual, "SSL Support" § Protection Provided in Different Modes):
+//!
+//! | `sslmode` | TLS | certificate chain | host name |
+//! |---|---|---|---|
+//! | `disable` | no | – | – |
+//! | `prefer` (default) | when offered | not checked* | no |
+//! | `require` | required | not checked* | no |
+//! | `verify-ca` | required | must chain to `sslrootcert` | no |
+//! | `verify-full` | required | must chain to `sslrootcert` | must match the host connected to |
+//!
+//! \* as in libpq, an explicit `sslrootcert` makes `prefer`/`require` check the chain (as `verify-ca`).
+//! `sslrootcert` is a PEM file (only its CAs are trusted) or `system` (the system's trusted CAs); for the verify
+//! modes without it, `~/.postgresql/root.crt` is used when it exists, else the connection is refused with a
+//! message saying so. `sslcert`/`sslkey` present a client certificate (`cert` authentication); the key file
+//! must not be readable by group or others (0600; 0640 when owned by root), as libpq requires.
+
+use std::path::{Path, PathBuf};
+
+use openssl::ssl::{SslConnector, SslFiletype, SslMethod, SslVerifyMode};
+use openssl::x509::store::X509StoreBuilder;
+use openssl::x509::X509;
+use postgres_openssl::MakeTlsConnector;
+
+use super::conninfo::Security;
+use crate::config::SslMode;
+use crate::error::{Error, Result};
+
+/// The connector for one connection's [`Security`].
+///
+/// # Errors
+/// [`Error::Usage`] naming the file and the key when a CA file, certificate or key cannot be read or used, a key
+/// file is readable by others, or a verify mode has no CA to verify with.
+pub fn connector(s: &Security) -> Result<MakeTlsConnector> {
+    let setup =
+        |what: String| move |e: openssl::error::ErrorStack| Error::Usage(format!("{what}: {e}"));
+    let mut b = SslConnector::builder(SslMethod::tls_client())
+        .map_err(setup("TLS setup (OpenSSL)".into()))?;
+    let verify = match (s.mode, trust_anchor(s)?) {
+        (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
+            return Err(Error::Usage(format!(
+                "sslmode={} needs the CA certificate that signed the server's: set sslrootcert (a PEM file, or \
+                 `system` for the system's trusted CAs) in the URL or in [postgres]",
+                s.mode.as_str()
+            )))
+        }
+        (_, None) => false,
+        (_, Some(Anchor::System)) => true,
+        (_, Some(Anchor::File(path))) => {
+            b.set_cert_store(ca_store(&path)?);
+            true
+        }
+    };
+    b.set_verify(match verify {
+        true => SslVerifyMode::PEER,
+        false => SslVerifyMode::NONE,
+    });
+    if let Some((cert, key)) = &s.client {
+        check_key_permissions(key)?;
+        b.set_certificate_chain_file(cert)
+            .map_err(setup(format!("sslcert {}", cert.display())))?;
+        b.set_private_key_file(key, SslFiletype::PEM)
+            .map_err(setup(format!(
+                "sslkey {} (the key of sslcert {})",
+                key.display(),
+                cert.display()
+            )))?;
+        b.check_private_key().map_err(setup(format!(
+            "sslkey {} does not match sslcert {}",
+            key.display(),
+            cert.display()
+        )))?;
+    }
+    let mut connector = MakeTlsConnector::new(b.build());
+    let full = s.mode == SslMode::VerifyFull;
+    connector.set_callback(move |c, _| {
+        c.set_verify_hostname(full);
+        Ok(())
+    });
+    Ok(connector)
+}
+
+enum Anchor {
+    System,
+    File(PathBuf),
+}
+
+/// The CAs to verify with: `sslrootcert`, else `~/.postgresql/root.crt` for the verify modes when it exists.
+fn trust_anchor(s: &Security) -> Result<Option<Anchor>> {
+    Ok(match s.rootcert.as_deref() {
+        Some("system") => Some(Anchor::System),
+        Some(p) => Some(Anchor::File(PathBuf::from(p))),
+        None if matches!(s.mode, SslMode::VerifyCa | SslMode::VerifyFull) => {
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".postgresql/root.crt"))
+                .filter(|p| p.is_file())
+                .map(Anchor::File)
+        }
+        None => None,
+    })
+}
+
+/// A store holding only the certificates of the PEM file `path`.
+fn ca_store(path: &Path) -> Result<openssl::x509::store::X509Store> {
+    let bad = |m: String| Error::Usage(format!("sslrootcert {}: {m}", path.display()));
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let certs = X509::stack_from_pem(&pem).map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("no PEM certificate in the file".into()));
+    }
+    let mut store = X509StoreBuilder::new().map_err(|e| bad(e.to_string()))?;
+    for c in certs {
+        store.add_cert(c).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(store.build())
+}
+
+/// libpq's rule: a private key readable by group or others is refused (0640 allowed when owned by root).
+fn check_key_permissions(key: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(key)
+        .map_err(|e| Error::Usage(format!("sslkey {}: {e}", key.display())))?;
+    let mode = meta.mode() & 0o777;
+    let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
+    if mode & !allowed != 0 {
+        return Err(Error::Usage(format!(
+            "sslkey {} has permissions {mode:04o}: a private key must not be readable by others (chmod 0600)",
+            key.display()
+        )));
+    }
+    Ok(())
+}
