@@ -3,6 +3,7 @@
 
 mod backfill;
 mod cases;
+mod cases_hostile;
 mod cdc;
 mod cdc_order;
 mod common;
