@@ -3,13 +3,7 @@
 //! beyond f64/i64), C42 (transactional producers: aborted records never reach the ledger; `read_uncommitted`
 //! refused), C43 (kcat -J dumps: `payload_error`, null vs empty key, headers, missing `ts`, raw bytes).
 
-use std::time::Duration;
-
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::Consumer;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
-use crate::cases::{case_topic, load, orders_pipeline, ORDERS};
+use crate::cases::{case_topic, load, ORDERS};
 use crate::common::*;
 
 /// [`ORDERS`] plus the fields and projections C35 and C39 name: `customers` (display_name as text) and
