@@ -4,6 +4,7 @@
 mod backfill;
 mod cases;
 mod cases_hostile;
+mod cases_kcat;
 mod cases_tx;
 mod cdc;
 mod cdc_order;
