@@ -258,7 +258,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("p.toml:5:") && e.contains("`isolation.level`") && e.contains("read_uncommitted"),
+            e.starts_with("p.toml:5:")
+                && e.contains("`isolation.level`")
+                && e.contains("read_uncommitted"),
             "{e}"
         );
         let ok = text.replace("read_uncommitted", "read_committed");

@@ -528,7 +528,11 @@ partition-by = "day"
         let lone = br#"{"event_id": "x", "name": "Dee \ud800"}"#;
         let r = decode(&p, Some(lone)).unwrap_err();
         assert_eq!(r.reason, Reason::InvalidJson);
-        assert!(r.detail.contains("unpaired surrogate \\ud800"), "{}", r.detail);
+        assert!(
+            r.detail.contains("unpaired surrogate \\ud800"),
+            "{}",
+            r.detail
+        );
         let trail = br#"{"name": "\udc00 x"}"#;
         assert!(decode(&p, Some(trail))
             .unwrap_err()
@@ -537,7 +541,10 @@ partition-by = "day"
         // A pair is fine; an escaped backslash before `u` is text, not an escape.
         assert_eq!(unpaired_surrogate(br#""\ud83d\ude00""#), None);
         assert_eq!(unpaired_surrogate(br#""\\ud800""#), None);
-        assert_eq!(unpaired_surrogate(br#""\ud800\u0041""#), Some(("\\ud800".into(), 1)));
+        assert_eq!(
+            unpaired_surrogate(br#""\ud800\u0041""#),
+            Some(("\\ud800".into(), 1))
+        );
     }
 
     #[test]

@@ -58,6 +58,7 @@ pub fn snapshot(
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
+        .set("isolation.level", "read_committed")
         .create()?;
     let parts = crate::source::kafka::partitions(&consumer, &pipeline.kafka.topics)?;
     let mut tpl = TopicPartitionList::new();

@@ -33,11 +33,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::Pipeline;
-use crate::engine::decide::decide;
 use crate::decode::{Reason, Rejection};
+use crate::engine::decide::decide;
 use crate::engine::{lock, Ack, NoAck, PartState, Polled, Record, Shared, Source, Tp};
-use crate::sink::Pending;
 use crate::error::{Error, Result};
+use crate::sink::Pending;
 
 /// One line of `kcat -C -J` output.
 #[derive(Deserialize)]
@@ -385,8 +385,8 @@ fn parse_line(pipeline: &Pipeline, text: &str, at: &str) -> Result<Record> {
             env.topic
         )));
     }
-    let headers = headers(env.headers.as_ref())
-        .map_err(|m| Error::Other(format!("{at}: `headers`: {m}")))?;
+    let headers =
+        headers(env.headers.as_ref()).map_err(|m| Error::Other(format!("{at}: `headers`: {m}")))?;
     let old_key = headers
         .iter()
         .rev()
@@ -407,7 +407,12 @@ fn parse_line(pipeline: &Pipeline, text: &str, at: &str) -> Result<Record> {
             Reason::UndecodableValue,
             format!("the {what} could not be decoded (kcat's {what}_error in the dump): {e}"),
         )),
-        None => decide(pipeline, key.as_deref(), value.as_deref(), old_key.as_deref()),
+        None => decide(
+            pipeline,
+            key.as_deref(),
+            value.as_deref(),
+            old_key.as_deref(),
+        ),
     };
     Ok(Record {
         tp: (env.topic, env.partition),
@@ -457,7 +462,9 @@ fn headers(v: Option<&serde_json::Value>) -> std::result::Result<Vec<Header>, St
     let value = |v: &Value| match v {
         Value::String(s) => Ok(Some(s.clone())),
         Value::Null => Ok(None),
-        other => Err(format!("a header value must be a string or null, not {other}")),
+        other => Err(format!(
+            "a header value must be a string or null, not {other}"
+        )),
     };
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
@@ -550,9 +557,10 @@ mod tests {
 
     #[test]
     fn headers_keep_order_duplicates_and_nulls() {
-        let v: serde_json::Value =
-            serde_json::from_str(r#"["trace-id","t-1","source","checkout","source","retry","flag",null]"#)
-                .unwrap();
+        let v: serde_json::Value = serde_json::from_str(
+            r#"["trace-id","t-1","source","checkout","source","retry","flag",null]"#,
+        )
+        .unwrap();
         let h = headers(Some(&v)).unwrap();
         let want: Vec<Header> = vec![
             ("trace-id".into(), Some("t-1".into())),
@@ -562,7 +570,8 @@ mod tests {
         ];
         assert_eq!(h, want);
         assert_eq!(headers(None).unwrap(), vec![]);
-        let map: serde_json::Value = serde_json::from_str(r#"{"source":["a","b"],"flag":[null]}"#).unwrap();
+        let map: serde_json::Value =
+            serde_json::from_str(r#"{"source":["a","b"],"flag":[null]}"#).unwrap();
         assert_eq!(headers(Some(&map)).unwrap().len(), 3);
         let odd: serde_json::Value = serde_json::from_str(r#"["a","b","c"]"#).unwrap();
         assert!(headers(Some(&odd)).unwrap_err().contains("pairs"));

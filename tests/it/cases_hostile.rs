@@ -35,13 +35,10 @@ GROUP BY entity_id ON CONFLICT (order_id) DO UPDATE SET total = coalesce(EXCLUDE
   external_ref = coalesce(EXCLUDED.external_ref, order_facts.external_ref),
   points = coalesce(EXCLUDED.points, order_facts.points)"""
 "#;
-    let text = ORDERS
-        .replace("MAXBYTES", "")
-        .replace(
-            "notes = { path = \"/data/notes\", type = \"text\", optional = true }\n",
-            fields,
-        )
-        + projections;
+    let text = ORDERS.replace("MAXBYTES", "").replace(
+        "notes = { path = \"/data/notes\", type = \"text\", optional = true }\n",
+        fields,
+    ) + projections;
     let text = text.replace("{schema}.", &format!("\"{}\".", db.schema));
     pipeline(&text, topic, group, &db.schema)
 }
@@ -75,7 +72,11 @@ fn c35_nul_and_unpaired_surrogate_are_quarantined_by_name() {
         &[],
     );
     let got: Vec<(String, String)> = customers.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let want = [("c-400", "Ana"), ("c-402", "Cy \u{1F600}"), ("c-404", "Eve")];
+    let want = [
+        ("c-400", "Ana"),
+        ("c-402", "Cy \u{1F600}"),
+        ("c-404", "Eve"),
+    ];
     assert_eq!(
         got,
         want.map(|(a, b)| (a.to_string(), b.to_string())).to_vec(),
@@ -105,7 +106,10 @@ fn c35_nul_and_unpaired_surrogate_are_quarantined_by_name() {
     assert_eq!(committed(&group, &topic, 1), vec![Some(end)]);
     // A replay under another group: every good record a duplicate, no second dead letter.
     let again = run_caught_up(&hostile_pipeline(&topic, &unique("g2"), &db).path).tally();
-    assert_eq!((again.landed, again.duplicate, again.quarantined), (0, 3, 2));
+    assert_eq!(
+        (again.landed, again.duplicate, again.quarantined),
+        (0, 3, 2)
+    );
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
         2
@@ -169,7 +173,8 @@ fn c39_numbers_beyond_f64_and_i64_keep_their_digits() {
     // Replaying gives identical values.
     run_caught_up(&hostile_pipeline(&topic, &unique("g2"), &db).path);
     assert_eq!(
-        db.text("SELECT total::text || '/' || points::text FROM {s}.order_facts").as_deref(),
+        db.text("SELECT total::text || '/' || points::text FROM {s}.order_facts")
+            .as_deref(),
         Some("12345678901234567.89/327267367867168100000")
     );
     assert_eq!(

@@ -14,7 +14,10 @@ use crate::common::*;
 /// The dump lines of C43 (each record's note holds the exact kcat line) for `topic`, `$HEX(e9)` as the raw
 /// byte 0xE9.
 fn c43_dump(topic: &str) -> Vec<Vec<u8>> {
-    let path = format!("{}/tests/fixtures/cases/C43.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/fixtures/cases/C43.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let case: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     case["records"]
         .as_array()
@@ -64,7 +67,10 @@ fn c43_kcat_dump_with_raw_bytes_stops_then_quarantines_the_line() {
     let p = orders_pipeline(&topic, &unique("g"), &db, None);
     let file = p.dir.path().join("dump.jsonl");
     let lines = c43_dump(&topic);
-    assert!(std::str::from_utf8(&lines[4]).is_err(), "line 5 holds the raw 0xE9");
+    assert!(
+        std::str::from_utf8(&lines[4]).is_err(),
+        "line 5 holds the raw 0xE9"
+    );
     write_dump(&file, &lines);
 
     // By default the load stops at line 5, naming it and the record; lines 1-4 are applied, line 6 is not.
@@ -84,7 +90,11 @@ fn c43_kcat_dump_with_raw_bytes_stops_then_quarantines_the_line() {
     );
     assert_eq!(dl.len(), 1);
     assert_eq!(
-        (dl[0].get::<_, i32>(0), dl[0].get::<_, i64>(1), dl[0].get::<_, String>(2)),
+        (
+            dl[0].get::<_, i32>(0),
+            dl[0].get::<_, i64>(1),
+            dl[0].get::<_, String>(2)
+        ),
         (0, 4, "null-value".to_string())
     );
     assert_eq!(dl[0].get::<_, Option<Vec<u8>>>(3), Some(b"o-900".to_vec()));
@@ -159,7 +169,10 @@ fn undecodable(db: &Db) -> Vec<(i64, String, String, Option<Vec<u8>>, Option<Str
 fn assert_undecodable(db: &Db) {
     let dl = undecodable(db);
     assert_eq!(dl.len(), 2, "{dl:?}");
-    for (row, msg) in dl.iter().zip(["schema id 7 not found", "Invalid CP1 magic byte 123"]) {
+    for (row, msg) in dl
+        .iter()
+        .zip(["schema id 7 not found", "Invalid CP1 magic byte 123"])
+    {
         assert_eq!(row.1, "undecodable-value", "{dl:?}");
         assert!(
             row.2.contains("could not be decoded") && row.2.contains(msg),
@@ -169,7 +182,13 @@ fn assert_undecodable(db: &Db) {
     assert_eq!(dl[0].3, Some(Vec::new()), "the empty key is not null");
     assert_eq!(dl[1].3, None, "the null key is not empty");
     assert_eq!(dl[0].4, None, "no ts: the time is unknown, not 1970");
-    assert!(dl[1].4.as_deref().is_some_and(|t| t.starts_with("2024-04-25")), "{dl:?}");
+    assert!(
+        dl[1]
+            .4
+            .as_deref()
+            .is_some_and(|t| t.starts_with("2024-04-25")),
+        "{dl:?}"
+    );
 }
 
 #[test]
@@ -204,6 +223,11 @@ columns = { f1 = "text", f2 = "integer" }
     let out = load_dump(&p, &file, &[]);
     out.assert_ok();
     let t = out.tally();
-    assert_eq!((t.consumed, t.filtered, t.quarantined), (2, 0, 2), "{}", out.stdout);
+    assert_eq!(
+        (t.consumed, t.filtered, t.quarantined),
+        (2, 0, 2),
+        "{}",
+        out.stdout
+    );
     assert_undecodable(&db);
 }

@@ -139,8 +139,15 @@ fn c42_aborted_transactions_never_reach_the_ledger() {
         vec!["check", "--config", arg(&bad.path)],
         vec!["run", "--config", arg(&bad.path), "--until-caught-up"],
         vec![
-            "backfill", "--config", arg(&bad.path), "--from", "2024-04-25", "--to", "2024-04-26",
-            "--group-id", "c42-bf",
+            "backfill",
+            "--config",
+            arg(&bad.path),
+            "--from",
+            "2024-04-25",
+            "--to",
+            "2024-04-26",
+            "--group-id",
+            "c42-bf",
         ],
     ] {
         let out = replaysafe(&args);
@@ -194,7 +201,8 @@ fn c42_backfill_reads_committed_records_only() {
     assert_committed_state(&db, &topic, offsets);
     assert_eq!(db.checkpoint(&bf, &topic, 0), Some(9), "{r}");
     assert!(
-        out.stderr.contains("consumed 3 = landed 3 + duplicate 0 + filtered 0 + quarantined 0"),
+        out.stderr
+            .contains("consumed 3 = landed 3 + duplicate 0 + filtered 0 + quarantined 0"),
         "{}",
         out.stderr
     );

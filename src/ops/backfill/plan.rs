@@ -196,6 +196,7 @@ pub fn plan(
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", &opts.group_id)
+        .set("isolation.level", "read_committed")
         .create()?;
     let parts = partitions(&consumer, &pipeline.kafka.topics)?;
     // Ends captured before the lookups: "End" means the end as it was at the lookup (case C15).

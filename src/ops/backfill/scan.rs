@@ -33,6 +33,7 @@ pub(crate) fn past_the_stop(
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
+        .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "error")
         .create()?;
