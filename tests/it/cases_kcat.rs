@@ -154,8 +154,10 @@ fn payload_error_lines(topic: &str) -> String {
     )
 }
 
-/// Dead letters as (offset, reason, detail, key, record timestamp as text).
-fn undecodable(db: &Db) -> Vec<(i64, String, String, Option<Vec<u8>>, Option<String>)> {
+/// A dead letter: offset, reason, detail, key, record timestamp as text.
+type DeadLetter = (i64, String, String, Option<Vec<u8>>, Option<String>);
+
+fn undecodable(db: &Db) -> Vec<DeadLetter> {
     db.query(
         "SELECT \"offset\", reason, detail, key, record_timestamp::text FROM {s}.replaysafe_dead_letters \
          ORDER BY \"offset\"",
