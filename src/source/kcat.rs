@@ -49,9 +49,9 @@ pub(crate) fn parse_line(pipeline: &Pipeline, text: &str, at: &str) -> Result<Re
     }
     let headers =
         headers(env.headers.as_ref()).map_err(|m| Error::Other(format!("{at}: `headers`: {m}")))?;
+    // The first such header, as from the broker (`decode::debezium::old_key_header`).
     let old_key = headers
         .iter()
-        .rev()
         .find(|(name, _)| name == crate::decode::debezium::envelope::OLD_KEY_HEADER)
         .and_then(|(_, v)| v.clone())
         .map(String::into_bytes);
