@@ -68,6 +68,16 @@ pub struct Assign {
     all_done_at: Option<std::time::Instant>,
 }
 
+/// Stops fetching a partition that reached its stop: polls then go idle (the engine steps checkpoints over
+/// control records only when idle) instead of returning the records past the stop until the partition's end.
+fn pause(consumer: &BaseConsumer, tp: &Tp) {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&tp.0, tp.1);
+    if let Err(e) = consumer.pause(&tpl) {
+        tracing::debug!(topic = %tp.0, partition = tp.1, "pause after the stop: {e}");
+    }
+}
+
 /// How long a finished assign source waits for the engine to step checkpoints over the control records before
 /// their stops (a transactional producer's last markers) before it ends with them below (a rerun resumes there
 /// and reads nothing).
@@ -250,10 +260,12 @@ impl Source for Assign {
                 };
                 if part.done || msg.offset() >= part.range.stop {
                     part.done = true;
+                    pause(&self.ack.consumer, &part.range.tp);
                     return Polled::Busy;
                 }
                 if msg.offset() + 1 >= part.range.stop {
                     part.done = true;
+                    pause(&self.ack.consumer, &part.range.tp);
                 }
                 Polled::Record(record(&msg))
             }

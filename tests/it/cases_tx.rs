@@ -206,4 +206,26 @@ fn c42_backfill_reads_committed_records_only() {
         "{}",
         out.stderr
     );
+
+    // A stop in the middle, right after a COMMIT marker (stop 6: records 0 and 4, markers 1, 3, 5; record 6 is
+    // past it): the checkpoint reaches the stop, not the last record's 5.
+    let stop = p.dir.path().join("stop.json");
+    std::fs::write(
+        &stop,
+        format!(
+            r#"{{"group":"prod","taken_at":"2024-05-01T00:00:00Z","source":"kafka-committed","partitions":[{{"topic":"{topic}","partition":0,"next_offset":6}}]}}"#
+        ),
+    )
+    .unwrap();
+    let mid = unique("bf-mid");
+    let out = backfill(&p, "2024-04-25", ("--to-offsets", arg(&stop)), &mid, &[]);
+    out.assert_ok();
+    assert!(
+        out.stderr
+            .contains("consumed 2 = landed 0 + duplicate 2 + filtered 0 + quarantined 0"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.checkpoint(&mid, &topic, 0), Some(6));
+    assert_committed_state(&db, &topic, offsets);
 }
