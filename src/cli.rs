@@ -85,7 +85,11 @@ pub enum Command {
         /// and KAFKA_BROKERS. Without any, a load under its own group is not checked (warned).
         #[arg(long)]
         brokers: Option<String>,
-        /// The records: `kcat -C -J -e -b BROKERS -t TOPIC > FILE`.
+        /// A line whose bytes are not UTF-8 (kcat copies a binary key or value unescaped) is quarantined as
+        /// `undecodable-value` — the dead letter's value is the whole line — instead of stopping the load there.
+        #[arg(long)]
+        quarantine_invalid_utf8: bool,
+        /// The records: `kcat -C -J -e -b BROKERS -t TOPIC -X isolation.level=read_committed > FILE`.
         file: PathBuf,
     },
     /// Validate the pipeline file (librdkafka properties included) and print the four answers; exit 0 when

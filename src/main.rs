@@ -182,13 +182,14 @@ fn load(
     config: PathBuf,
     (group, take_over): (Option<String>, bool),
     flag: Option<String>,
-    file: PathBuf,
+    (file, quarantine_invalid_utf8): (PathBuf, bool),
 ) -> anyhow::Result<()> {
     let p = Arc::new(config::load(&config)?);
     let opts = ops::load::LoadOptions {
         database_url: database_url(&p)?,
         group,
         take_over,
+        quarantine_invalid_utf8,
         brokers: brokers(&p, flag).ok(),
         shutdown: Arc::new(AtomicBool::new(false)),
     };
@@ -354,8 +355,14 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             group_id,
             take_over,
             brokers,
+            quarantine_invalid_utf8,
             file,
-        } => load(config, (group_id, take_over), brokers, file),
+        } => load(
+            config,
+            (group_id, take_over),
+            brokers,
+            (file, quarantine_invalid_utf8),
+        ),
         Command::Offsets {
             command:
                 OffsetsCommand::Snapshot {

@@ -100,6 +100,10 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
                     format!("set `{key}` through `group-id`, `brokers` or `start` in [kafka], not in [kafka.properties]"),
                 ))
             }
+            "isolation.level" => {
+                check_isolation(&value).map_err(|m| src.error(k.span(), m))?;
+                properties.push((key.to_string(), value));
+            }
             _ => {
                 check_property(key, &value).map_err(|m| src.error(k.span(), m))?;
                 properties.push((key.to_string(), value));
@@ -124,6 +128,25 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
         start,
         properties,
     })
+}
+
+/// `isolation.level` in `[kafka.properties]`: only `read_committed` (what every consumer of replaysafe sets anyway,
+/// [`crate::source::kafka::consumer_config`]). With `read_uncommitted` the records of aborted producer
+/// transactions are delivered (Kafka's consumer configuration, `isolation.level`; librdkafka CONFIGURATION.md): an
+/// aborted record would claim its event id in the ledger before the committed retry, which would then count as a
+/// duplicate (case C42).
+///
+/// # Errors
+/// The message naming the key, the value and why.
+fn check_isolation(value: &str) -> std::result::Result<(), String> {
+    if value == "read_committed" {
+        return Ok(());
+    }
+    Err(format!(
+        "`isolation.level` = `{value}` is refused: replaysafe reads with `read_committed` only — with \
+         `read_uncommitted` the records of aborted producer transactions would reach the ledger and claim their \
+         event ids before the committed retry; remove the key (read_committed is always set)"
+    ))
 }
 
 /// Checks one librdkafka property as librdkafka itself does when it is set (`rd_kafka_conf_set`: the name must be
@@ -311,6 +334,23 @@ mod tests {
         ] {
             assert!(!is_secret(k), "{k}");
         }
+    }
+
+    #[test]
+    fn read_uncommitted_is_refused_naming_the_key_and_line() {
+        let text = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[kafka.properties]\n\"isolation.level\" = \"read_uncommitted\"\n\
+                    [fields]\nevent_id = { path = \"/event_id\", type = \"uuid\" }\n[identity]\nkey = [\"event_id\"]\n";
+        let e = crate::config::parse("p.toml", text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.toml:5:")
+                && e.contains("`isolation.level`")
+                && e.contains("read_uncommitted"),
+            "{e}"
+        );
+        let ok = text.replace("read_uncommitted", "read_committed");
+        crate::config::parse("p.toml", &ok).unwrap();
     }
 
     #[test]

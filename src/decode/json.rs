@@ -55,6 +55,57 @@ pub(crate) fn check_size(pipeline: &Pipeline, bytes: &[u8]) -> Result<(), Reject
     Ok(())
 }
 
+/// The detail of a value the JSON parser refused: an unpaired UTF-16 surrogate escape (`\ud800` not followed
+/// by a low surrogate, or a lone `\udc00`) is named as such — serde_json reports it as "unexpected end of hex
+/// escape" or "lone leading surrogate", and PostgreSQL's jsonb refuses it too (RFC 8259 §8.2: such a string
+/// has no Unicode meaning); anything else is the parser's message.
+pub(crate) fn not_json(bytes: &[u8], e: &serde_json::Error) -> String {
+    match unpaired_surrogate(bytes) {
+        Some((escape, at)) => {
+            format!("value is not valid JSON: unpaired surrogate {escape} at byte {at}")
+        }
+        None => format!("value is not valid JSON: {e}"),
+    }
+}
+
+/// The first `\uXXXX` escape in `bytes` that is a UTF-16 surrogate without its partner, and its byte offset.
+fn unpaired_surrogate(bytes: &[u8]) -> Option<(String, usize)> {
+    let hex = |at: usize| -> Option<u16> {
+        let h = bytes.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        if bytes.get(i + 1) != Some(&b'u') {
+            i += 2; // another escape (`\\`, `\"`, …): its second byte is not a new escape
+            continue;
+        }
+        let Some(u) = hex(i + 2) else {
+            i += 2;
+            continue;
+        };
+        let escape = String::from_utf8_lossy(&bytes[i..i + 6]).into_owned();
+        match u {
+            0xD800..=0xDBFF => {
+                let low = (bytes.get(i + 6..i + 8) == Some(b"\\u"))
+                    .then(|| hex(i + 8))
+                    .flatten();
+                if !matches!(low, Some(0xDC00..=0xDFFF)) {
+                    return Some((escape, i));
+                }
+                i += 12;
+            }
+            0xDC00..=0xDFFF => return Some((escape, i)),
+            _ => i += 6,
+        }
+    }
+    None
+}
+
 /// Decodes `value` (the raw record value) into the pipeline's fields.
 ///
 /// # Errors
@@ -67,9 +118,8 @@ pub fn decode(pipeline: &Pipeline, value: Option<&[u8]>) -> Result<Fields, Rejec
         )
     })?;
     check_size(pipeline, bytes)?;
-    let json: Value = serde_json::from_slice(bytes).map_err(|e| {
-        Rejection::new(Reason::InvalidJson, format!("value is not valid JSON: {e}"))
-    })?;
+    let json: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Rejection::new(Reason::InvalidJson, not_json(bytes, &e)))?;
     if !json.is_object() {
         return Err(Rejection::new(
             Reason::InvalidJson,
@@ -469,6 +519,31 @@ partition-by = "day"
         assert_eq!(
             decode(&p, Some(bad)).unwrap_err().reason,
             Reason::InvalidField
+        );
+    }
+
+    #[test]
+    fn unpaired_surrogates_are_named() {
+        let p = pipeline();
+        let lone = br#"{"event_id": "x", "name": "Dee \ud800"}"#;
+        let r = decode(&p, Some(lone)).unwrap_err();
+        assert_eq!(r.reason, Reason::InvalidJson);
+        assert!(
+            r.detail.contains("unpaired surrogate \\ud800"),
+            "{}",
+            r.detail
+        );
+        let trail = br#"{"name": "\udc00 x"}"#;
+        assert!(decode(&p, Some(trail))
+            .unwrap_err()
+            .detail
+            .contains("unpaired surrogate \\udc00"));
+        // A pair is fine; an escaped backslash before `u` is text, not an escape.
+        assert_eq!(unpaired_surrogate(br#""\ud83d\ude00""#), None);
+        assert_eq!(unpaired_surrogate(br#""\\ud800""#), None);
+        assert_eq!(
+            unpaired_surrogate(br#""\ud800\u0041""#),
+            Some(("\\ud800".into(), 1))
         );
     }
 

@@ -22,11 +22,15 @@ pub enum Reason {
     RejectedByDatabase,
     /// A Debezium record flattened by the `ExtractNewRecordState` transform (the row alone, no change envelope).
     Flattened,
+    /// The record's value (or key) could not be decoded before it reached replaysafe: a `kcat -J` dump line
+    /// with `payload_error` (or `key_error`) — kcat's message is the detail —, or a dump line whose bytes are
+    /// not UTF-8 (`load --quarantine-invalid-utf8`; the dead letter's value is the whole line).
+    UndecodableValue,
 }
 
 impl Reason {
     /// Every reason (the `reason` labels `/metrics` registers at zero on start).
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::NullValue,
         Reason::Oversize,
         Reason::InvalidJson,
@@ -36,6 +40,7 @@ impl Reason {
         Reason::FilterError,
         Reason::RejectedByDatabase,
         Reason::Flattened,
+        Reason::UndecodableValue,
     ];
 
     /// Stable kebab-case name.
@@ -50,6 +55,7 @@ impl Reason {
             Reason::FilterError => "filter-error",
             Reason::RejectedByDatabase => "rejected-by-database",
             Reason::Flattened => "flattened-record",
+            Reason::UndecodableValue => "undecodable-value",
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct LoadOptions {
     /// Kafka bootstrap servers (`--brokers`, `[kafka] brokers`, `KAFKA_BROKERS`), to check the file's offsets
     /// against the live topic's end; `None` when none is configured.
     pub brokers: Option<String>,
+    /// `--quarantine-invalid-utf8`: a line that is not UTF-8 is dead-lettered instead of stopping the load.
+    pub quarantine_invalid_utf8: bool,
     /// Set to stop: buffered records are applied and committed, then `load` returns an error naming the file.
     pub shutdown: Arc<AtomicBool>,
 }
@@ -104,7 +106,13 @@ pub fn load(pipeline: Arc<Pipeline>, path: &Path, opts: LoadOptions) -> Result<T
     let mut o = Options::new(&opts.database_url, opts.shutdown.clone());
     o.group = Some(group.clone());
     let engine = Engine::start(rt.handle(), pipeline.clone(), o)?;
-    let source = File::open(engine.shared(), path, &group, ends)?;
+    let source = File::open(
+        engine.shared(),
+        path,
+        &group,
+        ends,
+        opts.quarantine_invalid_utf8,
+    )?;
     let tally = engine.run(source)?;
     if tally.landed > 0 && !opts.take_over {
         tracing::info!(

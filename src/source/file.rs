@@ -3,9 +3,18 @@
 //!
 //! The file holds one JSON object per line, as kcat's `-J` envelope:
 //! `{"topic":"t","partition":0,"offset":42,"tstype":"create","ts":1714003200000,"broker":1,"key":"k","payload":"…"}`
-//! — `tstype`/`ts` absent when the record has no timestamp, `key`/`payload` `null` for a null key or value,
-//! other members (`broker`, `headers`, …) ignored. Partitions may be interleaved; within a partition offsets
-//! must ascend (gaps are fine: compaction, transaction markers).
+//! — `tstype`/`ts` absent when the record has no timestamp (the record time is then unknown, never 1970),
+//! `key`/`payload` `null` for a null key or value (a null key is not the empty key `""`), `headers` an array of
+//! names and values in order (`["trace-id","t-1","source","a","source","b","flag",null]`: duplicates kept, a
+//! valueless header `null`) or kcat's name → values map; the `__debezium.oldkey` header is a primary-key change's
+//! old key. `payload_error`/`key_error` (kcat could not decode the value or key) quarantine the record as
+//! `undecodable-value` with kcat's message; a payload kcat inlined as an object (`-s value=avro`) stops the load
+//! (the value's bytes are not in the dump). kcat copies key and value bytes unescaped, so a binary value makes a
+//! line that is not UTF-8: the load stops there naming the line and the record, or with
+//! `--quarantine-invalid-utf8` the whole line becomes an `undecodable-value` dead letter. Other members
+//! (`broker`, …) are ignored. Partitions may be interleaved; within a partition offsets must ascend (gaps are
+//! fine: compaction, transaction markers). Make dumps with `-X isolation.level=read_committed` (kcat's
+//! librdkafka default): a dump holding an aborted transaction's records cannot be told apart.
 //!
 //! Checkpoints are the pipeline's table (`replaysafe_checkpoints`, keyed by group, generation, and the file's
 //! topic/partition) under the load's group (its own by default, see [`crate::ops::load`]): each partition met in
@@ -21,28 +30,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use crate::config::Pipeline;
-use crate::engine::decide::decide;
 use crate::engine::{lock, Ack, NoAck, PartState, Polled, Record, Shared, Source, Tp};
 use crate::error::{Error, Result};
-
-/// One line of `kcat -C -J` output.
-#[derive(Deserialize)]
-struct Envelope {
-    topic: String,
-    partition: i32,
-    offset: i64,
-    #[serde(default)]
-    tstype: Option<String>,
-    #[serde(default)]
-    ts: Option<i64>,
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default)]
-    payload: Option<String>,
-}
+use crate::source::kcat::{not_utf8, parse_line};
 
 /// Records sent from the reader thread at a time.
 const CHUNK: usize = 1024;
@@ -123,7 +114,8 @@ impl File {
     /// Opens `path` and starts reading it on a thread (parsing overlaps decoding and the transactions; the
     /// channel is bounded, so memory stays flat); records are decided there too. `group`: of the checkpoints;
     /// `ends`: the live partitions' ends per topic (next offset to be written), a record at or past which
-    /// fails the load.
+    /// fails the load; `quarantine_invalid_utf8`: a line that is not UTF-8 is dead-lettered instead of stopping
+    /// the load.
     ///
     /// # Errors
     /// [`Error::Usage`] when the file cannot be opened.
@@ -132,6 +124,7 @@ impl File {
         path: &Path,
         group: &str,
         ends: HashMap<String, Vec<i64>>,
+        quarantine_invalid_utf8: bool,
     ) -> Result<File> {
         let file = std::fs::File::open(path)
             .map_err(|e| Error::Usage(format!("cannot open {}: {e}", path.display())))?;
@@ -141,7 +134,9 @@ impl File {
         let cap = (pipeline.max_records * pipeline.postgres.connections * 5).clamp(CHUNK, 100_000);
         let reader = {
             let path = path.to_path_buf();
-            std::thread::spawn(move || read_file(&pipeline, &path, reader, &tx))
+            std::thread::spawn(move || {
+                read_file(&pipeline, (&path, quarantine_invalid_utf8), reader, &tx)
+            })
         };
         let owner = group.to_string();
         Ok(File {
@@ -307,62 +302,31 @@ impl Source for File {
 /// first bad line ends the stream with an error naming `file:line`.
 fn read_file(
     pipeline: &Pipeline,
-    path: &Path,
+    (path, quarantine_invalid_utf8): (&Path, bool),
     mut reader: impl BufRead,
     tx: &SyncSender<Result<Vec<Read>>>,
 ) {
     let at = |n: usize| format!("{}:{n}", path.display());
-    let mut line = String::new();
+    let mut line = Vec::new();
     let mut n = 0usize;
     let mut chunk = Vec::with_capacity(CHUNK);
     let end = loop {
         line.clear();
-        match reader.read_line(&mut line) {
+        match reader.read_until(b'\n', &mut line) {
             Ok(0) => break Ok(()),
             Ok(_) => {}
             Err(e) => break Err(Error::Other(format!("reading {}: {e}", at(n + 1)))),
         }
         n += 1;
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
-        }
-        let env: Envelope = match serde_json::from_str(text) {
-            Ok(env) => env,
-            Err(e) => {
-                break Err(Error::Other(format!(
-                    "{}: not a kcat -J record (topic, partition, offset, key, payload): {e}",
-                    at(n)
-                )))
-            }
+        let record = match std::str::from_utf8(&line) {
+            Ok(text) if text.trim().is_empty() => continue,
+            Ok(text) => parse_line(pipeline, text.trim(), &at(n)),
+            Err(e) => not_utf8(pipeline, &line, e, (&at(n), quarantine_invalid_utf8)),
         };
-        if !pipeline.kafka.topics.contains(&env.topic) {
-            break Err(Error::Other(format!(
-                "{}: topic `{}` is not in the pipeline's [kafka] topics",
-                at(n),
-                env.topic
-            )));
+        match record {
+            Ok(r) => chunk.push((n, r)),
+            Err(e) => break Err(e),
         }
-        let timestamp_ms = match env.tstype.as_deref() {
-            Some("create" | "logappend") | None => env.ts,
-            Some(_) => None,
-        };
-        let key = env.key.map(String::into_bytes);
-        let value = env.payload.map(String::into_bytes);
-        // kcat -J does not carry headers (a primary-key change's old key then comes from nowhere).
-        let decided = Some(decide(pipeline, key.as_deref(), value.as_deref(), None));
-        chunk.push((
-            n,
-            Record {
-                tp: (env.topic, env.partition),
-                offset: env.offset,
-                timestamp_ms,
-                key,
-                value,
-                old_key: None,
-                decided,
-            },
-        ));
         if chunk.len() >= CHUNK
             && tx
                 .send(Ok(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK))))

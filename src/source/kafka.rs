@@ -15,7 +15,8 @@ use crate::engine::types::Record;
 use crate::error::{Error, Result};
 
 /// The librdkafka configuration of the pipeline's consumer: `brokers`, the pipeline's group and properties,
-/// then `extra` (tests, demo); auto-commit, offset store and offset reset are forced off.
+/// then `extra` (tests, demo); auto-commit, offset store and offset reset are forced off, `isolation.level` is
+/// forced to `read_committed` (case C42).
 pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers)
@@ -36,6 +37,9 @@ pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) 
     }
     // Forced: offsets are ours to commit, after the database; positions are chosen explicitly on assignment,
     // and an out-of-range position later is an error, never a silent jump (librdkafka CONFIGURATION.md).
+    // Records of aborted producer transactions are never delivered: read_committed, set explicitly rather than
+    // left to a default (the Java client's is read_uncommitted; `[kafka.properties]` may not override it).
+    c.set("isolation.level", "read_committed");
     c.set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "error")

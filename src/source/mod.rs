@@ -4,11 +4,13 @@
 //!   bumped) and positioned at the checkpoint (else [`crate::start`]); acknowledged by Kafka offset commits.
 //! - [`assign`]: explicit partitions with start and stop offsets (backfill, rebuild); finished when every stop
 //!   is reached; acknowledged by Kafka offset commits of its own group.
-//! - [`file`]: the records of a `kcat -C -J` file; finished at its end; nothing acknowledged.
+//! - [`file`]: the records of a `kcat -C -J` file; finished at its end; nothing acknowledged. [`kcat`]: one line
+//!   of such a file → a record (payload string, headers, `payload_error`, lines that are not UTF-8).
 
 pub mod assign;
 pub mod file;
 pub mod group;
 pub mod kafka;
+pub mod kcat;
 pub mod lag;
 pub mod pending;

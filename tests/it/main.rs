@@ -3,6 +3,9 @@
 
 mod backfill;
 mod cases;
+mod cases_hostile;
+mod cases_kcat;
+mod cases_tx;
 mod cdc;
 mod cdc_order;
 mod common;

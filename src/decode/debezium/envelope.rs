@@ -294,7 +294,7 @@ fn parse(value: Option<&[u8]>) -> Result<Parsed, Rejection> {
     };
     let json: Value = serde_json::from_slice(bytes).map_err(|e| Rejection {
         reason: Reason::InvalidJson,
-        detail: format!("value is not valid JSON: {e}"),
+        detail: crate::decode::json::not_json(bytes, &e),
     })?;
     let (payload, schema) = unwrap(json);
     let env = match payload {
