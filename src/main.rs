@@ -66,7 +66,7 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     if a.connect {
         let brokers = brokers(&p, a.brokers)?;
-        let missing = ops::check::missing_topics(&p, &brokers, &[])?;
+        let missing = ops::check::broker_topics(&p, &brokers)?;
         println!("\nbroker {brokers}:");
         for t in &p.kafka.topics {
             let ok = !missing.contains(t);
@@ -88,13 +88,32 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
             .map(|f| f.what)
             .collect();
         if !bad.is_empty() {
-            failed.push(format!("database: {}", bad.join("; ")));
+            failed.push(missing_summary(&bad));
         }
     }
     if failed.is_empty() {
         return Ok(());
     }
     Err(Error::Usage(format!("{}: {}", a.config.display(), failed.join("; "))).into())
+}
+
+/// `check --database`'s error line: how many items are missing and the first three, each without its fix (the
+/// lines above give the fixes).
+fn missing_summary(bad: &[String]) -> String {
+    let names: Vec<&str> = bad
+        .iter()
+        .take(3)
+        .map(|w| w.split(": ").next().unwrap_or(w))
+        .collect();
+    let more = match bad.len() {
+        0..=3 => String::new(),
+        n => format!(" (and {} more)", n - 3),
+    };
+    format!(
+        "database: {} item(s) MISSING (each listed above with its fix): {}{more}",
+        bad.len(),
+        names.join("; ")
+    )
 }
 
 fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {

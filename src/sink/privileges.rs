@@ -170,11 +170,14 @@ pub async fn check_database(client: &mut Client, p: &Pipeline, days: u32) -> Res
         partitions(&tx, p, days, &mut out).await?;
         out.push(record(&tx, p).await?);
     } else {
+        let why = if table_oid(&tx, &horizon).await?.is_none() {
+            "the tables do not exist yet (`replaysafe init` creates them)"
+        } else {
+            "they need USAGE on the schema and SELECT on the horizon table first"
+        };
         out.push(Finding {
             ok: false,
-            what: "ledger day partitions and projection record not checked: they need USAGE on the schema and \
-                   SELECT on the horizon table first"
-                .to_string(),
+            what: format!("ledger day partitions and projection record not checked: {why}"),
         });
     }
     if p.postgres.manage_schema {
@@ -356,7 +359,7 @@ async fn partitions(
                 missing.len(),
                 missing.join(", ")
             ),
-            "create them as the ledger's owner with `replaysafe init --config FILE --days N`",
+            &format!("create them as the ledger's owner with `replaysafe init --config FILE --days {days}`"),
         )
     });
     Ok(())
