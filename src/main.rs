@@ -285,18 +285,19 @@ fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
         cli::DeadLettersCommand::List { select, limit } => {
             let (p, url, sel) = select.resolve()?;
             let rows = dl::list(&p, &url, &sel, limit)?;
-            let mut per_reason = std::collections::BTreeMap::<&str, u64>::new();
             for r in &rows {
                 println!(
                     "{}\t{}\t{}\t{}\t{}",
                     r.topic, r.partition, r.offset, r.reason, r.detail
                 );
-                *per_reason.entry(r.reason.as_str()).or_default() += 1;
             }
-            eprintln!(
-                "{} unresolved dead letter(s) listed {per_reason:?}",
-                rows.len()
-            );
+            let per_reason = dl::count(&p, &url, &sel)?;
+            let total: i64 = per_reason.values().sum();
+            let shown = match rows.len() as i64 {
+                n if n < total => format!(", the first {n} listed (--limit {limit})"),
+                _ => String::new(),
+            };
+            eprintln!("{total} unresolved dead letter(s){shown}: {per_reason:?}");
             Ok(())
         }
         cli::DeadLettersCommand::Replay { select, group_id } => {

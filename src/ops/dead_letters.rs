@@ -12,6 +12,7 @@
 //! Kafka. A value above `batch.max-record-bytes` was not kept (only its size and SHA-256): it is left as is and
 //! counted `not kept` — replay that window with `backfill` instead.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -133,6 +134,26 @@ pub fn list(p: &Pipeline, url: &str, sel: &Selection, limit: i64) -> Result<Vec<
                 detail: r.get(4),
             })
             .collect())
+    })
+}
+
+/// How many unresolved dead letters the selection holds per reason — all of them, whatever `list`'s limit.
+///
+/// # Errors
+/// [`Error::Usage`] for `--partition` without `--topic`; a database error.
+pub fn count(p: &Pipeline, url: &str, sel: &Selection) -> Result<BTreeMap<String, i64>> {
+    check(sel)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
+        let sql = format!(
+            "SELECT reason, count(*) FROM {} WHERE {WHERE} GROUP BY reason",
+            p.table(DEAD_LETTERS)
+        );
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&generation(p), &sel.reason, &sel.topic, &sel.partition];
+        let rows = client.query(&sql, &params).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     })
 }
 
