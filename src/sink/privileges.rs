@@ -79,8 +79,8 @@ pub(crate) async fn missing_tables(c: &impl GenericClient, p: &Pipeline) -> Resu
 
 /// What to do when a role may not do the DDL: said after every refusal.
 pub const SPLIT_DDL: &str = "run `replaysafe init --config FILE` once as the owner of the schema and tables (it \
-    creates them and the ledger's day partitions ahead, `--days N`), then start this role with `run --no-ddl` or \
-    `[postgres] manage-schema = false`, which issue no DDL; README \"Privileges\" lists the grants";
+    creates them and the ledger's day partitions ahead, `--days N`), then start this role with `[postgres] manage-schema = \
+    false` (every command) or `run --no-ddl`, which issue no DDL; README \"Privileges\" lists the grants";
 
 /// Turns a refusal for lack of privilege (SQLSTATE 42501: "permission denied for …", "must be owner of …") met
 /// while creating or altering the pipeline's objects into [`Error::Privilege`] saying how to split DDL from the
