@@ -120,7 +120,7 @@ fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
     let p = config::load(&config)?;
     let url = database_url(&p)?;
     let rt = tokio::runtime::Runtime::new()?;
-    let (dropped, (created, covered)) = rt.block_on(async {
+    let (dropped, (created, covered), record) = rt.block_on(async {
         let mut client = sink::connect_with(&url, &p.postgres.timeouts).await?;
         sink::schema::init(&mut client, &p).await?;
         let explain = |e| sink::privileges::explain(e, &p);
@@ -130,7 +130,8 @@ fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
         let ahead = sink::ledger::create_partitions_ahead(&mut client, &p, days)
             .await
             .map_err(explain)?;
-        Ok::<_, Error>((dropped, ahead))
+        let record = sink::projset::load(&client, &p).await?;
+        Ok::<_, Error>((dropped, ahead, record))
     })?;
     println!(
         "{}: tables ready in schema {}",
@@ -143,6 +144,15 @@ fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
             p.ledger.table,
             created.len(),
             dropped.len()
+        );
+    }
+    // A projection added to a live pipeline (by this init or an earlier start) still has history to build.
+    let building = record.iter().flat_map(|r| &r.entries);
+    for (name, _) in building.filter(|(_, e)| e.state == sink::projset::State::Building) {
+        println!(
+            "projection `{name}` is building (fed from its hand-over point on): build its history with \
+             `replaysafe projection build --config {} --projection {name}`",
+            config.display()
         );
     }
     Ok(())

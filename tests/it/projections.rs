@@ -623,7 +623,15 @@ fn a_build_stops_at_a_record_older_than_the_ledger_horizon() {
     let mut truth = Truth::new(13);
     produce(&topic, &truth.batch(100));
     run_caught_up(&old.path);
-    replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
+    let init = replaysafe(&["init", "--config", arg(&new.path)]);
+    init.assert_ok();
+    // init says what is left to do, on stdout.
+    for name in ["by_cust", "amounts"] {
+        let says = format!(
+            "projection `{name}` is building (fed from its hand-over point on): build its history"
+        );
+        assert!(init.stdout.contains(&says), "{says}\n{}", init.stdout);
+    }
     // The ledger aged by hand: days before 2026-07-03 are no longer remembered.
     db.execute("UPDATE {s}.replaysafe_horizon SET pruned_below = '2026-07-03'");
     let out = build(&new, "by_cust", &[]);
