@@ -94,6 +94,14 @@ fn check(sel: &Selection) -> Result<()> {
     if sel.partition.is_some() && sel.topic.is_none() {
         return Err(Error::Usage("--partition needs --topic".into()));
     }
+    // A misspelled reason would select nothing and look like "no dead letters".
+    let names = crate::decode::rejection::Reason::ALL.map(|r| r.as_str());
+    if let Some(r) = sel.reason.as_deref().filter(|r| !names.contains(r)) {
+        return Err(Error::Usage(format!(
+            "--reason `{r}` is not a quarantine reason; one of: {}",
+            names.join(", ")
+        )));
+    }
     Ok(())
 }
 

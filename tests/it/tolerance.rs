@@ -240,6 +240,24 @@ fn tolerance_all_then_dead_letters_replay_after_the_fix() {
         "{}",
         first.stderr
     );
+    // A misspelled --reason is refused (it would list nothing, as if there were no dead letters).
+    let misspelled = replaysafe(&[
+        "dead-letters",
+        "list",
+        "--config",
+        arg(&p.path),
+        "--reason",
+        "missing_field",
+    ]);
+    assert_eq!(misspelled.code, Some(2), "{}", misspelled.stderr);
+    assert!(
+        misspelled
+            .stderr
+            .contains("--reason `missing_field` is not a quarantine reason; one of:")
+            && misspelled.stderr.contains("missing-field"),
+        "{}",
+        misspelled.stderr
+    );
 
     let fixed = pipeline(
         &typo().replace("/custmer_id", "/customer_id"),
