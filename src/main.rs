@@ -66,7 +66,10 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     if a.connect {
         let brokers = brokers(&p, a.brokers)?;
-        let missing = ops::check::broker_topics(&p, &brokers)?;
+        // With the pipeline's [kafka.properties] (SASL/TLS): a refused password or certificate is named here.
+        let probe = replaysafe::source::kafka::consumer_config(&p, &brokers, &[]);
+        replaysafe::source::kafka::reachable(&probe, &brokers, &p.kafka.topics[0])?;
+        let missing = ops::check::missing_topics(&p, &brokers, &[])?;
         println!("\nbroker {brokers}:");
         for t in &p.kafka.topics {
             let ok = !missing.contains(t);

@@ -41,17 +41,6 @@ pub fn missing_topics(
     Ok(missing)
 }
 
-/// `check --connect`: waits for the brokers as `run` does ([`crate::source::kafka::reachable`], within
-/// `--connect-timeout`), then lists the pipeline's topics they do not know ([`missing_topics`]).
-///
-/// # Errors
-/// [`Error::Connect`] naming the brokers, where they came from and the cause; [`Error::Kafka`].
-pub fn broker_topics(p: &Pipeline, brokers: &str) -> Result<Vec<String>> {
-    let config = crate::source::kafka::consumer_config(p, brokers, &[]);
-    crate::source::kafka::reachable(&config, brokers, &p.kafka.topics[0])?;
-    missing_topics(p, brokers, &[])
-}
-
 /// Refuses, before anything is created, a pipeline whose topics the broker does not have.
 ///
 /// # Errors
