@@ -21,7 +21,8 @@ pub struct Cli {
     pub command: Command,
     /// Seconds start-up waits for PostgreSQL and the Kafka brokers (retrying a refused connection, a DNS
     /// failure, a timeout) before it exits with the error (code 1) naming the address, where it came from and
-    /// the cause.
+    /// the cause: `run`, `load`, `backfill`, `rebuild`, `offsets snapshot`, and `check --connect` for the
+    /// brokers; the other commands try the database once.
     #[arg(long, global = true, default_value_t = 60, value_name = "SECONDS")]
     pub connect_timeout: u64,
 }
@@ -150,7 +151,8 @@ pub struct CheckArgs {
     /// The pipeline file.
     #[arg(short, long)]
     pub config: PathBuf,
-    /// Also ask the broker whether every topic exists.
+    /// Also ask the broker whether every topic exists (waiting for unreachable brokers up to --connect-timeout,
+    /// then exit 1 naming them).
     #[arg(long)]
     pub connect: bool,
     /// Kafka bootstrap servers for --connect; overrides the file and KAFKA_BROKERS.

@@ -96,7 +96,7 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
             .map(|f| f.what)
             .collect();
         if !bad.is_empty() {
-            failed.push(format!("database: {}", bad.join("; ")));
+            failed.push(missing_summary(&bad));
         }
     }
     if failed.is_empty() {
@@ -105,11 +105,30 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
     Err(Error::Usage(format!("{}: {}", a.config.display(), failed.join("; "))).into())
 }
 
+/// `check --database`'s error line: how many items are missing and the first three, each without its fix (the
+/// lines above give the fixes).
+fn missing_summary(bad: &[String]) -> String {
+    let names: Vec<&str> = bad
+        .iter()
+        .take(3)
+        .map(|w| w.split(": ").next().unwrap_or(w))
+        .collect();
+    let more = match bad.len() {
+        0..=3 => String::new(),
+        n => format!(" (and {} more)", n - 3),
+    };
+    format!(
+        "database: {} item(s) MISSING (each listed above with its fix): {}{more}",
+        bad.len(),
+        names.join("; ")
+    )
+}
+
 fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
     let p = config::load(&config)?;
     let url = database_url(&p)?;
     let rt = tokio::runtime::Runtime::new()?;
-    let (dropped, (created, covered)) = rt.block_on(async {
+    let (dropped, (created, covered), record) = rt.block_on(async {
         let mut client = sink::connect_with(&url, &p.postgres.timeouts).await?;
         sink::schema::init(&mut client, &p).await?;
         let explain = |e| sink::privileges::explain(e, &p);
@@ -119,7 +138,8 @@ fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
         let ahead = sink::ledger::create_partitions_ahead(&mut client, &p, days)
             .await
             .map_err(explain)?;
-        Ok::<_, Error>((dropped, ahead))
+        let record = sink::projset::load(&client, &p).await?;
+        Ok::<_, Error>((dropped, ahead, record))
     })?;
     println!(
         "{}: tables ready in schema {}",
@@ -132,6 +152,15 @@ fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
             p.ledger.table,
             created.len(),
             dropped.len()
+        );
+    }
+    // A projection added to a live pipeline (by this init or an earlier start) still has history to build.
+    let building = record.iter().flat_map(|r| &r.entries);
+    for (name, _) in building.filter(|(_, e)| e.state == sink::projset::State::Building) {
+        println!(
+            "projection `{name}` is building (fed from its hand-over point on): build its history with \
+             `replaysafe projection build --config {} --projection {name}`",
+            config.display()
         );
     }
     Ok(())
@@ -275,18 +304,19 @@ fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
         cli::DeadLettersCommand::List { select, limit } => {
             let (p, url, sel) = select.resolve()?;
             let rows = dl::list(&p, &url, &sel, limit)?;
-            let mut per_reason = std::collections::BTreeMap::<&str, u64>::new();
             for r in &rows {
                 println!(
                     "{}\t{}\t{}\t{}\t{}",
                     r.topic, r.partition, r.offset, r.reason, r.detail
                 );
-                *per_reason.entry(r.reason.as_str()).or_default() += 1;
             }
-            eprintln!(
-                "{} unresolved dead letter(s) listed {per_reason:?}",
-                rows.len()
-            );
+            let per_reason = dl::count(&p, &url, &sel)?;
+            let total: i64 = per_reason.values().sum();
+            let shown = match rows.len() as i64 {
+                n if n < total => format!(", the first {n} listed (--limit {limit})"),
+                _ => String::new(),
+            };
+            eprintln!("{total} unresolved dead letter(s){shown}: {per_reason:?}");
             Ok(())
         }
         cli::DeadLettersCommand::Replay { select, group_id } => {

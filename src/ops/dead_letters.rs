@@ -12,6 +12,7 @@
 //! Kafka. A value above `batch.max-record-bytes` was not kept (only its size and SHA-256): it is left as is and
 //! counted `not kept` — replay that window with `backfill` instead.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -93,6 +94,14 @@ fn check(sel: &Selection) -> Result<()> {
     if sel.partition.is_some() && sel.topic.is_none() {
         return Err(Error::Usage("--partition needs --topic".into()));
     }
+    // A misspelled reason would select nothing and look like "no dead letters".
+    let names = crate::decode::rejection::Reason::ALL.map(|r| r.as_str());
+    if let Some(r) = sel.reason.as_deref().filter(|r| !names.contains(r)) {
+        return Err(Error::Usage(format!(
+            "--reason `{r}` is not a quarantine reason; one of: {}",
+            names.join(", ")
+        )));
+    }
     Ok(())
 }
 
@@ -133,6 +142,26 @@ pub fn list(p: &Pipeline, url: &str, sel: &Selection, limit: i64) -> Result<Vec<
                 detail: r.get(4),
             })
             .collect())
+    })
+}
+
+/// How many unresolved dead letters the selection holds per reason — all of them, whatever `list`'s limit.
+///
+/// # Errors
+/// [`Error::Usage`] for `--partition` without `--topic`; a database error.
+pub fn count(p: &Pipeline, url: &str, sel: &Selection) -> Result<BTreeMap<String, i64>> {
+    check(sel)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
+        let sql = format!(
+            "SELECT reason, count(*) FROM {} WHERE {WHERE} GROUP BY reason",
+            p.table(DEAD_LETTERS)
+        );
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&generation(p), &sel.reason, &sel.topic, &sel.partition];
+        let rows = client.query(&sql, &params).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     })
 }
 

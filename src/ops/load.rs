@@ -186,7 +186,7 @@ fn check_ends(
             let topic_ends = ends.get(topic)?;
             let end = end_of(topic_ends, *partition);
             (*hi >= end).then(|| {
-                format!("{topic}/{partition}: offsets {lo}..={hi} in the file, the live partition ends at {end}")
+                format!("{topic}/{partition}: offsets {lo} to {hi} in the file, the live partition ends at {end}")
             })
         })
         .collect();

@@ -369,7 +369,8 @@ async fn remove_in(client: &mut Client, p: &Pipeline, name: &str) -> Result<Opti
     if !d.is_same() {
         projset::refuse_changes(p, &d)?;
         return Err(Error::Usage(format!(
-            "the file also adds projection `{}`: remove `{name}` with the file that only lacks it, then start              the pipeline with the new one",
+            "the file also adds projection `{}`: remove `{name}` with the file that only lacks it, then start \
+                the pipeline with the new one",
             d.added[0]
         )));
     }

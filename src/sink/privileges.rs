@@ -79,8 +79,8 @@ pub(crate) async fn missing_tables(c: &impl GenericClient, p: &Pipeline) -> Resu
 
 /// What to do when a role may not do the DDL: said after every refusal.
 pub const SPLIT_DDL: &str = "run `replaysafe init --config FILE` once as the owner of the schema and tables (it \
-    creates them and the ledger's day partitions ahead, `--days N`), then start this role with `run --no-ddl` or \
-    `[postgres] manage-schema = false`, which issue no DDL; README \"Privileges\" lists the grants";
+    creates them and the ledger's day partitions ahead, `--days N`), then start this role with `[postgres] manage-schema = \
+    false` (every command) or `run --no-ddl`, which issue no DDL; README \"Privileges\" lists the grants";
 
 /// Turns a refusal for lack of privilege (SQLSTATE 42501: "permission denied for …", "must be owner of …") met
 /// while creating or altering the pipeline's objects into [`Error::Privilege`] saying how to split DDL from the
@@ -170,11 +170,14 @@ pub async fn check_database(client: &mut Client, p: &Pipeline, days: u32) -> Res
         partitions(&tx, p, days, &mut out).await?;
         out.push(record(&tx, p).await?);
     } else {
+        let why = if table_oid(&tx, &horizon).await?.is_none() {
+            "the tables do not exist yet (`replaysafe init` creates them)"
+        } else {
+            "they need USAGE on the schema and SELECT on the horizon table first"
+        };
         out.push(Finding {
             ok: false,
-            what: "ledger day partitions and projection record not checked: they need USAGE on the schema and \
-                   SELECT on the horizon table first"
-                .to_string(),
+            what: format!("ledger day partitions and projection record not checked: {why}"),
         });
     }
     if p.postgres.manage_schema {
@@ -356,7 +359,7 @@ async fn partitions(
                 missing.len(),
                 missing.join(", ")
             ),
-            "create them as the ledger's owner with `replaysafe init --config FILE --days N`",
+            &format!("create them as the ledger's owner with `replaysafe init --config FILE --days {days}`"),
         )
     });
     Ok(())

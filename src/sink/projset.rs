@@ -134,6 +134,9 @@ pub struct Diff {
     pub missing: Vec<String>,
     /// Recorded and in the pipeline with other settings: one sentence per changed setting.
     pub changed: Vec<String>,
+    /// Of `added`: recorded as removed (`replaysafe projection remove`), with when it was removed (database
+    /// time, text; empty when unknown) — the file has it again.
+    pub readded: Vec<(String, String)>,
 }
 
 impl Diff {
@@ -159,12 +162,14 @@ pub fn diff(record: &Record, new: &Settings) -> Diff {
         }
     }
     for name in new.keys() {
-        let live = record
-            .entries
-            .get(name)
-            .is_some_and(|e| e.state != State::Removed);
-        if !live {
-            d.added.push(name.clone());
+        match record.entries.get(name) {
+            Some(e) if e.state != State::Removed => {}
+            Some(e) => {
+                let at = e.at.get("removed").cloned().unwrap_or_default();
+                d.readded.push((name.clone(), at));
+                d.added.push(name.clone());
+            }
+            None => d.added.push(name.clone()),
         }
     }
     d
@@ -179,12 +184,28 @@ pub const CHANGE_PATH: &str = "A projection's definition cannot change in place:
     delete the old entry from the file and run `replaysafe projection remove --config FILE --projection OLD` \
     (README \"Change a running pipeline\")";
 
-/// Refuses a pipeline whose projections changed or lost one (see [`CHANGE_PATH`]); added ones are allowed.
+/// Refuses a pipeline whose projections changed or lost one (see [`CHANGE_PATH`]), or that has a projection
+/// recorded as removed again (an older file looks the same, and must not silently feed it again); added ones
+/// are allowed.
 ///
 /// # Errors
 /// [`Error::Schema`] saying what changed and the path to take.
 pub fn refuse_changes(p: &Pipeline, d: &Diff) -> Result<()> {
     let ledger = &p.ledger.table;
+    if let Some((name, at)) = d.readded.first() {
+        let when = if at.is_empty() {
+            String::new()
+        } else {
+            format!(" at {at}")
+        };
+        return Err(Error::Schema(format!(
+            "ledger {ledger} records projection `{name}` as removed (`replaysafe projection remove`{when}), and \
+             this file has it again. If this process runs an older pipeline file, start it with the current one. \
+             To add such a projection back, give it a new `name` and a new table, then build it (README \"Change \
+             a running pipeline\"): a removed name is not fed again, as an older file would otherwise resume \
+             feeding it unnoticed"
+        )));
+    }
     if !d.changed.is_empty() {
         return Err(Error::Schema(format!(
             "ledger {ledger} already holds delivery keys claimed for other projections: {}. {CHANGE_PATH}",
@@ -433,6 +454,7 @@ mod tests {
         ]);
         let d = diff(&old, &new);
         assert_eq!(d.added, ["added", "was"]);
+        assert_eq!(d.readded, [("was".to_string(), String::new())]);
         assert_eq!(d.missing, ["gone"]);
         assert_eq!(
             d.changed,

@@ -201,7 +201,9 @@ pub async fn record(tx: &Transaction<'_>, p: &Pipeline, start: Start) -> Result<
                 projection = %name,
                 ledger = %p.ledger.table,
                 partitions = n,
-                "projection added to a live pipeline: fed by every batch from its hand-over point on (recorded in                  {}); build the records claimed before it with `replaysafe projection build --config FILE                  --projection {name}`",
+                "projection added to a live pipeline: fed by every batch from its hand-over point on (recorded in \
+                {}); build the records claimed before it with `replaysafe projection build --config FILE \
+                --projection {name}`",
                 p.table(HANDOVER)
             );
             entry.state = State::Building;

@@ -262,6 +262,12 @@ fn a_dml_only_role_runs_the_pipeline_after_init_by_the_owner() {
 fn check_database_names_a_missing_privilege_and_missing_partitions_without_writing() {
     let db = Db::fresh("privs_check");
     let p = pipeline(PIPE, "unused", &unique("g"), &db.schema);
+    // Before `init`: the tables are named as missing (init creates them), not as a privilege to grant.
+    let out = replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let want = "not checked: the tables do not exist yet (`replaysafe init` creates them)";
+    assert!(out.stdout.contains(want), "{}", out.stdout);
+    assert!(out.stderr.contains("item(s) MISSING"), "{}", out.stderr);
     replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
     let role = Role::new();
     // No grant at all: the schema's USAGE is named (the tables cannot even be looked up without it).
@@ -309,6 +315,11 @@ fn check_database_names_a_missing_privilege_and_missing_partitions_without_writi
             out.stdout
         );
     }
+    assert!(
+        out.stdout.contains("init --config FILE --days 3`"),
+        "{}",
+        out.stdout
+    );
     assert!(out.stderr.contains("UPDATE on"), "{}", out.stderr);
     assert_eq!(role.owned(), 0);
 }
@@ -467,6 +478,27 @@ fn a_missing_topic_is_named_by_check_connect_and_refused_by_run_before_anything_
         out.stderr
     );
     assert_eq!(created(&db, &schema), (0, 0));
+}
+
+/// `check --connect` against brokers nobody listens on says so as `run` does — the address, where it came from,
+/// the cause — within `--connect-timeout` (exit 1), not a bare librdkafka metadata error after 30 s per topic.
+#[test]
+fn check_connect_names_unreachable_brokers_like_run() {
+    let schema = unique("privs_never").to_lowercase();
+    let p = pipeline(PIPE, "no_topic_asked", &unique("g"), &schema);
+    let out = replaysafe(&[
+        "check",
+        "--config",
+        arg(&p.path),
+        "--connect",
+        "--brokers",
+        "127.0.0.1:1",
+        "--connect-timeout",
+        "2",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let want = "cannot connect to the Kafka brokers 127.0.0.1:1 (from --brokers): connection refused, gave up";
+    assert!(out.stderr.contains(want), "{}", out.stderr);
 }
 
 /// Row projections (their tombstone, conflict and truncate tables) and an outbox (a bigserial id): the side

@@ -515,6 +515,24 @@ fn a_projection_changed_in_place_is_refused_and_the_advised_path_is_exact() {
         table(&db, "SELECT cust, total::bigint FROM {s}.totals"),
         totals_then
     );
+
+    // Its table dropped (README: "drop it yourself"), a worker restarted with the older file that still has it
+    // is refused: it must not silently feed the removed projection again (nor stop the current workers).
+    db.execute("DROP TABLE {s}.totals");
+    let record_then = record();
+    let out = try_run(&beside.path);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    for needle in [
+        "projection `totals` as removed",
+        "start it with the current one",
+        "new `name`",
+    ] {
+        assert!(out.stderr.contains(needle), "`{needle}` in {}", out.stderr);
+    }
+    assert_eq!(record(), record_then);
+    assert_eq!(state(&db, "totals").as_deref(), Some("removed"));
+    assert!(db.text("SELECT to_regclass('{s}.totals')::text").is_none());
+    run_caught_up(&without.path);
 }
 
 fn beside_text_without_totals(topic: &str, group: &str, schema: &str, filtered: &str) -> Pipeline {
@@ -605,7 +623,15 @@ fn a_build_stops_at_a_record_older_than_the_ledger_horizon() {
     let mut truth = Truth::new(13);
     produce(&topic, &truth.batch(100));
     run_caught_up(&old.path);
-    replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
+    let init = replaysafe(&["init", "--config", arg(&new.path)]);
+    init.assert_ok();
+    // init says what is left to do, on stdout.
+    for name in ["by_cust", "amounts"] {
+        let says = format!(
+            "projection `{name}` is building (fed from its hand-over point on): build its history"
+        );
+        assert!(init.stdout.contains(&says), "{says}\n{}", init.stdout);
+    }
     // The ledger aged by hand: days before 2026-07-03 are no longer remembered.
     db.execute("UPDATE {s}.replaysafe_horizon SET pruned_below = '2026-07-03'");
     let out = build(&new, "by_cust", &[]);

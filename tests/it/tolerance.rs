@@ -222,6 +222,42 @@ fn tolerance_all_then_dead_letters_replay_after_the_fix() {
     assert!(listed
         .stdout
         .contains("missing-field\tfield `customer_id` (/custmer_id)"));
+    // With --limit the count on stderr still says how many are unresolved, not only how many were listed.
+    let first = replaysafe(&[
+        "dead-letters",
+        "list",
+        "--config",
+        arg(&p.path),
+        "--limit",
+        "5",
+    ]);
+    first.assert_ok();
+    assert_eq!(first.stdout.lines().count(), 5, "{}", first.stdout);
+    assert!(
+        first.stderr.contains(
+            "603 unresolved dead letter(s), the first 5 listed (--limit 5): {\"missing-field\": 603}"
+        ),
+        "{}",
+        first.stderr
+    );
+    // A misspelled --reason is refused (it would list nothing, as if there were no dead letters).
+    let misspelled = replaysafe(&[
+        "dead-letters",
+        "list",
+        "--config",
+        arg(&p.path),
+        "--reason",
+        "missing_field",
+    ]);
+    assert_eq!(misspelled.code, Some(2), "{}", misspelled.stderr);
+    assert!(
+        misspelled
+            .stderr
+            .contains("--reason `missing_field` is not a quarantine reason; one of:")
+            && misspelled.stderr.contains("missing-field"),
+        "{}",
+        misspelled.stderr
+    );
 
     let fixed = pipeline(
         &typo().replace("/custmer_id", "/customer_id"),
