@@ -115,3 +115,40 @@ fn a_dead_letter_replayed_while_a_projection_is_building_counts_once() {
         30
     );
 }
+
+/// Dead letters replayed *before* a projection is added (with `--group-id`, or quarantined by a `load` under
+/// its own group and replayed under the pipeline's) were claimed before the hand-over: the build must apply them
+/// to the new projection like every other record claimed before it.
+#[test]
+#[ignore = "open: `dead-letters replay --group-id G` claims under G, which has no checkpoint, so the hand-over \
+            records no offset for G and `projection build` skips those ledger rows (applied 27, skipped 3): the \
+            new projection misses them for ever"]
+fn a_dead_letter_replayed_under_another_group_before_the_change_is_built() {
+    let (db, topic) = stage("bkreplaygrp", PARTITIONS);
+    let group = unique("g");
+    let old = pipeline(BASE, &topic, &group, &db.schema);
+    let new = pipeline(&format!("{BASE}{ADDED}"), &topic, &group, &db.schema);
+    replaysafe(&["init", "--config", arg(&old.path)]).assert_ok();
+    db.execute("ALTER TABLE {s}.daily_counts ADD CONSTRAINT no_bad CHECK (cust <> 'bad')");
+    let recs: Vec<Rec> = (0..30)
+        .map(|i| ev(i, if i % 10 == 4 { "bad" } else { "good" }))
+        .collect();
+    produce(&topic, &recs);
+    run_caught_up(&old.path);
+    db.execute("ALTER TABLE {s}.daily_counts DROP CONSTRAINT no_bad");
+    replay_dead_letters(&old, &["--group-id", "fixup"]).assert_ok();
+    assert_eq!(
+        db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.daily_counts"),
+        30
+    );
+    replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
+    let out = build(&new, "by_cust");
+    out.assert_ok();
+    let want: BTreeMap<String, i64> = [("bad".to_string(), 3), ("good".to_string(), 27)].into();
+    assert_eq!(
+        table(&db, "SELECT cust, n FROM {s}.by_cust"),
+        want,
+        "by_cust: {}",
+        out.stdout
+    );
+}
