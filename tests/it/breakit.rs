@@ -152,3 +152,184 @@ fn a_dead_letter_replayed_under_another_group_before_the_change_is_built() {
         out.stdout
     );
 }
+
+/// Events with redeliveries of earlier events on other partitions (the same `event_id` across partitions).
+struct Events {
+    n: usize,
+    recs: usize,
+    custs: Vec<String>,
+    days: Vec<String>,
+    rng: Box<dyn FnMut(u64) -> u64 + Send>,
+}
+
+impl Events {
+    fn next(&mut self, n: usize) -> Vec<Rec> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let i = self.n;
+            let cust = format!("c{}", (self.rng)(9));
+            let day = format!("2026-07-0{}", 1 + (self.rng)(5));
+            self.custs.push(cust);
+            self.days.push(day);
+            self.n += 1;
+            out.push(self.rec(i));
+            if i % 5 == 2 {
+                let old = (self.rng)(self.n as u64) as usize;
+                out.push(self.rec(old));
+            }
+        }
+        self.recs += out.len();
+        out
+    }
+
+    fn rec(&mut self, i: usize) -> Rec {
+        let v = format!(
+            r#"{{"id":"e{i}","cust":"{}","day":"{}"}}"#,
+            self.custs[i], self.days[i]
+        );
+        let part = (self.rng)(PARTITIONS as u64) as i32;
+        Rec::json(part, &self.custs[i], &v, 1_782_864_000_000)
+    }
+
+    fn count_by(&self, key: impl Fn(usize) -> String) -> BTreeMap<String, i64> {
+        let mut m = BTreeMap::new();
+        for i in 0..self.n {
+            *m.entry(key(i)).or_insert(0) += 1;
+        }
+        m
+    }
+}
+
+const ADDED_TWO: &str = r#"[[projection]]
+kind = "counter"
+table = "by_cust"
+group-by = ["cust"]
+[[projection]]
+kind = "counter"
+table = "by_day"
+group-by = ["day"]
+"#;
+
+/// Two workers run the pipeline while events (with cross-partition redeliveries) keep arriving; two projections
+/// are added at once; two new workers take over (one is SIGKILLed midway: a rebalance); the two builds run at
+/// the same time and are SIGKILLed at pseudo-random points several times, then rerun to the end. Every table
+/// must equal the truth.
+#[test]
+fn builds_killed_at_random_points_beside_a_rebalancing_production_end_exact() {
+    let (db, topic) = stage("bkkill", PARTITIONS);
+    let group = unique("g");
+    let live = format!(
+        "{BASE}[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
+    );
+    let old = pipeline(&live, &topic, &group, &db.schema);
+    let new = pipeline(&format!("{live}{ADDED_TWO}"), &topic, &group, &db.schema);
+    let mut ev = Events {
+        n: 0,
+        recs: 0,
+        custs: Vec::new(),
+        days: Vec::new(),
+        rng: Box::new(seeded_random(1616)),
+    };
+    produce(&topic, &ev.next(1500));
+    let mut w1 = spawn_run(&old, &[], "w1");
+    let mut w2 = spawn_run(&old, &[], "w2");
+    let applied = |db: &Db, recs: usize, n: usize| {
+        db.text("SELECT to_regclass('{s}.replaysafe_ledger')::text").is_some()
+            && db.i64("SELECT count(*) FROM {s}.replaysafe_ledger") == n as i64
+            && db.query(
+                "SELECT coalesce(sum(next_offset), 0)::bigint FROM {s}.replaysafe_checkpoints \
+                 WHERE consumer_group = $1",
+                &[&group],
+            )[0]
+            .get::<_, i64>(0)
+                == recs as i64
+    };
+    wait_until(Duration::from_secs(180), "history applied", || {
+        applied(&db, ev.recs, ev.n)
+    });
+    // Events keep arriving while the change is made.
+    let more = ev.next(600);
+    let producer = {
+        let topic = topic.clone();
+        std::thread::spawn(move || {
+            for chunk in more.chunks(30) {
+                produce(&topic, chunk);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(400));
+    replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
+    let mut w3 = spawn_run(&new, &[], "w3");
+    let mut w4 = spawn_run(&new, &[], "w4");
+    for w in [&mut w1, &mut w2] {
+        wait_until(Duration::from_secs(120), "old worker to stop", || {
+            w.try_wait().unwrap().is_some()
+        });
+    }
+    let mut rng = seeded_random(77);
+    let builds = |name: &str, tag: usize| {
+        spawn(
+            &[
+                "projection",
+                "build",
+                "--config",
+                arg(&new.path),
+                "--projection",
+                name,
+            ],
+            &[],
+            new.dir.path(),
+            &format!("build_{name}_{tag}"),
+        )
+    };
+    for round in 0..5 {
+        let mut a = builds("by_cust", round);
+        let mut b = builds("by_day", round);
+        std::thread::sleep(Duration::from_millis(300 + rng(1200)));
+        if round == 2 {
+            unsafe_kill(w3.id(), "KILL");
+            let _ = w3.wait();
+            w3 = spawn_run(&new, &[], "w3b");
+        }
+        unsafe_kill(a.id(), "KILL");
+        unsafe_kill(b.id(), "KILL");
+        let _ = a.wait();
+        let _ = b.wait();
+        eprintln!(
+            "round {round}: build checkpoints {:?}",
+            db.strings(
+                "SELECT consumer_group || ':' || partition || '=' || coalesce(next_offset::text, '-') \
+                 FROM {s}.replaysafe_checkpoints WHERE consumer_group LIKE '%.build.%' ORDER BY 1"
+            )
+        );
+    }
+    for name in ["by_cust", "by_day"] {
+        let out = build(&new, name);
+        out.assert_ok();
+    }
+    producer.join().unwrap();
+    produce(&topic, &ev.next(200));
+    wait_until(Duration::from_secs(180), "everything applied", || {
+        applied(&db, ev.recs, ev.n)
+    });
+    assert_eq!(terminate(&mut w3), Some(0));
+    assert_eq!(terminate(&mut w4), Some(0));
+    let custs = ev.custs.clone();
+    let days = ev.days.clone();
+    assert_eq!(
+        table(&db, "SELECT cust, n FROM {s}.by_cust"),
+        ev.count_by(|i| custs[i].clone()),
+        "by_cust"
+    );
+    assert_eq!(
+        table(&db, "SELECT day::text, n FROM {s}.by_day"),
+        ev.count_by(|i| days[i].clone()),
+        "by_day"
+    );
+    assert_eq!(
+        table(&db, "SELECT day::text || '/' || cust, n FROM {s}.daily_counts"),
+        ev.count_by(|i| format!("{}/{}", days[i], custs[i])),
+        "daily_counts"
+    );
+}
