@@ -416,3 +416,69 @@ fn load_take_over_racing_two_workers_counts_once_and_leaves_no_partition_idle() 
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1200);
     assert_eq!(committed(&group, &topic, 4).iter().map(|c| c.unwrap_or(0)).sum::<i64>(), 1200);
 }
+
+/// The tolerance's stop point depends on the records only: the same partition read with batches of 1, 7 and
+/// 5,000 records stops at the same offset with the same message (the window rule: two of every three records
+/// missing a field), nothing at or past that offset is committed, and a rerun stops there again.
+#[test]
+fn the_tolerance_stops_at_the_same_record_whatever_the_batch_size() {
+    let topic = new_topic("bktol", 1);
+    let recs: Vec<Rec> = (0..1500)
+        .map(|i| {
+            let v = if i >= 50 && i % 3 != 0 {
+                format!(r#"{{"id":"e{i}","day":"2026-07-01"}}"#)
+            } else {
+                format!(r#"{{"id":"e{i}","cust":"c{}","day":"2026-07-01"}}"#, i % 4)
+            };
+            Rec::json(0, "k", &v, 1_782_864_000_000)
+        })
+        .collect();
+    produce(&topic, &recs);
+    let mut stops = Vec::new();
+    for size in [1, 7, 5000] {
+        let db = Db::fresh("bktol");
+        let text = BASE.replace("max-records = 20", &format!("max-records = {size}"));
+        let p = pipeline(&text, &topic, &unique("g"), &db.schema);
+        let limit = Duration::from_secs(300);
+        let out = try_run_with(&p.path, &[], limit);
+        assert_eq!(out.code, Some(5), "{size}: {}", out.stderr);
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("caused by:") && l.contains("quarantined as"))
+            .unwrap_or_default()
+            .to_string();
+        let at = line
+            .split("offsets ")
+            .nth(1)
+            .and_then(|s| s.split(':').next())
+            .unwrap_or_default()
+            .to_string();
+        let checkpoint = db.i64("SELECT coalesce(max(next_offset), 0) FROM {s}.replaysafe_checkpoints");
+        let past = db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_dead_letters WHERE \"offset\" >= {checkpoint}"
+        ));
+        let landed_past = db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE \"offset\" >= {checkpoint}"
+        ));
+        assert_eq!((past, landed_past), (0, 0), "{size}: committed past the checkpoint");
+        // Every offset below the checkpoint is landed or quarantined: nothing skipped over.
+        let accounted = db.i64("SELECT (SELECT count(*) FROM {s}.replaysafe_ledger) \
+             + (SELECT count(*) FROM {s}.replaysafe_dead_letters)");
+        assert_eq!(accounted, checkpoint, "{size}: records below the checkpoint never applied");
+        assert!(line.contains(&format!("stays at offset {checkpoint}")), "{size}: {line}");
+        eprintln!("size {size}: checkpoint {checkpoint}, first stop: {line}");
+        let again = try_run_with(&p.path, &[], limit);
+        for l in again.stderr.lines().filter(|l| l.contains("assigned") || l.contains("caused by")) {
+            eprintln!("  rerun: {l}");
+        }
+        assert_eq!(again.code, Some(5), "{size} rerun: {}", again.stderr);
+        assert!(again.stderr.contains(&at), "{size} rerun: {}", again.stderr);
+        stops.push((size, at, line.len()));
+    }
+    eprintln!("{stops:?}");
+    assert!(
+        stops.iter().all(|s| s.1 == stops[0].1 && !s.1.is_empty()),
+        "{stops:?}"
+    );
+}
