@@ -35,8 +35,16 @@ group-by = ["cust"]
 const PARTITIONS: i32 = 3;
 
 fn ev(i: usize, cust: &str) -> Rec {
-    let v = format!(r#"{{"id":"e{i}","cust":"{cust}","day":"2026-07-0{}"}}"#, 1 + i % 3);
-    Rec::json((i % PARTITIONS as usize) as i32, cust, &v, 1_782_864_000_000)
+    let v = format!(
+        r#"{{"id":"e{i}","cust":"{cust}","day":"2026-07-0{}"}}"#,
+        1 + i % 3
+    );
+    Rec::json(
+        (i % PARTITIONS as usize) as i32,
+        cust,
+        &v,
+        1_782_864_000_000,
+    )
 }
 
 fn table(db: &Db, sql: &str) -> BTreeMap<String, i64> {
@@ -231,7 +239,8 @@ fn builds_killed_at_random_points_beside_a_rebalancing_production_end_exact() {
     let mut w1 = spawn_run(&old, &[], "w1");
     let mut w2 = spawn_run(&old, &[], "w2");
     let applied = |db: &Db, recs: usize, n: usize| {
-        db.text("SELECT to_regclass('{s}.replaysafe_ledger')::text").is_some()
+        db.text("SELECT to_regclass('{s}.replaysafe_ledger')::text")
+            .is_some()
             && db.i64("SELECT count(*) FROM {s}.replaysafe_ledger") == n as i64
             && db.query(
                 "SELECT coalesce(sum(next_offset), 0)::bigint FROM {s}.replaysafe_checkpoints \
@@ -325,7 +334,10 @@ fn builds_killed_at_random_points_beside_a_rebalancing_production_end_exact() {
         "by_day"
     );
     assert_eq!(
-        table(&db, "SELECT day::text || '/' || cust, n FROM {s}.daily_counts"),
+        table(
+            &db,
+            "SELECT day::text || '/' || cust, n FROM {s}.daily_counts"
+        ),
         ev.count_by(|i| format!("{}/{}", days[i], custs[i])),
         "daily_counts"
     );
@@ -388,7 +400,10 @@ fn load_take_over_racing_two_workers_counts_once_and_leaves_no_partition_idle() 
     for name in ["l1", "l2", "w1", "w2"] {
         let err = std::fs::read_to_string(p.dir.path().join(format!("{name}.err"))).unwrap();
         let fenced = err.lines().filter(|l| l.contains("fenced")).count();
-        eprintln!("{name}: {fenced} fenced lines; last: {:?}", err.lines().last());
+        eprintln!(
+            "{name}: {fenced} fenced lines; last: {:?}",
+            err.lines().last()
+        );
     }
     producer.join().unwrap();
     let ends = |db: &Db| {
@@ -397,9 +412,11 @@ fn load_take_over_racing_two_workers_counts_once_and_leaves_no_partition_idle() 
              WHERE consumer_group = '{group}'"
         ))
     };
-    wait_until(Duration::from_secs(240), "every event applied by the workers", || {
-        ends(&db) == 1200
-    });
+    wait_until(
+        Duration::from_secs(240),
+        "every event applied by the workers",
+        || ends(&db) == 1200,
+    );
     assert_eq!(terminate(&mut w1), Some(0));
     assert_eq!(terminate(&mut w2), Some(0));
     let mut want = BTreeMap::new();
@@ -411,7 +428,13 @@ fn load_take_over_racing_two_workers_counts_once_and_leaves_no_partition_idle() 
     }
     assert_eq!(counts(&db), want);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1200);
-    assert_eq!(committed(&group, &topic, 4).iter().map(|c| c.unwrap_or(0)).sum::<i64>(), 1200);
+    assert_eq!(
+        committed(&group, &topic, 4)
+            .iter()
+            .map(|c| c.unwrap_or(0))
+            .sum::<i64>(),
+        1200
+    );
 }
 
 /// The tolerance's stop point depends on the records only: the same partition read with batches of 1, 7 and
@@ -451,22 +474,39 @@ fn the_tolerance_stops_at_the_same_record_whatever_the_batch_size() {
             .and_then(|s| s.split(':').next())
             .unwrap_or_default()
             .to_string();
-        let checkpoint = db.i64("SELECT coalesce(max(next_offset), 0) FROM {s}.replaysafe_checkpoints");
+        let checkpoint =
+            db.i64("SELECT coalesce(max(next_offset), 0) FROM {s}.replaysafe_checkpoints");
         let past = db.i64(&format!(
             "SELECT count(*) FROM {{s}}.replaysafe_dead_letters WHERE \"offset\" >= {checkpoint}"
         ));
         let landed_past = db.i64(&format!(
             "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE \"offset\" >= {checkpoint}"
         ));
-        assert_eq!((past, landed_past), (0, 0), "{size}: committed past the checkpoint");
+        assert_eq!(
+            (past, landed_past),
+            (0, 0),
+            "{size}: committed past the checkpoint"
+        );
         // Every offset below the checkpoint is landed or quarantined: nothing skipped over.
-        let accounted = db.i64("SELECT (SELECT count(*) FROM {s}.replaysafe_ledger) \
-             + (SELECT count(*) FROM {s}.replaysafe_dead_letters)");
-        assert_eq!(accounted, checkpoint, "{size}: records below the checkpoint never applied");
-        assert!(line.contains(&format!("stays at offset {checkpoint}")), "{size}: {line}");
+        let accounted = db.i64(
+            "SELECT (SELECT count(*) FROM {s}.replaysafe_ledger) \
+             + (SELECT count(*) FROM {s}.replaysafe_dead_letters)",
+        );
+        assert_eq!(
+            accounted, checkpoint,
+            "{size}: records below the checkpoint never applied"
+        );
+        assert!(
+            line.contains(&format!("stays at offset {checkpoint}")),
+            "{size}: {line}"
+        );
         eprintln!("size {size}: checkpoint {checkpoint}, first stop: {line}");
         let again = try_run_with(&p.path, &[], limit);
-        for l in again.stderr.lines().filter(|l| l.contains("assigned") || l.contains("caused by")) {
+        for l in again
+            .stderr
+            .lines()
+            .filter(|l| l.contains("assigned") || l.contains("caused by"))
+        {
             eprintln!("  rerun: {l}");
         }
         assert_eq!(again.code, Some(5), "{size} rerun: {}", again.stderr);
@@ -488,28 +528,50 @@ fn a_missing_day_partition_under_no_ddl_with_small_batches_skips_nothing() {
     let (db, topic) = stage("bknoddl", 1);
     let text = BASE.replace("max-records = 20", "max-records = 1");
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
-    let today = db.text("SELECT (now() AT TIME ZONE 'UTC')::date::text").unwrap();
+    let today = db
+        .text("SELECT (now() AT TIME ZONE 'UTC')::date::text")
+        .unwrap();
     let recs: Vec<Rec> = (0..40)
         .map(|i| {
-            let day = if i == 20 { "2026-07-01" } else { today.as_str() };
+            let day = if i == 20 {
+                "2026-07-01"
+            } else {
+                today.as_str()
+            };
             let v = format!(r#"{{"id":"e{i}","cust":"c{}","day":"{day}"}}"#, i % 3);
             Rec::json(0, "k", &v, 1_782_864_000_000)
         })
         .collect();
     produce(&topic, &recs);
     replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
-    let out = replaysafe(&["run", "--config", arg(&p.path), "--until-caught-up", "--no-ddl"]);
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        arg(&p.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
-    assert!(out.stderr.contains("replaysafe_ledger_p20260701"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("replaysafe_ledger_p20260701"),
+        "{}",
+        out.stderr
+    );
     let checkpoint = db.i64("SELECT coalesce(max(next_offset), 0) FROM {s}.replaysafe_checkpoints");
     assert_eq!(checkpoint, 20, "stopped at the record of the missing day");
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 20);
     replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
-    db.execute(&format!(
-        "CREATE TABLE {{s}}.replaysafe_ledger_p20260701 PARTITION OF {{s}}.replaysafe_ledger \
-         FOR VALUES FROM ('2026-07-01') TO ('2026-07-02')"
-    ));
-    let again = replaysafe(&["run", "--config", arg(&p.path), "--until-caught-up", "--no-ddl"]);
+    db.execute(
+        "CREATE TABLE {s}.replaysafe_ledger_p20260701 PARTITION OF {s}.replaysafe_ledger \
+         FOR VALUES FROM ('2026-07-01') TO ('2026-07-02')",
+    );
+    let again = replaysafe(&[
+        "run",
+        "--config",
+        arg(&p.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
     again.assert_ok();
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 40);
     assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 40);
