@@ -576,3 +576,43 @@ fn a_missing_day_partition_under_no_ddl_with_small_batches_skips_nothing() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 40);
     assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 40);
 }
+
+/// A dump of another cluster whose offsets lie below the live topic's end is accepted by `load` under its own
+/// group: its records are claimed and counted by every projection. A projection added later is built from the
+/// topic, where other records sit at those offsets: the loaded records never reach it, and nothing says so.
+#[test]
+#[ignore = "open: `projection build` reads history from the topic only; records claimed by a `load` of a file \
+            whose records are not the topic's (a foreign dump below the live end) are never built, silently \
+            (by_cust 30 instead of 60)"]
+fn records_loaded_from_a_foreign_dump_reach_a_projection_added_later() {
+    use crate::file_source::kcat_line;
+    let (db, topic) = stage("bkforeign", 1);
+    let group = unique("g");
+    let old = pipeline(BASE, &topic, &group, &db.schema);
+    let new = pipeline(&format!("{BASE}{ADDED}"), &topic, &group, &db.schema);
+    let live: Vec<Rec> = (0..30)
+        .map(|i| {
+            let v = format!(r#"{{"id":"e{i}","cust":"live","day":"2026-07-01"}}"#);
+            Rec::json(0, "k", &v, 1_782_864_000_000)
+        })
+        .collect();
+    produce(&topic, &live);
+    let foreign: Vec<String> = (0..30)
+        .map(|i| {
+            let v = format!(r#"{{"id":"f{i}","cust":"foreign","day":"2026-07-01"}}"#);
+            kcat_line(&topic, 0, i, &Rec::json(0, "k", &v, 1_782_864_000_000))
+        })
+        .collect();
+    let file = old.dir.path().join("foreign.json");
+    std::fs::write(&file, foreign.join("\n") + "\n").unwrap();
+    replaysafe(&["load", "--config", arg(&old.path), arg(&file)]).assert_ok();
+    run_caught_up(&old.path);
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 60);
+    replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
+    let out = build(&new, "by_cust");
+    assert!(
+        out.code != Some(0) || db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.by_cust") == 60,
+        "the build ended silently without the loaded records: {}",
+        out.stdout
+    );
+}
