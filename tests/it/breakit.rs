@@ -616,3 +616,71 @@ fn records_loaded_from_a_foreign_dump_reach_a_projection_added_later() {
         out.stdout
     );
 }
+
+/// Two `dead-letters replay` at once, while `run` runs with new events: every dead letter is resolved once,
+/// the projection counts each record once, and the two replay lines add up to at least the dead letters.
+#[test]
+fn two_concurrent_dead_letter_replays_beside_run_count_once() {
+    let (db, topic) = stage("bkreplay2", PARTITIONS);
+    let group = unique("g");
+    let text = BASE.replace(
+        "[[projection]]",
+        "[errors]\ntolerance = \"all\"\n[[projection]]",
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    db.execute("ALTER TABLE {s}.daily_counts ADD CONSTRAINT no_bad CHECK (cust <> 'bad')");
+    let recs: Vec<Rec> = (0..600)
+        .map(|i| ev(i, if i % 3 == 0 { "bad" } else { "good" }))
+        .collect();
+    produce(&topic, &recs[..300]);
+    run_caught_up(&p.path);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_at IS NULL"),
+        100
+    );
+    db.execute("ALTER TABLE {s}.daily_counts DROP CONSTRAINT no_bad");
+    let mut w = spawn_run(&p, &[], "w");
+    produce(&topic, &recs[300..]);
+    let replay = |name: &str| {
+        spawn(
+            &["dead-letters", "replay", "--config", arg(&p.path)],
+            &[],
+            p.dir.path(),
+            name,
+        )
+    };
+    let mut a = replay("ra");
+    let mut b = replay("rb");
+    for (c, name) in [(&mut a, "ra"), (&mut b, "rb")] {
+        wait_until(Duration::from_secs(120), "a replay to end", || {
+            c.try_wait().unwrap().is_some()
+        });
+        let out = std::fs::read_to_string(p.dir.path().join(format!("{name}.out"))).unwrap();
+        eprintln!("{name}: {out}");
+    }
+    wait_until(Duration::from_secs(120), "run caught up", || {
+        db.i64(&format!(
+            "SELECT coalesce(sum(next_offset), 0)::bigint FROM {{s}}.replaysafe_checkpoints \
+             WHERE consumer_group = '{group}'"
+        )) == 600
+    });
+    assert_eq!(terminate(&mut w), Some(0));
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_at IS NULL"),
+        0
+    );
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_by LIKE 'replay:%'"
+        ),
+        0,
+        "a dead letter landed by one replay was marked a duplicate by the other"
+    );
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 600);
+    assert_eq!(
+        db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts WHERE cust = 'bad'"),
+        200
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
+}
