@@ -684,3 +684,54 @@ fn two_concurrent_dead_letter_replays_beside_run_count_once() {
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
 }
+
+/// Another writer (`load --take-over`, here the fence bumped by hand) takes a partition over between the
+/// worker's take-over and the write of its start (a partition without a checkpoint, positioned from `start`):
+/// the worker pauses it and takes it back once the group confirms the assignment — it does not exit, and every
+/// event lands once.
+#[test]
+fn a_fence_bumped_while_the_start_is_written_is_taken_back_not_fatal() {
+    let (db, topic) = stage("bkstart", 1);
+    let group = unique("g");
+    let text = format!(
+        "{BASE}[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    let recs: Vec<Rec> = (0..40)
+        .map(|i| {
+            let v = format!(r#"{{"id":"e{i}","cust":"c","day":"2026-07-01"}}"#);
+            Rec::json(0, "k", &v, 1_782_864_000_000)
+        })
+        .collect();
+    produce(&topic, &recs[..20]);
+    let mut w = spawn(
+        &["run", "--config", arg(&p.path)],
+        &[("REPLAYSAFE_FAILPOINTS", "before-write-start=1*sleep(4000)")],
+        p.dir.path(),
+        "w",
+    );
+    wait_until(Duration::from_secs(60), "the take-over's row", || {
+        db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_checkpoints WHERE consumer_group = '{group}'"
+        )) == 1
+    });
+    db.execute("UPDATE {s}.replaysafe_checkpoints SET fence = fence + 1");
+    produce(&topic, &recs[20..]);
+    let next = || {
+        db.i64(&format!(
+            "SELECT coalesce(max(next_offset), -1) FROM {{s}}.replaysafe_checkpoints \
+             WHERE consumer_group = '{group}'"
+        ))
+    };
+    let mut exited = None;
+    wait_until(Duration::from_secs(120), "every event applied", || {
+        exited = w.try_wait().unwrap();
+        exited.is_some() || next() == 40
+    });
+    let err = std::fs::read_to_string(p.dir.path().join("w.err")).unwrap();
+    assert!(exited.is_none(), "the worker exited: {err}");
+    assert_eq!(terminate(&mut w), Some(0));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 40);
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 40);
+}
