@@ -184,9 +184,14 @@ impl Core {
         self.sinks = sinks;
         let mut commit = TopicPartitionList::new();
         let mut first_err = None;
+        // Partitions fenced or rewound in this flush: their later batches were skipped on purpose.
+        let mut handled: Vec<Tp> = Vec::new();
         for (cut, r) in results {
             let batch = &cut.batch;
             let tp = (batch.topic.clone(), batch.partition);
+            if matches!(r, Ok(Applied::Fenced | Applied::Rewound(_))) {
+                handled.push(tp.clone());
+            }
             match r {
                 Ok(Applied::Committed(outcomes)) => {
                     crate::health::committed();
@@ -224,7 +229,10 @@ impl Core {
                         first_err.get_or_insert(e);
                     }
                 },
-                Ok(Applied::Skipped) => {}
+                Ok(Applied::Skipped) if handled.contains(&tp) => {}
+                // Not committed because an earlier batch of its lane failed: later records of the partition
+                // must not be applied over the gap.
+                Ok(Applied::Skipped) => self.forget_uncommitted(&tp),
                 Ok(Applied::Fenced) => match self.fenced(ack, &tp) {
                     // Another owner holds the checkpoint: what we buffered is dropped (the owner resumes from
                     // the checkpoint; a group source takes the partition over again once the group coordinator
@@ -238,6 +246,7 @@ impl Core {
                     }
                 },
                 Err(e) => {
+                    self.forget_uncommitted(&tp);
                     first_err.get_or_insert(e);
                 }
             }
@@ -257,6 +266,17 @@ impl Core {
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// A batch of `tp` failed or was not tried (an earlier batch of its lane failed): nothing of it was
+    /// committed, and its records are no longer buffered. The partition is no longer held by this engine — its
+    /// buffer is dropped and later records are ignored ([`Core::push`]) — so no later batch (a drain on
+    /// shutdown or revocation, a later flush) applies the records after it over the gap, moving the checkpoint
+    /// past records never applied. The checkpoint stays before the failed batch: a rerun reads it again.
+    fn forget_uncommitted(&mut self, tp: &Tp) {
+        if self.parts.remove(tp).is_some() {
+            tracing::debug!(topic = %tp.0, partition = tp.1, "partition dropped after a batch not committed");
         }
     }
 

@@ -192,6 +192,8 @@ pub fn replay(
     rt.block_on(async {
         let client = connect(&pipeline, url).await?;
         let mut sink = Sink::open(pipeline.clone(), url).await?.replaying();
+        // After the sink read the record's version: a projection added later fails the first batch instead.
+        refuse_while_building(&client, &pipeline).await?;
         if let Some(g) = group {
             sink = sink.with_group(g);
         }
@@ -238,6 +240,34 @@ pub fn replay(
             .get(0);
         Ok(out)
     })
+}
+
+/// Refuses a replay while a projection of the ledger is `building`: the replay would feed it the records it
+/// claims below the projection's hand-over point, and `projection build` would apply them again (it applies
+/// every record claimed at its position below the hand-over) — or, once the build passed them, never.
+///
+/// # Errors
+/// [`Error::Usage`] naming the projections to build first.
+async fn refuse_while_building(client: &Client, p: &Pipeline) -> Result<()> {
+    let Some(record) = crate::sink::projset::load(client, p).await? else {
+        return Ok(());
+    };
+    let building: Vec<&str> = record
+        .entries
+        .iter()
+        .filter(|(_, e)| e.state == crate::sink::projset::State::Building)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if building.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "projection(s) {} of ledger {} are being built: replaying dead letters now would apply them to the \
+         building projection twice (by the replay and by the build) or not at all. Finish the build first \
+         (`replaysafe projection build --config FILE --projection NAME`), then replay",
+        building.join(", "),
+        p.ledger.table
+    )))
 }
 
 /// A dead letter read back: topic, partition, the record as an item (its value `None` when not kept), and

@@ -109,12 +109,11 @@ async fn claimed_below(
     let row = client
         .query_one(
             &format!(
-                "SELECT count(*), min(l.\"offset\") FROM {} l JOIN {} h ON h.build_group = $1 \
-                 AND h.consumer_group = l.consumer_group AND h.generation = l.generation AND h.topic = l.topic \
-                 AND h.partition = l.partition AND l.\"offset\" < h.next_offset \
-                 WHERE l.topic = $2 AND l.partition = $3 AND l.\"offset\" < $4",
+                "WITH l AS MATERIALIZED (SELECT consumer_group, generation, topic, partition, \"offset\" FROM {} \
+                 WHERE topic = $2 AND partition = $3 AND \"offset\" < $4) \
+                 SELECT count(*), min(l.\"offset\") FROM l WHERE {}",
                 p.ledger.table,
-                p.table(HANDOVER)
+                crate::sink::build::claimed_before_handover(p, "$1")
             ),
             &[&group, &topic, &partition, &start],
         )

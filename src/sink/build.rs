@@ -3,6 +3,7 @@
 //! partition and offset before the projection's hand-over point, and feeds only the projection being built.
 
 use super::batch::{Batch, Pending};
+use super::checkpoint::CHECKPOINTS;
 use super::error::ApplyError;
 use super::ledger::{ledger_pk, HORIZON};
 use super::projset::HANDOVER;
@@ -60,20 +61,40 @@ pub fn match_statement(p: &Pipeline) -> String {
     vals.extend((0..passes).map(|j| format!("d.\"_pass_{j}\"")));
     format!(
         "WITH input AS (SELECT {select} FROM unnest({params}) AS u({names})), \
-         matched AS (SELECT d.* FROM input d JOIN {ledger} l ON l.generation = $1 AND {key} \
-           AND l.topic = $2 AND l.partition = $3 AND l.\"offset\" = d._offset \
-           JOIN {handover} h ON h.build_group = $4 AND h.consumer_group = l.consumer_group \
-           AND h.generation = l.generation AND h.topic = l.topic AND h.partition = l.partition \
-           AND l.\"offset\" < h.next_offset) \
+         joined AS MATERIALIZED (SELECT d.*, l.consumer_group, l.generation, l.topic, l.partition, \
+           l.\"offset\" FROM input d JOIN {ledger} l ON l.generation = $1 AND {key} \
+           AND l.topic = $2 AND l.partition = $3 AND l.\"offset\" = d._offset), \
+         matched AS (SELECT l.* FROM joined l WHERE {before}) \
          INSERT INTO pg_temp.landed ({cols}) SELECT {vals} FROM matched d ORDER BY d._offset RETURNING _offset",
         select = select.join(", "),
         params = params.join(", "),
         names = names.join(", "),
         ledger = p.ledger.table,
         key = key.join(" AND "),
-        handover = p.table(HANDOVER),
+        before = claimed_before_handover(p, "$4"),
         cols = cols.join(", "),
         vals = vals.join(", "),
+    )
+}
+
+/// The condition on ledger row `l` (its `consumer_group`, `generation`, `topic`, `partition`, `offset`) that it
+/// was claimed before the hand-over point of build group `group` (a SQL parameter): by a group whose checkpoint
+/// the hand-over recorded, below that offset; or by a group that holds no checkpoint of the partition at all —
+/// a `dead-letters replay --group-id G` (it moves no checkpoint), which is refused while a projection is
+/// building, so its claims precede the hand-over. (Every other writer — `run`, `load`, `backfill`, `rebuild`
+/// — takes its checkpoint row over before it claims: one that started after the hand-over has a checkpoint and
+/// no hand-over row, and is left out.) Apply it to a materialized set of ledger rows, not inside a scan of the
+/// partitioned ledger: pushed into every day partition's scan, its subqueries make a plan of thousands of JIT
+/// functions.
+pub fn claimed_before_handover(p: &Pipeline, group: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM {handover} h WHERE h.build_group = {group} \
+           AND h.consumer_group = l.consumer_group AND h.generation = l.generation AND h.topic = l.topic \
+           AND h.partition = l.partition AND l.\"offset\" < h.next_offset) \
+         OR NOT EXISTS (SELECT 1 FROM {checkpoints} c WHERE c.consumer_group = l.consumer_group \
+           AND c.generation = l.generation AND c.topic = l.topic AND c.partition = l.partition))",
+        handover = p.table(HANDOVER),
+        checkpoints = p.table(CHECKPOINTS),
     )
 }
 

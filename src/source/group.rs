@@ -238,11 +238,16 @@ impl Ctx {
             .collect();
         // The connections come back from the flush in flight (if any) first.
         let (acquired, blocked) = take_over_or_defer(core, consumer, &elems)?;
-        for (tp, start) in self.position(core, consumer, acquired)? {
+        let (starts, fenced) = self.position(core, consumer, acquired)?;
+        for (tp, start) in starts {
             tpl.set_partition_offset(&tp.0, tp.1, Offset::Offset(start))?;
         }
         let mut paused = TopicPartitionList::new();
         let mut pending = lock_pending(self);
+        for (tp, at) in &fenced {
+            paused.add_partition(&tp.0, tp.1);
+            pending.fenced(tp, *at, self.fence_grace);
+        }
         for b in &blocked {
             tpl.set_partition_offset(&b.tp.0, b.tp.1, Offset::Beginning)?;
             paused.add_partition(&b.tp.0, b.tp.1);
@@ -252,18 +257,23 @@ impl Ctx {
     }
 
     /// Positions partitions just taken over: the checkpoint, else [`Ctx::unpositioned_start`] (written to the
-    /// checkpoint before anything is consumed). Returns each one's start; they are held by the engine from now.
+    /// checkpoint before anything is consumed). Returns each one's start; they are held by the engine from now —
+    /// except the partitions whose start could not be written because another writer bumped the fence meanwhile
+    /// (a `load --take-over`), returned second with that start: not held, to be paused and taken over again
+    /// like a fenced batch's partition once the group coordinator confirms the assignment.
+    #[allow(clippy::type_complexity)]
     fn position(
         &self,
         core: &mut Core,
         consumer: &GroupConsumer,
         acquired: Vec<Acquired>,
-    ) -> Result<Vec<(Tp, i64)>> {
+    ) -> Result<(Vec<(Tp, i64)>, Vec<(Tp, i64)>)> {
         let p = self.pipeline.clone();
         let group = p.kafka.group_id.clone();
         let committed = committed_offsets(consumer, &acquired)?;
         let mut resolved: Vec<(Tp, i64, i64)> = Vec::new();
         let mut starts = Vec::new();
+        let mut fenced = Vec::new();
         for Acquired { tp, next, fence } in acquired {
             let (topic, partition) = (&tp.0, tp.1);
             let (low, high) = watermarks(&self.side, topic, partition, Duration::from_secs(10))?;
@@ -311,6 +321,7 @@ impl Ctx {
         // anything is consumed, so a crash before the first batch cannot resolve `latest` again and skip what
         // arrived in between (case C17).
         let rt = core.runtime();
+        fail::fail_point!("before-write-start");
         for (tp, fence, start) in &resolved {
             let n = rt.block_on(takeover::write_start(
                 core.sink(),
@@ -322,13 +333,18 @@ impl Ctx {
                 true,
             ))?;
             if n != 1 {
-                return Err(Error::Other(format!(
-                    "{}/{} was taken over by another consumer while being assigned",
-                    tp.0, tp.1
-                )));
+                tracing::warn!(
+                    topic = %tp.0,
+                    partition = tp.1,
+                    "another writer took the partition over while it was being assigned: paused; once the group \
+                     coordinator confirms this member owns it, it is taken over again from its checkpoint"
+                );
+                core.parts.remove(tp);
+                crate::health::fenced(tp);
+                fenced.push((tp.clone(), *start));
             }
         }
-        Ok(starts)
+        Ok((starts, fenced))
     }
 
     /// The partition's end (high watermark), asked again after 1 s when `start` is past `high` (a leader just
@@ -550,7 +566,14 @@ impl Group {
         for b in &blocked {
             lock_pending(ctx).blocked(b);
         }
-        for (tp, start) in ctx.position(&mut core, &self.consumer, acquired)? {
+        let (starts, fenced) = ctx.position(&mut core, &self.consumer, acquired)?;
+        for (tp, at) in &fenced {
+            lock_pending(ctx).fenced(tp, *at, ctx.fence_grace);
+        }
+        for (tp, start) in starts {
+            if fenced.iter().any(|(f, _)| *f == tp) {
+                continue;
+            }
             lock_pending(ctx).remove(&tp);
             crate::health::unfenced(std::slice::from_ref(&tp));
             // Bounded: librdkafka's seek waits for the fetcher at most this long.
