@@ -283,7 +283,7 @@ impl Core {
     /// A batch of `tp` was fenced: counted in `replaysafe_fenced_batches_total{topic, partition}`, then handed
     /// to the source with the checkpoint this process last committed ([`Ack::fenced_at`]).
     fn fenced(&self, ack: &dyn Ack, tp: &Tp) -> Option<Error> {
-        fenced_counter(tp).increment(1);
+        takeover::fenced_counter(tp).increment(1);
         match self.parts.get(tp) {
             Some(st) => ack.fenced_at(tp, st.next.unwrap_or(st.start)),
             None => ack.fenced(tp),
@@ -316,14 +316,4 @@ fn count_metric(o: &Outcome) {
             metrics::counter!("replaysafe_records_total", "outcome" => "quarantined", "reason" => r.as_str()).increment(1)
         }
     }
-}
-
-/// `replaysafe_fenced_batches_total{topic, partition}`: batches of the partition rolled back by another owner's
-/// fence (registered at zero by every take-over, [`super::takeover`]).
-pub(super) fn fenced_counter(tp: &Tp) -> metrics::Counter {
-    metrics::counter!(
-        "replaysafe_fenced_batches_total",
-        "topic" => tp.0.clone(),
-        "partition" => tp.1.to_string()
-    )
 }

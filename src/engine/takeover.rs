@@ -207,7 +207,7 @@ async fn acquire_once(
             next = None;
         }
         // The partition's fenced-batches series exists from its take-over on (README "Metrics and health").
-        super::state::fenced_counter(&(topic.clone(), *partition)).increment(0);
+        fenced_counter(&(topic.clone(), *partition)).increment(0);
         out.push(Acquired {
             tp: (topic.clone(), *partition),
             next,
@@ -256,4 +256,14 @@ pub async fn write_start(
             &[&group, topic, partition, &fence, &offset, &generation],
         )
         .await?)
+}
+
+/// `replaysafe_fenced_batches_total{topic, partition}`: batches of the partition rolled back by another owner's
+/// fence (registered at zero by every take-over).
+pub(super) fn fenced_counter(tp: &Tp) -> metrics::Counter {
+    metrics::counter!(
+        "replaysafe_fenced_batches_total",
+        "topic" => tp.0.clone(),
+        "partition" => tp.1.to_string()
+    )
 }

@@ -28,7 +28,7 @@ use crate::config::Pipeline;
 use crate::engine::{Engine, Options, Tp};
 use crate::error::{Error, Result};
 use crate::sink::Tally;
-use crate::source::file::File;
+use crate::source::file::{end_of, File};
 use crate::source::kafka::{consumer_config, watermarks};
 
 /// Options of one load.
@@ -200,14 +200,6 @@ fn check_ends(
         path.display(),
         past.join("; ")
     )))
-}
-
-/// The end of `partition` among a topic's partition ends (0 for a partition the topic does not have).
-pub fn end_of(ends: &[i64], partition: i32) -> i64 {
-    usize::try_from(partition)
-        .ok()
-        .and_then(|i| ends.get(i).copied())
-        .unwrap_or(0)
 }
 
 /// Each pipeline topic's partition ends on the broker, by partition number; a topic missing there is left out

@@ -1,6 +1,6 @@
 //! Dead letters: one row per quarantined record, written in the batch transaction (then the `[errors]` tolerance
 //! check over them, [`tolerance_statement`]); resolved when a later batch lands the record, or settled by
-//! `replaysafe dead-letters replay` ([`crate::ops::dead_letters`]).
+//! `replaysafe dead-letters replay` (`ops/dead_letters.rs`).
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Statement, Transaction};

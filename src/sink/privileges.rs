@@ -392,7 +392,7 @@ pub async fn coverage(
 /// Whether the ledger's projection record (`replaysafe_projection_set`) is this pipeline's projections (`init`
 /// writes it; a `--no-ddl` start requires it).
 async fn record(tx: &tokio_postgres::Transaction<'_>, p: &Pipeline) -> Result<Finding> {
-    let ok = super::verify::projection_record_matches(tx, p).await?;
+    let ok = super::projset::matches(tx, p).await?;
     Ok(grant(
         ok,
         &format!("ledger {} records this pipeline's projections", p.ledger.table),

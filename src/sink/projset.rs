@@ -14,7 +14,7 @@
 //!   `replaysafe projection build` applies; every later claim is applied by the batch that makes it.
 //!
 //! Ledgers recorded by earlier replaysafe versions kept the record in the ledger's table comment
-//! ([`super::projstart::legacy`]); it is read once and moved here.
+//! (`projstart::legacy`); it is read once and moved here.
 
 use std::collections::BTreeMap;
 
@@ -409,6 +409,18 @@ pub(super) async fn check_version(
         p.ledger.table,
         have.map_or("none".to_string(), |v| v.to_string())
     ))))
+}
+
+/// Whether the ledger's projection record  holds exactly this pipeline's projections — none added,
+/// missing or changed (read only).
+///
+/// # Errors
+/// [`Error::Postgres`]; [`Error::Schema`] when the record cannot be read.
+pub(crate) async fn matches(c: &impl tokio_postgres::GenericClient, p: &Pipeline) -> Result<bool> {
+    Ok(match load(c, p).await? {
+        Some(r) => diff(&r, &pipeline_settings(p)).is_same(),
+        None => false,
+    })
 }
 
 #[cfg(test)]

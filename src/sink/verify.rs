@@ -71,7 +71,7 @@ pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
     }
     check_column_types(client, p).await?;
     check_ledger(client, p).await?;
-    if !projection_record_matches(&*client, p).await? {
+    if !projset::matches(&*client, p).await? {
         return Err(Error::Schema(format!(
             "ledger {}: {} does not record this pipeline's projections as they are (init records them — an added \
              projection with its hand-over point — and refuses a changed one); {by_init}",
@@ -80,19 +80,4 @@ pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
         )));
     }
     check_statements(client, p).await
-}
-
-/// Whether the ledger's projection record ([`projset`]) holds exactly this pipeline's projections — none added,
-/// missing or changed (read only).
-///
-/// # Errors
-/// [`Error::Postgres`]; [`Error::Schema`] when the record cannot be read.
-pub(crate) async fn projection_record_matches(
-    c: &impl tokio_postgres::GenericClient,
-    p: &Pipeline,
-) -> Result<bool> {
-    Ok(match projset::load(c, p).await? {
-        Some(r) => projset::diff(&r, &projset::pipeline_settings(p)).is_same(),
-        None => false,
-    })
 }

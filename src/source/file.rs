@@ -102,7 +102,7 @@ pub struct File {
     /// The reader's error, returned once the records read before it are handed out.
     failed: Option<Error>,
     seen: HashMap<Tp, Seen>,
-    /// The live topics' partition ends by partition number ([`crate::ops::load::end_of`]); a topic absent is
+    /// The live topics' partition ends by partition number ([`end_of`]); a topic absent is
     /// not checked.
     ends: HashMap<String, Vec<i64>>,
     eof: bool,
@@ -211,7 +211,7 @@ impl File {
 
     fn admit(&mut self, line: usize, r: Record) -> Result<Option<Record>> {
         if let Some(ends) = self.ends.get(&r.tp.0) {
-            let end = crate::ops::load::end_of(ends, r.tp.1);
+            let end = end_of(ends, r.tp.1);
             if r.offset >= end {
                 return Err(Error::Other(format!(
                     "{}:{line}: offset {} of {}/{} is at or past the live partition's end {end}: not a dump of the \
@@ -341,4 +341,12 @@ fn read_file(
     if let Err(e) = end {
         let _ = tx.send(Err(e));
     }
+}
+
+/// The end of `partition` among a topic's partition ends (0 for a partition the topic does not have).
+pub fn end_of(ends: &[i64], partition: i32) -> i64 {
+    usize::try_from(partition)
+        .ok()
+        .and_then(|i| ends.get(i).copied())
+        .unwrap_or(0)
 }

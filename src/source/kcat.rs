@@ -1,4 +1,4 @@
-//! One line of a `kcat -C -J` dump → a [`Record`], decided (the format: [`crate::source::file`]).
+//! One line of a `kcat -C -J` dump → a [`Record`], decided (the format: `source/file.rs`).
 
 use serde::Deserialize;
 
