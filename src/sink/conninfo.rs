@@ -178,6 +178,7 @@ fn read_password(path: &std::path::Path) -> Result<String> {
 /// `url` without its TLS parameters, and those parameters (decoded).
 fn split_tls_params(url: &str) -> std::result::Result<(String, BTreeMap<String, String>), String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        check_one_at(url)?;
         return Ok(split_url(url));
     }
     let pairs = key_values(url)?;
@@ -192,6 +193,22 @@ fn split_tls_params(url: &str) -> std::result::Result<(String, BTreeMap<String, 
         }
     }
     Ok((rest.join(" "), params))
+}
+
+/// Refuses a URL with an `@` after the one ending the credentials (before the query): tokio-postgres ends the
+/// credentials at the first `@`, so a password holding a raw `@` would spill its tail into the host or database
+/// name, which messages print. The message names no part of the URL.
+fn check_one_at(url: &str) -> std::result::Result<(), String> {
+    let after = url.split_once('@').map_or("", |(_, rest)| rest);
+    let before_query = after.split_once('?').map_or(after, |(b, _)| b);
+    match before_query.contains('@') {
+        true => Err(
+            "more than one `@` before the query: percent-encode `@` in the user name, password or \
+                     database name as `%40` (or use [postgres] password-file)"
+                .to_string(),
+        ),
+        false => Ok(()),
+    }
 }
 
 fn split_url(url: &str) -> (String, BTreeMap<String, String>) {
@@ -250,7 +267,14 @@ fn key_values(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(format!("`{key}` is not followed by `=`"));
+            // The word may be the tail of an unquoted value (a password with a space): never shown.
+            return Err(match out.last() {
+                Some((prev, _)) => format!(
+                    "a word after the value of `{prev}` is not followed by `=` (single-quote a value \
+                     holding spaces: {prev}='…')"
+                ),
+                None => "the first word is not followed by `=`".to_string(),
+            });
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();

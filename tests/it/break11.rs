@@ -1,0 +1,81 @@
+//! Adversarial checks of the issue-11 work (connectivity and secrets): malformed database URLs whose password
+//! would spill into the messages replaysafe prints. Each drives the real binary; nothing may be created.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+const SECRET: &str = "S3crXt-b11";
+
+const PIPE: &str = r#"[kafka]
+group-id = "{group}"
+topics = ["{topic}"]
+start = "earliest"
+[postgres]
+schema = "{schema}"
+[fields]
+event_id = { path = "/event_id", type = "text" }
+day = { path = "/day", type = "date" }
+[identity]
+key = ["event_id"]
+partition-by = "day"
+[ledger]
+horizon-days = 30
+[[projection]]
+kind = "counter"
+table = "per_day"
+group-by = ["day"]
+column = "n"
+"#;
+
+fn tables(db: &Db) -> i64 {
+    db.i64(&format!(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = '{}'",
+        db.schema
+    ))
+}
+
+/// `check` and `run` with `DATABASE_URL = url`: both refused (exit 2), the secret in no output, no table made.
+fn refused_without_the_secret(url: &str, db: &Db, topic: &str, says: &str) {
+    let p = pipeline(PIPE, topic, &unique("g"), &db.schema);
+    let env = [("DATABASE_URL", url), ("REPLAYSAFE_LOG", "trace")];
+    for args in [
+        vec!["check", "--config", arg(&p.path)],
+        vec![
+            "run",
+            "--config",
+            arg(&p.path),
+            "--until-caught-up",
+            "--connect-timeout",
+            "1",
+        ],
+    ] {
+        let out = replaysafe_with(&args, &env, Duration::from_secs(60));
+        let all = format!("{}\n{}", out.stdout, out.stderr);
+        assert!(!all.contains(SECRET), "{args:?} shows the password:\n{all}");
+        assert_eq!(out.code, Some(2), "{args:?}:\n{all}");
+        assert!(out.stderr.contains(says), "{args:?}:\n{all}");
+    }
+    assert_eq!(tables(db), 0);
+}
+
+/// A raw `@` in a URL password: tokio-postgres ends the credentials at the first `@`, so the password's tail
+/// became the host (`check` printed `postgres S3crXt-b11@localhost:5432 …`, connection errors the address).
+#[test]
+fn a_raw_at_sign_in_a_url_password_is_refused_without_showing_it() {
+    let (db, topic) = stage("b11_at", 1);
+    for url in [
+        format!("postgresql://u:ab@{SECRET}@localhost:1/postgres?sslmode=disable"),
+        format!("postgresql://u:ab@c:/x{SECRET}@localhost:1/postgres"),
+    ] {
+        refused_without_the_secret(&url, &db, &topic, "percent-encode `@`");
+    }
+}
+
+/// An unquoted space in a key/value password: the word after it was named in the parse error.
+#[test]
+fn an_unquoted_space_in_a_key_value_password_is_refused_without_showing_it() {
+    let (db, topic) = stage("b11_kv", 1);
+    let url = format!("host=localhost port=1 user=u password=ab {SECRET} sslmode=disable");
+    refused_without_the_secret(&url, &db, &topic, "single-quote a value");
+}
