@@ -79,3 +79,54 @@ fn an_unquoted_space_in_a_key_value_password_is_refused_without_showing_it() {
     let url = format!("host=localhost port=1 user=u password=ab {SECRET} sslmode=disable");
     refused_without_the_secret(&url, &db, &topic, "single-quote a value");
 }
+
+/// libpq checks only the group and other bits of a client key: an owner-executable key (0700, e.g. copied from a
+/// secrets volume) was refused as "readable by others"; a group-writable one stays refused.
+#[test]
+fn a_client_key_is_judged_by_its_group_and_other_bits_only() {
+    let kit = std::path::PathBuf::from(
+        std::env::var("PGSSL_TEST_DIR")
+            .unwrap_or_else(|_| "/var/lib/postgresql/replaysafe-tls".into()),
+    );
+    let db = Db::fresh("b11_key");
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("client.key");
+    std::fs::copy(kit.join("client.key"), &key).unwrap();
+    let url = format!(
+        "postgresql://replaysafe_cert@localhost:5432/postgres?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+        kit.join("ca.crt").display(),
+        kit.join("client.crt").display(),
+        key.display()
+    );
+    let p = pipeline(PIPE, "t", "g", &db.schema);
+    let check = |mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+        let env = [("DATABASE_URL", url.as_str())];
+        replaysafe_with(
+            &["check", "--config", arg(&p.path)],
+            &env,
+            Duration::from_secs(60),
+        )
+    };
+    let out = check(0o700);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains(&format!(
+            "client certificate {}",
+            kit.join("client.crt").display()
+        )),
+        "{}",
+        out.stdout
+    );
+    for mode in [0o660, 0o604] {
+        let out = check(mode);
+        assert_eq!(out.code, Some(2), "{mode:o}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(&format!("permissions {mode:04o}")),
+            "{}",
+            out.stderr
+        );
+    }
+    assert_eq!(tables(&db), 0);
+}
