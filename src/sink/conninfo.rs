@@ -270,10 +270,13 @@ fn key_values(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
             // The word may be the tail of an unquoted value (a password with a space): never shown.
             return Err(match out.last() {
                 Some((prev, _)) => format!(
-                    "a word after the value of `{prev}` is not followed by `=` (single-quote a value \
-                     holding spaces: {prev}='…')"
+                    "a word after the value of {} is not followed by `=` (single-quote a value holding \
+                     spaces: key='…')",
+                    shown_key(prev)
                 ),
-                None => "the first word is not followed by `=`".to_string(),
+                None => "the first word is not followed by `=` (not a postgres:// or postgresql:// URL, \
+                         nor libpq's key=value form)"
+                    .to_string(),
             });
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
@@ -284,7 +287,12 @@ fn key_values(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
                     Some('\\') => value.extend(chars.next()),
                     Some('\'') => break,
                     Some(c) => value.push(c),
-                    None => return Err(format!("the value of `{key}` has no closing quote")),
+                    None => {
+                        return Err(format!(
+                            "the value of {} has no closing quote",
+                            shown_key(&key)
+                        ))
+                    }
                 }
             }
         } else {
@@ -296,6 +304,15 @@ fn key_values(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
             }
         }
         out.push((key, value));
+    }
+}
+
+/// A key for a parse error: named when it is a parameter name (letters, digits, `_`), else not shown — a
+/// mistyped URL (`postgresq://user:password@…`) is read as one key and holds the password.
+fn shown_key(key: &str) -> String {
+    match !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        true => format!("`{key}`"),
+        false => "a key that is not a parameter name (not shown)".to_string(),
     }
 }
 

@@ -80,6 +80,28 @@ fn an_unquoted_space_in_a_key_value_password_is_refused_without_showing_it() {
     refused_without_the_secret(&url, &db, &topic, "single-quote a value");
 }
 
+/// A mistyped scheme makes the whole URL one key/value word, which the parse errors named.
+#[test]
+fn a_mistyped_url_scheme_is_refused_without_showing_the_url() {
+    let (db, topic) = stage("b11_scheme", 1);
+    for (url, says) in [
+        (
+            format!("postgresq://u:{SECRET}@localhost/postgres"),
+            "the first word",
+        ),
+        (
+            format!("postgres:/u:{SECRET}@localhost/db?a='x"),
+            "no closing quote",
+        ),
+        (
+            format!("postgre://u:{SECRET}@localhost/db?a=b c"),
+            "not followed by `=`",
+        ),
+    ] {
+        refused_without_the_secret(&url, &db, &topic, says);
+    }
+}
+
 /// libpq checks only the group and other bits of a client key: an owner-executable key (0700, e.g. copied from a
 /// secrets volume) was refused as "readable by others"; a group-writable one stays refused.
 #[test]
