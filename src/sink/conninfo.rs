@@ -198,7 +198,20 @@ fn split_tls_params(url: &str) -> std::result::Result<(String, BTreeMap<String, 
 /// Refuses a URL with an `@` after the one ending the credentials (before the query): tokio-postgres ends the
 /// credentials at the first `@`, so a password holding a raw `@` would spill its tail into the host or database
 /// name, which messages print. The message names no part of the URL.
+///
+/// A `?` before that first `@` is refused too: the query would be split off inside the password, so its
+/// `sslmode` would not be taken out and the connection would silently fall back to `prefer`.
 fn check_one_at(url: &str) -> std::result::Result<(), String> {
+    if url
+        .split_once('@')
+        .is_some_and(|(creds, _)| creds.contains('?'))
+    {
+        return Err(
+            "a `?` before the `@` that ends the user name and password: percent-encode `?` in \
+                    them as `%3F` (and `@` in a query value as `%40`)"
+                .to_string(),
+        );
+    }
     let after = url.split_once('@').map_or("", |(_, rest)| rest);
     let before_query = after.split_once('?').map_or(after, |(b, _)| b);
     match before_query.contains('@') {

@@ -152,3 +152,12 @@ fn a_client_key_is_judged_by_its_group_and_other_bits_only() {
     }
     assert_eq!(tables(&db), 0);
 }
+
+/// A raw `?` in a URL password split the query off inside the password: `sslmode=require` was not taken out
+/// and `check` said `sslmode=prefer` (a silent downgrade: the password could go to a server without TLS).
+#[test]
+fn a_raw_question_mark_in_a_url_password_does_not_drop_sslmode() {
+    let (db, topic) = stage("b11_qm", 1);
+    let url = format!("postgresql://u:ab?{SECRET}@localhost:1/postgres?sslmode=require");
+    refused_without_the_secret(&url, &db, &topic, "percent-encode `?`");
+}
