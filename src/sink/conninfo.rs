@@ -178,6 +178,7 @@ fn read_password(path: &std::path::Path) -> Result<String> {
 /// `url` without its TLS parameters, and those parameters (decoded).
 fn split_tls_params(url: &str) -> std::result::Result<(String, BTreeMap<String, String>), String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        check_one_at(url)?;
         return Ok(split_url(url));
     }
     let pairs = key_values(url)?;
@@ -192,6 +193,35 @@ fn split_tls_params(url: &str) -> std::result::Result<(String, BTreeMap<String, 
         }
     }
     Ok((rest.join(" "), params))
+}
+
+/// Refuses a URL with an `@` after the one ending the credentials (before the query): tokio-postgres ends the
+/// credentials at the first `@`, so a password holding a raw `@` would spill its tail into the host or database
+/// name, which messages print. The message names no part of the URL.
+///
+/// A `?` before that first `@` is refused too: the query would be split off inside the password, so its
+/// `sslmode` would not be taken out and the connection would silently fall back to `prefer`.
+fn check_one_at(url: &str) -> std::result::Result<(), String> {
+    if url
+        .split_once('@')
+        .is_some_and(|(creds, _)| creds.contains('?'))
+    {
+        return Err(
+            "a `?` before the `@` that ends the user name and password: percent-encode `?` in \
+                    them as `%3F` (and `@` in a query value as `%40`)"
+                .to_string(),
+        );
+    }
+    let after = url.split_once('@').map_or("", |(_, rest)| rest);
+    let before_query = after.split_once('?').map_or(after, |(b, _)| b);
+    match before_query.contains('@') {
+        true => Err(
+            "more than one `@` before the query: percent-encode `@` in the user name, password or \
+                     database name as `%40` (or use [postgres] password-file)"
+                .to_string(),
+        ),
+        false => Ok(()),
+    }
 }
 
 fn split_url(url: &str) -> (String, BTreeMap<String, String>) {
@@ -250,7 +280,17 @@ fn key_values(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(format!("`{key}` is not followed by `=`"));
+            // The word may be the tail of an unquoted value (a password with a space): never shown.
+            return Err(match out.last() {
+                Some((prev, _)) => format!(
+                    "a word after the value of {} is not followed by `=` (single-quote a value holding \
+                     spaces: key='…')",
+                    shown_key(prev)
+                ),
+                None => "the first word is not followed by `=` (not a postgres:// or postgresql:// URL, \
+                         nor libpq's key=value form)"
+                    .to_string(),
+            });
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();
@@ -260,7 +300,12 @@ fn key_values(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
                     Some('\\') => value.extend(chars.next()),
                     Some('\'') => break,
                     Some(c) => value.push(c),
-                    None => return Err(format!("the value of `{key}` has no closing quote")),
+                    None => {
+                        return Err(format!(
+                            "the value of {} has no closing quote",
+                            shown_key(&key)
+                        ))
+                    }
                 }
             }
         } else {
@@ -272,6 +317,15 @@ fn key_values(s: &str) -> std::result::Result<Vec<(String, String)>, String> {
             }
         }
         out.push((key, value));
+    }
+}
+
+/// A key for a parse error: named when it is a parameter name (letters, digits, `_`), else not shown — a
+/// mistyped URL (`postgresq://user:password@…`) is read as one key and holds the password.
+fn shown_key(key: &str) -> String {
+    match !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        true => format!("`{key}`"),
+        false => "a key that is not a parameter name (not shown)".to_string(),
     }
 }
 

@@ -120,16 +120,18 @@ fn ca_store(path: &Path) -> Result<openssl::x509::store::X509Store> {
     Ok(store.build())
 }
 
-/// libpq's rule: a private key readable by group or others is refused (0640 allowed when owned by root).
+/// libpq's rule (`fe-secure-openssl.c`): a private key with any group or other permission is refused; owned by
+/// root, group read is allowed (0640). The owner's own bits are not checked (0700 is accepted, as by libpq).
 fn check_key_permissions(key: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(key)
         .map_err(|e| Error::Usage(format!("sslkey {}: {e}", key.display())))?;
     let mode = meta.mode() & 0o777;
-    let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
-    if mode & !allowed != 0 {
+    let forbidden = if meta.uid() == 0 { 0o037 } else { 0o077 };
+    if mode & forbidden != 0 {
         return Err(Error::Usage(format!(
-            "sslkey {} has permissions {mode:04o}: a private key must not be readable by others (chmod 0600)",
+            "sslkey {} has permissions {mode:04o}: a private key must not be readable by others, nor by its \
+             group unless owned by root, nor writable by either (chmod 0600)",
             key.display()
         )));
     }

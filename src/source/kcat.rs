@@ -61,15 +61,23 @@ pub(crate) fn parse_line(pipeline: &Pipeline, text: &str, at: &str) -> Result<Re
     };
     let key = env.key.map(String::into_bytes);
     let value = env.payload.map(String::into_bytes);
-    let undecodable = [("value", &env.payload_error), ("key", &env.key_error)]
-        .into_iter()
-        .find_map(|(what, e)| e.as_ref().map(|e| (what, e)));
-    let decided = match undecodable {
-        Some((what, e)) => Pending::Quarantine(Rejection::new(
+    // Every error kcat reported, under the member's own name (`payload_error`, `key_error`).
+    let undecodable: Vec<String> = [
+        ("value", "payload_error", &env.payload_error),
+        ("key", "key_error", &env.key_error),
+    ]
+    .into_iter()
+    .filter_map(|(what, member, e)| {
+        e.as_ref()
+            .map(|e| format!("the {what} could not be decoded (kcat's {member} in the dump): {e}"))
+    })
+    .collect();
+    let decided = match undecodable.is_empty() {
+        false => Pending::Quarantine(Rejection::new(
             Reason::UndecodableValue,
-            format!("the {what} could not be decoded (kcat's {what}_error in the dump): {e}"),
+            undecodable.join("; "),
         )),
-        None => decide(
+        true => decide(
             pipeline,
             key.as_deref(),
             value.as_deref(),
