@@ -17,7 +17,7 @@
 //! librdkafka default): a dump holding an aborted transaction's records cannot be told apart.
 //!
 //! Checkpoints are the pipeline's table (`replaysafe_checkpoints`, keyed by group, generation, and the file's
-//! topic/partition) under the load's group (its own by default, see [`crate::ops::load`]): each partition met in
+//! topic/partition) under the load's group (its own by default, see `ops/load.rs`): each partition met in
 //! the file is taken over (fence bumped) like an assignment in `run`, records below its checkpoint are skipped,
 //! and every batch advances it in the batch's transaction. A second load of the same file under the same group
 //! therefore applies nothing; under another group every record is a duplicate. A record at or past its live
