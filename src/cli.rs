@@ -356,14 +356,17 @@ pub struct RebuildArgs {
 
 #[derive(Subcommand)]
 pub enum VerifyCommand {
-    /// Save a counter projection's rows.
+    /// Save a counter or sum projection's rows and the ledger's claims per day and consumer group.
     Snapshot {
         /// The pipeline file.
         #[arg(short, long)]
         config: PathBuf,
-        /// The counter projection's table.
+        /// The counter or sum projection's table.
         #[arg(long)]
         table: String,
+        /// The value column to compare (needed when a sum projection has several).
+        #[arg(long)]
+        column: Option<String>,
         /// Only rows matching this SQL condition (run read-only), e.g. "day between '2026-07-01' and '2026-07-06'".
         #[arg(long = "where")]
         filter: Option<String>,
@@ -371,7 +374,8 @@ pub enum VerifyCommand {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Compare the table now with a snapshot: per day, the change must equal what the backfill landed.
+    /// Compare the table now with a snapshot: per day, the change must equal what the backfill landed plus what
+    /// other consumer groups claimed in the ledger since the snapshot.
     Diff {
         /// The snapshot taken before the backfill.
         #[arg(long)]

@@ -336,24 +336,30 @@ fn verify(command: VerifyCommand) -> anyhow::Result<()> {
         VerifyCommand::Snapshot {
             config,
             table,
+            column,
             filter,
             output,
         } => {
-            let snap = ops::verify::snapshot(&config, &table, filter.as_deref())?;
+            let snap =
+                ops::verify::snapshot(&config, &table, column.as_deref(), filter.as_deref())?;
             write_json(&snap, Some(&output))
         }
         VerifyCommand::Diff { before, expect } => {
-            let before: ops::verify::Snapshot = read_json(&before)?;
+            let before = ops::verify::read_snapshot(&before)?;
             let report: Report = read_json(&expect)?;
             let (mismatches, table) = ops::verify::diff(&before, &report)?;
             print!("{table}");
             if mismatches.is_empty() {
-                println!("verified: every day changed by exactly what the backfill landed");
+                println!(
+                    "verified: every day changed by exactly what the backfill landed and the other groups claimed"
+                );
                 Ok(())
             } else {
+                let days: Vec<&str> = mismatches.iter().map(|m| m.day.as_str()).collect();
                 Err(anyhow::anyhow!(
-                    "{} day(s) differ from the backfill report",
-                    mismatches.len()
+                    "{} day(s) not explained by the backfill report and the other groups' ledger claims: {}",
+                    mismatches.len(),
+                    days.join(", ")
                 ))
             }
         }

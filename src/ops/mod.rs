@@ -4,6 +4,7 @@
 pub mod backfill;
 pub mod check;
 pub mod dead_letters;
+pub mod fingerprint;
 pub mod load;
 pub mod offsets;
 pub mod projection;

@@ -57,6 +57,7 @@ pub fn backfill(
         counts: report::COUNTS_COVER.to_string(),
         accounting: String::new(),
         dry_run: opts.dry_run,
+        pipeline: Some(crate::ops::fingerprint::pipeline_fingerprint(&pipeline)),
         past_the_stop: Vec::new(),
         rebuild: None,
     };
@@ -140,12 +141,10 @@ fn replay(
     o.group = Some(opts.group_id.clone());
     o.prune_on_start = false;
     o.extras = Extras::new(pipeline, opts.filter.as_deref(), opts.day_window)?;
-    o.observer = Some(Box::new(report::Progress::new(
-        &plans,
-        opts.progress,
-        s.per_day.clone(),
-        s.reached.clone(),
-    )));
+    o.observer = Some(Box::new(
+        report::Progress::new(&plans, opts.progress, s.per_day.clone(), s.reached.clone())
+            .with_sums(pipeline),
+    ));
     let engine = Engine::start(rt.handle(), pipeline.clone(), o)?;
     let ranges = plans
         .iter()

@@ -10,7 +10,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Observer, PartState, Tp};
 use crate::ops::backfill::options::PartitionPlan;
-use crate::sink::{Batch, Outcome, Tally};
+use std::str::FromStr;
+
+use bigdecimal::BigDecimal;
+
+use crate::config::Pipeline;
+use crate::projection::ProjectionKind;
+use crate::sink::{Batch, Item, Outcome, Pending, Tally};
 
 /// Per-day outcome counts of a backfill.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -26,6 +32,10 @@ pub struct DayCounts {
     pub filtered: u64,
     /// Dead-lettered.
     pub quarantined: u64,
+    /// Per `sum` projection column (`schema.table.column`): what the landed records added to it (decimal text;
+    /// records its `filter` skips add nothing), for `verify diff`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sums: BTreeMap<String, String>,
 }
 
 /// The backfill report (`-o report.json`; read by `verify diff --expect`).
@@ -55,6 +65,10 @@ pub struct Report {
     pub accounting: String,
     /// Whether this was a dry run.
     pub dry_run: bool,
+    /// The pipeline's fingerprint (`crate::ops::fingerprint::pipeline_fingerprint`), checked by `verify diff`
+    /// against its snapshot's; absent in reports of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<String>,
     /// `--to TIME` only: partitions where records after the stop offset carry a timestamp inside the window
     /// (out-of-order timestamps); they were not applied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -245,6 +259,7 @@ pub fn per_day_report(per_day: &PerDay) -> BTreeMap<String, DayCounts> {
 /// bar, and logs progress every 5 s when there is no bar.
 pub struct Progress {
     per_day: PerDay,
+    sums: Vec<SumTarget>,
     reached: Reached,
     plans: Vec<PartitionPlan>,
     total: i64,
@@ -278,6 +293,7 @@ impl Progress {
         };
         Progress {
             per_day,
+            sums: Vec::new(),
             reached,
             plans: plans.to_vec(),
             total,
@@ -289,11 +305,73 @@ impl Progress {
     }
 }
 
+/// A `sum` projection column whose additions the report counts per day.
+struct SumTarget {
+    /// `schema.table.column`.
+    name: String,
+    /// The field it adds.
+    field: usize,
+    /// The projection's pass column (its `filter`), if any.
+    pass: Option<usize>,
+}
+
+impl Progress {
+    /// Also adds up, per day, what the landed records added to each `sum` projection column of `p`
+    /// ([`DayCounts::sums`]).
+    pub fn with_sums(mut self, p: &Pipeline) -> Progress {
+        for x in p
+            .projections
+            .iter()
+            .filter(|x| x.kind == ProjectionKind::Sum)
+        {
+            let Some(agg) = &x.aggregate else { continue };
+            for (col, field) in agg.values.iter().zip(&agg.value_fields) {
+                if let Some(field) = *field {
+                    self.sums.push(SumTarget {
+                        name: format!("{}.{col}", agg.table),
+                        field,
+                        pass: x.pass_column,
+                    });
+                }
+            }
+        }
+        self
+    }
+
+    /// Adds what one landed item added to each sum column into `c`.
+    fn add_sums(&self, item: &Item, c: &mut DayCounts) {
+        let Pending::Claim { fields, passes, .. } = &item.pending else {
+            return;
+        };
+        for t in &self.sums {
+            if t.pass
+                .is_some_and(|i| !passes.get(i).copied().unwrap_or(false))
+            {
+                continue;
+            }
+            let Some(v) = fields.get(t.field).and_then(Option::as_ref) else {
+                continue;
+            };
+            let Ok(v) = BigDecimal::from_str(&v.text) else {
+                continue;
+            };
+            let e = c.sums.entry(t.name.clone()).or_insert_with(|| "0".into());
+            let total = BigDecimal::from_str(e).unwrap_or_default() + v;
+            *e = total.normalized().to_plain_string();
+        }
+    }
+}
+
 impl Observer for Progress {
     fn committed(&mut self, batch: &Batch, days: &[Option<NaiveDate>], outcomes: &[Outcome]) {
         let mut per_day = self.per_day.lock().expect("per-day counts");
         for (i, o) in outcomes.iter().enumerate() {
             let c = per_day.entry(days.get(i).copied().flatten()).or_default();
+            if *o == Outcome::Landed && !self.sums.is_empty() {
+                if let Some(item) = batch.items.get(i) {
+                    self.add_sums(item, c);
+                }
+            }
             match o {
                 Outcome::Landed => c.landed += 1,
                 Outcome::Duplicate => c.duplicate += 1,

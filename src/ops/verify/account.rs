@@ -1,0 +1,288 @@
+//! `verify diff`'s accounting: per day, the projection's change against the backfill's report and the other
+//! consumer groups' claims in the ledger between the two snapshots; the printed table.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bigdecimal::{BigDecimal, Zero};
+
+use super::{num, Claims, Snapshot};
+use crate::ops::backfill::Report;
+
+/// One day whose change is not explained by the backfill's report and the other groups' claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The day.
+    pub day: String,
+    /// The change of the column over the day's rows (decimal text).
+    pub changed_by: String,
+    /// What the backfill and the other groups explain (decimal text; empty when it cannot be known).
+    pub explained: String,
+    /// Why it is a mismatch.
+    pub reason: String,
+}
+
+/// One day of the table: the change, the backfill's part, each other group's part.
+#[derive(Debug, Clone)]
+pub struct Day {
+    /// The day.
+    pub day: String,
+    /// The column's change over the day's rows.
+    pub changed: BigDecimal,
+    /// What the backfill's report says it added (counter: landed; sum: its `sums`).
+    pub backfill: BigDecimal,
+    /// Per other group: its new claims' part (`None`: a sum whose field the ledger does not hold), and rows.
+    pub others: BTreeMap<String, (Option<BigDecimal>, i64)>,
+}
+
+/// Per day and group: the ledger claims in `after` minus those in `before` (rows, and the sum when held).
+fn deltas(before: &Snapshot, after: &Snapshot) -> BTreeMap<String, BTreeMap<String, Claims>> {
+    let mut out: BTreeMap<String, BTreeMap<String, Claims>> = BTreeMap::new();
+    let empty = BTreeMap::new();
+    let days: BTreeSet<&String> = before.ledger.keys().chain(after.ledger.keys()).collect();
+    for d in days {
+        let (b, a) = (
+            before.ledger.get(d).unwrap_or(&empty),
+            after.ledger.get(d).unwrap_or(&empty),
+        );
+        let groups: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+        for g in groups {
+            let (cb, ca) = (
+                b.get(g).cloned().unwrap_or_default(),
+                a.get(g).cloned().unwrap_or_default(),
+            );
+            let rows = ca.rows - cb.rows;
+            if rows == 0 && ca.sum == cb.sum {
+                continue;
+            }
+            let sum = match (&ca.sum, &cb.sum) {
+                (None, None) => None,
+                (x, y) => Some(
+                    (num(x.as_deref().unwrap_or("0")) - num(y.as_deref().unwrap_or("0")))
+                        .normalized()
+                        .to_plain_string(),
+                ),
+            };
+            out.entry(d.clone())
+                .or_default()
+                .insert(g.clone(), Claims { rows, sum });
+        }
+    }
+    out
+}
+
+/// Per day: the column's change over the rows of `after` and `before`.
+fn changes(before: &Snapshot, after: &Snapshot) -> BTreeMap<String, BigDecimal> {
+    let mut changed: BTreeMap<String, BigDecimal> = BTreeMap::new();
+    for (k, v) in &after.rows {
+        let d = after.days.get(k).cloned().unwrap_or_default();
+        let was = before.rows.get(k).map_or_else(BigDecimal::zero, |b| num(b));
+        *changed.entry(d).or_default() += num(v) - was;
+    }
+    for (k, v) in &before.rows {
+        if !after.rows.contains_key(k) {
+            let d = before.days.get(k).cloned().unwrap_or_default();
+            *changed.entry(d).or_default() -= num(v);
+        }
+    }
+    changed
+}
+
+/// Accounts every day of the two snapshots and the report: the column's change must equal what the backfill's
+/// report says it added plus what the other groups' new ledger claims of that day add (counter: one per row;
+/// sum: the field summed, when the ledger holds it); and the backfill group's new claims must be the report's
+/// landed + stale. Returns the mismatches and the table.
+pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mismatch>, String) {
+    let changed = changes(before, after);
+    let deltas = deltas(before, after);
+    let bf = &report.group_id;
+    let mut days: BTreeSet<String> = changed.keys().cloned().collect();
+    days.extend(
+        report
+            .per_day
+            .iter()
+            .filter(|(d, c)| c.landed + c.stale > 0 && *d != "unknown")
+            .map(|(d, _)| d.clone()),
+    );
+    days.extend(deltas.keys().cloned());
+    let groups: BTreeSet<String> = deltas
+        .values()
+        .flat_map(|g| g.keys())
+        .filter(|g| *g != bf)
+        .cloned()
+        .collect();
+    let sum_key = format!("{}.{}", before.qualified, before.column);
+    let is_sum = before.kind == "sum";
+    let mut rows = Vec::new();
+    let mut mismatches = Vec::new();
+    for d in days {
+        let counts = report.per_day.get(&d).cloned().unwrap_or_default();
+        let backfill = if is_sum {
+            num(counts.sums.get(&sum_key).map_or("0", String::as_str))
+        } else {
+            BigDecimal::from(counts.landed)
+        };
+        let empty = BTreeMap::new();
+        let day_deltas = deltas.get(&d).unwrap_or(&empty);
+        let others = groups
+            .iter()
+            .filter_map(|g| {
+                let c = day_deltas.get(g)?;
+                let part = if is_sum {
+                    c.sum.as_deref().map(num)
+                } else {
+                    Some(BigDecimal::from(c.rows))
+                };
+                Some((g.clone(), (part, c.rows)))
+            })
+            .collect();
+        let day = Day {
+            day: d.clone(),
+            changed: changed.get(&d).cloned().unwrap_or_default(),
+            backfill,
+            others,
+        };
+        let claimed = day_deltas.get(bf).map_or(0, |c| c.rows);
+        let reason = judge(&day, before, after, claimed, &counts);
+        if let Some(reason) = &reason {
+            mismatches.push(Mismatch {
+                day: d,
+                changed_by: day.changed.normalized().to_plain_string(),
+                explained: explained(&day)
+                    .map(|e| e.normalized().to_plain_string())
+                    .unwrap_or_default(),
+                reason: reason.clone(),
+            });
+        }
+        rows.push((day, reason));
+    }
+    (mismatches, table(before, after, report, &groups, &rows))
+}
+
+/// What the backfill and the other groups explain (`None` when a group's part cannot be known).
+fn explained(day: &Day) -> Option<BigDecimal> {
+    let mut e = day.backfill.clone();
+    for (part, _) in day.others.values() {
+        e += part.clone()?;
+    }
+    Some(e)
+}
+
+/// `Some(reason)` when the day is not explained.
+fn judge(
+    day: &Day,
+    before: &Snapshot,
+    after: &Snapshot,
+    claimed: i64,
+    counts: &crate::ops::backfill::DayCounts,
+) -> Option<String> {
+    let in_report = (counts.landed + counts.stale) as i64;
+    let seen =
+        |s: &Snapshot| s.days.values().any(|x| *x == day.day) || s.ledger.contains_key(&day.day);
+    if !seen(before) && !seen(after) {
+        // Neither the rows nor the ledger claims of the day pass the snapshot's --where.
+        return Some(
+            "MISMATCH (no row of this day in either snapshot: does --where cover every day the backfill can land \
+             on?)"
+                .to_string(),
+        );
+    }
+    if claimed != in_report {
+        return Some(format!(
+            "MISMATCH: the backfill's ledger claims of this day since the snapshot are {claimed}, its report says {} landed + \
+             {} stale (was the snapshot taken after the backfill, or the report of another run?)",
+            counts.landed, counts.stale
+        ));
+    }
+    let unknown: i64 = day
+        .others
+        .values()
+        .filter(|(p, _)| p.is_none())
+        .map(|(_, r)| r)
+        .sum();
+    let rows: i64 = day.others.values().map(|(_, r)| r).sum();
+    if unknown != 0 {
+        return Some(format!(
+            "UNACCOUNTED: other groups claimed {unknown} row(s) of this day since the snapshot and the ledger does \
+             not hold the summed field (add it to [ledger] columns to account for them)"
+        ));
+    }
+    let e = explained(day)?;
+    if !before.exact && rows != 0 {
+        // The projection's filter (or a row projection's stale verdict) decides whether a claim adds: each
+        // other claim adds between nothing and its part.
+        let rest = &day.changed - &day.backfill;
+        let lo = day
+            .others
+            .values()
+            .filter_map(|(p, _)| p.clone())
+            .filter(|p| *p < BigDecimal::zero());
+        let hi = day
+            .others
+            .values()
+            .filter_map(|(p, _)| p.clone())
+            .filter(|p| *p > BigDecimal::zero());
+        let (lo, hi): (BigDecimal, BigDecimal) = (lo.sum(), hi.sum());
+        return (rest < lo || rest > hi).then(|| {
+            format!(
+                "MISMATCH: {} beyond what the other groups' claims can add",
+                rest.normalized()
+            )
+        });
+    }
+    (day.changed != e).then(|| format!("MISMATCH: {} unexplained", (&day.changed - e).normalized()))
+}
+
+/// The printed table: a header line, then per day the change, the backfill's part, each other group's part,
+/// what is unexplained and the verdict.
+fn table(
+    before: &Snapshot,
+    after: &Snapshot,
+    report: &Report,
+    groups: &BTreeSet<String>,
+    rows: &[(Day, Option<String>)],
+) -> String {
+    let mut out = format!(
+        "{} {}.{} ({}), --where {}; snapshot at {}, diff at {} (database clock); backfill `{}` from its report, \
+         other groups from their ledger claims between the two\n",
+        before.kind,
+        before.table,
+        before.column,
+        super::short(&before.pipeline),
+        before.filter.as_deref().unwrap_or("(none)"),
+        before.taken_at,
+        after.taken_at,
+        report.group_id
+    );
+    let width = |s: &str| s.len().max(12);
+    let mut head = format!("{:<12} {:>12} {:>12}", "day", "changed by", "backfill");
+    for g in groups {
+        head += &format!(" {:>w$}", g, w = width(g));
+    }
+    out += &format!("{head} {:>12}\n", "unexplained");
+    let text = |d: &BigDecimal| d.normalized().to_plain_string();
+    for (day, reason) in rows {
+        let mut line = format!(
+            "{:<12} {:>12} {:>12}",
+            day.day,
+            text(&day.changed),
+            text(&day.backfill)
+        );
+        for g in groups {
+            let cell = match day.others.get(g) {
+                None => "0".to_string(),
+                Some((Some(p), _)) => text(p),
+                Some((None, r)) => format!("? ({r} rows)"),
+            };
+            line += &format!(" {:>w$}", cell, w = width(g));
+        }
+        let unexplained =
+            explained(day).map_or_else(|| "?".to_string(), |e| text(&(&day.changed - e)));
+        line += &format!(" {unexplained:>12}");
+        if let Some(r) = reason {
+            line += &format!("   {r}");
+        }
+        out += &line;
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,370 @@
+//! `replaysafe verify snapshot` / `verify diff`: the seed's check that a backfill changed an aggregate by exactly
+//! what it reported — per day, to the row — while production keeps writing into the same days.
+//!
+//! A snapshot reads, in one `REPEATABLE READ` transaction (one MVCC snapshot), a counter or sum projection's
+//! rows and the ledger's claims per event day and consumer group (row count, and the summed field when the
+//! ledger holds it). Every projection change is committed in the transaction of the ledger claims it derives
+//! from, so between two snapshots the ledger says exactly which group claimed how many rows of each day — no
+//! clock or process memory is involved. `verify diff` takes the second snapshot and accounts each day's change
+//! for the backfill's report and for the other groups' new claims ([`account`]).
+
+mod account;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use bigdecimal::BigDecimal;
+use serde::{Deserialize, Serialize};
+use tokio_postgres::IsolationLevel;
+
+use crate::config::{self, Pipeline};
+use crate::error::{Error, Result};
+use crate::ops::backfill::Report;
+use crate::ops::fingerprint::pipeline_fingerprint;
+use crate::projection::ProjectionKind;
+use crate::sink;
+
+pub use account::{account, Day, Mismatch};
+
+/// A snapshot of one counter or sum projection column's rows and of the ledger's claims per day and group.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The pipeline file (absolute), re-read by `verify diff`.
+    pub config: PathBuf,
+    /// The pipeline's fingerprint ([`pipeline_fingerprint`]).
+    pub pipeline: String,
+    /// The projection table (as given).
+    pub table: String,
+    /// The projection table, schema-qualified.
+    pub qualified: String,
+    /// The value column compared.
+    pub column: String,
+    /// `counter` or `sum`.
+    pub kind: String,
+    /// The row filter (SQL boolean expression, run in a read-only transaction on the table and the ledger).
+    pub filter: Option<String>,
+    /// When it was taken: the database's clock at the start of the reading transaction (RFC 3339, UTC).
+    pub taken_at: String,
+    /// Rows: the group-by values joined with `|` → the column's value (decimal text).
+    pub rows: BTreeMap<String, String>,
+    /// Group-by value → its partition-by day (`YYYY-MM-DD`), for per-day comparison.
+    pub days: BTreeMap<String, String>,
+    /// Whether every ledger claim adds exactly its part (counter: one; sum: its field): false when the
+    /// projection has a `filter` or a row projection may judge a claimed record stale.
+    pub exact: bool,
+    /// Ledger claims: day (`YYYY-MM-DD`) → consumer group → claims.
+    pub ledger: BTreeMap<String, BTreeMap<String, Claims>>,
+}
+
+/// The ledger rows one consumer group holds for one day.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Claims {
+    /// Rows.
+    pub rows: i64,
+    /// Sum projections whose field the ledger holds (`[ledger] columns`): the field summed over the rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum: Option<String>,
+}
+
+/// What is compared: the projection's table, group-by, value column and day field, and the ledger.
+struct Target {
+    table: String,
+    group_by: Vec<String>,
+    column: String,
+    kind: ProjectionKind,
+    day: String,
+    ledger: String,
+    /// Sum: the added field, when the ledger holds it.
+    ledger_sum: Option<String>,
+    /// See [`Snapshot::exact`].
+    exact: bool,
+}
+
+/// Finds the counter or sum projection writing `table` and its value `column` (needed when it has several).
+fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
+    let (proj, agg) = p
+        .projections
+        .iter()
+        .filter(|x| matches!(x.kind, ProjectionKind::Counter | ProjectionKind::Sum))
+        .find_map(|x| {
+            x.aggregate
+                .as_ref()
+                .filter(|a| a.table.name.as_str() == table || x.name == table)
+                .map(|a| (x, a))
+        })
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "`{table}` is not the table of a counter or sum projection of this pipeline"
+            ))
+        })?;
+    let day = p.identity.partition_by.ok_or_else(|| {
+        Error::Usage("verify compares per day: the pipeline needs `identity.partition-by`".into())
+    })?;
+    if !agg.group_by.contains(&day) {
+        return Err(Error::Usage(format!(
+            "projection `{}` is not grouped by the partition-by field",
+            proj.name
+        )));
+    }
+    let names: Vec<&str> = agg.values.iter().map(|v| v.as_str()).collect();
+    let i = match column {
+        Some(c) => names.iter().position(|n| *n == c),
+        None if names.len() == 1 => Some(0),
+        None => None,
+    }
+    .ok_or_else(|| {
+        Error::Usage(format!(
+            "projection `{}` has the value columns {}: name one with --column",
+            proj.name,
+            names.join(", ")
+        ))
+    })?;
+    let ledger_sum = agg.value_fields[i]
+        .filter(|f| sink::ledger::ledger_field_columns(p).contains(f))
+        .map(|f| p.fields[f].name.to_string());
+    Ok(Target {
+        table: agg.table.to_string(),
+        group_by: agg
+            .group_by
+            .iter()
+            .map(|&i| p.fields[i].name.to_string())
+            .collect(),
+        column: names[i].to_string(),
+        kind: proj.kind,
+        day: p.fields[day].name.to_string(),
+        ledger: p.ledger.table.to_string(),
+        ledger_sum,
+        exact: proj.filter.is_none()
+            && !p.projections.iter().any(|x| x.kind == ProjectionKind::Row),
+    })
+}
+
+/// Takes a snapshot of `table`'s value `column` (optionally only rows matching `filter`) and of the ledger's
+/// claims per day and group (the same `filter` applied to the ledger), in one read-only `REPEATABLE READ`
+/// transaction.
+///
+/// # Errors
+/// [`Error::Usage`] when the table is not a counter/sum projection, the column is not named where needed, or
+/// `filter` does not apply to the table or the ledger; database errors.
+pub fn snapshot(
+    config_path: &Path,
+    table: &str,
+    column: Option<&str>,
+    filter: Option<&str>,
+) -> Result<Snapshot> {
+    let p = config::load(config_path)?;
+    let t = target(&p, table, column)?;
+    let url = database_url(&p)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let (taken_at, rows, claims) = rt.block_on(read(&p, &url, &t, filter))?;
+    let mut snap = Snapshot {
+        config: std::fs::canonicalize(config_path).unwrap_or_else(|_| config_path.to_path_buf()),
+        pipeline: pipeline_fingerprint(&p),
+        table: table.to_string(),
+        qualified: t.table.clone(),
+        column: t.column.clone(),
+        kind: format!("{:?}", t.kind).to_lowercase(),
+        filter: filter.map(str::to_string),
+        taken_at,
+        rows: BTreeMap::new(),
+        days: BTreeMap::new(),
+        exact: t.exact,
+        ledger: BTreeMap::new(),
+    };
+    for r in rows {
+        let k: String = r.get(0);
+        snap.days.insert(k.clone(), r.get(1));
+        snap.rows.insert(k, r.get(2));
+    }
+    for r in claims {
+        let c = Claims {
+            rows: r.get(2),
+            sum: t.ledger_sum.as_ref().map(|_| r.get(3)),
+        };
+        snap.ledger.entry(r.get(0)).or_default().insert(r.get(1), c);
+    }
+    Ok(snap)
+}
+
+type Rows = Vec<tokio_postgres::Row>;
+
+/// Reads the projection rows and the ledger's claims per day and group in one MVCC snapshot; returns the
+/// database's clock (transaction start) too.
+async fn read(
+    p: &Pipeline,
+    url: &str,
+    t: &Target,
+    filter: Option<&str>,
+) -> Result<(String, Rows, Rows)> {
+    let key = t
+        .group_by
+        .iter()
+        .map(|g| format!("{g}::text"))
+        .collect::<Vec<_>>()
+        .join(" || '|' || ");
+    let cond = filter.map(|f| format!(" WHERE {f}")).unwrap_or_default();
+    let rows_sql = format!(
+        "SELECT {key}, {}::text, {}::text FROM {}{cond}",
+        t.day, t.column, t.table
+    );
+    let sum = t
+        .ledger_sum
+        .as_ref()
+        .map(|f| format!(", coalesce(sum({f}), 0)::text"))
+        .unwrap_or_default();
+    let ledger_sql = format!(
+        "SELECT {day}::text, consumer_group, count(*)::bigint{sum} FROM {}{cond} GROUP BY 1, 2",
+        t.ledger,
+        day = t.day
+    );
+    let mut client = sink::connect_with(url, &p.postgres.timeouts).await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    // A whole table's snapshot may run longer than a batch statement may.
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    let taken_at: String = tx
+        .query_one(
+            "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[],
+        )
+        .await?
+        .get(0);
+    let rows = tx
+        .query(&rows_sql, &[])
+        .await
+        .map_err(|e| where_error(e, filter, None))?;
+    let claims = tx
+        .query(&ledger_sql, &[])
+        .await
+        .map_err(|e| where_error(e, filter, Some(&t.ledger)))?;
+    tx.rollback().await?;
+    Ok((taken_at, rows, claims))
+}
+
+/// A `--where` that PostgreSQL rejects as written (SQLSTATE class 42: unknown column, syntax; class 22: a bad
+/// literal) is bad usage, not a runtime failure. `ledger`: it failed on the ledger (the projection took it).
+fn where_error(e: tokio_postgres::Error, filter: Option<&str>, ledger: Option<&str>) -> Error {
+    let class = e.code().map(|c| &c.code()[..2]);
+    let msg = e
+        .as_db_error()
+        .map_or_else(|| e.to_string(), |d| d.message().to_string());
+    match (filter, class, ledger) {
+        (Some(f), Some("42" | "22"), None) => Error::Usage(format!("--where `{f}`: {msg}")),
+        (Some(f), Some("42" | "22"), Some(l)) => Error::Usage(format!(
+            "--where `{f}` applies to the ledger {l} too (verify counts its claims per day with it), and there: \
+             {msg}; name only fields the ledger holds — the day field, the key fields, [ledger] columns"
+        )),
+        _ => Error::Postgres(e),
+    }
+}
+
+fn database_url(p: &Pipeline) -> Result<String> {
+    let url = p
+        .postgres
+        .url
+        .clone()
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .ok_or_else(|| Error::Usage("no database: set [postgres] url or DATABASE_URL".into()))?;
+    // The pipeline's TLS and password keys apply to this URL too.
+    crate::sink::conninfo::note(&url, &p.postgres.connection, &p.source.path);
+    Ok(url)
+}
+
+/// Reads a snapshot file; one without a pipeline fingerprint or ledger claims (written by an earlier version) is
+/// refused.
+///
+/// # Errors
+/// [`Error::Usage`] naming the file.
+pub fn read_snapshot(path: &Path) -> Result<Snapshot> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
+    if v.get("pipeline").is_none() || v.get("ledger").is_none() {
+        return Err(Error::Usage(format!(
+            "{} was taken by an earlier replaysafe (no pipeline fingerprint, no ledger claims): take the \
+             snapshot again with `verify snapshot` before the backfill",
+            path.display()
+        )));
+    }
+    serde_json::from_value(v).map_err(|e| Error::Usage(format!("{}: {e}", path.display())))
+}
+
+/// Refuses to compare a report and a snapshot that cannot be compared: a dry run's report (nothing applied),
+/// a report or snapshot of another pipeline (fingerprints differ), a report of an earlier version (no
+/// fingerprint).
+///
+/// # Errors
+/// [`Error::Usage`] saying which and what to do.
+pub fn check_comparable(before: &Snapshot, report: &Report) -> Result<()> {
+    if report.dry_run {
+        return Err(Error::Usage(format!(
+            "the report of backfill `{}` is a dry run's plan: nothing was applied, there is nothing to verify; \
+             run the backfill without --dry-run (-o report.json) and verify that report",
+            report.group_id
+        )));
+    }
+    let Some(fp) = &report.pipeline else {
+        return Err(Error::Usage(format!(
+            "the report of backfill `{}` has no pipeline fingerprint (written by an earlier replaysafe): it cannot \
+             be matched to the snapshot's pipeline",
+            report.group_id
+        )));
+    };
+    if *fp != before.pipeline {
+        return Err(Error::Usage(format!(
+            "the report of backfill `{}` comes from another pipeline than the snapshot (pipeline fingerprints {} \
+             and {}: identity, ledger, filter rules or projections differ): take the snapshot with the pipeline \
+             file the backfill runs with",
+            report.group_id,
+            short(fp),
+            short(&before.pipeline)
+        )));
+    }
+    Ok(())
+}
+
+/// The first 12 hex digits of a fingerprint.
+pub fn short(fp: &str) -> &str {
+    &fp[..fp.len().min(12)]
+}
+
+/// Compares a fresh snapshot with `before` and the backfill `report` ([`check_comparable`] first): per day, the
+/// change must equal what the backfill landed plus what other groups claimed since `before` ([`account`]).
+/// Returns the days (mismatches marked) and the printed table.
+///
+/// # Errors
+/// As [`check_comparable`]; [`Error::Usage`] when the pipeline file changed since the snapshot; reading the files
+/// or the database.
+pub fn diff(before: &Snapshot, report: &Report) -> Result<(Vec<Mismatch>, String)> {
+    check_comparable(before, report)?;
+    let after = snapshot(
+        &before.config,
+        &before.table,
+        Some(&before.column),
+        before.filter.as_deref(),
+    )?;
+    if after.pipeline != before.pipeline {
+        return Err(Error::Usage(format!(
+            "the pipeline file {} changed since the snapshot (fingerprint {} then, {} now): the two snapshots \
+             would not compare the same definition",
+            before.config.display(),
+            short(&before.pipeline),
+            short(&after.pipeline)
+        )));
+    }
+    Ok(account(before, &after, report))
+}
+
+/// A decimal text as a number (0 when it does not parse).
+fn num(s: &str) -> BigDecimal {
+    BigDecimal::from_str(s).unwrap_or_default()
+}
