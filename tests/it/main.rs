@@ -30,4 +30,5 @@ mod sasl;
 mod starts;
 mod tls;
 mod tolerance;
+mod verify;
 mod waits;

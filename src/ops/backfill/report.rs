@@ -328,7 +328,12 @@ impl Progress {
             for (col, field) in agg.values.iter().zip(&agg.value_fields) {
                 if let Some(field) = *field {
                     self.sums.push(SumTarget {
-                        name: format!("{}.{col}", agg.table),
+                        name: format!(
+                            "{}.{}.{}",
+                            agg.table.schema.as_str(),
+                            agg.table.name.as_str(),
+                            col.as_str()
+                        ),
                         field,
                         pass: x.pass_column,
                     });

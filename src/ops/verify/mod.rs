@@ -36,7 +36,7 @@ pub struct Snapshot {
     pub pipeline: String,
     /// The projection table (as given).
     pub table: String,
-    /// The projection table, schema-qualified.
+    /// The projection table, schema-qualified (unquoted).
     pub qualified: String,
     /// The value column compared.
     pub column: String,
@@ -70,6 +70,8 @@ pub struct Claims {
 /// What is compared: the projection's table, group-by, value column and day field, and the ledger.
 struct Target {
     table: String,
+    /// `schema.table`, unquoted (the key of the report's `sums`).
+    qualified: String,
     group_by: Vec<String>,
     column: String,
     kind: ProjectionKind,
@@ -125,6 +127,7 @@ fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
         .map(|f| p.fields[f].name.to_string());
     Ok(Target {
         table: agg.table.to_string(),
+        qualified: format!("{}.{}", agg.table.schema.as_str(), agg.table.name.as_str()),
         group_by: agg
             .group_by
             .iter()
@@ -165,7 +168,7 @@ pub fn snapshot(
         config: std::fs::canonicalize(config_path).unwrap_or_else(|_| config_path.to_path_buf()),
         pipeline: pipeline_fingerprint(&p),
         table: table.to_string(),
-        qualified: t.table.clone(),
+        qualified: t.qualified.clone(),
         column: t.column.clone(),
         kind: format!("{:?}", t.kind).to_lowercase(),
         filter: filter.map(str::to_string),
