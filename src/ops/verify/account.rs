@@ -286,3 +286,132 @@ fn table(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(
+        kind: &str,
+        exact: bool,
+        rows: &[(&str, &str, &str)],
+        ledger: &[(&str, &str, i64, Option<&str>)],
+    ) -> Snapshot {
+        let mut s: Snapshot = serde_json::from_value(serde_json::json!({
+            "config": "p.toml", "pipeline": "f", "table": "t", "qualified": "s.t", "column": "n", "kind": kind,
+            "filter": null, "taken_at": "", "rows": {}, "days": {}, "exact": exact, "ledger": {}
+        }))
+        .unwrap();
+        for (k, d, v) in rows {
+            s.rows.insert(k.to_string(), v.to_string());
+            s.days.insert(k.to_string(), d.to_string());
+        }
+        for (d, g, n, sum) in ledger {
+            let c = Claims {
+                rows: *n,
+                sum: sum.map(str::to_string),
+            };
+            s.ledger
+                .entry(d.to_string())
+                .or_default()
+                .insert(g.to_string(), c);
+        }
+        s
+    }
+
+    fn report(landed: u64, sum: &str) -> Report {
+        serde_json::from_value(serde_json::json!({
+            "group_id": "bf", "pipeline_group": "prod", "from": "", "stop": "", "filter": null, "partitions": [],
+            "retention": [], "accounting": "", "dry_run": false, "pipeline": "f",
+            "per_day": {"2024-04-25": {"landed": landed, "duplicate": 0, "filtered": 0, "quarantined": 0,
+                                       "sums": {"s.t.n": sum}}}
+        }))
+        .unwrap()
+    }
+
+    const D: &str = "2024-04-25";
+
+    #[test]
+    fn production_claims_explain_the_rest_of_a_counter_and_nothing_more() {
+        let before = snap("counter", true, &[("a", D, "10")], &[(D, "prod", 10, None)]);
+        let after = snap(
+            "counter",
+            true,
+            &[("a", D, "15")],
+            &[(D, "prod", 12, None), (D, "bf", 3, None)],
+        );
+        let (m, table) = account(&before, &after, &report(3, "0"));
+        assert!(m.is_empty(), "{table}");
+        assert!(table.contains("prod"), "{table}");
+        // One increment more than the claims explain.
+        let after = snap(
+            "counter",
+            true,
+            &[("a", D, "16")],
+            &[(D, "prod", 12, None), (D, "bf", 3, None)],
+        );
+        let (m, _) = account(&before, &after, &report(3, "0"));
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].changed_by.as_str(), m[0].explained.as_str()),
+            ("6", "5")
+        );
+    }
+
+    #[test]
+    fn a_filtered_counter_bounds_other_groups_by_their_claims() {
+        let before = snap("counter", false, &[("a", D, "10")], &[]);
+        let ok = snap(
+            "counter",
+            false,
+            &[("a", D, "14")],
+            &[(D, "prod", 2, None), (D, "bf", 3, None)],
+        );
+        assert!(account(&before, &ok, &report(3, "0")).0.is_empty());
+        let over = snap(
+            "counter",
+            false,
+            &[("a", D, "16")],
+            &[(D, "prod", 2, None), (D, "bf", 3, None)],
+        );
+        assert_eq!(account(&before, &over, &report(3, "0")).0.len(), 1);
+    }
+
+    #[test]
+    fn a_sum_needs_the_field_in_the_ledger_for_other_groups() {
+        let before = snap(
+            "sum",
+            true,
+            &[("a", D, "1.5")],
+            &[(D, "prod", 1, Some("1.5"))],
+        );
+        let after = snap(
+            "sum",
+            true,
+            &[("a", D, "-2.25")],
+            &[(D, "prod", 2, Some("3.0")), (D, "bf", 1, Some("-5.25"))],
+        );
+        assert!(account(&before, &after, &report(1, "-5.25")).0.is_empty());
+        let before = snap("sum", true, &[("a", D, "1.5")], &[(D, "prod", 1, None)]);
+        let after = snap(
+            "sum",
+            true,
+            &[("a", D, "-2.25")],
+            &[(D, "prod", 2, None), (D, "bf", 1, None)],
+        );
+        let (m, table) = account(&before, &after, &report(1, "-5.25"));
+        assert!(m[0].reason.starts_with("UNACCOUNTED"), "{table}");
+        assert!(table.contains("? (1 rows)"), "{table}");
+    }
+
+    #[test]
+    fn backfill_claims_must_be_its_report() {
+        let before = snap("counter", true, &[("a", D, "13")], &[(D, "bf", 3, None)]);
+        let after = before.clone();
+        let (m, _) = account(&before, &after, &report(3, "0"));
+        assert!(
+            m[0].reason.contains("snapshot taken after the backfill"),
+            "{m:?}"
+        );
+    }
+}
