@@ -207,6 +207,14 @@ fn judge(
         ));
     }
     let e = explained(day)?;
+    if !before.exact && rows != 0 && before.kind == "sum" {
+        // Which of a group's claims add is the projection's to decide, and their values differ in sign: the
+        // group's total bounds nothing.
+        return Some(format!(
+            "UNACCOUNTED: other groups claimed {rows} row(s) of this day since the snapshot, and the projection's \
+             filter (or a row projection's stale verdict) decides which of them add to a sum"
+        ));
+    }
     if !before.exact && rows != 0 {
         // The projection's filter (or a row projection's stale verdict) decides whether a claim adds: each
         // other claim adds between nothing and its part.
@@ -356,6 +364,33 @@ mod tests {
             (m[0].changed_by.as_str(), m[0].explained.as_str()),
             ("6", "5")
         );
+    }
+
+    #[test]
+    fn a_filtered_sum_cannot_account_other_groups() {
+        let before = snap(
+            "sum",
+            false,
+            &[("a", D, "1.5")],
+            &[(D, "prod", 1, Some("1.5"))],
+        );
+        let after = snap(
+            "sum",
+            false,
+            &[("a", D, "-3.75")],
+            &[(D, "prod", 2, Some("3.0")), (D, "bf", 1, Some("-5.25"))],
+        );
+        let (m, table) = account(&before, &after, &report(1, "-5.25"));
+        assert!(m[0].reason.starts_with("UNACCOUNTED"), "{table}");
+        // Without other groups' claims it is exact again.
+        let before = snap("sum", false, &[("a", D, "1.5")], &[(D, "prod", 1, None)]);
+        let after = snap(
+            "sum",
+            false,
+            &[("a", D, "-3.75")],
+            &[(D, "prod", 1, None), (D, "bf", 1, None)],
+        );
+        assert!(account(&before, &after, &report(1, "-5.25")).0.is_empty());
     }
 
     #[test]
