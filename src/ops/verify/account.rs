@@ -187,9 +187,15 @@ fn judge(
         );
     }
     if claimed != in_report {
+        let why = if claimed < in_report {
+            "was the snapshot taken after the backfill, or is the report of another run?"
+        } else {
+            "a resumed backfill's report covers its last session only: take the snapshot after the earlier \
+             session; or the group claimed again after the report"
+        };
         return Some(format!(
-            "MISMATCH: the backfill's ledger claims of this day since the snapshot are {claimed}, its report says {} landed + \
-             {} stale (was the snapshot taken after the backfill, or the report of another run?)",
+            "MISMATCH: the backfill's ledger claims of this day since the snapshot are {claimed}, its report says {} \
+             landed + {} stale ({why})",
             counts.landed, counts.stale
         ));
     }
