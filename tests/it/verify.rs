@@ -432,3 +432,41 @@ fn verify_diff_finds_double_counts_and_refuses_what_cannot_be_compared() {
     assert_eq!(v.code, Some(2), "{}", both(&v));
     assert!(v.stderr.contains("applies to the ledger"), "{}", v.stderr);
 }
+
+/// A rebuild of the window verifies too: its report's landed rows, and the claims it deleted counted negatively
+/// for the group that had made them — every day explained, the counts back to the truth.
+#[test]
+fn verify_diff_accounts_a_rebuild() {
+    let (db, topic) = stage("vd_rebuild", 3);
+    let (recs, truth) = seed_events(600, 3);
+    produce(&topic, &recs);
+    let prod = unique("prod");
+    let p = pipeline(SEED, &topic, &prod, &db.schema);
+    run_caught_up(&p.path).assert_ok();
+    let dir = p.dir.path();
+    let (before, report) = (dir.join("before.json"), dir.join("rebuild.json"));
+    verify_snapshot(&p, "daily_counts", Some(WINDOW), &before).assert_ok();
+    let rb = unique("rb");
+    rebuild(
+        &p,
+        "2024-04-26",
+        "2024-04-28",
+        &rb,
+        &["--i-paused-other-writers", "-o", arg(&report)],
+    )
+    .assert_ok();
+    let v = verify_diff(&before, &report);
+    v.assert_ok();
+    let t = table(&v.stdout);
+    for day in ["2024-04-26", "2024-04-27", "2024-04-28"] {
+        let row = &t[day];
+        assert_eq!(row["changed"], "0", "{}", v.stdout);
+        assert_eq!(
+            row[&prod].parse::<i64>().unwrap(),
+            -row["backfill"].parse::<i64>().unwrap(),
+            "{}",
+            v.stdout
+        );
+    }
+    assert_eq!(crate::core::counts(&db), truth);
+}
