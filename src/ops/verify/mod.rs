@@ -371,3 +371,85 @@ pub fn diff(before: &Snapshot, report: &Report) -> Result<(Vec<Mismatch>, String
 fn num(s: &str) -> BigDecimal {
     BigDecimal::from_str(s).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"
+[kafka]
+group-id = "g"
+topics = ["t"]
+[postgres]
+schema = "s"
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+customer_id = { path = "/customer_id", type = "text" }
+amount = { path = "/amount", type = "numeric" }
+[identity]
+key = ["event_id"]
+partition-by = "day"
+[ledger]
+columns = ["amount"]
+[[projection]]
+kind = "sum"
+table = "totals"
+group-by = ["day", "customer_id"]
+add = { total = "amount", again = "amount" }
+"#;
+
+    #[test]
+    fn a_sum_with_several_columns_needs_column_and_knows_the_ledger_holds_its_field() {
+        let p = config::parse("p.toml", TEXT).unwrap();
+        let e = target(&p, "totals", None).err().unwrap().to_string();
+        assert!(e.contains("--column"), "{e}");
+        let t = target(&p, "totals", Some("again")).unwrap();
+        assert_eq!(
+            (t.column.as_str(), t.ledger_sum.as_deref()),
+            ("again", Some("\"amount\""))
+        );
+        assert!(t.exact);
+        assert!(target(&p, "totals", Some("nope")).is_err());
+        let other = config::parse(
+            "p.toml",
+            &TEXT.replace("[ledger]\ncolumns = [\"amount\"]\n", ""),
+        )
+        .unwrap();
+        assert_eq!(
+            target(&other, "totals", Some("total")).unwrap().ledger_sum,
+            None
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_follows_what_is_counted_only() {
+        let p = config::parse("p.toml", TEXT).unwrap();
+        let fp = pipeline_fingerprint(&p);
+        assert_eq!(fp.len(), 64);
+        let batch = config::parse("p.toml", &format!("{TEXT}[batch]\nmax-records = 7\n")).unwrap();
+        assert_eq!(pipeline_fingerprint(&batch), fp);
+        let generation = TEXT.replace(
+            "partition-by = \"day\"",
+            "partition-by = \"day\"\ngeneration = \"b\"",
+        );
+        let filtered = TEXT.replace(
+            "[identity]",
+            "[[filter]]\nname = \"no-refunds\"\ndrop-if = \"amount < 0.0\"\n[identity]",
+        );
+        for text in [
+            generation,
+            filtered,
+            TEXT.replace(
+                "group-by = [\"day\", \"customer_id\"]",
+                "group-by = [\"day\"]",
+            ),
+        ] {
+            assert_ne!(
+                pipeline_fingerprint(&config::parse("p.toml", &text).unwrap()),
+                fp,
+                "{text}"
+            );
+        }
+    }
+}
