@@ -454,5 +454,10 @@ mod tests {
             m[0].reason.contains("snapshot taken after the backfill"),
             "{m:?}"
         );
+        // More claims than the report: a resumed backfill's report against a snapshot before its first session.
+        let before = snap("counter", true, &[("a", D, "10")], &[]);
+        let after = snap("counter", true, &[("a", D, "15")], &[(D, "bf", 5, None)]);
+        let (m, _) = account(&before, &after, &report(3, "0"));
+        assert!(m[0].reason.contains("resumed backfill"), "{m:?}");
     }
 }
