@@ -470,3 +470,53 @@ fn verify_diff_accounts_a_rebuild() {
     }
     assert_eq!(crate::core::counts(&db), truth);
 }
+
+/// A backfill whose identity lets it count again: production claimed every event (refunds included) without a
+/// generation; the backfill (and its snapshot) run a pipeline file with `generation = "b"`, so the ledger does not
+/// recognise the refunds and the backfill counts them a second time. Its claims, its report and the projection's
+/// change agree with each other — `verify diff` still exits 1, naming the generations.
+#[test]
+fn verify_diff_exits_1_when_a_backfill_under_another_generation_counts_again() {
+    let (db, topic) = stage("vd_gen", 2);
+    let (recs, truth) = seed_events(300, 2);
+    produce(&topic, &recs);
+    let prod = unique("prod");
+    run_text(SEED, &topic, &prod, &db).assert_ok();
+    assert_eq!(crate::core::counts(&db), truth);
+    let gen_b = SEED.replace(
+        "partition-by = \"day\"",
+        "partition-by = \"day\"\ngeneration = \"b\"",
+    );
+    let p = pipeline(&gen_b, &topic, &prod, &db.schema);
+    let dir = p.dir.path();
+    let (stop, before, report) = (
+        dir.join("stop.json"),
+        dir.join("before.json"),
+        dir.join("report.json"),
+    );
+    offsets_snapshot(&p, &prod, &stop).assert_ok();
+    verify_snapshot(&p, "daily_counts", Some(WINDOW), &before).assert_ok();
+    backfill(
+        &p,
+        "2024-04-25T00:00:00Z",
+        ("--to-offsets", arg(&stop)),
+        &unique("bf"),
+        &["--filter", "amount < 0", "-o", arg(&report)],
+    )
+    .assert_ok();
+    let refunds = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE generation = 'b'");
+    assert!(refunds > 0);
+    let total: i64 = crate::core::counts(&db).values().sum();
+    assert_eq!(
+        total,
+        300 + refunds,
+        "the refunds really were counted twice"
+    );
+    let v = verify_diff(&before, &report);
+    assert_eq!(v.code, Some(1), "{}", both(&v));
+    assert!(
+        line(&v, "2024-04-25").contains("generation 'b'") && line(&v, "2024-04-25").contains("''"),
+        "{}",
+        v.stdout
+    );
+}

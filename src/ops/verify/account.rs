@@ -62,9 +62,14 @@ fn deltas(before: &Snapshot, after: &Snapshot) -> BTreeMap<String, BTreeMap<Stri
                         .to_plain_string(),
                 ),
             };
-            out.entry(d.clone())
-                .or_default()
-                .insert(g.clone(), Claims { rows, sum });
+            out.entry(d.clone()).or_default().insert(
+                g.clone(),
+                Claims {
+                    rows,
+                    sum,
+                    generations: Vec::new(),
+                },
+            );
         }
     }
     out
@@ -142,7 +147,8 @@ pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mis
             others,
         };
         let claimed = day_deltas.get(bf).map_or(0, |c| c.rows);
-        let reason = judge(&day, before, after, claimed, &counts);
+        let reason = other_generation(after, &d, bf)
+            .or_else(|| judge(&day, before, after, claimed, &counts));
         if let Some(reason) = &reason {
             mismatches.push(Mismatch {
                 day: d,
@@ -156,6 +162,36 @@ pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mis
         rows.push((day, reason));
     }
     (mismatches, table(before, after, report, &groups, &rows))
+}
+
+/// `Some(reason)` when the backfill's claims of `day` are under a stream generation that none of the day's
+/// other claims (production's) are under: the ledger could not recognise those events as already counted — the
+/// delivery key includes the generation — so a backfill under another generation counts them again.
+fn other_generation(after: &Snapshot, day: &str, bf: &str) -> Option<String> {
+    let groups = after.ledger.get(day)?;
+    let ours = &groups.get(bf)?.generations;
+    let theirs: BTreeSet<&String> = groups
+        .iter()
+        .filter(|(g, _)| *g != bf)
+        .flat_map(|(_, c)| &c.generations)
+        .collect();
+    let foreign: Vec<&String> = ours.iter().filter(|g| !theirs.contains(g)).collect();
+    if theirs.is_empty() || foreign.is_empty() {
+        return None;
+    }
+    let names = |v: Vec<&String>| {
+        v.iter()
+            .map(|g| format!("'{g}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Some(format!(
+        "MISMATCH: the backfill claimed under generation {} while the day's other claims are under {}: the ledger \
+         cannot recognise their events as already counted (the generation is part of the delivery key) — run the \
+         backfill with the production's [identity] generation",
+        names(foreign),
+        names(theirs.into_iter().collect())
+    ))
 }
 
 /// What the backfill and the other groups explain (`None` when a group's part cannot be known).
@@ -321,9 +357,12 @@ mod tests {
             s.days.insert(k.to_string(), d.to_string());
         }
         for (d, g, n, sum) in ledger {
+            // A group named `g@gen` claimed under generation `gen`.
+            let (g, generation) = g.split_once('@').unwrap_or((g, ""));
             let c = Claims {
                 rows: *n,
                 sum: sum.map(str::to_string),
+                generations: vec![generation.to_string()],
             };
             s.ledger
                 .entry(d.to_string())
@@ -459,5 +498,30 @@ mod tests {
         let after = snap("counter", true, &[("a", D, "15")], &[(D, "bf", 5, None)]);
         let (m, _) = account(&before, &after, &report(3, "0"));
         assert!(m[0].reason.contains("resumed backfill"), "{m:?}");
+    }
+
+    #[test]
+    fn a_backfill_under_another_generation_than_production_is_a_mismatch() {
+        let before = snap(
+            "counter",
+            true,
+            &[("a", D, "10")],
+            &[(D, "prod@a", 10, None)],
+        );
+        let after = snap(
+            "counter",
+            true,
+            &[("a", D, "13")],
+            &[(D, "prod@a", 10, None), (D, "bf@b", 3, None)],
+        );
+        let (m, table) = account(&before, &after, &report(3, "0"));
+        assert!(m[0].reason.contains("generation 'b'"), "{table}");
+        let after = snap(
+            "counter",
+            true,
+            &[("a", D, "13")],
+            &[(D, "prod@a", 10, None), (D, "bf@a", 3, None)],
+        );
+        assert!(account(&before, &after, &report(3, "0")).0.is_empty());
     }
 }

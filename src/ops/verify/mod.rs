@@ -53,7 +53,7 @@ pub struct Snapshot {
     /// Whether every ledger claim adds exactly its part (counter: one; sum: its field): false when the
     /// projection has a `filter` or a row projection may judge a claimed record stale.
     pub exact: bool,
-    /// Ledger claims: day (`YYYY-MM-DD`) → consumer group → claims.
+    /// Ledger claims: day (`YYYY-MM-DD`) → consumer group → claims (rows, sum, generations).
     pub ledger: BTreeMap<String, BTreeMap<String, Claims>>,
 }
 
@@ -65,6 +65,9 @@ pub struct Claims {
     /// Sum projections whose field the ledger holds (`[ledger] columns`): the field summed over the rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sum: Option<String>,
+    /// The stream generations (`[identity] generation`, '' for none) its rows were claimed under.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generations: Vec<String>,
 }
 
 /// What is compared: the projection's table, group-by, value column and day field, and the ledger.
@@ -184,11 +187,18 @@ pub fn snapshot(
         snap.rows.insert(k, r.get(2));
     }
     for r in claims {
-        let c = Claims {
-            rows: r.get(2),
-            sum: t.ledger_sum.as_ref().map(|_| r.get(3)),
-        };
-        snap.ledger.entry(r.get(0)).or_default().insert(r.get(1), c);
+        let c = snap
+            .ledger
+            .entry(r.get(0))
+            .or_default()
+            .entry(r.get(1))
+            .or_default();
+        c.rows += r.get::<_, i64>(3);
+        if t.ledger_sum.is_some() {
+            let total = num(c.sum.as_deref().unwrap_or("0")) + num(r.get(4));
+            c.sum = Some(total.normalized().to_plain_string());
+        }
+        c.generations.push(r.get(2));
     }
     Ok(snap)
 }
@@ -220,7 +230,8 @@ async fn read(
         .map(|f| format!(", coalesce(sum({f}), 0)::text"))
         .unwrap_or_default();
     let ledger_sql = format!(
-        "SELECT {day}::text, consumer_group, count(*)::bigint{sum} FROM {}{cond} GROUP BY 1, 2",
+        "SELECT {day}::text, consumer_group, generation, count(*)::bigint{sum} FROM {}{cond} GROUP BY 1, 2, 3 \
+         ORDER BY 1, 2, 3",
         t.ledger,
         day = t.day
     );
