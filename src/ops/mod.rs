@@ -1,11 +1,12 @@
 //! The commands built on the engine and around it: `check`, `run`, `load`, `backfill`, `rebuild`, `offsets`,
-//! `verify`, `dead-letters`.
+//! `verify`, `dead-letters`, `outbox relay`.
 
 pub mod backfill;
 pub mod check;
 pub mod dead_letters;
 pub mod load;
 pub mod offsets;
+pub mod outbox;
 pub mod projection;
 pub mod rebuild;
 pub mod run;
