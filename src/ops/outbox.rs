@@ -205,8 +205,11 @@ impl Relay {
         );
         let (table, path) = (r.table.to_string(), r.p.source.path.clone());
         if let Err(e) = r.connect().await?.query(&sql, &[]).await {
+            let why = e
+                .as_db_error()
+                .map_or(e.to_string(), |d| d.message().to_string());
             return Err(Error::Schema(format!(
-                "outbox table {table} cannot be relayed: {e}; `replaysafe init --config {path}` creates it and adds \
+                "outbox table {table} cannot be relayed: {why}; `replaysafe init --config {path}` creates it and adds \
                  published_at"
             )));
         }
@@ -461,30 +464,26 @@ pub struct Beside {
 }
 
 impl Beside {
-    /// Resolves the target and connects (so that a bad `--topic` or a missing table exits before consuming),
-    /// then spawns the relay on `rt`. It stops when `shutdown` is set or [`Beside::finish`] is called.
+    /// Resolves the target and checks the producer's configuration (so that a missing topic exits before
+    /// consuming), then spawns the relay on `rt`: it connects once `run` has created the outbox table, and stops
+    /// when `shutdown` is set or [`Beside::finish`] is called.
     ///
     /// # Errors
-    /// As [`target`] and [`Relay::new`].
+    /// As [`target`]; [`Error::Kafka`] for a configuration librdkafka refuses.
     pub fn start(
         rt: &tokio::runtime::Handle,
         p: Arc<Pipeline>,
         opts: &RelayOptions,
     ) -> Result<Beside> {
         let (table, topic) = target(&p, opts.outbox.as_deref(), opts.topic.as_deref())?;
-        let mut relay = rt.block_on(Relay::new(
-            p,
-            table,
-            topic,
-            &opts.brokers,
-            &opts.database_url,
-        ))?;
+        let _probe = producer(&p, &opts.brokers)?; // librdkafka's own check, before consuming
         let (stop, drain, shutdown) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
             opts.shutdown.clone(),
         );
         let (s, d) = (stop.clone(), drain.clone());
+        let (brokers, url) = (opts.brokers.clone(), opts.database_url.clone());
         let task = rt.spawn(async move {
             let watcher = {
                 let s = s.clone();
@@ -495,6 +494,18 @@ impl Beside {
                     s.store(true, Ordering::Relaxed);
                 })
             };
+            // `run` creates the outbox table as it starts: until then (or while the database is away) retry.
+            let mut relay = loop {
+                match Relay::new(p.clone(), table.clone(), topic.clone(), &brokers, &url).await {
+                    Ok(r) => break r,
+                    Err(_) if s.load(Ordering::Relaxed) && !d.load(Ordering::Relaxed) => return Ok(0),
+                    Err(e) => {
+                        tracing::debug!("outbox relay not started yet (retried in 1 s): {e}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            };
+            tracing::info!(table = %table, topic = %topic, "outbox relay started beside the consumer");
             let mut n = relay.run(false, &s).await?;
             watcher.abort();
             if d.load(Ordering::Relaxed) {
@@ -515,7 +526,7 @@ impl Beside {
     pub fn finish(self, rt: &tokio::runtime::Handle, drain: bool, limit: Duration) -> Result<u64> {
         self.drain.store(drain, Ordering::Relaxed);
         self.stop.store(true, Ordering::Relaxed);
-        match rt.block_on(tokio::time::timeout(limit, self.task)) {
+        match rt.block_on(async move { tokio::time::timeout(limit, self.task).await }) {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(Error::Other(format!("outbox relay task: {e}"))),
             Err(_) => Err(Error::Other(format!(
