@@ -159,6 +159,11 @@ mod tests {
             "version",
             "delete-if",
             "tombstones",
+            "[outbox]",
+            "keep-days",
+            "batch-size",
+            "ack-timeout-ms",
+            "poll-interval-ms",
         ];
         for k in keys {
             assert!(
