@@ -135,6 +135,29 @@ pub fn target(
     Ok((table, topic))
 }
 
+/// Refuses a topic the broker does not have (asked with a consumer's metadata request, which never creates it).
+///
+/// # Errors
+/// [`Error::Usage`] naming the topic; [`Error::Kafka`] when the broker cannot be asked (10 s bound).
+pub fn require_topic(p: &Pipeline, brokers: &str, topic: &str) -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let mut config = crate::source::kafka::consumer_config(p, brokers, &[]);
+    config.remove("group.id");
+    let consumer: BaseConsumer = config.create()?;
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let found = md
+        .topics()
+        .iter()
+        .any(|x| x.name() == topic && x.error().is_none() && !x.partitions().is_empty());
+    match found {
+        true => Ok(()),
+        false => Err(Error::Usage(format!(
+            "the relay's topic `{topic}` does not exist on {brokers}: create it (its partition count decides \
+             which partition each message key goes to)"
+        ))),
+    }
+}
+
 /// One outbox row as published.
 struct Row {
     id: i64,
@@ -436,6 +459,7 @@ async fn publish(producer: &FutureProducer, topic: &str, rows: Vec<Row>) -> Vec<
 /// As [`target`] and [`Relay::new`].
 pub fn relay(p: Arc<Pipeline>, opts: &RelayOptions) -> Result<(QualifiedName, String, u64)> {
     let (table, topic) = target(&p, opts.outbox.as_deref(), opts.topic.as_deref())?;
+    require_topic(&p, &opts.brokers, &topic)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -476,6 +500,7 @@ impl Beside {
         opts: &RelayOptions,
     ) -> Result<Beside> {
         let (table, topic) = target(&p, opts.outbox.as_deref(), opts.topic.as_deref())?;
+        require_topic(&p, &opts.brokers, &topic)?;
         let _probe = producer(&p, &opts.brokers)?; // librdkafka's own check, before consuming
         let (stop, drain, shutdown) = (
             Arc::new(AtomicBool::new(false)),
