@@ -685,3 +685,48 @@ fn seed004_snapshot_reads_never_reach_the_outbox_and_run_relay_publishes_once() 
     assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 5 * n);
     assert_eq!(read_topic(&out), msgs);
 }
+
+/// An outbox table made before the relay (no `published_at`, no indexes) is upgraded by `run`: the column and
+/// the two partial indexes are added, the rows already there stay and are published once.
+#[test]
+fn an_outbox_table_without_published_at_is_upgraded_and_relayed() {
+    let (db, topic) = stage("rly7", 2);
+    let out = unique("rly7out");
+    create_topic(&out, 2, &[]);
+    db.execute(
+        "CREATE TABLE {s}.outbox (id bigserial PRIMARY KEY, delivery_key text NOT NULL UNIQUE, \
+         source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, \
+         message_key text, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now()); \
+         INSERT INTO {s}.outbox (delivery_key, source_topic, source_partition, source_offset, message_key, payload) \
+         VALUES ('[\"old\"]', 'older', 0, 0, '[\"e-0\"]', '{\"version\": 0}')",
+    );
+    // An earlier replaysafe's table: recorded as fed by this pipeline's ledger.
+    db.execute(&format!(
+        "COMMENT ON TABLE {{s}}.outbox IS 'replaysafe: fed by ledger \"{}\".\"replaysafe_ledger\"'",
+        db.schema
+    ));
+    produce(&topic, &events(2, 3, 2, 0x77));
+    let p = events_pipeline(&topic, &unique("g"), &db, &out, 500);
+    run_caught_up(&p.path);
+    let indexes = db.strings(&format!(
+        "SELECT indexname::text FROM pg_indexes WHERE schemaname = '{}' AND tablename = 'outbox' ORDER BY 1",
+        db.schema
+    ));
+    assert_eq!(
+        indexes,
+        [
+            "outbox_delivery_key_key",
+            "outbox_pkey",
+            "outbox_unpublished",
+            "outbox_unpublished_key"
+        ]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"),
+        7
+    );
+    relay_until_empty(&p, &[]);
+    let msgs = read_topic(&out);
+    assert_eq!(msgs.len(), 7);
+    assert_topic_matches(&db, &msgs, |_| 1);
+}
