@@ -254,7 +254,9 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
     signals(opts.shutdown.clone());
     let _metrics_rt;
     if let Some(addr) = metrics_addr {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // Its worker serves /metrics until the relay returns.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()?;
         {
@@ -262,8 +264,6 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
             replaysafe::metrics_http::install(addr)?;
         }
         replaysafe::metrics_http::register(&p);
-        let handle = rt.handle().clone();
-        std::thread::spawn(move || handle.block_on(std::future::pending::<()>()));
         _metrics_rt = rt;
     }
     let (table, topic, n) = ops::outbox::relay(p, &opts).context("outbox relay failed")?;

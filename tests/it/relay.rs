@@ -317,7 +317,29 @@ fn relay_killed_between_publish_and_mark_republishes_the_same_messages() {
         0
     );
 
-    relay_until_empty(&p, &[]);
+    // The next relay, with its metrics: 30 rows published (the 10 again and the 20 others), none pending.
+    let addr = crate::health::free_addr();
+    let mut relay = spawn(
+        &[
+            "outbox",
+            "relay",
+            "--config",
+            arg(&p.path),
+            "--metrics-addr",
+            &addr,
+        ],
+        &[],
+        p.dir.path(),
+        "relay2",
+    );
+    crate::health::wait_for(&addr, "/metrics", "the relay's metrics", |c, _| c == 200);
+    crate::health::wait_for(&addr, "/metrics", "every row published", |c, b| {
+        c == 200
+            && b.contains("replaysafe_outbox_published_total 30\n")
+            && b.contains("replaysafe_outbox_pending 0\n")
+            && b.contains("replaysafe_outbox_oldest_pending_seconds 0\n")
+    });
+    assert_eq!(terminate(&mut relay), Some(0));
     let msgs = read_topic(&out);
     assert_eq!(msgs.len(), 40);
     let twice: std::collections::HashSet<String> =
