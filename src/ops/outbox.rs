@@ -256,51 +256,7 @@ impl Relay {
         let (t, limit) = (self.table.clone(), i64::from(self.p.outbox.batch_size));
         let client = self.connect().await?;
         client.batch_execute("BEGIN").await?;
-        let result = async {
-            let heads: Vec<i64> = client
-                .query(
-                    &format!(
-                        "SELECT id FROM {t} o WHERE published_at IS NULL AND NOT EXISTS (SELECT 1 FROM {t} e \
-                         WHERE e.published_at IS NULL AND e.message_key = o.message_key AND e.id < o.id) \
-                         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-                    ),
-                    &[&limit],
-                )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            if heads.is_empty() {
-                return Ok(Vec::new());
-            }
-            // The rows after each head, of its key: nobody else locks them (they are no key's head).
-            let more = limit - heads.len() as i64;
-            client
-                .query(
-                    &format!(
-                        "SELECT o.id FROM {t} o JOIN {t} h ON h.id = ANY($1) AND h.message_key = o.message_key \
-                         AND o.id > h.id WHERE o.published_at IS NULL ORDER BY o.id LIMIT $2 FOR UPDATE OF o"
-                    ),
-                    &[&heads, &more],
-                )
-                .await?;
-            let rows = client
-                .query(
-                    &format!(
-                        "SELECT id, delivery_key, message_key, payload::text FROM {t} o WHERE published_at IS NULL \
-                         AND (id = ANY($1) OR EXISTS (SELECT 1 FROM {t} h WHERE h.id = ANY($1) \
-                         AND h.message_key = o.message_key AND o.id > h.id)) ORDER BY id LIMIT $2"
-                    ),
-                    &[&heads, &limit],
-                )
-                .await?;
-            Ok::<_, Error>(
-                rows.iter()
-                    .map(|r| Row { id: r.get(0), delivery_key: r.get(1), message_key: r.get(2), payload: r.get(3) })
-                    .collect(),
-            )
-        }
-        .await;
+        let result = lock_rows(client, &t, limit).await;
         let rows = match result {
             Ok(rows) => rows,
             Err(e) => {
@@ -408,6 +364,55 @@ impl Relay {
         }
         Ok(total)
     }
+}
+
+/// The columns a round reads of a row, as [`Row`] takes them.
+const ROW_COLUMNS: &str = "o.id, o.delivery_key, o.message_key, o.payload::text";
+
+/// Steps 1 and 2 of a round, in its transaction: locks (`FOR UPDATE SKIP LOCKED`) up to `limit` unpublished
+/// rows that are the oldest unpublished row of their message key (heads), then (`FOR UPDATE`, waits bounded by
+/// `lock_timeout`) the following unpublished rows of the same keys up to `limit` rows in all — nobody else
+/// locks those: they are no key's head while this transaction holds the head. Returns them in id order.
+///
+/// # Errors
+/// [`Error::Postgres`].
+async fn lock_rows(client: &Client, t: &QualifiedName, limit: i64) -> Result<Vec<Row>> {
+    let row = |r: &tokio_postgres::Row| Row {
+        id: r.get(0),
+        delivery_key: r.get(1),
+        message_key: r.get(2),
+        payload: r.get(3),
+    };
+    let heads: Vec<Row> = client
+        .query(
+            &format!(
+                "SELECT {ROW_COLUMNS} FROM {t} o WHERE o.published_at IS NULL AND NOT EXISTS (SELECT 1 FROM {t} e \
+                 WHERE e.published_at IS NULL AND e.message_key = o.message_key AND e.id < o.id) \
+                 ORDER BY o.id LIMIT $1 FOR UPDATE SKIP LOCKED"
+            ),
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(row)
+        .collect();
+    let ids: Vec<i64> = heads.iter().map(|r| r.id).collect();
+    let more = limit - heads.len() as i64;
+    if heads.is_empty() || more == 0 {
+        return Ok(heads);
+    }
+    let followers = client
+        .query(
+            &format!(
+                "SELECT {ROW_COLUMNS} FROM {t} o JOIN {t} h ON h.id = ANY($1) AND h.message_key = o.message_key \
+                 AND o.id > h.id WHERE o.published_at IS NULL ORDER BY o.id LIMIT $2 FOR UPDATE OF o"
+            ),
+            &[&ids, &more],
+        )
+        .await?;
+    let mut rows: Vec<Row> = heads.into_iter().chain(followers.iter().map(row)).collect();
+    rows.sort_by_key(|r| r.id);
+    Ok(rows)
 }
 
 /// Publishes `rows` (id order): keys in parallel, each key's rows in order, the next sent after the previous
@@ -520,13 +525,20 @@ impl Beside {
                 })
             };
             // `run` creates the outbox table as it starts: until then (or while the database is away) retry.
-            let mut relay = loop {
-                match Relay::new(p.clone(), table.clone(), topic.clone(), &brokers, &url).await {
-                    Ok(r) => break r,
-                    Err(_) if s.load(Ordering::Relaxed) && !d.load(Ordering::Relaxed) => return Ok(0),
-                    Err(e) => {
-                        tracing::debug!("outbox relay not started yet (retried in 1 s): {e}");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut relay = {
+                let mut attempt = 0u32;
+                loop {
+                    match Relay::new(p.clone(), table.clone(), topic.clone(), &brokers, &url).await {
+                        Ok(r) => break r,
+                        Err(_) if s.load(Ordering::Relaxed) && !d.load(Ordering::Relaxed) => return Ok(0),
+                        Err(e) => {
+                            attempt += 1;
+                            // Quiet while `run` creates the table; said every 30 s when it lasts.
+                            if attempt % 30 == 10 {
+                                tracing::warn!("outbox relay not started yet (retried every second): {e}");
+                            }
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
                     }
                 }
             };
