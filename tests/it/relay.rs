@@ -215,7 +215,8 @@ fn relay_until_empty(p: &Pipeline, envs: &[(&str, &str)]) -> Out {
 }
 
 /// Outbox rows exactly once per event: across a crash after every database commit before its Kafka commit, a
-/// full replay under another group, and the same records republished at new offsets (a rebuilt topic); the
+/// full replay under another group, the same records republished at new offsets (a rebuilt topic) and a
+/// backfill of the window; the
 /// relay then publishes each row once, and publishes nothing more after further replays. A rebuild is refused
 /// for an outbox pipeline and leaves the outbox alone.
 #[test]
@@ -250,6 +251,10 @@ fn outbox_rows_and_messages_once_per_event_across_replays_and_crashes() {
     produce(&topic, &recs);
     let t = run_caught_up(&p.path).tally();
     assert_eq!((t.landed, t.duplicate), (0, n as u64));
+    // A backfill of the whole window (both copies): nothing lands again.
+    let b = backfill(&p, "2026-01-01", ("--to", "2027-01-01"), &unique("bf"), &[]);
+    b.assert_ok();
+    assert!(b.stderr.contains("landed 0"), "{}", b.stderr);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), n);
     assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily"), n);
 
