@@ -191,7 +191,9 @@ pub fn producer(p: &Pipeline, brokers: &str) -> Result<FutureProducer> {
     }
     c.set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "5")
+        // A key's next message waits for the previous acknowledgement: 1 ms (debug build, local broker) gave
+        // ~2,500 rows/s over 100 keys and ~470/s on one hot key; 0 ms 370/s and 780/s, 5 ms 1,900/s and 120/s.
+        .set("linger.ms", "1")
         .set(
             "message.timeout.ms",
             p.outbox.ack_timeout.as_millis().to_string(),
