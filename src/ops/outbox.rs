@@ -266,7 +266,15 @@ impl Relay {
                 return Err(e);
             }
         };
-        let acked = publish(&self.producer, &self.topic, rows).await;
+        // The transaction is idle while the broker answers: a key's next message is sent only while its answer
+        // (at most ack-timeout-ms) still comes before the server's idle-in-transaction timeout (with a margin).
+        let (idle, ack) = (
+            self.p.postgres.timeouts.idle_in_transaction,
+            self.p.outbox.ack_timeout,
+        );
+        let margin = ((idle - ack) / 2).min(Duration::from_millis(500));
+        let deadline = Instant::now() + (idle - ack - margin);
+        let acked = publish(&self.producer, &self.topic, rows, deadline).await;
         // Tests: a relay that dies after the broker acknowledged and before the mark (`pause`, then SIGKILL; or
         // `return`: the connection is dropped, the round rolled back).
         fail::fail_point!(
@@ -418,8 +426,14 @@ async fn lock_rows(client: &Client, t: &QualifiedName, limit: i64) -> Result<Vec
 }
 
 /// Publishes `rows` (id order): keys in parallel, each key's rows in order, the next sent after the previous
-/// one's acknowledgement; returns the ids acknowledged. A row without a message key is a key of its own.
-async fn publish(producer: &FutureProducer, topic: &str, rows: Vec<Row>) -> Vec<i64> {
+/// one's acknowledgement and only before `deadline` (a key's first row is always sent); returns the ids
+/// acknowledged. A row without a message key is a key of its own.
+async fn publish(
+    producer: &FutureProducer,
+    topic: &str,
+    rows: Vec<Row>,
+    deadline: Instant,
+) -> Vec<i64> {
     let mut by_key: BTreeMap<Option<String>, Vec<Row>> = BTreeMap::new();
     let mut lone = Vec::new();
     for r in rows {
@@ -430,7 +444,10 @@ async fn publish(producer: &FutureProducer, topic: &str, rows: Vec<Row>) -> Vec<
     }
     let chains = by_key.into_values().chain(lone).map(|chain| async move {
         let mut acked = Vec::new();
-        for r in chain {
+        for (i, r) in chain.into_iter().enumerate() {
+            if i > 0 && Instant::now() >= deadline {
+                break; // the rest of the key waits for the next round
+            }
             let headers = OwnedHeaders::new().insert(Header {
                 key: DELIVERY_HEADER,
                 value: Some(&r.delivery_key),
