@@ -172,6 +172,7 @@ pub struct Relay {
     table: QualifiedName,
     topic: String,
     producer: FutureProducer,
+    brokers: String,
     url: String,
     client: Option<Client>,
     gauges_at: Option<Instant>,
@@ -220,6 +221,7 @@ impl Relay {
             table,
             topic,
             producer,
+            brokers: brokers.to_string(),
             url: url.to_string(),
             client: None,
             gauges_at: None,
@@ -350,7 +352,9 @@ impl Relay {
                 };
                 Ok::<_, Error>((n, pending))
             };
-            match step.await {
+            let stepped = step.await;
+            self.renew_after_fatal_error()?;
+            match stepped {
                 Ok((n, pending)) => {
                     backoff = Duration::from_secs(1);
                     total += n;
@@ -373,6 +377,24 @@ impl Relay {
             }
         }
         Ok(total)
+    }
+}
+
+impl Relay {
+    /// After a fatal error of the idempotent producer (librdkafka: e.g. a sequence the broker cannot accept)
+    /// every later send would fail: a new producer (a new idempotence session) takes over; the rows the old
+    /// one did not get acknowledged are unpublished and go again.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when the new producer cannot be created.
+    fn renew_after_fatal_error(&mut self) -> Result<()> {
+        use rdkafka::producer::Producer;
+        if let Some((code, why)) = self.producer.client().fatal_error() {
+            tracing::error!(table = %self.table, "outbox relay: fatal producer error {code:?}: {why}; a new producer \
+                            takes over (unacknowledged rows are published again)");
+            self.producer = producer(&self.p, &self.brokers)?;
+        }
+        Ok(())
     }
 }
 
