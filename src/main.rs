@@ -211,13 +211,16 @@ fn run(
         false => None,
     };
     let tally = ops::run::run_on(rt.handle().clone(), p, opts.clone());
-    if let Some(b) = beside {
+    let relayed = beside.map(|b| {
         let drain = tally.is_ok() && !opts.shutdown.load(Ordering::Relaxed);
-        let n = b.finish(rt.handle(), drain, Duration::from_secs(shutdown_timeout))?;
-        tracing::info!(published = n, "outbox relay stopped");
-    }
+        b.finish(rt.handle(), drain, Duration::from_secs(shutdown_timeout))
+    });
     let tally = tally.context("run failed")?;
     println!("{}", tally.line());
+    // The consumer's accounting stands; a relay that could not publish what was left is an error of its own.
+    if let Some(n) = relayed.transpose().context("outbox relay")? {
+        tracing::info!(published = n, "outbox relay stopped");
+    }
     Ok(())
 }
 
