@@ -59,6 +59,10 @@ pub enum Command {
         /// prune (the owner's `init` prunes). README "Privileges".
         #[arg(long)]
         no_ddl: bool,
+        /// Also relay the pipeline's outbox to `[outbox] topic` in this process (README "Outbox relay"); with
+        /// --until-caught-up the rows left are published before the exit (within --shutdown-timeout).
+        #[arg(long)]
+        relay: bool,
     },
     /// Apply the records of a file in `kcat -C -J` format (one JSON envelope per line) through the same
     /// decode → batch → transaction → checkpoint path as `run`, without consuming from a broker. Checkpoints go
@@ -107,6 +111,11 @@ pub enum Command {
         #[arg(long, default_value_t = replaysafe::sink::ledger::DEFAULT_DAYS_AHEAD,
               value_parser = clap::value_parser!(u32).range(0..=366))]
         days: u32,
+    },
+    /// The outbox relay (README "Outbox relay").
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
     },
     /// Another group's positions, read without joining it.
     Offsets {
@@ -165,6 +174,33 @@ pub struct CheckArgs {
     /// With --database: the ledger's day partitions must exist through today + this many days (0 to 366).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=366))]
     pub days: u32,
+}
+
+#[derive(Subcommand)]
+pub enum OutboxCommand {
+    /// Publish the outbox's unpublished rows to Kafka (idempotent producer; key = message_key, header
+    /// `replaysafe-delivery` = delivery_key, value = payload), each marked published after the broker's
+    /// acknowledgement. Runs until SIGINT/SIGTERM; several relays may run at once.
+    Relay {
+        /// The pipeline file (its database, `[kafka.properties]`, `[outbox]`).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The outbox table (its name, `schema.name`, or the projection's name) when the pipeline has several.
+        #[arg(long)]
+        outbox: Option<String>,
+        /// The topic to publish to; overrides `[outbox] topic`.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+        #[arg(long)]
+        brokers: Option<String>,
+        /// Exit 0 once no unpublished row is left (batch jobs, tests).
+        #[arg(long)]
+        until_empty: bool,
+        /// Serve /metrics (Prometheus) on this address.
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -167,7 +167,7 @@ fn init(config: PathBuf, days: u32) -> anyhow::Result<()> {
 }
 
 fn run(
-    (config, no_ddl): (PathBuf, bool),
+    (config, no_ddl, relay): (PathBuf, bool, bool),
     flag: Option<String>,
     metrics_addr: Option<std::net::SocketAddr>,
     until_caught_up: bool,
@@ -202,8 +202,75 @@ fn run(
         replaysafe::metrics_http::register(&p);
         replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
     }
-    let tally = ops::run::run_on(rt.handle().clone(), p, opts).context("run failed")?;
+    let beside = match relay {
+        true => Some(ops::outbox::Beside::start(
+            rt.handle(),
+            p.clone(),
+            &relay_options(&opts),
+        )?),
+        false => None,
+    };
+    let tally = ops::run::run_on(rt.handle().clone(), p, opts.clone());
+    let relayed = beside.map(|b| {
+        let drain = tally.is_ok() && !opts.shutdown.load(Ordering::Relaxed);
+        b.finish(rt.handle(), drain, Duration::from_secs(shutdown_timeout))
+    });
+    let tally = tally.context("run failed")?;
     println!("{}", tally.line());
+    // The consumer's accounting stands; a relay that could not publish what was left is an error of its own.
+    if let Some(n) = relayed.transpose().context("outbox relay")? {
+        tracing::info!(published = n, "outbox relay stopped");
+    }
+    Ok(())
+}
+
+/// `run --relay`: the relay's options from `run`'s.
+fn relay_options(opts: &ops::run::RunOptions) -> ops::outbox::RelayOptions {
+    ops::outbox::RelayOptions {
+        brokers: opts.brokers.clone(),
+        database_url: opts.database_url.clone(),
+        outbox: None,
+        topic: None,
+        until_empty: false,
+        shutdown: opts.shutdown.clone(),
+    }
+}
+
+fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
+    let cli::OutboxCommand::Relay {
+        config,
+        outbox,
+        topic,
+        brokers: flag,
+        until_empty,
+        metrics_addr,
+    } = command;
+    let p = Arc::new(config::load(&config)?);
+    let opts = ops::outbox::RelayOptions {
+        brokers: brokers(&p, flag)?,
+        database_url: database_url(&p)?,
+        outbox,
+        topic,
+        until_empty,
+        shutdown: Arc::new(AtomicBool::new(false)),
+    };
+    signals(opts.shutdown.clone());
+    let _metrics_rt;
+    if let Some(addr) = metrics_addr {
+        // Its worker serves /metrics until the relay returns.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        {
+            let _guard = rt.enter();
+            replaysafe::metrics_http::install(addr)?;
+        }
+        replaysafe::metrics_http::register(&p);
+        _metrics_rt = rt;
+    }
+    let (table, topic, n) = ops::outbox::relay(p, &opts).context("outbox relay failed")?;
+    println!("outbox {table} → topic {topic}: published {n}");
     Ok(())
 }
 
@@ -379,8 +446,9 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             prune_interval,
             shutdown_timeout,
             no_ddl,
+            relay,
         } => run(
-            (config, no_ddl),
+            (config, no_ddl, relay),
             brokers,
             metrics_addr,
             until_caught_up,
@@ -413,6 +481,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             write_json(&snap, output.as_ref())
         }
         Command::Projection { command } => projection(command),
+        Command::Outbox { command } => outbox(command),
         Command::Backfill(a) => backfill(a),
         Command::Rebuild(a) => rebuild(a),
         Command::Verify { command } => verify(command),

@@ -71,6 +71,7 @@ pub fn register(p: &Pipeline) {
         metrics::counter!("replaysafe_conflicts_total", "projection" => name.clone()).absolute(0);
         metrics::counter!("replaysafe_resnapshot_reads_total", "projection" => name).absolute(0);
     }
+    crate::ops::outbox::register_metrics();
     // Registered with no sample: `_bucket` lines at 0, `_sum` and `_count` 0.
     let _ = metrics::histogram!(FLUSH_SECONDS);
 }

@@ -7,6 +7,7 @@ pub mod errors;
 pub mod expand;
 pub mod fields;
 pub mod kafka;
+pub mod outbox;
 pub mod plan;
 pub mod raw;
 pub mod source;
@@ -16,6 +17,7 @@ pub use connection::{ConnectionPlan, SslMode};
 pub use errors::{ErrorsPlan, Tolerance};
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
+pub use outbox::OutboxPlan;
 pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
 pub use source::Source;
 pub use timeouts::Timeouts;
@@ -157,6 +159,11 @@ mod tests {
             "version",
             "delete-if",
             "tombstones",
+            "[outbox]",
+            "keep-days",
+            "batch-size",
+            "ack-timeout-ms",
+            "poll-interval-ms",
         ];
         for k in keys {
             assert!(

@@ -62,6 +62,8 @@ pub struct Pipeline {
     pub projections: Vec<ProjectionPlan>,
     /// `[errors]`: the declared error tolerance.
     pub errors: super::errors::ErrorsPlan,
+    /// `[outbox]`: the outbox relay's settings.
+    pub outbox: super::outbox::OutboxPlan,
 }
 
 /// `[postgres]`, validated.
@@ -291,6 +293,15 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let filters = filters(src, &raw, &fields)?;
     let projections = projections(src, &raw, format, &fields, &schema, &identity)?;
     let errors = super::errors::errors(src, raw.errors.as_ref())?;
+    let outbox = super::outbox::outbox(
+        src,
+        raw.outbox.as_ref(),
+        &kafka.topics,
+        postgres.timeouts.idle_in_transaction.as_millis() as u64,
+        projections
+            .iter()
+            .any(|p| p.kind == crate::projection::ProjectionKind::Outbox),
+    )?;
 
     Ok(Pipeline {
         format,
@@ -307,6 +318,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         filters,
         projections,
         errors,
+        outbox,
     })
 }
 

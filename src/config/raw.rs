@@ -26,6 +26,7 @@ pub struct RawPipeline {
     #[serde(default)]
     pub projection: Vec<Spanned<RawProjection>>,
     pub errors: Option<super::errors::RawErrors>,
+    pub outbox: Option<Spanned<super::outbox::RawOutbox>>,
 }
 
 /// `[source]`

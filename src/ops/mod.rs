@@ -1,5 +1,5 @@
 //! The commands built on the engine and around it: `check`, `run`, `load`, `backfill`, `rebuild`, `offsets`,
-//! `verify`, `dead-letters`.
+//! `verify`, `dead-letters`, `outbox relay`.
 
 pub mod backfill;
 pub mod check;
@@ -7,6 +7,7 @@ pub mod dead_letters;
 pub mod fingerprint;
 pub mod load;
 pub mod offsets;
+pub mod outbox;
 pub mod projection;
 pub mod rebuild;
 pub mod run;

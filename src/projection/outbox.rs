@@ -56,12 +56,15 @@ pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
          SELECT {dk}, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
          FROM landed{where_pass} ORDER BY _offset ON CONFLICT (delivery_key) DO NOTHING"
     );
-    let setup = vec![format!(
-        "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, delivery_key text NOT NULL UNIQUE, \
-         source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, \
-         message_key text, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
-         published_at timestamptz)"
-    )];
+    let setup = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, delivery_key text NOT NULL UNIQUE, \
+             source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, \
+             message_key text, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
+             published_at timestamptz)"
+        ),
+        upgrade(&table),
+    ];
     Ok(Compiled {
         name: table.name.as_str().to_string(),
         statement,
@@ -87,4 +90,88 @@ pub(crate) fn settings(s: &mut Settings<'_>) {
     s.put("key", key.join(", "));
     s.put("message-key-encoding", "json-array-v1".into());
     s.used.extend(payload.iter().chain(&key).cloned());
+}
+
+/// The relay's column and indexes on an existing outbox table, added only when missing (a `DO` block: `ALTER
+/// TABLE … IF NOT EXISTS` and `CREATE INDEX IF NOT EXISTS` would take their table locks first, waiting behind a
+/// relay's round on every start): `published_at timestamptz` (NULL = not yet published), a partial index on
+/// `id` of the unpublished rows (the relay's scan in outbox order) and one on `(message_key, id)` of them (each
+/// key's oldest unpublished row).
+fn upgrade(table: &QualifiedName) -> String {
+    let lit = table.to_string().replace('\'', "''");
+    let (ids, keys) = (
+        index_name(table, "_unpublished"),
+        index_name(table, "_unpublished_key"),
+    );
+    let schema = &table.schema;
+    format!(
+        "DO $$ BEGIN \
+         IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{lit}'::regclass AND attname = 'published_at' \
+         AND NOT attisdropped) THEN ALTER TABLE {table} ADD COLUMN IF NOT EXISTS published_at timestamptz; END IF; \
+         IF to_regclass('{schema}.\"{ids}\"') IS NULL THEN \
+         CREATE INDEX IF NOT EXISTS \"{ids}\" ON {table} (id) WHERE published_at IS NULL; END IF; \
+         IF to_regclass('{schema}.\"{keys}\"') IS NULL THEN \
+         CREATE INDEX IF NOT EXISTS \"{keys}\" ON {table} (message_key, id) WHERE published_at IS NULL; END IF; \
+         END $$"
+    )
+}
+
+/// `<table><suffix>`, the table's name shortened so that the whole fits PostgreSQL's 63 bytes (names are ASCII).
+fn index_name(table: &QualifiedName, suffix: &str) -> String {
+    let name = table.name.as_str();
+    format!("{}{suffix}", &name[..name.len().min(63 - suffix.len())])
+}
+
+/// The outbox tables of a pipeline: per `kind = "outbox"` projection, its name and table, in file order.
+pub fn tables(p: &crate::config::Pipeline) -> Vec<(String, QualifiedName)> {
+    p.projections
+        .iter()
+        .filter(|x| x.kind == super::ProjectionKind::Outbox)
+        .filter_map(|x| {
+            let t = x.settings.get("table")?;
+            let (schema, name) = t.split_once('.')?;
+            let q = QualifiedName {
+                schema: Ident::new(schema).ok()?,
+                name: Ident::new(name).ok()?,
+            };
+            Some((x.name.clone(), q))
+        })
+        .collect()
+}
+
+/// Deletes (or with `dry_run` only counts) the published rows of every outbox table of the pipeline whose
+/// `published_at` is older than `[outbox] keep-days` days before the database's `now()`; unpublished rows are
+/// never touched, whatever their age. For `replaysafe ledger prune` (README "Outbox relay"). Returns the count
+/// per table (qualified name), in file order; a table that does not exist counts 0.
+///
+/// # Errors
+/// [`crate::Error::Postgres`] (e.g. `statement_timeout`, or a table without `published_at`: run `init`).
+pub async fn purge_published(
+    client: &impl tokio_postgres::GenericClient,
+    p: &crate::config::Pipeline,
+    dry_run: bool,
+) -> Result<Vec<(String, u64)>> {
+    let days = i32::try_from(p.outbox.keep_days).unwrap_or(i32::MAX);
+    let mut out = Vec::new();
+    for (_, table) in tables(p) {
+        let exists: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.to_string()])
+            .await?
+            .get(0);
+        let n = if !exists {
+            0
+        } else if dry_run {
+            let sql = format!(
+                "SELECT count(*) FROM {table} WHERE published_at < now() - make_interval(days => $1)"
+            );
+            client.query_one(&sql, &[&days]).await?.get::<_, i64>(0) as u64
+        } else {
+            let sql = format!(
+                "DELETE FROM {table} WHERE published_at < now() - make_interval(days => $1)"
+            );
+            client.execute(&sql, &[&days]).await?
+        };
+        out.push((table.to_string(), n));
+    }
+    Ok(out)
 }

@@ -608,7 +608,7 @@ columns = { products_id = "integer", categories_id = "integer" }
 
 /// Seed 004: per entity an insert, two updates, a delete and a re-creation — as Debezium envelopes (the key in
 /// the message key; positions increasing per transaction).
-fn seed004(entities: i64) -> Vec<(i64, Value, Option<Value>)> {
+pub(crate) fn seed004(entities: i64) -> Vec<(i64, Value, Option<Value>)> {
     let mut out = Vec::new();
     let mut lsn = 60_000_000i64;
     let mut tx = 3000i64;
@@ -640,7 +640,7 @@ fn seed004(entities: i64) -> Vec<(i64, Value, Option<Value>)> {
     out
 }
 
-const ITEMS: &str = concat!(
+pub(crate) const ITEMS: &str = concat!(
     debezium_header!(),
     r#"[batch]
 max-records = MAXREC
@@ -657,7 +657,11 @@ payload = ["_op", "_entity"]
 "#
 );
 
-fn produce_seed004(topic: &str, partitions: i32, changes: &[(i64, Value, Option<Value>)]) {
+pub(crate) fn produce_seed004(
+    topic: &str,
+    partitions: i32,
+    changes: &[(i64, Value, Option<Value>)],
+) {
     let recs: Vec<Rec> = changes
         .iter()
         .map(|(id, v, _)| Rec {

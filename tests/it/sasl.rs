@@ -439,3 +439,47 @@ fn load_checks_the_live_end_through_sasl_ssl() {
     }
     output_without(&out, &s.password);
 }
+
+/// The outbox relay through the SASL_SSL listener, configured by the same `[kafka.properties]`: every row
+/// published once (read back over PLAINTEXT), marked, the password never printed.
+#[test]
+fn outbox_relay_publishes_through_sasl_ssl() {
+    let Some(s) = sasl("outbox_relay_publishes_through_sasl_ssl") else {
+        return;
+    };
+    let (db, topic) = stage("sasl_relay", 2);
+    let out = unique("sasl_relay_out");
+    create_topic(&out, 2, &[]);
+    let recs: Vec<Rec> = (0..40)
+        .map(|i| {
+            let v = format!(r#"{{"id":"r-{i}","k":"k-{}"}}"#, i % 4);
+            Rec::json(i % 2, &format!("k-{}", i % 4), &v, 1_782_000_000_000)
+        })
+        .collect();
+    produce(&topic, &recs);
+    let text = format!(
+        "{}[fields]\nid = {{ path = \"/id\", type = \"text\" }}\nk = {{ path = \"/k\", type = \"text\" }}\n\
+         [identity]\nkey = [\"id\"]\n[[projection]]\nkind = \"outbox\"\ntable = \"outbox\"\nkey = [\"k\"]\n\
+         [outbox]\ntopic = \"{out}\"\n",
+        header!()
+    );
+    let p = pipeline(
+        &s.pipeline_text(&text, &s.password, &s.ca),
+        &topic,
+        &unique("g"),
+        &db.schema,
+    );
+    run_caught_up(&p.path);
+    let relay = replaysafe(&["outbox", "relay", "--config", arg(&p.path), "--until-empty"]);
+    relay.assert_ok();
+    output_without(&relay, &s.password);
+    let msgs = crate::relay::read_topic(&out);
+    assert_eq!(msgs.len(), 40);
+    let headers: std::collections::BTreeSet<_> =
+        msgs.iter().filter_map(|m| m.delivery.clone()).collect();
+    assert_eq!(headers.len(), 40);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NOT NULL"),
+        40
+    );
+}
