@@ -65,6 +65,11 @@ pub enum Error {
     /// The declared error tolerance stopped the pipeline (see [`EXIT_TOLERANCE`]).
     #[error("{0}")]
     Tolerance(String),
+    /// A replay (backfill, rebuild, a run or load from an earlier position) reaches offsets whose ledger rows a
+    /// prune dropped (`replaysafe_pruned`): the ledger can no longer recognise those records as duplicates.
+    /// Names the partition and the offset range; nothing of the refused batch is committed. Exit code 2.
+    #[error("{0}")]
+    BelowHorizon(String),
     /// Anything else, with context.
     #[error("{0}")]
     Other(String),
@@ -78,7 +83,8 @@ impl Error {
             | Error::Config { .. }
             | Error::Schema(_)
             | Error::Privilege(_)
-            | Error::Usage(_) => EXIT_CONFIG,
+            | Error::Usage(_)
+            | Error::BelowHorizon(_) => EXIT_CONFIG,
             Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
             Error::Tolerance(_) => EXIT_TOLERANCE,
             _ => EXIT_FAILURE,

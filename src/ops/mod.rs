@@ -1,9 +1,10 @@
 //! The commands built on the engine and around it: `check`, `run`, `load`, `backfill`, `rebuild`, `offsets`,
-//! `verify`, `dead-letters`.
+//! `verify`, `dead-letters`, `ledger`.
 
 pub mod backfill;
 pub mod check;
 pub mod dead_letters;
+pub mod ledger;
 pub mod load;
 pub mod offsets;
 pub mod projection;

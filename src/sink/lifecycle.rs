@@ -1,0 +1,441 @@
+//! The ledger's lifecycle: the prune (day partitions wholly older than the horizon dropped, tombstones and
+//! conflicts older than it purged, the offsets whose ledger rows are gone recorded per topic/partition in
+//! `replaysafe_pruned`) and the refusal of a batch reaching below a recorded pruned offset.
+
+use chrono::NaiveDate;
+use tokio_postgres::{Client, GenericClient, Statement, Transaction};
+
+use super::error::{classify, ApplyError};
+use super::ledger::{self, partition_name, DDL_LOCK, HORIZON};
+use super::Batch;
+use crate::config::Pipeline;
+use crate::error::{Error, Result};
+use crate::projection::row::plan::TombstoneMode;
+
+/// Name of the pruned-offsets table (in the pipeline schema).
+pub const PRUNED: &str = "replaysafe_pruned";
+
+/// `CREATE TABLE` for the pruned-offsets table: per ledger, stream generation, topic and partition,
+/// `pruned_through` — the highest offset whose ledger row a prune dropped (every offset up to it may have lost
+/// its row) — the pruned-below day that prune enforced, and the ledger rows it dropped. Raised (never lowered)
+/// in the prune's transaction; read by every batch ([`pruned_statement`]) and by `backfill`/`rebuild` plans.
+pub fn create_pruned(p: &Pipeline) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (ledger text NOT NULL, generation text NOT NULL, topic text NOT NULL, \
+         partition integer NOT NULL, pruned_through bigint NOT NULL, pruned_below date NOT NULL, \
+         rows_pruned bigint NOT NULL DEFAULT 0, updated_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (ledger, generation, topic, partition))",
+        p.table(PRUNED)
+    )
+}
+
+/// The pruned offset of one partition: `$1` ledger, `$2` generation, `$3` topic, `$4` partition (int4).
+/// Returns `pruned_through`, `pruned_below`, `updated_at` — no row when nothing of it was pruned.
+pub fn pruned_statement(p: &Pipeline) -> String {
+    format!(
+        "SELECT pruned_through, pruned_below, updated_at::text FROM {} \
+         WHERE ledger = $1 AND generation = $2 AND topic = $3 AND partition = $4",
+        p.table(PRUNED)
+    )
+}
+
+/// Step 1c of the batch transaction (after the horizon row's share lock, which a prune's update waits for and
+/// holds until it commits — so what is read here is every prune committed before): a batch whose first offset
+/// is at or below its partition's pruned offset is refused.
+///
+/// # Errors
+/// [`ApplyError::Fatal`] with [`Error::BelowHorizon`] naming the partition and the offset range; database errors
+/// as [`classify`].
+pub(super) async fn check_pruned(
+    tx: &Transaction<'_>,
+    stmt: Option<&Statement>,
+    p: &Pipeline,
+    generation: &str,
+    batch: &Batch,
+) -> std::result::Result<(), ApplyError> {
+    let (Some(stmt), Some(first)) = (stmt, batch.items.iter().map(|i| i.offset).min()) else {
+        return Ok(());
+    };
+    let row = tx
+        .query_opt(
+            stmt,
+            &[
+                &p.ledger.table.to_string(),
+                &generation,
+                &batch.topic,
+                &batch.partition,
+            ],
+        )
+        .await
+        .map_err(|e| classify(e, false))?;
+    let Some(row) = row else {
+        return Ok(());
+    };
+    let (through, below, at): (i64, NaiveDate, String) = (row.get(0), row.get(1), row.get(2));
+    if first > through {
+        return Ok(());
+    }
+    Err(ApplyError::Fatal(Error::BelowHorizon(below_message(
+        p,
+        (&batch.topic, batch.partition),
+        (first, through),
+        below,
+        &at,
+    ))))
+}
+
+/// The refusal of a replay reaching offsets `first..=through` of `topic/partition`, pruned below `below` at `at`.
+pub fn below_message(
+    p: &Pipeline,
+    (topic, partition): (&str, i32),
+    (first, through): (i64, i64),
+    below: NaiveDate,
+    at: &str,
+) -> String {
+    format!(
+        "{topic}/{partition}: offsets {first}..={through} are below the ledger's pruned horizon: a prune of ledger {} \
+         (at {at}, event days before {below}) dropped ledger rows of offsets up to {through}, so the ledger can no \
+         longer recognise those records as duplicates and replaying them could count them again. Refused; nothing \
+         of it was committed. Replay from offset {} on (a later --from, or a checkpoint above it), or rebuild the \
+         days from {below} on (README \"The ledger's lifecycle\")",
+        p.ledger.table,
+        through + 1
+    )
+}
+
+/// What each partition lost to a prune: `(generation, topic, partition)` → the highest offset and rows dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrunedRange {
+    /// Stream generation ('' for none).
+    pub generation: String,
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The highest offset whose ledger row was (or would be) dropped.
+    pub through: i64,
+    /// Ledger rows dropped of this partition.
+    pub rows: i64,
+}
+
+/// One day partition dropped (or to be dropped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedDay {
+    /// The event day.
+    pub day: NaiveDate,
+    /// Its table name.
+    pub table: String,
+    /// Rows it held.
+    pub rows: i64,
+    /// `pg_total_relation_size` (heap, indexes, TOAST), bytes.
+    pub bytes: i64,
+}
+
+/// What a prune did (or, dry run, would do).
+#[derive(Debug, Clone, Default)]
+pub struct PruneReport {
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// The pruned-below day enforced (`None`: no horizon, nothing to prune).
+    pub pruned_below: Option<NaiveDate>,
+    /// Day partitions wholly before it.
+    pub dropped: Vec<DroppedDay>,
+    /// Per partition, the offsets whose ledger rows went with them (recorded in [`PRUNED`]).
+    pub offsets: Vec<PrunedRange>,
+    /// Tombstones purged per row projection table (deleted before the pruned-below day).
+    pub tombstones: Vec<(String, i64)>,
+    /// `replaysafe_conflicts` rows purged (detected before the pruned-below day).
+    pub conflicts: i64,
+}
+
+/// Longest wait for the DDL lock and the horizon row during a prune; past it the prune fails (SQLSTATE 55P03)
+/// and is retried later. The statement timeout is raised above it for the prune's transaction only (a lock wait
+/// counts toward it; the session's `postgres.statement-timeout-ms` may be shorter).
+const PRUNE_LOCK_TIMEOUT: &str =
+    "SET LOCAL lock_timeout = '60s'; SET LOCAL statement_timeout = '90s'";
+
+/// Prunes the ledger to its horizon in one transaction under the DDL lock (bounded lock waits: a minute; a
+/// running `run`'s batches wait for it at their horizon step, the prune waits for the batches holding it):
+/// raises the durable pruned-below day (`replaysafe_horizon`) to the database's UTC date minus `horizon-days`
+/// (never back), records per topic/partition the highest offset of the dropped rows ([`PRUNED`]), drops every
+/// day partition before the day, and purges tombstones and conflicts recorded before it. With `dry_run`, a
+/// read-only transaction reports the same without changing anything (and without waiting for locks).
+///
+/// # Errors
+/// [`Error::Postgres`] (also when a lock is not granted within a minute).
+pub async fn prune(client: &mut Client, p: &Pipeline, dry_run: bool) -> Result<PruneReport> {
+    let mut report = PruneReport {
+        dry_run,
+        ..PruneReport::default()
+    };
+    let (Some(days), Some(_)) = (p.ledger.horizon_days, p.identity.partition_by) else {
+        return Ok(report);
+    };
+    let days = days as i32;
+    let tx = client.transaction().await?;
+    if dry_run {
+        tx.batch_execute("SET TRANSACTION READ ONLY").await?;
+    } else {
+        tx.batch_execute(PRUNE_LOCK_TIMEOUT).await?;
+        tx.execute(DDL_LOCK, &[]).await?;
+    }
+    let below = raise_horizon(&tx, p, days, dry_run).await?;
+    report.pruned_below = Some(below);
+    let mut old: Vec<NaiveDate> = ledger::existing_partitions(&tx, p)
+        .await?
+        .into_iter()
+        .filter(|d| *d < below)
+        .collect();
+    old.sort();
+    for day in old {
+        let (dropped, ranges) = measure(&tx, p, day).await?;
+        merge(&mut report.offsets, ranges);
+        report.dropped.push(dropped);
+    }
+    if !dry_run {
+        record_pruned(&tx, p, below, &report.offsets).await?;
+        for d in &report.dropped {
+            tx.batch_execute(&format!(
+                "DROP TABLE IF EXISTS {}.\"{}\"",
+                p.ledger.table.schema, d.table
+            ))
+            .await?;
+        }
+    }
+    report.tombstones = purge_tombstones(&tx, p, below, dry_run).await?;
+    report.conflicts = purge_conflicts(&tx, p, below, dry_run).await?;
+    // [outbox] keep-days: published outbox rows older than it are purged here, in this transaction, by the
+    // relay's function (issue 13 part 1, wired by the lead at merge), e.g.
+    // `crate::projection::outbox::purge_published(&tx, p, dry_run).await?` — its count goes into the report.
+    if dry_run {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(report)
+}
+
+/// Raises the horizon row to today − `days` (dry run: only reads it) and returns the pruned-below day in force;
+/// a longer horizon than the ledger still remembers is warned about.
+async fn raise_horizon(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    days: i32,
+    dry_run: bool,
+) -> Result<NaiveDate> {
+    let sql = if dry_run {
+        format!(
+            "SELECT greatest((SELECT pruned_below FROM {} WHERE ledger = $1), \
+             (now() AT TIME ZONE 'UTC')::date - $2::int), (now() AT TIME ZONE 'UTC')::date - $2::int",
+            p.table(HORIZON)
+        )
+    } else {
+        format!(
+            "INSERT INTO {} AS h (ledger, pruned_below) VALUES ($1, (now() AT TIME ZONE 'UTC')::date - $2::int) \
+             ON CONFLICT (ledger) DO UPDATE SET pruned_below = greatest(h.pruned_below, EXCLUDED.pruned_below), \
+             updated_at = now() RETURNING pruned_below, (now() AT TIME ZONE 'UTC')::date - $2::int",
+            p.table(HORIZON)
+        )
+    };
+    let row = tx
+        .query_one(&sql, &[&p.ledger.table.to_string(), &days])
+        .await?;
+    let (below, asked): (NaiveDate, NaiveDate) = (row.get(0), row.get(1));
+    if below > asked {
+        tracing::warn!(
+            ledger = %p.ledger.table,
+            %below,
+            %asked,
+            "`horizon-days = {days}` asks the ledger to recognise event days from {asked}, but it was pruned below \
+             {below} (a shorter horizon ran before): records of days before {below} stay quarantined as \
+             beyond-horizon; the horizon grows back to {days} days one day at a time"
+        );
+    }
+    Ok(below)
+}
+
+/// One day partition's size and, per topic/partition, its highest offset and rows (one scan).
+async fn measure(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    day: NaiveDate,
+) -> Result<(DroppedDay, Vec<PrunedRange>)> {
+    let table = partition_name(p, day);
+    let qualified = format!("{}.\"{}\"", p.ledger.table.schema, table);
+    let bytes: i64 = tx
+        .query_one(
+            "SELECT pg_total_relation_size(to_regclass($1))",
+            &[&qualified],
+        )
+        .await?
+        .get(0);
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT generation, topic, partition, max(\"offset\"), count(*)::bigint FROM {qualified} \
+                 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+            ),
+            &[],
+        )
+        .await?;
+    let ranges: Vec<PrunedRange> = rows
+        .iter()
+        .map(|r| PrunedRange {
+            generation: r.get(0),
+            topic: r.get(1),
+            partition: r.get(2),
+            through: r.get(3),
+            rows: r.get(4),
+        })
+        .collect();
+    let dropped = DroppedDay {
+        day,
+        table,
+        rows: ranges.iter().map(|r| r.rows).sum(),
+        bytes,
+    };
+    Ok((dropped, ranges))
+}
+
+/// Adds `ranges` into `into` (highest offset, rows summed per generation/topic/partition).
+fn merge(into: &mut Vec<PrunedRange>, ranges: Vec<PrunedRange>) {
+    for r in ranges {
+        match into.iter_mut().find(|x| {
+            (&x.generation, &x.topic, x.partition) == (&r.generation, &r.topic, r.partition)
+        }) {
+            Some(x) => {
+                x.through = x.through.max(r.through);
+                x.rows += r.rows;
+            }
+            None => into.push(r),
+        }
+    }
+}
+
+/// Raises the pruned offsets of [`PRUNED`] (never lowers them), in the prune's transaction.
+async fn record_pruned(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    below: NaiveDate,
+    ranges: &[PrunedRange],
+) -> Result<()> {
+    let sql = format!(
+        "INSERT INTO {} AS x (ledger, generation, topic, partition, pruned_through, pruned_below, rows_pruned) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (ledger, generation, topic, partition) DO UPDATE SET \
+         pruned_through = greatest(x.pruned_through, EXCLUDED.pruned_through), \
+         pruned_below = greatest(x.pruned_below, EXCLUDED.pruned_below), \
+         rows_pruned = x.rows_pruned + EXCLUDED.rows_pruned, updated_at = now()",
+        p.table(PRUNED)
+    );
+    let ledger = p.ledger.table.to_string();
+    for r in ranges {
+        tx.execute(
+            &sql,
+            &[
+                &ledger,
+                &r.generation,
+                &r.topic,
+                &r.partition,
+                &r.through,
+                &below,
+                &r.rows,
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Tombstones of the row projections deleted before `below` (00:00 UTC): counted, and deleted unless `dry_run`.
+async fn purge_tombstones(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    below: NaiveDate,
+    dry_run: bool,
+) -> Result<Vec<(String, i64)>> {
+    let mut out = Vec::new();
+    for plan in p.projections.iter().filter_map(|x| x.row.as_ref()) {
+        let table = match plan.tombstones {
+            TombstoneMode::Table => plan.tombstone_table.to_string(),
+            TombstoneMode::Column => plan.table.to_string(),
+        };
+        let n = count_or_delete(tx, &table, "_deleted_at", below, dry_run).await?;
+        out.push((table, n));
+    }
+    Ok(out)
+}
+
+/// `replaysafe_conflicts` rows of this pipeline's projections detected before `below`.
+async fn purge_conflicts(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    below: NaiveDate,
+    dry_run: bool,
+) -> Result<i64> {
+    if p.projections.iter().all(|x| x.row.is_none()) {
+        return Ok(0);
+    }
+    let table = p.table(crate::projection::row::CONFLICTS).to_string();
+    count_or_delete(tx, &table, "detected_at", below, dry_run).await
+}
+
+/// Counts (dry run) or deletes the rows of `table` whose `column` (timestamptz) is before `below` 00:00 UTC; 0
+/// when the table does not exist.
+async fn count_or_delete(
+    tx: &Transaction<'_>,
+    table: &str,
+    column: &str,
+    below: NaiveDate,
+    dry_run: bool,
+) -> Result<i64> {
+    let exists: Option<String> = tx
+        .query_one("SELECT to_regclass($1)::text", &[&table])
+        .await?
+        .get(0);
+    if exists.is_none() {
+        return Ok(0);
+    }
+    let cut = "($1::date::timestamp AT TIME ZONE 'UTC')";
+    if dry_run {
+        let sql = format!("SELECT count(*)::bigint FROM {table} WHERE {column} < {cut}");
+        return Ok(tx.query_one(&sql, &[&below]).await?.get(0));
+    }
+    let sql = format!("DELETE FROM {table} WHERE {column} < {cut}");
+    Ok(tx.execute(&sql, &[&below]).await? as i64)
+}
+
+/// The pruned offsets recorded for `generation` ('' for none): `(topic, partition)` →
+/// `(pruned_through, pruned_below, updated_at)`; empty before the table exists.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn pruned_offsets(
+    client: &impl GenericClient,
+    p: &Pipeline,
+    generation: &str,
+) -> Result<Vec<((String, i32), (i64, NaiveDate, String))>> {
+    let exists: Option<String> = client
+        .query_one(
+            "SELECT to_regclass($1)::text",
+            &[&p.table(PRUNED).to_string()],
+        )
+        .await?
+        .get(0);
+    if exists.is_none() {
+        return Ok(Vec::new());
+    }
+    let rows = client
+        .query(
+            &format!(
+                "SELECT topic, partition, pruned_through, pruned_below, updated_at::text FROM {} \
+                 WHERE ledger = $1 AND generation = $2 ORDER BY topic, partition",
+                p.table(PRUNED)
+            ),
+            &[&p.ledger.table.to_string(), &generation],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3), r.get(4))))
+        .collect())
+}
