@@ -187,7 +187,7 @@ pub enum LedgerCommand {
     },
     /// Drop the day partitions wholly older than the horizon, purge tombstones and conflicts older than it, and
     /// record per topic/partition the highest offset whose ledger row went (replays reaching it are refused
-    /// with exit 2). Safe while `run` runs: lock waits are bounded (a minute; exit 1 past it).
+    /// with exit 2). Safe while `run` runs: lock waits are bounded (--lock-timeout; exit 1 past it).
     Prune {
         /// The pipeline file.
         #[arg(short, long)]
@@ -195,6 +195,10 @@ pub enum LedgerCommand {
         /// Report what would be pruned; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Seconds each lock wait may take (the horizon row, which running batches hold for a moment; the
+        /// partitions to drop, which a long reader may hold); past it the prune changes nothing and exits 1.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        lock_timeout: u64,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,

@@ -352,8 +352,13 @@ fn ledger(command: LedgerCommand) -> anyhow::Result<()> {
                     false => ops::ledger::stats_text(&s),
                 }
             }
-            LedgerCommand::Prune { dry_run, .. } => {
-                let r = ops::ledger::prune(&mut client, &p, dry_run).await?;
+            LedgerCommand::Prune {
+                dry_run,
+                lock_timeout,
+                ..
+            } => {
+                let wait = Duration::from_secs(lock_timeout);
+                let r = ops::ledger::prune(&mut client, &p, dry_run, wait).await?;
                 match json {
                     true => format!("{:#}\n", ops::ledger::prune_json(&r)),
                     false => ops::ledger::prune_text(&p, &r),

@@ -207,11 +207,16 @@ async fn conflicts(client: &Client, p: &Pipeline) -> Result<i64> {
 }
 
 /// `ledger prune`: creates the pruned-offsets table when the pipeline manages its schema (under the DDL lock),
-/// then [`lifecycle::prune`].
+/// then [`lifecycle::prune_with`], each lock wait bounded by `lock_timeout`.
 ///
 /// # Errors
 /// As [`lifecycle::prune`]; [`Error::Schema`] when a table it needs is missing under `manage-schema = false`.
-pub async fn prune(client: &mut Client, p: &Pipeline, dry_run: bool) -> Result<PruneReport> {
+pub async fn prune(
+    client: &mut Client,
+    p: &Pipeline,
+    dry_run: bool,
+    lock_timeout: std::time::Duration,
+) -> Result<PruneReport> {
     if p.postgres.manage_schema && !dry_run {
         let tx = client.transaction().await?;
         tx.execute(DDL_LOCK, &[]).await?;
@@ -229,7 +234,18 @@ pub async fn prune(client: &mut Client, p: &Pipeline, dry_run: bool) -> Result<P
             "{m} is missing: run `replaysafe init --config FILE` as the schema's owner first"
         )));
     }
-    lifecycle::prune(client, p, dry_run).await
+    lifecycle::prune_with(client, p, dry_run, lock_timeout)
+        .await
+        .map_err(|e| match e {
+            Error::Postgres(pg) if pg.code().is_some_and(|c| c.code() == "55P03") => Error::Other(format!(
+                "ledger {}: a lock the prune needs was not granted within {lock_timeout:?} ({}); nothing was \
+                 changed — a long transaction reading or writing the ledger holds it; retry later or with a longer \
+                 --lock-timeout",
+                p.ledger.table,
+                crate::sink::describe(&pg)
+            )),
+            other => other,
+        })
 }
 
 /// `ledger stats` as text.

@@ -148,11 +148,19 @@ pub struct PruneReport {
     pub conflicts: i64,
 }
 
-/// Longest wait for the DDL lock and the horizon row during a prune; past it the prune fails (SQLSTATE 55P03)
-/// and is retried later. The statement timeout is raised above it for the prune's transaction only (a lock wait
-/// counts toward it; the session's `postgres.statement-timeout-ms` may be shorter).
-const PRUNE_LOCK_TIMEOUT: &str =
-    "SET LOCAL lock_timeout = '60s'; SET LOCAL statement_timeout = '90s'";
+/// Default longest wait for each lock of a prune (the horizon row, the partitions and the ledger to drop); past
+/// it the prune fails (SQLSTATE 55P03), changing nothing, and is retried later (`ledger prune --lock-timeout`).
+pub const PRUNE_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `SET LOCAL` of the prune's transaction: `lock_timeout`, and the statement timeout raised 30 s above it (a lock
+/// wait counts toward it; the session's `postgres.statement-timeout-ms` may be shorter).
+fn lock_settings(lock_timeout: std::time::Duration) -> String {
+    let ms = lock_timeout.as_millis().max(1);
+    format!(
+        "SET LOCAL lock_timeout = '{ms}ms'; SET LOCAL statement_timeout = '{}ms'",
+        ms + 30_000
+    )
+}
 
 /// Prunes the ledger to its horizon in one transaction under the DDL lock (bounded lock waits: a minute; a
 /// running `run`'s batches wait for it at their horizon step, the prune waits for the batches holding it):
@@ -162,8 +170,21 @@ const PRUNE_LOCK_TIMEOUT: &str =
 /// read-only transaction reports the same without changing anything (and without waiting for locks).
 ///
 /// # Errors
-/// [`Error::Postgres`] (also when a lock is not granted within a minute).
+/// [`Error::Postgres`] (also when a lock is not granted within [`PRUNE_LOCK_TIMEOUT`]).
 pub async fn prune(client: &mut Client, p: &Pipeline, dry_run: bool) -> Result<PruneReport> {
+    prune_with(client, p, dry_run, PRUNE_LOCK_TIMEOUT).await
+}
+
+/// As [`prune`], each lock wait bounded by `lock_timeout`.
+///
+/// # Errors
+/// As [`prune`]; a lock not granted within `lock_timeout` is SQLSTATE 55P03 (nothing changed).
+pub async fn prune_with(
+    client: &mut Client,
+    p: &Pipeline,
+    dry_run: bool,
+    lock_timeout: std::time::Duration,
+) -> Result<PruneReport> {
     let mut report = PruneReport {
         dry_run,
         ..PruneReport::default()
@@ -176,7 +197,7 @@ pub async fn prune(client: &mut Client, p: &Pipeline, dry_run: bool) -> Result<P
     if dry_run {
         tx.batch_execute("SET TRANSACTION READ ONLY").await?;
     } else {
-        tx.batch_execute(PRUNE_LOCK_TIMEOUT).await?;
+        tx.batch_execute(&lock_settings(lock_timeout)).await?;
         tx.execute(DDL_LOCK, &[]).await?;
     }
     let below = raise_horizon(&tx, p, days, dry_run).await?;

@@ -635,6 +635,37 @@ fn rebuild_below_the_pruned_day_is_refused() {
     assert_eq!(partition_days(&db), vec![days_ago(1)]);
 }
 
+/// Issue 13: a rebuild of days inside the horizon whose window (chosen by record time) reaches an offset a prune
+/// recorded — the ten-day-old event was produced now, before the day-one event — is refused with exit 2 naming
+/// the partition and range, before anything is deleted.
+#[test]
+fn rebuild_reaching_a_pruned_offset_is_refused_before_deleting() {
+    let (db, topic) = stage("hz_rbo", 1);
+    let d = days_ago(10);
+    produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
+    let g = unique("g30");
+    run_text(&text(30), &topic, &g, &db);
+    let short = pipeline(&text(5), &topic, &g, &db.schema);
+    run_caught_up(&short.path);
+    assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
+    let refused = rebuild(
+        &short,
+        &days_ago(5).to_string(),
+        &days_ago(0).to_string(),
+        &unique("rb"),
+        &["--i-paused-other-writers"],
+    );
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(counter(&db, d), 1);
+    assert_eq!(counter(&db, days_ago(1)), 1, "nothing deleted");
+    assert_eq!(ledger_rows(&db), 1);
+}
+
 /// `load` makes the same per-record decision: a kcat file with a ten-day-old event lands under a 30-day horizon;
 /// a 5-day horizon's load prunes the day and records offset 0 as pruned, so a load of that line is refused
 /// (exit 2, nothing applied); a late copy at offset 1 is quarantined under 5 days and under 30 again.

@@ -390,3 +390,57 @@ fn prune_while_run_runs() {
     assert_eq!(partition_days(&db), vec![days_ago(3), days_ago(1), days_ago(0)]);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_pruned"), 2);
 }
+
+/// The prune's lock waits are bounded: a transaction reading the ledger holds the partitions it would drop;
+/// `ledger prune --lock-timeout 1` gives up after a second, exits 1 naming the wait, and changes nothing (the
+/// horizon row, the partitions, the pruned offsets); once the reader is gone it prunes.
+#[test]
+fn prune_lock_waits_are_bounded() {
+    let (db, topic) = stage("lc_lock", 2);
+    produce(&topic, &history());
+    let prod = unique("prod");
+    let long = pipeline(&text(30), &topic, &prod, &db.schema);
+    assert_eq!(run_caught_up(&long.path).tally().consumed, 20);
+    let all_days = partition_days(&db);
+    db.execute("BEGIN; SELECT count(*) FROM {s}.replaysafe_ledger");
+    let short = pipeline(&text(5), &topic, &prod, &db.schema);
+    let out = ledger_cmd("prune", &short, &["--lock-timeout", "1"]);
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("was not granted within 1s"), "{}", out.stderr);
+    db.execute("COMMIT");
+    assert_eq!(partition_days(&db), all_days);
+    assert_eq!(pruned(&db), vec![]);
+    assert_eq!(pruned_below(&db), Some(days_ago(30)));
+    ledger_cmd("prune", &short, &["--lock-timeout", "1"]).assert_ok();
+    assert_eq!(partition_days(&db), vec![days_ago(3), days_ago(1)]);
+    assert_eq!(pruned(&db).len(), 2);
+}
+
+/// At the start of `run` and `backfill`, Kafka keeping records longer than the ledger remembers them is warned
+/// about with the safe replay window; a topic whose retention is inside the horizon gets no warning.
+#[test]
+fn retention_longer_than_the_horizon_is_warned_about() {
+    let db = Db::fresh("lc_ret");
+    let forever = new_topic("lc_ret", 1); // retention.ms = -1
+    let day = unique("lc_ret_day");
+    create_topic(&day, 1, &[("retention.ms", "86400000")]);
+    for (n, topic, warned) in [(1, &forever, true), (2, &day, false)] {
+        produce(topic, &[ev(n, 0, &format!("e{n}"), "open", 1, days_ago(0))]);
+        let p = pipeline(&text(5), topic, &unique("prod"), &db.schema);
+        let out = run_caught_up(&p.path);
+        let said = out.stderr.contains(&format!("topic {topic}: Kafka keeps records"))
+            && out.stderr.contains("Safe replay window: records of the last 5 days");
+        assert_eq!(said, warned, "{topic}: {}", out.stderr);
+        let from = (Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+        let to = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+        let bf = backfill(&p, &from, ("--to", &to), &unique("bf"), &[]);
+        bf.assert_ok();
+        assert_eq!(
+            bf.stderr.contains(&format!("topic {topic}: Kafka keeps records")),
+            warned,
+            "{}",
+            bf.stderr
+        );
+    }
+    assert_eq!(db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"), 2);
+}
