@@ -6,8 +6,8 @@ use tokio_postgres::Client;
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::sink::lifecycle::{self, PruneReport};
 use crate::sink::ledger::{self, DDL_LOCK};
+use crate::sink::lifecycle::{self, PruneReport};
 
 /// One table of the ledger: a day partition (or the whole ledger without `partition-by`).
 #[derive(Debug, Clone)]
@@ -48,7 +48,7 @@ pub struct Stats {
     /// Ledger rows landed per day, averaged over the last (up to) 7 days by `landed_at`.
     pub rows_per_day: f64,
     /// Recorded pruned offsets: `(topic, partition)` → `(through, below, at)` for this generation.
-    pub pruned: Vec<((String, i32), (i64, NaiveDate, String))>,
+    pub pruned: Vec<lifecycle::PrunedOffset>,
 }
 
 impl Stats {

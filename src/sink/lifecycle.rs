@@ -425,6 +425,9 @@ async fn count_or_delete(
     Ok(tx.execute(&sql, &[&below]).await? as i64)
 }
 
+/// A recorded pruned offset: `(topic, partition)` → `(pruned_through, pruned_below, updated_at as text)`.
+pub type PrunedOffset = ((String, i32), (i64, NaiveDate, String));
+
 /// The pruned offsets recorded for `generation` ('' for none): `(topic, partition)` →
 /// `(pruned_through, pruned_below, updated_at)`; empty before the table exists.
 ///
@@ -434,7 +437,7 @@ pub async fn pruned_offsets(
     client: &impl GenericClient,
     p: &Pipeline,
     generation: &str,
-) -> Result<Vec<((String, i32), (i64, NaiveDate, String))>> {
+) -> Result<Vec<PrunedOffset>> {
     let exists: Option<String> = client
         .query_one(
             "SELECT to_regclass($1)::text",

@@ -1123,7 +1123,9 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     let refused = backfill(&p, &from, ("--to-group", &prod), &unique("bf"), &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
-        refused.stderr.contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        refused
+            .stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
         "{}",
         refused.stderr
     );

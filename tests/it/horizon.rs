@@ -207,7 +207,8 @@ fn backfill_quarantines_events_older_than_the_horizon() {
     let out = backfill(&short, &from, ("--to", &to), &unique("bf"), &[]);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
     assert!(
-        out.stderr.contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        out.stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
         "{}",
         out.stderr
     );
@@ -240,7 +241,8 @@ fn lengthening_the_horizon_does_not_reopen_pruned_days() {
     let out = try_run(&fresh.path);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
     assert!(
-        out.stderr.contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        out.stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
         "{}",
         out.stderr
     );
@@ -657,7 +659,9 @@ fn rebuild_reaching_a_pruned_offset_is_refused_before_deleting() {
     );
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
     assert!(
-        refused.stderr.contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        refused
+            .stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
         "{}",
         refused.stderr
     );

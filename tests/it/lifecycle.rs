@@ -181,7 +181,10 @@ fn ledger_stats_match_the_catalog() {
     let mut total = 0i64;
     for (part, row) in parts.iter().zip(&catalog) {
         let name: String = row.get(0);
-        assert!(part["table"].as_str().unwrap().ends_with(&format!("\"{name}\"")));
+        assert!(part["table"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("\"{name}\"")));
         let total_bytes: i64 = row.get(3);
         assert_eq!(part["heap_bytes"].as_i64().unwrap(), row.get::<_, i64>(1));
         assert_eq!(part["index_bytes"].as_i64().unwrap(), row.get::<_, i64>(2));
@@ -224,7 +227,11 @@ fn ledger_stats_match_the_catalog() {
         "{}",
         text.stdout
     );
-    assert!(text.stdout.contains("tombstones: 1; conflicts: 1"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("tombstones: 1; conflicts: 1"),
+        "{}",
+        text.stdout
+    );
 }
 
 /// `ledger prune --dry-run` changes nothing; `ledger prune` (horizon 5 days) drops only the two day partitions
@@ -246,7 +253,11 @@ fn prune_drops_only_whole_expired_partitions_and_replays_below_it_are_refused() 
     let (counts0, accounts0) = (counts(&db), accounts(&db));
     let kept0 = ledger_rows(&db, days_ago(5));
     let expected = expected_pruned(&db, days_ago(5));
-    assert_eq!(expected.len(), 2, "both partitions had rows of the expired days");
+    assert_eq!(
+        expected.len(),
+        2,
+        "both partitions had rows of the expired days"
+    );
     let all_days = vec![days_ago(10), days_ago(6), days_ago(3), days_ago(1)];
     assert_eq!(partition_days(&db), all_days);
 
@@ -264,10 +275,19 @@ fn prune_drops_only_whole_expired_partitions_and_replays_below_it_are_refused() 
             .iter()
             .map(|o| {
                 let t = o["topic"].as_str().unwrap().to_string();
-                (t, o["partition"].as_i64().unwrap() as i32, o["through"].as_i64().unwrap())
+                (
+                    t,
+                    o["partition"].as_i64().unwrap() as i32,
+                    o["through"].as_i64().unwrap(),
+                )
             })
             .collect();
-        (dropped, offsets, r["tombstones"][0]["purged"].clone(), r["conflicts"].clone())
+        (
+            dropped,
+            offsets,
+            r["tombstones"][0]["purged"].clone(),
+            r["conflicts"].clone(),
+        )
     };
     let want = (
         vec![days_ago(10).to_string(), days_ago(6).to_string()],
@@ -293,7 +313,11 @@ fn prune_drops_only_whole_expired_partitions_and_replays_below_it_are_refused() 
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
     assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts_tombstones"), 0);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
-    assert_eq!(ledger_rows(&db, days_ago(100)), kept0, "the remaining ledger rows are intact");
+    assert_eq!(
+        ledger_rows(&db, days_ago(100)),
+        kept0,
+        "the remaining ledger rows are intact"
+    );
     assert_eq!(counts(&db), counts0, "the counters are intact");
     assert_eq!(accounts(&db), accounts0, "the row projection is intact");
     let again = json(&ledger_cmd("prune", &short, &["--json"]));
@@ -301,9 +325,10 @@ fn prune_drops_only_whole_expired_partitions_and_replays_below_it_are_refused() 
     assert_eq!(pruned(&db), expected);
     let stats = ledger_cmd("stats", &short, &[]);
     assert!(
-        stats
-            .stdout
-            .contains(&format!("pruned: {topic}/0 offsets up to {}", expected[0].2)),
+        stats.stdout.contains(&format!(
+            "pruned: {topic}/0 offsets up to {}",
+            expected[0].2
+        )),
         "{}",
         stats.stdout
     );
@@ -313,7 +338,9 @@ fn prune_drops_only_whole_expired_partitions_and_replays_below_it_are_refused() 
     let out = try_run(&fresh.path);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
     assert!(
-        expected.iter().any(|(t, n, x)| out.stderr.contains(&format!("{t}/{n}: offsets 0..={x} are below"))),
+        expected.iter().any(|(t, n, x)| out
+            .stderr
+            .contains(&format!("{t}/{n}: offsets 0..={x} are below"))),
         "{}",
         out.stderr
     );
@@ -321,12 +348,20 @@ fn prune_drops_only_whole_expired_partitions_and_replays_below_it_are_refused() 
     let bf = backfill(&short, &from, ("--to-group", &prod), &unique("bf"), &[]);
     assert_eq!(bf.code, Some(2), "{}\n{}", bf.stdout, bf.stderr);
     for (t, n, x) in &expected {
-        assert!(bf.stderr.contains(&format!("{t}/{n}: offsets 0..={x} are below")), "{}", bf.stderr);
+        assert!(
+            bf.stderr
+                .contains(&format!("{t}/{n}: offsets 0..={x} are below")),
+            "{}",
+            bf.stderr
+        );
     }
     assert_eq!(counts(&db), counts0);
     assert_eq!(accounts(&db), accounts0);
     assert_eq!(ledger_rows(&db, days_ago(100)), kept0);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
 
     // Production, above the pruned offsets, goes on.
     produce(&topic, &[ev(201, 0, "e-new", "open", 1, days_ago(0))]);
@@ -352,13 +387,25 @@ fn prune_while_run_runs() {
     let long = pipeline(&text(30), &topic, &prod, &db.schema);
     let mut child = spawn_run(&long, &["--summary-interval", "1"], "run");
     wait_until(Duration::from_secs(60), "the history landed", || {
-        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text").is_some()
-            && db.i64("SELECT coalesce(sum(next_offset), 0)::bigint FROM {s}.replaysafe_checkpoints") == 20
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
+            .is_some()
+            && db
+                .i64("SELECT coalesce(sum(next_offset), 0)::bigint FROM {s}.replaysafe_checkpoints")
+                == 20
     });
     let counts0 = counts(&db);
     // New records of today while the prune runs.
     let live: Vec<Rec> = (0..40)
-        .map(|i| ev(300 + i, (i % 2) as i32, &format!("live-{i}"), "open", 1, days_ago(0)))
+        .map(|i| {
+            ev(
+                300 + i,
+                (i % 2) as i32,
+                &format!("live-{i}"),
+                "open",
+                1,
+                days_ago(0),
+            )
+        })
         .collect();
     let producer = std::thread::spawn({
         let topic = topic.clone();
@@ -371,14 +418,22 @@ fn prune_while_run_runs() {
     let short = pipeline(&text(5), &topic, &prod, &db.schema);
     let out = ledger_cmd("prune", &short, &[]);
     out.assert_ok();
-    assert!(out.stdout.contains("2 partitions dropped"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("2 partitions dropped"),
+        "{}",
+        out.stdout
+    );
     producer.join().unwrap();
     wait_until(Duration::from_secs(60), "the live records landed", || {
         db.i64("SELECT coalesce(sum(next_offset), 0)::bigint FROM {s}.replaysafe_checkpoints") == 60
     });
     assert_eq!(terminate(&mut child), Some(0));
     let log = std::fs::read_to_string(long.dir.path().join("run.out")).unwrap();
-    let line = log.lines().rev().find(|l| l.starts_with("consumed ")).unwrap();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("consumed "))
+        .unwrap();
     assert_eq!(
         line,
         "consumed 60 = landed 59 + duplicate 0 + stale 1 + filtered 0 + quarantined 0 [stale: 1 conflict(s)]",
@@ -387,7 +442,10 @@ fn prune_while_run_runs() {
     let mut want = counts0.clone();
     want.push(format!("{}=40", days_ago(0)));
     assert_eq!(counts(&db), want);
-    assert_eq!(partition_days(&db), vec![days_ago(3), days_ago(1), days_ago(0)]);
+    assert_eq!(
+        partition_days(&db),
+        vec![days_ago(3), days_ago(1), days_ago(0)]
+    );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_pruned"), 2);
 }
 
@@ -406,7 +464,11 @@ fn prune_lock_waits_are_bounded() {
     let short = pipeline(&text(5), &topic, &prod, &db.schema);
     let out = ledger_cmd("prune", &short, &["--lock-timeout", "1"]);
     assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
-    assert!(out.stderr.contains("was not granted within 1s"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("was not granted within 1s"),
+        "{}",
+        out.stderr
+    );
     db.execute("COMMIT");
     assert_eq!(partition_days(&db), all_days);
     assert_eq!(pruned(&db), vec![]);
@@ -428,19 +490,27 @@ fn retention_longer_than_the_horizon_is_warned_about() {
         produce(topic, &[ev(n, 0, &format!("e{n}"), "open", 1, days_ago(0))]);
         let p = pipeline(&text(5), topic, &unique("prod"), &db.schema);
         let out = run_caught_up(&p.path);
-        let said = out.stderr.contains(&format!("topic {topic}: Kafka keeps records"))
-            && out.stderr.contains("Safe replay window: records of the last 5 days");
+        let said = out
+            .stderr
+            .contains(&format!("topic {topic}: Kafka keeps records"))
+            && out
+                .stderr
+                .contains("Safe replay window: records of the last 5 days");
         assert_eq!(said, warned, "{topic}: {}", out.stderr);
         let from = (Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
         let to = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
         let bf = backfill(&p, &from, ("--to", &to), &unique("bf"), &[]);
         bf.assert_ok();
         assert_eq!(
-            bf.stderr.contains(&format!("topic {topic}: Kafka keeps records")),
+            bf.stderr
+                .contains(&format!("topic {topic}: Kafka keeps records")),
             warned,
             "{}",
             bf.stderr
         );
     }
-    assert_eq!(db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"), 2);
+    assert_eq!(
+        db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger"),
+        2
+    );
 }
