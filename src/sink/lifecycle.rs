@@ -380,7 +380,7 @@ async fn purge_tombstones(
             TombstoneMode::Table => plan.tombstone_table.to_string(),
             TombstoneMode::Column => plan.table.to_string(),
         };
-        let n = count_or_delete(tx, &table, "_deleted_at", below, dry_run).await?;
+        let n = count_or_delete(tx, &table, "_deleted_at", below, dry_run, None).await?;
         out.push((table, n));
     }
     Ok(out)
@@ -397,17 +397,20 @@ async fn purge_conflicts(
         return Ok(0);
     }
     let table = p.table(crate::projection::row::CONFLICTS).to_string();
-    count_or_delete(tx, &table, "detected_at", below, dry_run).await
+    let names: Vec<String> = p.projections.iter().map(|x| x.name.clone()).collect();
+    count_or_delete(tx, &table, "detected_at", below, dry_run, Some(&names)).await
 }
 
-/// Counts (dry run) or deletes the rows of `table` whose `column` (timestamptz) is before `below` 00:00 UTC; 0
-/// when the table does not exist.
+/// Counts (dry run) or deletes the rows of `table` whose `column` (timestamptz) is before `below` 00:00 UTC —
+/// with `projections`, only rows of those projections (`replaysafe_conflicts` is shared by the pipelines of a
+/// schema); 0 when the table does not exist.
 async fn count_or_delete(
     tx: &Transaction<'_>,
     table: &str,
     column: &str,
     below: NaiveDate,
     dry_run: bool,
+    projections: Option<&Vec<String>>,
 ) -> Result<i64> {
     let exists: Option<String> = tx
         .query_one("SELECT to_regclass($1)::text", &[&table])
@@ -416,13 +419,18 @@ async fn count_or_delete(
     if exists.is_none() {
         return Ok(0);
     }
-    let cut = "($1::date::timestamp AT TIME ZONE 'UTC')";
-    if dry_run {
-        let sql = format!("SELECT count(*)::bigint FROM {table} WHERE {column} < {cut}");
-        return Ok(tx.query_one(&sql, &[&below]).await?.get(0));
+    let mut cond = format!("{column} < ($1::date::timestamp AT TIME ZONE 'UTC')");
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&below];
+    if let Some(names) = projections {
+        cond.push_str(" AND projection = ANY($2)");
+        params.push(names);
     }
-    let sql = format!("DELETE FROM {table} WHERE {column} < {cut}");
-    Ok(tx.execute(&sql, &[&below]).await? as i64)
+    if dry_run {
+        let sql = format!("SELECT count(*)::bigint FROM {table} WHERE {cond}");
+        return Ok(tx.query_one(&sql, &params).await?.get(0));
+    }
+    let sql = format!("DELETE FROM {table} WHERE {cond}");
+    Ok(tx.execute(&sql, &params).await? as i64)
 }
 
 /// A recorded pruned offset: `(topic, partition)` → `(pruned_through, pruned_below, updated_at as text)`.
