@@ -6,8 +6,9 @@ use std::path::PathBuf;
 pub const EXIT_OK: i32 = 0;
 /// Exit code for a runtime failure (Kafka fatal error, database gave up, I/O).
 pub const EXIT_FAILURE: i32 = 1;
-/// Exit code for bad usage, an invalid pipeline file, or a database schema that does not match the pipeline.
-/// Nothing has been consumed when this is returned.
+/// Exit code for bad usage, an invalid pipeline file, or a database schema that does not match the pipeline:
+/// nothing has been consumed when this is returned. Also a replay reaching offsets a prune dropped from the
+/// ledger ([`Error::BelowHorizon`]): nothing of the refused batch or window was committed.
 pub const EXIT_CONFIG: i32 = 2;
 /// Exit code when a partition has neither a checkpoint nor a committed offset and `kafka.start` is not set
 /// (librdkafka's `auto.offset.reset=error` fired). Set `start = "earliest"` or `"latest"` to decide.
