@@ -240,9 +240,10 @@ pub async fn prune(
         .await
         .map_err(|e| match e {
             Error::Postgres(pg) if pg.code().is_some_and(|c| c.code() == "55P03") => Error::Other(format!(
-                "ledger {}: a lock the prune needs was not granted within {lock_timeout:?} ({}); nothing was \
-                 changed — a long transaction reading or writing the ledger holds it; retry later or with a longer \
-                 --lock-timeout",
+                "ledger {}: a lock the prune needs was not granted within {lock_timeout:?} ({}); no partition \
+                 was dropped, no pruned offset recorded, nothing purged (the horizon day may have been raised: \
+                 claims of older days are quarantined) — a long transaction reading or writing the ledger holds \
+                 it; retry later or with a longer --lock-timeout",
                 p.ledger.table,
                 crate::sink::describe(&pg)
             )),

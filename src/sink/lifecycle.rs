@@ -162,12 +162,19 @@ fn lock_settings(lock_timeout: std::time::Duration) -> String {
     )
 }
 
-/// Prunes the ledger to its horizon in one transaction under the DDL lock (bounded lock waits: a minute; a
-/// running `run`'s batches wait for it at their horizon step, the prune waits for the batches holding it):
-/// raises the durable pruned-below day (`replaysafe_horizon`) to the database's UTC date minus `horizon-days`
-/// (never back), records per topic/partition the highest offset of the dropped rows ([`PRUNED`]), drops every
-/// day partition before the day, and purges tombstones and conflicts recorded before it. With `dry_run`, a
-/// read-only transaction reports the same without changing anything (and without waiting for locks).
+/// Prunes the ledger to its horizon, under the DDL lock, in two transactions, each lock wait bounded (a minute):
+/// 1. raises the durable pruned-below day (`replaysafe_horizon`) to the database's UTC date minus `horizon-days`
+///    (never back) and commits — the update waits for the batches holding the horizon row; from then on every
+///    claim of an older day is quarantined, so the expired partitions receive no row any more;
+/// 2. reads the expired day partitions (the highest offset and the rows per generation/topic/partition: a scan,
+///    while batches go on), then takes the horizon row (waiting for the batches in flight, holding the next ones
+///    at their horizon step) and, in that transaction, records the pruned offsets ([`PRUNED`]), drops the day
+///    partitions before the day, and purges tombstones and conflicts recorded before it. Running batches wait
+///    only for this tail, not for the scan. A crash between the two leaves the day raised and the partitions for
+///    the next prune (claims are quarantined by the day meanwhile).
+///
+/// With `dry_run`, one read-only transaction reports the same without changing anything (and without waiting for
+/// locks).
 ///
 /// # Errors
 /// [`Error::Postgres`] (also when a lock is not granted within [`PRUNE_LOCK_TIMEOUT`]).
@@ -178,7 +185,8 @@ pub async fn prune(client: &mut Client, p: &Pipeline, dry_run: bool) -> Result<P
 /// As [`prune`], each lock wait bounded by `lock_timeout`.
 ///
 /// # Errors
-/// As [`prune`]; a lock not granted within `lock_timeout` is SQLSTATE 55P03 (nothing changed).
+/// As [`prune`]; a lock not granted within `lock_timeout` is SQLSTATE 55P03 (nothing of that transaction
+/// changed).
 pub async fn prune_with(
     client: &mut Client,
     p: &Pipeline,
@@ -193,47 +201,88 @@ pub async fn prune_with(
         return Ok(report);
     };
     let days = days as i32;
-    let tx = client.transaction().await?;
     if dry_run {
+        let tx = client.transaction().await?;
         tx.batch_execute("SET TRANSACTION READ ONLY").await?;
-    } else {
-        tx.batch_execute(&lock_settings(lock_timeout)).await?;
-        tx.execute(DDL_LOCK, &[]).await?;
+        let below = raise_horizon(&tx, p, days, true).await?;
+        scan_expired(&tx, p, below, &mut report).await?;
+        report.tombstones = purge_tombstones(&tx, p, below, true).await?;
+        report.conflicts = purge_conflicts(&tx, p, below, true).await?;
+        tx.rollback().await?;
+        return Ok(report);
     }
-    let below = raise_horizon(&tx, p, days, dry_run).await?;
+    let tx = client.transaction().await?;
+    tx.batch_execute(&lock_settings(lock_timeout)).await?;
+    tx.execute(DDL_LOCK, &[]).await?;
+    raise_horizon(&tx, p, days, false).await?;
+    tx.commit().await?;
+
+    let tx = client.transaction().await?;
+    tx.batch_execute(&lock_settings(lock_timeout)).await?;
+    tx.execute(DDL_LOCK, &[]).await?;
+    // The day in force now (another prune may have raised it further between the two transactions).
+    let below: NaiveDate = tx
+        .query_one(
+            &format!(
+                "SELECT pruned_below FROM {} WHERE ledger = $1",
+                p.table(HORIZON)
+            ),
+            &[&p.ledger.table.to_string()],
+        )
+        .await?
+        .get(0);
+    // The scan is work, not a wait: no statement timeout for it (its lock waits stay bounded by lock_timeout).
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    scan_expired(&tx, p, below, &mut report).await?;
+    tx.batch_execute(&lock_settings(lock_timeout)).await?;
+    // The horizon row: the batches in flight finish first; the next ones wait at their horizon step (holding no
+    // ledger lock there), so the drops below never wait for them nor they for a lock the drops hold.
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM {} WHERE ledger = $1 FOR UPDATE",
+            p.table(HORIZON)
+        ),
+        &[&p.ledger.table.to_string()],
+    )
+    .await?;
+    record_pruned(&tx, p, below, &report.offsets).await?;
+    for d in &report.dropped {
+        tx.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {}.\"{}\"",
+            p.ledger.table.schema, d.table
+        ))
+        .await?;
+    }
+    report.tombstones = purge_tombstones(&tx, p, below, false).await?;
+    report.conflicts = purge_conflicts(&tx, p, below, false).await?;
+    // [outbox] keep-days: published outbox rows older than it are purged here, in this transaction, by the
+    // relay's function (issue 13 part 1, wired by the lead at merge), e.g.
+    // `crate::projection::outbox::purge_published(&tx, p, dry_run).await?` — its count goes into the report.
+    tx.commit().await?;
     report.pruned_below = Some(below);
-    let mut old: Vec<NaiveDate> = ledger::existing_partitions(&tx, p)
+    Ok(report)
+}
+
+/// The day partitions before `below`, oldest first, each measured ([`measure`]) into `report`.
+async fn scan_expired(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    below: NaiveDate,
+    report: &mut PruneReport,
+) -> Result<()> {
+    report.pruned_below = Some(below);
+    let mut old: Vec<NaiveDate> = ledger::existing_partitions(tx, p)
         .await?
         .into_iter()
         .filter(|d| *d < below)
         .collect();
     old.sort();
     for day in old {
-        let (dropped, ranges) = measure(&tx, p, day).await?;
+        let (dropped, ranges) = measure(tx, p, day).await?;
         merge(&mut report.offsets, ranges);
         report.dropped.push(dropped);
     }
-    if !dry_run {
-        record_pruned(&tx, p, below, &report.offsets).await?;
-        for d in &report.dropped {
-            tx.batch_execute(&format!(
-                "DROP TABLE IF EXISTS {}.\"{}\"",
-                p.ledger.table.schema, d.table
-            ))
-            .await?;
-        }
-    }
-    report.tombstones = purge_tombstones(&tx, p, below, dry_run).await?;
-    report.conflicts = purge_conflicts(&tx, p, below, dry_run).await?;
-    // [outbox] keep-days: published outbox rows older than it are purged here, in this transaction, by the
-    // relay's function (issue 13 part 1, wired by the lead at merge), e.g.
-    // `crate::projection::outbox::purge_published(&tx, p, dry_run).await?` — its count goes into the report.
-    if dry_run {
-        tx.rollback().await?;
-    } else {
-        tx.commit().await?;
-    }
-    Ok(report)
+    Ok(())
 }
 
 /// Raises the horizon row to today − `days` (dry run: only reads it) and returns the pruned-below day in force;
