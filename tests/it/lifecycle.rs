@@ -516,3 +516,79 @@ fn retention_longer_than_the_horizon_is_warned_about() {
         2
     );
 }
+
+/// Backends of this test's schema: `(holding a share lock on the horizon row's table, waiting for a lock)`.
+fn horizon_locks(db: &Db) -> (i64, i64) {
+    let holding = db.i64(
+        "SELECT count(*)::bigint FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+         WHERE c.relname = 'replaysafe_horizon' AND c.relnamespace = to_regnamespace('{s}') \
+         AND l.mode = 'RowShareLock' AND l.granted",
+    );
+    let waiting = db.query(
+        "SELECT count(*)::bigint FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND position($1 in query) > 0",
+        &[&db.schema],
+    )[0]
+    .get(0);
+    (holding, waiting)
+}
+
+/// A prune and a batch in flight serialize on the horizon row: with `run`'s batch held inside its transaction
+/// (failpoint: a 4 s sleep before its COMMIT, the horizon row share-locked), `ledger prune` waits for it, then
+/// prunes; the batch commits its record once, and the state is exact.
+#[test]
+fn prune_waits_for_the_batch_in_flight() {
+    let (db, topic) = stage("lc_wait", 2);
+    produce(&topic, &history());
+    let prod = unique("prod");
+    let long = pipeline(&text(30), &topic, &prod, &db.schema);
+    assert_eq!(run_caught_up(&long.path).tally().consumed, 20);
+    let counts0 = counts(&db);
+    produce(&topic, &[ev(400, 1, "late", "open", 1, days_ago(0))]);
+    let head = ["run", "--config", arg(&long.path)];
+    let envs = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=1*sleep(4000)")];
+    let mut child = spawn(&head, &envs, long.dir.path(), "run");
+    wait_until(
+        Duration::from_secs(60),
+        "the batch holds the horizon row",
+        || horizon_locks(&db).0 > 0,
+    );
+    let short = pipeline(&text(5), &topic, &prod, &db.schema);
+    let out = std::thread::scope(|scope| {
+        let prune = scope.spawn(|| ledger_cmd("prune", &short, &[]));
+        wait_until(
+            Duration::from_secs(60),
+            "the prune waits for the batch",
+            || horizon_locks(&db).1 > 0,
+        );
+        prune.join().unwrap()
+    });
+    out.assert_ok();
+    assert!(
+        out.stdout.contains("2 partitions dropped"),
+        "{}",
+        out.stdout
+    );
+    wait_until(Duration::from_secs(60), "the late record landed", || {
+        db.i64("SELECT coalesce(sum(next_offset), 0)::bigint FROM {s}.replaysafe_checkpoints") == 21
+    });
+    assert_eq!(terminate(&mut child), Some(0));
+    let log = std::fs::read_to_string(long.dir.path().join("run.out")).unwrap();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("consumed "))
+        .unwrap();
+    assert!(
+        line.starts_with("consumed 1 = landed 1 + duplicate 0"),
+        "{log}"
+    );
+    let mut want = counts0;
+    want.push(format!("{}=1", days_ago(0)));
+    assert_eq!(counts(&db), want);
+    assert_eq!(
+        partition_days(&db),
+        vec![days_ago(3), days_ago(1), days_ago(0)]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_pruned"), 2);
+}
