@@ -358,7 +358,9 @@ fn ledger(command: LedgerCommand) -> anyhow::Result<()> {
                 ..
             } => {
                 let wait = Duration::from_secs(lock_timeout);
-                let r = ops::ledger::prune(&mut client, &p, dry_run, wait).await?;
+                let r = ops::ledger::prune(&mut client, &p, dry_run, wait)
+                    .await
+                    .map_err(|e| sink::privileges::explain(e, &p))?;
                 match json {
                     true => format!("{:#}\n", ops::ledger::prune_json(&r)),
                     false => ops::ledger::prune_text(&p, &r),
