@@ -162,13 +162,14 @@ fn lock_settings(lock_timeout: std::time::Duration) -> String {
     )
 }
 
-/// Prunes the ledger to its horizon, under the DDL lock, in two transactions, each lock wait bounded (a minute):
-/// 1. raises the durable pruned-below day (`replaysafe_horizon`) to the database's UTC date minus `horizon-days`
-///    (never back) and commits — the update waits for the batches holding the horizon row; from then on every
+/// Prunes the ledger to its horizon in two transactions, each lock wait bounded (a minute):
+/// 1. under the DDL lock, raises the durable pruned-below day (`replaysafe_horizon`) to the database's UTC date
+///    minus `horizon-days` (never back) and commits — the update waits for the batches holding the horizon row; from then on every
 ///    claim of an older day is quarantined, so the expired partitions receive no row any more;
 /// 2. reads the expired day partitions (the highest offset and the rows per generation/topic/partition: a scan,
-///    while batches go on), then takes the horizon row (waiting for the batches in flight, holding the next ones
-///    at their horizon step) and, in that transaction, records the pruned offsets ([`PRUNED`]), drops the day
+///    while batches go on, before the DDL lock), then takes the DDL lock and the horizon row (waiting for the
+///    batches in flight, holding the next ones at their horizon step) and, in that transaction, records the
+///    pruned offsets ([`PRUNED`]) of the partitions still there (another prune may have dropped some), drops the day
 ///    partitions before the day, and purges tombstones and conflicts recorded before it. Running batches wait
 ///    only for this tail, not for the scan. A crash between the two leaves the day raised and the partitions for
 ///    the next prune (claims are quarantined by the day meanwhile).
@@ -205,7 +206,8 @@ pub async fn prune_with(
         let tx = client.transaction().await?;
         tx.batch_execute("SET TRANSACTION READ ONLY").await?;
         let below = raise_horizon(&tx, p, days, true).await?;
-        scan_expired(&tx, p, below, &mut report).await?;
+        report.pruned_below = Some(below);
+        fold(&mut report, scan_expired(&tx, p, below).await?);
         report.tombstones = purge_tombstones(&tx, p, below, true).await?;
         report.conflicts = purge_conflicts(&tx, p, below, true).await?;
         tx.rollback().await?;
@@ -218,9 +220,7 @@ pub async fn prune_with(
     tx.commit().await?;
 
     let tx = client.transaction().await?;
-    tx.batch_execute(&lock_settings(lock_timeout)).await?;
-    tx.execute(DDL_LOCK, &[]).await?;
-    // The day in force now (another prune may have raised it further between the two transactions).
+    // The day in force now (another prune may have raised it further meanwhile).
     let below: NaiveDate = tx
         .query_one(
             &format!(
@@ -231,10 +231,16 @@ pub async fn prune_with(
         )
         .await?
         .get(0);
-    // The scan is work, not a wait: no statement timeout for it (its lock waits stay bounded by lock_timeout).
-    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    scan_expired(&tx, p, below, &mut report).await?;
+    // The scan is work, not a wait: no statement timeout for it (its lock waits stay bounded by lock_timeout), and
+    // no DDL lock yet (other pipelines' partition creations do not wait for it).
+    tx.batch_execute(&format!(
+        "{}; SET LOCAL statement_timeout = 0",
+        lock_settings(lock_timeout)
+    ))
+    .await?;
+    let scanned = scan_expired(&tx, p, below).await?;
     tx.batch_execute(&lock_settings(lock_timeout)).await?;
+    tx.execute(DDL_LOCK, &[]).await?;
     // The horizon row: the batches in flight finish first; the next ones wait at their horizon step (holding no
     // ledger lock there), so the drops below never wait for them nor they for a lock the drops hold.
     tx.execute(
@@ -245,6 +251,14 @@ pub async fn prune_with(
         &[&p.ledger.table.to_string()],
     )
     .await?;
+    // A concurrent prune may have dropped some of them meanwhile: only what is still there is ours.
+    let present = ledger::existing_partitions(&tx, p).await?;
+    let scanned = scanned
+        .into_iter()
+        .filter(|(d, _)| present.contains(&d.day))
+        .collect();
+    report.pruned_below = Some(below);
+    fold(&mut report, scanned);
     record_pruned(&tx, p, below, &report.offsets).await?;
     for d in &report.dropped {
         tx.batch_execute(&format!(
@@ -259,30 +273,37 @@ pub async fn prune_with(
     // relay's function (issue 13 part 1, wired by the lead at merge), e.g.
     // `crate::projection::outbox::purge_published(&tx, p, dry_run).await?` — its count goes into the report.
     tx.commit().await?;
-    report.pruned_below = Some(below);
     Ok(report)
 }
 
-/// The day partitions before `below`, oldest first, each measured ([`measure`]) into `report`.
+/// One expired day partition measured: its size and, per generation/topic/partition, its offsets and rows.
+type Scanned = (DroppedDay, Vec<PrunedRange>);
+
+/// The day partitions before `below`, oldest first, each measured ([`measure`]).
 async fn scan_expired(
     tx: &Transaction<'_>,
     p: &Pipeline,
     below: NaiveDate,
-    report: &mut PruneReport,
-) -> Result<()> {
-    report.pruned_below = Some(below);
+) -> Result<Vec<Scanned>> {
     let mut old: Vec<NaiveDate> = ledger::existing_partitions(tx, p)
         .await?
         .into_iter()
         .filter(|d| *d < below)
         .collect();
     old.sort();
+    let mut out = Vec::with_capacity(old.len());
     for day in old {
-        let (dropped, ranges) = measure(tx, p, day).await?;
+        out.push(measure(tx, p, day).await?);
+    }
+    Ok(out)
+}
+
+/// Adds the measured partitions to the report (offsets merged per generation/topic/partition).
+fn fold(report: &mut PruneReport, scanned: Vec<Scanned>) {
+    for (dropped, ranges) in scanned {
         merge(&mut report.offsets, ranges);
         report.dropped.push(dropped);
     }
-    Ok(())
 }
 
 /// Raises the horizon row to today − `days` (dry run: only reads it) and returns the pruned-below day in force;
