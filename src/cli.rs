@@ -141,6 +141,11 @@ pub enum Command {
         #[command(subcommand)]
         command: DeadLettersCommand,
     },
+    /// The ledger's lifecycle: its size per day partition, and the prune to its horizon.
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
     /// Self-contained walk-through: first run, full replay under a fresh group, crash between database commit
     /// and offset commit — the counts stay identical.
     Demo {
@@ -200,6 +205,39 @@ pub enum OutboxCommand {
         /// Serve /metrics (Prometheus) on this address.
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum LedgerCommand {
+    /// Rows and bytes (heap + indexes, as `pg_total_relation_size`) per day partition, bytes per event,
+    /// oldest/newest day, the horizon, tombstone and conflict counts, the projected size over the horizon at
+    /// the current daily rate, and the pruned offsets. Read-only (counts every row).
+    Stats {
+        /// The pipeline file.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the day partitions wholly older than the horizon, purge tombstones and conflicts older than it, and
+    /// record per topic/partition the highest offset whose ledger row went (replays reaching it are refused
+    /// with exit 2). Safe while `run` runs: lock waits are bounded (--lock-timeout; exit 1 past it).
+    Prune {
+        /// The pipeline file.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Report what would be pruned; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Seconds each lock wait may take (the horizon row, which running batches hold for a moment; the
+        /// partitions to drop, which a long reader may hold); past it the prune changes nothing and exits 1.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        lock_timeout: u64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 pub const EXIT_OK: i32 = 0;
 /// Exit code for a runtime failure (Kafka fatal error, database gave up, I/O).
 pub const EXIT_FAILURE: i32 = 1;
-/// Exit code for bad usage, an invalid pipeline file, or a database schema that does not match the pipeline.
-/// Nothing has been consumed when this is returned.
+/// Exit code for bad usage, an invalid pipeline file, or a database schema that does not match the pipeline:
+/// nothing has been consumed when this is returned. Also a replay reaching offsets a prune dropped from the
+/// ledger ([`Error::BelowHorizon`]): nothing of the refused batch or window was committed.
 pub const EXIT_CONFIG: i32 = 2;
 /// Exit code when a partition has neither a checkpoint nor a committed offset and `kafka.start` is not set
 /// (librdkafka's `auto.offset.reset=error` fired). Set `start = "earliest"` or `"latest"` to decide.
@@ -65,6 +66,11 @@ pub enum Error {
     /// The declared error tolerance stopped the pipeline (see [`EXIT_TOLERANCE`]).
     #[error("{0}")]
     Tolerance(String),
+    /// A replay (backfill, rebuild, a run or load from an earlier position) reaches offsets whose ledger rows a
+    /// prune dropped (`replaysafe_pruned`): the ledger can no longer recognise those records as duplicates.
+    /// Names the partition and the offset range; nothing of the refused batch is committed. Exit code 2.
+    #[error("{0}")]
+    BelowHorizon(String),
     /// Anything else, with context.
     #[error("{0}")]
     Other(String),
@@ -78,7 +84,8 @@ impl Error {
             | Error::Config { .. }
             | Error::Schema(_)
             | Error::Privilege(_)
-            | Error::Usage(_) => EXIT_CONFIG,
+            | Error::Usage(_)
+            | Error::BelowHorizon(_) => EXIT_CONFIG,
             Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
             Error::Tolerance(_) => EXIT_TOLERANCE,
             _ => EXIT_FAILURE,

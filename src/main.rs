@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use cli::{
-    brokers, database_url, read_json, write_json, Cli, Command, OffsetsCommand, VerifyCommand,
+    brokers, database_url, read_json, write_json, Cli, Command, LedgerCommand, OffsetsCommand,
+    VerifyCommand,
 };
 use replaysafe::error::{Error, EXIT_FAILURE, EXIT_OK, EXIT_SHUTDOWN_TIMEOUT};
 use replaysafe::ops::{self, backfill::Report};
@@ -398,6 +399,46 @@ fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
     }
 }
 
+/// `ledger stats` / `ledger prune` (README "The ledger's lifecycle").
+fn ledger(command: LedgerCommand) -> anyhow::Result<()> {
+    let (config, json) = match &command {
+        LedgerCommand::Stats { config, json } | LedgerCommand::Prune { config, json, .. } => {
+            (config.clone(), *json)
+        }
+    };
+    let p = config::load(&config)?;
+    let url = database_url(&p)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let out = rt.block_on(async {
+        let mut client = sink::connect_with(&url, &p.postgres.timeouts).await?;
+        Ok::<_, Error>(match command {
+            LedgerCommand::Stats { .. } => {
+                let s = ops::ledger::stats(&client, &p).await?;
+                match json {
+                    true => format!("{:#}\n", ops::ledger::stats_json(&s)),
+                    false => ops::ledger::stats_text(&s),
+                }
+            }
+            LedgerCommand::Prune {
+                dry_run,
+                lock_timeout,
+                ..
+            } => {
+                let wait = Duration::from_secs(lock_timeout);
+                let r = ops::ledger::prune(&mut client, &p, dry_run, wait)
+                    .await
+                    .map_err(|e| sink::privileges::explain(e, &p))?;
+                match json {
+                    true => format!("{:#}\n", ops::ledger::prune_json(&r)),
+                    false => ops::ledger::prune_text(&p, &r),
+                }
+            }
+        })
+    })?;
+    print!("{out}");
+    Ok(())
+}
+
 fn verify(command: VerifyCommand) -> anyhow::Result<()> {
     match command {
         VerifyCommand::Snapshot {
@@ -486,6 +527,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Rebuild(a) => rebuild(a),
         Command::Verify { command } => verify(command),
         Command::DeadLetters { command } => dead_letters(command),
+        Command::Ledger { command } => ledger(command),
         Command::Demo { brokers, events } => {
             let url = std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| replaysafe::demo::DEFAULT_DATABASE_URL.to_string());

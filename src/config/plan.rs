@@ -223,7 +223,7 @@ impl Pipeline {
         } else {
             format!(
                 "per entity, a version: row projections {} only accept a strictly newer version; deletes leave a \
-                 versioned tombstone (kept for good, longer than any horizon), so an older write never resurrects a row; \
+                 versioned tombstone (kept for good, or with horizon-days as long as the horizon: the prune purges older ones), so an older write never resurrects a row; \
                  an equal version with a different state is a conflict recorded in replaysafe_conflicts; changes that \
                  are stale or already stored reach no other projection; aggregates are commutative increments of the \
                  changes applied",

@@ -1,15 +1,17 @@
-//! The periodic ledger prune of a running `run`: every interval, one prune in the background on its own
-//! connection (never two at once), bounded by [`PRUNE_TIMEOUT`].
+//! The periodic ledger prune of a running `run`: every interval, one prune ([`lifecycle::prune`]: partitions,
+//! pruned offsets, tombstones, conflicts) in the background on its own connection (never two at once), bounded
+//! by [`PRUNE_TIMEOUT`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Pipeline;
-use crate::sink::ledger;
+use crate::sink::lifecycle;
 
-/// Longest a periodic prune may take (connecting, waiting for locks, dropping) before it is abandoned and
-/// tried again at the next interval.
-pub const PRUNE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest a periodic prune may take (connecting, reading the expired partitions — about 2.5 s per million
+/// rows —, waiting for locks, dropping) before it is abandoned and tried again at the next interval. Its lock
+/// waits are bounded on their own ([`crate::sink::lifecycle::PRUNE_LOCK_TIMEOUT`]).
+pub const PRUNE_TIMEOUT: Duration = Duration::from_secs(1800);
 
 pub(crate) struct Pruner {
     interval: Option<Duration>,
@@ -49,11 +51,23 @@ impl Pruner {
         self.task = Some(rt.spawn(async move {
             let work = async {
                 let mut client = crate::sink::connect_with(&url, &p.postgres.timeouts).await?;
-                ledger::drop_expired_partitions(&mut client, &p).await
+                lifecycle::prune(&mut client, &p, false).await
             };
             match tokio::time::timeout(PRUNE_TIMEOUT, work).await {
-                Ok(Ok(dropped)) if !dropped.is_empty() => {
-                    tracing::info!(?dropped, "dropped ledger partitions older than the horizon")
+                Ok(Ok(r)) if !r.dropped.is_empty() => {
+                    let dropped: Vec<_> = r.dropped.iter().map(|d| d.day).collect();
+                    let pruned: Vec<_> = r
+                        .offsets
+                        .iter()
+                        .map(|o| format!("{}/{} through {}", o.topic, o.partition, o.through))
+                        .collect();
+                    tracing::info!(
+                        ?dropped,
+                        ?pruned,
+                        tombstones = ?r.tombstones,
+                        conflicts = r.conflicts,
+                        "dropped ledger partitions older than the horizon; pruned offsets recorded"
+                    )
                 }
                 Ok(Ok(_)) => tracing::debug!("ledger prune: nothing to drop"),
                 Ok(Err(e)) => {

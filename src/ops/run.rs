@@ -82,6 +82,8 @@ pub fn run_timed(
     crate::source::kafka::reachable(&config, &opts.brokers, &pipeline.kafka.topics[0])?;
     // A misspelled topic is refused before the database is touched (nothing created).
     crate::ops::check::require_topics(&pipeline, &opts.brokers, &opts.extra_properties)?;
+    // Kafka keeping records longer than the ledger remembers them is warned about (README "The ledger's lifecycle").
+    crate::ops::ledger::warn_retention(&pipeline, &opts.brokers);
     let engine = Engine::start(&rt, pipeline.clone(), o)?;
     let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;
     engine.run_timed(source)

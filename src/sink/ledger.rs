@@ -353,67 +353,14 @@ pub fn horizon_start(p: &Pipeline) -> Option<NaiveDate> {
         .checked_sub_days(Days::new(u64::from(days)))
 }
 
-/// Longest wait for the DDL lock and the horizon row during a prune; past it the prune fails (SQLSTATE 55P03)
-/// and is retried later. The statement timeout is raised above it for the prune's transaction only (a lock wait
-/// counts toward it; the session's `postgres.statement-timeout-ms` may be shorter).
-const PRUNE_LOCK_TIMEOUT: &str =
-    "SET LOCAL lock_timeout = '60s'; SET LOCAL statement_timeout = '90s'";
-
-/// Prunes the ledger to the horizon, in one transaction under the DDL lock: raises the durable pruned-below
-/// day (`replaysafe_horizon`) to the database's UTC date minus `horizon-days` (it never moves back: a longer
-/// horizon than the ledger still remembers is logged as a warning and holds only from the pruned-below day
-/// forward), then drops every day partition before it. The horizon row's update waits for the batches that
-/// hold it (their claims commit first) and makes later batches wait for the drop. Returns the days dropped.
+/// Prunes the ledger to the horizon ([`super::lifecycle::prune`]: partitions dropped, pruned offsets recorded,
+/// tombstones and conflicts purged, in one transaction). Returns the days dropped.
 ///
 /// # Errors
 /// [`Error::Postgres`] (also when a lock is not granted within a minute).
 pub async fn drop_expired_partitions(client: &mut Client, p: &Pipeline) -> Result<Vec<NaiveDate>> {
-    let (Some(days), Some(_)) = (p.ledger.horizon_days, p.identity.partition_by) else {
-        return Ok(Vec::new());
-    };
-    let days = days as i32;
-    let tx = client.transaction().await?;
-    tx.batch_execute(PRUNE_LOCK_TIMEOUT).await?;
-    tx.execute(DDL_LOCK, &[]).await?;
-    let row = tx
-        .query_one(
-            &format!(
-                "INSERT INTO {} AS h (ledger, pruned_below) VALUES ($1, (now() AT TIME ZONE 'UTC')::date - $2::int) \
-                 ON CONFLICT (ledger) DO UPDATE SET pruned_below = greatest(h.pruned_below, EXCLUDED.pruned_below), \
-                 updated_at = now() RETURNING pruned_below, (now() AT TIME ZONE 'UTC')::date - $2::int",
-                p.table(HORIZON)
-            ),
-            &[&p.ledger.table.to_string(), &days],
-        )
-        .await?;
-    let below: NaiveDate = row.get(0);
-    let asked: NaiveDate = row.get(1);
-    if below > asked {
-        tracing::warn!(
-            ledger = %p.ledger.table,
-            %below,
-            %asked,
-            "`horizon-days = {days}` asks the ledger to recognise event days from {asked}, but it was pruned below \
-             {below} (a shorter horizon ran before): records of days before {below} stay quarantined as \
-             beyond-horizon; the horizon grows back to {days} days one day at a time"
-        );
-    }
-    let mut old: Vec<NaiveDate> = existing_partitions(&tx, p)
-        .await?
-        .into_iter()
-        .filter(|d| *d < below)
-        .collect();
-    old.sort();
-    for day in &old {
-        tx.batch_execute(&format!(
-            "DROP TABLE IF EXISTS {}.\"{}\"",
-            p.ledger.table.schema,
-            partition_name(p, *day)
-        ))
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(old)
+    let report = super::lifecycle::prune(client, p, false).await?;
+    Ok(report.dropped.iter().map(|d| d.day).collect())
 }
 
 impl Horizon {

@@ -8,6 +8,7 @@ pub mod conninfo;
 pub mod dead_letters;
 pub mod error;
 pub mod ledger;
+pub mod lifecycle;
 pub mod marks;
 pub mod privileges;
 pub mod projset;
@@ -42,6 +43,8 @@ struct Prepared {
     horizon: Option<Statement>,
     /// The projection record's version under a share lock ([`projset::version_statement`]).
     version: Statement,
+    /// The partition's pruned offset ([`lifecycle::pruned_statement`]); `None` without `partition-by`.
+    pruned: Option<Statement>,
     /// One per projection; `None` for row projections (see `rows`).
     projections: Vec<Option<Statement>>,
     rows: Vec<row::Prepared>,
@@ -147,6 +150,10 @@ impl Sink {
             version: prep(projset::version_statement(&pipeline)).await?,
             horizon: match pipeline.identity.partition_by {
                 Some(_) => Some(prep(ledger::horizon_statement(&pipeline)).await?),
+                None => None,
+            },
+            pruned: match pipeline.identity.partition_by {
+                Some(_) => Some(prep(lifecycle::pruned_statement(&pipeline)).await?),
                 None => None,
             },
             projections: {
@@ -353,6 +360,12 @@ impl Sink {
             return Err(build::beyond_horizon(&p, h));
         }
         let batch = horizoned.as_ref().unwrap_or(batch);
+
+        // 1c. Offsets whose ledger rows a prune dropped (read after 1b's lock): a batch reaching them is refused.
+        if !self.replay && self.build.is_none() {
+            let pruned = prepared.pruned.as_ref();
+            lifecycle::check_pruned(&tx, pruned, &p, &generation, batch).await?;
+        }
 
         // 2. Ledger claims → landed.
         let mut landed =

@@ -39,6 +39,7 @@ pub fn pipeline_tables(p: &Pipeline) -> Vec<String> {
         p.table(dead_letters::DEAD_LETTERS).to_string(),
         p.table(checkpoint::GROUP_STARTS).to_string(),
         p.table(ledger::HORIZON).to_string(),
+        p.table(super::lifecycle::PRUNED).to_string(),
         p.table(super::projset::PROJECTION_SET).to_string(),
         p.table(super::projset::HANDOVER).to_string(),
     ];

@@ -92,7 +92,7 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
 
 /// replaysafe's own tables of the pipeline, each with the statement creating it (the projection record's
 /// statement creates its hand-over table too, named here).
-fn own_tables(p: &Pipeline) -> [(String, String); 6] {
+fn own_tables(p: &Pipeline) -> [(String, String); 7] {
     [
         (p.ledger.table.to_string(), ledger::create_ledger(p)),
         (
@@ -110,6 +110,10 @@ fn own_tables(p: &Pipeline) -> [(String, String); 6] {
         (
             p.table(ledger::HORIZON).to_string(),
             ledger::create_horizon(p),
+        ),
+        (
+            p.table(super::lifecycle::PRUNED).to_string(),
+            super::lifecycle::create_pruned(p),
         ),
         (
             p.table(projset::HANDOVER).to_string(),

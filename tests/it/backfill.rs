@@ -1093,7 +1093,9 @@ fn verify_snapshot_where_naming_a_missing_column_is_usage() {
 
 /// Issue 17, the same class in `backfill`: its window is chosen by record time, but the horizon judges the
 /// event day. A late event (recent Kafka timestamp) of a day older than the horizon, whose ledger partition was
-/// dropped, is quarantined `beyond-horizon` — never claimed and counted a second time.
+/// dropped, is quarantined `beyond-horizon` — never claimed and counted a second time. The prune recorded the
+/// dropped row's offset: a backfill window reaching it is refused (issue 13, exit 2); a later copy of the late
+/// event, above it, is quarantined by production and by the backfill.
 #[test]
 fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     let (db, topic) = stage("bf_hz", 1);
@@ -1118,11 +1120,29 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     let from = chrono::DateTime::from_timestamp_millis(now - DAY_MS)
         .unwrap()
         .to_rfc3339();
+    let refused = backfill(&p, &from, ("--to-group", &prod), &unique("bf"), &[]);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        "{}",
+        refused.stderr
+    );
+    // The late event once more (offset 2), consumed by production, then a backfill from after the first two.
+    let mut copy = recs[0].clone();
+    copy.timestamp_ms = Some(chrono::Utc::now().timestamp_millis());
+    produce(&topic, &[copy]);
+    run_caught_up(&p.path);
+    let from = chrono::DateTime::from_timestamp_millis(now - 1_800_000)
+        .unwrap()
+        .to_rfc3339();
     let out = backfill(&p, &from, ("--to-group", &prod), &unique("bf"), &[]);
     out.assert_ok();
     assert!(
-        out.stderr
-            .contains("consumed 2 = landed 0 + duplicate 1 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"),
+        out.stderr.contains(
+            "consumed 1 = landed 0 + duplicate 0 + filtered 0 + quarantined 1 [quarantined beyond-horizon: 1]"
+        ),
         "{}",
         out.stderr
     );
@@ -1146,7 +1166,7 @@ fn backfill_quarantines_a_late_event_older_than_the_horizon() {
     );
     assert_eq!(dl.len(), 1);
     assert_eq!(dl[0].get::<_, String>(0), "beyond-horizon");
-    assert_eq!(dl[0].get::<_, i64>(1), 0);
+    assert_eq!(dl[0].get::<_, i64>(1), 2);
     assert!(old_day.is_some());
 }
 

@@ -62,6 +62,22 @@ fn rec(id: &str, day: NaiveDate) -> Rec {
     Rec::json(0, id, &event(id, day), Utc::now().timestamp_millis())
 }
 
+/// A record of event day `day` produced with CreateTime `ts` (ms).
+fn rec_at(id: &str, day: NaiveDate, ts: i64) -> Rec {
+    Rec::json(0, id, &event(id, day), ts)
+}
+
+/// `(topic, partition, pruned_through)` of every recorded pruned offset.
+fn pruned_offsets(db: &Db) -> Vec<(String, i32, i64)> {
+    db.query(
+        "SELECT topic, partition, pruned_through FROM {s}.replaysafe_pruned ORDER BY 1, 2",
+        &[],
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
 fn text(horizon: u32) -> String {
     HZ.replace("{horizon}", &horizon.to_string())
 }
@@ -124,29 +140,37 @@ fn backfill_last_hour(p: &Pipeline, group: &str) -> Out {
     backfill(p, &from, ("--to", &to), group, &[])
 }
 
-/// Issue 22 item 1: a backfill decides the horizon per record, like `run`. An event ten days old (produced an
-/// hour ago, so `--from <an hour ago>` passes the window check) with the horizon at 5 days is quarantined as
-/// `beyond-horizon` by every backfill group; the counter stays at the 1 it had under a 30-day horizon.
+/// Issue 22 item 1: a backfill decides the horizon per record, like `run`. An event ten days old landed under a
+/// 30-day horizon; the horizon shortened to 5 days prunes its day and records its offset as pruned. A late copy
+/// of it produced afterwards (above the pruned offset) is quarantined as `beyond-horizon` by production and by
+/// every backfill group starting above the pruned offset; a backfill reaching the pruned offset is refused
+/// (issue 13: exit 2, the partition and range named). The counter stays at 1.
 #[test]
 fn backfill_quarantines_events_older_than_the_horizon() {
     let (db, topic) = stage("hz_bf", 1);
     let d = days_ago(10);
-    produce(&topic, &[rec(E1, d)]);
-    let long = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
+    let two_hours_ago = (Utc::now() - chrono::Duration::hours(2)).timestamp_millis();
+    produce(&topic, &[rec_at(E1, d, two_hours_ago)]);
+    let prod = unique("prod");
+    let long = pipeline(&text(30), &topic, &prod, &db.schema);
     let t = run_caught_up(&long.path).tally();
     assert_eq!((t.consumed, t.landed), (1, 1));
     assert_eq!(counter(&db, d), 1);
 
-    // The horizon shortened to 5 days: the run prunes the day (durably) and lands nothing.
-    let short_group = unique("prod");
-    let short = pipeline(&text(5), &topic, &short_group, &db.schema);
+    // The horizon shortened to 5 days: the run prunes the day (durably) and records offset 0 as pruned.
+    let short = pipeline(&text(5), &topic, &prod, &db.schema);
     let t = run_caught_up(&short.path).tally();
-    assert_eq!((t.consumed, t.quarantined), (1, 1));
+    assert_eq!(t.consumed, 0);
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
+    assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
     assert!(
         !partition_days(&db).contains(&d),
         "the day's partition was dropped"
     );
+    // A late copy of the event (offset 1): production quarantines it.
+    produce(&topic, &[rec(E1, d)]);
+    let t = run_caught_up(&short.path).tally();
+    assert_eq!((t.consumed, t.quarantined), (1, 1));
 
     for n in 0..2 {
         let group = unique("bf");
@@ -171,17 +195,32 @@ fn backfill_quarantines_events_older_than_the_horizon() {
         // One dead letter per record (unique by its coordinates): the production run's.
         assert_eq!(
             dead_letters(&db),
-            vec![(short_group.clone(), 0, "beyond-horizon".to_string())]
+            vec![(prod.clone(), 1, "beyond-horizon".to_string())]
         );
         // The next production run prunes again; nothing reopens.
         let t = run_caught_up(&short.path).tally();
         assert_eq!(t.consumed, 0);
     }
+    // A backfill reaching offset 0 (pruned) is refused before anything is read.
+    let from = (Utc::now() - chrono::Duration::hours(3)).to_rfc3339();
+    let to = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let out = backfill(&short, &from, ("--to", &to), &unique("bf"), &[]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(counter(&db, d), 1);
+    assert_eq!(dead_letters(&db).len(), 1);
 }
 
 /// Issue 22 item 2: lengthening `horizon-days` does not reopen pruned days. Horizon 30 (counter 1), then 5
-/// (the day is pruned), then 30 again under a fresh group: the event is `beyond-horizon`, the counter stays 1,
-/// and the run says that the ledger was pruned below the day the file asks for.
+/// (the day is pruned, its offset recorded), then 30 again: under a fresh group reading from the earliest
+/// offset the run is refused (exit 2: offset 0 is below the pruned offset) and says that the ledger was pruned
+/// below the day the file asks for; a late copy of the event under the production group is `beyond-horizon`.
+/// The counter stays 1.
 #[test]
 fn lengthening_the_horizon_does_not_reopen_pruned_days() {
     let (db, topic) = stage("hz_len", 1);
@@ -192,19 +231,20 @@ fn lengthening_the_horizon_does_not_reopen_pruned_days() {
     assert_eq!((t.consumed, t.landed), (2, 2));
     assert_eq!(counter(&db, d), 1);
 
-    let g5 = unique("g5");
-    let t = run_text(&text(5), &topic, &g5, &db).tally();
-    assert_eq!((t.consumed, t.duplicate, t.quarantined), (2, 1, 1));
+    let t = run_text(&text(5), &topic, &g30, &db).tally();
+    assert_eq!(t.consumed, 0);
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
     assert_eq!(partition_days(&db), vec![days_ago(1)]);
+    assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
 
-    let out = run_text(&text(30), &topic, &unique("g30b"), &db);
-    let t = out.tally();
-    assert_eq!(
-        (t.consumed, t.landed, t.duplicate, t.quarantined),
-        (2, 0, 1, 1),
+    let fresh = pipeline(&text(30), &topic, &unique("g30b"), &db.schema);
+    let out = try_run(&fresh.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
         "{}",
-        out.stdout
+        out.stderr
     );
     assert!(
         out.stdout.contains("pruned below") || out.stderr.contains("pruned below"),
@@ -212,15 +252,18 @@ fn lengthening_the_horizon_does_not_reopen_pruned_days() {
         out.stdout,
         out.stderr
     );
+    // A late copy of the event (offset 2) under the production group and horizon 30 again.
+    produce(&topic, &[rec(E1, d)]);
+    let t = run_text(&text(30), &topic, &g30, &db).tally();
+    assert_eq!((t.consumed, t.landed, t.quarantined), (1, 0, 1));
     assert_eq!(counter(&db, d), 1, "the pruned day is not counted again");
     assert_eq!(counter(&db, days_ago(1)), 1);
     assert_eq!(pruned_below(&db), Some(days_ago(5)), "never moves back");
     assert_eq!(partition_days(&db), vec![days_ago(1)], "nothing re-created");
     assert_eq!(ledger_rows(&db), 1);
-    // One dead letter per record (unique by its coordinates): the first group's.
     assert_eq!(
         dead_letters(&db),
-        vec![(g5, 0, "beyond-horizon".to_string())]
+        vec![(g30, 2, "beyond-horizon".to_string())]
     );
 }
 
@@ -481,6 +524,8 @@ fn a_running_process_prunes_periodically() {
     assert_eq!(ledger_rows(&db), 0);
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
     assert_eq!(dead_letters(&db)[0].2, "beyond-horizon");
+    // The periodic prune recorded the offset whose ledger row it dropped (issue 13).
+    assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
 }
 
 /// A claim and a prune serialize on the horizon row: a batch that starts while another process's prune holds
@@ -545,15 +590,19 @@ fn waiting_for_locks(schema: &str) -> i64 {
 }
 
 /// A rebuild of a window that starts below the durable horizon is refused before anything is deleted (its
-/// records could only be quarantined after the window was zeroed); from the pruned-below day on it rebuilds.
+/// records could only be quarantined after the window was zeroed); from the pruned-below day on it rebuilds
+/// (the ten-day-old event was produced ten days ago: the window's offsets start above the pruned one).
 #[test]
 fn rebuild_below_the_pruned_day_is_refused() {
     let (db, topic) = stage("hz_rb", 1);
     let d = days_ago(10);
-    produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
-    run_text(&text(30), &topic, &unique("g30"), &db);
-    let short = pipeline(&text(5), &topic, &unique("g5"), &db.schema);
+    let then = (Utc::now() - chrono::Duration::days(10)).timestamp_millis();
+    produce(&topic, &[rec_at(E1, d, then), rec(E2, days_ago(1))]);
+    let g = unique("g30");
+    run_text(&text(30), &topic, &g, &db);
+    let short = pipeline(&text(5), &topic, &g, &db.schema);
     run_caught_up(&short.path);
+    assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
     let rebuild = |from: NaiveDate| {
         rebuild(
             &short,
@@ -578,7 +627,7 @@ fn rebuild_below_the_pruned_day_is_refused() {
     let report: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
     assert_eq!(
         report["accounting"].as_str().unwrap(),
-        "consumed 2 = landed 1 + duplicate 0 + filtered 1 + quarantined 0 [filtered outside-rebuild-window: 1]",
+        "consumed 1 = landed 1 + duplicate 0 + filtered 0 + quarantined 0",
         "{}",
         ok.stdout
     );
@@ -588,38 +637,80 @@ fn rebuild_below_the_pruned_day_is_refused() {
     assert_eq!(partition_days(&db), vec![days_ago(1)]);
 }
 
+/// Issue 13: a rebuild of days inside the horizon whose window (chosen by record time) reaches an offset a prune
+/// recorded — the ten-day-old event was produced now, before the day-one event — is refused with exit 2 naming
+/// the partition and range, before anything is deleted.
+#[test]
+fn rebuild_reaching_a_pruned_offset_is_refused_before_deleting() {
+    let (db, topic) = stage("hz_rbo", 1);
+    let d = days_ago(10);
+    produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
+    let g = unique("g30");
+    run_text(&text(30), &topic, &g, &db);
+    let short = pipeline(&text(5), &topic, &g, &db.schema);
+    run_caught_up(&short.path);
+    assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
+    let refused = rebuild(
+        &short,
+        &days_ago(5).to_string(),
+        &days_ago(0).to_string(),
+        &unique("rb"),
+        &["--i-paused-other-writers"],
+    );
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(counter(&db, d), 1);
+    assert_eq!(counter(&db, days_ago(1)), 1, "nothing deleted");
+    assert_eq!(ledger_rows(&db), 1);
+}
+
 /// `load` makes the same per-record decision: a kcat file with a ten-day-old event lands under a 30-day horizon;
-/// after a 5-day horizon's load pruned the day, a load under 30 days again (a fresh group) quarantines it.
+/// a 5-day horizon's load prunes the day and records offset 0 as pruned, so a load of that line is refused
+/// (exit 2, nothing applied); a late copy at offset 1 is quarantined under 5 days and under 30 again.
 #[test]
 fn load_decides_the_durable_horizon_per_record() {
     let db = Db::fresh("hz_load");
     let topic = unique("hz_load");
     let d = days_ago(10);
     let ts = Utc::now().timestamp_millis();
-    let line = serde_json::json!({
-        "topic": topic, "partition": 0, "offset": 0, "tstype": "create", "ts": ts,
-        "key": E1, "payload": event(E1, d),
-    })
-    .to_string();
-    let load = |horizon: u32| {
+    let line = |offset: i64| {
+        serde_json::json!({
+            "topic": topic, "partition": 0, "offset": offset, "tstype": "create", "ts": ts,
+            "key": E1, "payload": event(E1, d),
+        })
+        .to_string()
+    };
+    let load = |horizon: u32, offset: i64| {
         let p = pipeline(&text(horizon), &topic, &unique("load"), &db.schema);
         let file = p.dir.path().join("records.jsonl");
-        std::fs::write(&file, format!("{line}\n")).unwrap();
-        let out = replaysafe(&[
+        std::fs::write(&file, format!("{}\n", line(offset))).unwrap();
+        replaysafe(&[
             "load",
             "--config",
             p.path.to_str().unwrap(),
             file.to_str().unwrap(),
-        ]);
-        out.assert_ok();
-        out
+        ])
     };
-    let t = load(30).tally();
+    let t = load(30, 0).assert_ok().tally();
     assert_eq!((t.consumed, t.landed), (1, 1));
-    let t = load(5).tally();
+    let refused = load(5, 0);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("/0: offsets 0..=0 are below"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
+    let t = load(5, 1).assert_ok().tally();
     assert_eq!((t.consumed, t.quarantined), (1, 1));
-    let out = load(30);
-    let t = out.tally();
+    let out = load(30, 1);
+    let t = out.assert_ok().tally();
     assert_eq!(
         (t.consumed, t.landed, t.quarantined),
         (1, 0, 1),

@@ -21,6 +21,7 @@ mod hardening;
 mod health;
 mod horizon;
 mod keys_drift;
+mod lifecycle;
 mod load_safety;
 mod lock_order;
 mod ops;

@@ -595,7 +595,7 @@ fn c33_rows_committed_out_of_id_order_are_never_skipped() {
 /// `purge_published` deletes only published rows older than `[outbox] keep-days` (by `published_at`); the
 /// dry run counts the same rows and deletes nothing; unpublished rows stay whatever their age.
 #[test]
-fn purge_published_deletes_only_published_rows_older_than_keep_days() {
+fn ledger_prune_purges_only_published_outbox_rows_older_than_keep_days() {
     let (db, topic) = stage("rly5", 2);
     let out = unique("rly5out");
     produce(&topic, &events(4, 3, 2, 0x55));
@@ -624,13 +624,16 @@ fn purge_published_deletes_only_published_rows_older_than_keep_days() {
         vec![(format!("\"{}\".\"outbox\"", db.schema), old as u64)]
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 12);
-    let done = db
-        .rt
-        .block_on(replaysafe::projection::outbox::purge_published(
-            &client, &pipeline, false,
-        ))
-        .unwrap();
-    assert_eq!(done, dry);
+    // The purge itself through `ledger prune` (this pipeline has no horizon: only the outbox ages out).
+    let out = replaysafe(&["ledger", "prune", "--config", arg(&p.path), "--json"]);
+    out.assert_ok();
+    let done: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        done["outbox"],
+        serde_json::json!([{"table": dry[0].0, "purged": dry[0].1}]),
+        "{}",
+        out.stdout
+    );
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.outbox WHERE id % 3 = 0"),
         0

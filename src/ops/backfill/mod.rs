@@ -43,6 +43,8 @@ pub fn backfill(
     shutdown: Arc<AtomicBool>,
 ) -> Result<Report> {
     let (plans, retention, stop) = plan(&pipeline, brokers, database_url, opts)?;
+    // Kafka keeping records longer than the ledger remembers them: warned (README "The ledger's lifecycle").
+    crate::ops::ledger::warn_retention(&pipeline, brokers);
     let mut report = Report {
         group_id: opts.group_id.clone(),
         pipeline_group: pipeline.kafka.group_id.clone(),

@@ -283,6 +283,12 @@ pub fn plan(
             tp.0, tp.1
         )));
     }
+    // Offsets whose ledger rows a prune dropped (README "The ledger's lifecycle"): refused before anything runs.
+    let windows: Vec<(String, i32, i64, i64)> = plans
+        .iter()
+        .map(|x| (x.topic.clone(), x.partition, x.start_offset, x.stop_offset))
+        .collect();
+    crate::ops::ledger::refuse_below_pruned(pipeline, database_url, &windows)?;
     retention.extend(check_retention(brokers, pipeline, opts)?);
     Ok((plans, retention, stop_desc))
 }
