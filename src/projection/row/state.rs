@@ -51,12 +51,18 @@ pub(super) fn compare(
     }
 }
 
-pub(super) fn hash(values: &[Option<String>], deleted: bool) -> Vec<u8> {
+/// The row state hash (`_sha256`): of the column values (all but `_extra`, which is carried, never judged), or of
+/// a delete.
+pub(super) fn hash(shape: &Shape, values: &[Option<String>], deleted: bool) -> Vec<u8> {
     let mut h = Sha256::new();
     if deleted {
         h.update(b"deleted");
     } else {
-        for v in values {
+        for (_, v) in values
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| shape.extra != Some(*i))
+        {
             match v {
                 None => h.update(b"N"),
                 Some(t) => {
