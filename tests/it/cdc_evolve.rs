@@ -216,3 +216,83 @@ fn c44_schema_evolution_with_real_debezium() {
     drop_slot(&connect.slot, &connect.publication);
     db.execute(&format!("DROP SCHEMA {src} CASCADE"));
 }
+
+/// A Debezium change of `public.accounts` row `id` on `partition` at source position `lsn`.
+fn change(partition: i32, op: &str, id: i64, before: Value, after: Value, lsn: i64) -> Rec {
+    let value = serde_json::json!({
+        "before": before, "after": after, "op": op, "ts_ms": 1_760_000_000_000i64 + lsn,
+        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": "accounts",
+            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1_760_000_000_000i64 + lsn,
+            "sequence": format!("[\"{}\",\"{lsn}\"]", lsn - 5)},
+    });
+    raw(partition, Some(serde_json::json!({ "id": id })), value)
+}
+
+/// `_extra` is carried, never judged: at an equal version (a `version` column, so two changes at different source
+/// positions meet in the fold) a change that differs only in unmapped members is a duplicate, not a conflict; a
+/// newer version with the same mapped state lands and updates `_extra`; a change whose mapped columns differ at
+/// an equal version is still a conflict. Absent members keep the stored value; deletes leave tombstones.
+/// Entities on two partitions.
+#[test]
+fn extra_members_are_carried_never_judged() {
+    use serde_json::json;
+    let topic = new_topic("c44x", 2);
+    let n = Value::Null;
+    produce(
+        &topic,
+        &[
+            change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1", "version": 1}), 100),
+            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "o1", "version": 1, "tier": "gold"}), 200),
+            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "o1", "version": 2, "tier": "silver"}), 300),
+            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "x", "version": 2, "tier": "silver"}), 400),
+            change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2", "version": 1, "tier": null}), 110),
+            change(1, "u", 2, n.clone(), json!({"id": 2, "version": 2}), 210),
+            change(1, "u", 3, n.clone(), json!({"id": 3, "version": 1, "tier": "new"}), 220),
+            change(1, "d", 3, json!({"id": 3, "owner": null, "version": 1}), n.clone(), 310),
+        ],
+    );
+    let db = Db::fresh("c44x");
+    let text = format!(
+        r#"{DEBEZIUM_HEADER}[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+version = "version"
+new-columns = "extra"
+columns = {{ id = "bigint", owner = "text", version = "bigint" }}
+"#
+    );
+    let out = run_text(&text, &topic, &unique("g"), &db);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, out.stale(), t.quarantined),
+        (8, 6, 1, 1, 0),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "accounts",
+            "id, coalesce(owner, 'NULL'), version, coalesce(_extra::text, 'NULL'), _version::text"
+        ),
+        vec![
+            r#"1 | o1 | 2 | {"tier": "silver"} | {2}"#,
+            r#"2 | o2 | 2 | NULL | {2}"#,
+        ],
+        "id 2's owner is absent from its update: kept"
+    );
+    assert_eq!(
+        db.column::<String>(
+            "SELECT entity::text || ' ' || version::text || ' ' || incoming::text FROM {s}.replaysafe_conflicts"
+        ),
+        vec![r#"{"id": "1"} {2} {"id": "1", "owner": "x", "_extra": "{\"tier\":\"silver\"}", "version": "2"}"#],
+        "only the change of a mapped column at an equal version is a conflict"
+    );
+    assert_eq!(
+        db.column::<i64>("SELECT id FROM {s}.accounts_tombstones"),
+        vec![3]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+}

@@ -389,6 +389,10 @@ pub fn fits(text: &str, ty: &SqlType) -> Result<(), String> {
                 return Ok(());
             };
             let s = ty.scale.unwrap_or(0);
+            if s > p {
+                // PostgreSQL 15's numeric(p,s) with s > p (values below 10^(p-s)): left to PostgreSQL.
+                return Ok(());
+            }
             let r = v.with_scale_round(i64::from(s), bigdecimal::RoundingMode::HalfUp);
             let int = r.abs().with_scale(0);
             let digits = if int == BigDecimal::from(0) {

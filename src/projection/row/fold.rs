@@ -189,7 +189,7 @@ async fn fold_segment(
     for g in groups.values() {
         for c in g {
             if let Some(k) = &c.old_key {
-                if c.values.contains(&Pg::Unchanged)
+                if (c.values.contains(&Pg::Unchanged) || c.values.contains(&Pg::Absent))
                     && !groups.contains_key(k)
                     && !old_keys.contains(k)
                 {
@@ -309,8 +309,16 @@ fn incoming_values(
             .map(|(i, v)| match v {
                 Pg::Text(t) => Some(t.clone()),
                 Pg::Null => None,
-                // Absent from `after` (absent = "keep"): the stored value stays; a row not stored yet gets NULL.
-                Pg::Absent => cur.filter(|s| !s.deleted).and_then(|s| s.values[i].clone()),
+                // Absent from `after` (absent = "keep"): the stored value stays; for the new key of a primary-key
+                // change the old key's; a row not stored yet gets NULL.
+                Pg::Absent => match cur.filter(|s| !s.deleted) {
+                    Some(s) => s.values[i].clone(),
+                    None => c
+                        .old_key
+                        .as_ref()
+                        .and_then(|k| last_values.get(k))
+                        .and_then(|v| v[i].clone()),
+                },
                 // Unchanged TOAST value: the stored (or last real) value carries forward; for the new
                 // key of a primary-key change, the old key's.
                 Pg::Unchanged => match cur.filter(|s| !s.deleted) {
