@@ -100,29 +100,35 @@ fn debezium_envelope(c: &mut Criterion) {
             }
         };
         g.bench_function(name, |b| {
-            b.iter(|| run(&mut || {
-                let decoded =
-                    replaysafe::decode::record(&p, Some(CDC_KEY), Some(black_box(value)), None)
-                        .expect("valid");
-                let replaysafe::decode::Decoded::Fields {
-                    change: Some(ch), ..
-                } = decoded
-                else {
-                    panic!("a change")
-                };
-                let after = ch.after.as_ref().unwrap();
-                for col in &cols {
-                    let cell = &after
-                        .iter()
-                        .find(|(n, _)| n == col.name.as_str())
-                        .unwrap()
-                        .1;
-                    black_box(
-                        replaysafe::decode::debezium::convert::to_pg(cell, col, p.decimal_handling)
+            b.iter(|| {
+                run(&mut || {
+                    let decoded =
+                        replaysafe::decode::record(&p, Some(CDC_KEY), Some(black_box(value)), None)
+                            .expect("valid");
+                    let replaysafe::decode::Decoded::Fields {
+                        change: Some(ch), ..
+                    } = decoded
+                    else {
+                        panic!("a change")
+                    };
+                    let after = ch.after.as_ref().unwrap();
+                    for col in &cols {
+                        let cell = &after
+                            .iter()
+                            .find(|(n, _)| n == col.name.as_str())
+                            .unwrap()
+                            .1;
+                        black_box(
+                            replaysafe::decode::debezium::convert::to_pg(
+                                cell,
+                                col,
+                                p.decimal_handling,
+                            )
                             .expect("converts"),
-                    );
-                }
-            }))
+                        );
+                    }
+                })
+            })
         });
     }
     g.finish();

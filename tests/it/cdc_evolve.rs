@@ -25,8 +25,7 @@ fn wait_for(topic: &str, id: i64, op: &str) {
     read_values(topic, Duration::from_secs(120), |vs| {
         vs.iter().any(|v| {
             let p = payload(v);
-            p["op"] == op
-                && (p["after"]["id"] == id || (op == "d" && p["before"]["id"] == id))
+            p["op"] == op && (p["after"]["id"] == id || (op == "d" && p["before"]["id"] == id))
         })
     });
 }
@@ -141,13 +140,18 @@ fn c44_schema_evolution_with_real_debezium() {
 
     let dead: Vec<String> =
         db.column("SELECT \"offset\"::text || ' ' || reason || ': ' || detail FROM {s}.replaysafe_dead_letters");
-    assert!(dead.is_empty(), "no dead letters: {dead:#?}\n{}", out.stdout);
+    assert!(
+        dead.is_empty(),
+        "no dead letters: {dead:#?}\n{}",
+        out.stdout
+    );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
     // The retyped value arrived as a decimal string, the owner of the later updates is absent (not null).
     let after: Vec<&Value> = values.iter().map(|v| &payload(v)["after"]).collect();
     assert!(
-        after.iter().any(|a| a["id"] == 1 && a["loyalty_points"] == "120.00"
-            && a.get("owner").is_none()),
+        after
+            .iter()
+            .any(|a| a["id"] == 1 && a["loyalty_points"] == "120.00" && a.get("owner").is_none()),
         "{after:?}"
     );
     let live = rows(&db, "accounts", ACCOUNTS);
@@ -162,7 +166,11 @@ fn c44_schema_evolution_with_real_debezium() {
     );
     assert_eq!(
         rows(&db, "accounts_null", "id, coalesce(owner, 'NULL'), balance"),
-        vec!["1 | NULL | 30.00", "2 | acct-two | 5.00", "900 | NULL | 0.00"],
+        vec![
+            "1 | NULL | 30.00",
+            "2 | acct-two | 5.00",
+            "900 | NULL | 0.00"
+        ],
         "absent = \"null\": the dropped column's value goes"
     );
     let extra = rows(&db, "accounts_extra", EXTRA);
@@ -208,8 +216,16 @@ fn c44_schema_evolution_with_real_debezium() {
     );
     assert_eq!(out.tally().quarantined, 1);
     assert_eq!(
-        rows(&narrow, "accounts", "id, coalesce(owner, 'NULL'), balance, coalesce(loyalty_points::text, 'NULL')"),
-        vec!["1 | acct-one | 30.00 | 100", "2 | acct-two | 5.00 | 0", "900 | NULL | 0.00 | NULL"]
+        rows(
+            &narrow,
+            "accounts",
+            "id, coalesce(owner, 'NULL'), balance, coalesce(loyalty_points::text, 'NULL')"
+        ),
+        vec![
+            "1 | acct-one | 30.00 | 100",
+            "2 | acct-two | 5.00 | 0",
+            "900 | NULL | 0.00 | NULL"
+        ]
     );
 
     connect.stop();
@@ -241,14 +257,63 @@ fn extra_members_are_carried_never_judged() {
     produce(
         &topic,
         &[
-            change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1", "version": 1}), 100),
-            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "o1", "version": 1, "tier": "gold"}), 200),
-            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "o1", "version": 2, "tier": "silver"}), 300),
-            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "x", "version": 2, "tier": "silver"}), 400),
-            change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2", "version": 1, "tier": null}), 110),
+            change(
+                0,
+                "c",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "version": 1}),
+                100,
+            ),
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "version": 1, "tier": "gold"}),
+                200,
+            ),
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "version": 2, "tier": "silver"}),
+                300,
+            ),
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "x", "version": 2, "tier": "silver"}),
+                400,
+            ),
+            change(
+                1,
+                "c",
+                2,
+                n.clone(),
+                json!({"id": 2, "owner": "o2", "version": 1, "tier": null}),
+                110,
+            ),
             change(1, "u", 2, n.clone(), json!({"id": 2, "version": 2}), 210),
-            change(1, "u", 3, n.clone(), json!({"id": 3, "version": 1, "tier": "new"}), 220),
-            change(1, "d", 3, json!({"id": 3, "owner": null, "version": 1}), n.clone(), 310),
+            change(
+                1,
+                "u",
+                3,
+                n.clone(),
+                json!({"id": 3, "version": 1, "tier": "new"}),
+                220,
+            ),
+            change(
+                1,
+                "d",
+                3,
+                json!({"id": 3, "owner": null, "version": 1}),
+                n.clone(),
+                310,
+            ),
         ],
     );
     let db = Db::fresh("c44x");
@@ -266,7 +331,13 @@ columns = {{ id = "bigint", owner = "text", version = "bigint" }}
     let out = run_text(&text, &topic, &unique("g"), &db);
     let t = out.tally();
     assert_eq!(
-        (t.consumed, t.landed, t.duplicate, out.stale(), t.quarantined),
+        (
+            t.consumed,
+            t.landed,
+            t.duplicate,
+            out.stale(),
+            t.quarantined
+        ),
         (8, 6, 1, 1, 0),
         "{}",
         out.stdout
@@ -294,5 +365,8 @@ columns = {{ id = "bigint", owner = "text", version = "bigint" }}
         db.column::<i64>("SELECT id FROM {s}.accounts_tombstones"),
         vec![3]
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
 }

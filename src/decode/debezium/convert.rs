@@ -395,7 +395,7 @@ pub fn fits(text: &str, ty: &SqlType) -> Result<(), String> {
             }
             let r = v.with_scale_round(i64::from(s), bigdecimal::RoundingMode::HalfUp);
             let int = r.abs().with_scale(0);
-            let digits = if int == BigDecimal::from(0) {
+            let digits = if int.sign() == num_bigint::Sign::NoSign {
                 0
             } else {
                 int.to_string().len() as u32

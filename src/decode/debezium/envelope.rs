@@ -211,9 +211,7 @@ pub fn decode(
             before,
             after,
             old_key: match old_key.and_then(|k| schema::parse(k).ok()) {
-                Some((k, ks)) => row(Some(&k), fields_of(&ks, |s| &s.fields))
-                    .ok()
-                    .flatten(),
+                Some((k, ks)) => row(Some(&k), fields_of(&ks, |s| &s.fields)).ok().flatten(),
                 None => None,
             },
         }),

@@ -33,7 +33,10 @@ pub struct Parsed {
 impl Parsed {
     fn of(schema: &Value) -> Parsed {
         Parsed {
-            name: schema.get("name").and_then(Value::as_str).map(str::to_string),
+            name: schema
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             fields: row_schema(Some(schema)),
             before: struct_fields(schema, "before"),
             after: struct_fields(schema, "after"),

@@ -360,14 +360,29 @@ mod tests {
             let got = upsert_values(&s, AbsentPolicy::Keep, &a, DecimalHandling::String).unwrap();
             assert_eq!(got[2], Pg::Text(want.into()));
         }
-        let narrow = shape(&[("id", "bigint"), ("points", "integer"), ("code", "varchar(3)")], false);
+        let narrow = shape(
+            &[
+                ("id", "bigint"),
+                ("points", "integer"),
+                ("code", "varchar(3)"),
+            ],
+            false,
+        );
         for (a, col) in [
             (serde_json::json!({"id": 1, "points": "120.00"}), "points"),
-            (serde_json::json!({"id": 1, "points": 3_000_000_000i64}), "points"),
+            (
+                serde_json::json!({"id": 1, "points": 3_000_000_000i64}),
+                "points",
+            ),
             (serde_json::json!({"id": 1, "code": "abcd"}), "code"),
         ] {
-            let e = upsert_values(&narrow, AbsentPolicy::Keep, &after(a.clone()), DecimalHandling::String)
-                .unwrap_err();
+            let e = upsert_values(
+                &narrow,
+                AbsentPolicy::Keep,
+                &after(a.clone()),
+                DecimalHandling::String,
+            )
+            .unwrap_err();
             assert!(e.starts_with(&format!("column `{col}`:")), "{a}: {e}");
         }
         let wide = shape(&[("id", "bigint"), ("p", "numeric(4,2)")], false);
@@ -378,7 +393,10 @@ mod tests {
             DecimalHandling::String,
         )
         .unwrap_err();
-        assert!(e.contains("column `p`") && e.contains("numeric(4,2)"), "{e}");
+        assert!(
+            e.contains("column `p`") && e.contains("numeric(4,2)"),
+            "{e}"
+        );
         // Rounding to the scale first, as PostgreSQL does: 99.994 fits numeric(4,2), 99.995 does not.
         for (v, ok) in [("99.994", true), ("99.995", false), ("-0.5", true)] {
             let a = after(serde_json::json!({"id": 1, "p": v}));
