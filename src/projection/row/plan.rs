@@ -545,3 +545,61 @@ pub(crate) fn settings(s: &mut Settings<'_>, r: &RowPlan) {
         s.used.extend(cel_fields(program, fields));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    const DBZ: &str = r#"
+[kafka]
+group-id = "g"
+topics = ["t"]
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "accounts"
+key = ["id"]
+columns = { id = "bigint" }
+"#;
+
+    /// `absent` and `new-columns`: their values, defaults, and the refusals (`add`, unknown values, JSON events).
+    #[test]
+    fn absent_and_new_columns_are_validated() {
+        use super::{AbsentPolicy, NewColumns};
+        let p = crate::config::parse("p.toml", DBZ).unwrap();
+        let r = p.projections[0].row.as_ref().unwrap();
+        assert_eq!(
+            (r.absent, r.new_columns),
+            (AbsentPolicy::Keep, NewColumns::Ignore)
+        );
+        let p = crate::config::parse(
+            "p.toml",
+            &format!("{DBZ}absent = \"null\"\nnew-columns = \"extra\"\n"),
+        )
+        .unwrap();
+        let r = p.projections[0].row.as_ref().unwrap();
+        assert_eq!(
+            (r.absent, r.new_columns),
+            (AbsentPolicy::Null, NewColumns::Extra)
+        );
+        for (extra, needle) in [
+            ("new-columns = \"add\"", "not supported yet"),
+            ("new-columns = \"all\"", "`new-columns` must be"),
+            ("absent = \"drop\"", "`absent` must be"),
+        ] {
+            let e = crate::config::parse("p.toml", &format!("{DBZ}{extra}\n"))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains(needle) && e.contains("p.toml:"), "{extra}: {e}");
+        }
+        let json = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[fields]\nid = { path = \"/id\", type = \"bigint\" }\n\
+                    v = { path = \"/v\", type = \"bigint\" }\n[identity]\nkey = [\"id\"]\n[[projection]]\nkind = \"row\"\ntable = \"a\"\n\
+                    key = [\"id\"]\nversion = \"v\"\n";
+        assert!(crate::config::parse("p.toml", json).is_ok());
+        let e = crate::config::parse("p.toml", &format!("{json}absent = \"keep\"\n"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("apply to Debezium"), "{e}");
+    }
+}
