@@ -4,7 +4,8 @@
 //! - `delivery_key`: decoded fields → the delivery key (generation, key fields, partition-by day);
 //! - `decide/json_event`: the whole pre-database step `run` takes per record (decode, horizon, filters);
 //! - `decode/debezium_schemaless`, `decode/debezium_with_schema`: a Debezium change event → change, built-in
-//!   fields and every row-projection column converted to PostgreSQL text.
+//!   fields and every row-projection column converted to PostgreSQL text; `decode/debezium_with_schema_uncached`
+//!   the same with the Connect schema parsed again for every record (the schema cache off, as before it existed).
 //!
 //! Criterion reports time per iteration; each iteration is one record, so the figure is ns/record.
 
@@ -86,33 +87,47 @@ fn debezium_envelope(c: &mut Criterion) {
         .unwrap();
     let mut g = c.benchmark_group("decode");
     g.throughput(Throughput::Elements(1));
-    for (name, value) in [
-        ("debezium_schemaless", CDC_SCHEMALESS),
-        ("debezium_with_schema", CDC_SCHEMA),
+    for (name, value, cache) in [
+        ("debezium_schemaless", CDC_SCHEMALESS, true),
+        ("debezium_with_schema", CDC_SCHEMA, true),
+        ("debezium_with_schema_uncached", CDC_SCHEMA, false),
     ] {
+        let run = |f: &mut dyn FnMut()| {
+            if cache {
+                f()
+            } else {
+                replaysafe::decode::debezium::schema::without_cache(f)
+            }
+        };
         g.bench_function(name, |b| {
             b.iter(|| {
-                let decoded =
-                    replaysafe::decode::record(&p, Some(CDC_KEY), Some(black_box(value)), None)
-                        .expect("valid");
-                let replaysafe::decode::Decoded::Fields {
-                    change: Some(ch), ..
-                } = decoded
-                else {
-                    panic!("a change")
-                };
-                let after = ch.after.as_ref().unwrap();
-                for col in &cols {
-                    let cell = &after
-                        .iter()
-                        .find(|(n, _)| n == col.name.as_str())
-                        .unwrap()
-                        .1;
-                    black_box(
-                        replaysafe::decode::debezium::convert::to_pg(cell, col, p.decimal_handling)
+                run(&mut || {
+                    let decoded =
+                        replaysafe::decode::record(&p, Some(CDC_KEY), Some(black_box(value)), None)
+                            .expect("valid");
+                    let replaysafe::decode::Decoded::Fields {
+                        change: Some(ch), ..
+                    } = decoded
+                    else {
+                        panic!("a change")
+                    };
+                    let after = ch.after.as_ref().unwrap();
+                    for col in &cols {
+                        let cell = &after
+                            .iter()
+                            .find(|(n, _)| n == col.name.as_str())
+                            .unwrap()
+                            .1;
+                        black_box(
+                            replaysafe::decode::debezium::convert::to_pg(
+                                cell,
+                                col,
+                                p.decimal_handling,
+                            )
                             .expect("converts"),
-                    );
-                }
+                        );
+                    }
+                })
             })
         });
     }

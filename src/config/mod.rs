@@ -93,6 +93,8 @@ mod tests {
             "truncate",
             "snapshots",
             "partition-by",
+            "absent",
+            "new-columns",
         ] {
             assert!(
                 REFERENCE_DEBEZIUM

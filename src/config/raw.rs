@@ -139,4 +139,6 @@ pub struct RawProjection {
     pub truncate: Option<Spanned<String>>,
     pub source_table: Option<Spanned<String>>,
     pub snapshots: Option<Spanned<String>>,
+    pub absent: Option<Spanned<String>>,
+    pub new_columns: Option<Spanned<String>>,
 }

@@ -30,6 +30,10 @@ pub enum Pg {
     Null,
     /// Debezium's placeholder for an unchanged TOASTed value: keep what is stored.
     Unchanged,
+    /// The column is not a member of the row image (dropped at the source, or never there) and the projection's
+    /// `absent = "keep"`: keep what is stored; NULL for a row not stored yet. Unlike [`Pg::Unchanged`], never
+    /// taken from an old key's row.
+    Absent,
 }
 
 fn b64(s: &str) -> Result<Vec<u8>, String> {
@@ -349,7 +353,80 @@ pub fn to_pg(cell: &Cell, col: &ColumnSpec, dec: DecimalHandling) -> Result<Pg, 
     if text.contains('\0') {
         return Err("contains a NUL character, which PostgreSQL text cannot store".into());
     }
+    if !col.ty.array {
+        fits(&text, &col.ty)?;
+    }
     Ok(Pg::Text(text))
+}
+
+/// Whether a converted value fits the column's declared size, so that a source column retyped wider than the
+/// projection's (int → bigint values in an `integer` column, numeric(12,2) → numeric(20,4), varchar(10) →
+/// text) is quarantined with a reason naming the column instead of PostgreSQL's "value too long for type
+/// character varying(5)" for the whole batch. PostgreSQL documentation, "Numeric Types" (a numeric(p,s) value
+/// is rounded to s fractional digits and may then have at most p − s integer digits; integer ranges) and
+/// "Character Types" (a longer value is an error unless the excess characters are all spaces).
+///
+/// # Errors
+/// A message saying what does not fit.
+pub fn fits(text: &str, ty: &SqlType) -> Result<(), String> {
+    let base = ty.sql.split('(').next().unwrap_or("").trim();
+    match ty.kind {
+        Kind::Integer => {
+            let n: i64 = text
+                .parse()
+                .map_err(|_| format!("`{}` is not a whole number", short(text)))?;
+            let ok = match base {
+                "smallint" | "int2" => i16::try_from(n).is_ok(),
+                "integer" | "int" | "int4" => i32::try_from(n).is_ok(),
+                _ => true,
+            };
+            if !ok {
+                return Err(format!("{n} is out of range for {}", ty.sql));
+            }
+        }
+        Kind::Numeric => {
+            let (Some(p), Ok(v)) = (ty.precision, BigDecimal::from_str(text)) else {
+                return Ok(());
+            };
+            let s = ty.scale.unwrap_or(0);
+            if s > p {
+                // PostgreSQL 15's numeric(p,s) with s > p (values below 10^(p-s)): left to PostgreSQL.
+                return Ok(());
+            }
+            let r = v.with_scale_round(i64::from(s), bigdecimal::RoundingMode::HalfUp);
+            let int = r.abs().with_scale(0);
+            let digits = if int.sign() == num_bigint::Sign::NoSign {
+                0
+            } else {
+                int.to_string().len() as u32
+            };
+            if digits + s > p {
+                return Err(format!(
+                    "{} does not fit {} (at most {} digits before the point)",
+                    short(text),
+                    ty.sql,
+                    p.saturating_sub(s)
+                ));
+            }
+        }
+        Kind::Text => {
+            let sized = matches!(
+                base,
+                "varchar" | "character varying" | "char" | "character" | "bpchar"
+            );
+            if let (true, Some(n)) = (sized, ty.precision) {
+                let len = text.trim_end_matches(' ').chars().count();
+                if len > n as usize {
+                    return Err(format!(
+                        "a value of {len} characters does not fit {}",
+                        ty.sql
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]

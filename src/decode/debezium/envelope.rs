@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::schema;
 use crate::decode::rejection::{Reason, Rejection};
 
 /// Placeholder Debezium writes for an unchanged TOASTed column (`unavailable.value.placeholder`).
@@ -90,21 +91,6 @@ pub enum Record {
     Skip(&'static str),
 }
 
-/// Unwraps the JSON converter's `{"schema": …, "payload": …}` form: only when those are the only two members
-/// (a stray `payload` member of a bare envelope is not a wrapper).
-pub fn unwrap(v: Value) -> (Value, Option<Value>) {
-    match v {
-        Value::Object(mut m)
-            if m.len() == 2 && m.contains_key("schema") && m.contains_key("payload") =>
-        {
-            let payload = m.remove("payload").unwrap_or(Value::Null);
-            let schema = m.remove("schema");
-            (payload, schema)
-        }
-        other => (other, None),
-    }
-}
-
 fn reject(detail: impl Into<String>) -> Rejection {
     Rejection {
         reason: Reason::InvalidField,
@@ -118,34 +104,6 @@ fn parse_i64(v: &Value) -> Option<i64> {
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
-}
-
-/// The Connect schema of each field of struct field `name` in an envelope schema.
-fn struct_fields(schema: Option<&Value>, name: &str) -> Vec<(String, Arc<Value>)> {
-    let Some(fields) = schema
-        .and_then(|s| s.get("fields"))
-        .and_then(Value::as_array)
-    else {
-        return Vec::new();
-    };
-    let Some(st) = fields
-        .iter()
-        .find(|f| f.get("field").and_then(Value::as_str) == Some(name))
-    else {
-        return Vec::new();
-    };
-    row_schema(Some(st))
-}
-
-fn row_schema(st: Option<&Value>) -> Vec<(String, Arc<Value>)> {
-    st.and_then(|s| s.get("fields"))
-        .and_then(Value::as_array)
-        .map(|fs| {
-            fs.iter()
-                .filter_map(|f| Some((f.get("field")?.as_str()?.to_string(), Arc::new(f.clone()))))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn row(v: Option<&Value>, schema: &[(String, Arc<Value>)]) -> Result<Option<Row>, Rejection> {
@@ -199,22 +157,13 @@ pub fn decode(
     let snapshot = op == Op::Read;
 
     // The key: unwrapped the same way (a connector may switch schemas.enable mid-topic).
-    let key_json = match key {
-        None => None,
-        Some(k) => match serde_json::from_slice::<Value>(k) {
-            Ok(v) => Some(unwrap(v)),
-            Err(_) => None,
-        },
-    };
+    let key_json = key.and_then(|k| schema::parse(k).ok());
     let key_row = match &key_json {
-        Some((Value::Object(_), ks)) => row(
-            Some(&key_json.as_ref().expect("some").0),
-            &row_schema(ks.as_ref()),
-        )?,
+        Some((k @ Value::Object(_), ks)) => row(Some(k), fields_of(ks, |s| &s.fields))?,
         _ => None,
     };
-    let before = row(env.get("before"), &struct_fields(schema.as_ref(), "before"))?;
-    let after = row(env.get("after"), &struct_fields(schema.as_ref(), "after"))?;
+    let before = row(env.get("before"), fields_of(&schema, |s| &s.before))?;
+    let after = row(env.get("after"), fields_of(&schema, |s| &s.after))?;
     if matches!(op, Op::Create | Op::Update | Op::Read) && after.is_none() {
         return Err(reject(format!("op `{}` without `after`", op.letter())));
     }
@@ -261,11 +210,8 @@ pub fn decode(
             key: key_row,
             before,
             after,
-            old_key: match old_key.and_then(|k| serde_json::from_slice::<Value>(k).ok()) {
-                Some(v) => {
-                    let (k, ks) = unwrap(v);
-                    row(Some(&k), &row_schema(ks.as_ref())).ok().flatten()
-                }
+            old_key: match old_key.and_then(|k| schema::parse(k).ok()) {
+                Some((k, ks)) => row(Some(&k), fields_of(&ks, |s| &s.fields)).ok().flatten(),
                 None => None,
             },
         }),
@@ -280,9 +226,17 @@ enum Parsed {
     /// A change envelope, its Connect schema (when the converter sends one) and its op.
     Envelope {
         env: Map<String, Value>,
-        schema: Option<Value>,
+        schema: Option<Arc<schema::Parsed>>,
         op: Op,
     },
+}
+
+/// The field schemas `pick` selects from a parsed schema (none without one).
+fn fields_of(
+    s: &Option<Arc<schema::Parsed>>,
+    pick: impl Fn(&schema::Parsed) -> &schema::RowSchema,
+) -> &[(String, Arc<Value>)] {
+    s.as_deref().map(|p| pick(p).as_slice()).unwrap_or(&[])
 }
 
 /// Parses a record value: Kafka tombstones, transaction metadata, heartbeats and logical messages are skipped;
@@ -292,11 +246,10 @@ fn parse(value: Option<&[u8]>) -> Result<Parsed, Rejection> {
         // A Kafka tombstone after a delete: log compaction's marker; the `op = d` record carried the delete.
         return Ok(Parsed::Skip("cdc-kafka-tombstone"));
     };
-    let json: Value = serde_json::from_slice(bytes).map_err(|e| Rejection {
+    let (payload, schema) = schema::parse(bytes).map_err(|e| Rejection {
         reason: Reason::InvalidJson,
         detail: crate::decode::json::not_json(bytes, &e),
     })?;
-    let (payload, schema) = unwrap(json);
     let env = match payload {
         Value::Null => return Ok(Parsed::Skip("cdc-kafka-tombstone")),
         Value::Object(m) => m,
@@ -318,7 +271,7 @@ fn parse(value: Option<&[u8]>) -> Result<Parsed, Rejection> {
     }
     // Heartbeats (heartbeat.interval.ms), recognised by what they are: the Heartbeat schema, or a payload that is
     // only `ts_ms`. Never by what is missing: a flattened row has no `op` and no `source` either.
-    if is_heartbeat(&env, schema.as_ref()) {
+    if is_heartbeat(&env, schema.as_deref()) {
         return Ok(Parsed::Skip("cdc-heartbeat"));
     }
     if !env.contains_key("source") && !env.contains_key("before") && !env.contains_key("after") {
@@ -414,10 +367,9 @@ pub const HEARTBEAT_SCHEMA: &str = "io.debezium.connector.common.Heartbeat";
 
 /// Whether a record value is a Debezium heartbeat: its schema is [`HEARTBEAT_SCHEMA`], or (schemaless) its
 /// payload holds `ts_ms` and nothing else.
-fn is_heartbeat(env: &Map<String, Value>, schema: Option<&Value>) -> bool {
+fn is_heartbeat(env: &Map<String, Value>, schema: Option<&schema::Parsed>) -> bool {
     let named = schema
-        .and_then(|s| s.get("name"))
-        .and_then(Value::as_str)
+        .and_then(|s| s.name.as_deref())
         .is_some_and(|n| n == HEARTBEAT_SCHEMA);
     named || (env.len() == 1 && env.contains_key("ts_ms"))
 }

@@ -3,6 +3,7 @@
 
 pub mod convert;
 pub mod envelope;
+pub mod schema;
 
 pub use convert::{to_pg, Pg};
 pub use envelope::{old_key_header, Cell, Change, Op, Record, Row, OLD_KEY_HEADER};

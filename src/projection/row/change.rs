@@ -1,7 +1,7 @@
 //! The row changes a batch brings to a row projection: from a Debezium change or a JSON event, with the outcome
 //! each can have.
 
-use super::plan::{RowPlan, VersionPlan};
+use super::plan::{AbsentPolicy, RowPlan, VersionPlan};
 use super::table::Shape;
 use crate::decode::debezium::convert::{to_pg, Pg};
 use crate::decode::debezium::{Change, Op};
@@ -190,18 +190,12 @@ pub fn from_change(
         }
         _ => None,
     };
-    let mut values = Vec::new();
-    if kind == ChangeKind::Upsert {
+    let values = if kind == ChangeKind::Upsert {
         let after = change.after.as_ref().expect("upserts have after");
-        for col in &shape.columns {
-            let v = match after.iter().find(|(n, _)| n == col.name.as_str()) {
-                Some((_, cell)) => to_pg(cell, col, dec)
-                    .map_err(|m| bad(format!("column `{}`: {m}", col.name.as_str())))?,
-                None => Pg::Null,
-            };
-            values.push(v);
-        }
-    }
+        upsert_values(shape, plan.absent, after, dec).map_err(bad)?
+    } else {
+        Vec::new()
+    };
     Ok(RowChange {
         offset,
         key,
@@ -215,6 +209,58 @@ pub fn from_change(
     })
 }
 
+/// The values an upsert's `after` brings, one per column of `shape`: a member converted to its column's type (an
+/// error names the column), an absent member [`Pg::Absent`] (`absent = "keep"`) or [`Pg::Null`] (`"null"`), and
+/// for the `_extra` column (`new-columns = "extra"`) the members that are none of the columns, as a JSON object
+/// (NULL when there are none).
+///
+/// # Errors
+/// `column `name`: …` when a member cannot be converted to (or does not fit) its column's type — a source column
+/// retyped to something the projection's column cannot hold.
+pub fn upsert_values(
+    shape: &Shape,
+    absent: AbsentPolicy,
+    after: &crate::decode::debezium::Row,
+    dec: crate::config::DecimalHandling,
+) -> std::result::Result<Vec<Pg>, String> {
+    let mut values = Vec::with_capacity(shape.columns.len());
+    for (i, col) in shape.columns.iter().enumerate() {
+        if shape.extra == Some(i) {
+            values.push(extra(shape, after));
+            continue;
+        }
+        let v = match after.iter().find(|(n, _)| n == col.name.as_str()) {
+            Some((_, cell)) => {
+                to_pg(cell, col, dec).map_err(|m| format!("column `{}`: {m}", col.name.as_str()))?
+            }
+            None if absent == AbsentPolicy::Keep => Pg::Absent,
+            None => Pg::Null,
+        };
+        values.push(v);
+    }
+    Ok(values)
+}
+
+/// The members of `after` that are none of the shape's columns, as a JSON object text (NULL when none).
+fn extra(shape: &Shape, after: &crate::decode::debezium::Row) -> Pg {
+    let m: serde_json::Map<String, serde_json::Value> = after
+        .iter()
+        .filter(|(n, _)| {
+            !shape
+                .columns
+                .iter()
+                .enumerate()
+                .any(|(i, c)| shape.extra != Some(i) && c.name.as_str() == n)
+        })
+        .map(|(n, c)| (n.clone(), c.value.clone()))
+        .collect();
+    if m.is_empty() {
+        Pg::Null
+    } else {
+        Pg::Text(serde_json::Value::Object(m).to_string())
+    }
+}
+
 /// Where the batch is: for the conflicts table.
 pub struct Coordinates<'a> {
     /// Topic.
@@ -223,4 +269,159 @@ pub struct Coordinates<'a> {
     pub partition: i32,
     /// Consumer group.
     pub group: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DecimalHandling;
+    use crate::decode::debezium::Cell;
+    use crate::ident::Ident;
+    use crate::projection::row::types::{ColumnSpec, SqlType};
+
+    fn shape(cols: &[(&str, &str)], extra: bool) -> Shape {
+        let mut columns: Vec<ColumnSpec> = cols
+            .iter()
+            .map(|(n, t)| ColumnSpec {
+                name: Ident::new(n).unwrap(),
+                ty: SqlType::parse(t).unwrap(),
+                unit: None,
+                field: None,
+            })
+            .collect();
+        let extra = extra.then(|| {
+            columns.push(ColumnSpec {
+                name: Ident::new("_extra").unwrap(),
+                ty: SqlType::parse("jsonb").unwrap(),
+                unit: None,
+                field: None,
+            });
+            columns.len() - 1
+        });
+        Shape {
+            index: 0,
+            name: "accounts".into(),
+            columns,
+            key: vec![0],
+            extra,
+        }
+    }
+
+    fn after(v: serde_json::Value) -> crate::decode::debezium::Row {
+        v.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    Cell {
+                        value: v.clone(),
+                        schema: None,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    const COLS: &[(&str, &str)] = &[
+        ("id", "bigint"),
+        ("owner", "text"),
+        ("loyalty_points", "numeric(12,2)"),
+    ];
+
+    /// C44: a member absent from `after` (owner dropped at the source) is not a NULL — it keeps the stored value
+    /// unless `absent = "null"`; an explicit null is a NULL either way.
+    #[test]
+    fn absent_is_not_null() {
+        let s = shape(COLS, false);
+        let a = after(serde_json::json!({"id": 1, "loyalty_points": 100}));
+        let keep = upsert_values(&s, AbsentPolicy::Keep, &a, DecimalHandling::String).unwrap();
+        assert_eq!(
+            keep,
+            vec![Pg::Text("1".into()), Pg::Absent, Pg::Text("100".into())]
+        );
+        let null = upsert_values(&s, AbsentPolicy::Null, &a, DecimalHandling::String).unwrap();
+        assert_eq!(null[1], Pg::Null);
+        let explicit = after(serde_json::json!({"id": 1, "owner": null, "loyalty_points": 1}));
+        let v = upsert_values(&s, AbsentPolicy::Keep, &explicit, DecimalHandling::String).unwrap();
+        assert_eq!(v[1], Pg::Null);
+    }
+
+    /// C44: int → numeric(12,2) at the source: the numeric column takes the JSON number and the decimal string;
+    /// a value the column cannot hold is an error naming the column (the record is quarantined).
+    #[test]
+    fn retyped_values_apply_or_name_the_column() {
+        let s = shape(COLS, false);
+        for (v, want) in [
+            (serde_json::json!(100), "100"),
+            (serde_json::json!("120.00"), "120.00"),
+        ] {
+            let a = after(serde_json::json!({"id": 1, "loyalty_points": v}));
+            let got = upsert_values(&s, AbsentPolicy::Keep, &a, DecimalHandling::String).unwrap();
+            assert_eq!(got[2], Pg::Text(want.into()));
+        }
+        let narrow = shape(
+            &[
+                ("id", "bigint"),
+                ("points", "integer"),
+                ("code", "varchar(3)"),
+            ],
+            false,
+        );
+        for (a, col) in [
+            (serde_json::json!({"id": 1, "points": "120.00"}), "points"),
+            (
+                serde_json::json!({"id": 1, "points": 3_000_000_000i64}),
+                "points",
+            ),
+            (serde_json::json!({"id": 1, "code": "abcd"}), "code"),
+        ] {
+            let e = upsert_values(
+                &narrow,
+                AbsentPolicy::Keep,
+                &after(a.clone()),
+                DecimalHandling::String,
+            )
+            .unwrap_err();
+            assert!(e.starts_with(&format!("column `{col}`:")), "{a}: {e}");
+        }
+        let wide = shape(&[("id", "bigint"), ("p", "numeric(4,2)")], false);
+        let e = upsert_values(
+            &wide,
+            AbsentPolicy::Keep,
+            &after(serde_json::json!({"id": 1, "p": "123.45"})),
+            DecimalHandling::String,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("column `p`") && e.contains("numeric(4,2)"),
+            "{e}"
+        );
+        // Rounding to the scale first, as PostgreSQL does: 99.994 fits numeric(4,2), 99.995 does not.
+        for (v, ok) in [("99.994", true), ("99.995", false), ("-0.5", true)] {
+            let a = after(serde_json::json!({"id": 1, "p": v}));
+            assert_eq!(
+                upsert_values(&wide, AbsentPolicy::Keep, &a, DecimalHandling::String).is_ok(),
+                ok,
+                "{v}"
+            );
+        }
+    }
+
+    /// `new-columns = "extra"`: the members that are none of the columns, as one JSON object (NULL when none).
+    #[test]
+    fn new_columns_go_to_extra() {
+        let s = shape(COLS, true);
+        let a = after(serde_json::json!({"id": 1, "owner": "o", "tier": "gold", "flag": null}));
+        let v = upsert_values(&s, AbsentPolicy::Keep, &a, DecimalHandling::String).unwrap();
+        assert_eq!(v[2], Pg::Absent);
+        let Pg::Text(extra) = &v[3] else {
+            panic!("{v:?}")
+        };
+        let extra: serde_json::Value = serde_json::from_str(extra).unwrap();
+        assert_eq!(extra, serde_json::json!({"tier": "gold", "flag": null}));
+        let plain = after(serde_json::json!({"id": 1}));
+        let v = upsert_values(&s, AbsentPolicy::Keep, &plain, DecimalHandling::String).unwrap();
+        assert_eq!(v[3], Pg::Null);
+    }
 }

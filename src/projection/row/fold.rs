@@ -140,7 +140,7 @@ async fn fetch_states(
                     version,
                     position,
                     deleted: true,
-                    sha: hash(&[], true),
+                    sha: hash(shape, &[], true),
                     delivery: r.get(2),
                     // The values the delete removed (for a later primary-key change's unchanged values).
                     values: shape
@@ -189,7 +189,7 @@ async fn fold_segment(
     for g in groups.values() {
         for c in g {
             if let Some(k) = &c.old_key {
-                if c.values.contains(&Pg::Unchanged)
+                if (c.values.contains(&Pg::Unchanged) || c.values.contains(&Pg::Absent))
                     && !groups.contains_key(k)
                     && !old_keys.contains(k)
                 {
@@ -309,6 +309,16 @@ fn incoming_values(
             .map(|(i, v)| match v {
                 Pg::Text(t) => Some(t.clone()),
                 Pg::Null => None,
+                // Absent from `after` (absent = "keep"): the stored value stays; for the new key of a primary-key
+                // change the old key's; a row not stored yet gets NULL.
+                Pg::Absent => match cur.filter(|s| !s.deleted) {
+                    Some(s) => s.values[i].clone(),
+                    None => c
+                        .old_key
+                        .as_ref()
+                        .and_then(|k| last_values.get(k))
+                        .and_then(|v| v[i].clone()),
+                },
                 // Unchanged TOAST value: the stored (or last real) value carries forward; for the new
                 // key of a primary-key change, the old key's.
                 Pg::Unchanged => match cur.filter(|s| !s.deleted) {
@@ -356,7 +366,7 @@ fn judge(
 ) -> std::result::Result<RowResult, ApplyError> {
     let shape = &prepared.shape;
     let deleted = c.kind == ChangeKind::Delete;
-    let sha = hash(&incoming_values, deleted);
+    let sha = hash(shape, &incoming_values, deleted);
     // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
     // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
     // position — it never wins over a change it cannot be ordered against.
@@ -426,10 +436,17 @@ fn judge(
         // Newer, same row state: the row takes the version (and delivery). A newer business event is
         // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
         (Some(s), _) if s.sha == sha && s.deleted == deleted => {
+            // The judged columns are the same; `_extra` (never judged) takes the incoming members.
+            let values = if deleted {
+                s.values.clone()
+            } else {
+                incoming_values
+            };
             *cur = Some(State {
                 version: version.clone(),
                 delivery: Some(c.delivery.clone()),
                 position: c.position.clone(),
+                values,
                 ..s.clone()
             });
             if c.snapshot {

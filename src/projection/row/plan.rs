@@ -44,6 +44,24 @@ pub enum TruncatePolicy {
     Ignore,
 }
 
+/// What a Debezium change whose `after` lacks a mapped column does to that column (`absent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbsentPolicy {
+    /// `keep` (default): an absent member is not a NULL — the stored value stays (a new row gets NULL).
+    Keep,
+    /// `null`: an absent member writes NULL (the column was dropped at the source and its values should go).
+    Null,
+}
+
+/// What a Debezium row projection does with members of `after` that are none of its columns (`new-columns`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewColumns {
+    /// `ignore` (default): not stored.
+    Ignore,
+    /// `extra`: kept as a JSON object in the table's `_extra jsonb` column (NULL when there are none).
+    Extra,
+}
+
 /// A compiled `kind = "row"` projection.
 pub struct RowPlan {
     /// The projection table.
@@ -65,6 +83,10 @@ pub struct RowPlan {
     pub tombstones: TombstoneMode,
     /// Truncate policy.
     pub truncate: TruncatePolicy,
+    /// Debezium: what a mapped column absent from `after` does.
+    pub absent: AbsentPolicy,
+    /// Debezium: what members of `after` outside the columns do.
+    pub new_columns: NewColumns,
 }
 
 impl std::fmt::Debug for RowPlan {
@@ -151,6 +173,7 @@ pub(crate) fn compile(
     };
     let (tombstones, truncate) = modes(src, rp)?;
     let source_table = source_table(src, json, rp)?;
+    let (absent, new_columns) = evolution(src, json, rp)?;
     Ok(RowPlan {
         table,
         tombstone_table,
@@ -161,7 +184,48 @@ pub(crate) fn compile(
         delete_if,
         tombstones,
         truncate,
+        absent,
+        new_columns,
     })
+}
+
+/// `absent` (keep or null) and `new-columns` (ignore or extra): Debezium only.
+fn evolution(src: &Source, json: bool, rp: &RawProjection) -> Result<(AbsentPolicy, NewColumns)> {
+    for k in [&rp.absent, &rp.new_columns].into_iter().flatten() {
+        if json {
+            return Err(src.error(
+                k.span(),
+                "`absent` and `new-columns` apply to Debezium row projections",
+            ));
+        }
+    }
+    let absent = match rp.absent.as_ref().map(|t| (t, t.get_ref().as_str())) {
+        None | Some((_, "keep")) => AbsentPolicy::Keep,
+        Some((_, "null")) => AbsentPolicy::Null,
+        Some((t, other)) => {
+            return Err(src.error(
+                t.span(),
+                format!("`absent` must be \"keep\" or \"null\", not `{other}`"),
+            ))
+        }
+    };
+    let new_columns = match rp.new_columns.as_ref().map(|t| (t, t.get_ref().as_str())) {
+        None | Some((_, "ignore")) => NewColumns::Ignore,
+        Some((_, "extra")) => NewColumns::Extra,
+        Some((t, "add")) => {
+            return Err(src.error(
+                t.span(),
+                "`new-columns = \"add\"` (ALTER TABLE from the Connect schema) is not supported yet: use \"extra\"                  (unmapped members kept in `_extra jsonb`) and add the column to `columns` when you want it typed",
+            ))
+        }
+        Some((t, other)) => {
+            return Err(src.error(
+                t.span(),
+                format!("`new-columns` must be \"ignore\" or \"extra\", not `{other}`"),
+            ))
+        }
+    };
+    Ok((absent, new_columns))
 }
 
 /// `key`: the entity's key columns (JSON: non-optional, non-jsonb fields), each once; required over JSON events.
@@ -403,6 +467,8 @@ pub(crate) const KEYS: &[&str] = &[
     "tombstones",
     "truncate",
     "source-table",
+    "absent",
+    "new-columns",
 ];
 
 /// Checks a row projection's `table` and compiles the rest of its keys ([`compile`]).
@@ -473,7 +539,67 @@ pub(crate) fn settings(s: &mut Settings<'_>, r: &RowPlan) {
     s.put("tombstones", format!("{:?}", r.tombstones).to_lowercase());
     s.put("truncate", format!("{:?}", r.truncate).to_lowercase());
     s.put("source-table", r.source_table.clone().unwrap_or_default());
+    s.put("absent", format!("{:?}", r.absent).to_lowercase());
+    s.put("new-columns", format!("{:?}", r.new_columns).to_lowercase());
     if let Some((_, program)) = &r.delete_if {
         s.used.extend(cel_fields(program, fields));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    const DBZ: &str = r#"
+[kafka]
+group-id = "g"
+topics = ["t"]
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "accounts"
+key = ["id"]
+columns = { id = "bigint" }
+"#;
+
+    /// `absent` and `new-columns`: their values, defaults, and the refusals (`add`, unknown values, JSON events).
+    #[test]
+    fn absent_and_new_columns_are_validated() {
+        use super::{AbsentPolicy, NewColumns};
+        let p = crate::config::parse("p.toml", DBZ).unwrap();
+        let r = p.projections[0].row.as_ref().unwrap();
+        assert_eq!(
+            (r.absent, r.new_columns),
+            (AbsentPolicy::Keep, NewColumns::Ignore)
+        );
+        let p = crate::config::parse(
+            "p.toml",
+            &format!("{DBZ}absent = \"null\"\nnew-columns = \"extra\"\n"),
+        )
+        .unwrap();
+        let r = p.projections[0].row.as_ref().unwrap();
+        assert_eq!(
+            (r.absent, r.new_columns),
+            (AbsentPolicy::Null, NewColumns::Extra)
+        );
+        for (extra, needle) in [
+            ("new-columns = \"add\"", "not supported yet"),
+            ("new-columns = \"all\"", "`new-columns` must be"),
+            ("absent = \"drop\"", "`absent` must be"),
+        ] {
+            let e = crate::config::parse("p.toml", &format!("{DBZ}{extra}\n"))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains(needle) && e.contains("p.toml:"), "{extra}: {e}");
+        }
+        let json = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[fields]\nid = { path = \"/id\", type = \"bigint\" }\n\
+                    v = { path = \"/v\", type = \"bigint\" }\n[identity]\nkey = [\"id\"]\n[[projection]]\nkind = \"row\"\ntable = \"a\"\n\
+                    key = [\"id\"]\nversion = \"v\"\n";
+        assert!(crate::config::parse("p.toml", json).is_ok());
+        let e = crate::config::parse("p.toml", &format!("{json}absent = \"keep\"\n"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("apply to Debezium"), "{e}");
     }
 }

@@ -3,7 +3,7 @@
 
 use tokio_postgres::GenericClient;
 
-use super::plan::TombstoneMode;
+use super::plan::{NewColumns, TombstoneMode};
 use super::types::{ColumnSpec, SqlType};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
@@ -28,7 +28,14 @@ pub struct Shape {
     pub columns: Vec<ColumnSpec>,
     /// Indices into `columns` of the primary key.
     pub key: Vec<usize>,
+    /// `new-columns = "extra"`: index into `columns` of the `_extra jsonb` column (the last one), which holds
+    /// the members of `after` that are none of the other columns. It is carried, never judged: the row state
+    /// hash (duplicate, conflict, unchanged) covers the other columns only.
+    pub extra: Option<usize>,
 }
+
+/// The name of the `new-columns = "extra"` column.
+pub const EXTRA: &str = "_extra";
 
 async fn catalog_columns(
     c: &impl GenericClient,
@@ -70,7 +77,7 @@ async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec
 pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<Shape> {
     let proj = &p.projections[index];
     let plan = proj.row.as_ref().expect("row projection");
-    let columns: Vec<ColumnSpec> = match &plan.columns {
+    let mut columns: Vec<ColumnSpec> = match &plan.columns {
         Some(cols) => cols.clone(),
         None => {
             let found = catalog_columns(c, &plan.table).await?.ok_or_else(|| {
@@ -130,11 +137,21 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
             })?;
         key.push(i);
     }
+    let extra = (plan.new_columns == NewColumns::Extra).then(|| {
+        columns.push(ColumnSpec {
+            name: Ident::new(EXTRA).expect("valid"),
+            ty: SqlType::parse("jsonb").expect("valid"),
+            unit: None,
+            field: None,
+        });
+        columns.len() - 1
+    });
     Ok(Shape {
         index,
         name: proj.name.clone(),
         columns,
         key,
+        extra,
     })
 }
 
@@ -203,6 +220,12 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
         "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _position bigint[]"
     ))
     .await?;
+    if plan.new_columns == NewColumns::Extra {
+        exec(format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {EXTRA} jsonb"
+        ))
+        .await?;
+    }
     let shape = resolve(c, p, index).await?;
     if plan.tombstones == TombstoneMode::Column {
         refuse_not_null(c, &proj.name, &shape, t).await?;

@@ -1,0 +1,372 @@
+//! Case C44 with real Debezium (3.6.1.Final under Kafka Connect, `scripts/connect-start`, schemaless JSON,
+//! `decimal.handling.mode=string`): the source table gets a column added, a column dropped and a column retyped
+//! (int → numeric(12,2)) between runs of the pipeline. Absent is not NULL (`absent = "keep"`, the default) unless
+//! `absent = "null"`; a new column lands where it is mapped, in `_extra` under `new-columns = "extra"`, nowhere
+//! under `"ignore"`; a retype the projection's column holds applies, one it cannot hold is quarantined with a
+//! reason naming the column. Tombstones and versions keep working, no conflicts, and a rebuild of the whole topic
+//! into a fresh schema gives the rows of the live run.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::*;
+use crate::connect::{drop_slot, read_values, unique_name, Connect};
+
+fn payload(v: &Value) -> &Value {
+    match v {
+        Value::Object(m) if m.len() == 2 && m.contains_key("payload") => &m["payload"],
+        other => other,
+    }
+}
+
+/// Waits until the topic holds a change of op `op` whose row has `id`.
+fn wait_for(topic: &str, id: i64, op: &str) {
+    read_values(topic, Duration::from_secs(120), |vs| {
+        vs.iter().any(|v| {
+            let p = payload(v);
+            p["op"] == op && (p["after"]["id"] == id || (op == "d" && p["before"]["id"] == id))
+        })
+    });
+}
+
+const PIPELINE: &str = r#"decimal-handling = "string"
+[batch]
+linger-ms = 10
+[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "SRC.accounts"
+key = ["id"]
+columns = { id = "bigint", owner = "text", balance = "numeric(12,2)", updated_at = "timestamptz", loyalty_points = "numeric(12,2)", tier = "text" }
+[[projection]]
+kind = "row"
+table = "accounts_null"
+source-table = "SRC.accounts"
+key = ["id"]
+absent = "null"
+columns = { id = "bigint", owner = "text", balance = "numeric(12,2)" }
+[[projection]]
+kind = "row"
+table = "accounts_extra"
+source-table = "SRC.accounts"
+key = ["id"]
+new-columns = "extra"
+columns = { id = "bigint", owner = "text", balance = "numeric(12,2)", updated_at = "timestamptz", loyalty_points = "numeric(12,2)" }
+"#;
+
+/// The narrow pipeline: `loyalty_points integer` cannot hold the retyped numeric(12,2) values.
+const NARROW: &str = r#"decimal-handling = "string"
+[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "SRC.accounts"
+key = ["id"]
+columns = { id = "bigint", owner = "text", balance = "numeric(12,2)", loyalty_points = "integer" }
+"#;
+
+fn rows(db: &Db, table: &str, cols: &str) -> Vec<String> {
+    db.column(&format!(
+        "SELECT concat_ws(' | ', {cols}) FROM {{s}}.{table} ORDER BY id"
+    ))
+}
+
+const ACCOUNTS: &str =
+    "id, coalesce(owner, 'NULL'), balance, coalesce(loyalty_points::text, 'NULL'), coalesce(tier, 'NULL')";
+const EXTRA: &str =
+    "id, coalesce(owner, 'NULL'), balance, coalesce(loyalty_points::text, 'NULL'), coalesce(_extra::text, 'NULL')";
+
+#[test]
+fn c44_schema_evolution_with_real_debezium() {
+    let db = Db::fresh("c44");
+    let src = unique_name("c44src");
+    db.execute(&format!(
+        "CREATE SCHEMA {src}; CREATE TABLE {src}.accounts (id bigint PRIMARY KEY, owner text, \
+         balance numeric(12,2), updated_at timestamptz, loyalty_points int);
+         INSERT INTO {src}.accounts VALUES (1, 'acct-one', 10.00, '2024-04-25T00:00:00Z', 100)"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("{src}.accounts");
+    let mut connect = Connect::start(
+        &dir.path().join(&src),
+        &[
+            ("topic.prefix", &src),
+            ("table.include.list", &table),
+            ("decimal.handling.mode", "string"),
+        ],
+        false,
+    );
+    let topic = connect.topic(&src, "accounts");
+    let text = format!("{DEBEZIUM_HEADER}{}", PIPELINE.replace("SRC", &src));
+    let group = unique("g");
+    let run = |db: &Db, text: &str, group: &str| -> Out {
+        let p = pipeline(text, &topic, group, &db.schema);
+        run_caught_up(&p.path)
+    };
+    let sql = |stmts: &[String]| {
+        for s in stmts {
+            db.execute(s);
+        }
+    };
+
+    // Phase 1: the original shape.
+    sql(&[format!(
+        "INSERT INTO {src}.accounts VALUES (3, 'acct-three', 1.00, '2024-04-25T00:00:30Z', 7)"
+    )]);
+    wait_for(&topic, 3, "c");
+    run(&db, &text, &group);
+    // Phase 2: ADD COLUMN tier; an update that sets it, an insert with tier NULL.
+    sql(&[
+        format!("ALTER TABLE {src}.accounts ADD COLUMN tier text"),
+        format!("UPDATE {src}.accounts SET balance = 20.00, updated_at = '2024-04-25T00:01:00Z', tier = 'gold' WHERE id = 1"),
+        format!("INSERT INTO {src}.accounts VALUES (2, 'acct-two', 5.00, '2024-04-25T00:02:00Z', 0, NULL)"),
+    ]);
+    wait_for(&topic, 2, "c");
+    run(&db, &text, &group);
+    // Phase 3: DROP COLUMN owner; retype loyalty_points to numeric(12,2); a delete; a marker.
+    sql(&[
+        format!("ALTER TABLE {src}.accounts DROP COLUMN owner"),
+        format!("UPDATE {src}.accounts SET balance = 30.00, updated_at = '2024-04-25T00:03:00Z' WHERE id = 1"),
+        format!("ALTER TABLE {src}.accounts ALTER COLUMN loyalty_points TYPE numeric(12,2)"),
+        format!("UPDATE {src}.accounts SET loyalty_points = 120.00, updated_at = '2024-04-25T00:04:00Z' WHERE id = 1"),
+        format!("DELETE FROM {src}.accounts WHERE id = 3"),
+        format!("INSERT INTO {src}.accounts (id, balance) VALUES (900, 0.00)"),
+    ]);
+    wait_for(&topic, 900, "c");
+    let values = read_values(&topic, Duration::from_secs(30), |vs| {
+        vs.iter().any(|v| payload(v)["after"]["id"] == 900)
+    });
+    let out = run(&db, &text, &group);
+
+    let dead: Vec<String> =
+        db.column("SELECT \"offset\"::text || ' ' || reason || ': ' || detail FROM {s}.replaysafe_dead_letters");
+    assert!(
+        dead.is_empty(),
+        "no dead letters: {dead:#?}\n{}",
+        out.stdout
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
+    // The retyped value arrived as a decimal string, the owner of the later updates is absent (not null).
+    let after: Vec<&Value> = values.iter().map(|v| &payload(v)["after"]).collect();
+    assert!(
+        after
+            .iter()
+            .any(|a| a["id"] == 1 && a["loyalty_points"] == "120.00" && a.get("owner").is_none()),
+        "{after:?}"
+    );
+    let live = rows(&db, "accounts", ACCOUNTS);
+    assert_eq!(
+        live,
+        vec![
+            "1 | acct-one | 30.00 | 120.00 | gold",
+            "2 | acct-two | 5.00 | 0.00 | NULL",
+            "900 | NULL | 0.00 | NULL | NULL",
+        ],
+        "absent owner kept; tier mapped; the numeric column took 100 and \"120.00\""
+    );
+    assert_eq!(
+        rows(&db, "accounts_null", "id, coalesce(owner, 'NULL'), balance"),
+        vec![
+            "1 | NULL | 30.00",
+            "2 | acct-two | 5.00",
+            "900 | NULL | 0.00"
+        ],
+        "absent = \"null\": the dropped column's value goes"
+    );
+    let extra = rows(&db, "accounts_extra", EXTRA);
+    assert_eq!(
+        extra,
+        vec![
+            r#"1 | acct-one | 30.00 | 120.00 | {"tier": "gold"}"#,
+            r#"2 | acct-two | 5.00 | 0.00 | {"tier": null}"#,
+            r#"900 | NULL | 0.00 | NULL | {"tier": null}"#,
+        ]
+    );
+    for t in ["accounts", "accounts_null", "accounts_extra"] {
+        assert_eq!(
+            db.column::<i64>(&format!("SELECT id FROM {{s}}.{t}_tombstones ORDER BY id")),
+            vec![3],
+            "{t}: the delete left its tombstone"
+        );
+    }
+
+    // The whole topic again under the same group's ledger: nothing lands, nothing changes.
+    let again = run(&db, &text, &unique("g"));
+    assert_eq!(again.tally().landed, 0, "{}", again.stdout);
+    assert_eq!(rows(&db, "accounts", ACCOUNTS), live);
+    assert_eq!(rows(&db, "accounts_extra", EXTRA), extra);
+
+    // A rebuild of the whole topic into a fresh schema gives the same rows.
+    let rebuilt = Db::fresh("c44r");
+    let out = run(&rebuilt, &text, &unique("g"));
+    assert_eq!(out.tally().quarantined, 0, "{}", out.stdout);
+    assert_eq!(rows(&rebuilt, "accounts", ACCOUNTS), live);
+    assert_eq!(rows(&rebuilt, "accounts_extra", EXTRA), extra);
+
+    // A projection whose column cannot hold the retyped values: that record is quarantined with a reason naming
+    // the column; the rest applies.
+    let narrow = Db::fresh("c44n");
+    let ntext = format!("{DEBEZIUM_HEADER}{}", NARROW.replace("SRC", &src));
+    let out = run(&narrow, &ntext, &unique("g"));
+    let dead: Vec<String> = narrow.column("SELECT detail FROM {s}.replaysafe_dead_letters");
+    assert_eq!(dead.len(), 1, "{dead:#?}\n{}", out.stdout);
+    assert!(
+        dead[0].contains("column `loyalty_points`") && dead[0].contains("120.00"),
+        "{dead:?}"
+    );
+    assert_eq!(out.tally().quarantined, 1);
+    assert_eq!(
+        rows(
+            &narrow,
+            "accounts",
+            "id, coalesce(owner, 'NULL'), balance, coalesce(loyalty_points::text, 'NULL')"
+        ),
+        vec![
+            "1 | acct-one | 30.00 | 100",
+            "2 | acct-two | 5.00 | 0",
+            "900 | NULL | 0.00 | NULL"
+        ]
+    );
+
+    connect.stop();
+    drop_slot(&connect.slot, &connect.publication);
+    db.execute(&format!("DROP SCHEMA {src} CASCADE"));
+}
+
+/// A Debezium change of `public.accounts` row `id` on `partition` at source position `lsn`.
+fn change(partition: i32, op: &str, id: i64, before: Value, after: Value, lsn: i64) -> Rec {
+    let value = serde_json::json!({
+        "before": before, "after": after, "op": op, "ts_ms": 1_760_000_000_000i64 + lsn,
+        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": "accounts",
+            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1_760_000_000_000i64 + lsn,
+            "sequence": format!("[\"{}\",\"{lsn}\"]", lsn - 5)},
+    });
+    raw(partition, Some(serde_json::json!({ "id": id })), value)
+}
+
+/// `_extra` is carried, never judged: at an equal version (a `version` column, so two changes at different source
+/// positions meet in the fold) a change that differs only in unmapped members is a duplicate, not a conflict; a
+/// newer version with the same mapped state lands and updates `_extra`; a change whose mapped columns differ at
+/// an equal version is still a conflict. Absent members keep the stored value; deletes leave tombstones.
+/// Entities on two partitions.
+#[test]
+fn extra_members_are_carried_never_judged() {
+    use serde_json::json;
+    let topic = new_topic("c44x", 2);
+    let n = Value::Null;
+    produce(
+        &topic,
+        &[
+            change(
+                0,
+                "c",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "version": 1}),
+                100,
+            ),
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "version": 1, "tier": "gold"}),
+                200,
+            ),
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "version": 2, "tier": "silver"}),
+                300,
+            ),
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "x", "version": 2, "tier": "silver"}),
+                400,
+            ),
+            change(
+                1,
+                "c",
+                2,
+                n.clone(),
+                json!({"id": 2, "owner": "o2", "version": 1, "tier": null}),
+                110,
+            ),
+            change(1, "u", 2, n.clone(), json!({"id": 2, "version": 2}), 210),
+            change(
+                1,
+                "u",
+                3,
+                n.clone(),
+                json!({"id": 3, "version": 1, "tier": "new"}),
+                220,
+            ),
+            change(
+                1,
+                "d",
+                3,
+                json!({"id": 3, "owner": null, "version": 1}),
+                n.clone(),
+                310,
+            ),
+        ],
+    );
+    let db = Db::fresh("c44x");
+    let text = format!(
+        r#"{DEBEZIUM_HEADER}[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+version = "version"
+new-columns = "extra"
+columns = {{ id = "bigint", owner = "text", version = "bigint" }}
+"#
+    );
+    let out = run_text(&text, &topic, &unique("g"), &db);
+    let t = out.tally();
+    assert_eq!(
+        (
+            t.consumed,
+            t.landed,
+            t.duplicate,
+            out.stale(),
+            t.quarantined
+        ),
+        (8, 6, 1, 1, 0),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "accounts",
+            "id, coalesce(owner, 'NULL'), version, coalesce(_extra::text, 'NULL'), _version::text"
+        ),
+        vec![
+            r#"1 | o1 | 2 | {"tier": "silver"} | {2}"#,
+            r#"2 | o2 | 2 | NULL | {2}"#,
+        ],
+        "id 2's owner is absent from its update: kept"
+    );
+    assert_eq!(
+        db.column::<String>(
+            "SELECT entity::text || ' ' || version::text || ' ' || incoming::text FROM {s}.replaysafe_conflicts"
+        ),
+        vec![r#"{"id": "1"} {2} {"id": "1", "owner": "x", "_extra": "{\"tier\":\"silver\"}", "version": "2"}"#],
+        "only the change of a mapped column at an equal version is a conflict"
+    );
+    assert_eq!(
+        db.column::<i64>("SELECT id FROM {s}.accounts_tombstones"),
+        vec![3]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+}
