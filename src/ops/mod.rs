@@ -7,6 +7,7 @@ pub mod dead_letters;
 pub mod load;
 pub mod offsets;
 pub mod projection;
+pub mod prove;
 pub mod rebuild;
 pub mod run;
 pub mod verify;
