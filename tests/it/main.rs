@@ -26,6 +26,7 @@ mod lock_order;
 mod ops;
 mod privileges;
 mod projections;
+mod prove;
 mod sasl;
 mod starts;
 mod tls;

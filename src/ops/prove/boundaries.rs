@@ -102,6 +102,7 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
         records: n,
         partitions: pr.records.iter().map(|r| r.tp.clone()).collect::<std::collections::BTreeSet<_>>().len(),
         seed: pr.opts.seed,
+        run_id: pr.run_id.clone(),
         kept: Vec::new(),
         passed: out.iter().all(Boundary::ok),
         boundaries: out,

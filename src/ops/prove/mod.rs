@@ -112,7 +112,7 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
         .enable_all()
         .build()
         .map_err(|e| Error::Other(format!("tokio runtime: {e}")))?;
-    let run_id = format!("{:x}", chrono::Utc::now().timestamp_millis() % 0xff_ffff);
+    let run_id = run_id();
     let cluster = Cluster::open(opts.brokers.clone(), &run_id)?;
     let records = cluster.publish(&records, &rt)?;
     let topics = user.kafka.topics.iter().map(|t| format!("{t}{}", cluster.suffix)).collect();
@@ -225,6 +225,14 @@ impl Prover {
         }
         Vec::new()
     }
+}
+
+/// A short id for this prove's scratch schemas and topics: clock, process and call.
+fn run_id() -> String {
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ms = chrono::Utc::now().timestamp_millis() % 0xff_ffff;
+    format!("{ms:x}{:x}{n}", std::process::id() % 0xfff)
 }
 
 /// Milliseconds since `t`.

@@ -44,6 +44,8 @@ pub struct Report {
     pub partitions: usize,
     /// The shuffles' seed.
     pub seed: u64,
+    /// The scratch schemas' id (`rsprove_<id>_<n>`).
+    pub run_id: String,
     /// Scratch schemas left (`--keep`).
     pub kept: Vec<String>,
     /// One per boundary, in order.
