@@ -143,7 +143,11 @@ pub enum Command {
         #[arg(short, long)]
         config: PathBuf,
         /// The fixture: a file in `kcat -C -J` format (as `load` reads).
-        #[arg(long, required_unless_present = "from_topic", conflicts_with = "from_topic")]
+        #[arg(
+            long,
+            required_unless_present = "from_topic",
+            conflicts_with = "from_topic"
+        )]
         records: Option<PathBuf>,
         /// Take the fixture from this live topic instead (its first --max records, partitions in turn), on the
         /// pipeline's brokers (`[kafka] brokers` or KAFKA_BROKERS).

@@ -461,7 +461,12 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             shuffles,
             seed,
             json,
-        } => prove(config, (records, from_topic, max), scratch, (keep, shuffles, seed, json)),
+        } => prove(
+            config,
+            (records, from_topic, max),
+            scratch,
+            (keep, shuffles, seed, json),
+        ),
         Command::Demo { brokers, events } => {
             let url = std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| replaysafe::demo::DEFAULT_DATABASE_URL.to_string());

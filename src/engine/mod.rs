@@ -164,7 +164,9 @@ impl Engine {
             }
             let mut sinks = Vec::new();
             for _ in 0..pipeline.postgres.connections {
-                let sink = Sink::open(pipeline.clone(), url).await?.with_fault(fault.clone());
+                let sink = Sink::open(pipeline.clone(), url)
+                    .await?
+                    .with_fault(fault.clone());
                 let sink = match group {
                     Some(g) => sink.with_group(g),
                     None => sink,

@@ -399,7 +399,11 @@ impl Sink {
             Error::Other("failpoint before-db-commit".into())
         )));
         if let Some(applied) = self.fault.as_ref().and_then(|f| f.at_commit()) {
-            let done = if applied { tx.commit().await } else { tx.rollback().await };
+            let done = if applied {
+                tx.commit().await
+            } else {
+                tx.rollback().await
+            };
             if let Err(e) = done {
                 return Err(classify(e, true));
             }
@@ -428,7 +432,9 @@ async fn lose_reply(client: &Client, outcomes: Vec<Outcome>) -> ApplyError {
             commit_sent: true,
             outcomes: Some(outcomes),
         },
-        None => ApplyError::Fatal(Error::Other("prove: the connection could not be cut".into())),
+        None => ApplyError::Fatal(Error::Other(
+            "prove: the connection could not be cut".into(),
+        )),
     }
 }
 

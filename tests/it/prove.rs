@@ -23,19 +23,36 @@ fn options(records: &Path, shuffles: u32) -> ProveOptions {
 }
 
 fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prove").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/prove")
+        .join(name)
 }
 
 fn boundary(r: &Report, n: u8) -> &Boundary {
-    r.boundaries.iter().find(|b| b.number == n).expect("boundary")
+    r.boundaries
+        .iter()
+        .find(|b| b.number == n)
+        .expect("boundary")
 }
 
 /// Every boundary passes except those named `n/a`, which must be exactly `na`; no scratch schema is left.
 fn assert_passes(r: &Report, na: &[u8]) {
     assert_eq!(r.boundaries.len(), 10, "{}", r.text());
     for b in &r.boundaries {
-        let want = if na.contains(&b.number) { "n/a" } else { "pass" };
-        assert_eq!(b.result, want, "boundary {} {}: {}\n{}", b.number, b.name, b.note, r.text());
+        let want = if na.contains(&b.number) {
+            "n/a"
+        } else {
+            "pass"
+        };
+        assert_eq!(
+            b.result,
+            want,
+            "boundary {} {}: {}\n{}",
+            b.number,
+            b.name,
+            b.note,
+            r.text()
+        );
         assert!(b.diff.is_empty());
     }
     assert!(r.passed && r.kept.is_empty(), "{}", r.text());
@@ -49,13 +66,33 @@ fn assert_passes(r: &Report, na: &[u8]) {
 
 #[test]
 fn prove_passes_on_the_counters_example() {
-    let r = prove::prove(&example("counters.toml"), options(&example("counters.jsonl"), 4)).unwrap();
+    let r = prove::prove(
+        &example("counters.toml"),
+        options(&example("counters.jsonl"), 4),
+    )
+    .unwrap();
     assert_passes(&r, &[6]);
     assert_eq!(r.records, 252);
     // The reference is what the fixture says: 240 distinct events, 11 redeliveries, 1 malformed record.
-    assert!(boundary(&r, 1).note.starts_with("consumed 252 = landed 240 + duplicate 11"), "{}", r.text());
-    assert!(boundary(&r, 7).note.contains("quarantined all 251 claimed records as beyond-horizon"), "{}", r.text());
-    assert!(boundary(&r, 9).note.contains("COMMITs applied and"), "{}", r.text());
+    assert!(
+        boundary(&r, 1)
+            .note
+            .starts_with("consumed 252 = landed 240 + duplicate 11"),
+        "{}",
+        r.text()
+    );
+    assert!(
+        boundary(&r, 7)
+            .note
+            .contains("quarantined all 251 claimed records as beyond-horizon"),
+        "{}",
+        r.text()
+    );
+    assert!(
+        boundary(&r, 9).note.contains("COMMITs applied and"),
+        "{}",
+        r.text()
+    );
     assert!(r.answers.contains("What identifies a change"));
 }
 
@@ -63,14 +100,26 @@ fn prove_passes_on_the_counters_example() {
 fn prove_passes_on_the_cdc_example() {
     let r = prove::prove(&example("cdc.toml"), options(&example("cdc.jsonl"), 4)).unwrap();
     assert_passes(&r, &[7]);
-    assert!(boundary(&r, 6).note.contains("snapshot reads"), "{}", r.text());
+    assert!(
+        boundary(&r, 6).note.contains("snapshot reads"),
+        "{}",
+        r.text()
+    );
 }
 
 #[test]
 fn prove_passes_on_the_outbox_example() {
-    let r = prove::prove(&example("outbox.toml"), options(&example("counters.jsonl"), 4)).unwrap();
+    let r = prove::prove(
+        &example("outbox.toml"),
+        options(&example("counters.jsonl"), 4),
+    )
+    .unwrap();
     assert_passes(&r, &[6, 7]);
-    assert!(boundary(&r, 5).note.contains("under generation"), "{}", r.text());
+    assert!(
+        boundary(&r, 5).note.contains("under generation"),
+        "{}",
+        r.text()
+    );
 }
 
 /// Order status events keyed by event id (an order's changes spread over the 3 partitions): `orders` orders,
@@ -86,7 +135,10 @@ fn status_fixture(dir: &Path, orders: usize) -> PathBuf {
             }
             let p = (k * 7 + o) % 3;
             k += 1;
-            let payload = format!(r#"{{"event_id":"{}","order_id":"o-{o}","status":"{step}"}}"#, uuid::Uuid::from_u64_pair(9, k as u64));
+            let payload = format!(
+                r#"{{"event_id":"{}","order_id":"o-{o}","status":"{step}"}}"#,
+                uuid::Uuid::from_u64_pair(9, k as u64)
+            );
             lines.push(serde_json::json!({
                 "topic": "shop.orders", "partition": p, "offset": offsets[p], "tstype": "create",
                 "ts": 1_795_996_800_000i64 + k as i64, "key": null, "payload": payload,
@@ -125,7 +177,11 @@ kind = "sql"
 setup = "{}"
 sql = "{}"
 "#,
-        if generation { "generation = \"g1\"" } else { "" },
+        if generation {
+            "generation = \"g1\""
+        } else {
+            ""
+        },
         setup.replace("{s}", schema),
         sql.replace("{s}", schema)
     );
@@ -153,12 +209,25 @@ fn prove_fails_on_a_last_writer_sql_projection_in_the_shuffles() {
     let b = boundary(&r, 4);
     assert_eq!(b.result, "fail", "{}", r.text());
     assert!(b.note.starts_with("shuffle "), "{}", b.note);
-    let d = b.diff.iter().find(|d| d.table == "order_status").expect("order_status differs");
+    let d = b
+        .diff
+        .iter()
+        .find(|d| d.table == "order_status")
+        .expect("order_status differs");
     assert!(!d.expected.is_empty() && !d.got.is_empty(), "{d:?}");
-    assert!(d.expected[0].starts_with("order_id=o-") && d.expected[0].contains("status="), "{d:?}");
+    assert!(
+        d.expected[0].starts_with("order_id=o-") && d.expected[0].contains("status="),
+        "{d:?}"
+    );
     let text = r.text();
-    assert!(text.contains("── 4 permitted shuffles") && text.contains("     expected  order_id=o-"), "{text}");
-    assert!(text.contains("FAILED: ") && text.contains("4 permitted shuffles"), "{text}");
+    assert!(
+        text.contains("── 4 permitted shuffles") && text.contains("     expected  order_id=o-"),
+        "{text}"
+    );
+    assert!(
+        text.contains("FAILED: ") && text.contains("4 permitted shuffles"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -173,7 +242,16 @@ fn prove_fails_on_now_in_a_business_column_exit_6_and_json() {
         "INSERT INTO {s}.seen (event_id, first_seen) SELECT event_id, clock_timestamp()::text FROM landed",
     );
     let fixture = status_fixture(dir.path(), 4);
-    let args = ["prove", "--config", p.to_str().unwrap(), "--records", fixture.to_str().unwrap(), "--shuffles", "2", "--json"];
+    let args = [
+        "prove",
+        "--config",
+        p.to_str().unwrap(),
+        "--records",
+        fixture.to_str().unwrap(),
+        "--shuffles",
+        "2",
+        "--json",
+    ];
     let out = replaysafe_with(&args, &[], Duration::from_secs(600));
     assert_eq!(out.code, Some(6), "{}\n{}", out.stdout, out.stderr);
     let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
@@ -186,8 +264,19 @@ fn prove_fails_on_now_in_a_business_column_exit_6_and_json() {
     assert_eq!(b[2]["result"], "fail", "{}", out.stdout);
     let diff = &b[2]["diff"][0];
     assert_eq!(diff["table"], "seen", "{}", out.stdout);
-    assert!(diff["expected"][0].as_str().unwrap().contains("first_seen="), "{}", out.stdout);
-    assert!(diff["got"][0].as_str().unwrap().contains("first_seen="), "{}", out.stdout);
+    assert!(
+        diff["expected"][0]
+            .as_str()
+            .unwrap()
+            .contains("first_seen="),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        diff["got"][0].as_str().unwrap().contains("first_seen="),
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]
@@ -208,7 +297,14 @@ fn prove_fails_on_an_offset_identity_on_a_rebuilt_topic() {
     }
     let b = boundary(&r, 5);
     assert_eq!(b.result, "fail", "{}", r.text());
-    let d = b.diff.iter().find(|d| d.table == "events").expect("events differs");
+    let d = b
+        .diff
+        .iter()
+        .find(|d| d.table == "events")
+        .expect("events differs");
     assert_eq!(d.counts, (15, 15));
-    assert!(d.got[0].starts_with("part=") && d.got[0].contains("off="), "{d:?}");
+    assert!(
+        d.got[0].starts_with("part=") && d.got[0].contains("off="),
+        "{d:?}"
+    );
 }

@@ -33,7 +33,11 @@ struct Done {
 
 impl Done {
     fn pass(runs: u64, note: impl Into<String>) -> Result<Done> {
-        Ok(Done { runs, note: note.into(), failure: None })
+        Ok(Done {
+            runs,
+            note: note.into(),
+            failure: None,
+        })
     }
 }
 
@@ -47,15 +51,20 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
     if pr.opts.progress {
         let bar = indicatif::ProgressBar::new(8 + crashes * 3 / 2 + u64::from(pr.opts.shuffles));
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs  {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs  {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar.enable_steady_tick(Duration::from_millis(200));
         pr.bar = Some(bar);
     }
     let started = Instant::now();
     let s0 = pr.fresh_schema()?;
-    let v0 = Variant { schema: s0, ..Variant::default() };
+    let v0 = Variant {
+        schema: s0,
+        ..Variant::default()
+    };
     let p0 = pr.pipeline(&v0, "prove-reference")?;
     let tally = kafka_run(pr, &p0)?;
     pr.account("1 apply once", n as u64, &tally);
@@ -68,7 +77,11 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
         result: "pass",
         runs: 1,
         ms: ms(started),
-        note: format!("{}; {rows} rows in {} tables", tally.line(), reference.len()),
+        note: format!(
+            "{}; {rows} rows in {} tables",
+            tally.line(),
+            reference.len()
+        ),
         diff: Vec::new(),
     }];
     type Body = fn(&mut Prover, &Arc<Pipeline>, &Snapshot) -> Result<Done>;
@@ -92,15 +105,30 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
     }
     let t = Instant::now();
     let accounting = match pr.accounting.is_empty() {
-        true => Done::pass(0, format!("consumed = landed + duplicate + stale + filtered + quarantined on all {} runs", pr.runs_checked)),
-        false => Ok(Done { runs: 0, note: String::new(), failure: Some((pr.accounting.join("; "), Vec::new())) }),
+        true => Done::pass(
+            0,
+            format!(
+                "consumed = landed + duplicate + stale + filtered + quarantined on all {} runs",
+                pr.runs_checked
+            ),
+        ),
+        false => Ok(Done {
+            runs: 0,
+            note: String::new(),
+            failure: Some((pr.accounting.join("; "), Vec::new())),
+        }),
     };
     out.push(row(10, "accounting", t, accounting));
     Ok(Report {
         pipeline: pr.base.name.clone(),
         answers: pr.user.four_answers(),
         records: n,
-        partitions: pr.records.iter().map(|r| r.tp.clone()).collect::<std::collections::BTreeSet<_>>().len(),
+        partitions: pr
+            .records
+            .iter()
+            .map(|r| r.tp.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
         seed: pr.opts.seed,
         run_id: pr.run_id.clone(),
         kept: Vec::new(),
@@ -111,12 +139,32 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
 
 fn row(number: u8, name: &'static str, t: Instant, done: Result<Done>) -> Boundary {
     let (result, runs, note, diff) = match done {
-        Ok(Done { runs, note, failure: None }) if note.starts_with("n/a") => ("n/a", runs, note, Vec::new()),
-        Ok(Done { runs, note, failure: None }) => ("pass", runs, note, Vec::new()),
-        Ok(Done { runs, failure: Some((why, diff)), .. }) => ("fail", runs, why, diff),
+        Ok(Done {
+            runs,
+            note,
+            failure: None,
+        }) if note.starts_with("n/a") => ("n/a", runs, note, Vec::new()),
+        Ok(Done {
+            runs,
+            note,
+            failure: None,
+        }) => ("pass", runs, note, Vec::new()),
+        Ok(Done {
+            runs,
+            failure: Some((why, diff)),
+            ..
+        }) => ("fail", runs, why, diff),
         Err(e) => ("fail", 0, format!("error: {e}"), Vec::new()),
     };
-    Boundary { number, name, result, runs, ms: ms(t), note, diff }
+    Boundary {
+        number,
+        name,
+        result,
+        runs,
+        ms: ms(t),
+        note,
+        diff,
+    }
 }
 
 /// Compares a state with the reference: pass, or the failure with the diff.
@@ -126,7 +174,11 @@ fn judge(want: &Snapshot, got: &Snapshot, runs: u64, ok: String, bad: String) ->
         return Done::pass(runs, ok);
     }
     let tables: Vec<&str> = d.iter().map(|t| t.table.as_str()).collect();
-    Ok(Done { runs, note: String::new(), failure: Some((format!("{bad}: {} differ", tables.join(", ")), d)) })
+    Ok(Done {
+        runs,
+        note: String::new(),
+        failure: Some((format!("{bad}: {} differ", tables.join(", ")), d)),
+    })
 }
 
 /// `run --until-caught-up` of `p` on the scratch topic (a real consumer group).
@@ -134,7 +186,12 @@ fn kafka_run(pr: &Prover, p: &Arc<Pipeline>) -> Result<Tally> {
     kafka_run_on(pr.rt.handle().clone(), &pr.cluster.brokers, &pr.url, p)
 }
 
-fn kafka_run_on(rt: tokio::runtime::Handle, brokers: &str, url: &str, p: &Arc<Pipeline>) -> Result<Tally> {
+fn kafka_run_on(
+    rt: tokio::runtime::Handle,
+    brokers: &str,
+    url: &str,
+    p: &Arc<Pipeline>,
+) -> Result<Tally> {
     let opts = RunOptions {
         brokers: brokers.to_string(),
         database_url: url.to_string(),
@@ -163,7 +220,13 @@ fn scripted(
     o.fault = fault;
     o.prune_on_start = false;
     let engine = Engine::start(pr.rt.handle(), p.clone(), o)?;
-    let source = Scripted::new(engine.shared(), &pr.cluster.brokers, &p.kafka.group_id, order, paced)?;
+    let source = Scripted::new(
+        engine.shared(),
+        &pr.cluster.brokers,
+        &p.kafka.group_id,
+        order,
+        paced,
+    )?;
     let delivered = source.delivered.clone();
     let tally = engine.run(source)?;
     Ok((tally, delivered.load(Ordering::Relaxed)))
@@ -175,11 +238,20 @@ fn apply_twice(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Res
     pr.account("2 apply twice", pr.records.len() as u64, &tally);
     pr.tick("2 apply twice");
     let got = pr.snapshot(&p, &Norm::default())?;
-    judge(reference, &got, 1, format!("{}; state identical", tally.line()), "the replay changed the state".into())
+    judge(
+        reference,
+        &got,
+        1,
+        format!("{}; state identical", tally.line()),
+        "the replay changed the state".into(),
+    )
 }
 
 fn schema_of(p: &Pipeline) -> Variant {
-    Variant { schema: p.postgres.schema.as_str().to_string(), ..Variant::default() }
+    Variant {
+        schema: p.postgres.schema.as_str().to_string(),
+        ..Variant::default()
+    }
 }
 
 /// Boundary 3: batch size 1, one connection; run after run, each ends ("crashes") after `step` database
@@ -188,7 +260,13 @@ fn schema_of(p: &Pipeline) -> Variant {
 /// group's committed Kafka offsets, as a hand-made consumer would (the records after them are read again).
 fn crash(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<Done> {
     let schema = pr.fresh_schema()?;
-    let v = Variant { schema, max_records: Some(1), connections: Some(1), linger_ms: Some(1), ..Variant::default() };
+    let v = Variant {
+        schema,
+        max_records: Some(1),
+        connections: Some(1),
+        linger_ms: Some(1),
+        ..Variant::default()
+    };
     let p = pr.pipeline(&v, "prove-crash")?;
     let n = pr.records.len();
     let step = n.div_ceil(MAX_CRASHES) as u64;
@@ -200,15 +278,24 @@ fn crash(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<D
         if kafka_restart {
             // What the checkpoints hold beyond Kafka's committed offsets is read again: one commit each.
             let db = checkpoints(pr, &p)?;
-            let committed = super::source::KafkaAck::new(&pr.cluster.brokers, &p.kafka.group_id)?.committed(&tps)?;
-            let first = |tp: &Tp| pr.records.iter().find(|r| &r.tp == tp).map_or(0, |r| r.offset);
+            let committed = super::source::KafkaAck::new(&pr.cluster.brokers, &p.kafka.group_id)?
+                .committed(&tps)?;
+            let first = |tp: &Tp| {
+                pr.records
+                    .iter()
+                    .find(|r| &r.tp == tp)
+                    .map_or(0, |r| r.offset)
+            };
             let lag: i64 = db
                 .iter()
                 .map(|(tp, next)| next - committed.get(tp).copied().unwrap_or_else(|| first(tp)))
                 .filter(|l| *l > 0)
                 .sum();
             pr.rt.block_on(pr.client.execute(
-                &format!("DELETE FROM {} WHERE consumer_group = $1", p.table("replaysafe_checkpoints")),
+                &format!(
+                    "DELETE FROM {} WHERE consumer_group = $1",
+                    p.table("replaysafe_checkpoints")
+                ),
                 &[&p.kafka.group_id],
             ))?;
             from_kafka += 1;
@@ -260,7 +347,10 @@ fn checkpoints(pr: &Prover, p: &Pipeline) -> Result<BTreeMap<Tp, i64>> {
         ),
         &[&p.kafka.group_id],
     ))?;
-    Ok(rows.iter().map(|r| ((r.get(0), r.get(1)), r.get(2))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect())
 }
 
 /// A permitted order of `records`: partitions interleaved at random (seeded), each partition's order kept.
@@ -293,14 +383,25 @@ fn shuffles(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Resul
     let m = (n / 100).clamp(1, pr.user.max_records);
     for i in 0..pr.opts.shuffles {
         let schema = pr.fresh_schema()?;
-        let v = Variant { schema, max_records: Some(m), linger_ms: Some(1), ..Variant::default() };
+        let v = Variant {
+            schema,
+            max_records: Some(m),
+            linger_ms: Some(1),
+            ..Variant::default()
+        };
         let p = pr.pipeline(&v, &format!("prove-shuffle-{}", i + 1))?;
         let seed = pr.opts.seed.wrapping_add(u64::from(i));
         let (tally, delivered) = scripted(pr, &p, shuffle(&pr.records, seed), true, None, None)?;
         pr.account(&format!("4 shuffle {}", i + 1), delivered, &tally);
         pr.tick("4 shuffles");
         let got = pr.snapshot(&p, &Norm::default())?;
-        let d = judge(reference, &got, u64::from(i) + 1, String::new(), format!("shuffle {} (seed {seed})", i + 1))?;
+        let d = judge(
+            reference,
+            &got,
+            u64::from(i) + 1,
+            String::new(),
+            format!("shuffle {} (seed {seed})", i + 1),
+        )?;
         if d.failure.is_some() {
             return Ok(d);
         }
@@ -308,7 +409,10 @@ fn shuffles(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Resul
     }
     Done::pass(
         u64::from(pr.opts.shuffles),
-        format!("{} interleavings of the partitions (batches of {m}); state identical", pr.opts.shuffles),
+        format!(
+            "{} interleavings of the partitions (batches of {m}); state identical",
+            pr.opts.shuffles
+        ),
     )
 }
 
@@ -316,7 +420,15 @@ fn shuffles(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Resul
 /// with a `generation`, under a new generation on a fresh schema (every key is new there), else on top of the
 /// reference under a fresh group (every record a duplicate, no new outbox row).
 fn rebuilt(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<Done> {
-    let moved: Vec<Rec> = pr.records.iter().map(|r| Rec { offset: 2 * r.offset + 1, ..r.clone() }).collect();
+    // With a generation the reference is read again with its generation columns left out (see below).
+    let moved: Vec<Rec> = pr
+        .records
+        .iter()
+        .map(|r| Rec {
+            offset: 2 * r.offset + 1,
+            ..r.clone()
+        })
+        .collect();
     let Some(gen) = pr.user.identity.generation.clone() else {
         let p = pr.pipeline(&schema_of(p0), "prove-rebuilt")?;
         let (tally, delivered) = scripted(pr, &p, moved, false, None, None)?;
@@ -333,22 +445,35 @@ fn rebuilt(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<
     };
     let new = format!("{gen}-rebuilt-{}", pr.run_id);
     let schema = pr.fresh_schema()?;
-    let v = Variant { schema, generation: Some(new.clone()), ..Variant::default() };
+    let v = Variant {
+        schema,
+        generation: Some(new.clone()),
+        ..Variant::default()
+    };
     let p = pr.pipeline(&v, "prove-rebuilt")?;
     let (tally, delivered) = scripted(pr, &p, moved, false, None, None)?;
     pr.account("5 rebuilt topic", delivered, &tally);
     pr.tick("5 rebuilt");
-    let norm = Norm { generation: Some((gen.clone(), new.clone())) };
-    let want = pr.snapshot(p0, &Norm { generation: Some((gen.clone(), gen)) })?;
+    let norm = Norm {
+        generation: Some((gen.clone(), new.clone())),
+    };
+    let want = pr.snapshot(
+        p0,
+        &Norm {
+            generation: Some((gen.clone(), gen)),
+        },
+    )?;
     let got = pr.snapshot(&p, &norm)?;
     judge(
         &want,
         &got,
         1,
-        format!("under generation `{new}`: {}; state identical (generation aside)", tally.line()),
+        format!(
+            "under generation `{new}`: {}; state identical (generation aside)",
+            tally.line()
+        ),
         "the rebuilt topic under a new generation ends differently".into(),
     )
-    .map(|d| if reference.is_empty() { d } else { d })
 }
 
 /// Boundary 6 (Debezium pipelines): every change record but deletes sent again as a snapshot read (`op = r`)
@@ -365,7 +490,11 @@ fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Resu
             continue;
         };
         let o = next.get_mut(&r.tp).expect("partition");
-        reads.push(Rec { offset: *o, value: Some(value), ..r.clone() });
+        reads.push(Rec {
+            offset: *o,
+            value: Some(value),
+            ..r.clone()
+        });
         *o += 1;
     }
     let p = pr.pipeline(&schema_of(p0), "prove-resnapshot")?;
@@ -377,7 +506,10 @@ fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Resu
         reference,
         &got,
         1,
-        format!("{delivered} snapshot reads: {}; state identical, no side effects", tally.line()),
+        format!(
+            "{delivered} snapshot reads: {}; state identical, no side effects",
+            tally.line()
+        ),
         "the resnapshot changed the state".into(),
     )
 }
@@ -394,7 +526,8 @@ fn as_read(value: &[u8]) -> Option<Vec<u8>> {
     if !matches!(op, "c" | "u" | "r") {
         return None;
     }
-    env.as_object_mut()?.insert("op".into(), serde_json::Value::String("r".into()));
+    env.as_object_mut()?
+        .insert("op".into(), serde_json::Value::String("r".into()));
     serde_json::to_vec(&v).ok()
 }
 
@@ -403,10 +536,16 @@ fn as_read(value: &[u8]) -> Option<Vec<u8>> {
 /// every record the ledger had claimed must be quarantined as `beyond-horizon`, the projections unchanged.
 fn expired(pr: &mut Prover, _p0: &Arc<Pipeline>, _reference: &Snapshot) -> Result<Done> {
     let Some(pb) = pr.user.identity.partition_by else {
-        return Done::pass(0, "n/a: no `partition-by`: the ledger keeps every key (no horizon)");
+        return Done::pass(
+            0,
+            "n/a: no `partition-by`: the ledger keeps every key (no horizon)",
+        );
     };
     let schema = pr.fresh_schema()?;
-    let v = Variant { schema, ..Variant::default() };
+    let v = Variant {
+        schema,
+        ..Variant::default()
+    };
     let p = pr.pipeline(&v, "prove-expired")?;
     let (first, delivered) = scripted(pr, &p, pr.records.clone(), false, None, None)?;
     pr.account("7 expired: first apply", delivered, &first);
@@ -442,13 +581,20 @@ fn expired(pr: &mut Prover, _p0: &Arc<Pipeline>, _reference: &Snapshot) -> Resul
         Ok(Some(below))
     })?;
     let Some(below) = pruned else {
-        return Done::pass(1, "n/a: no record was claimed in the ledger (nothing to expire)");
+        return Done::pass(
+            1,
+            "n/a: no record was claimed in the ledger (nothing to expire)",
+        );
     };
     let p2 = pr.pipeline(&schema_of(&p), "prove-expired-replay")?;
     let (tally, delivered) = scripted(pr, &p2, pr.records.clone(), false, None, None)?;
     pr.account("7 expired: replay", delivered, &tally);
     pr.tick("7 expired");
-    let beyond = tally.quarantined.get("beyond-horizon").copied().unwrap_or(0);
+    let beyond = tally
+        .quarantined
+        .get("beyond-horizon")
+        .copied()
+        .unwrap_or(0);
     let after = keep(pr.snapshot(&p2, &Norm::default())?);
     if beyond != claimed {
         return Ok(Done {
@@ -473,7 +619,10 @@ fn expired(pr: &mut Prover, _p0: &Arc<Pipeline>, _reference: &Snapshot) -> Resul
 /// consumer groups on the scratch topic).
 fn concurrent(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<Done> {
     let schema = pr.fresh_schema()?;
-    let v = Variant { schema, ..Variant::default() };
+    let v = Variant {
+        schema,
+        ..Variant::default()
+    };
     let a = pr.pipeline(&v, "prove-two-workers")?;
     let b = pr.pipeline(&v, "prove-second-group")?;
     pr.rt.block_on(async {
@@ -483,27 +632,41 @@ fn concurrent(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Res
     let handles: Vec<_> = [a.clone(), a.clone(), b.clone()]
         .into_iter()
         .map(|p| {
-            let (rt, brokers, url) = (pr.rt.handle().clone(), pr.cluster.brokers.clone(), pr.url.clone());
+            let (rt, brokers, url) = (
+                pr.rt.handle().clone(),
+                pr.cluster.brokers.clone(),
+                pr.url.clone(),
+            );
             std::thread::spawn(move || kafka_run_on(rt, &brokers, &url, &p))
         })
         .collect();
     let mut tallies = Vec::new();
     for h in handles {
-        tallies.push(h.join().map_err(|_| Error::Other("a worker thread panicked".into()))??);
+        tallies.push(
+            h.join()
+                .map_err(|_| Error::Other("a worker thread panicked".into()))??,
+        );
         pr.tick("8 two workers, two groups");
     }
     let n = pr.records.len() as u64;
     let group_a = tallies[0].total() + tallies[1].total();
     pr.account("8 second group", n, &tallies[2]);
     if group_a < n {
-        pr.accounting.push(format!("8 two workers: together they consumed {group_a} of {n} records"));
+        pr.accounting.push(format!(
+            "8 two workers: together they consumed {group_a} of {n} records"
+        ));
     }
     let got = pr.snapshot(&a, &Norm::default())?;
     judge(
         reference,
         &got,
         3,
-        format!("group A: {} + {}; group B: {}; state identical", tallies[0].line(), tallies[1].line(), tallies[2].line()),
+        format!(
+            "group A: {} + {}; group B: {}; state identical",
+            tallies[0].line(),
+            tallies[1].line(),
+            tallies[2].line()
+        ),
         "two workers and two groups at once".into(),
     )
 }
@@ -513,7 +676,12 @@ fn concurrent(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Res
 fn uncertain(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<Done> {
     let schema = pr.fresh_schema()?;
     let m = (pr.records.len() / 8).clamp(1, pr.user.max_records);
-    let v = Variant { schema, max_records: Some(m), linger_ms: Some(1), ..Variant::default() };
+    let v = Variant {
+        schema,
+        max_records: Some(m),
+        linger_ms: Some(1),
+        ..Variant::default()
+    };
     let p = pr.pipeline(&v, "prove-uncertain")?;
     let fault = Arc::new(Fault::uncertain_commits(2));
     let (tally, delivered) = scripted(pr, &p, pr.records.clone(), true, None, Some(fault.clone()))?;

@@ -105,7 +105,11 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
     }
     let records = match &opts.fixture {
         Fixture::File(path) => scratch::read_fixture(&user, path)?,
-        Fixture::Topic { brokers, topic, max } => scratch::sample_topic(&user, brokers, topic, *max)?,
+        Fixture::Topic {
+            brokers,
+            topic,
+            max,
+        } => scratch::sample_topic(&user, brokers, topic, *max)?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -115,7 +119,12 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
     let run_id = run_id();
     let cluster = Cluster::open(opts.brokers.clone(), &run_id)?;
     let records = cluster.publish(&records, &rt)?;
-    let topics = user.kafka.topics.iter().map(|t| format!("{t}{}", cluster.suffix)).collect();
+    let topics = user
+        .kafka
+        .topics
+        .iter()
+        .map(|t| format!("{t}{}", cluster.suffix))
+        .collect();
     let client = rt.block_on(crate::sink::connect(&opts.database_url))?;
     let base = Base {
         name: pipeline_path.display().to_string(),
@@ -151,10 +160,9 @@ impl Prover {
     /// A database error.
     pub fn fresh_schema(&mut self) -> Result<String> {
         let name = format!("rsprove_{}_{}", self.run_id, self.schemas.len() + 1);
-        self.rt.block_on(
-            self.client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}")),
-        )?;
+        self.rt.block_on(self.client.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
+        )))?;
         self.schemas.push(name.clone());
         Ok(name)
     }
@@ -188,7 +196,10 @@ impl Prover {
         let quarantined: u64 = tally.quarantined.values().sum();
         let sum = tally.landed + tally.duplicate + tally.stale + filtered + quarantined;
         if sum != consumed {
-            self.accounting.push(format!("{what}: consumed {consumed} ≠ {} ({sum})", tally.line()));
+            self.accounting.push(format!(
+                "{what}: consumed {consumed} ≠ {} ({sum})",
+                tally.line()
+            ));
         }
     }
 
@@ -205,7 +216,14 @@ impl Prover {
         if self.opts.keep {
             return;
         }
-        if self.rt.block_on(self.client.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))).is_ok() {
+        if self
+            .rt
+            .block_on(
+                self.client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")),
+            )
+            .is_ok()
+        {
             self.schemas.retain(|s| s != name);
         }
     }
@@ -219,7 +237,10 @@ impl Prover {
             return self.schemas.clone();
         }
         for s in &self.schemas {
-            if let Err(e) = self.rt.block_on(self.client.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE"))) {
+            if let Err(e) = self.rt.block_on(
+                self.client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")),
+            ) {
                 tracing::warn!("prove: dropping scratch schema {s}: {e}");
             }
         }

@@ -57,12 +57,19 @@ pub struct Report {
 impl Report {
     /// The text report.
     pub fn text(&self) -> String {
-        let mut out = format!("replaysafe prove — {}\n\n{}\n", self.pipeline, self.answers.trim_end());
+        let mut out = format!(
+            "replaysafe prove — {}\n\n{}\n",
+            self.pipeline,
+            self.answers.trim_end()
+        );
         out.push_str(&format!(
             "\n{} records on {} partitions; shuffles seeded {}\n\n",
             self.records, self.partitions, self.seed
         ));
-        out.push_str(&format!("{:>3}  {:<34} {:<6} {:>5} {:>8}  {}\n", "#", "boundary", "result", "runs", "time", "checked"));
+        out.push_str(&format!(
+            "{:>3}  {:<34} {:<6} {:>5} {:>8}  {}\n",
+            "#", "boundary", "result", "runs", "time", "checked"
+        ));
         for b in &self.boundaries {
             out.push_str(&format!(
                 "{:>3}  {:<34} {:<6} {:>5} {:>6.1} s  {}\n",
@@ -75,9 +82,15 @@ impl Report {
             ));
         }
         for b in self.boundaries.iter().filter(|b| !b.diff.is_empty()) {
-            out.push_str(&format!("\n── {} {}: the state differs from the reference (apply once)\n", b.number, b.name));
+            out.push_str(&format!(
+                "\n── {} {}: the state differs from the reference (apply once)\n",
+                b.number, b.name
+            ));
             for d in &b.diff {
-                out.push_str(&format!("   table {} ({} rows expected, {} got)\n", d.table, d.counts.0, d.counts.1));
+                out.push_str(&format!(
+                    "   table {} ({} rows expected, {} got)\n",
+                    d.table, d.counts.0, d.counts.1
+                ));
                 for r in &d.expected {
                     out.push_str(&format!("     expected  {r}\n"));
                 }
@@ -87,7 +100,10 @@ impl Report {
             }
         }
         if !self.kept.is_empty() {
-            out.push_str(&format!("\nscratch schemas kept: {}\n", self.kept.join(", ")));
+            out.push_str(&format!(
+                "\nscratch schemas kept: {}\n",
+                self.kept.join(", ")
+            ));
         }
         let failed: Vec<String> = self
             .boundaries
@@ -96,7 +112,8 @@ impl Report {
             .map(|b| format!("{} {}", b.number, b.name))
             .collect();
         out.push_str(&if failed.is_empty() {
-            "\nevery boundary passed: replay is harmless for this pipeline on these records\n".to_string()
+            "\nevery boundary passed: replay is harmless for this pipeline on these records\n"
+                .to_string()
         } else {
             format!("\nFAILED: {}\n", failed.join("; "))
         });

@@ -64,7 +64,11 @@ pub fn read_fixture(p: &Pipeline, path: &Path) -> Result<Vec<Rec>> {
         if line.trim().is_empty() {
             continue;
         }
-        let r = crate::source::kcat::parse_line(p, line.trim(), &format!("{}:{}", path.display(), i + 1))?;
+        let r = crate::source::kcat::parse_line(
+            p,
+            line.trim(),
+            &format!("{}:{}", path.display(), i + 1),
+        )?;
         out.push(Rec {
             tp: r.tp,
             offset: r.offset,
@@ -75,7 +79,10 @@ pub fn read_fixture(p: &Pipeline, path: &Path) -> Result<Vec<Rec>> {
         });
     }
     if out.is_empty() {
-        return Err(Error::Usage(format!("--records {}: no records", path.display())));
+        return Err(Error::Usage(format!(
+            "--records {}: no records",
+            path.display()
+        )));
     }
     Ok(out)
 }
@@ -96,7 +103,9 @@ pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Res
         .map(|t| t.partitions().iter().map(|p| p.id()).collect())
         .unwrap_or_default();
     if parts.is_empty() {
-        return Err(Error::Usage(format!("--from-topic {topic}: no such topic on {brokers}")));
+        return Err(Error::Usage(format!(
+            "--from-topic {topic}: no such topic on {brokers}"
+        )));
     }
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
@@ -114,7 +123,10 @@ pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Res
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while out.len() < max && std::time::Instant::now() < deadline {
         let Some(m) = c.poll(Duration::from_millis(500)) else {
-            if ends.keys().all(|p| taken.get(p).copied().unwrap_or(0) >= per) {
+            if ends
+                .keys()
+                .all(|p| taken.get(p).copied().unwrap_or(0) >= per)
+            {
                 break;
             }
             continue;
@@ -133,12 +145,17 @@ pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Res
             value: m.payload().map(<[u8]>::to_vec),
             old_key: crate::decode::debezium::old_key_header(&m).map(<[u8]>::to_vec),
         });
-        if ends.iter().all(|(p, _)| taken.get(p).copied().unwrap_or(0) >= per) {
+        if ends
+            .iter()
+            .all(|(p, _)| taken.get(p).copied().unwrap_or(0) >= per)
+        {
             break;
         }
     }
     if out.is_empty() {
-        return Err(Error::Usage(format!("--from-topic {topic}: no records read within 60 s")));
+        return Err(Error::Usage(format!(
+            "--from-topic {topic}: no records read within 60 s"
+        )));
     }
     Ok(out)
 }
@@ -186,7 +203,10 @@ impl Cluster {
             let n = parts.entry(r.tp.0.clone()).or_insert(1);
             *n = (*n).max(r.tp.1 + 1);
         }
-        let named: Vec<(String, i32)> = parts.iter().map(|(t, n)| (format!("{t}{}", self.suffix), *n)).collect();
+        let named: Vec<(String, i32)> = parts
+            .iter()
+            .map(|(t, n)| (format!("{t}{}", self.suffix), *n))
+            .collect();
         self.create_topics(&named, rt)?;
         let producer: BaseProducer = ClientConfig::new()
             .set("bootstrap.servers", &self.brokers)
@@ -215,7 +235,11 @@ impl Cluster {
             send(&producer, rec)?;
             let tp = (topic.clone(), r.tp.1);
             let o = next.entry(tp.clone()).or_insert(0);
-            out.push(Rec { tp, offset: *o, ..r.clone() });
+            out.push(Rec {
+                tp,
+                offset: *o,
+                ..r.clone()
+            });
             *o += 1;
         }
         producer.flush(Duration::from_secs(30))?;
@@ -232,8 +256,9 @@ impl Cluster {
             }
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &self.brokers).create()?;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()?;
         let new: Vec<NewTopic> = topics
             .iter()
             .map(|(t, n)| NewTopic::new(t, *n, TopicReplication::Fixed(1)))
@@ -251,7 +276,12 @@ fn send(producer: &BaseProducer, mut rec: BaseRecord<'_, [u8], [u8]>) -> Result<
     loop {
         match producer.send(rec) {
             Ok(()) => return Ok(()),
-            Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                ),
+                r,
+            )) => {
                 producer.poll(Duration::from_millis(20));
                 rec = r;
             }
@@ -305,7 +335,13 @@ impl Base {
         set(
             "kafka",
             "topics",
-            toml::Value::Array(self.topics.iter().cloned().map(toml::Value::String).collect()),
+            toml::Value::Array(
+                self.topics
+                    .iter()
+                    .cloned()
+                    .map(toml::Value::String)
+                    .collect(),
+            ),
         );
         set("kafka", "group-id", toml::Value::String(group.to_string()));
         if let Some(g) = &v.generation {
@@ -320,9 +356,15 @@ impl Base {
         if let Some(n) = v.connections {
             set("postgres", "connections", toml::Value::Integer(n as i64));
         }
-        let from = self.doc.get("postgres").and_then(|t| t.get("schema")).and_then(|s| s.as_str()).unwrap_or("public");
+        let from = self
+            .doc
+            .get("postgres")
+            .and_then(|t| t.get("schema"))
+            .and_then(|s| s.as_str())
+            .unwrap_or("public");
         requalify_sql(&mut doc, from, &v.schema);
-        let text = toml::to_string(&doc).map_err(|e| Error::Other(format!("{}: {e}", self.name)))?;
+        let text =
+            toml::to_string(&doc).map_err(|e| Error::Other(format!("{}: {e}", self.name)))?;
         config::parse(&self.name, &text)
     }
 }
@@ -354,9 +396,9 @@ pub fn requalify(text: &str, from: &str, to: &str) -> String {
     while !rest.is_empty() {
         let before = out.chars().last();
         let boundary = !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.');
-        let hit = [&plain, &quoted]
-            .into_iter()
-            .find(|pat| boundary && rest.len() >= pat.len() && rest[..pat.len()].eq_ignore_ascii_case(pat));
+        let hit = [&plain, &quoted].into_iter().find(|pat| {
+            boundary && rest.len() >= pat.len() && rest[..pat.len()].eq_ignore_ascii_case(pat)
+        });
         match hit {
             Some(pat) => {
                 out.push_str(to);
@@ -379,7 +421,8 @@ pub fn unqualified_sql(doc: &toml::Table, schema: &str) -> Option<usize> {
     let projections = doc.get("projection")?.as_array()?;
     projections.iter().enumerate().find_map(|(i, p)| {
         let sql = p.get("sql")?.as_str()?;
-        (p.get("kind")?.as_str()? == "sql" && requalify(sql, schema, "\u{1}") == sql).then_some(i + 1)
+        (p.get("kind")?.as_str()? == "sql" && requalify(sql, schema, "\u{1}") == sql)
+            .then_some(i + 1)
     })
 }
 
@@ -390,7 +433,11 @@ mod tests {
     #[test]
     fn requalify_rewrites_the_schema_as_a_word_only() {
         assert_eq!(
-            requalify("UPDATE shop.s SET x = 1 FROM landed, \"shop\".t, myshop.u", "shop", "scratch_1"),
+            requalify(
+                "UPDATE shop.s SET x = 1 FROM landed, \"shop\".t, myshop.u",
+                "shop",
+                "scratch_1"
+            ),
             "UPDATE scratch_1.s SET x = 1 FROM landed, scratch_1.t, myshop.u"
         );
     }

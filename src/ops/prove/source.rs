@@ -45,7 +45,9 @@ impl KafkaAck {
         for (t, p) in tps {
             tpl.add_partition(t, *p);
         }
-        let got = self.consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+        let got = self
+            .consumer
+            .committed_offsets(tpl, Duration::from_secs(10))?;
         Ok(got
             .elements()
             .iter()
@@ -67,7 +69,10 @@ impl Ack for KafkaAck {
         }
     }
     fn fenced(&self, tp: &Tp) -> Option<Error> {
-        Some(Error::Other(format!("{}/{}: fenced by another consumer", tp.0, tp.1)))
+        Some(Error::Other(format!(
+            "{}/{}: fenced by another consumer",
+            tp.0, tp.1
+        )))
     }
 }
 
@@ -90,7 +95,13 @@ impl Scripted {
     ///
     /// # Errors
     /// A Kafka error.
-    pub fn new(core: Shared, brokers: &str, group: &str, order: Vec<Rec>, paced: bool) -> Result<Scripted> {
+    pub fn new(
+        core: Shared,
+        brokers: &str,
+        group: &str,
+        order: Vec<Rec>,
+        paced: bool,
+    ) -> Result<Scripted> {
         Ok(Scripted {
             core,
             group: group.to_string(),
@@ -105,15 +116,29 @@ impl Scripted {
     /// Takes every partition of the script over; each starts at its checkpoint, else the group's committed
     /// offset, else its first record.
     fn take_over(&mut self) -> Result<()> {
-        let tps: Vec<Tp> = self.order.iter().map(|r| r.tp.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+        let tps: Vec<Tp> = self
+            .order
+            .iter()
+            .map(|r| r.tp.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let committed = self.ack.committed(&tps)?;
         let mut core = lock(&self.core);
         let acquired = core.take_over(&self.ack, &self.group, &tps, false)?;
         let mut starts = BTreeMap::new();
         for a in acquired {
-            let first = self.order.iter().find(|r| r.tp == a.tp).map_or(0, |r| r.offset);
-            let start = a.next.or_else(|| committed.get(&a.tp).copied()).unwrap_or(first);
-            core.parts.insert(a.tp.clone(), PartState::new(a.fence, start, a.next));
+            let first = self
+                .order
+                .iter()
+                .find(|r| r.tp == a.tp)
+                .map_or(0, |r| r.offset);
+            let start = a
+                .next
+                .or_else(|| committed.get(&a.tp).copied())
+                .unwrap_or(first);
+            core.parts
+                .insert(a.tp.clone(), PartState::new(a.fence, start, a.next));
             starts.insert(a.tp, start);
         }
         self.starts = Some(starts);

@@ -60,7 +60,12 @@ pub struct Norm {
 ///
 /// # Errors
 /// A database error.
-pub async fn snapshot(client: &Client, schema: &str, ledger: &str, norm: &Norm) -> Result<Snapshot> {
+pub async fn snapshot(
+    client: &Client,
+    schema: &str,
+    ledger: &str,
+    norm: &Norm,
+) -> Result<Snapshot> {
     let tables = client
         .query(
             "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -74,7 +79,10 @@ pub async fn snapshot(client: &Client, schema: &str, ledger: &str, norm: &Norm) 
         if BOOKKEEPING.contains(&name.as_str()) {
             continue;
         }
-        out.insert(name.clone(), read_table(client, schema, &name, ledger, norm).await?);
+        out.insert(
+            name.clone(),
+            read_table(client, schema, &name, ledger, norm).await?,
+        );
     }
     Ok(out)
 }
@@ -104,7 +112,11 @@ async fn read_table(
     for (name, serial) in &cols {
         let n = name.as_str();
         let located = (table == ledger || dead) && matches!(n, "topic" | "partition" | "offset");
-        let outboxed = outbox && matches!(n, "id" | "source_topic" | "source_partition" | "source_offset");
+        let outboxed = outbox
+            && matches!(
+                n,
+                "id" | "source_topic" | "source_partition" | "source_offset"
+            );
         let generation = norm.generation.is_some() && n == "generation";
         if DROPPED.contains(&n) || located || outboxed || generation || *serial {
             continue;
@@ -115,12 +127,20 @@ async fn read_table(
         } else {
             format!("{q}::text")
         });
-        columns.push(if n.ends_with("_at") { format!("{n} is set") } else { n.to_string() });
+        columns.push(if n.ends_with("_at") {
+            format!("{n} is set")
+        } else {
+            n.to_string()
+        });
     }
     let sql = format!(
         "SELECT {}{} FROM \"{}\".\"{}\"",
         if dead { "DISTINCT " } else { "" },
-        if exprs.is_empty() { "1::text".to_string() } else { exprs.join(", ") },
+        if exprs.is_empty() {
+            "1::text".to_string()
+        } else {
+            exprs.join(", ")
+        },
         schema.replace('"', "\"\""),
         table.replace('"', "\"\"")
     );
@@ -166,11 +186,18 @@ pub fn diff(want: &Snapshot, got: &Snapshot, limit: usize) -> Vec<TableDiff> {
         rows: Vec::new(),
     };
     for name in names {
-        let (w, g) = (want.get(name).unwrap_or(&empty), got.get(name).unwrap_or(&empty));
+        let (w, g) = (
+            want.get(name).unwrap_or(&empty),
+            got.get(name).unwrap_or(&empty),
+        );
         if w == g {
             continue;
         }
-        let cols = if w.columns.is_empty() { &g.columns } else { &w.columns };
+        let cols = if w.columns.is_empty() {
+            &g.columns
+        } else {
+            &w.columns
+        };
         let render = |r: &Vec<Option<String>>| {
             cols.iter()
                 .zip(r)
@@ -180,8 +207,16 @@ pub fn diff(want: &Snapshot, got: &Snapshot, limit: usize) -> Vec<TableDiff> {
         };
         out.push(TableDiff {
             table: name.clone(),
-            expected: minus(&w.rows, &g.rows).into_iter().take(limit).map(render).collect(),
-            got: minus(&g.rows, &w.rows).into_iter().take(limit).map(render).collect(),
+            expected: minus(&w.rows, &g.rows)
+                .into_iter()
+                .take(limit)
+                .map(render)
+                .collect(),
+            got: minus(&g.rows, &w.rows)
+                .into_iter()
+                .take(limit)
+                .map(render)
+                .collect(),
             counts: (w.rows.len(), g.rows.len()),
         });
     }
@@ -189,7 +224,10 @@ pub fn diff(want: &Snapshot, got: &Snapshot, limit: usize) -> Vec<TableDiff> {
 }
 
 /// The rows of sorted `a` not matched in sorted `b` (multiset difference).
-fn minus<'a>(a: &'a [Vec<Option<String>>], b: &[Vec<Option<String>>]) -> Vec<&'a Vec<Option<String>>> {
+fn minus<'a>(
+    a: &'a [Vec<Option<String>>],
+    b: &[Vec<Option<String>>],
+) -> Vec<&'a Vec<Option<String>>> {
     let (mut i, mut j, mut out) = (0, 0, Vec::new());
     while i < a.len() {
         if j < b.len() && a[i] == b[j] {
