@@ -103,6 +103,14 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
             pipeline_path.display()
         )));
     }
+    if let Fixture::Topic { topic, .. } = &opts.fixture {
+        if !user.kafka.topics.contains(topic) {
+            return Err(Error::Usage(format!(
+                "--from-topic {topic} is not one of the pipeline's [kafka] topics ({})",
+                user.kafka.topics.join(", ")
+            )));
+        }
+    }
     let records = match &opts.fixture {
         Fixture::File(path) => scratch::read_fixture(&user, path)?,
         Fixture::Topic {
@@ -130,6 +138,7 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
         name: pipeline_path.display().to_string(),
         doc,
         topics,
+        mock: opts.brokers.is_none(),
     };
     let mut prover = Prover {
         rt,

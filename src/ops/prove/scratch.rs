@@ -64,11 +64,9 @@ pub fn read_fixture(p: &Pipeline, path: &Path) -> Result<Vec<Rec>> {
         if line.trim().is_empty() {
             continue;
         }
-        let r = crate::source::kcat::parse_line(
-            p,
-            line.trim(),
-            &format!("{}:{}", path.display(), i + 1),
-        )?;
+        let at = format!("{}:{}", path.display(), i + 1);
+        let r = crate::source::kcat::parse_line(p, line.trim(), &at)
+            .map_err(|e| Error::Usage(format!("--records: {e}")))?;
         out.push(Rec {
             tp: r.tp,
             offset: r.offset,
@@ -314,6 +312,9 @@ pub struct Base {
     pub doc: toml::Table,
     /// The scratch topics' names, in `[kafka] topics` order.
     pub topics: Vec<String>,
+    /// On the embedded mock cluster: `[kafka] brokers` and `[kafka.properties]` (SASL, TLS of the real
+    /// cluster) are left out.
+    pub mock: bool,
 }
 
 impl Base {
@@ -344,6 +345,9 @@ impl Base {
             ),
         );
         set("kafka", "group-id", toml::Value::String(group.to_string()));
+        // Every boundary reads its scratch topic from the start and owns its scratch schema.
+        set("kafka", "start", toml::Value::String("earliest".into()));
+        set("postgres", "manage-schema", toml::Value::Boolean(true));
         if let Some(g) = &v.generation {
             set("identity", "generation", toml::Value::String(g.clone()));
         }
@@ -362,6 +366,12 @@ impl Base {
             .and_then(|t| t.get("schema"))
             .and_then(|s| s.as_str())
             .unwrap_or("public");
+        if self.mock {
+            if let Some(k) = doc.get_mut("kafka").and_then(|k| k.as_table_mut()) {
+                k.remove("properties");
+                k.remove("brokers");
+            }
+        }
         requalify_sql(&mut doc, from, &v.schema);
         let text =
             toml::to_string(&doc).map_err(|e| Error::Other(format!("{}: {e}", self.name)))?;
