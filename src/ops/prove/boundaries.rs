@@ -49,7 +49,7 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
     let n = pr.records.len();
     let crashes = n.min(MAX_CRASHES) as u64;
     if pr.opts.progress {
-        let bar = indicatif::ProgressBar::new(8 + crashes * 3 / 2 + u64::from(pr.opts.shuffles));
+        let bar = indicatif::ProgressBar::new(11 + crashes + u64::from(pr.opts.shuffles));
         bar.set_style(
             indicatif::ProgressStyle::with_template(
                 "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs  {msg}",
