@@ -275,6 +275,46 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Exit code of `prove` when a boundary failed (README "Exit codes").
+const EXIT_PROVE_FAILED: i32 = 6;
+
+fn prove(
+    config: PathBuf,
+    (records, from_topic, max): (Option<PathBuf>, Option<String>, Option<usize>),
+    scratch: Option<String>,
+    (keep, shuffles, seed, json): (bool, u32, Option<u64>, bool),
+) -> anyhow::Result<()> {
+    let p = config::load(&config)?;
+    let fixture = match (records, from_topic) {
+        (Some(file), _) => ops::prove::Fixture::File(file),
+        (None, Some(topic)) => ops::prove::Fixture::Topic {
+            brokers: brokers(&p, None)?,
+            topic,
+            max: max.unwrap_or(1000),
+        },
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let opts = ops::prove::ProveOptions {
+        fixture,
+        database_url: database_url(&p)?,
+        brokers: scratch,
+        keep,
+        shuffles,
+        seed: seed.unwrap_or_else(|| chrono::Utc::now().timestamp_millis() as u64),
+        progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let report = ops::prove::prove(&config, opts).context("prove failed")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    if !report.passed {
+        std::process::exit(EXIT_PROVE_FAILED);
+    }
+    Ok(())
+}
+
 fn load(
     config: PathBuf,
     (group, take_over): (Option<String>, bool),
@@ -528,6 +568,22 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Verify { command } => verify(command),
         Command::DeadLetters { command } => dead_letters(command),
         Command::Ledger { command } => ledger(command),
+        Command::Prove {
+            config,
+            records,
+            from_topic,
+            max,
+            brokers: scratch,
+            keep,
+            shuffles,
+            seed,
+            json,
+        } => prove(
+            config,
+            (records, from_topic, max),
+            scratch,
+            (keep, shuffles, seed, json),
+        ),
         Command::Demo { brokers, events } => {
             let url = std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| replaysafe::demo::DEFAULT_DATABASE_URL.to_string());

@@ -18,6 +18,7 @@
 
 pub mod apply;
 pub mod decide;
+pub mod fault;
 pub mod flush;
 mod prune;
 pub mod state;
@@ -83,9 +84,11 @@ pub struct Options {
     pub give_up: Option<Arc<AtomicBool>>,
     /// Interval of the summary log line, if any.
     pub summary_interval: Option<Duration>,
-    /// Demo only: after this many committed batches, end without acknowledging (a crash between the database
-    /// commit and the offset commit).
+    /// `demo` and `prove`: after this many committed batches, end without acknowledging (a crash between the
+    /// database commit and the offset commit).
     pub crash_after_batches: Option<u64>,
+    /// `prove` only: lose COMMIT replies ([`fault::Fault`]); `None` everywhere else.
+    pub fault: Option<Arc<fault::Fault>>,
     /// Drop ledger partitions older than the horizon on start.
     pub prune_on_start: bool,
     /// Prune periodically at this interval while running.
@@ -109,6 +112,7 @@ impl Options {
             give_up: None,
             summary_interval: None,
             crash_after_batches: None,
+            fault: None,
             prune_on_start: true,
             prune_interval: None,
             extras: Extras::default(),
@@ -145,6 +149,7 @@ impl Engine {
         let give_up = move || stop.load(Ordering::Relaxed);
         let (url, group) = (&opts.database_url, opts.group.as_deref());
         let (prune, build) = (opts.prune_on_start, opts.build);
+        let fault = opts.fault.clone();
         // Start-up waits for the database at most `--connect-timeout`, then exits with the error.
         let dl = Some(Instant::now() + crate::endpoint::connect_timeout());
         let sinks = rt.block_on(apply::retry_db_until("starting", &give_up, dl, || async {
@@ -159,7 +164,9 @@ impl Engine {
             }
             let mut sinks = Vec::new();
             for _ in 0..pipeline.postgres.connections {
-                let sink = Sink::open(pipeline.clone(), url).await?;
+                let sink = Sink::open(pipeline.clone(), url)
+                    .await?
+                    .with_fault(fault.clone());
                 let sink = match group {
                     Some(g) => sink.with_group(g),
                     None => sink,

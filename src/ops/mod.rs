@@ -10,6 +10,7 @@ pub mod load;
 pub mod offsets;
 pub mod outbox;
 pub mod projection;
+pub mod prove;
 pub mod rebuild;
 pub mod run;
 pub mod verify;

@@ -68,6 +68,8 @@ pub struct Sink {
     version: i64,
     /// `replaysafe projection build`: the index of the one projection fed (see [`Sink::for_build`]).
     build: Option<usize>,
+    /// `replaysafe prove`'s uncertain commits ([`crate::engine::fault`]); `None` in production.
+    fault: Option<Arc<crate::engine::fault::Fault>>,
 }
 
 /// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
@@ -191,6 +193,7 @@ impl Sink {
             replay: false,
             version,
             build: None,
+            fault: None,
         })
     }
 
@@ -230,6 +233,12 @@ impl Sink {
         Ok(self)
     }
 
+    /// Sets `replaysafe prove`'s uncertain-commit hook ([`crate::engine::fault::Fault`]; `None`: none).
+    pub fn with_fault(mut self, fault: Option<Arc<crate::engine::fault::Fault>>) -> Sink {
+        self.fault = fault;
+        self
+    }
+
     /// Uses `group` (e.g. a backfill's own group id) for checkpoints, ledger and dead-letter rows instead of the
     /// pipeline's group.
     pub fn with_group(mut self, group: &str) -> Sink {
@@ -246,7 +255,8 @@ impl Sink {
         let (replay, build) = (self.replay, self.build);
         let sink = Sink::open(self.pipeline.clone(), &self.url)
             .await?
-            .with_group(&group);
+            .with_group(&group)
+            .with_fault(self.fault.clone());
         *self = match build {
             Some(i) => sink.for_build(i).await?,
             None => sink,
@@ -401,6 +411,17 @@ impl Sink {
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
         )));
+        if let Some(applied) = self.fault.as_ref().and_then(|f| f.at_commit()) {
+            let done = if applied {
+                tx.commit().await
+            } else {
+                tx.rollback().await
+            };
+            if let Err(e) = done {
+                return Err(classify(e, true));
+            }
+            return Err(lose_reply(&self.client, outcomes).await);
+        }
         if let Err(e) = tx.commit().await {
             return Err(match classify(e, true) {
                 ApplyError::Transient { error, .. } => ApplyError::Transient {
@@ -412,6 +433,21 @@ impl Sink {
             });
         }
         Ok(outcomes)
+    }
+}
+
+/// `prove`'s uncertain commit ([`crate::engine::fault`]), after the COMMIT or ROLLBACK: the connection cut; the
+/// engine gets the error as after a COMMIT whose reply was lost.
+async fn lose_reply(client: &Client, outcomes: Vec<Outcome>) -> ApplyError {
+    match crate::engine::fault::cut(client).await {
+        Some(error) => ApplyError::Transient {
+            error,
+            commit_sent: true,
+            outcomes: Some(outcomes),
+        },
+        None => ApplyError::Fatal(Error::Other(
+            "prove: the connection could not be cut".into(),
+        )),
     }
 }
 

@@ -28,6 +28,7 @@ mod lock_order;
 mod ops;
 mod privileges;
 mod projections;
+mod prove;
 mod relay;
 mod sasl;
 mod starts;

@@ -1,0 +1,454 @@
+//! What one `prove` works on: the fixture's records, the scratch topic they are published to (librdkafka's
+//! embedded mock cluster, or `--brokers`), and variants of the user's pipeline on scratch schemas.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use crate::config::{self, Pipeline};
+use crate::decode::debezium::OLD_KEY_HEADER;
+use crate::engine::{Record, Tp};
+use crate::error::{Error, Result};
+
+/// One record of the fixture as published on the scratch topic.
+#[derive(Clone, Debug)]
+pub struct Rec {
+    /// Topic and partition.
+    pub tp: Tp,
+    /// Offset on the scratch topic.
+    pub offset: i64,
+    /// Timestamp, ms since the Unix epoch.
+    pub timestamp_ms: Option<i64>,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// The Debezium old-key header.
+    pub old_key: Option<Vec<u8>>,
+}
+
+impl Rec {
+    /// The engine's record (decided by the engine).
+    pub fn record(&self) -> Record {
+        Record {
+            tp: self.tp.clone(),
+            offset: self.offset,
+            timestamp_ms: self.timestamp_ms,
+            key: self.key.clone(),
+            value: self.value.clone(),
+            old_key: self.old_key.clone(),
+            decided: None,
+        }
+    }
+}
+
+/// Reads a kcat `-J` file (as `load` reads it).
+///
+/// # Errors
+/// [`Error::Usage`] when the file cannot be read; the line's error for a line that is not a kcat record of one
+/// of the pipeline's topics.
+pub fn read_fixture(p: &Pipeline, path: &Path) -> Result<Vec<Rec>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Usage(format!("cannot read --records {}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = format!("{}:{}", path.display(), i + 1);
+        let r = crate::source::kcat::parse_line(p, line.trim(), &at)
+            .map_err(|e| Error::Usage(format!("--records: {e}")))?;
+        out.push(Rec {
+            tp: r.tp,
+            offset: r.offset,
+            timestamp_ms: r.timestamp_ms,
+            key: r.key,
+            value: r.value,
+            old_key: r.old_key,
+        });
+    }
+    if out.is_empty() {
+        return Err(Error::Usage(format!(
+            "--records {}: no records",
+            path.display()
+        )));
+    }
+    Ok(out)
+}
+
+/// Takes up to `max` records from `topic` on `brokers` (from its beginning, partitions in turn).
+///
+/// # Errors
+/// A Kafka error; [`Error::Usage`] when the topic is missing or empty.
+pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Result<Vec<Rec>> {
+    let mut config = crate::source::kafka::consumer_config(p, brokers, &[]);
+    config.remove("group.id");
+    config.set("enable.auto.commit", "false");
+    let c: BaseConsumer = config.create()?;
+    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let parts: Vec<i32> = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if parts.is_empty() {
+        return Err(Error::Usage(format!(
+            "--from-topic {topic}: no such topic on {brokers}"
+        )));
+    }
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for part in &parts {
+        let (lo, hi) = c.fetch_watermarks(topic, *part, Duration::from_secs(10))?;
+        if hi > lo {
+            tpl.add_partition_offset(topic, *part, Offset::Offset(lo))?;
+            ends.insert(*part, hi);
+        }
+    }
+    c.assign(&tpl)?;
+    let per = max.div_ceil(ends.len().max(1));
+    let mut taken: BTreeMap<i32, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while out.len() < max && std::time::Instant::now() < deadline {
+        let Some(m) = c.poll(Duration::from_millis(500)) else {
+            if ends
+                .keys()
+                .all(|p| taken.get(p).copied().unwrap_or(0) >= per)
+            {
+                break;
+            }
+            continue;
+        };
+        let m = m?;
+        let n = taken.entry(m.partition()).or_insert(0);
+        if *n >= per || m.offset() >= ends[&m.partition()] {
+            continue;
+        }
+        *n += 1;
+        out.push(Rec {
+            tp: (topic.to_string(), m.partition()),
+            offset: m.offset(),
+            timestamp_ms: m.timestamp().to_millis(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            old_key: crate::decode::debezium::old_key_header(&m).map(<[u8]>::to_vec),
+        });
+        if ends
+            .iter()
+            .all(|(p, _)| taken.get(p).copied().unwrap_or(0) >= per)
+        {
+            break;
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::Usage(format!(
+            "--from-topic {topic}: no records read within 60 s"
+        )));
+    }
+    Ok(out)
+}
+
+/// The scratch cluster: the mock cluster (kept alive here) or the user's brokers.
+pub struct Cluster {
+    _mock: Option<MockCluster<'static, rdkafka::producer::DefaultProducerContext>>,
+    /// Bootstrap servers.
+    pub brokers: String,
+    /// The suffix of scratch topics on a real cluster (empty on the mock cluster).
+    pub suffix: String,
+}
+
+impl Cluster {
+    /// Starts the mock cluster (`brokers = None`) or uses `brokers`; `run_id` names scratch topics there.
+    ///
+    /// # Errors
+    /// A Kafka error.
+    pub fn open(brokers: Option<String>, run_id: &str) -> Result<Cluster> {
+        Ok(match brokers {
+            Some(b) => Cluster {
+                _mock: None,
+                brokers: b,
+                suffix: format!(".prove-{run_id}"),
+            },
+            None => {
+                let mock = MockCluster::new(1)?;
+                Cluster {
+                    brokers: mock.bootstrap_servers(),
+                    _mock: Some(mock),
+                    suffix: String::new(),
+                }
+            }
+        })
+    }
+
+    /// Creates the scratch topics of `records` (named `topic + suffix`, as many partitions as the records
+    /// use) and publishes them in order; returns them as published (their topic and new offsets).
+    ///
+    /// # Errors
+    /// A Kafka error.
+    pub fn publish(&self, records: &[Rec], rt: &tokio::runtime::Runtime) -> Result<Vec<Rec>> {
+        let mut parts: BTreeMap<String, i32> = BTreeMap::new();
+        for r in records {
+            let n = parts.entry(r.tp.0.clone()).or_insert(1);
+            *n = (*n).max(r.tp.1 + 1);
+        }
+        let named: Vec<(String, i32)> = parts
+            .iter()
+            .map(|(t, n)| (format!("{t}{}", self.suffix), *n))
+            .collect();
+        self.create_topics(&named, rt)?;
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("enable.idempotence", "true")
+            .create()?;
+        let mut next: BTreeMap<Tp, i64> = BTreeMap::new();
+        let mut out = Vec::with_capacity(records.len());
+        for r in records {
+            let topic = format!("{}{}", r.tp.0, self.suffix);
+            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&topic).partition(r.tp.1);
+            if let Some(k) = &r.key {
+                rec = rec.key(k.as_slice());
+            }
+            if let Some(v) = &r.value {
+                rec = rec.payload(v.as_slice());
+            }
+            if let Some(ts) = r.timestamp_ms {
+                rec = rec.timestamp(ts);
+            }
+            if let Some(old) = &r.old_key {
+                rec = rec.headers(OwnedHeaders::new().insert(Header {
+                    key: OLD_KEY_HEADER,
+                    value: Some(old.as_slice()),
+                }));
+            }
+            send(&producer, rec)?;
+            let tp = (topic.clone(), r.tp.1);
+            let o = next.entry(tp.clone()).or_insert(0);
+            out.push(Rec {
+                tp,
+                offset: *o,
+                ..r.clone()
+            });
+            *o += 1;
+        }
+        producer.flush(Duration::from_secs(30))?;
+        Ok(out)
+    }
+}
+
+impl Cluster {
+    /// Creates `topics` (name, partitions): on the mock cluster directly, else through the admin API.
+    fn create_topics(&self, topics: &[(String, i32)], rt: &tokio::runtime::Runtime) -> Result<()> {
+        if let Some(mock) = &self._mock {
+            for (t, n) in topics {
+                mock.create_topic(t, *n, 1)?;
+            }
+            return Ok(());
+        }
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()?;
+        let new: Vec<NewTopic> = topics
+            .iter()
+            .map(|(t, n)| NewTopic::new(t, *n, TopicReplication::Fixed(1)))
+            .collect();
+        for r in rt.block_on(admin.create_topics(&new, &AdminOptions::new()))? {
+            if let Err((t, code)) = r {
+                return Err(Error::Other(format!("creating scratch topic {t}: {code}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn send(producer: &BaseProducer, mut rec: BaseRecord<'_, [u8], [u8]>) -> Result<()> {
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                ),
+                r,
+            )) => {
+                producer.poll(Duration::from_millis(20));
+                rec = r;
+            }
+            Err((e, _)) => return Err(e.into()),
+        }
+    }
+}
+
+/// How a boundary's pipeline differs from the user's: its scratch schema, and optionally its generation, batch
+/// size, linger and connections, and its topics (the scratch topics).
+#[derive(Clone, Default)]
+pub struct Variant {
+    /// The scratch schema.
+    pub schema: String,
+    /// `Some(g)`: `[identity] generation = g`.
+    pub generation: Option<String>,
+    /// `batch.max-records`.
+    pub max_records: Option<usize>,
+    /// `batch.linger-ms`.
+    pub linger_ms: Option<u64>,
+    /// `postgres.connections`.
+    pub connections: Option<usize>,
+}
+
+/// The user's pipeline file, to derive variants from.
+pub struct Base {
+    /// The file's name (error locations).
+    pub name: String,
+    /// Its TOML.
+    pub doc: toml::Table,
+    /// The scratch topics' names, in `[kafka] topics` order.
+    pub topics: Vec<String>,
+    /// On the embedded mock cluster: `[kafka] brokers` and `[kafka.properties]` (SASL, TLS of the real
+    /// cluster) are left out.
+    pub mock: bool,
+}
+
+impl Base {
+    /// The pipeline with `v` applied (parsed and validated again).
+    ///
+    /// # Errors
+    /// The pipeline's own error (the variant keeps every key but those it sets).
+    pub fn pipeline(&self, v: &Variant, group: &str) -> Result<Pipeline> {
+        let mut doc = self.doc.clone();
+        let mut set = |table: &str, key: &str, val: toml::Value| {
+            let t = doc
+                .entry(table.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let Some(t) = t.as_table_mut() {
+                t.insert(key.to_string(), val);
+            }
+        };
+        set("postgres", "schema", toml::Value::String(v.schema.clone()));
+        set(
+            "kafka",
+            "topics",
+            toml::Value::Array(
+                self.topics
+                    .iter()
+                    .cloned()
+                    .map(toml::Value::String)
+                    .collect(),
+            ),
+        );
+        set("kafka", "group-id", toml::Value::String(group.to_string()));
+        // Every boundary reads its scratch topic from the start and owns its scratch schema.
+        set("kafka", "start", toml::Value::String("earliest".into()));
+        set("postgres", "manage-schema", toml::Value::Boolean(true));
+        if let Some(g) = &v.generation {
+            set("identity", "generation", toml::Value::String(g.clone()));
+        }
+        if let Some(n) = v.max_records {
+            set("batch", "max-records", toml::Value::Integer(n as i64));
+        }
+        if let Some(n) = v.linger_ms {
+            set("batch", "linger-ms", toml::Value::Integer(n as i64));
+        }
+        if let Some(n) = v.connections {
+            set("postgres", "connections", toml::Value::Integer(n as i64));
+        }
+        let from = self
+            .doc
+            .get("postgres")
+            .and_then(|t| t.get("schema"))
+            .and_then(|s| s.as_str())
+            .unwrap_or("public");
+        if self.mock {
+            if let Some(k) = doc.get_mut("kafka").and_then(|k| k.as_table_mut()) {
+                k.remove("properties");
+                k.remove("brokers");
+            }
+        }
+        requalify_sql(&mut doc, from, &v.schema);
+        let text =
+            toml::to_string(&doc).map_err(|e| Error::Other(format!("{}: {e}", self.name)))?;
+        config::parse(&self.name, &text)
+    }
+}
+
+/// `sql` projections name their tables themselves: `prove` runs them on the scratch schema by rewriting every
+/// `<schema>.` (the pipeline's `[postgres] schema`, as a word, optionally quoted) in their `sql` and `setup`.
+fn requalify_sql(doc: &mut toml::Table, from: &str, to: &str) {
+    let Some(projections) = doc.get_mut("projection").and_then(|p| p.as_array_mut()) else {
+        return;
+    };
+    for p in projections.iter_mut().filter_map(|p| p.as_table_mut()) {
+        if p.get("kind").and_then(|k| k.as_str()) != Some("sql") {
+            continue;
+        }
+        for key in ["sql", "setup"] {
+            if let Some(toml::Value::String(text)) = p.get_mut(key) {
+                *text = requalify(text, from, to);
+            }
+        }
+    }
+}
+
+/// `text` with every `from.` and `"from".` that does not follow an identifier character spelled `to.`.
+pub fn requalify(text: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let plain = format!("{from}.");
+    let quoted = format!("\"{from}\".");
+    while !rest.is_empty() {
+        let before = out.chars().last();
+        let boundary = !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.');
+        let hit = [&plain, &quoted].into_iter().find(|pat| {
+            boundary && rest.len() >= pat.len() && rest[..pat.len()].eq_ignore_ascii_case(pat)
+        });
+        match hit {
+            Some(pat) => {
+                out.push_str(to);
+                out.push('.');
+                rest = &rest[pat.len()..];
+            }
+            None => {
+                let c = rest.chars().next().expect("not empty");
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    out
+}
+
+/// Whether a `sql` projection of `doc` does not name the pipeline's schema (its tables would be outside the
+/// scratch schema): its number (1-based), for the refusal.
+pub fn unqualified_sql(doc: &toml::Table, schema: &str) -> Option<usize> {
+    let projections = doc.get("projection")?.as_array()?;
+    projections.iter().enumerate().find_map(|(i, p)| {
+        let sql = p.get("sql")?.as_str()?;
+        (p.get("kind")?.as_str()? == "sql" && requalify(sql, schema, "\u{1}") == sql)
+            .then_some(i + 1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requalify_rewrites_the_schema_as_a_word_only() {
+        assert_eq!(
+            requalify(
+                "UPDATE shop.s SET x = 1 FROM landed, \"shop\".t, myshop.u",
+                "shop",
+                "scratch_1"
+            ),
+            "UPDATE scratch_1.s SET x = 1 FROM landed, scratch_1.t, myshop.u"
+        );
+    }
+}
