@@ -9,6 +9,7 @@ pub mod fields;
 pub mod kafka;
 pub mod plan;
 pub mod raw;
+pub mod registry;
 pub mod source;
 pub mod timeouts;
 
@@ -16,6 +17,7 @@ pub use connection::{ConnectionPlan, SslMode};
 pub use errors::{ErrorsPlan, Tolerance};
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
+pub use registry::{Encoding, RegistryPlan};
 pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
 pub use source::Source;
 pub use timeouts::Timeouts;

@@ -38,6 +38,10 @@ pub struct Pipeline {
     pub format: Format,
     /// Debezium without schemas: how `numeric` values are encoded.
     pub decimal_handling: DecimalHandling,
+    /// `[source] encoding`: plain JSON, or schema-registry framed Avro / JSON.
+    pub encoding: super::Encoding,
+    /// `[source] schema-registry`: the client (with its schema cache) when the encoding needs one.
+    pub registry: Option<std::sync::Arc<crate::decode::registry::Registry>>,
     /// Where the pipeline came from (for messages).
     pub source: Source,
     /// `[kafka]`.
@@ -291,10 +295,18 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let filters = filters(src, &raw, &fields)?;
     let projections = projections(src, &raw, format, &fields, &schema, &identity)?;
     let errors = super::errors::errors(src, raw.errors.as_ref())?;
+    let rs = raw.source.as_ref().map(|s| s.get_ref());
+    let (encoding, registry) = super::registry::registry(
+        src,
+        rs.and_then(|s| s.encoding.as_ref()),
+        rs.and_then(|s| s.schema_registry.as_ref()),
+    )?;
 
     Ok(Pipeline {
         format,
         decimal_handling,
+        encoding,
+        registry: registry.map(|r| std::sync::Arc::new(crate::decode::registry::Registry::new(r))),
         source: src.clone(),
         kafka,
         postgres,
