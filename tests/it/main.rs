@@ -25,6 +25,7 @@ mod load_safety;
 mod lock_order;
 mod ops;
 mod privileges;
+mod registry;
 mod projections;
 mod sasl;
 mod starts;
