@@ -71,3 +71,43 @@ fn c41_framed_values_on_a_json_pipeline_are_quarantined_by_name() {
     assert_eq!((again.landed, again.duplicate, again.quarantined), (0, 2, 3));
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 3);
 }
+
+/// `[source]` for JSON events read as schema-registry Avro from `url`.
+pub fn avro_source(url: &str) -> String {
+    format!("\n[source]\nformat = \"json\"\nencoding = \"avro\"\nschema-registry = {{ url = \"{url}\" }}\n")
+}
+
+/// A registry that does not answer is not the record's fault: the run retries for `--connect-timeout`, then
+/// stops with exit 1 naming the registry — no dead letter, no checkpoint past the record.
+#[test]
+fn registry_down_stops_the_run_without_dead_letters() {
+    let db = Db::fresh("regdown");
+    let topic = new_topic("regdown", 1);
+    let frame = [0u8, 0, 0, 0, 1, 2, b'a'].to_vec();
+    let rec = Rec {
+        partition: 0,
+        key: Some(b"k".to_vec()),
+        value: Some(frame),
+        timestamp_ms: None,
+    };
+    produce(&topic, &[rec]);
+    let group = unique("g");
+    let p = orders(&topic, &group, &db, &avro_source("http://127.0.0.1:1/apis/ccompat/v7"));
+    let config = p.path.to_str().expect("utf-8 path").to_string();
+    let out = replaysafe_with(
+        &["run", "--config", &config, "--until-caught-up", "--connect-timeout", "2"],
+        &[],
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("schema registry http://127.0.0.1:1/apis/ccompat/v7: gave up after")
+            && out.stderr.contains("offset 0"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    let cp = db.checkpoint(&group, &topic, 0);
+    assert!(cp.unwrap_or(0) == 0, "checkpoint {cp:?} moved past the record");
+    assert!(committed(&group, &topic, 1)[0].unwrap_or(0) == 0);
+}
