@@ -88,6 +88,17 @@ impl Registry {
         Ok(schema)
     }
 
+    /// Puts the registry's answer for `id` (`{"schema": "…", "schemaType": …}`, as `GET /schemas/ids/{id}`
+    /// returns it) into the cache without asking the registry: for benchmarks and offline tools.
+    ///
+    /// # Errors
+    /// [`Fetch::Unknown`] when the answer or its schema does not parse.
+    pub fn cache_answer(&self, id: u32, answer: &str) -> Result<(), Fetch> {
+        let schema = Arc::new(parse(id, answer)?);
+        self.cache.lock().expect("cache").insert(id, schema);
+        Ok(())
+    }
+
     fn agent(&self) -> Result<ureq::Agent, Fetch> {
         let mut slot = self.agent.lock().expect("agent");
         if let Some(a) = slot.as_ref() {
