@@ -32,17 +32,16 @@ pub fn to_json(
     datum: &[u8],
     connect: bool,
 ) -> Result<Vec<u8>, String> {
-    let mut rest = datum;
+    let mut rest = Strict(datum);
     let value = apache_avro::from_avro_datum(schema, &mut rest, None)
         .map_err(|e| format!("the Avro data does not match its schema: {e}"))?;
-    // apache-avro reads a string cut short by the end of the data as null: check the value against the schema.
     if !value.validate(schema) {
-        return Err("the Avro data does not match its schema (truncated?)".into());
+        return Err("the Avro data does not match its schema".into());
     }
-    if !rest.is_empty() {
+    if !rest.0.is_empty() {
         return Err(format!(
             "{} bytes are left after the Avro datum (a frame holds one datum)",
-            rest.len()
+            rest.0.len()
         ));
     }
     let cs = connect_schema(json, "", &mut HashMap::new());
@@ -53,6 +52,23 @@ pub fn to_json(
         payload
     };
     serde_json::to_vec(&doc).map_err(|e| e.to_string())
+}
+
+/// A reader over the datum whose end is an error, not an end of file: apache-avro reads a string, or a union,
+/// cut short by the end of the data as null (its `UnexpectedEof` special cases), which would turn a truncated
+/// frame into a record of nulls.
+struct Strict<'a>(&'a [u8]);
+
+impl std::io::Read for Strict<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.0.is_empty() && !buf.is_empty() {
+            return Err(std::io::Error::other("truncated: the data ends inside the Avro datum"));
+        }
+        let n = buf.len().min(self.0.len());
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        Ok(n)
+    }
 }
 
 fn full_name(o: &Map<String, Value>, ns: &str) -> (String, String) {
@@ -323,9 +339,16 @@ mod tests {
             r#"{"type":"record","name":"E","fields":[{"name":"a","type":"string"}]}"#,
             Avro::Record(vec![("a".into(), Avro::String("hello".into()))]),
         );
-        let r = to_json(&s, &j, &bytes[..3], false);
-        let e = r.expect_err("truncated");
-        assert!(e.contains("does not match its schema"), "{e}");
+        for cut in 0..bytes.len() {
+            let e = to_json(&s, &j, &bytes[..cut], false).expect_err("truncated");
+            assert!(e.contains("does not match its schema"), "{e}");
+        }
+        let opt = r#"{"type":"record","name":"O","fields":[{"name":"a","type":"long"},{"name":"b","type":["null","long"]}]}"#;
+        let (s2, j2, b2) = encode(opt, Avro::Record(vec![("a".into(), Avro::Long(1)), ("b".into(), Avro::Union(1, Box::new(Avro::Long(5))))]));
+        for cut in 0..b2.len() {
+            let e = to_json(&s2, &j2, &b2[..cut], false).expect_err("a union cut short is not a null");
+            assert!(e.contains("truncated") || e.contains("does not match"), "{cut}: {e}");
+        }
         let mut long = bytes.clone();
         long.push(0);
         let e = to_json(&s, &j, &long, false).expect_err("trailing");
