@@ -20,22 +20,31 @@ use bigdecimal::BigDecimal;
 use num_bigint::BigInt;
 use serde_json::{json, Map, Value};
 
-/// Decodes one Avro datum written with `schema` (`json` its JSON text, parsed) into JSON bytes: the Connect
-/// `{schema, payload}` form when `connect` is true (Debezium), the bare value otherwise.
+/// Decodes one Avro datum written with `schema` (`refs` the schemas it references; `json` the JSON texts,
+/// parsed, of the references then the schema) into JSON bytes: the Connect `{schema, payload}` form when
+/// `connect` is true (Debezium), the bare value otherwise.
 ///
 /// # Errors
 /// What is wrong with the datum: it does not match the schema, is truncated, has bytes left over, or holds a
 /// value JSON cannot carry (an Avro `duration`).
 pub fn to_json(
     schema: &apache_avro::Schema,
-    json: &Value,
+    refs: &[apache_avro::Schema],
+    json: &[Value],
     datum: &[u8],
     connect: bool,
 ) -> Result<Vec<u8>, String> {
     let mut rest = Strict(datum);
-    let value = apache_avro::from_avro_datum(schema, &mut rest, None)
-        .map_err(|e| format!("the Avro data does not match its schema: {e}"))?;
-    if !value.validate(schema) {
+    let value = if refs.is_empty() {
+        apache_avro::from_avro_datum(schema, &mut rest, None)
+    } else {
+        let names: Vec<&apache_avro::Schema> = refs.iter().chain([schema]).collect();
+        apache_avro::from_avro_datum_schemata(schema, names, &mut rest, None)
+    }
+    .map_err(|e| format!("the Avro data does not match its schema: {e}"))?;
+    // With references, apache-avro's validate_schemata panics on an order it cannot resolve: the decode
+    // against the resolved names (and the strict reader) is the check then.
+    if refs.is_empty() && !value.validate(schema) {
         return Err("the Avro data does not match its schema".into());
     }
     if !rest.0.is_empty() {
@@ -44,7 +53,12 @@ pub fn to_json(
             rest.0.len()
         ));
     }
-    let cs = connect_schema(json, "", &mut HashMap::new());
+    let mut names = HashMap::new();
+    let (main, deps) = json.split_last().ok_or("no schema")?;
+    for d in deps {
+        connect_schema(d, "", &mut names);
+    }
+    let cs = connect_schema(main, "", &mut names);
     let payload = payload(&value, Some(&cs), connect)?;
     let doc = if connect {
         json!({"schema": cs, "payload": payload})
@@ -319,7 +333,7 @@ mod tests {
             ("at".into(), Avro::Long(1_714_003_200_000_000)),
         ]);
         let (s, j, bytes) = encode(schema, v);
-        let out: Value = serde_json::from_slice(&to_json(&s, &j, &bytes, true).expect("ok")).expect("json");
+        let out: Value = serde_json::from_slice(&to_json(&s, &[], &[j.clone()], &bytes, true).expect("ok")).expect("json");
         assert_eq!(out["payload"], json!({"id": 7, "amount": "BOI=", "at": 1_714_003_200_000_000i64}));
         let f = &out["schema"]["fields"];
         assert_eq!(out["schema"]["name"], "pg.public.t.Value");
@@ -329,7 +343,7 @@ mod tests {
         assert_eq!(f[2]["name"], "io.debezium.time.MicroTimestamp");
         assert_eq!(f[2]["type"], "int64");
 
-        let bare: Value = serde_json::from_slice(&to_json(&s, &j, &bytes, false).expect("ok")).expect("json");
+        let bare: Value = serde_json::from_slice(&to_json(&s, &[], &[j.clone()], &bytes, false).expect("ok")).expect("json");
         assert_eq!(bare["amount"], "12.50");
     }
 
@@ -340,19 +354,42 @@ mod tests {
             Avro::Record(vec![("a".into(), Avro::String("hello".into()))]),
         );
         for cut in 0..bytes.len() {
-            let e = to_json(&s, &j, &bytes[..cut], false).expect_err("truncated");
+            let e = to_json(&s, &[], &[j.clone()], &bytes[..cut], false).expect_err("truncated");
             assert!(e.contains("does not match its schema"), "{e}");
         }
         let opt = r#"{"type":"record","name":"O","fields":[{"name":"a","type":"long"},{"name":"b","type":["null","long"]}]}"#;
         let (s2, j2, b2) = encode(opt, Avro::Record(vec![("a".into(), Avro::Long(1)), ("b".into(), Avro::Union(1, Box::new(Avro::Long(5))))]));
         for cut in 0..b2.len() {
-            let e = to_json(&s2, &j2, &b2[..cut], false).expect_err("a union cut short is not a null");
+            let e = to_json(&s2, &[], &[j2.clone()], &b2[..cut], false).expect_err("a union cut short is not a null");
             assert!(e.contains("truncated") || e.contains("does not match"), "{cut}: {e}");
         }
         let mut long = bytes.clone();
         long.push(0);
-        let e = to_json(&s, &j, &long, false).expect_err("trailing");
+        let e = to_json(&s, &[], &[j.clone()], &long, false).expect_err("trailing");
         assert!(e.contains("1 bytes are left"), "{e}");
+    }
+
+    #[test]
+    fn schema_references_resolve() {
+        let source = r#"{"type":"record","name":"Source","namespace":"io.debezium.connector.postgresql","fields":[{"name":"lsn","type":"long"}]}"#;
+        let env = r#"{"type":"record","name":"Envelope","namespace":"pg.public.t","fields":[
+            {"name":"before","type":["null",{"type":"record","name":"Value","fields":[{"name":"id","type":"int"}]}],"default":null},
+            {"name":"after","type":["null","Value"],"default":null},
+            {"name":"source","type":"io.debezium.connector.postgresql.Source"}]}"#;
+        let (s, refs) = apache_avro::Schema::parse_str_with_list(env, [source]).expect("parses");
+        let v = Avro::Record(vec![
+            ("before".into(), Avro::Union(0, Box::new(Avro::Null))),
+            ("after".into(), Avro::Union(1, Box::new(Avro::Record(vec![("id".into(), Avro::Int(3))])))),
+            ("source".into(), Avro::Record(vec![("lsn".into(), Avro::Long(42))])),
+        ]);
+        let names: Vec<&apache_avro::Schema> = refs.iter().chain([&s]).collect();
+        let bytes = apache_avro::to_avro_datum_schemata(&s, names, v).expect("encodes");
+        let json: Vec<Value> = [source, env].iter().map(|t| serde_json::from_str(t).unwrap()).collect();
+        let out: Value = serde_json::from_slice(&to_json(&s, &refs, &json, &bytes, true).expect("decodes")).unwrap();
+        assert_eq!(out["payload"]["after"]["id"], 3);
+        assert_eq!(out["payload"]["source"]["lsn"], 42);
+        assert_eq!(out["schema"]["fields"][2]["name"], "io.debezium.connector.postgresql.Source");
+        assert_eq!(out["schema"]["fields"][1]["name"], "pg.public.t.Value");
     }
 
     #[test]

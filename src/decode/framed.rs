@@ -74,9 +74,9 @@ pub fn unframe<'a>(
         Fetch::Unavailable(m) => Rejection::new(Reason::RegistryUnavailable, m),
     })?;
     match (pipeline.encoding, schema.as_ref()) {
-        (Encoding::Avro, Schema::Avro { schema, json }) => {
+        (Encoding::Avro, Schema::Avro { schema, refs, json }) => {
             let connect = pipeline.format == Format::Debezium;
-            super::avro::to_json(schema, json, body, connect)
+            super::avro::to_json(schema, refs, json, body, connect)
                 .map(|v| Some(Cow::Owned(v)))
                 .map_err(|m| reject(format!("schema id {id} ({part}): {m}")))
         }

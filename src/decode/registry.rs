@@ -24,8 +24,12 @@ pub enum Schema {
     Avro {
         /// The writer's schema.
         schema: apache_avro::Schema,
-        /// The schema's JSON text, parsed (custom properties such as `connect.name` kept).
-        json: Value,
+        /// The schemas it references (`references` of the registry's answer, fetched by subject and version,
+        /// dependencies first).
+        refs: Vec<apache_avro::Schema>,
+        /// The schema's JSON text, parsed (custom properties such as `connect.name` kept), after its
+        /// references' JSON.
+        json: Vec<Value>,
     },
     /// A JSON Schema (the payload is JSON text; the schema itself is not needed to read it).
     Json,
@@ -79,8 +83,10 @@ impl Registry {
         if let Some(s) = self.cache.lock().expect("cache").get(&id) {
             return Ok(s.clone());
         }
-        let body = self.fetch(id)?;
-        let schema = Arc::new(parse(id, &body)?);
+        let body = self.fetch(&format!("/schemas/ids/{id}"))?;
+        let mut refs = Vec::new();
+        self.references(id, &body, &mut refs, 0)?;
+        let schema = Arc::new(parse(id, &body, &refs)?);
         self.cache
             .lock()
             .expect("cache")
@@ -94,7 +100,7 @@ impl Registry {
     /// # Errors
     /// [`Fetch::Unknown`] when the answer or its schema does not parse.
     pub fn cache_answer(&self, id: u32, answer: &str) -> Result<(), Fetch> {
-        let schema = Arc::new(parse(id, answer)?);
+        let schema = Arc::new(parse(id, answer, &[])?);
         self.cache.lock().expect("cache").insert(id, schema);
         Ok(())
     }
@@ -109,10 +115,38 @@ impl Registry {
         Ok(a)
     }
 
-    /// `GET {url}/schemas/ids/{id}`, retried while the registry is unavailable.
-    fn fetch(&self, id: u32) -> Result<String, Fetch> {
+    /// The schema texts `answer`'s `references` name (`GET {url}/subjects/{subject}/versions/{version}`),
+    /// their own references first, each once, at most 16 levels deep.
+    fn references(&self, id: u32, answer: &str, out: &mut Vec<String>, depth: u32) -> Result<(), Fetch> {
+        let v: Value = serde_json::from_str(answer)
+            .map_err(|e| Fetch::Unknown(format!("schema id {id}: answer is not JSON: {e}")))?;
+        let Some(refs) = v.get("references").and_then(Value::as_array) else {
+            return Ok(());
+        };
+        if depth > 16 && !refs.is_empty() {
+            return Err(Fetch::Unknown(format!("schema id {id}: references nested deeper than 16")));
+        }
+        for r in refs {
+            let (Some(subject), Some(version)) = (r.get("subject").and_then(Value::as_str), r.get("version")) else {
+                return Err(Fetch::Unknown(format!("schema id {id}: a reference without subject/version: {r}")));
+            };
+            let body = self.fetch(&format!("/subjects/{subject}/versions/{version}"))?;
+            self.references(id, &body, out, depth + 1)?;
+            let text = serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|b| b.get("schema").and_then(Value::as_str).map(str::to_string))
+                .ok_or_else(|| Fetch::Unknown(format!("schema id {id}: reference {subject} has no schema")))?;
+            if !out.contains(&text) {
+                out.push(text);
+            }
+        }
+        Ok(())
+    }
+
+    /// `GET {url}{path}`, retried while the registry is unavailable.
+    fn fetch(&self, path: &str) -> Result<String, Fetch> {
         let agent = self.agent()?;
-        let url = format!("{}/schemas/ids/{id}", self.plan.url);
+        let url = format!("{}{path}", self.plan.url);
         let started = Instant::now();
         let bound = crate::endpoint::connect_timeout();
         let mut attempt = 0u32;
@@ -192,8 +226,8 @@ fn short(s: &str) -> String {
     }
 }
 
-/// The registry's answer for `id` → a [`Schema`].
-fn parse(id: u32, body: &str) -> Result<Schema, Fetch> {
+/// The registry's answer for `id` (and the texts of the schemas it references) → a [`Schema`].
+fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
     let bad = |m: String| Fetch::Unknown(format!("schema id {id}: {m}"));
     let v: Value = serde_json::from_str(body).map_err(|e| bad(format!("answer is not JSON: {e}")))?;
     let text = v
@@ -202,10 +236,22 @@ fn parse(id: u32, body: &str) -> Result<Schema, Fetch> {
         .ok_or_else(|| bad("answer has no `schema` string".into()))?;
     match v.get("schemaType").and_then(Value::as_str).unwrap_or("AVRO") {
         "AVRO" => {
-            let schema = apache_avro::Schema::parse_str(text)
-                .map_err(|e| bad(format!("not a valid Avro schema: {e}")))?;
-            let json = serde_json::from_str(text).map_err(|e| bad(format!("{e}")))?;
-            Ok(Schema::Avro { schema, json })
+            let (schema, refs_parsed) = if refs.is_empty() {
+                (apache_avro::Schema::parse_str(text), Vec::new())
+            } else {
+                match apache_avro::Schema::parse_str_with_list(text, refs) {
+                    Ok((s, r)) => (Ok(s), r),
+                    Err(e) => (Err(e), Vec::new()),
+                }
+            };
+            let schema = schema.map_err(|e| bad(format!("not a valid Avro schema: {e}")))?;
+            let json = refs
+                .iter()
+                .map(String::as_str)
+                .chain([text])
+                .map(|t| serde_json::from_str(t).map_err(|e| bad(format!("{e}"))))
+                .collect::<Result<Vec<Value>, Fetch>>()?;
+            Ok(Schema::Avro { schema, refs: refs_parsed, json })
         }
         "JSON" => Ok(Schema::Json),
         other => Ok(Schema::Other(other.to_string())),

@@ -26,6 +26,7 @@ mod lock_order;
 mod ops;
 mod privileges;
 mod registry;
+mod registry_cdc;
 mod projections;
 mod sasl;
 mod starts;
