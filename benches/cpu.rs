@@ -190,28 +190,50 @@ fn debezium_avro(c: &mut Criterion) {
     );
     let p = replaysafe::config::parse("cdc.toml", &text).expect("avro pipeline");
     let answer = serde_json::json!({ "schema": AVRO_SCHEMA }).to_string();
-    p.registry.as_ref().unwrap().cache_answer(1, &answer).expect("schema");
+    p.registry
+        .as_ref()
+        .unwrap()
+        .cache_answer(1, &answer)
+        .expect("schema");
     let key_schema = r#"{"type":"record","name":"Key","namespace":"pg.public.accounts","fields":[{"name":"id","type":"int"}]}"#;
     let key_answer = serde_json::json!({ "schema": key_schema }).to_string();
-    p.registry.as_ref().unwrap().cache_answer(2, &key_answer).expect("key schema");
+    p.registry
+        .as_ref()
+        .unwrap()
+        .cache_answer(2, &key_answer)
+        .expect("key schema");
     let ks = apache_avro::Schema::parse_str(key_schema).expect("key schema");
     let mut key = vec![0, 0, 0, 0, 2];
-    let kv = apache_avro::types::Value::Record(vec![("id".into(), apache_avro::types::Value::Int(1))]);
+    let kv =
+        apache_avro::types::Value::Record(vec![("id".into(), apache_avro::types::Value::Int(1))]);
     key.extend(apache_avro::to_avro_datum(&ks, kv).expect("key"));
     let frame = avro_frame();
-    let cols = p.projections[0].row.as_ref().unwrap().columns.clone().unwrap();
+    let cols = p.projections[0]
+        .row
+        .as_ref()
+        .unwrap()
+        .columns
+        .clone()
+        .unwrap();
     let mut g = c.benchmark_group("decode");
     g.throughput(Throughput::Elements(1));
     g.bench_function("debezium_avro", |b| {
         b.iter(|| {
             let decoded = replaysafe::decode::record(&p, Some(&key), Some(black_box(&frame)), None)
                 .expect("valid");
-            let replaysafe::decode::Decoded::Fields { change: Some(ch), .. } = decoded else {
+            let replaysafe::decode::Decoded::Fields {
+                change: Some(ch), ..
+            } = decoded
+            else {
                 panic!("a change")
             };
             let after = ch.after.as_ref().unwrap();
             for col in &cols {
-                let cell = &after.iter().find(|(n, _)| n == col.name.as_str()).unwrap().1;
+                let cell = &after
+                    .iter()
+                    .find(|(n, _)| n == col.name.as_str())
+                    .unwrap()
+                    .1;
                 black_box(
                     replaysafe::decode::debezium::convert::to_pg(cell, col, p.decimal_handling)
                         .expect("converts"),
@@ -222,10 +244,26 @@ fn debezium_avro(c: &mut Criterion) {
     let schema = apache_avro::Schema::parse_str(AVRO_SCHEMA).expect("schema");
     let json: serde_json::Value = serde_json::from_str(AVRO_SCHEMA).expect("json");
     g.bench_function("avro_to_json", |b| {
-        b.iter(|| replaysafe::decode::avro::to_json(&schema, &[], std::slice::from_ref(&json), black_box(&frame[5..]), true).expect("ok"))
+        b.iter(|| {
+            replaysafe::decode::avro::to_json(
+                &schema,
+                &[],
+                std::slice::from_ref(&json),
+                black_box(&frame[5..]),
+                true,
+            )
+            .expect("ok")
+        })
     });
     g.finish();
 }
 
-criterion_group!(cpu, json_event, delivery_key, decide, debezium_envelope, debezium_avro);
+criterion_group!(
+    cpu,
+    json_event,
+    delivery_key,
+    decide,
+    debezium_envelope,
+    debezium_avro
+);
 criterion_main!(cpu);

@@ -17,8 +17,8 @@ pub use connection::{ConnectionPlan, SslMode};
 pub use errors::{ErrorsPlan, Tolerance};
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
-pub use registry::{Encoding, RegistryPlan};
 pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
+pub use registry::{Encoding, RegistryPlan};
 pub use source::Source;
 pub use timeouts::Timeouts;
 

@@ -100,7 +100,9 @@ pub fn registry(
             other => {
                 return Err(src.error(
                     e.span(),
-                    format!("`encoding` must be \"json\", \"avro\" or \"json-schema\", not `{other}`"),
+                    format!(
+                        "`encoding` must be \"json\", \"avro\" or \"json-schema\", not `{other}`"
+                    ),
                 ))
             }
         },
@@ -158,9 +160,8 @@ fn plan(src: &Source, r: &RawRegistry) -> Result<RegistryPlan> {
         (None, Some(_)) => {
             let path = file(src, &r.password_file, "password-file")?.expect("given");
             let at = r.password_file.as_ref().expect("given").span();
-            let body = std::fs::read_to_string(&path).map_err(|e| {
-                src.error(at, format!("`password-file` {}: {e}", path.display()))
-            })?;
+            let body = std::fs::read_to_string(&path)
+                .map_err(|e| src.error(at, format!("`password-file` {}: {e}", path.display())))?;
             Some(body.lines().next().unwrap_or("").to_string())
         }
         (None, None) => None,
@@ -172,13 +173,22 @@ fn plan(src: &Source, r: &RawRegistry) -> Result<RegistryPlan> {
             "basic authentication needs both `username` and `password` (or `password-file`)",
         ));
     }
-    for (v, key) in [(&r.ca_file, "ca-file"), (&r.cert_file, "cert-file"), (&r.key_file, "key-file")] {
+    for (v, key) in [
+        (&r.ca_file, "ca-file"),
+        (&r.cert_file, "cert-file"),
+        (&r.key_file, "key-file"),
+    ] {
         if let (Some(s), false) = (v, https) {
             return Err(src.error(s.span(), format!("`{key}` needs an https:// `url`")));
         }
     }
     if r.cert_file.is_some() != r.key_file.is_some() {
-        let at = r.cert_file.as_ref().or(r.key_file.as_ref()).expect("one").span();
+        let at = r
+            .cert_file
+            .as_ref()
+            .or(r.key_file.as_ref())
+            .expect("one")
+            .span();
         return Err(src.error(at, "`cert-file` and `key-file` go together"));
     }
     Ok(RegistryPlan {
@@ -207,7 +217,10 @@ mod tests {
     #[test]
     fn avro_needs_a_registry_and_a_registry_needs_avro() {
         let e = err("[source]\nformat = \"json\"\nencoding = \"avro\"\n");
-        assert!(e.starts_with("p.toml:") && e.contains("needs `schema-registry"), "{e}");
+        assert!(
+            e.starts_with("p.toml:") && e.contains("needs `schema-registry"),
+            "{e}"
+        );
         let e = err("[source]\nformat = \"json\"\nschema-registry = { url = \"http://x\" }\n");
         assert!(e.contains("only read with encoding"), "{e}");
         let e = err("[source]\nformat = \"json\"\nencoding = \"protobuf\"\n");
@@ -217,11 +230,17 @@ mod tests {
     #[test]
     fn registry_keys_are_checked() {
         let head = "[source]\nformat = \"json\"\nencoding = \"avro\"\n";
-        let e = err(&format!("{head}schema-registry = {{ url = \"ftp://x\" }}\n"));
+        let e = err(&format!(
+            "{head}schema-registry = {{ url = \"ftp://x\" }}\n"
+        ));
         assert!(e.contains("http:// or https://"), "{e}");
-        let e = err(&format!("{head}schema-registry = {{ url = \"http://x\", username = \"u\" }}\n"));
+        let e = err(&format!(
+            "{head}schema-registry = {{ url = \"http://x\", username = \"u\" }}\n"
+        ));
         assert!(e.contains("both `username` and `password`"), "{e}");
-        let e = err(&format!("{head}schema-registry = {{ url = \"http://x\", ca-file = \"/etc/hostname\" }}\n"));
+        let e = err(&format!(
+            "{head}schema-registry = {{ url = \"http://x\", ca-file = \"/etc/hostname\" }}\n"
+        ));
         assert!(e.contains("needs an https://"), "{e}");
         let e = err(&format!("{head}schema-registry = {{ url = \"http://x\", password = \"${{NO_SUCH_VAR_R}}\", username = \"u\" }}\n"));
         assert!(e.contains("NO_SUCH_VAR_R"), "{e}");

@@ -76,7 +76,9 @@ struct Strict<'a>(&'a [u8]);
 impl std::io::Read for Strict<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         if self.0.is_empty() && !buf.is_empty() {
-            return Err(std::io::Error::other("truncated: the data ends inside the Avro datum"));
+            return Err(std::io::Error::other(
+                "truncated: the data ends inside the Avro datum",
+            ));
         }
         let n = buf.len().min(self.0.len());
         buf[..n].copy_from_slice(&self.0[..n]);
@@ -136,7 +138,11 @@ fn object(o: &Map<String, Value>, ns: &str, names: &mut HashMap<String, Value>) 
                 .map(|fs| {
                     fs.iter()
                         .map(|f| {
-                            let mut c = connect_schema(f.get("type").unwrap_or(&Value::Null), &inner, names);
+                            let mut c = connect_schema(
+                                f.get("type").unwrap_or(&Value::Null),
+                                &inner,
+                                names,
+                            );
                             c["field"] = f.get("name").cloned().unwrap_or(Value::Null);
                             c
                         })
@@ -144,7 +150,10 @@ fn object(o: &Map<String, Value>, ns: &str, names: &mut HashMap<String, Value>) 
                 })
                 .unwrap_or_default();
             let mut c = json!({"type": "struct", "optional": false, "fields": fields});
-            c["name"] = o.get("connect.name").cloned().unwrap_or(Value::String(full));
+            c["name"] = o
+                .get("connect.name")
+                .cloned()
+                .unwrap_or(Value::String(full));
             props(&mut c, o);
             named(c, names)
         }
@@ -169,7 +178,9 @@ fn object(o: &Map<String, Value>, ns: &str, names: &mut HashMap<String, Value>) 
 fn primitive(t: &str, o: &Map<String, Value>) -> Option<Value> {
     let connect_type = o.get("connect.type").and_then(Value::as_str);
     let ty = match t {
-        "int" => connect_type.filter(|c| matches!(*c, "int8" | "int16")).unwrap_or("int32"),
+        "int" => connect_type
+            .filter(|c| matches!(*c, "int8" | "int16"))
+            .unwrap_or("int32"),
         "long" => "int64",
         "float" => "float32",
         "double" => "float64",
@@ -237,7 +248,10 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
     let field_schema = |name: &str| {
         cs.and_then(|c| c.get("fields"))
             .and_then(Value::as_array)
-            .and_then(|fs| fs.iter().find(|f| f.get("field").and_then(Value::as_str) == Some(name)))
+            .and_then(|fs| {
+                fs.iter()
+                    .find(|f| f.get("field").and_then(Value::as_str) == Some(name))
+            })
     };
     Ok(match v {
         Avro::Null => Value::Null,
@@ -260,7 +274,10 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
             keys.sort();
             let mut out = Map::new();
             for k in keys {
-                out.insert(k.clone(), payload(&m[k], cs.and_then(|c| c.get("values")), connect)?);
+                out.insert(
+                    k.clone(),
+                    payload(&m[k], cs.and_then(|c| c.get("values")), connect)?,
+                );
             }
             Value::Object(out)
         }
@@ -294,15 +311,18 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
         Avro::TimestampMillis(t) | Avro::LocalTimestampMillis(t) if connect => json!(t),
         Avro::TimestampMicros(t) | Avro::LocalTimestampMicros(t) if connect => json!(t),
         Avro::TimestampNanos(t) | Avro::LocalTimestampNanos(t) if connect => json!(t),
-        Avro::TimestampMillis(t) | Avro::LocalTimestampMillis(t) => {
-            rfc3339(t.div_euclid(1_000), (t.rem_euclid(1_000) * 1_000_000) as u32)?
-        }
-        Avro::TimestampMicros(t) | Avro::LocalTimestampMicros(t) => {
-            rfc3339(t.div_euclid(1_000_000), (t.rem_euclid(1_000_000) * 1_000) as u32)?
-        }
-        Avro::TimestampNanos(t) | Avro::LocalTimestampNanos(t) => {
-            rfc3339(t.div_euclid(1_000_000_000), t.rem_euclid(1_000_000_000) as u32)?
-        }
+        Avro::TimestampMillis(t) | Avro::LocalTimestampMillis(t) => rfc3339(
+            t.div_euclid(1_000),
+            (t.rem_euclid(1_000) * 1_000_000) as u32,
+        )?,
+        Avro::TimestampMicros(t) | Avro::LocalTimestampMicros(t) => rfc3339(
+            t.div_euclid(1_000_000),
+            (t.rem_euclid(1_000_000) * 1_000) as u32,
+        )?,
+        Avro::TimestampNanos(t) | Avro::LocalTimestampNanos(t) => rfc3339(
+            t.div_euclid(1_000_000_000),
+            t.rem_euclid(1_000_000_000) as u32,
+        )?,
         Avro::Uuid(u) => Value::String(u.hyphenated().to_string()),
         Avro::Duration(_) => return Err("an Avro `duration` has no JSON form here".into()),
     })
@@ -333,8 +353,14 @@ mod tests {
             ("at".into(), Avro::Long(1_714_003_200_000_000)),
         ]);
         let (s, j, bytes) = encode(schema, v);
-        let out: Value = serde_json::from_slice(&to_json(&s, &[], &[j.clone()], &bytes, true).expect("ok")).expect("json");
-        assert_eq!(out["payload"], json!({"id": 7, "amount": "BOI=", "at": 1_714_003_200_000_000i64}));
+        let out: Value = serde_json::from_slice(
+            &to_json(&s, &[], std::slice::from_ref(&j), &bytes, true).expect("ok"),
+        )
+        .expect("json");
+        assert_eq!(
+            out["payload"],
+            json!({"id": 7, "amount": "BOI=", "at": 1_714_003_200_000_000i64})
+        );
         let f = &out["schema"]["fields"];
         assert_eq!(out["schema"]["name"], "pg.public.t.Value");
         assert_eq!(f[1]["name"], "org.apache.kafka.connect.data.Decimal");
@@ -343,7 +369,10 @@ mod tests {
         assert_eq!(f[2]["name"], "io.debezium.time.MicroTimestamp");
         assert_eq!(f[2]["type"], "int64");
 
-        let bare: Value = serde_json::from_slice(&to_json(&s, &[], &[j.clone()], &bytes, false).expect("ok")).expect("json");
+        let bare: Value = serde_json::from_slice(
+            &to_json(&s, &[], std::slice::from_ref(&j), &bytes, false).expect("ok"),
+        )
+        .expect("json");
         assert_eq!(bare["amount"], "12.50");
     }
 
@@ -354,18 +383,29 @@ mod tests {
             Avro::Record(vec![("a".into(), Avro::String("hello".into()))]),
         );
         for cut in 0..bytes.len() {
-            let e = to_json(&s, &[], &[j.clone()], &bytes[..cut], false).expect_err("truncated");
+            let e = to_json(&s, &[], std::slice::from_ref(&j), &bytes[..cut], false)
+                .expect_err("truncated");
             assert!(e.contains("does not match its schema"), "{e}");
         }
         let opt = r#"{"type":"record","name":"O","fields":[{"name":"a","type":"long"},{"name":"b","type":["null","long"]}]}"#;
-        let (s2, j2, b2) = encode(opt, Avro::Record(vec![("a".into(), Avro::Long(1)), ("b".into(), Avro::Union(1, Box::new(Avro::Long(5))))]));
+        let (s2, j2, b2) = encode(
+            opt,
+            Avro::Record(vec![
+                ("a".into(), Avro::Long(1)),
+                ("b".into(), Avro::Union(1, Box::new(Avro::Long(5)))),
+            ]),
+        );
         for cut in 0..b2.len() {
-            let e = to_json(&s2, &[], &[j2.clone()], &b2[..cut], false).expect_err("a union cut short is not a null");
-            assert!(e.contains("truncated") || e.contains("does not match"), "{cut}: {e}");
+            let e = to_json(&s2, &[], std::slice::from_ref(&j2), &b2[..cut], false)
+                .expect_err("a union cut short is not a null");
+            assert!(
+                e.contains("truncated") || e.contains("does not match"),
+                "{cut}: {e}"
+            );
         }
         let mut long = bytes.clone();
         long.push(0);
-        let e = to_json(&s, &[], &[j.clone()], &long, false).expect_err("trailing");
+        let e = to_json(&s, &[], std::slice::from_ref(&j), &long, false).expect_err("trailing");
         assert!(e.contains("1 bytes are left"), "{e}");
     }
 
@@ -379,16 +419,30 @@ mod tests {
         let (s, refs) = apache_avro::Schema::parse_str_with_list(env, [source]).expect("parses");
         let v = Avro::Record(vec![
             ("before".into(), Avro::Union(0, Box::new(Avro::Null))),
-            ("after".into(), Avro::Union(1, Box::new(Avro::Record(vec![("id".into(), Avro::Int(3))])))),
-            ("source".into(), Avro::Record(vec![("lsn".into(), Avro::Long(42))])),
+            (
+                "after".into(),
+                Avro::Union(1, Box::new(Avro::Record(vec![("id".into(), Avro::Int(3))]))),
+            ),
+            (
+                "source".into(),
+                Avro::Record(vec![("lsn".into(), Avro::Long(42))]),
+            ),
         ]);
         let names: Vec<&apache_avro::Schema> = refs.iter().chain([&s]).collect();
         let bytes = apache_avro::to_avro_datum_schemata(&s, names, v).expect("encodes");
-        let json: Vec<Value> = [source, env].iter().map(|t| serde_json::from_str(t).unwrap()).collect();
-        let out: Value = serde_json::from_slice(&to_json(&s, &refs, &json, &bytes, true).expect("decodes")).unwrap();
+        let json: Vec<Value> = [source, env]
+            .iter()
+            .map(|t| serde_json::from_str(t).unwrap())
+            .collect();
+        let out: Value =
+            serde_json::from_slice(&to_json(&s, &refs, &json, &bytes, true).expect("decodes"))
+                .unwrap();
         assert_eq!(out["payload"]["after"]["id"], 3);
         assert_eq!(out["payload"]["source"]["lsn"], 42);
-        assert_eq!(out["schema"]["fields"][2]["name"], "io.debezium.connector.postgresql.Source");
+        assert_eq!(
+            out["schema"]["fields"][2]["name"],
+            "io.debezium.connector.postgresql.Source"
+        );
         assert_eq!(out["schema"]["fields"][1]["name"], "pg.public.t.Value");
     }
 

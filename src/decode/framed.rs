@@ -122,15 +122,33 @@ mod tests {
     #[test]
     fn frames_are_named() {
         let e = schema_id(b"\0\0\x07", "value", false).expect_err("short");
-        assert!(e.detail.starts_with("truncated schema-registry frame: the value is 3 bytes"), "{}", e.detail);
-        assert_eq!(schema_id(b"\0\0\0\x01\x02{}", "value", false).expect("ok"), Some(258));
+        assert!(
+            e.detail
+                .starts_with("truncated schema-registry frame: the value is 3 bytes"),
+            "{}",
+            e.detail
+        );
+        assert_eq!(
+            schema_id(b"\0\0\0\x01\x02{}", "value", false).expect("ok"),
+            Some(258)
+        );
         assert_eq!(schema_id(b"{}", "value", false).expect("ok"), None);
         let e = schema_id(b"{}", "key", true).expect_err("plain");
         assert!(e.detail.contains("byte 0 is 0x7b"), "{}", e.detail);
         let r = unexpected(b"\0\0\0\0\x07{\"a\":1}", "value", 7);
-        assert!(r.detail.starts_with("schema-registry framed payload (magic 0, schema id 7)"), "{}", r.detail);
+        assert!(
+            r.detail
+                .starts_with("schema-registry framed payload (magic 0, schema id 7)"),
+            "{}",
+            r.detail
+        );
         let r = unexpected(b"\0\0\0\0\x08Hc41e", "value", 8);
-        assert!(r.detail.starts_with("unsupported encoding: schema-registry Avro"), "{}", r.detail);
+        assert!(
+            r.detail
+                .starts_with("unsupported encoding: schema-registry Avro"),
+            "{}",
+            r.detail
+        );
         assert!(r.detail.contains("schema id 8"), "{}", r.detail);
     }
 }

@@ -56,7 +56,9 @@ pub struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("plan", &self.plan).finish()
+        f.debug_struct("Registry")
+            .field("plan", &self.plan)
+            .finish()
     }
 }
 
@@ -87,10 +89,7 @@ impl Registry {
         let mut refs = Vec::new();
         self.references(id, &body, &mut refs, 0)?;
         let schema = Arc::new(parse(id, &body, &refs)?);
-        self.cache
-            .lock()
-            .expect("cache")
-            .insert(id, schema.clone());
+        self.cache.lock().expect("cache").insert(id, schema.clone());
         Ok(schema)
     }
 
@@ -117,25 +116,39 @@ impl Registry {
 
     /// The schema texts `answer`'s `references` name (`GET {url}/subjects/{subject}/versions/{version}`),
     /// their own references first, each once, at most 16 levels deep.
-    fn references(&self, id: u32, answer: &str, out: &mut Vec<String>, depth: u32) -> Result<(), Fetch> {
+    fn references(
+        &self,
+        id: u32,
+        answer: &str,
+        out: &mut Vec<String>,
+        depth: u32,
+    ) -> Result<(), Fetch> {
         let v: Value = serde_json::from_str(answer)
             .map_err(|e| Fetch::Unknown(format!("schema id {id}: answer is not JSON: {e}")))?;
         let Some(refs) = v.get("references").and_then(Value::as_array) else {
             return Ok(());
         };
         if depth > 16 && !refs.is_empty() {
-            return Err(Fetch::Unknown(format!("schema id {id}: references nested deeper than 16")));
+            return Err(Fetch::Unknown(format!(
+                "schema id {id}: references nested deeper than 16"
+            )));
         }
         for r in refs {
-            let (Some(subject), Some(version)) = (r.get("subject").and_then(Value::as_str), r.get("version")) else {
-                return Err(Fetch::Unknown(format!("schema id {id}: a reference without subject/version: {r}")));
+            let (Some(subject), Some(version)) =
+                (r.get("subject").and_then(Value::as_str), r.get("version"))
+            else {
+                return Err(Fetch::Unknown(format!(
+                    "schema id {id}: a reference without subject/version: {r}"
+                )));
             };
             let body = self.fetch(&format!("/subjects/{subject}/versions/{version}"))?;
             self.references(id, &body, out, depth + 1)?;
             let text = serde_json::from_str::<Value>(&body)
                 .ok()
                 .and_then(|b| b.get("schema").and_then(Value::as_str).map(str::to_string))
-                .ok_or_else(|| Fetch::Unknown(format!("schema id {id}: reference {subject} has no schema")))?;
+                .ok_or_else(|| {
+                    Fetch::Unknown(format!("schema id {id}: reference {subject} has no schema"))
+                })?;
             if !out.contains(&text) {
                 out.push(text);
             }
@@ -199,7 +212,10 @@ impl Registry {
         };
         match status {
             200 => Attempt::Done(body),
-            404 => Attempt::Unknown(format!("the registry has no schema with this id ({})", short(&body))),
+            404 => Attempt::Unknown(format!(
+                "the registry has no schema with this id ({})",
+                short(&body)
+            )),
             401 | 403 => Attempt::Refused(format!(
                 "schema registry {}: HTTP {status} (credentials refused): {}",
                 self.plan.url,
@@ -229,12 +245,17 @@ fn short(s: &str) -> String {
 /// The registry's answer for `id` (and the texts of the schemas it references) → a [`Schema`].
 fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
     let bad = |m: String| Fetch::Unknown(format!("schema id {id}: {m}"));
-    let v: Value = serde_json::from_str(body).map_err(|e| bad(format!("answer is not JSON: {e}")))?;
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| bad(format!("answer is not JSON: {e}")))?;
     let text = v
         .get("schema")
         .and_then(Value::as_str)
         .ok_or_else(|| bad("answer has no `schema` string".into()))?;
-    match v.get("schemaType").and_then(Value::as_str).unwrap_or("AVRO") {
+    match v
+        .get("schemaType")
+        .and_then(Value::as_str)
+        .unwrap_or("AVRO")
+    {
         "AVRO" => {
             let (schema, refs_parsed) = if refs.is_empty() {
                 (apache_avro::Schema::parse_str(text), Vec::new())
@@ -251,7 +272,11 @@ fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
                 .chain([text])
                 .map(|t| serde_json::from_str(t).map_err(|e| bad(format!("{e}"))))
                 .collect::<Result<Vec<Value>, Fetch>>()?;
-            Ok(Schema::Avro { schema, refs: refs_parsed, json })
+            Ok(Schema::Avro {
+                schema,
+                refs: refs_parsed,
+                json,
+            })
         }
         "JSON" => Ok(Schema::Json),
         other => Ok(Schema::Other(other.to_string())),

@@ -68,8 +68,14 @@ fn c41_framed_values_on_a_json_pipeline_are_quarantined_by_name() {
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(end));
     assert_eq!(committed(&group, &topic, 1), vec![Some(end)]);
     let again = run_caught_up(&orders(&topic, &unique("g2"), &db, "").path).tally();
-    assert_eq!((again.landed, again.duplicate, again.quarantined), (0, 2, 3));
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 3);
+    assert_eq!(
+        (again.landed, again.duplicate, again.quarantined),
+        (0, 2, 3)
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        3
+    );
 }
 
 /// `[source]` for JSON events read as schema-registry Avro from `url`.
@@ -92,31 +98,51 @@ fn registry_down_stops_the_run_without_dead_letters() {
     };
     produce(&topic, &[rec]);
     let group = unique("g");
-    let p = orders(&topic, &group, &db, &avro_source("http://127.0.0.1:1/apis/ccompat/v7"));
+    let p = orders(
+        &topic,
+        &group,
+        &db,
+        &avro_source("http://127.0.0.1:1/apis/ccompat/v7"),
+    );
     let config = p.path.to_str().expect("utf-8 path").to_string();
     let out = replaysafe_with(
-        &["run", "--config", &config, "--until-caught-up", "--connect-timeout", "2"],
+        &[
+            "run",
+            "--config",
+            &config,
+            "--until-caught-up",
+            "--connect-timeout",
+            "2",
+        ],
         &[],
         std::time::Duration::from_secs(120),
     );
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(
-        out.stderr.contains("schema registry http://127.0.0.1:1/apis/ccompat/v7: gave up after")
+        out.stderr
+            .contains("schema registry http://127.0.0.1:1/apis/ccompat/v7: gave up after")
             && out.stderr.contains("offset 0"),
         "{}",
         out.stderr
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
     let cp = db.checkpoint(&group, &topic, 0);
-    assert!(cp.unwrap_or(0) == 0, "checkpoint {cp:?} moved past the record");
+    assert!(
+        cp.unwrap_or(0) == 0,
+        "checkpoint {cp:?} moved past the record"
+    );
     assert!(committed(&group, &topic, 1)[0].unwrap_or(0) == 0);
 }
 
 /// The registry's Confluent-compatible base URL (`scripts/registry-start`'s `REGISTRY_URL`, exported by
 /// scripts/test).
 pub fn registry_url() -> String {
-    std::env::var("REGISTRY_URL")
-        .expect("REGISTRY_URL is not set: run the tests through scripts/test (scripts/registry-start)")
+    std::env::var("REGISTRY_URL").expect(
+        "REGISTRY_URL is not set: run the tests through scripts/test (scripts/registry-start)",
+    )
 }
 
 /// Registers `schema` (`schema_type` AVRO or JSON) under `subject` in the real registry; returns its id.
@@ -165,7 +191,10 @@ fn order_avro(
     };
     let amount = cents.map(|c| A::Decimal(num_bigint_bytes(c).into()));
     let v = A::Record(vec![
-        ("event_id".into(), A::Uuid(uuid::Uuid::parse_str(&format!("c41a0000-0000-4000-8000-{n:012}")).unwrap())),
+        (
+            "event_id".into(),
+            A::Uuid(uuid::Uuid::parse_str(&format!("c41a0000-0000-4000-8000-{n:012}")).unwrap()),
+        ),
         ("event_type".into(), A::String(event_type.into())),
         ("entity_id".into(), A::String(entity.into())),
         ("version".into(), A::Long(version)),
@@ -173,7 +202,10 @@ fn order_avro(
         (
             "data".into(),
             A::Record(vec![
-                ("customer_id".into(), opt(customer.map(|c| A::String(c.into())))),
+                (
+                    "customer_id".into(),
+                    opt(customer.map(|c| A::String(c.into()))),
+                ),
                 ("amount".into(), opt(amount)),
             ]),
         ),
@@ -223,7 +255,11 @@ fn avro_values_through_the_registry_land_and_bad_frames_are_named() {
         rec(0, "o-1", frame(id, &paid)),
         rec(0, "o-1", frame(999_999, &paid)),
         rec(0, "o-1", cut),
-        rec(0, "o-1", br#"{"event_id":"c41a0000-0000-4000-8000-000000000009"}"#.to_vec()),
+        rec(
+            0,
+            "o-1",
+            br#"{"event_id":"c41a0000-0000-4000-8000-000000000009"}"#.to_vec(),
+        ),
         rec(0, "o-1", frame(json_id, b"{}")),
         rec(0, "o-1", frame(id, &shipped)),
         rec(1, "o-2", frame(id, &other)),
@@ -234,28 +270,77 @@ fn avro_values_through_the_registry_land_and_bad_frames_are_named() {
     let p = orders(&topic, &group, &db, &source);
     let out = run_caught_up(&p.path);
     let t = out.tally();
-    assert_eq!((t.consumed, t.landed, t.quarantined), (8, 4, 4), "{}", out.stdout);
-    let order = db.query("SELECT customer_id, status, version FROM {s}.orders WHERE order_id = 'o-1'", &[]);
     assert_eq!(
-        (order[0].get::<_, String>(0), order[0].get::<_, String>(1), order[0].get::<_, i64>(2)),
+        (t.consumed, t.landed, t.quarantined),
+        (8, 4, 4),
+        "{}",
+        out.stdout
+    );
+    let order = db.query(
+        "SELECT customer_id, status, version FROM {s}.orders WHERE order_id = 'o-1'",
+        &[],
+    );
+    assert_eq!(
+        (
+            order[0].get::<_, String>(0),
+            order[0].get::<_, String>(1),
+            order[0].get::<_, i64>(2)
+        ),
         ("c-1".to_string(), "SHIPPED".to_string(), 3)
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.orders"), 2, "both partitions");
-    let paid_total: String = db.query("SELECT paid_total::text FROM {s}.customer_stats WHERE customer_id = 'c-1'", &[])[0].get(0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.orders"),
+        2,
+        "both partitions"
+    );
+    let paid_total: String = db.query(
+        "SELECT paid_total::text FROM {s}.customer_stats WHERE customer_id = 'c-1'",
+        &[],
+    )[0]
+    .get(0);
     assert_eq!(paid_total, "12.50", "the Avro decimal keeps its scale");
     let day: Vec<String> = db.column("SELECT DISTINCT day::text FROM {s}.processed_events");
-    assert_eq!(day, vec!["2024-04-25".to_string()], "timestamp-millis → the event day");
+    assert_eq!(
+        day,
+        vec!["2024-04-25".to_string()],
+        "timestamp-millis → the event day"
+    );
     let dl = dead_letters(&db);
     assert_eq!(dl.len(), 4, "{dl:?}");
     assert!(dl.iter().all(|d| d.1 == "schema-registry"), "{dl:?}");
-    assert!(dl[0].2.starts_with("unknown schema id 999999 in the value's frame"), "{dl:?}");
+    assert!(
+        dl[0]
+            .2
+            .starts_with("unknown schema id 999999 in the value's frame"),
+        "{dl:?}"
+    );
     assert!(dl[1].2.contains("does not match its schema"), "{dl:?}");
-    assert!(dl[2].2.contains("not schema-registry framed: byte 0 is 0x7b"), "{dl:?}");
-    assert!(dl[3].2.contains(&format!("schema id {json_id} (value) is a JSON schema")), "{dl:?}");
-    assert_eq!(dl[0].3.as_deref(), recs[2].value.as_deref(), "raw frame kept");
+    assert!(
+        dl[2]
+            .2
+            .contains("not schema-registry framed: byte 0 is 0x7b"),
+        "{dl:?}"
+    );
+    assert!(
+        dl[3]
+            .2
+            .contains(&format!("schema id {json_id} (value) is a JSON schema")),
+        "{dl:?}"
+    );
+    assert_eq!(
+        dl[0].3.as_deref(),
+        recs[2].value.as_deref(),
+        "raw frame kept"
+    );
     let again = run_caught_up(&orders(&topic, &unique("g2"), &db, &source).path).tally();
-    assert_eq!((again.landed, again.duplicate, again.quarantined), (0, 4, 4));
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 4);
+    assert_eq!(
+        (again.landed, again.duplicate, again.quarantined),
+        (0, 4, 4)
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        4
+    );
 }
 
 /// JSON Schema framed values (KafkaJsonSchemaSerializer's wire format) through the real registry: C41's record
@@ -274,11 +359,28 @@ fn json_schema_values_through_the_registry_land() {
     let body = |i: usize| recs[i].rec.value.clone().unwrap();
     let framed = |i: usize, id: u32| -> Vec<u8> {
         let b = body(i);
-        let json = if b.first() == Some(&0) { b[5..].to_vec() } else { b };
+        let json = if b.first() == Some(&0) {
+            b[5..].to_vec()
+        } else {
+            b
+        };
         frame(id, &json)
     };
-    let rec = |value: Vec<u8>| Rec { partition: 0, key: Some(b"o-600".to_vec()), value: Some(value), timestamp_ms: None };
-    produce(&topic, &[rec(framed(0, id)), rec(framed(1, id)), rec(framed(4, id)), rec(framed(4, avro_id))]);
+    let rec = |value: Vec<u8>| Rec {
+        partition: 0,
+        key: Some(b"o-600".to_vec()),
+        value: Some(value),
+        timestamp_ms: None,
+    };
+    produce(
+        &topic,
+        &[
+            rec(framed(0, id)),
+            rec(framed(1, id)),
+            rec(framed(4, id)),
+            rec(framed(4, avro_id)),
+        ],
+    );
     let group = unique("g");
     let source = format!(
         "\n[source]\nformat = \"json\"\nencoding = \"json-schema\"\nschema-registry = {{ url = \"{}\" }}\n",
@@ -286,11 +388,32 @@ fn json_schema_values_through_the_registry_land() {
     );
     let p = orders(&topic, &group, &db, &source);
     let t = run_caught_up(&p.path).tally();
-    assert_eq!((t.consumed, t.landed, t.duplicate, t.quarantined), (4, 3, 0, 1));
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.quarantined),
+        (4, 3, 0, 1)
+    );
     let dl = dead_letters(&db);
-    assert!(dl[0].2.contains(&format!("schema id {avro_id} (value) is a AVRO schema")), "{dl:?}");
-    let order = db.query("SELECT status, version FROM {s}.orders WHERE order_id = 'o-600'", &[]);
-    assert_eq!((order[0].get::<_, String>(0), order[0].get::<_, i64>(1)), ("SHIPPED".into(), 3));
-    let paid: String = db.query("SELECT paid_total::text FROM {s}.customer_stats WHERE customer_id = 'c-60'", &[])[0].get(0);
-    assert_eq!(paid, "12.50", "C41 record 601 applied through JSON Schema framing");
+    assert!(
+        dl[0]
+            .2
+            .contains(&format!("schema id {avro_id} (value) is a AVRO schema")),
+        "{dl:?}"
+    );
+    let order = db.query(
+        "SELECT status, version FROM {s}.orders WHERE order_id = 'o-600'",
+        &[],
+    );
+    assert_eq!(
+        (order[0].get::<_, String>(0), order[0].get::<_, i64>(1)),
+        ("SHIPPED".into(), 3)
+    );
+    let paid: String = db.query(
+        "SELECT paid_total::text FROM {s}.customer_stats WHERE customer_id = 'c-60'",
+        &[],
+    )[0]
+    .get(0);
+    assert_eq!(
+        paid, "12.50",
+        "C41 record 601 applied through JSON Schema framing"
+    );
 }

@@ -9,7 +9,8 @@ use crate::common::*;
 use crate::connect::{drop_slot, unique_name, Connect};
 use crate::registry::{dead_letters, registry_url};
 
-const COLUMNS: &str = "id bigint PRIMARY KEY, amount numeric(12,2), big numeric, created timestamp(6), \
+const COLUMNS: &str =
+    "id bigint PRIMARY KEY, amount numeric(12,2), big numeric, created timestamp(6), \
     seen timestamptz, due date, doc jsonb, uid uuid, note text";
 const COMPARED: &str = "id, amount, big, created, seen, due, doc, uid, note";
 
@@ -24,7 +25,10 @@ fn wait_count(topic: &str, n: i64) -> i64 {
                 return hi;
             }
         }
-        assert!(Instant::now() < deadline, "{topic}: fewer than {n} records after 120 s");
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: fewer than {n} records after 120 s"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
 }
@@ -33,7 +37,10 @@ fn wait_count(topic: &str, n: i64) -> i64 {
 fn first_value(topic: &str) -> Vec<u8> {
     use rdkafka::consumer::Consumer;
     use rdkafka::message::Message;
-    let c = consumer(&[("group.id", &unique_name("fv")), ("auto.offset.reset", "earliest")]);
+    let c = consumer(&[
+        ("group.id", &unique_name("fv")),
+        ("auto.offset.reset", "earliest"),
+    ]);
     c.subscribe(&[topic]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -53,7 +60,11 @@ fn differences(db: &Db, src: &str) -> Vec<String> {
         ))
     };
     let mut d = q(src, "{s}");
-    d.extend(q("{s}", src).into_iter().map(|r| format!("projection only: {r}")));
+    d.extend(
+        q("{s}", src)
+            .into_iter()
+            .map(|r| format!("projection only: {r}")),
+    );
     d
 }
 
@@ -88,7 +99,10 @@ fn debezium_avro_keys_and_values_through_the_registry() {
     let table = format!("{src}.items");
     props.push(("topic.prefix".into(), src.clone()));
     props.push(("table.include.list".into(), table.clone()));
-    let refs: Vec<(&str, &str)> = props.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let refs: Vec<(&str, &str)> = props
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let dir = tempfile::tempdir().unwrap();
     let mut connect = Connect::start_with_env(
         &dir.path().join(&src),
@@ -121,12 +135,23 @@ fn debezium_avro_keys_and_values_through_the_registry() {
     out.assert_ok();
     assert!(dead_letters(&db).is_empty(), "{:?}", dead_letters(&db));
     let t = out.tally();
-    assert_eq!((t.consumed, t.landed, t.quarantined), (7, 6, 0), "{}", out.stdout);
+    assert_eq!(
+        (t.consumed, t.landed, t.quarantined),
+        (7, 6, 0),
+        "{}",
+        out.stdout
+    );
     assert_eq!(t.filtered, 1, "the Kafka tombstone after the delete");
     assert_eq!(differences(&db, &src), Vec::<String>::new());
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.items_tombstones WHERE id = 2"), 1);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.items_tombstones WHERE id = 2"),
+        1
+    );
     let big: String = db.query("SELECT big::text FROM {s}.items WHERE id = 1", &[])[0].get(0);
-    assert_eq!(big, "12345678901234567890.123456789", "VariableScaleDecimal exact");
+    assert_eq!(
+        big, "12345678901234567890.123456789",
+        "VariableScaleDecimal exact"
+    );
     let again = run_caught_up(&pipeline(&text, &topic, &unique("g2"), &db.schema).path).tally();
     assert_eq!((again.landed, again.quarantined), (0, 0));
     connect.stop();
