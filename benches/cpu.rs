@@ -6,6 +6,9 @@
 //! - `decode/debezium_schemaless`, `decode/debezium_with_schema`: a Debezium change event → change, built-in
 //!   fields and every row-projection column converted to PostgreSQL text; `decode/debezium_with_schema_uncached`
 //!   the same with the Connect schema parsed again for every record (the schema cache off, as before it existed).
+//! - `decode/debezium_avro`: the same change as schema-registry Avro (`[source] encoding = "avro"`, the schema
+//!   in the registry client's cache, as after the first record of its id), the same conversions;
+//!   `decode/avro_to_json` the Avro → JSON-converter step alone.
 //!
 //! Criterion reports time per iteration; each iteration is one record, so the figure is ns/record.
 
@@ -134,5 +137,148 @@ fn debezium_envelope(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(cpu, json_event, delivery_key, decide, debezium_envelope);
+/// The Avro schema the Avro converters write for the accounts envelope (`connect.name` on logical types).
+const AVRO_SCHEMA: &str = r#"{"type":"record","name":"Envelope","namespace":"pg.public.accounts","fields":[
+ {"name":"before","type":["null",{"type":"record","name":"Value","fields":[
+   {"name":"id","type":"int"},
+   {"name":"owner","type":["null","string"],"default":null},
+   {"name":"balance","type":["null",{"type":"bytes","scale":2,"precision":12,"connect.version":1,
+     "connect.parameters":{"scale":"2","connect.decimal.precision":"12"},
+     "connect.name":"org.apache.kafka.connect.data.Decimal","logicalType":"decimal"}],"default":null},
+   {"name":"updated_at","type":["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.time.ZonedTimestamp"}],"default":null}],
+   "connect.name":"pg.public.accounts.Value"}],"default":null},
+ {"name":"after","type":["null","Value"],"default":null},
+ {"name":"source","type":{"type":"record","name":"Source","namespace":"io.debezium.connector.postgresql","fields":[
+   {"name":"version","type":"string"},{"name":"connector","type":"string"},{"name":"name","type":"string"},
+   {"name":"ts_ms","type":"long"},{"name":"snapshot","type":["null","string"],"default":null},
+   {"name":"db","type":"string"},{"name":"sequence","type":["null","string"],"default":null},
+   {"name":"schema","type":"string"},{"name":"table","type":"string"},
+   {"name":"txId","type":["null","long"],"default":null},{"name":"lsn","type":["null","long"],"default":null},
+   {"name":"xmin","type":["null","long"],"default":null}]}},
+ {"name":"op","type":"string"},
+ {"name":"ts_ms","type":["null","long"],"default":null}],
+ "connect.name":"pg.public.accounts.Envelope"}"#;
+
+/// The accounts update of `CDC_SCHEMALESS` as one schema-registry Avro frame of schema id 1.
+fn avro_frame() -> Vec<u8> {
+    use apache_avro::types::Value as A;
+    let schema = apache_avro::Schema::parse_str(AVRO_SCHEMA).expect("schema");
+    let s = |t: &str| A::String(t.into());
+    let some = |v: A| A::Union(1, Box::new(v));
+    let row = A::Record(vec![
+        ("id".into(), A::Int(1)),
+        ("owner".into(), some(s("acct-one"))),
+        ("balance".into(), some(A::Decimal(vec![0x3a, 0x98].into()))),
+        ("updated_at".into(), some(s("2024-04-25T00:08:20Z"))),
+    ]);
+    let source = A::Record(vec![
+        ("version".into(), s("3.6.1.Final")),
+        ("connector".into(), s("postgresql")),
+        ("name".into(), s("pg")),
+        ("ts_ms".into(), A::Long(1_714_003_700_000)),
+        ("snapshot".into(), some(s("false"))),
+        ("db".into(), s("app")),
+        ("sequence".into(), some(s(r#"["33000136","33000200"]"#))),
+        ("schema".into(), s("public")),
+        ("table".into(), s("accounts")),
+        ("txId".into(), some(A::Long(901))),
+        ("lsn".into(), some(A::Long(33_000_200))),
+        ("xmin".into(), A::Union(0, Box::new(A::Null))),
+    ]);
+    let env = A::Record(vec![
+        ("before".into(), A::Union(0, Box::new(A::Null))),
+        ("after".into(), some(row)),
+        ("source".into(), source),
+        ("op".into(), s("u")),
+        ("ts_ms".into(), some(A::Long(1_714_003_700_250))),
+    ]);
+    let mut frame = vec![0, 0, 0, 0, 1];
+    frame.extend(apache_avro::to_avro_datum(&schema, env).expect("encodes"));
+    frame
+}
+
+/// `decode/debezium_avro` (whole record, conversions included) and `decode/avro_to_json` (the Avro step).
+fn debezium_avro(c: &mut Criterion) {
+    let text = CDC.replace(
+        "format = \"debezium\"",
+        "format = \"debezium\"\nencoding = \"avro\"\nschema-registry = { url = \"http://127.0.0.1:1\" }",
+    );
+    let p = replaysafe::config::parse("cdc.toml", &text).expect("avro pipeline");
+    let answer = serde_json::json!({ "schema": AVRO_SCHEMA }).to_string();
+    p.registry
+        .as_ref()
+        .unwrap()
+        .cache_answer(1, &answer)
+        .expect("schema");
+    let key_schema = r#"{"type":"record","name":"Key","namespace":"pg.public.accounts","fields":[{"name":"id","type":"int"}]}"#;
+    let key_answer = serde_json::json!({ "schema": key_schema }).to_string();
+    p.registry
+        .as_ref()
+        .unwrap()
+        .cache_answer(2, &key_answer)
+        .expect("key schema");
+    let ks = apache_avro::Schema::parse_str(key_schema).expect("key schema");
+    let mut key = vec![0, 0, 0, 0, 2];
+    let kv =
+        apache_avro::types::Value::Record(vec![("id".into(), apache_avro::types::Value::Int(1))]);
+    key.extend(apache_avro::to_avro_datum(&ks, kv).expect("key"));
+    let frame = avro_frame();
+    let cols = p.projections[0]
+        .row
+        .as_ref()
+        .unwrap()
+        .columns
+        .clone()
+        .unwrap();
+    let mut g = c.benchmark_group("decode");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("debezium_avro", |b| {
+        b.iter(|| {
+            let decoded = replaysafe::decode::record(&p, Some(&key), Some(black_box(&frame)), None)
+                .expect("valid");
+            let replaysafe::decode::Decoded::Fields {
+                change: Some(ch), ..
+            } = decoded
+            else {
+                panic!("a change")
+            };
+            let after = ch.after.as_ref().unwrap();
+            for col in &cols {
+                let cell = &after
+                    .iter()
+                    .find(|(n, _)| n == col.name.as_str())
+                    .unwrap()
+                    .1;
+                black_box(
+                    replaysafe::decode::debezium::convert::to_pg(cell, col, p.decimal_handling)
+                        .expect("converts"),
+                );
+            }
+        })
+    });
+    let schema = apache_avro::Schema::parse_str(AVRO_SCHEMA).expect("schema");
+    let json: serde_json::Value = serde_json::from_str(AVRO_SCHEMA).expect("json");
+    g.bench_function("avro_to_json", |b| {
+        b.iter(|| {
+            replaysafe::decode::avro::to_json(
+                &schema,
+                &[],
+                std::slice::from_ref(&json),
+                black_box(&frame[5..]),
+                true,
+            )
+            .expect("ok")
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    cpu,
+    json_event,
+    delivery_key,
+    decide,
+    debezium_envelope,
+    debezium_avro
+);
 criterion_main!(cpu);

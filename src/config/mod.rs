@@ -10,6 +10,7 @@ pub mod kafka;
 pub mod outbox;
 pub mod plan;
 pub mod raw;
+pub mod registry;
 pub mod source;
 pub mod timeouts;
 
@@ -19,6 +20,7 @@ pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
 pub use outbox::OutboxPlan;
 pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
+pub use registry::{Encoding, RegistryPlan};
 pub use source::Source;
 pub use timeouts::Timeouts;
 

@@ -38,6 +38,10 @@ pub struct Pipeline {
     pub format: Format,
     /// Debezium without schemas: how `numeric` values are encoded.
     pub decimal_handling: DecimalHandling,
+    /// `[source] encoding`: plain JSON, or schema-registry framed Avro / JSON.
+    pub encoding: super::Encoding,
+    /// `[source] schema-registry`: the client (with its schema cache) when the encoding needs one.
+    pub registry: Option<std::sync::Arc<crate::decode::registry::Registry>>,
     /// Where the pipeline came from (for messages).
     pub source: Source,
     /// `[kafka]`.
@@ -302,10 +306,18 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
             .iter()
             .any(|p| p.kind == crate::projection::ProjectionKind::Outbox),
     )?;
+    let rs = raw.source.as_ref().map(|s| s.get_ref());
+    let (encoding, registry) = super::registry::registry(
+        src,
+        rs.and_then(|s| s.encoding.as_ref()),
+        rs.and_then(|s| s.schema_registry.as_ref()),
+    )?;
 
     Ok(Pipeline {
         format,
         decimal_handling,
+        encoding,
+        registry: registry.map(|r| std::sync::Arc::new(crate::decode::registry::Registry::new(r))),
         source: src.clone(),
         kafka,
         postgres,

@@ -35,6 +35,8 @@ pub struct RawPipeline {
 pub struct RawSource {
     pub format: Spanned<String>,
     pub decimal_handling: Option<Spanned<String>>,
+    pub encoding: Option<Spanned<String>>,
+    pub schema_registry: Option<Spanned<super::registry::RawRegistry>>,
 }
 
 /// `[kafka]`

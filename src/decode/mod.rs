@@ -1,8 +1,11 @@
 //! Decoding a record into the pipeline's typed fields: [`json`] events, or [`debezium`] change events whose
 //! flat document the same `[fields]` read. A record that cannot be decoded becomes a [`Rejection`] (quarantined).
 
+pub mod avro;
 pub mod debezium;
+pub mod framed;
 pub mod json;
+pub mod registry;
 pub mod rejection;
 
 use chrono::NaiveDate;
@@ -37,16 +40,19 @@ pub fn record(
     value: Option<&[u8]>,
     old_key: Option<&[u8]>,
 ) -> Result<Decoded, Rejection> {
+    if let Some(v) = value {
+        json::check_size(pipeline, v)?;
+    }
+    let value = framed::unframe(pipeline, value, "value")?;
+    let value = value.as_deref();
     if pipeline.format == crate::config::Format::Json {
         return decode(pipeline, value).map(|fields| Decoded::Fields {
             fields,
             change: None,
         });
     }
-    if let Some(v) = value {
-        json::check_size(pipeline, v)?;
-    }
-    match debezium::envelope::decode(key, value, old_key)? {
+    let key = framed::unframe(pipeline, key, "key")?;
+    match debezium::envelope::decode(key.as_deref(), value, old_key)? {
         debezium::Record::Skip(rule) => Ok(Decoded::Skip(rule)),
         debezium::Record::Change(change, doc) => {
             let fields = pipeline

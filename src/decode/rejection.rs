@@ -26,11 +26,17 @@ pub enum Reason {
     /// with `payload_error` (or `key_error`) — kcat's message is the detail —, or a dump line whose bytes are
     /// not UTF-8 (`load --quarantine-invalid-utf8`; the dead letter's value is the whole line).
     UndecodableValue,
+    /// A schema-registry frame (magic byte 0x00 + schema id) the pipeline cannot read: a frame where plain JSON
+    /// is expected, a truncated frame, an unknown schema id, or data that does not match its schema (case C41).
+    SchemaRegistry,
+    /// The schema registry could not be reached within `--connect-timeout`: never a dead letter — the engine
+    /// stops (exit 1) before applying the record, like an unreachable database.
+    RegistryUnavailable,
 }
 
 impl Reason {
     /// Every reason (the `reason` labels `/metrics` registers at zero on start).
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::NullValue,
         Reason::Oversize,
         Reason::InvalidJson,
@@ -41,6 +47,7 @@ impl Reason {
         Reason::RejectedByDatabase,
         Reason::Flattened,
         Reason::UndecodableValue,
+        Reason::SchemaRegistry,
     ];
 
     /// Stable kebab-case name.
@@ -56,6 +63,8 @@ impl Reason {
             Reason::RejectedByDatabase => "rejected-by-database",
             Reason::Flattened => "flattened-record",
             Reason::UndecodableValue => "undecodable-value",
+            Reason::SchemaRegistry => "schema-registry",
+            Reason::RegistryUnavailable => "registry-unavailable",
         }
     }
 }

@@ -360,6 +360,16 @@ impl Engine {
                 )));
             }
         };
+        if let crate::sink::Pending::Quarantine(rej) = &pending {
+            if rej.reason == crate::decode::Reason::RegistryUnavailable {
+                // Not the record's fault: stop like an unreachable database; a rerun resumes at the checkpoint.
+                return Err(Error::Other(format!(
+                    "{} (record {}/{} offset {}); nothing of that record was applied, rerun when the registry \
+                     answers",
+                    rej.detail, r.tp.0, r.tp.1, r.offset
+                )));
+            }
+        }
         let item = Item {
             offset: r.offset,
             timestamp_ms: r.timestamp_ms,

@@ -303,7 +303,7 @@ async fn read_page(
             ],
         )
         .await?;
-    Ok(rows
+    let page: Vec<Stored> = rows
         .iter()
         .map(|r| {
             let key: Option<Vec<u8>> = r.get(4);
@@ -318,7 +318,16 @@ async fn read_page(
             };
             (r.get(0), r.get(1), item, r.get(6))
         })
-        .collect())
+        .collect();
+    // A schema registry that does not answer is not the record's fault: stop, nothing replayed.
+    for (_, _, item, _) in &page {
+        if let crate::sink::Pending::Quarantine(r) = &item.pending {
+            if r.reason == crate::decode::Reason::RegistryUnavailable {
+                return Err(crate::error::Error::Other(r.detail.clone()));
+            }
+        }
+    }
+    Ok(page)
 }
 
 /// Groups a page into one batch per partition (offsets ascending); dead letters whose value was not kept are

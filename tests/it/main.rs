@@ -30,6 +30,8 @@ mod privileges;
 mod projections;
 mod prove;
 mod relay;
+mod registry;
+mod registry_cdc;
 mod sasl;
 mod starts;
 mod tls;

@@ -1,0 +1,318 @@
+//! The schema-registry client: schemas fetched by id over the Confluent-compatible REST API
+//! (`GET {url}/schemas/ids/{id}` → `{"schema": "…", "schemaType": "AVRO" | "JSON" | "PROTOBUF"}`, Confluent
+//! "Schema Registry API Reference"; Apicurio Registry serves it under `/apis/ccompat/v7`) and cached for the
+//! life of the process (a schema id never changes its schema).
+//!
+//! A registry that does not answer (connection refused, timeout, HTTP 5xx/429) is retried with backoff for at
+//! most `--connect-timeout` ([`crate::endpoint::connect_timeout`]); then [`Fetch::Unavailable`] stops the
+//! pipeline like an unreachable database — never a dead letter. An id the registry does not know (HTTP 404) is
+//! the record's fault: [`Fetch::Unknown`] quarantines it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::Value;
+
+use crate::config::RegistryPlan;
+
+/// A schema the registry returned for an id.
+#[derive(Debug)]
+pub enum Schema {
+    /// An Avro schema: parsed, and its Kafka Connect form (the JSON converter's `schema` member) for Debezium.
+    Avro {
+        /// The writer's schema.
+        schema: apache_avro::Schema,
+        /// The schemas it references (`references` of the registry's answer, fetched by subject and version,
+        /// dependencies first).
+        refs: Vec<apache_avro::Schema>,
+        /// The schema's JSON text, parsed (custom properties such as `connect.name` kept), after its
+        /// references' JSON.
+        json: Vec<Value>,
+    },
+    /// A JSON Schema (the payload is JSON text; the schema itself is not needed to read it).
+    Json,
+    /// Another type (`PROTOBUF`, …), named as the registry names it.
+    Other(String),
+}
+
+/// Why a schema could not be had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetch {
+    /// The registry does not know the id (or returned a schema that does not parse): the record is quarantined.
+    Unknown(String),
+    /// The registry could not be reached within `--connect-timeout`, or refused our credentials: the pipeline
+    /// stops (exit 1) with nothing of the record applied.
+    Unavailable(String),
+}
+
+/// The client and its cache; shared by every decoding thread.
+pub struct Registry {
+    plan: RegistryPlan,
+    agent: Mutex<Option<ureq::Agent>>,
+    cache: Mutex<HashMap<u32, Arc<Schema>>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("plan", &self.plan)
+            .finish()
+    }
+}
+
+impl Registry {
+    /// A client for `plan`; no request is made until a schema is needed.
+    pub fn new(plan: RegistryPlan) -> Registry {
+        Registry {
+            plan,
+            agent: Mutex::new(None),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The validated settings.
+    pub fn plan(&self) -> &RegistryPlan {
+        &self.plan
+    }
+
+    /// The schema of `id`, from the cache or the registry.
+    ///
+    /// # Errors
+    /// [`Fetch::Unknown`] (quarantine the record) or [`Fetch::Unavailable`] (stop the pipeline).
+    pub fn schema(&self, id: u32) -> Result<Arc<Schema>, Fetch> {
+        if let Some(s) = self.cache.lock().expect("cache").get(&id) {
+            return Ok(s.clone());
+        }
+        let body = self.fetch(&format!("/schemas/ids/{id}"))?;
+        let mut refs = Vec::new();
+        self.references(id, &body, &mut refs, 0)?;
+        let schema = Arc::new(parse(id, &body, &refs)?);
+        self.cache.lock().expect("cache").insert(id, schema.clone());
+        Ok(schema)
+    }
+
+    /// Puts the registry's answer for `id` (`{"schema": "…", "schemaType": …}`, as `GET /schemas/ids/{id}`
+    /// returns it) into the cache without asking the registry: for benchmarks and offline tools.
+    ///
+    /// # Errors
+    /// [`Fetch::Unknown`] when the answer or its schema does not parse.
+    pub fn cache_answer(&self, id: u32, answer: &str) -> Result<(), Fetch> {
+        let schema = Arc::new(parse(id, answer, &[])?);
+        self.cache.lock().expect("cache").insert(id, schema);
+        Ok(())
+    }
+
+    fn agent(&self) -> Result<ureq::Agent, Fetch> {
+        let mut slot = self.agent.lock().expect("agent");
+        if let Some(a) = slot.as_ref() {
+            return Ok(a.clone());
+        }
+        let a = agent(&self.plan).map_err(Fetch::Unavailable)?;
+        *slot = Some(a.clone());
+        Ok(a)
+    }
+
+    /// The schema texts `answer`'s `references` name (`GET {url}/subjects/{subject}/versions/{version}`),
+    /// their own references first, each once, at most 16 levels deep.
+    fn references(
+        &self,
+        id: u32,
+        answer: &str,
+        out: &mut Vec<String>,
+        depth: u32,
+    ) -> Result<(), Fetch> {
+        let v: Value = serde_json::from_str(answer)
+            .map_err(|e| Fetch::Unknown(format!("schema id {id}: answer is not JSON: {e}")))?;
+        let Some(refs) = v.get("references").and_then(Value::as_array) else {
+            return Ok(());
+        };
+        if depth > 16 && !refs.is_empty() {
+            return Err(Fetch::Unknown(format!(
+                "schema id {id}: references nested deeper than 16"
+            )));
+        }
+        for r in refs {
+            let (Some(subject), Some(version)) =
+                (r.get("subject").and_then(Value::as_str), r.get("version"))
+            else {
+                return Err(Fetch::Unknown(format!(
+                    "schema id {id}: a reference without subject/version: {r}"
+                )));
+            };
+            let body = self.fetch(&format!("/subjects/{subject}/versions/{version}"))?;
+            self.references(id, &body, out, depth + 1)?;
+            let text = serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|b| b.get("schema").and_then(Value::as_str).map(str::to_string))
+                .ok_or_else(|| {
+                    Fetch::Unknown(format!("schema id {id}: reference {subject} has no schema"))
+                })?;
+            if !out.contains(&text) {
+                out.push(text);
+            }
+        }
+        Ok(())
+    }
+
+    /// `GET {url}{path}`, retried while the registry is unavailable.
+    fn fetch(&self, path: &str) -> Result<String, Fetch> {
+        let agent = self.agent()?;
+        let url = format!("{}{path}", self.plan.url);
+        let started = Instant::now();
+        let bound = crate::endpoint::connect_timeout();
+        let mut attempt = 0u32;
+        loop {
+            match self.get(&agent, &url) {
+                Attempt::Done(body) => return Ok(body),
+                Attempt::Unknown(m) => return Err(Fetch::Unknown(m)),
+                Attempt::Refused(m) => return Err(Fetch::Unavailable(m)),
+                Attempt::Retry(m) if started.elapsed() >= bound => {
+                    return Err(Fetch::Unavailable(format!(
+                        "schema registry {}: gave up after {} s (--connect-timeout): {m}",
+                        self.plan.url,
+                        started.elapsed().as_secs()
+                    )))
+                }
+                Attempt::Retry(m) => {
+                    attempt += 1;
+                    metrics::counter!("replaysafe_registry_retries_total").increment(1);
+                    tracing::warn!(attempt, "schema registry unavailable, retrying: {m}");
+                    crate::health::beat(None);
+                    let pause = Duration::from_millis(100 * 2u64.pow(attempt.min(6)));
+                    std::thread::sleep(pause.min(bound.saturating_sub(started.elapsed())));
+                }
+            }
+        }
+    }
+
+    fn get(&self, agent: &ureq::Agent, url: &str) -> Attempt {
+        let mut req = agent.get(url).header(
+            "Accept",
+            "application/vnd.schemaregistry.v1+json, application/json",
+        );
+        if let (Some(u), Some(p)) = (&self.plan.username, &self.plan.password) {
+            let token = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+            req = req.header("Authorization", format!("Basic {token}"));
+        }
+        let mut resp = match req.call() {
+            Ok(r) => r,
+            Err(e) => return Attempt::Retry(format!("GET {url}: {e}")),
+        };
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(16 * 1024 * 1024)
+            .read_to_string();
+        let body = match body {
+            Ok(b) => b,
+            Err(e) => return Attempt::Retry(format!("GET {url}: reading the answer: {e}")),
+        };
+        match status {
+            200 => Attempt::Done(body),
+            404 => Attempt::Unknown(format!(
+                "the registry has no schema with this id ({})",
+                short(&body)
+            )),
+            401 | 403 => Attempt::Refused(format!(
+                "schema registry {}: HTTP {status} (credentials refused): {}",
+                self.plan.url,
+                short(&body)
+            )),
+            _ => Attempt::Retry(format!("GET {url}: HTTP {status}: {}", short(&body))),
+        }
+    }
+}
+
+enum Attempt {
+    Done(String),
+    Unknown(String),
+    Refused(String),
+    Retry(String),
+}
+
+fn short(s: &str) -> String {
+    let s = s.trim();
+    if s.chars().count() > 200 {
+        format!("{}…", s.chars().take(200).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+/// The registry's answer for `id` (and the texts of the schemas it references) → a [`Schema`].
+fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
+    let bad = |m: String| Fetch::Unknown(format!("schema id {id}: {m}"));
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| bad(format!("answer is not JSON: {e}")))?;
+    let text = v
+        .get("schema")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("answer has no `schema` string".into()))?;
+    match v
+        .get("schemaType")
+        .and_then(Value::as_str)
+        .unwrap_or("AVRO")
+    {
+        "AVRO" => {
+            let (schema, refs_parsed) = if refs.is_empty() {
+                (apache_avro::Schema::parse_str(text), Vec::new())
+            } else {
+                match apache_avro::Schema::parse_str_with_list(text, refs) {
+                    Ok((s, r)) => (Ok(s), r),
+                    Err(e) => (Err(e), Vec::new()),
+                }
+            };
+            let schema = schema.map_err(|e| bad(format!("not a valid Avro schema: {e}")))?;
+            let json = refs
+                .iter()
+                .map(String::as_str)
+                .chain([text])
+                .map(|t| serde_json::from_str(t).map_err(|e| bad(format!("{e}"))))
+                .collect::<Result<Vec<Value>, Fetch>>()?;
+            Ok(Schema::Avro {
+                schema,
+                refs: refs_parsed,
+                json,
+            })
+        }
+        "JSON" => Ok(Schema::Json),
+        other => Ok(Schema::Other(other.to_string())),
+    }
+}
+
+/// The HTTP agent: a bounded attempt (10 s, or `--connect-timeout` when shorter), statuses as answers, TLS by
+/// OpenSSL (native-tls) with `ca-file` roots and the `cert-file`/`key-file` client certificate.
+fn agent(plan: &RegistryPlan) -> Result<ureq::Agent, String> {
+    use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let mut tls = TlsConfig::builder().provider(TlsProvider::NativeTls);
+    tls = match &plan.ca_file {
+        Some(p) => {
+            let pem = read(p)?;
+            let certs = ureq::tls::parse_pem(&pem)
+                .filter_map(|i| match i {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(format!("{}: {e}", p.display()))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            tls.root_certs(RootCerts::new_with_certs(&certs))
+        }
+        None => tls.root_certs(RootCerts::PlatformVerifier),
+    };
+    if let (Some(c), Some(k)) = (&plan.cert_file, &plan.key_file) {
+        let cert = Certificate::from_pem(&read(c)?).map_err(|e| format!("{}: {e}", c.display()))?;
+        let key = PrivateKey::from_pem(&read(k)?).map_err(|e| format!("{}: {e}", k.display()))?;
+        tls = tls.client_cert(Some(ClientCert::new_with_certs(&[cert], key)));
+    }
+    let attempt = crate::endpoint::ATTEMPT_TIMEOUT.min(crate::endpoint::connect_timeout());
+    let config = ureq::Agent::config_builder()
+        .timeout_global(Some(attempt.max(Duration::from_secs(1))))
+        .http_status_as_error(false)
+        .tls_config(tls.build())
+        .build();
+    Ok(config.into())
+}
