@@ -119,3 +119,39 @@ fn a_lagging_production_worker_resumes_after_a_prune() {
     assert!(out.stderr.contains("are below the ledger's pruned horizon"), "{}", out.stderr);
     assert_eq!(counts(&db), want);
 }
+
+/// The same worker with its checkpoint moved back below what it applied (a reset) is a replay: refused.
+#[test]
+fn a_checkpoint_moved_back_below_a_pruned_offset_is_refused() {
+    let (db, topic) = stage("b13_reset", 2);
+    let recs: Vec<Rec> = (0..6u32)
+        .map(|n| ev(n, (n % 2) as i32, if n < 2 { days_ago(10) } else { days_ago(1) }))
+        .collect();
+    produce(&topic, &recs);
+    let prod = unique("prod");
+    let long = pipeline(&text(30), &topic, &prod, &db.schema);
+    assert_eq!(run_caught_up(&long.path).tally().landed, 6);
+    let short = pipeline(&text(5), &topic, &prod, &db.schema);
+    replaysafe(&["ledger", "prune", "--config", arg(&short.path)]).assert_ok();
+    let before = counts(&db);
+    db.execute("UPDATE {s}.replaysafe_checkpoints SET next_offset = 0");
+    let out = try_run(&short.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("offsets 0..=0 are below"), "{}", out.stderr);
+    assert_eq!(counts(&db), before);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+}
+
+/// `ledger prune` of a pipeline never initialised (its schema does not exist) says to run `init` and exits 2,
+/// like `ledger stats` and `--dry-run` (it used to exit 1 with PostgreSQL's "schema does not exist").
+#[test]
+fn ledger_prune_before_init_names_init() {
+    let schema = unique("b13_noinit");
+    let p = pipeline(&text(5), "b13-never", &unique("g"), &schema);
+    for extra in [&[][..], &["--json"], &["--dry-run"]] {
+        let head = ["ledger", "prune", "--config", arg(&p.path)];
+        let out = replaysafe(&[&head[..], extra].concat());
+        assert_eq!(out.code, Some(2), "{extra:?}: {}\n{}", out.stdout, out.stderr);
+        assert!(out.stderr.contains("replaysafe init"), "{}", out.stderr);
+    }
+}
