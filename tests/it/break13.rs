@@ -1,6 +1,8 @@
 //! Review of issue 13 (outbox relay, ledger lifecycle, verify with production): faults found by trying to break
 //! it, one test each.
 
+use std::time::Duration;
+
 use chrono::{Days, NaiveDate, Utc};
 
 use crate::common::*;
@@ -154,4 +156,85 @@ fn ledger_prune_before_init_names_init() {
         assert_eq!(out.code, Some(2), "{extra:?}: {}\n{}", out.stdout, out.stderr);
         assert!(out.stderr.contains("replaysafe init"), "{}", out.stderr);
     }
+}
+
+/// Chaos on the relay: `run --relay` (outbox batch-size 1) and `outbox relay` (batch-size 5000) on one outbox
+/// while records keep arriving (entities spread over 3 partitions), each SIGKILLed and restarted at pseudo-random
+/// points; then the rest is consumed and relayed. Every event is one outbox row, every row is published and on
+/// the topic at least once (a kill between acknowledgement and mark republishes it) with its key, bytes and
+/// delivery header, each key's rows first appear in version order, and nothing else is on the topic.
+#[test]
+fn relay_and_run_relay_killed_at_random_while_rows_arrive() {
+    use crate::relay::{events, events_pipeline, read_topic};
+    use std::collections::{HashMap, HashSet};
+    let (db, topic) = stage("b13_chaos", 3);
+    let out = unique("b13out");
+    create_topic(&out, 2, &[]);
+    let group = unique("g");
+    let one = events_pipeline(&topic, &group, &db, &out, 1);
+    let big = events_pipeline(&topic, &group, &db, &out, 5000);
+    let run_args = ["run", "--config", arg(&one.path), "--relay"];
+    let relay_args = ["outbox", "relay", "--config", arg(&big.path)];
+    let mut seed: u64 = 0x5eed_1313;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut runner = spawn(&run_args, &[], one.dir.path(), "run0");
+    let mut relay = spawn(&relay_args, &[], big.dir.path(), "relay0");
+    let mut all = Vec::new();
+    for round in 0..12u32 {
+        let recs = events(6, 4, 3, 0x1300 + round);
+        produce(&topic, &recs);
+        all.extend(recs);
+        std::thread::sleep(Duration::from_millis(200 + rnd(1200)));
+        if rnd(2) == 0 {
+            runner.kill().unwrap();
+            runner.wait().unwrap();
+            runner = spawn(&run_args, &[], one.dir.path(), &format!("run{round}"));
+        } else {
+            relay.kill().unwrap();
+            relay.wait().unwrap();
+            relay = spawn(&relay_args, &[], big.dir.path(), &format!("relay{round}"));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(rnd(1500)));
+    for c in [&mut runner, &mut relay] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    let t = run_caught_up(&one.path).tally();
+    assert_eq!(t.quarantined + t.filtered, 0);
+    let done = replaysafe_with(
+        &["outbox", "relay", "--config", arg(&big.path), "--until-empty"],
+        &[],
+        Duration::from_secs(120),
+    );
+    done.assert_ok();
+    // The events are 12 rounds × 6 entities × 4 versions, but versions repeat per round (the event ids differ).
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), all.len() as i64);
+    assert_eq!(db.i64("SELECT count(DISTINCT delivery_key) FROM {s}.outbox"), all.len() as i64);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"), 0);
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily"), all.len() as i64);
+    let rows: HashMap<String, (Option<String>, String, i64)> = db
+        .query("SELECT delivery_key, message_key, payload::text, id FROM {s}.outbox", &[])
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+        .collect();
+    let msgs = read_topic(&out);
+    let mut seen = HashSet::new();
+    let mut last_id: HashMap<Option<String>, i64> = HashMap::new();
+    for m in &msgs {
+        let d = m.delivery.clone().expect("delivery header");
+        let (key, value, id) = rows.get(&d).unwrap_or_else(|| panic!("{m:?} is no outbox row"));
+        assert_eq!((&m.key, &m.value), (key, value));
+        if seen.insert(d) {
+            let before = last_id.insert(key.clone(), *id);
+            assert!(before.is_none_or(|b| b < *id), "key {key:?}: row {id} first seen after {before:?}");
+        }
+    }
+    assert_eq!(seen.len(), rows.len(), "every row on the topic");
+    eprintln!("{} rows, {} messages", rows.len(), msgs.len());
 }
