@@ -238,3 +238,26 @@ fn relay_and_run_relay_killed_at_random_while_rows_arrive() {
     assert_eq!(seen.len(), rows.len(), "every row on the topic");
     eprintln!("{} rows, {} messages", rows.len(), msgs.len());
 }
+
+/// `outbox relay --until-empty` when the broker refuses every message (the topic's `max.message.bytes` below
+/// them): it used to retry forever; it stops after [`STALLED_ROUNDS`] rounds that
+/// published nothing, exits 1 naming the rows left, and leaves them unpublished (none marked, none on the topic).
+#[test]
+fn relay_until_empty_stops_when_the_broker_refuses_every_row() {
+    use crate::relay::{events, events_pipeline, read_topic};
+    let (db, topic) = stage("b13_big", 2);
+    let out = unique("b13small");
+    create_topic(&out, 2, &[("max.message.bytes", "16")]);
+    produce(&topic, &events(3, 2, 2, 0x1313));
+    let p = events_pipeline(&topic, &unique("g"), &db, &out, 5000);
+    run_caught_up(&p.path);
+    let done = replaysafe_with(
+        &["outbox", "relay", "--config", arg(&p.path), "--until-empty"],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert_eq!(done.code, Some(1), "{}\n{}", done.stdout, done.stderr);
+    assert!(done.stderr.contains("6 rows left unpublished"), "{}", done.stderr);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"), 6);
+    assert_eq!(read_topic(&out), vec![]);
+}
