@@ -48,7 +48,8 @@ fn days_ago(n: u64) -> NaiveDate {
 fn ev(n: u32, partition: i32, day: NaiveDate) -> Rec {
     let id = format!("7a1c1f4e-6a55-4c0b-9a55-{n:012}");
     let entity = format!("e-{n}");
-    let value = format!(r#"{{"event_id":"{id}","entity":"{entity}","occurred_at":"{day}T12:00:00Z"}}"#);
+    let value =
+        format!(r#"{{"event_id":"{id}","entity":"{entity}","occurred_at":"{day}T12:00:00Z"}}"#);
     Rec::json(partition, &entity, &value, Utc::now().timestamp_millis())
 }
 
@@ -78,7 +79,11 @@ fn a_lagging_production_worker_resumes_after_a_prune() {
     // pipeline (a second deployment) lands them.
     let mut late = Vec::new();
     for n in 10..16u32 {
-        let day = if n % 3 == 0 { days_ago(10) } else { days_ago(1) };
+        let day = if n % 3 == 0 {
+            days_ago(10)
+        } else {
+            days_ago(1)
+        };
         late.push(ev(n, (n % 2) as i32, day));
     }
     produce(&topic, &late);
@@ -90,7 +95,10 @@ fn a_lagging_production_worker_resumes_after_a_prune() {
     let short = pipeline(&text(5), &topic, &prod, &db.schema);
     replaysafe(&["ledger", "prune", "--config", arg(&short.path)]).assert_ok();
     let pruned = db.i64("SELECT count(*) FROM {s}.replaysafe_pruned WHERE pruned_through >= 2");
-    assert_eq!(pruned, 2, "both partitions pruned above production's checkpoints");
+    assert_eq!(
+        pruned, 2,
+        "both partitions pruned above production's checkpoints"
+    );
     let before = counts(&db);
 
     // Production resumes from its checkpoints.
@@ -118,7 +126,11 @@ fn a_lagging_production_worker_resumes_after_a_prune() {
     let fresh = pipeline(&text(5), &topic, &unique("fresh"), &db.schema);
     let out = try_run(&fresh.path);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
-    assert!(out.stderr.contains("are below the ledger's pruned horizon"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("are below the ledger's pruned horizon"),
+        "{}",
+        out.stderr
+    );
     assert_eq!(counts(&db), want);
 }
 
@@ -127,7 +139,13 @@ fn a_lagging_production_worker_resumes_after_a_prune() {
 fn a_checkpoint_moved_back_below_a_pruned_offset_is_refused() {
     let (db, topic) = stage("b13_reset", 2);
     let recs: Vec<Rec> = (0..6u32)
-        .map(|n| ev(n, (n % 2) as i32, if n < 2 { days_ago(10) } else { days_ago(1) }))
+        .map(|n| {
+            ev(
+                n,
+                (n % 2) as i32,
+                if n < 2 { days_ago(10) } else { days_ago(1) },
+            )
+        })
         .collect();
     produce(&topic, &recs);
     let prod = unique("prod");
@@ -139,9 +157,16 @@ fn a_checkpoint_moved_back_below_a_pruned_offset_is_refused() {
     db.execute("UPDATE {s}.replaysafe_checkpoints SET next_offset = 0");
     let out = try_run(&short.path);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
-    assert!(out.stderr.contains("offsets 0..=0 are below"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("offsets 0..=0 are below"),
+        "{}",
+        out.stderr
+    );
     assert_eq!(counts(&db), before);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
 }
 
 /// `ledger prune` of a pipeline never initialised (its schema does not exist) says to run `init` and exits 2,
@@ -153,7 +178,13 @@ fn ledger_prune_before_init_names_init() {
     for extra in [&[][..], &["--json"], &["--dry-run"]] {
         let head = ["ledger", "prune", "--config", arg(&p.path)];
         let out = replaysafe(&[&head[..], extra].concat());
-        assert_eq!(out.code, Some(2), "{extra:?}: {}\n{}", out.stdout, out.stderr);
+        assert_eq!(
+            out.code,
+            Some(2),
+            "{extra:?}: {}\n{}",
+            out.stdout,
+            out.stderr
+        );
         assert!(out.stderr.contains("replaysafe init"), "{}", out.stderr);
     }
 }
@@ -208,18 +239,36 @@ fn relay_and_run_relay_killed_at_random_while_rows_arrive() {
     let t = run_caught_up(&one.path).tally();
     assert_eq!(t.quarantined + t.filtered, 0);
     let done = replaysafe_with(
-        &["outbox", "relay", "--config", arg(&big.path), "--until-empty"],
+        &[
+            "outbox",
+            "relay",
+            "--config",
+            arg(&big.path),
+            "--until-empty",
+        ],
         &[],
         Duration::from_secs(120),
     );
     done.assert_ok();
     // The events are 12 rounds × 6 entities × 4 versions, but versions repeat per round (the event ids differ).
     assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), all.len() as i64);
-    assert_eq!(db.i64("SELECT count(DISTINCT delivery_key) FROM {s}.outbox"), all.len() as i64);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"), 0);
-    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily"), all.len() as i64);
+    assert_eq!(
+        db.i64("SELECT count(DISTINCT delivery_key) FROM {s}.outbox"),
+        all.len() as i64
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"),
+        0
+    );
+    assert_eq!(
+        db.i64("SELECT sum(n)::bigint FROM {s}.daily"),
+        all.len() as i64
+    );
     let rows: HashMap<String, (Option<String>, String, i64)> = db
-        .query("SELECT delivery_key, message_key, payload::text, id FROM {s}.outbox", &[])
+        .query(
+            "SELECT delivery_key, message_key, payload::text, id FROM {s}.outbox",
+            &[],
+        )
         .iter()
         .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
         .collect();
@@ -228,11 +277,16 @@ fn relay_and_run_relay_killed_at_random_while_rows_arrive() {
     let mut last_id: HashMap<Option<String>, i64> = HashMap::new();
     for m in &msgs {
         let d = m.delivery.clone().expect("delivery header");
-        let (key, value, id) = rows.get(&d).unwrap_or_else(|| panic!("{m:?} is no outbox row"));
+        let (key, value, id) = rows
+            .get(&d)
+            .unwrap_or_else(|| panic!("{m:?} is no outbox row"));
         assert_eq!((&m.key, &m.value), (key, value));
         if seen.insert(d) {
             let before = last_id.insert(key.clone(), *id);
-            assert!(before.is_none_or(|b| b < *id), "key {key:?}: row {id} first seen after {before:?}");
+            assert!(
+                before.is_none_or(|b| b < *id),
+                "key {key:?}: row {id} first seen after {before:?}"
+            );
         }
     }
     assert_eq!(seen.len(), rows.len(), "every row on the topic");
@@ -257,7 +311,14 @@ fn relay_until_empty_stops_when_the_broker_refuses_every_row() {
         Duration::from_secs(120),
     );
     assert_eq!(done.code, Some(1), "{}\n{}", done.stdout, done.stderr);
-    assert!(done.stderr.contains("6 rows left unpublished"), "{}", done.stderr);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"), 6);
+    assert!(
+        done.stderr.contains("6 rows left unpublished"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"),
+        6
+    );
     assert_eq!(read_topic(&out), vec![]);
 }

@@ -197,7 +197,13 @@ fn assert_topic_matches(db: &Db, msgs: &[Msg], times: impl Fn(&str) -> usize) {
     }
 }
 
-pub(crate) fn events_pipeline(topic: &str, group: &str, db: &Db, out: &str, batch: u32) -> Pipeline {
+pub(crate) fn events_pipeline(
+    topic: &str,
+    group: &str,
+    db: &Db,
+    out: &str,
+    batch: u32,
+) -> Pipeline {
     let text = EVENTS
         .replace("{out}", out)
         .replace("BATCH", &batch.to_string());
