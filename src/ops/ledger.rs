@@ -217,24 +217,26 @@ pub async fn prune(
     dry_run: bool,
     lock_timeout: std::time::Duration,
 ) -> Result<PruneReport> {
-    if p.postgres.manage_schema && !dry_run {
-        let tx = client.transaction().await?;
-        tx.execute(DDL_LOCK, &[]).await?;
-        tx.batch_execute(&lifecycle::create_pruned(p)).await?;
-        tx.commit().await?;
-    }
+    // Checked before any DDL: a pipeline never initialised (its schema missing) is named, not a raw SQLSTATE.
+    let create = p.postgres.manage_schema && !dry_run;
     let missing = crate::sink::privileges::missing_tables(client, p).await?;
     let mut needed = vec![
         p.ledger.table.to_string(),
         p.table(ledger::HORIZON).to_string(),
     ];
-    if !dry_run {
+    if !dry_run && !create {
         needed.push(p.table(lifecycle::PRUNED).to_string());
     }
     if let Some(m) = missing.iter().find(|m| needed.contains(m)) {
         return Err(Error::Schema(format!(
             "{m} is missing: run `replaysafe init --config FILE` as the schema's owner first"
         )));
+    }
+    if create {
+        let tx = client.transaction().await?;
+        tx.execute(DDL_LOCK, &[]).await?;
+        tx.batch_execute(&lifecycle::create_pruned(p)).await?;
+        tx.commit().await?;
     }
     lifecycle::prune_with(client, p, dry_run, lock_timeout)
         .await
@@ -395,7 +397,9 @@ fn outbox_text(r: &PruneReport) -> String {
     let verb = if r.dry_run { "would purge" } else { "purged" };
     r.outbox
         .iter()
-        .map(|(t, n)| format!("{verb} {n} published outbox rows of {t} (older than [outbox] keep-days)\n"))
+        .map(|(t, n)| {
+            format!("{verb} {n} published outbox rows of {t} (older than [outbox] keep-days)\n")
+        })
         .collect()
 }
 

@@ -176,11 +176,18 @@ pub struct Relay {
     url: String,
     client: Option<Client>,
     gauges_at: Option<Instant>,
+    /// Rounds in a row that locked rows and got none of them acknowledged (the broker refusing or away).
+    stalled: u32,
 }
+
+/// `--until-empty` (and `run --relay`'s drain) gives up after this many rounds in a row that locked rows and
+/// published none of them (a row the broker always refuses, the topic deleted, the broker away for that many
+/// ack timeouts): exit 1 naming what is left, instead of waiting forever.
+pub const STALLED_ROUNDS: u32 = 3;
 
 /// The idempotent producer of the relay: the pipeline's `[kafka.properties]` (SASL/TLS) through
 /// [`crate::source::kafka::client_config`], then `enable.idempotence = true`, `acks = all` and
-/// `message.timeout.ms = [outbox] ack-timeout-ms` forced; `partitioner = murmur2_random` (the Java client's
+/// `message.timeout.ms = [outbox] ack-timeout-ms`, `allow.auto.create.topics = false` forced; `partitioner = murmur2_random` (the Java client's
 /// partitioning of keyed messages) unless the properties set one.
 ///
 /// # Errors
@@ -195,6 +202,9 @@ pub fn producer(p: &Pipeline, brokers: &str) -> Result<FutureProducer> {
         // A key's next message waits for the previous acknowledgement: 1 ms (debug build, local broker) gave
         // ~2,500 rows/s over 100 keys and ~470/s on one hot key; 0 ms 370/s and 780/s, 5 ms 1,900/s and 120/s.
         .set("linger.ms", "1")
+        // Never create the topic by publishing to it (librdkafka's producer asks the broker to by default): a
+        // topic deleted under the relay would come back with the broker's default partition count, moving keys.
+        .set("allow.auto.create.topics", "false")
         .set(
             "message.timeout.ms",
             p.outbox.ack_timeout.as_millis().to_string(),
@@ -225,6 +235,7 @@ impl Relay {
             url: url.to_string(),
             client: None,
             gauges_at: None,
+            stalled: 0,
         };
         let sql = format!(
             "SELECT id, delivery_key, message_key, payload, published_at FROM {} LIMIT 0",
@@ -276,7 +287,13 @@ impl Relay {
         );
         let margin = ((idle - ack) / 2).min(Duration::from_millis(500));
         let deadline = Instant::now() + (idle - ack - margin);
+        let locked = rows.len();
         let acked = publish(&self.producer, &self.topic, rows, deadline).await;
+        self.stalled = if locked > 0 && acked.is_empty() {
+            self.stalled + 1
+        } else {
+            0
+        };
         // Tests: a relay that dies after the broker acknowledged and before the mark (`pause`, then SIGKILL; or
         // `return`: the connection is dropped, the round rolled back).
         fail::fail_point!(
@@ -364,6 +381,17 @@ impl Relay {
                     }
                     if until_empty && pending == Some(0) {
                         break;
+                    }
+                    if until_empty && self.stalled >= STALLED_ROUNDS {
+                        return Err(Error::Other(format!(
+                            "outbox {} → topic {}: {} rounds in a row published none of the rows they locked (the \
+                             broker refused them or did not answer: see the warnings above); {} rows left \
+                             unpublished, published {total} — fix the topic or the rows, then relay again",
+                            self.table,
+                            self.topic,
+                            self.stalled,
+                            pending.unwrap_or(0)
+                        )));
                     }
                     tokio::time::sleep(self.p.outbox.poll_interval).await;
                 }

@@ -50,14 +50,17 @@ pub fn create_group_starts(p: &Pipeline) -> String {
 /// `$3` partition, `$4` fence, `$5` expected next_offset (null: no checkpoint yet), `$6` new next_offset,
 /// `$7` generation, then the fingerprint of the batch's last record: `$8` offset, `$9` timestamp ms,
 /// `$10` SHA-256 (nulls keep the stored fingerprint).
-/// Affects one row when this owner still holds the partition and nobody moved the checkpoint.
+/// Affects one row when this owner still holds the partition and nobody moved the checkpoint; returns the
+/// `last_offset` the row held before (the sub-select reads the statement's snapshot, not this update).
 pub fn advance_checkpoint(p: &Pipeline) -> String {
+    let t = p.table(CHECKPOINTS);
     format!(
-        "UPDATE {} SET next_offset = $6, updated_at = now(), last_offset = coalesce($8, last_offset), \
+        "UPDATE {t} SET next_offset = $6, updated_at = now(), last_offset = coalesce($8, last_offset), \
          last_timestamp = CASE WHEN $8::bigint IS NULL THEN last_timestamp ELSE $9 END, \
          last_sha256 = coalesce($10, last_sha256) WHERE consumer_group = $1 AND topic = $2 \
-         AND partition = $3 AND fence = $4 AND next_offset IS NOT DISTINCT FROM $5 AND generation = $7",
-        p.table(CHECKPOINTS)
+         AND partition = $3 AND fence = $4 AND next_offset IS NOT DISTINCT FROM $5 AND generation = $7 \
+         RETURNING (SELECT o.last_offset FROM {t} o WHERE o.consumer_group = $1 AND o.topic = $2 \
+         AND o.partition = $3 AND o.generation = $7)"
     )
 }
 
@@ -90,7 +93,10 @@ pub fn acquire_checkpoint(p: &Pipeline) -> String {
 
 /// Step 1 of the batch transaction: the checkpoint compare-and-set ([`advance_checkpoint`]) first — it locks the
 /// partition's row, so a new owner's fence bump waits for this batch. Records the fingerprint of the batch's
-/// last record (`last_sha`: its fingerprint, `start::fingerprint` of its key and value).
+/// last record (`last_sha`: its fingerprint, `start::fingerprint` of its key and value). Returns whether the
+/// batch continues what this group applied of the partition: the checkpoint's last applied offset before it was
+/// a record (not [`crate::start::NOTHING_APPLIED`], not unknown) below the batch's start — false for a start
+/// just resolved (a fresh group) and for a checkpoint moved back (a reset).
 ///
 /// # Errors
 /// [`ApplyError::Fenced`] (with the checkpoint and fence now stored) when another owner took the partition or
@@ -103,13 +109,13 @@ pub(super) async fn advance(
     generation: &str,
     batch: &Batch,
     last_sha: Option<Vec<u8>>,
-) -> Result<(), ApplyError> {
+) -> Result<bool, ApplyError> {
     let (last_offset, last_ts) = match batch.items.last() {
         Some(it) => (Some(it.offset), it.timestamp_ms),
         None => (None, None),
     };
     let moved = tx
-        .execute(
+        .query_opt(
             stmt,
             &[
                 &group,
@@ -126,7 +132,7 @@ pub(super) async fn advance(
         )
         .await
         .map_err(|e| classify(e, false))?;
-    if moved != 1 {
+    let Some(moved) = moved else {
         let row = tx
             .query_opt(
                 &format!(
@@ -139,6 +145,7 @@ pub(super) async fn advance(
             .map_err(|e| classify(e, false))?;
         let (next_offset, fence) = row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
         return Err(ApplyError::Fenced { next_offset, fence });
-    }
-    Ok(())
+    };
+    let prev: Option<i64> = moved.get(0);
+    Ok(matches!((prev, batch.expected), (Some(last), Some(next)) if last >= 0 && last < next))
 }

@@ -42,7 +42,11 @@ pub fn pruned_statement(p: &Pipeline) -> String {
 
 /// Step 1c of the batch transaction (after the horizon row's share lock, which a prune's update waits for and
 /// holds until it commits — so what is read here is every prune committed before): a batch whose first offset
-/// is at or below its partition's pruned offset is refused.
+/// is at or below its partition's pruned offset is refused — unless it `continues` what its group applied of the
+/// partition (`checkpoint::advance`: a worker resuming from its own checkpoint, which lags below offsets another
+/// group claimed and a prune dropped, is no replay; its records of expired days were quarantined by step 1b
+/// and the ledger rows of the other days are all there). A fresh group, a checkpoint moved back, a `load`, a
+/// `backfill` or a `rebuild` reaching the pruned offsets are refused.
 ///
 /// # Errors
 /// [`ApplyError::Fatal`] with [`Error::BelowHorizon`] naming the partition and the offset range; database errors
@@ -53,10 +57,14 @@ pub(super) async fn check_pruned(
     p: &Pipeline,
     generation: &str,
     batch: &Batch,
+    continues: bool,
 ) -> std::result::Result<(), ApplyError> {
     let (Some(stmt), Some(first)) = (stmt, batch.items.iter().map(|i| i.offset).min()) else {
         return Ok(());
     };
+    if continues {
+        return Ok(());
+    }
     let row = tx
         .query_opt(
             stmt,

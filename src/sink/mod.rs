@@ -348,8 +348,9 @@ impl Sink {
             .items
             .last()
             .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
+        let mut continues = false;
         if !self.replay {
-            checkpoint::advance(
+            continues = checkpoint::advance(
                 &tx,
                 &prepared.advance,
                 &p,
@@ -374,7 +375,7 @@ impl Sink {
         // 1c. Offsets whose ledger rows a prune dropped (read after 1b's lock): a batch reaching them is refused.
         if !self.replay && self.build.is_none() {
             let pruned = prepared.pruned.as_ref();
-            lifecycle::check_pruned(&tx, pruned, &p, &generation, batch).await?;
+            lifecycle::check_pruned(&tx, pruned, &p, &generation, batch, continues).await?;
         }
 
         // 2. Ledger claims → landed.

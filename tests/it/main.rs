@@ -3,6 +3,7 @@
 
 mod backfill;
 mod break11;
+mod break13;
 mod breakit;
 mod cases;
 mod cases_hostile;

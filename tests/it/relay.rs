@@ -14,7 +14,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use crate::common::*;
 
 /// JSON events of entities (`entity`, `version`), one outbox keyed by entity, relayed to `{out}`.
-const EVENTS: &str = concat!(
+pub(crate) const EVENTS: &str = concat!(
     header!(),
     r#"[batch]
 max-records = 20
@@ -119,7 +119,7 @@ fn topic_len(topic: &str) -> i64 {
 
 /// `n` versions of each of `entities` entities, entity `i` on partition `i % partitions` (every event of one
 /// entity on one partition, the entities spread over them).
-fn events(entities: usize, n: i64, partitions: i32, tag: u32) -> Vec<Rec> {
+pub(crate) fn events(entities: usize, n: i64, partitions: i32, tag: u32) -> Vec<Rec> {
     let mut out = Vec::new();
     for v in 1..=n {
         for e in 0..entities {
@@ -197,7 +197,13 @@ fn assert_topic_matches(db: &Db, msgs: &[Msg], times: impl Fn(&str) -> usize) {
     }
 }
 
-fn events_pipeline(topic: &str, group: &str, db: &Db, out: &str, batch: u32) -> Pipeline {
+pub(crate) fn events_pipeline(
+    topic: &str,
+    group: &str,
+    db: &Db,
+    out: &str,
+    batch: u32,
+) -> Pipeline {
     let text = EVENTS
         .replace("{out}", out)
         .replace("BATCH", &batch.to_string());
