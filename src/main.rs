@@ -329,8 +329,8 @@ fn projection(command: cli::ProjectionCommand) -> anyhow::Result<()> {
             } else {
                 let t = &s.tally;
                 println!(
-                    "projection `{projection}` built: applied {}, skipped {} (claimed elsewhere or after the \
-                     hand-over), filtered {}, quarantined {}, claimed before --from {}",
+                    "projection `{projection}` built: applied {}, skipped {} (not claimed at that offset before the \
+                     hand-over: claimed elsewhere, after it, or never — e.g. a dead letter), filtered {}, quarantined {}, claimed before --from {}",
                     t.landed,
                     t.duplicate,
                     t.filtered.values().sum::<u64>(),
