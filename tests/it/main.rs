@@ -25,6 +25,7 @@ mod keys_drift;
 mod lifecycle;
 mod load_safety;
 mod lock_order;
+mod newcomer13;
 mod ops;
 mod privileges;
 mod projections;
