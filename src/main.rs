@@ -268,6 +268,9 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
             replaysafe::metrics_http::install(addr)?;
         }
         replaysafe::metrics_http::register(&p);
+        // /healthz and /readyz: the relay's loop is the heartbeat, no partitions to hold, the database probed.
+        replaysafe::health::relay_only();
+        replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
         _metrics_rt = rt;
     }
     let (table, topic, n) = ops::outbox::relay(p, &opts).context("outbox relay failed")?;

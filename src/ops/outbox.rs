@@ -342,6 +342,7 @@ impl Relay {
     pub async fn run(&mut self, until_empty: bool, shutdown: &AtomicBool) -> Result<u64> {
         let (mut total, mut backoff) = (0u64, Duration::from_secs(1));
         while !shutdown.load(Ordering::Relaxed) {
+            crate::health::relay_turned();
             let step = async {
                 let n = self.round().await?;
                 let due = self.gauges_at.is_none_or(|at| at.elapsed() >= GAUGE_EVERY);

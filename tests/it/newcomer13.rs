@@ -97,3 +97,57 @@ fn refused_fresh_group_follows_the_message_above_the_pruned_offsets() {
         0
     );
 }
+
+/// `outbox relay --metrics-addr` alone (no `run` beside it): `/readyz` answers 200 `ready: outbox relay` once
+/// the database probe succeeded — it used to say `no partitions assigned` forever (and `/healthz` failed after
+/// 60 s, the engine loop never turning), so a liveness/readiness probe would restart or shun every relay. The
+/// rows are published meanwhile and the readiness holds after the relay emptied the outbox.
+#[test]
+fn a_standalone_relay_is_ready_without_partitions() {
+    let (db, topic) = stage("n13_relay", 2);
+    let out = new_topic("n13_relay_out", 2);
+    let text = concat!(
+        header!(),
+        r#"[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+
+[identity]
+key = ["event_id"]
+
+[[projection]]
+kind = "outbox"
+table = "outbox"
+key = ["event_id"]
+"#
+    );
+    let text = format!("{text}\n[outbox]\ntopic = \"{out}\"\n");
+    let p = pipeline(&text, &topic, &unique("relay"), &db.schema);
+    let recs: Vec<Rec> = (0..6).map(|n| ev(100 + n, (n % 2) as i32, 1)).collect();
+    produce(&topic, &recs);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 6);
+    let addr = crate::health::free_addr();
+    let args = [
+        "outbox",
+        "relay",
+        "--config",
+        arg(&p.path),
+        "--metrics-addr",
+        &addr,
+    ];
+    let mut relay = spawn(&args, &[], p.dir.path(), "relay");
+    let body = crate::health::wait_for(&addr, "/readyz", "the relay ready", |c, _| c == 200);
+    assert_eq!(body, "ready: outbox relay\n");
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "every row published",
+        || db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL") == 0,
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 6);
+    assert_eq!(crate::health::get(&addr, "/readyz").map(|r| r.0), Some(200));
+    assert_eq!(
+        crate::health::get(&addr, "/healthz").map(|r| r.0),
+        Some(200)
+    );
+    assert_eq!(terminate(&mut relay), Some(0));
+}
