@@ -372,6 +372,7 @@ impl Relay {
                     tracing::warn!(table = %self.table, "outbox relay round failed (retried in {backoff:?}; nothing \
                                    of it marked published): {e}");
                     self.client = None;
+                    crate::health::relay_turned(); // a bounded database retry, as the engine's (health.rs)
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
