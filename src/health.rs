@@ -24,9 +24,12 @@
 //!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`].
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
+//!
+//! A standalone `outbox relay` ([`relay_only`]) holds no partitions: its relay loop is the heartbeat and rule 2
+//! does not apply.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -57,6 +60,8 @@ struct State {
     failing: Mutex<Option<(Instant, String)>>,
     /// The last probe: when, and its error if it failed.
     probe: Mutex<Option<(Instant, Option<String>)>>,
+    /// A standalone `outbox relay`: no partitions to hold.
+    relay_only: AtomicBool,
 }
 
 fn state() -> &'static State {
@@ -68,6 +73,7 @@ fn state() -> &'static State {
         fenced: Mutex::new(BTreeSet::new()),
         failing: Mutex::new(None),
         probe: Mutex::new(None),
+        relay_only: AtomicBool::new(false),
     })
 }
 
@@ -78,6 +84,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Starts the clock (call at process start, before the engine starts).
 pub fn init() {
     let _ = state();
+}
+
+/// This process is a standalone `outbox relay`: readiness does not ask for partitions, and the relay loop's
+/// turns ([`relay_turned`]) are its heartbeat.
+pub fn relay_only() {
+    state().relay_only.store(true, Ordering::Relaxed);
+}
+
+/// The relay loop turned: a heartbeat in a standalone `outbox relay` only (beside `run`, the engine loop alone
+/// says whether the process is alive).
+pub fn relay_turned() {
+    if state().relay_only.load(Ordering::Relaxed) {
+        beat(None);
+    }
 }
 
 /// The engine loop turned (or a database retry is under way); `held`: partitions held, when known.
@@ -137,6 +157,8 @@ pub struct Snapshot {
     pub fenced: Vec<Tp>,
     /// Batches failing: for how long, and the last error.
     pub failing: Option<(Duration, String)>,
+    /// A standalone `outbox relay` (no partitions to hold).
+    pub relay_only: bool,
 }
 
 fn snapshot() -> Snapshot {
@@ -152,6 +174,7 @@ fn snapshot() -> Snapshot {
         failing: lock(&s.failing)
             .as_ref()
             .map(|(at, e)| (at.elapsed(), e.clone())),
+        relay_only: s.relay_only.load(Ordering::Relaxed),
     }
 }
 
@@ -195,7 +218,7 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
     if let Err(e) = judge_alive(s) {
         why.push(e);
     }
-    if s.held == 0 {
+    if s.held == 0 && !s.relay_only {
         why.push("no partitions assigned".to_string());
     }
     match &s.probe {
@@ -216,7 +239,9 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
             why.push(format!("batches failing for {} s: {last}", age.as_secs()));
         }
     }
-    if why.is_empty() {
+    if why.is_empty() && s.relay_only {
+        Ok("ready: outbox relay".into())
+    } else if why.is_empty() {
         Ok(format!("ready: {} partitions", s.held))
     } else {
         Err(why.join("\n"))
@@ -283,7 +308,32 @@ mod tests {
             probe: Some((Duration::from_secs(1), None)),
             fenced: Vec::new(),
             failing: None,
+            relay_only: false,
         }
+    }
+
+    /// A standalone `outbox relay` holds no partitions and is ready; its other rules still apply.
+    #[test]
+    fn a_relay_alone_needs_no_partitions() {
+        let relay = Snapshot {
+            held: 0,
+            relay_only: true,
+            ..ready_state()
+        };
+        assert_eq!(judge_ready(&relay), Ok("ready: outbox relay".into()));
+        let unprobed = Snapshot {
+            probe: None,
+            ..relay.clone()
+        };
+        assert_eq!(
+            judge_ready(&unprobed),
+            Err("database not checked yet".into())
+        );
+        let worker = Snapshot {
+            relay_only: false,
+            ..relay
+        };
+        assert_eq!(judge_ready(&worker), Err("no partitions assigned".into()));
     }
 
     #[test]

@@ -268,6 +268,9 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
             replaysafe::metrics_http::install(addr)?;
         }
         replaysafe::metrics_http::register(&p);
+        // /healthz and /readyz: the relay's loop is the heartbeat, no partitions to hold, the database probed.
+        replaysafe::health::relay_only();
+        replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
         _metrics_rt = rt;
     }
     let (table, topic, n) = ops::outbox::relay(p, &opts).context("outbox relay failed")?;
@@ -369,8 +372,8 @@ fn projection(command: cli::ProjectionCommand) -> anyhow::Result<()> {
             } else {
                 let t = &s.tally;
                 println!(
-                    "projection `{projection}` built: applied {}, skipped {} (claimed elsewhere or after the \
-                     hand-over), filtered {}, quarantined {}, claimed before --from {}",
+                    "projection `{projection}` built: applied {}, skipped {} (not claimed at that offset before the \
+                     hand-over: claimed elsewhere, after it, or never — e.g. a dead letter), filtered {}, quarantined {}, claimed before --from {}",
                     t.landed,
                     t.duplicate,
                     t.filtered.values().sum::<u64>(),

@@ -359,6 +359,7 @@ impl Relay {
     pub async fn run(&mut self, until_empty: bool, shutdown: &AtomicBool) -> Result<u64> {
         let (mut total, mut backoff) = (0u64, Duration::from_secs(1));
         while !shutdown.load(Ordering::Relaxed) {
+            crate::health::relay_turned();
             let step = async {
                 let n = self.round().await?;
                 let due = self.gauges_at.is_none_or(|at| at.elapsed() >= GAUGE_EVERY);
@@ -399,6 +400,7 @@ impl Relay {
                     tracing::warn!(table = %self.table, "outbox relay round failed (retried in {backoff:?}; nothing \
                                    of it marked published): {e}");
                     self.client = None;
+                    crate::health::relay_turned(); // a bounded database retry, as the engine's (health.rs)
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }

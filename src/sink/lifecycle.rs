@@ -105,7 +105,8 @@ pub fn below_message(
         "{topic}/{partition}: offsets {first}..={through} are below the ledger's pruned horizon: a prune of ledger {} \
          (at {at}, event days before {below}) dropped ledger rows of offsets up to {through}, so the ledger can no \
          longer recognise those records as duplicates and replaying them could count them again. Refused; nothing \
-         of it was committed. Replay from offset {} on (a later --from, or a checkpoint above it), or rebuild the \
+         of it was committed. Replay from offset {} on (backfill: a later --from; run: with the group stopped, set \
+         its next_offset in replaysafe_checkpoints to at least that), or rebuild the \
          days from {below} on (README \"The ledger's lifecycle\")",
         p.ledger.table,
         through + 1

@@ -26,6 +26,7 @@ mod keys_drift;
 mod lifecycle;
 mod load_safety;
 mod lock_order;
+mod newcomer13;
 mod ops;
 mod privileges;
 mod projections;

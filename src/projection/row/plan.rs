@@ -215,7 +215,10 @@ fn evolution(src: &Source, json: bool, rp: &RawProjection) -> Result<(AbsentPoli
         Some((t, "add")) => {
             return Err(src.error(
                 t.span(),
-                "`new-columns = \"add\"` (ALTER TABLE from the Connect schema) is not supported yet: use \"extra\"                  (unmapped members kept in `_extra jsonb`) and add the column to `columns` when you want it typed",
+                "`new-columns = \"add\"` (ALTER TABLE from the Connect schema) is not supported yet: use \"extra\" \
+                 (unmapped members kept in `_extra jsonb`); to store a new column typed, add it to `columns` — on a \
+                 ledger that holds claims as a new projection built from the topic (README \"Change a running \
+                 pipeline\")",
             ))
         }
         Some((t, other)) => {
