@@ -370,3 +370,69 @@ columns = {{ id = "bigint", owner = "text", version = "bigint" }}
         0
     );
 }
+
+/// C44's opt-in strict mode: `schema-drift = "strict"` stops the partition once, with an error naming the field
+/// and topic/partition/offset (exit 2), nothing of that batch committed and no dead letter; after the file is
+/// fixed (lenient) a restart ends exact. Partition 0 gets a new member (`tier`), partition 1 loses a mapped one
+/// (`owner`).
+#[test]
+fn strict_schema_drift_stops_naming_the_field() {
+    use serde_json::json;
+    let topic = new_topic("c44s", 2);
+    let n = Value::Null;
+    produce(
+        &topic,
+        &[
+            change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1"}), 100),
+            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "o1b", "tier": "gold"}), 200),
+            change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2"}), 110),
+            change(1, "u", 2, n.clone(), json!({"id": 2}), 210),
+        ],
+    );
+    let db = Db::fresh("c44s");
+    let group = unique("g");
+    let body = r#"[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+columns = { id = "bigint", owner = "text" }
+"#;
+    let strict = format!("{DEBEZIUM_HEADER}{body}schema-drift = \"strict\"\n");
+    let p = pipeline(&strict, &topic, &group, &db.schema);
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let named = [
+        format!("schema drift at {topic}/0 offset 1: field `tier`"),
+        format!("schema drift at {topic}/1 offset 1: mapped column `owner` is absent"),
+    ];
+    assert!(
+        named.iter().any(|m| out.stderr.contains(m.as_str())),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    for part in [0, 1] {
+        assert!(
+            db.checkpoint(&group, &topic, part).unwrap_or(0) <= 1,
+            "partition {part}: the drifting record is not checkpointed"
+        );
+    }
+    // Fixed file: lenient (the default) — absent keeps, the new member is ignored.
+    let lenient = format!("{DEBEZIUM_HEADER}{body}schema-drift = \"lenient\"\n");
+    let p = pipeline(&lenient, &topic, &group, &db.schema);
+    run_caught_up(&p.path);
+    assert_eq!(
+        rows(&db, "accounts", "id, coalesce(owner, 'NULL')"),
+        vec!["1 | o1b", "2 | o2"]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        4,
+        "every record claimed once over the stop and the restart"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    for part in [0, 1] {
+        assert_eq!(db.checkpoint(&group, &topic, part), Some(2));
+    }
+}
