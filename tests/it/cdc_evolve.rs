@@ -436,3 +436,117 @@ columns = { id = "bigint", owner = "text" }
         assert_eq!(db.checkpoint(&group, &topic, part), Some(2));
     }
 }
+
+/// A Debezium change in the JSON converter's `{schema, payload}` form (schemas on): `fields` is the row's Connect
+/// schema (the same for `before` and `after`).
+fn with_schema(partition: i32, op: &str, id: i64, after: Value, fields: &Value, lsn: i64) -> Rec {
+    let mut r = change(partition, op, id, Value::Null, after, lsn);
+    let row = serde_json::json!({"type": "struct", "optional": true, "fields": fields});
+    let mut before = row.clone();
+    before["field"] = "before".into();
+    let mut aft = row;
+    aft["field"] = "after".into();
+    let schema = serde_json::json!({"type": "struct", "name": "pg.public.accounts.Envelope", "fields": [
+        before, aft,
+        {"field": "source", "type": "struct", "fields": []},
+        {"field": "op", "type": "string"},
+        {"field": "ts_ms", "type": "int64", "optional": true}]});
+    let payload: Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+    r.value = Some(
+        serde_json::to_vec(&serde_json::json!({"schema": schema, "payload": payload})).unwrap(),
+    );
+    r
+}
+
+/// `new-columns = "add"` with schemas on, over two partitions: columns added at the source mid-stream are added
+/// to the table typed from the Connect schema (`tier text`, a `Decimal` → `numeric`) and written from then on,
+/// by two workers of one group at once; an added column is carried, never judged (a newer change of `tier` only
+/// is landed and stored); a source column named like a bookkeeping column is quarantined naming it; a replay of
+/// the whole topic lands 0 and leaves the rows identical.
+#[test]
+fn new_columns_are_added_from_the_connect_schema() {
+    use serde_json::json;
+    let topic = new_topic("c44a", 2);
+    let v1 = json!([{"field": "id", "type": "int64"}, {"field": "owner", "type": "string", "optional": true}]);
+    let mut v2 = v1.clone();
+    v2.as_array_mut().unwrap().extend([
+        json!({"field": "tier", "type": "string", "optional": true}),
+        json!({"field": "points", "type": "bytes", "optional": true, "version": 1,
+               "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}),
+    ]);
+    let mut bad = v1.clone();
+    bad.as_array_mut().unwrap().push(json!({"field": "_version", "type": "int64"}));
+    produce(
+        &topic,
+        &[
+            with_schema(0, "c", 1, json!({"id": 1, "owner": "o1"}), &v1, 100),
+            with_schema(1, "c", 2, json!({"id": 2, "owner": "o2"}), &v1, 110),
+        ],
+    );
+    let db = Db::fresh("c44a");
+    let group = unique("g");
+    let text = format!(
+        r#"{DEBEZIUM_HEADER}[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+new-columns = "add"
+columns = {{ id = "bigint", owner = "text" }}
+"#
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    produce(
+        &topic,
+        &[
+            with_schema(0, "u", 1, json!({"id": 1, "owner": "o1", "tier": "gold", "points": "LxI="}), &v2, 200),
+            with_schema(1, "u", 2, json!({"id": 2, "owner": "o2", "tier": null, "points": null}), &v2, 210),
+            with_schema(1, "c", 3, json!({"id": 3, "owner": "o3", "tier": "silver", "points": "Arw="}), &v2, 220),
+            with_schema(0, "u", 1, json!({"id": 1, "owner": "o1", "tier": "platinum", "points": "LxI="}), &v2, 300),
+            with_schema(1, "c", 4, json!({"id": 4, "owner": "o4", "_version": 9}), &bad, 230),
+        ],
+    );
+    // Two workers of the group at once.
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| try_run(&p.path));
+        let b = s.spawn(|| try_run(&p.path));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for o in [&a, &b] {
+        assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    }
+    let (landed, quarantined) = [&a, &b].iter().fold((0, 0), |(l, q), o| {
+        let t = o.tally();
+        (l + t.landed, q + t.quarantined)
+    });
+    assert_eq!((landed, quarantined), (4, 1), "{}\n{}", a.stdout, b.stdout);
+    assert_eq!(
+        db.column::<String>(
+            "SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = '{s}.accounts'::regclass AND a.attname IN ('tier', 'points') ORDER BY 1"
+        ),
+        vec!["points numeric", "tier text"]
+    );
+    let cols = "id, coalesce(owner, 'NULL'), coalesce(tier, 'NULL'), coalesce(points::text, 'NULL'), _version::text";
+    let want = vec![
+        "1 | o1 | platinum | 120.50 | {295,300}",
+        "2 | o2 | NULL | NULL | {205,210}",
+        "3 | o3 | silver | 7.00 | {215,220}",
+    ];
+    assert_eq!(rows(&db, "accounts", cols), want);
+    let dead = db.strings("SELECT detail FROM {s}.replaysafe_dead_letters");
+    assert!(
+        dead.len() == 1 && dead[0].contains("`_version`") && dead[0].contains("bookkeeping"),
+        "{dead:?}"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
+    for part in [0, 1] {
+        assert_eq!(db.checkpoint(&group, &topic, part), Some(if part == 0 { 3 } else { 4 }));
+    }
+    // A replay of the whole topic (a fresh group): nothing lands, the rows stay as they are.
+    let before = rows(&db, "accounts", &format!("{cols}, _sha256::text, _delivery"));
+    let replay = run_text(&text, &topic, &unique("g"), &db);
+    assert_eq!(replay.tally().landed, 0, "{}", replay.stdout);
+    assert_eq!(rows(&db, "accounts", &format!("{cols}, _sha256::text, _delivery")), before);
+}

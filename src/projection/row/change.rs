@@ -192,6 +192,15 @@ pub fn from_change(
     };
     let values = if kind == ChangeKind::Upsert {
         let after = change.after.as_ref().expect("upserts have after");
+        if plan.new_columns == NewColumns::Add {
+            if let Some(m) = after.iter().find_map(|(n, _)| {
+                (!shape.columns.iter().any(|c| c.name.as_str() == n))
+                    .then(|| super::evolve::refused(n))
+                    .flatten()
+            }) {
+                return Err(bad(m));
+            }
+        }
         upsert_values(shape, plan.absent, after, dec).map_err(bad)?
     } else {
         Vec::new()
@@ -331,6 +340,7 @@ mod tests {
             columns,
             key: vec![0],
             extra,
+            added: 0,
         }
     }
 

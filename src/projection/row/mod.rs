@@ -13,6 +13,7 @@
 //! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
 
 pub mod change;
+pub mod evolve;
 pub mod fold;
 pub mod plan;
 pub mod state;
