@@ -384,7 +384,14 @@ fn strict_schema_drift_stops_naming_the_field() {
         &topic,
         &[
             change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1"}), 100),
-            change(0, "u", 1, n.clone(), json!({"id": 1, "owner": "o1b", "tier": "gold"}), 200),
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1b", "tier": "gold"}),
+                200,
+            ),
             change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2"}), 110),
             change(1, "u", 2, n.clone(), json!({"id": 2}), 210),
         ],
@@ -411,7 +418,10 @@ columns = { id = "bigint", owner = "text" }
         "{}",
         out.stderr
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
     for part in [0, 1] {
         assert!(
             db.checkpoint(&group, &topic, part).unwrap_or(0) <= 1,
@@ -431,7 +441,10 @@ columns = { id = "bigint", owner = "text" }
         4,
         "every record claimed once over the stop and the restart"
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
     for part in [0, 1] {
         assert_eq!(db.checkpoint(&group, &topic, part), Some(2));
     }
@@ -475,7 +488,9 @@ fn new_columns_are_added_from_the_connect_schema() {
                "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}),
     ]);
     let mut bad = v1.clone();
-    bad.as_array_mut().unwrap().push(json!({"field": "_version", "type": "int64"}));
+    bad.as_array_mut()
+        .unwrap()
+        .push(json!({"field": "_version", "type": "int64"}));
     produce(
         &topic,
         &[
@@ -500,11 +515,46 @@ columns = {{ id = "bigint", owner = "text" }}
     produce(
         &topic,
         &[
-            with_schema(0, "u", 1, json!({"id": 1, "owner": "o1", "tier": "gold", "points": "LxI="}), &v2, 200),
-            with_schema(1, "u", 2, json!({"id": 2, "owner": "o2", "tier": null, "points": null}), &v2, 210),
-            with_schema(1, "c", 3, json!({"id": 3, "owner": "o3", "tier": "silver", "points": "Arw="}), &v2, 220),
-            with_schema(0, "u", 1, json!({"id": 1, "owner": "o1", "tier": "platinum", "points": "LxI="}), &v2, 300),
-            with_schema(1, "c", 4, json!({"id": 4, "owner": "o4", "_version": 9}), &bad, 230),
+            with_schema(
+                0,
+                "u",
+                1,
+                json!({"id": 1, "owner": "o1", "tier": "gold", "points": "LxI="}),
+                &v2,
+                200,
+            ),
+            with_schema(
+                1,
+                "u",
+                2,
+                json!({"id": 2, "owner": "o2", "tier": null, "points": null}),
+                &v2,
+                210,
+            ),
+            with_schema(
+                1,
+                "c",
+                3,
+                json!({"id": 3, "owner": "o3", "tier": "silver", "points": "Arw="}),
+                &v2,
+                220,
+            ),
+            with_schema(
+                0,
+                "u",
+                1,
+                json!({"id": 1, "owner": "o1", "tier": "platinum", "points": "LxI="}),
+                &v2,
+                300,
+            ),
+            with_schema(
+                1,
+                "c",
+                4,
+                json!({"id": 4, "owner": "o4", "_version": 9}),
+                &bad,
+                230,
+            ),
         ],
     );
     // Two workers of the group at once.
@@ -542,11 +592,25 @@ columns = {{ id = "bigint", owner = "text" }}
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
     for part in [0, 1] {
-        assert_eq!(db.checkpoint(&group, &topic, part), Some(if part == 0 { 3 } else { 4 }));
+        assert_eq!(
+            db.checkpoint(&group, &topic, part),
+            Some(if part == 0 { 3 } else { 4 })
+        );
     }
     // A replay of the whole topic (a fresh group): nothing lands, the rows stay as they are.
-    let before = rows(&db, "accounts", &format!("{cols}, _sha256::text, _delivery"));
+    let before = rows(
+        &db,
+        "accounts",
+        &format!("{cols}, _sha256::text, _delivery"),
+    );
     let replay = run_text(&text, &topic, &unique("g"), &db);
     assert_eq!(replay.tally().landed, 0, "{}", replay.stdout);
-    assert_eq!(rows(&db, "accounts", &format!("{cols}, _sha256::text, _delivery")), before);
+    assert_eq!(
+        rows(
+            &db,
+            "accounts",
+            &format!("{cols}, _sha256::text, _delivery")
+        ),
+        before
+    );
 }

@@ -253,7 +253,11 @@ pub fn upsert_values(
 /// `schema-drift = "strict"`: what in an upsert's `after` does not match the projection — a mapped column absent
 /// (dropped or renamed at the source), or, under `new-columns = "ignore"`, a member no column maps (added at the
 /// source). `None` when it matches, or under `lenient`.
-pub fn drift(shape: &Shape, plan: &RowPlan, after: &crate::decode::debezium::Row) -> Option<String> {
+pub fn drift(
+    shape: &Shape,
+    plan: &RowPlan,
+    after: &crate::decode::debezium::Row,
+) -> Option<String> {
     if plan.schema_drift != SchemaDrift::Strict {
         return None;
     }

@@ -220,7 +220,11 @@ pub(super) fn row_changes(
                 if !matches(plan, &plan.table, ch) {
                     continue;
                 }
-                if let Some(what) = ch.after.as_ref().and_then(|a| change::drift(&rp.shape, plan, a)) {
+                if let Some(what) = ch
+                    .after
+                    .as_ref()
+                    .and_then(|a| change::drift(&rp.shape, plan, a))
+                {
                     return Err(drift_stop(batch, it.offset, &proj.name, &what));
                 }
                 let mut rc =

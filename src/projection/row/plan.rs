@@ -573,7 +573,10 @@ pub(crate) fn settings(s: &mut Settings<'_>, r: &RowPlan) {
     s.put("source-table", r.source_table.clone().unwrap_or_default());
     s.put("absent", format!("{:?}", r.absent).to_lowercase());
     s.put("new-columns", format!("{:?}", r.new_columns).to_lowercase());
-    s.put("schema-drift", format!("{:?}", r.schema_drift).to_lowercase());
+    s.put(
+        "schema-drift",
+        format!("{:?}", r.schema_drift).to_lowercase(),
+    );
     if let Some((_, program)) = &r.delete_if {
         s.used.extend(cel_fields(program, fields));
     }
@@ -648,6 +651,6 @@ columns = { id = "bigint" }
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("apply to Debezium"), "{e}");
+        assert!(e.contains("applies to Debezium"), "{e}");
     }
 }

@@ -59,11 +59,7 @@ pub(super) fn hash(shape: &Shape, values: &[Option<String>], deleted: bool) -> V
     if deleted {
         h.update(b"deleted");
     } else {
-        for (_, v) in values
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| shape.judged(*i))
-        {
+        for (_, v) in values.iter().enumerate().filter(|(i, _)| shape.judged(*i)) {
             match v {
                 None => h.update(b"N"),
                 Some(t) => {

@@ -184,13 +184,21 @@ async fn append_added(
              JOIN pg_class r ON r.oid = a.attrelid JOIN pg_namespace n ON n.oid = r.relnamespace \
              WHERE n.nspname = $1 AND r.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
              AND col_description(r.oid, a.attnum) = $3 ORDER BY a.attnum",
-            &[&table.schema.as_str(), &table.name.as_str(), &super::evolve::MARK],
+            &[
+                &table.schema.as_str(),
+                &table.name.as_str(),
+                &super::evolve::MARK,
+            ],
         )
         .await?;
     let mut added = Vec::new();
     for r in &rows {
         let (name, ty): (String, String) = (r.get(0), r.get(1));
-        let bad = |m: String| Error::Schema(format!("row projection `{projection}`: added column {name}: {m}"));
+        let bad = |m: String| {
+            Error::Schema(format!(
+                "row projection `{projection}`: added column {name}: {m}"
+            ))
+        };
         added.push(ColumnSpec {
             name: Ident::new(&name).map_err(bad)?,
             ty: SqlType::parse(&ty).map_err(bad)?,
