@@ -614,3 +614,115 @@ columns = {{ id = "bigint", owner = "text" }}
         before
     );
 }
+
+/// `new-columns = "add"` waits boundedly: while another session holds the projection table (a worker's batch
+/// transaction), the `ALTER TABLE` gives up after `lock-timeout-ms` (SQLSTATE 55P03) and the batch is retried —
+/// nothing of it committed meanwhile — then it ends exact once the lock goes. Schemaless: `tier` (a string)
+/// becomes `text`, `score` (a number) `numeric`; a null says nothing yet.
+#[test]
+fn adding_a_column_waits_boundedly_and_retries() {
+    use serde_json::json;
+    let topic = new_topic("c44l", 2);
+    let n = Value::Null;
+    produce(
+        &topic,
+        &[
+            change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1"}), 100),
+            change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2"}), 110),
+        ],
+    );
+    let db = Db::fresh("c44l");
+    let group = unique("g");
+    let text = format!(
+        r#"{HEADER}lock-timeout-ms = 100
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+new-columns = "add"
+columns = {{ id = "bigint", owner = "text" }}
+"#
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let mut worker = spawn_run(&p, &[], "worker");
+    wait_until(Duration::from_secs(60), "the first changes applied", || {
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
+            .is_some()
+            && db.checkpoint(&group, &topic, 0) == Some(1)
+            && db.checkpoint(&group, &topic, 1) == Some(1)
+    });
+    let locker = pg_client(&db.rt);
+    db.rt
+        .block_on(locker.batch_execute(&format!(
+            "BEGIN; LOCK TABLE \"{}\".accounts IN ACCESS SHARE MODE",
+            db.schema
+        )))
+        .unwrap();
+    produce(
+        &topic,
+        &[
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "tier": "gold", "score": 7, "note": null}),
+                200,
+            ),
+            change(
+                1,
+                "u",
+                2,
+                n.clone(),
+                json!({"id": 2, "owner": "o2", "tier": null, "score": 1.5}),
+                210,
+            ),
+        ],
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "the ALTER TABLE waiting for the lock",
+        || {
+            db.i64("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%COMMENT ON COLUMN%'") > 0
+        },
+    );
+    // Longer than lock-timeout-ms: the first attempt has given up (a wait, not an assertion on time).
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        db.checkpoint(&group, &topic, 0),
+        Some(1),
+        "nothing committed while it waits"
+    );
+    db.rt.block_on(locker.batch_execute("COMMIT")).unwrap();
+    wait_until(Duration::from_secs(60), "the new changes applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(2) && db.checkpoint(&group, &topic, 1) == Some(2)
+    });
+    assert_eq!(terminate(&mut worker), Some(0));
+    let err = std::fs::read_to_string(p.dir.path().join("worker.err")).unwrap();
+    assert!(
+        err.contains("retrying the batch") && err.contains("55P03"),
+        "{err}"
+    );
+    assert!(err.contains("source columns added"), "{err}");
+    assert_eq!(
+        db.column::<String>(
+            "SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = '{s}.accounts'::regclass AND a.attname IN ('tier', 'score', 'note') ORDER BY 1"
+        ),
+        vec!["score numeric", "tier text"]
+    );
+    assert_eq!(
+        rows(&db, "accounts", "id, owner, coalesce(tier, 'NULL'), score"),
+        vec!["1 | o1 | gold | 7", "2 | o2 | NULL | 1.5"]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    for part in [0, 1] {
+        assert_eq!(db.checkpoint(&group, &topic, part), Some(2));
+    }
+}
