@@ -512,6 +512,8 @@ columns = {{ id = "bigint", owner = "text" }}
     );
     let p = pipeline(&text, &topic, &group, &db.schema);
     assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    let sha1 = "SELECT _sha256::text FROM {s}.accounts WHERE id = 1";
+    let judged = db.text(sha1);
     produce(
         &topic,
         &[
@@ -585,6 +587,11 @@ columns = {{ id = "bigint", owner = "text" }}
         "3 | o3 | silver | 7.00 | {215,220}",
     ];
     assert_eq!(rows(&db, "accounts", cols), want);
+    assert_eq!(
+        db.text(sha1),
+        judged,
+        "added columns are carried, never judged: id 1's declared columns did not change"
+    );
     let dead = db.strings("SELECT detail FROM {s}.replaysafe_dead_letters");
     assert!(
         dead.len() == 1 && dead[0].contains("`_version`") && dead[0].contains("bookkeeping"),
