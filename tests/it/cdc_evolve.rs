@@ -384,16 +384,7 @@ fn strict_schema_drift_stops_naming_the_field() {
         &topic,
         &[
             change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1"}), 100),
-            change(
-                0,
-                "u",
-                1,
-                n.clone(),
-                json!({"id": 1, "owner": "o1b", "tier": "gold"}),
-                200,
-            ),
             change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2"}), 110),
-            change(1, "u", 2, n.clone(), json!({"id": 2}), 210),
         ],
     );
     let db = Db::fresh("c44s");
@@ -407,6 +398,21 @@ columns = { id = "bigint", owner = "text" }
 "#;
     let strict = format!("{DEBEZIUM_HEADER}{body}schema-drift = \"strict\"\n");
     let p = pipeline(&strict, &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    produce(
+        &topic,
+        &[
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1b", "tier": "gold"}),
+                200,
+            ),
+            change(1, "u", 2, n.clone(), json!({"id": 2}), 210),
+        ],
+    );
     let out = try_run(&p.path);
     assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
     let named = [
@@ -424,7 +430,7 @@ columns = { id = "bigint", owner = "text" }
     );
     for part in [0, 1] {
         assert!(
-            db.checkpoint(&group, &topic, part).unwrap_or(0) <= 1,
+            db.checkpoint(&group, &topic, part) == Some(1),
             "partition {part}: the drifting record is not checkpointed"
         );
     }

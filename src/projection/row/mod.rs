@@ -164,8 +164,9 @@ fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
 fn drift_stop(batch: &Batch, offset: i64, projection: &str, what: &str) -> ApplyError {
     ApplyError::Fatal(crate::error::Error::Schema(format!(
         "schema drift at {}/{} offset {offset}: {what}; row projection `{projection}` has schema-drift = \"strict\", \
-         so the partition stops here and nothing of this batch was committed. Map the column in `columns` (or drop \
-         it there), or set schema-drift = \"lenient\" (absent and new-columns then decide), and restart",
+         so the partition stops here and nothing of this batch was committed. Set schema-drift = \"lenient\" \
+         (absent and new-columns then decide) and restart, or change the projection (README \"Change a running \
+         pipeline\")",
         batch.topic, batch.partition
     )))
 }

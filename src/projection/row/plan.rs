@@ -573,10 +573,8 @@ pub(crate) fn settings(s: &mut Settings<'_>, r: &RowPlan) {
     s.put("source-table", r.source_table.clone().unwrap_or_default());
     s.put("absent", format!("{:?}", r.absent).to_lowercase());
     s.put("new-columns", format!("{:?}", r.new_columns).to_lowercase());
-    s.put(
-        "schema-drift",
-        format!("{:?}", r.schema_drift).to_lowercase(),
-    );
+    // `schema-drift` is not recorded: it never changes what a landed record projects (a strict stop commits
+    // nothing), so switching it after a stop needs no projection change.
     if let Some((_, program)) = &r.delete_if {
         s.used.extend(cel_fields(program, fields));
     }

@@ -122,6 +122,19 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
             out
         }
     };
+    // Before the key's indices are taken: the added columns move to the end.
+    let added = match plan.new_columns {
+        NewColumns::Add => {
+            let declared: Vec<&str> = plan
+                .columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.as_str())
+                .collect();
+            append_added(c, &plan.table, &proj.name, &declared, &mut columns).await?
+        }
+        _ => 0,
+    };
     let key_names: Vec<String> = if plan.key.is_empty() {
         let pk = catalog_pk(c, &plan.table).await?;
         if pk.is_empty() {
@@ -147,10 +160,6 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
             })?;
         key.push(i);
     }
-    let added = match plan.new_columns {
-        NewColumns::Add => append_added(c, &plan.table, &proj.name, &mut columns).await?,
-        _ => 0,
-    };
     let extra = (plan.new_columns == NewColumns::Extra).then(|| {
         columns.push(ColumnSpec {
             name: Ident::new(EXTRA).expect("valid"),
@@ -171,11 +180,13 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
 }
 
 /// `new-columns = "add"`: moves the table's columns marked [`super::evolve::MARK`] to the end of `columns` (adding
-/// the ones not there) and returns how many there are.
+/// the ones not there) and returns how many there are. A marked column the pipeline file declares in `columns`
+/// (mapped after it was added) is a declared column: it stays where it is, judged.
 async fn append_added(
     c: &impl GenericClient,
     table: &QualifiedName,
     projection: &str,
+    declared: &[&str],
     columns: &mut Vec<ColumnSpec>,
 ) -> Result<usize> {
     let rows = c
@@ -194,6 +205,9 @@ async fn append_added(
     let mut added = Vec::new();
     for r in &rows {
         let (name, ty): (String, String) = (r.get(0), r.get(1));
+        if declared.contains(&name.as_str()) {
+            continue;
+        }
         let bad = |m: String| {
             Error::Schema(format!(
                 "row projection `{projection}`: added column {name}: {m}"
