@@ -97,6 +97,7 @@ mod tests {
             "partition-by",
             "absent",
             "new-columns",
+            "schema-drift",
         ] {
             assert!(
                 REFERENCE_DEBEZIUM

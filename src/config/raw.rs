@@ -143,4 +143,5 @@ pub struct RawProjection {
     pub snapshots: Option<Spanned<String>>,
     pub absent: Option<Spanned<String>>,
     pub new_columns: Option<Spanned<String>>,
+    pub schema_drift: Option<Spanned<String>>,
 }

@@ -334,6 +334,7 @@ impl Sink {
             )
             .await?;
         }
+        row::evolve::add_columns(&self.client, &p, &mut self.prepared.rows, batch).await?;
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
         let tx = self

@@ -370,3 +370,372 @@ columns = {{ id = "bigint", owner = "text", version = "bigint" }}
         0
     );
 }
+
+/// C44's opt-in strict mode: `schema-drift = "strict"` stops the partition once, with an error naming the field
+/// and topic/partition/offset (exit 2), nothing of that batch committed and no dead letter; after the file is
+/// fixed (lenient) a restart ends exact. Partition 0 gets a new member (`tier`), partition 1 loses a mapped one
+/// (`owner`).
+#[test]
+fn strict_schema_drift_stops_naming_the_field() {
+    use serde_json::json;
+    let topic = new_topic("c44s", 2);
+    let n = Value::Null;
+    produce(
+        &topic,
+        &[
+            change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1"}), 100),
+            change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2"}), 110),
+        ],
+    );
+    let db = Db::fresh("c44s");
+    let group = unique("g");
+    let body = r#"[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+columns = { id = "bigint", owner = "text" }
+"#;
+    let strict = format!("{DEBEZIUM_HEADER}{body}schema-drift = \"strict\"\n");
+    let p = pipeline(&strict, &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    produce(
+        &topic,
+        &[
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1b", "tier": "gold"}),
+                200,
+            ),
+            change(1, "u", 2, n.clone(), json!({"id": 2}), 210),
+        ],
+    );
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let named = [
+        format!("schema drift at {topic}/0 offset 1: field `tier`"),
+        format!("schema drift at {topic}/1 offset 1: mapped column `owner` is absent"),
+    ];
+    assert!(
+        named.iter().any(|m| out.stderr.contains(m.as_str())),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    for part in [0, 1] {
+        assert!(
+            db.checkpoint(&group, &topic, part) == Some(1),
+            "partition {part}: the drifting record is not checkpointed"
+        );
+    }
+    // Fixed file: lenient (the default) — absent keeps, the new member is ignored.
+    let lenient = format!("{DEBEZIUM_HEADER}{body}schema-drift = \"lenient\"\n");
+    let p = pipeline(&lenient, &topic, &group, &db.schema);
+    run_caught_up(&p.path);
+    assert_eq!(
+        rows(&db, "accounts", "id, coalesce(owner, 'NULL')"),
+        vec!["1 | o1b", "2 | o2"]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        4,
+        "every record claimed once over the stop and the restart"
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    for part in [0, 1] {
+        assert_eq!(db.checkpoint(&group, &topic, part), Some(2));
+    }
+}
+
+/// A Debezium change in the JSON converter's `{schema, payload}` form (schemas on): `fields` is the row's Connect
+/// schema (the same for `before` and `after`).
+fn with_schema(partition: i32, op: &str, id: i64, after: Value, fields: &Value, lsn: i64) -> Rec {
+    let mut r = change(partition, op, id, Value::Null, after, lsn);
+    let row = serde_json::json!({"type": "struct", "optional": true, "fields": fields});
+    let mut before = row.clone();
+    before["field"] = "before".into();
+    let mut aft = row;
+    aft["field"] = "after".into();
+    let schema = serde_json::json!({"type": "struct", "name": "pg.public.accounts.Envelope", "fields": [
+        before, aft,
+        {"field": "source", "type": "struct", "fields": []},
+        {"field": "op", "type": "string"},
+        {"field": "ts_ms", "type": "int64", "optional": true}]});
+    let payload: Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+    r.value = Some(
+        serde_json::to_vec(&serde_json::json!({"schema": schema, "payload": payload})).unwrap(),
+    );
+    r
+}
+
+/// `new-columns = "add"` with schemas on, over two partitions: columns added at the source mid-stream are added
+/// to the table typed from the Connect schema (`tier text`, a `Decimal` → `numeric`) and written from then on,
+/// by two workers of one group at once; an added column is carried, never judged (a newer change of `tier` only
+/// is landed and stored); a source column named like a bookkeeping column is quarantined naming it; a replay of
+/// the whole topic lands 0 and leaves the rows identical.
+#[test]
+fn new_columns_are_added_from_the_connect_schema() {
+    use serde_json::json;
+    let topic = new_topic("c44a", 2);
+    let v1 = json!([{"field": "id", "type": "int64"}, {"field": "owner", "type": "string", "optional": true}]);
+    let mut v2 = v1.clone();
+    v2.as_array_mut().unwrap().extend([
+        json!({"field": "tier", "type": "string", "optional": true}),
+        json!({"field": "points", "type": "bytes", "optional": true, "version": 1,
+               "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}),
+    ]);
+    let mut bad = v1.clone();
+    bad.as_array_mut()
+        .unwrap()
+        .push(json!({"field": "_version", "type": "int64"}));
+    produce(
+        &topic,
+        &[
+            with_schema(0, "c", 1, json!({"id": 1, "owner": "o1"}), &v1, 100),
+            with_schema(1, "c", 2, json!({"id": 2, "owner": "o2"}), &v1, 110),
+        ],
+    );
+    let db = Db::fresh("c44a");
+    let group = unique("g");
+    let text = format!(
+        r#"{DEBEZIUM_HEADER}[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+new-columns = "add"
+columns = {{ id = "bigint", owner = "text" }}
+"#
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 2);
+    let sha1 = "SELECT _sha256::text FROM {s}.accounts WHERE id = 1";
+    let judged = db.text(sha1);
+    produce(
+        &topic,
+        &[
+            with_schema(
+                0,
+                "u",
+                1,
+                json!({"id": 1, "owner": "o1", "tier": "gold", "points": "LxI="}),
+                &v2,
+                200,
+            ),
+            with_schema(
+                1,
+                "u",
+                2,
+                json!({"id": 2, "owner": "o2", "tier": null, "points": null}),
+                &v2,
+                210,
+            ),
+            with_schema(
+                1,
+                "c",
+                3,
+                json!({"id": 3, "owner": "o3", "tier": "silver", "points": "Arw="}),
+                &v2,
+                220,
+            ),
+            with_schema(
+                0,
+                "u",
+                1,
+                json!({"id": 1, "owner": "o1", "tier": "platinum", "points": "LxI="}),
+                &v2,
+                300,
+            ),
+            with_schema(
+                1,
+                "c",
+                4,
+                json!({"id": 4, "owner": "o4", "_version": 9}),
+                &bad,
+                230,
+            ),
+        ],
+    );
+    // Two workers of the group at once.
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| try_run(&p.path));
+        let b = s.spawn(|| try_run(&p.path));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for o in [&a, &b] {
+        assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    }
+    let (landed, quarantined) = [&a, &b].iter().fold((0, 0), |(l, q), o| {
+        let t = o.tally();
+        (l + t.landed, q + t.quarantined)
+    });
+    assert_eq!((landed, quarantined), (4, 1), "{}\n{}", a.stdout, b.stdout);
+    assert_eq!(
+        db.column::<String>(
+            "SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = '{s}.accounts'::regclass AND a.attname IN ('tier', 'points') ORDER BY 1"
+        ),
+        vec!["points numeric", "tier text"]
+    );
+    let cols = "id, coalesce(owner, 'NULL'), coalesce(tier, 'NULL'), coalesce(points::text, 'NULL'), _version::text";
+    let want = vec![
+        "1 | o1 | platinum | 120.50 | {295,300}",
+        "2 | o2 | NULL | NULL | {205,210}",
+        "3 | o3 | silver | 7.00 | {215,220}",
+    ];
+    assert_eq!(rows(&db, "accounts", cols), want);
+    assert_eq!(
+        db.text(sha1),
+        judged,
+        "added columns are carried, never judged: id 1's declared columns did not change"
+    );
+    let dead = db.strings("SELECT detail FROM {s}.replaysafe_dead_letters");
+    assert!(
+        dead.len() == 1 && dead[0].contains("`_version`") && dead[0].contains("bookkeeping"),
+        "{dead:?}"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
+    for part in [0, 1] {
+        assert_eq!(
+            db.checkpoint(&group, &topic, part),
+            Some(if part == 0 { 3 } else { 4 })
+        );
+    }
+    // A replay of the whole topic (a fresh group): nothing lands, the rows stay as they are.
+    let before = rows(
+        &db,
+        "accounts",
+        &format!("{cols}, _sha256::text, _delivery"),
+    );
+    let replay = run_text(&text, &topic, &unique("g"), &db);
+    assert_eq!(replay.tally().landed, 0, "{}", replay.stdout);
+    assert_eq!(
+        rows(
+            &db,
+            "accounts",
+            &format!("{cols}, _sha256::text, _delivery")
+        ),
+        before
+    );
+}
+
+/// `new-columns = "add"` waits boundedly: while another session holds the projection table (a worker's batch
+/// transaction), the `ALTER TABLE` gives up after `lock-timeout-ms` (SQLSTATE 55P03) and the batch is retried —
+/// nothing of it committed meanwhile — then it ends exact once the lock goes. Schemaless: `tier` (a string)
+/// becomes `text`, `score` (a number) `numeric`; a null says nothing yet.
+#[test]
+fn adding_a_column_waits_boundedly_and_retries() {
+    use serde_json::json;
+    let topic = new_topic("c44l", 2);
+    let n = Value::Null;
+    produce(
+        &topic,
+        &[
+            change(0, "c", 1, n.clone(), json!({"id": 1, "owner": "o1"}), 100),
+            change(1, "c", 2, n.clone(), json!({"id": 2, "owner": "o2"}), 110),
+        ],
+    );
+    let db = Db::fresh("c44l");
+    let group = unique("g");
+    let text = format!(
+        r#"{HEADER}lock-timeout-ms = 100
+[source]
+format = "debezium"
+[[projection]]
+kind = "row"
+table = "accounts"
+source-table = "public.accounts"
+key = ["id"]
+new-columns = "add"
+columns = {{ id = "bigint", owner = "text" }}
+"#
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let mut worker = spawn_run(&p, &[], "worker");
+    wait_until(Duration::from_secs(60), "the first changes applied", || {
+        db.text("SELECT to_regclass('{s}.replaysafe_checkpoints')::text")
+            .is_some()
+            && db.checkpoint(&group, &topic, 0) == Some(1)
+            && db.checkpoint(&group, &topic, 1) == Some(1)
+    });
+    let locker = pg_client(&db.rt);
+    db.rt
+        .block_on(locker.batch_execute(&format!(
+            "BEGIN; LOCK TABLE \"{}\".accounts IN ACCESS SHARE MODE",
+            db.schema
+        )))
+        .unwrap();
+    produce(
+        &topic,
+        &[
+            change(
+                0,
+                "u",
+                1,
+                n.clone(),
+                json!({"id": 1, "owner": "o1", "tier": "gold", "score": 7, "note": null}),
+                200,
+            ),
+            change(
+                1,
+                "u",
+                2,
+                n.clone(),
+                json!({"id": 2, "owner": "o2", "tier": null, "score": 1.5}),
+                210,
+            ),
+        ],
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "the ALTER TABLE waiting for the lock",
+        || {
+            db.i64("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%COMMENT ON COLUMN%'") > 0
+        },
+    );
+    // Longer than lock-timeout-ms: the first attempt has given up (a wait, not an assertion on time).
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        db.checkpoint(&group, &topic, 0),
+        Some(1),
+        "nothing committed while it waits"
+    );
+    db.rt.block_on(locker.batch_execute("COMMIT")).unwrap();
+    wait_until(Duration::from_secs(60), "the new changes applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(2) && db.checkpoint(&group, &topic, 1) == Some(2)
+    });
+    assert_eq!(terminate(&mut worker), Some(0));
+    let err = std::fs::read_to_string(p.dir.path().join("worker.err")).unwrap();
+    assert!(
+        err.contains("retrying the batch") && err.contains("55P03"),
+        "{err}"
+    );
+    assert!(err.contains("source columns added"), "{err}");
+    assert_eq!(
+        db.column::<String>(
+            "SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = '{s}.accounts'::regclass AND a.attname IN ('tier', 'score', 'note') ORDER BY 1"
+        ),
+        vec!["score numeric", "tier text"]
+    );
+    assert_eq!(
+        rows(&db, "accounts", "id, owner, coalesce(tier, 'NULL'), score"),
+        vec!["1 | o1 | gold | 7", "2 | o2 | NULL | 1.5"]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    for part in [0, 1] {
+        assert_eq!(db.checkpoint(&group, &topic, part), Some(2));
+    }
+}

@@ -152,33 +152,3 @@ key = ["event_id"]
     assert_eq!(terminate(&mut relay), Some(0));
 }
 
-/// `new-columns = "add"` is refused by `check` (exit 2) with one readable sentence — it had a run of 18 spaces
-/// in the middle — that names the path to a typed column on a ledger with claims.
-#[test]
-fn new_columns_add_is_refused_with_a_readable_path() {
-    let text = concat!(
-        debezium_header!(),
-        r#"[[projection]]
-kind = "row"
-table = "accounts"
-source-table = "public.accounts"
-key = ["id"]
-columns = { id = "bigint", owner = "text" }
-new-columns = "add"
-"#
-    );
-    let p = pipeline(text, "n13.cdc", "n13-cdc", "n13_unused");
-    let out = replaysafe(&["check", "--config", arg(&p.path)]);
-    assert_eq!(out.code, Some(2), "{}", out.stderr);
-    assert!(out.stderr.contains("pipeline.toml:"), "{}", out.stderr);
-    assert!(
-        !out.stderr.contains("  "),
-        "no run of spaces: {}",
-        out.stderr
-    );
-    assert!(
-        out.stderr.contains("README \"Change a running pipeline\""),
-        "{}",
-        out.stderr
-    );
-}

@@ -1,7 +1,7 @@
 //! The row changes a batch brings to a row projection: from a Debezium change or a JSON event, with the outcome
 //! each can have.
 
-use super::plan::{AbsentPolicy, RowPlan, VersionPlan};
+use super::plan::{AbsentPolicy, NewColumns, RowPlan, SchemaDrift, VersionPlan};
 use super::table::Shape;
 use crate::decode::debezium::convert::{to_pg, Pg};
 use crate::decode::debezium::{Change, Op};
@@ -192,6 +192,15 @@ pub fn from_change(
     };
     let values = if kind == ChangeKind::Upsert {
         let after = change.after.as_ref().expect("upserts have after");
+        if plan.new_columns == NewColumns::Add {
+            if let Some(m) = after.iter().find_map(|(n, _)| {
+                (!shape.columns.iter().any(|c| c.name.as_str() == n))
+                    .then(|| super::evolve::refused(n))
+                    .flatten()
+            }) {
+                return Err(bad(m));
+            }
+        }
         upsert_values(shape, plan.absent, after, dec).map_err(bad)?
     } else {
         Vec::new()
@@ -239,6 +248,37 @@ pub fn upsert_values(
         values.push(v);
     }
     Ok(values)
+}
+
+/// `schema-drift = "strict"`: what in an upsert's `after` does not match the projection — a mapped column absent
+/// (dropped or renamed at the source), or, under `new-columns = "ignore"`, a member no column maps (added at the
+/// source). `None` when it matches, or under `lenient`.
+pub fn drift(
+    shape: &Shape,
+    plan: &RowPlan,
+    after: &crate::decode::debezium::Row,
+) -> Option<String> {
+    if plan.schema_drift != SchemaDrift::Strict {
+        return None;
+    }
+    let has = |name: &str| after.iter().any(|(n, _)| n == name);
+    let mapped = |name: &str| shape.columns.iter().any(|c| c.name.as_str() == name);
+    for (i, c) in shape.columns.iter().enumerate() {
+        if shape.extra != Some(i) && !has(c.name.as_str()) {
+            return Some(format!(
+                "mapped column `{}` is absent from the change's `after` (dropped or renamed at the source)",
+                c.name.as_str()
+            ));
+        }
+    }
+    if plan.new_columns == NewColumns::Ignore {
+        if let Some((n, _)) = after.iter().find(|(n, _)| !mapped(n)) {
+            return Some(format!(
+                "field `{n}` of the change's `after` is none of the projection's columns (added at the source)"
+            ));
+        }
+    }
+    None
 }
 
 /// The members of `after` that are none of the shape's columns, as a JSON object text (NULL when none).
@@ -304,6 +344,7 @@ mod tests {
             columns,
             key: vec![0],
             extra,
+            added: 0,
         }
     }
 

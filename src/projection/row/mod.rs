@@ -13,6 +13,7 @@
 //! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
 
 pub mod change;
+pub mod evolve;
 pub mod fold;
 pub mod plan;
 pub mod state;
@@ -157,6 +158,19 @@ fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
     }
 }
 
+/// `schema-drift = "strict"`: the partition stops (nothing of the batch committed; the checkpoint stays before
+/// it) with an error naming the field, topic/partition/offset and the way out. Exit code 2 (a source schema that
+/// does not match the pipeline).
+fn drift_stop(batch: &Batch, offset: i64, projection: &str, what: &str) -> ApplyError {
+    ApplyError::Fatal(crate::error::Error::Schema(format!(
+        "schema drift at {}/{} offset {offset}: {what}; row projection `{projection}` has schema-drift = \"strict\", \
+         so the partition stops here and nothing of this batch was committed. Set schema-drift = \"lenient\" \
+         (absent and new-columns then decide) and restart, or change the projection (README \"Change a running \
+         pipeline\")",
+        batch.topic, batch.partition
+    )))
+}
+
 /// The delivery key of a claimed record as a JSON array text: generation, then the identity key fields.
 fn delivery_text(p: &Pipeline, fields: &crate::decode::Fields) -> String {
     let mut v = vec![serde_json::Value::String(
@@ -206,6 +220,13 @@ pub(super) fn row_changes(
             Some(ch) => {
                 if !matches(plan, &plan.table, ch) {
                     continue;
+                }
+                if let Some(what) = ch
+                    .after
+                    .as_ref()
+                    .and_then(|a| change::drift(&rp.shape, plan, a))
+                {
+                    return Err(drift_stop(batch, it.offset, &proj.name, &what));
                 }
                 let mut rc =
                     from_change(&rp.shape, plan, it.offset, ch, delivery, p.decimal_handling)

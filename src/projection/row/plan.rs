@@ -60,6 +60,21 @@ pub enum NewColumns {
     Ignore,
     /// `extra`: kept as a JSON object in the table's `_extra jsonb` column (NULL when there are none).
     Extra,
+    /// `add`: added to the projection's table (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`, typed from the Connect
+    /// schema, or from the JSON value when schemas are off) before the batch, then written like the other
+    /// columns; carried, never judged (the row state hash leaves them out, as `_extra`).
+    Add,
+}
+
+/// What a Debezium row projection does when a change's `after` does not match its columns (`schema-drift`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaDrift {
+    /// `lenient` (default): `absent` and `new-columns` say what happens.
+    Lenient,
+    /// `strict`: a mapped column absent from `after`, or (under `new-columns = "ignore"`) a member no column
+    /// maps, stops the partition with an error naming the field and topic/partition/offset; nothing of the batch
+    /// is committed.
+    Strict,
 }
 
 /// A compiled `kind = "row"` projection.
@@ -87,6 +102,8 @@ pub struct RowPlan {
     pub absent: AbsentPolicy,
     /// Debezium: what members of `after` outside the columns do.
     pub new_columns: NewColumns,
+    /// Debezium: whether a change that does not match the columns stops the partition.
+    pub schema_drift: SchemaDrift,
 }
 
 impl std::fmt::Debug for RowPlan {
@@ -174,6 +191,7 @@ pub(crate) fn compile(
     let (tombstones, truncate) = modes(src, rp)?;
     let source_table = source_table(src, json, rp)?;
     let (absent, new_columns) = evolution(src, json, rp)?;
+    let schema_drift = drift(src, json, rp)?;
     Ok(RowPlan {
         table,
         tombstone_table,
@@ -186,7 +204,25 @@ pub(crate) fn compile(
         truncate,
         absent,
         new_columns,
+        schema_drift,
     })
+}
+
+/// `schema-drift` (lenient or strict): Debezium only.
+fn drift(src: &Source, json: bool, rp: &RawProjection) -> Result<SchemaDrift> {
+    match rp.schema_drift.as_ref().map(|t| (t, t.get_ref().as_str())) {
+        None => Ok(SchemaDrift::Lenient),
+        Some((t, _)) if json => Err(src.error(
+            t.span(),
+            "`schema-drift` applies to Debezium row projections",
+        )),
+        Some((_, "lenient")) => Ok(SchemaDrift::Lenient),
+        Some((_, "strict")) => Ok(SchemaDrift::Strict),
+        Some((t, other)) => Err(src.error(
+            t.span(),
+            format!("`schema-drift` must be \"lenient\" or \"strict\", not `{other}`"),
+        )),
+    }
 }
 
 /// `absent` (keep or null) and `new-columns` (ignore or extra): Debezium only.
@@ -212,19 +248,11 @@ fn evolution(src: &Source, json: bool, rp: &RawProjection) -> Result<(AbsentPoli
     let new_columns = match rp.new_columns.as_ref().map(|t| (t, t.get_ref().as_str())) {
         None | Some((_, "ignore")) => NewColumns::Ignore,
         Some((_, "extra")) => NewColumns::Extra,
-        Some((t, "add")) => {
-            return Err(src.error(
-                t.span(),
-                "`new-columns = \"add\"` (ALTER TABLE from the Connect schema) is not supported yet: use \"extra\" \
-                 (unmapped members kept in `_extra jsonb`); to store a new column typed, add it to `columns` — on a \
-                 ledger that holds claims as a new projection built from the topic (README \"Change a running \
-                 pipeline\")",
-            ))
-        }
+        Some((_, "add")) => NewColumns::Add,
         Some((t, other)) => {
             return Err(src.error(
                 t.span(),
-                format!("`new-columns` must be \"ignore\" or \"extra\", not `{other}`"),
+                format!("`new-columns` must be \"ignore\", \"extra\" or \"add\", not `{other}`"),
             ))
         }
     };
@@ -472,6 +500,7 @@ pub(crate) const KEYS: &[&str] = &[
     "source-table",
     "absent",
     "new-columns",
+    "schema-drift",
 ];
 
 /// Checks a row projection's `table` and compiles the rest of its keys ([`compile`]).
@@ -544,6 +573,8 @@ pub(crate) fn settings(s: &mut Settings<'_>, r: &RowPlan) {
     s.put("source-table", r.source_table.clone().unwrap_or_default());
     s.put("absent", format!("{:?}", r.absent).to_lowercase());
     s.put("new-columns", format!("{:?}", r.new_columns).to_lowercase());
+    // `schema-drift` is not recorded: it never changes what a landed record projects (a strict stop commits
+    // nothing), so switching it after a stop needs no projection change.
     if let Some((_, program)) = &r.delete_if {
         s.used.extend(cel_fields(program, fields));
     }
@@ -584,9 +615,19 @@ columns = { id = "bigint" }
             (r.absent, r.new_columns),
             (AbsentPolicy::Null, NewColumns::Extra)
         );
+        let p = crate::config::parse(
+            "p.toml",
+            &format!("{DBZ}new-columns = \"add\"\nschema-drift = \"strict\"\n"),
+        )
+        .unwrap();
+        let r = p.projections[0].row.as_ref().unwrap();
+        assert_eq!(
+            (r.new_columns, r.schema_drift),
+            (NewColumns::Add, super::SchemaDrift::Strict)
+        );
         for (extra, needle) in [
-            ("new-columns = \"add\"", "not supported yet"),
             ("new-columns = \"all\"", "`new-columns` must be"),
+            ("schema-drift = \"loose\"", "`schema-drift` must be"),
             ("absent = \"drop\"", "`absent` must be"),
         ] {
             let e = crate::config::parse("p.toml", &format!("{DBZ}{extra}\n"))
@@ -604,5 +645,10 @@ columns = { id = "bigint" }
             .unwrap()
             .to_string();
         assert!(e.contains("apply to Debezium"), "{e}");
+        let e = crate::config::parse("p.toml", &format!("{json}schema-drift = \"strict\"\n"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("applies to Debezium"), "{e}");
     }
 }

@@ -51,18 +51,15 @@ pub(super) fn compare(
     }
 }
 
-/// The row state hash (`_sha256`): of the column values (all but `_extra`, which is carried, never judged), or of
+/// The row state hash (`_sha256`): of the column values (all but `_extra` and the columns `new-columns = "add"`
+/// added, which are carried, never judged), or of
 /// a delete.
 pub(super) fn hash(shape: &Shape, values: &[Option<String>], deleted: bool) -> Vec<u8> {
     let mut h = Sha256::new();
     if deleted {
         h.update(b"deleted");
     } else {
-        for (_, v) in values
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| shape.extra != Some(*i))
-        {
+        for (_, v) in values.iter().enumerate().filter(|(i, _)| shape.judged(*i)) {
             match v {
                 None => h.update(b"N"),
                 Some(t) => {

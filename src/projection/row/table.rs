@@ -32,6 +32,16 @@ pub struct Shape {
     /// the members of `after` that are none of the other columns. It is carried, never judged: the row state
     /// hash (duplicate, conflict, unchanged) covers the other columns only.
     pub extra: Option<usize>,
+    /// `new-columns = "add"`: how many of `columns` (the last ones) are source columns added to the table
+    /// (marked [`super::evolve::MARK`] in the catalog). Carried, never judged, like `_extra`.
+    pub added: usize,
+}
+
+impl Shape {
+    /// Whether column `i` takes part in the row state hash (not `_extra`, not an added column).
+    pub fn judged(&self, i: usize) -> bool {
+        self.extra != Some(i) && i < self.columns.len() - self.added
+    }
 }
 
 /// The name of the `new-columns = "extra"` column.
@@ -112,6 +122,19 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
             out
         }
     };
+    // Before the key's indices are taken: the added columns move to the end.
+    let added = match plan.new_columns {
+        NewColumns::Add => {
+            let declared: Vec<&str> = plan
+                .columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.as_str())
+                .collect();
+            append_added(c, &plan.table, &proj.name, &declared, &mut columns).await?
+        }
+        _ => 0,
+    };
     let key_names: Vec<String> = if plan.key.is_empty() {
         let pk = catalog_pk(c, &plan.table).await?;
         if pk.is_empty() {
@@ -152,7 +175,55 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
         columns,
         key,
         extra,
+        added,
     })
+}
+
+/// `new-columns = "add"`: moves the table's columns marked [`super::evolve::MARK`] to the end of `columns` (adding
+/// the ones not there) and returns how many there are. A marked column the pipeline file declares in `columns`
+/// (mapped after it was added) is a declared column: it stays where it is, judged.
+async fn append_added(
+    c: &impl GenericClient,
+    table: &QualifiedName,
+    projection: &str,
+    declared: &[&str],
+    columns: &mut Vec<ColumnSpec>,
+) -> Result<usize> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             JOIN pg_class r ON r.oid = a.attrelid JOIN pg_namespace n ON n.oid = r.relnamespace \
+             WHERE n.nspname = $1 AND r.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+             AND col_description(r.oid, a.attnum) = $3 ORDER BY a.attnum",
+            &[
+                &table.schema.as_str(),
+                &table.name.as_str(),
+                &super::evolve::MARK,
+            ],
+        )
+        .await?;
+    let mut added = Vec::new();
+    for r in &rows {
+        let (name, ty): (String, String) = (r.get(0), r.get(1));
+        if declared.contains(&name.as_str()) {
+            continue;
+        }
+        let bad = |m: String| {
+            Error::Schema(format!(
+                "row projection `{projection}`: added column {name}: {m}"
+            ))
+        };
+        added.push(ColumnSpec {
+            name: Ident::new(&name).map_err(bad)?,
+            ty: SqlType::parse(&ty).map_err(bad)?,
+            unit: None,
+            field: None,
+        });
+    }
+    columns.retain(|c| !added.iter().any(|a| a.name == c.name));
+    let n = added.len();
+    columns.extend(added);
+    Ok(n)
 }
 
 /// DDL for a row projection: the table (when `columns` are declared) or the bookkeeping columns added to an
