@@ -11,6 +11,7 @@ pub mod plan;
 pub mod raw;
 pub mod source;
 pub mod timeouts;
+pub mod txn;
 
 pub use connection::{ConnectionPlan, SslMode};
 pub use errors::{ErrorsPlan, Tolerance};

@@ -62,6 +62,9 @@ pub struct Pipeline {
     pub projections: Vec<ProjectionPlan>,
     /// `[errors]`: the declared error tolerance.
     pub errors: super::errors::ErrorsPlan,
+    /// `[source] transactions = "atomic"`: Debezium source transactions buffered and applied in one batch
+    /// transaction (`None`: per record, the default).
+    pub transactions: Option<super::txn::TxPlan>,
 }
 
 /// `[postgres]`, validated.
@@ -291,6 +294,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let filters = filters(src, &raw, &fields)?;
     let projections = projections(src, &raw, format, &fields, &schema, &identity)?;
     let errors = super::errors::errors(src, raw.errors.as_ref())?;
+    let transactions = super::txn::plan(src, raw.source.as_ref().map(|s| s.get_ref()), format)?;
 
     Ok(Pipeline {
         format,
@@ -298,6 +302,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         source: src.clone(),
         kafka,
         postgres,
+        transactions,
         max_records,
         linger,
         max_record_bytes,

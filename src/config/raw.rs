@@ -34,6 +34,9 @@ pub struct RawPipeline {
 pub struct RawSource {
     pub format: Spanned<String>,
     pub decimal_handling: Option<Spanned<String>>,
+    pub transactions: Option<Spanned<String>>,
+    pub transaction_timeout_ms: Option<Spanned<i64>>,
+    pub transaction_buffer_bytes: Option<Spanned<i64>>,
 }
 
 /// `[kafka]`

@@ -22,6 +22,7 @@ pub mod flush;
 mod prune;
 pub mod state;
 pub mod takeover;
+pub mod txbuf;
 pub mod types;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -190,6 +191,7 @@ impl Engine {
             observer: opts.observer.take(),
             first_record: None,
             last_commit: None,
+            tx: pipeline.transactions.clone().map(txbuf::TxBuf::new),
         };
         Ok(Engine {
             core: Arc::new(Mutex::new(core)),
@@ -360,7 +362,18 @@ impl Engine {
             value: r.value,
             pending,
         };
-        lock(&self.core).push(&r.tp, item, day, self.extras.days);
+        let mut core = lock(&self.core);
+        let core = &mut *core;
+        let item = match core.tx.as_mut() {
+            Some(t) if core.parts.contains_key(&r.tp) => t.take(&r.tp, item),
+            _ => Some(item),
+        };
+        match item {
+            Some(item) => core.push(&r.tp, item, day, self.extras.days),
+            None => {
+                core.first_record.get_or_insert_with(Instant::now);
+            }
+        }
         Ok(())
     }
 
@@ -397,7 +410,9 @@ impl Engine {
         }
         let positions = source.positions();
         let mut core = lock(&self.core);
-        if core.buffered() > 0 || core.in_flight() || core.crashed {
+        // Atomic source transactions: never past a held record (the bounded cuts step over applied ones).
+        let holds = core.tx.as_ref().is_some_and(txbuf::TxBuf::holds);
+        if core.buffered() > 0 || core.in_flight() || core.crashed || holds {
             return;
         }
         let cuts: Vec<flush::Cut> = positions
@@ -406,17 +421,7 @@ impl Engine {
                 let st = core.parts.get(&tp)?;
                 let next = st.next.filter(|n| pos > *n)?;
                 tracing::debug!(topic = %tp.0, partition = tp.1, from = next, to = pos, "checkpoint steps over control records");
-                Some(flush::Cut {
-                    batch: crate::sink::Batch {
-                        topic: tp.0,
-                        partition: tp.1,
-                        fence: st.fence,
-                        expected: Some(next),
-                        end: pos,
-                        items: Vec::new(),
-                    },
-                    days: Vec::new(),
-                })
+                Some(flush::step(&tp, st.fence, next, pos))
             })
             .collect();
         core.launch_cuts(cuts);

@@ -1,0 +1,389 @@
+//! `[source] transactions = "atomic"`: Debezium source transactions (`provide.transaction.metadata=true`)
+//! buffered per transaction id until the END event's per-collection counts are met, then applied in one
+//! PostgreSQL transaction ([`crate::sink::Sink::apply_transaction`]) whatever the arrival order, across topics
+//! and partitions. Checkpoints never pass a held record: a partition's batches end before its lowest held offset
+//! ([`TxBuf::bound`]) until the transaction holding it committed, so a crash re-reads it (the ledger makes the
+//! re-application harmless). A transaction whose END (or last change) has not come after `transaction-timeout-ms`
+//! is applied as it is, with a warning and `replaysafe_transactions_incomplete_total{reason="timeout"}`; when the
+//! buffered bytes pass `transaction-buffer-bytes`, the oldest open transaction is applied as it is (`reason =
+//! "memory"`). Debezium's transaction metadata shapes: <https://debezium.io/documentation/reference/stable/connectors/postgresql.html#postgresql-transaction-metadata>.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::config::txn::TxPlan;
+use crate::engine::flush::{self, Cut};
+use crate::engine::types::{PartState, Tp};
+use crate::sink::{Batch, Item};
+
+/// What a record says about source transactions.
+#[derive(Debug, PartialEq)]
+pub enum Meta {
+    /// A change event of transaction `id`; `collections`: the names END may count it under (`schema.table`,
+    /// `db.table`, `db.schema.table`).
+    Change {
+        id: String,
+        collections: Vec<String>,
+    },
+    /// The transaction topic's BEGIN event.
+    Begin { id: String },
+    /// The transaction topic's END event: `event_count` and `data_collections[]`.
+    End {
+        id: String,
+        total: u64,
+        counts: Vec<(String, u64)>,
+    },
+    /// Anything else (no `transaction` block, not JSON, a heartbeat…): applied per record.
+    Other,
+}
+
+/// Reads the transaction metadata of a Debezium value (schemas on or off).
+pub fn meta(value: Option<&[u8]>) -> Meta {
+    let Some(Ok(Value::Object(mut m))) = value.map(serde_json::from_slice::<Value>) else {
+        return Meta::Other;
+    };
+    if m.contains_key("schema") {
+        if let Some(Value::Object(p)) = m.remove("payload") {
+            m = p;
+        }
+    }
+    let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    match (m.get("status").and_then(Value::as_str), s(m.get("id"))) {
+        (Some("BEGIN"), Some(id)) if !m.contains_key("op") => return Meta::Begin { id },
+        (Some("END"), Some(id)) if !m.contains_key("op") => {
+            let counts = m
+                .get("data_collections")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| {
+                    Some((
+                        s(c.get("data_collection"))?,
+                        c.get("event_count")?.as_u64()?,
+                    ))
+                })
+                .collect();
+            let total = m.get("event_count").and_then(Value::as_u64).unwrap_or(0);
+            return Meta::End { id, total, counts };
+        }
+        _ => {}
+    }
+    let Some(id) = m.get("transaction").and_then(|t| s(t.get("id"))) else {
+        return Meta::Other;
+    };
+    let src = m.get("source");
+    let f = |k: &str| src.and_then(|x| x.get(k)).and_then(Value::as_str);
+    let mut collections = Vec::new();
+    if let Some(t) = f("table") {
+        if let Some(sc) = f("schema") {
+            collections.push(format!("{sc}.{t}"));
+            if let Some(db) = f("db") {
+                collections.push(format!("{db}.{sc}.{t}"));
+            }
+        }
+        if let Some(db) = f("db") {
+            collections.push(format!("{db}.{t}"));
+        }
+    }
+    Meta::Change { id, collections }
+}
+
+/// Why a transaction is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// END came and its counts are met.
+    Complete,
+    /// `transaction-timeout-ms` passed.
+    Timeout,
+    /// `transaction-buffer-bytes` reached: the oldest open transaction goes.
+    Memory,
+}
+
+struct Open {
+    first: Instant,
+    records: Vec<(Tp, Item, Vec<String>)>,
+    end: Option<(u64, Vec<(String, u64)>)>,
+    bytes: usize,
+}
+
+impl Open {
+    fn complete(&self) -> bool {
+        let Some((total, counts)) = &self.end else {
+            return false;
+        };
+        let n = |c: &str| {
+            self.records
+                .iter()
+                .filter(|r| r.2.iter().any(|x| x == c))
+                .count() as u64
+        };
+        self.records.len() as u64 >= *total && counts.iter().all(|(c, k)| n(c) >= *k)
+    }
+}
+
+/// The open transactions and the offsets they hold.
+pub struct TxBuf {
+    plan: TxPlan,
+    open: HashMap<String, Open>,
+    /// Offsets of records buffered here or applied in a flush not yet settled, per partition.
+    held: BTreeMap<Tp, BTreeSet<i64>>,
+    /// Per partition: the offset after the last record taken (held or not).
+    seen: BTreeMap<Tp, i64>,
+    bytes: usize,
+}
+
+/// A transaction ready to apply: its id, why, and its parts (one batch per partition, offsets ascending;
+/// `fence`/`expected`/`end` unused: no checkpoint step).
+pub struct Ready {
+    /// The transaction id.
+    pub id: String,
+    /// Why it is applied now.
+    pub why: Why,
+    /// One batch per partition.
+    pub parts: Vec<Batch>,
+}
+
+impl TxBuf {
+    /// An empty buffer.
+    pub fn new(plan: TxPlan) -> TxBuf {
+        TxBuf {
+            plan,
+            open: HashMap::new(),
+            held: BTreeMap::new(),
+            seen: BTreeMap::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Notes a record of `tp` at `offset` taken (for [`TxBuf::bound`]).
+    pub fn saw(&mut self, tp: &Tp, offset: i64) {
+        // Assigned, not maxed: after a rewind or a new take-over the partition is read again from below.
+        self.seen.insert(tp.clone(), offset + 1);
+    }
+
+    /// Takes a record: a change of a transaction is held (returned `None`); anything else is handed back (an
+    /// END also records its counts).
+    pub fn take(&mut self, tp: &Tp, item: Item) -> Option<Item> {
+        self.saw(tp, item.offset);
+        let back = match meta(item.value.as_deref()) {
+            Meta::Change { id, collections } => {
+                let size =
+                    item.value.as_ref().map_or(0, Vec::len) + item.key.as_ref().map_or(0, Vec::len);
+                self.held.entry(tp.clone()).or_default().insert(item.offset);
+                let o = self.entry(id.clone());
+                // Read again (a rewind, a partition taken over again): the record replaces its earlier copy.
+                if let Some(i) = o
+                    .records
+                    .iter()
+                    .position(|r| r.0 == *tp && r.1.offset == item.offset)
+                {
+                    let old = o.records.remove(i);
+                    let old_size = old.1.value.as_ref().map_or(0, Vec::len)
+                        + old.1.key.as_ref().map_or(0, Vec::len);
+                    o.bytes -= old_size;
+                    self.bytes -= old_size;
+                }
+                let o = self.entry(id);
+                o.bytes += size;
+                o.records.push((tp.clone(), item, collections));
+                self.bytes += size;
+                None
+            }
+            Meta::End { id, total, counts } => {
+                self.entry(id).end = Some((total, counts));
+                Some(item)
+            }
+            Meta::Begin { id } => {
+                self.entry(id);
+                Some(item)
+            }
+            Meta::Other => Some(item),
+        };
+        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        back
+    }
+
+    fn entry(&mut self, id: String) -> &mut Open {
+        self.open.entry(id).or_insert_with(|| Open {
+            first: Instant::now(),
+            records: Vec::new(),
+            end: None,
+            bytes: 0,
+        })
+    }
+
+    /// Whether a transaction is complete, timed out, or the buffer is over its bytes.
+    pub fn due(&self, now: Instant) -> bool {
+        self.bytes > self.plan.buffer_bytes
+            || self.open.values().any(|o| {
+                !o.records.is_empty()
+                    && (o.complete() || now.duration_since(o.first) >= self.plan.timeout)
+            })
+    }
+
+    /// Takes the transactions to apply now: complete ones, timed-out ones, and the oldest while over the
+    /// byte limit. Their offsets stay held until [`TxBuf::settled`].
+    pub fn ready(&mut self, now: Instant) -> Vec<Ready> {
+        let mut out: Vec<(String, Why)> = Vec::new();
+        for (id, o) in &self.open {
+            if o.complete() {
+                out.push((id.clone(), Why::Complete));
+            } else if !o.records.is_empty() && now.duration_since(o.first) >= self.plan.timeout {
+                out.push((id.clone(), Why::Timeout));
+            } else if o.records.is_empty()
+                && o.end.is_some()
+                && now.duration_since(o.first) >= self.plan.timeout
+            {
+                // END without changes of ours (other tables' transaction): forgotten.
+                out.push((id.clone(), Why::Complete));
+            }
+        }
+        let mut bytes = self.bytes;
+        for (id, _) in &out {
+            bytes -= self.open[id].bytes;
+        }
+        while bytes > self.plan.buffer_bytes {
+            let Some((id, o)) = self
+                .open
+                .iter()
+                .filter(|(id, o)| !o.records.is_empty() && !out.iter().any(|(x, _)| x == *id))
+                .min_by_key(|(_, o)| o.first)
+            else {
+                break;
+            };
+            bytes -= o.bytes;
+            out.push((id.clone(), Why::Memory));
+        }
+        let mut ready = Vec::new();
+        for (id, why) in out {
+            let o = self.open.remove(&id).expect("open transaction");
+            self.bytes -= o.bytes;
+            if o.records.is_empty() {
+                continue;
+            }
+            if why != Why::Complete {
+                tracing::warn!(transaction = %id, records = o.records.len(), ?why, end_seen = o.end.is_some(),
+                    "source transaction applied as it is (incomplete): its END or some of its changes did not arrive in time");
+                let reason = if why == Why::Timeout {
+                    "timeout"
+                } else {
+                    "memory"
+                };
+                metrics::counter!("replaysafe_transactions_incomplete_total", "reason" => reason)
+                    .increment(1);
+            }
+            ready.push(Ready {
+                id,
+                why,
+                parts: parts(o.records),
+            });
+        }
+        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        ready
+    }
+
+    /// A transaction's parts committed (or were dropped with their partition): their offsets are no longer held.
+    pub fn settled(&mut self, parts: &[Batch]) {
+        for b in parts {
+            let tp = (b.topic.clone(), b.partition);
+            if let Some(h) = self.held.get_mut(&tp) {
+                for it in &b.items {
+                    h.remove(&it.offset);
+                }
+                if h.is_empty() {
+                    self.held.remove(&tp);
+                }
+            }
+        }
+    }
+
+    /// How far a batch of `tp` may move its checkpoint: before its lowest held offset, and not past the last
+    /// record taken.
+    pub fn bound(&self, tp: &Tp) -> Option<i64> {
+        let held = self.held.get(tp).and_then(|h| h.first().copied());
+        match (held, self.seen.get(tp).copied()) {
+            (Some(h), Some(s)) => Some(h.min(s)),
+            (h, s) => h.or(s),
+        }
+    }
+
+    /// Whether any record is held (buffered or applying).
+    pub fn holds(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Records and transactions buffered, for the shutdown log line.
+    pub fn open_counts(&self) -> (usize, usize) {
+        let recs = self.open.values().map(|o| o.records.len()).sum();
+        (
+            self.open.values().filter(|o| !o.records.is_empty()).count(),
+            recs,
+        )
+    }
+}
+
+/// One batch per partition, offsets ascending.
+fn parts(records: Vec<(Tp, Item, Vec<String>)>) -> Vec<Batch> {
+    let mut by: BTreeMap<Tp, Vec<Item>> = BTreeMap::new();
+    for (tp, item, _) in records {
+        by.entry(tp).or_default().push(item);
+    }
+    by.into_iter()
+        .map(|((topic, partition), mut items)| {
+            items.sort_by_key(|i| i.offset);
+            items.dedup_by_key(|i| i.offset);
+            let end = items.last().map_or(0, |i| i.offset + 1);
+            Batch {
+                topic,
+                partition,
+                fence: 0,
+                expected: None,
+                end,
+                items,
+            }
+        })
+        .collect()
+}
+
+/// The cuts of a flush in atomic mode: the transactions ready now (each one cut of all its parts), then each
+/// partition's buffer below its bound ([`flush::cut_bounded`]). Partitions whose checkpoint is below their bound
+/// (transaction records applied) are selected too.
+pub fn cuts(
+    t: &mut TxBuf,
+    parts: &mut BTreeMap<Tp, PartState>,
+    max: usize,
+    which: impl Fn(&Tp, &PartState) -> bool,
+) -> Vec<Cut> {
+    let mut cuts: Vec<Cut> = t
+        .ready(Instant::now())
+        .into_iter()
+        .map(|r| {
+            let first = &r.parts[0];
+            tracing::debug!(transaction = %r.id, why = ?r.why, parts = r.parts.len(), "source transaction applied");
+            Cut {
+                batch: Batch {
+                    topic: first.topic.clone(),
+                    partition: first.partition,
+                    fence: 0,
+                    expected: None,
+                    end: 0,
+                    items: Vec::new(),
+                },
+                days: Vec::new(),
+                tx: Some(r.parts),
+            }
+        })
+        .collect();
+    let bound = |tp: &Tp| t.bound(tp);
+    let behind =
+        |tp: &Tp, st: &PartState| matches!((bound(tp), st.next), (Some(b), Some(n)) if b > n);
+    cuts.extend(flush::cut_bounded(
+        parts,
+        max,
+        |tp, st| which(tp, st) || behind(tp, st),
+        &bound,
+    ));
+    cuts
+}
