@@ -9,6 +9,7 @@ mod cases_hostile;
 mod cases_kcat;
 mod cases_tx;
 mod cdc;
+mod cdc_tx;
 mod cdc_order;
 mod common;
 mod config_errors;
