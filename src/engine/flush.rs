@@ -87,10 +87,8 @@ pub fn cut_bounded(
         }
         let (items, kept, mut days, tracked) = take_below(st, limit);
         if items.is_empty() {
-            if let (Some(l), Some(n)) = (limit, st.next) {
-                if l > n {
-                    cuts.push(step(tp, st.fence, n, l));
-                }
+            if let Some(l) = limit.filter(|l| *l > st.next.unwrap_or(st.start)) {
+                cuts.push(step(tp, st.fence, st.next, l));
             }
             st.buffer = kept.0;
             st.days = kept.1;
@@ -158,14 +156,14 @@ fn take_below(st: &mut PartState, limit: Option<i64>) -> Taken {
     (items, (rest, rest_days), days.into_iter(), tracked)
 }
 
-/// A batch without records moving `tp`'s checkpoint from `from` to `to`.
-pub fn step(tp: &Tp, fence: i64, from: i64, to: i64) -> Cut {
+/// A batch without records moving `tp`'s checkpoint from `from` (`None`: none yet) to `to`.
+pub fn step(tp: &Tp, fence: i64, from: Option<i64>, to: i64) -> Cut {
     Cut {
         batch: Batch {
             topic: tp.0.clone(),
             partition: tp.1,
             fence,
-            expected: Some(from),
+            expected: from,
             end: to,
             items: Vec::new(),
         },

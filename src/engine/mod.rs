@@ -421,7 +421,7 @@ impl Engine {
                 let st = core.parts.get(&tp)?;
                 let next = st.next.filter(|n| pos > *n)?;
                 tracing::debug!(topic = %tp.0, partition = tp.1, from = next, to = pos, "checkpoint steps over control records");
-                Some(flush::step(&tp, st.fence, next, pos))
+                Some(flush::step(&tp, st.fence, Some(next), pos))
             })
             .collect();
         core.launch_cuts(cuts);

@@ -118,7 +118,11 @@ impl Core {
 
     /// A partition's buffer is full or its oldest record has waited `batch.linger-ms`.
     pub fn due(&self, now: Instant) -> bool {
-        if self.tx.as_ref().is_some_and(|t| t.due(now)) {
+        if self
+            .tx
+            .as_ref()
+            .is_some_and(|t| t.due(now) || t.behind(&self.parts))
+        {
             return true;
         }
         self.parts.values().any(|st| {

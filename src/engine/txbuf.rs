@@ -309,6 +309,17 @@ impl TxBuf {
         }
     }
 
+    /// Whether a partition with nothing buffered has its checkpoint below its bound: transaction records
+    /// applied that its checkpoint has to step over (a batch without records).
+    pub fn behind(&self, parts: &BTreeMap<Tp, PartState>) -> bool {
+        parts.iter().any(|(tp, st)| {
+            st.buffer.is_empty()
+                && self
+                    .bound(tp)
+                    .is_some_and(|b| b > st.next.unwrap_or(st.start))
+        })
+    }
+
     /// Whether any record is held (buffered or applying).
     pub fn holds(&self) -> bool {
         !self.held.is_empty()
@@ -378,7 +389,7 @@ pub fn cuts(
         .collect();
     let bound = |tp: &Tp| t.bound(tp);
     let behind =
-        |tp: &Tp, st: &PartState| matches!((bound(tp), st.next), (Some(b), Some(n)) if b > n);
+        |tp: &Tp, st: &PartState| bound(tp).is_some_and(|b| b > st.next.unwrap_or(st.start));
     cuts.extend(flush::cut_bounded(
         parts,
         max,
