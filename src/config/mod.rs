@@ -92,6 +92,9 @@ mod tests {
             "truncate",
             "snapshots",
             "partition-by",
+            "transactions",
+            "transaction-timeout-ms",
+            "transaction-buffer-bytes",
         ] {
             assert!(
                 REFERENCE_DEBEZIUM

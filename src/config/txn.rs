@@ -76,3 +76,55 @@ pub fn plan(src: &Source, raw: Option<&RawSource>, format: Format) -> Result<Opt
         buffer_bytes: get(&raw.transaction_buffer_bytes, DEFAULT_BUFFER_BYTES) as usize,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::parse;
+
+    const HEAD: &str = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n";
+
+    fn with(source: &str) -> std::result::Result<crate::config::Pipeline, String> {
+        parse("p.toml", &format!("{HEAD}[source]\n{source}\n")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn atomic_reads_its_keys_and_defaults() {
+        let p =
+            with("format = \"debezium\"\ntransactions = \"atomic\"\ntransaction-timeout-ms = 250")
+                .unwrap();
+        let t = p.transactions.unwrap();
+        assert_eq!(t.timeout.as_millis(), 250);
+        assert_eq!(t.buffer_bytes as u64, super::DEFAULT_BUFFER_BYTES);
+        assert!(with("format = \"debezium\"")
+            .unwrap()
+            .transactions
+            .is_none());
+        assert!(with("format = \"debezium\"\ntransactions = \"none\"")
+            .unwrap()
+            .transactions
+            .is_none());
+    }
+
+    #[test]
+    fn bad_transaction_keys_name_the_key_and_place() {
+        let e = with("format = \"debezium\"\ntransactions = \"yes\"").unwrap_err();
+        assert!(
+            e.contains("p.toml:6:16") && e.contains("\"none\" or \"atomic\", not `yes`"),
+            "{e}"
+        );
+        let e = with("format = \"json\"\ntransactions = \"atomic\"").unwrap_err();
+        assert!(e.contains("applies to format = \"debezium\""), "{e}");
+        let e = with("format = \"debezium\"\ntransaction-timeout-ms = 5").unwrap_err();
+        assert!(
+            e.contains("`transaction-timeout-ms` applies to transactions = \"atomic\""),
+            "{e}"
+        );
+        let e =
+            with("format = \"debezium\"\ntransactions = \"atomic\"\ntransaction-buffer-bytes = 0")
+                .unwrap_err();
+        assert!(
+            e.contains("`transaction-buffer-bytes` must be a positive whole number"),
+            "{e}"
+        );
+    }
+}
