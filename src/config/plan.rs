@@ -288,13 +288,13 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     )? as usize;
 
     let (format, decimal_handling) = source(src, &raw)?;
+    let transactions = super::txn::plan(src, raw.source.as_ref().map(|s| s.get_ref()), format)?;
     let fields = fields(src, &raw, format)?;
     let identity = identity(src, &raw, format, &fields)?;
     let ledger = ledger(src, &raw, &schema, &fields, &identity)?;
     let filters = filters(src, &raw, &fields)?;
     let projections = projections(src, &raw, format, &fields, &schema, &identity)?;
     let errors = super::errors::errors(src, raw.errors.as_ref())?;
-    let transactions = super::txn::plan(src, raw.source.as_ref().map(|s| s.get_ref()), format)?;
 
     Ok(Pipeline {
         format,

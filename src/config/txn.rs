@@ -112,7 +112,8 @@ mod tests {
             e.contains("p.toml:6:16") && e.contains("\"none\" or \"atomic\", not `yes`"),
             "{e}"
         );
-        let e = with("format = \"json\"\ntransactions = \"atomic\"").unwrap_err();
+        let e = with("format = \"json\"\ntransactions = \"atomic\"\n[fields]\nx = { path = \"/x\", type = \"text\" }")
+            .unwrap_err();
         assert!(e.contains("applies to format = \"debezium\""), "{e}");
         let e = with("format = \"debezium\"\ntransaction-timeout-ms = 5").unwrap_err();
         assert!(

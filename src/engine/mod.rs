@@ -432,6 +432,16 @@ impl Engine {
         let mut core = lock(&self.core);
         let r = core.flush(source.ack(), |_, _| true, CommitMode::Sync);
         core.commit_checkpoints(source.ack());
+        if let Some((txs, records)) = core.tx.as_ref().map(txbuf::TxBuf::open_counts) {
+            if records > 0 {
+                tracing::warn!(
+                    transactions = txs,
+                    records,
+                    "source transactions still incomplete are not applied: the checkpoints stay before their \
+                     records, the next start reads them again"
+                );
+            }
+        }
         r
     }
 

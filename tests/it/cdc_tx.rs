@@ -183,7 +183,10 @@ fn lines(db: &Db) -> Vec<(i64, i64)> {
         .collect()
 }
 
-fn expected(txs: &[(i64, i64)]) -> (Vec<(i64, i64)>, Vec<(i64, i64)>) {
+/// Rows `(id, n_lines)` of orders and `(id, order_id)` of lines.
+type Rows = (Vec<(i64, i64)>, Vec<(i64, i64)>);
+
+fn expected(txs: &[(i64, i64)]) -> Rows {
     let o = txs.to_vec();
     let l = txs
         .iter()
@@ -319,7 +322,7 @@ fn a_crash_while_a_transaction_is_buffered_rereads_it() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.partial"), 0);
 
     produce(&format!("{base}.lines"), &[open.lines[1].clone()]);
-    produce(&format!("{base}.tx"), &[open.end.clone()]);
+    produce(&format!("{base}.tx"), std::slice::from_ref(&open.end));
     let out = run_caught_up(&p.path);
     let (o, l) = expected(&[(1, 3), (2, 2)]);
     assert_eq!(orders(&db), o);
@@ -360,8 +363,8 @@ fn a_transaction_without_end_is_applied_as_it_is_after_the_timeout() {
     );
     let open = tx(7, 2);
     produce(&format!("{base}.lines"), &[open.lines[0].clone()]);
-    produce(&format!("{base}.orders"), &[open.order.clone()]);
-    produce(&format!("{base}.tx"), &[open.begin.clone()]);
+    produce(&format!("{base}.orders"), std::slice::from_ref(&open.order));
+    produce(&format!("{base}.tx"), std::slice::from_ref(&open.begin));
     let addr = free_addr();
     let mut w = spawn_run(&p, &["--metrics-addr", &addr], "w");
     wait_until(
