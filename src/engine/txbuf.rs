@@ -8,7 +8,7 @@
 //! buffered bytes pass `transaction-buffer-bytes`, the oldest open transaction is applied as it is (`reason =
 //! "memory"`). Debezium's transaction metadata shapes: <https://debezium.io/documentation/reference/stable/connectors/postgresql.html#postgresql-transaction-metadata>.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use serde_json::Value;
@@ -103,7 +103,10 @@ pub enum Why {
 
 struct Open {
     first: Instant,
-    records: Vec<(Tp, Item, Vec<String>)>,
+    /// By partition and offset: a record read again (a rewind, a take-over) replaces its copy.
+    records: BTreeMap<(Tp, i64), (Item, Vec<String>)>,
+    /// Records per collection name (each of a record's names).
+    per: HashMap<String, u64>,
     end: Option<(u64, Vec<(String, u64)>)>,
     bytes: usize,
 }
@@ -113,13 +116,34 @@ impl Open {
         let Some((total, counts)) = &self.end else {
             return false;
         };
-        let n = |c: &str| {
-            self.records
+        self.records.len() as u64 >= *total
+            && counts
                 .iter()
-                .filter(|r| r.2.iter().any(|x| x == c))
-                .count() as u64
+                .all(|(c, k)| self.per.get(c).copied().unwrap_or(0) >= *k)
+    }
+
+    /// Adds a record; returns the bytes added (net of a replaced copy).
+    fn add(&mut self, tp: &Tp, item: Item, collections: Vec<String>) -> isize {
+        let size =
+            |i: &Item| i.value.as_ref().map_or(0, Vec::len) + i.key.as_ref().map_or(0, Vec::len);
+        let added = size(&item) as isize;
+        let old = self
+            .records
+            .insert((tp.clone(), item.offset), (item, collections.clone()));
+        let removed = match old {
+            Some((i, cs)) => {
+                for c in cs {
+                    *self.per.entry(c).or_default() -= 1;
+                }
+                size(&i) as isize
+            }
+            None => 0,
         };
-        self.records.len() as u64 >= *total && counts.iter().all(|(c, k)| n(c) >= *k)
+        for c in collections {
+            *self.per.entry(c).or_default() += 1;
+        }
+        self.bytes = (self.bytes as isize + added - removed) as usize;
+        added - removed
     }
 }
 
@@ -132,7 +156,12 @@ pub struct TxBuf {
     /// Per partition: the offset after the last record taken (held or not).
     seen: BTreeMap<Tp, i64>,
     bytes: usize,
+    closed: HashSet<String>,
+    closed_order: VecDeque<String>,
 }
+
+/// How many applied transaction ids [`TxBuf`] remembers.
+pub const CLOSED: usize = 10_000;
 
 /// A transaction ready to apply: its id, why, and its parts (one batch per partition, offsets ascending;
 /// `fence`/`expected`/`end` unused: no checkpoint step).
@@ -154,6 +183,8 @@ impl TxBuf {
             held: BTreeMap::new(),
             seen: BTreeMap::new(),
             bytes: 0,
+            closed: HashSet::new(),
+            closed_order: VecDeque::new(),
         }
     }
 
@@ -168,35 +199,22 @@ impl TxBuf {
     pub fn take(&mut self, tp: &Tp, item: Item) -> Option<Item> {
         self.saw(tp, item.offset);
         let back = match meta(item.value.as_deref()) {
+            Meta::Change { id, .. } if self.closed.contains(&id) => Some(item),
             Meta::Change { id, collections } => {
-                let size =
-                    item.value.as_ref().map_or(0, Vec::len) + item.key.as_ref().map_or(0, Vec::len);
                 self.held.entry(tp.clone()).or_default().insert(item.offset);
-                let o = self.entry(id.clone());
-                // Read again (a rewind, a partition taken over again): the record replaces its earlier copy.
-                if let Some(i) = o
-                    .records
-                    .iter()
-                    .position(|r| r.0 == *tp && r.1.offset == item.offset)
-                {
-                    let old = o.records.remove(i);
-                    let old_size = old.1.value.as_ref().map_or(0, Vec::len)
-                        + old.1.key.as_ref().map_or(0, Vec::len);
-                    o.bytes -= old_size;
-                    self.bytes -= old_size;
-                }
-                let o = self.entry(id);
-                o.bytes += size;
-                o.records.push((tp.clone(), item, collections));
-                self.bytes += size;
+                let delta = self.entry(id).add(tp, item, collections);
+                self.bytes = (self.bytes as isize + delta) as usize;
                 None
             }
+            Meta::End { id, .. } if self.closed.contains(&id) => Some(item),
             Meta::End { id, total, counts } => {
                 self.entry(id).end = Some((total, counts));
                 Some(item)
             }
             Meta::Begin { id } => {
-                self.entry(id);
+                if !self.closed.contains(&id) {
+                    self.entry(id);
+                }
                 Some(item)
             }
             Meta::Other => Some(item),
@@ -208,7 +226,8 @@ impl TxBuf {
     fn entry(&mut self, id: String) -> &mut Open {
         self.open.entry(id).or_insert_with(|| Open {
             first: Instant::now(),
-            records: Vec::new(),
+            records: BTreeMap::new(),
+            per: HashMap::new(),
             end: None,
             bytes: 0,
         })
@@ -232,11 +251,8 @@ impl TxBuf {
                 out.push((id.clone(), Why::Complete));
             } else if !o.records.is_empty() && now.duration_since(o.first) >= self.plan.timeout {
                 out.push((id.clone(), Why::Timeout));
-            } else if o.records.is_empty()
-                && o.end.is_some()
-                && now.duration_since(o.first) >= self.plan.timeout
-            {
-                // END without changes of ours (other tables' transaction): forgotten.
+            } else if o.records.is_empty() && now.duration_since(o.first) >= self.plan.timeout {
+                // BEGIN/END without changes of ours (other tables' transaction): forgotten.
                 out.push((id.clone(), Why::Complete));
             }
         }
@@ -260,6 +276,7 @@ impl TxBuf {
         for (id, why) in out {
             let o = self.open.remove(&id).expect("open transaction");
             self.bytes -= o.bytes;
+            self.close(&id);
             if o.records.is_empty() {
                 continue;
             }
@@ -282,6 +299,19 @@ impl TxBuf {
         }
         metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
         ready
+    }
+
+    /// Remembers the last [`CLOSED`] transaction ids taken for applying: a change or END of one arriving later
+    /// (after a timeout, or read again) is applied per record, not held for another timeout.
+    fn close(&mut self, id: &str) {
+        if self.closed.insert(id.to_string()) {
+            self.closed_order.push_back(id.to_string());
+        }
+        while self.closed_order.len() > CLOSED {
+            if let Some(old) = self.closed_order.pop_front() {
+                self.closed.remove(&old);
+            }
+        }
     }
 
     /// A transaction's parts committed (or were dropped with their partition): their offsets are no longer held.
@@ -336,15 +366,13 @@ impl TxBuf {
 }
 
 /// One batch per partition, offsets ascending.
-fn parts(records: Vec<(Tp, Item, Vec<String>)>) -> Vec<Batch> {
+fn parts(records: BTreeMap<(Tp, i64), (Item, Vec<String>)>) -> Vec<Batch> {
     let mut by: BTreeMap<Tp, Vec<Item>> = BTreeMap::new();
-    for (tp, item, _) in records {
+    for ((tp, _), (item, _)) in records {
         by.entry(tp).or_default().push(item);
     }
     by.into_iter()
-        .map(|((topic, partition), mut items)| {
-            items.sort_by_key(|i| i.offset);
-            items.dedup_by_key(|i| i.offset);
+        .map(|((topic, partition), items)| {
             let end = items.last().map_or(0, |i| i.offset + 1);
             Batch {
                 topic,
@@ -519,6 +547,17 @@ mod tests {
         assert!(t.due(late));
         let r = t.ready(late);
         assert_eq!((r.len(), r[0].why), (1, Why::Timeout));
+        // Its late change and END are applied per record, not held for another timeout.
+        assert!(t
+            .take(&tp("lines", 0), item(1, change("a", "lines")))
+            .is_some());
+        assert!(t.take(&tp("tx", 0), item(0, end("a", 0, 2))).is_some());
+        // A BEGIN of a transaction without changes of ours is forgotten after the timeout.
+        t.take(&tp("tx", 0), item(1, json!({"status": "BEGIN", "id": "z"})));
+        assert!(t
+            .ready(Instant::now() + Duration::from_millis(60))
+            .is_empty());
+        assert!(t.open.is_empty());
 
         let size = change("b", "lines").to_string().len();
         let mut t = TxBuf::new(plan(60_000, size * 2));

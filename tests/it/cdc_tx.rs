@@ -390,3 +390,96 @@ fn a_transaction_without_end_is_applied_as_it_is_after_the_timeout() {
     let out = std::fs::read_to_string(p.dir.path().join("w.out")).unwrap();
     assert!(out.contains("consumed 3 = landed 2"), "{out}");
 }
+
+/// Real Debezium (`provide.transaction.metadata=true`): five source transactions, each an order and its lines,
+/// go through `"atomic"`; no commit shows a partial transaction and the projection equals the source.
+#[test]
+fn real_debezium_transactions_are_applied_atomically() {
+    use crate::connect::{drop_slot, read_values, unique_name, Connect};
+    let src = unique_name("dbztx");
+    let db = Db::fresh("cdctx");
+    db.execute(&format!(
+        "CREATE SCHEMA {src}; CREATE TABLE {src}.orders (id bigint PRIMARY KEY, n_lines bigint);
+         CREATE TABLE {src}.lines (id bigint PRIMARY KEY, order_id bigint)"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let include = format!("{src}.orders,{src}.lines");
+    let mut connect = Connect::start(
+        &dir.path().join(&src),
+        &[
+            ("topic.prefix", &src),
+            ("table.include.list", &include),
+            ("provide.transaction.metadata", "true"),
+        ],
+        false,
+    );
+    let spec = [(1i64, 3i64), (2, 1), (3, 4), (4, 2), (5, 3)];
+    for &(k, n) in &spec {
+        let lines: Vec<String> = (0..n).map(|i| format!("({}, {k})", k * 10 + i)).collect();
+        db.execute(&format!(
+            "BEGIN; INSERT INTO {src}.orders VALUES ({k}, {n}); INSERT INTO {src}.lines VALUES {}; COMMIT",
+            lines.join(", ")
+        ));
+    }
+    let tx_topic = format!("{src}.transaction");
+    let ends = read_values(&tx_topic, Duration::from_secs(120), |vs| {
+        vs.iter().filter(|v| v["status"] == "END").count() >= spec.len()
+    });
+    assert!(
+        ends.iter().any(|v| v["data_collections"].is_array()),
+        "{ends:?}"
+    );
+    let text = PIPELINE
+        .replace("TXMODE", ATOMIC)
+        .replace(
+            "\"{topic}.orders\", \"{topic}.lines\", \"{topic}.tx\"",
+            "\"{topic}.orders\", \"{topic}.lines\", \"TXTOPIC\"",
+        )
+        .replace("TXTOPIC", &tx_topic)
+        .replace("public.", &format!("{src}."));
+    let group = unique("cdctx-dbz");
+    let p = pipeline(&text, &format!("{src}.{src}"), &group, &db.schema);
+    replaysafe(&["init", "--config", p.path.to_str().unwrap()]).assert_ok();
+    db.execute(
+        "CREATE TABLE {s}.partial (order_id bigint, want bigint, have bigint);
+         CREATE FUNCTION {s}.check_tx() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO {s}.partial
+             SELECT o.id, o.n_lines, (SELECT count(*) FROM {s}.lines l WHERE l.order_id = o.id) FROM {s}.orders o
+             WHERE o.n_lines <> (SELECT count(*) FROM {s}.lines l WHERE l.order_id = o.id);
+           INSERT INTO {s}.partial
+             SELECT l.order_id, -1, count(*) FROM {s}.lines l
+             WHERE NOT EXISTS (SELECT 1 FROM {s}.orders o WHERE o.id = l.order_id) GROUP BY l.order_id;
+           RETURN NULL;
+         END $$;
+         CREATE CONSTRAINT TRIGGER tx_orders AFTER INSERT OR UPDATE ON {s}.orders DEFERRABLE INITIALLY DEFERRED
+           FOR EACH ROW EXECUTE FUNCTION {s}.check_tx();
+         CREATE CONSTRAINT TRIGGER tx_lines AFTER INSERT OR UPDATE ON {s}.lines DEFERRABLE INITIALLY DEFERRED
+           FOR EACH ROW EXECUTE FUNCTION {s}.check_tx();",
+    );
+    let out = run_caught_up(&p.path);
+    connect.stop();
+    drop_slot(&connect.slot, &connect.publication);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.partial"),
+        0,
+        "no commit shows a partial transaction"
+    );
+    let (o, l) = expected(&spec);
+    assert_eq!(orders(&db), o);
+    assert_eq!(lines(&db), l);
+    let changes = spec.iter().map(|&(_, n)| n + 1).sum::<i64>();
+    let t = out.tally();
+    assert_eq!(t.landed as i64, changes, "{:?}", out.tally_line());
+    assert_eq!(t.quarantined, 0);
+    assert!(
+        t.filtered >= 2 * spec.len() as u64,
+        "BEGIN/END filtered: {:?}",
+        out.tally_line()
+    );
+    assert!(
+        out.stderr.matches("applied as it is").count() == 0,
+        "every transaction complete: {}",
+        out.stderr
+    );
+}
