@@ -39,7 +39,19 @@ pub enum Meta {
     Other,
 }
 
-/// Reads the transaction metadata of a Debezium value (schemas on or off).
+/// The key a transaction id is buffered under. Debezium's PostgreSQL connector (3.6.1, seen in
+/// `tests/it/cdc_tx.rs`) writes `<txId>:<LSN>` with the LSN of each event — BEGIN, every change and END of one
+/// transaction carry different ids — so an id of two all-digit parts is keyed by its txId; any other id (MySQL
+/// GTIDs `uuid:n`, SQL Server `lsn:lsn:n`, …) is kept whole.
+pub fn tx_key(id: &str) -> String {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match id.split_once(':') {
+        Some((tx, lsn)) if digits(tx) && digits(lsn) => tx.to_string(),
+        _ => id.to_string(),
+    }
+}
+
+/// Reads the transaction metadata of a Debezium value (schemas on or off); ids as [`tx_key`]s.
 pub fn meta(value: Option<&[u8]>) -> Meta {
     let Some(Ok(Value::Object(mut m))) = value.map(serde_json::from_slice::<Value>) else {
         return Meta::Other;
@@ -50,7 +62,10 @@ pub fn meta(value: Option<&[u8]>) -> Meta {
         }
     }
     let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
-    match (m.get("status").and_then(Value::as_str), s(m.get("id"))) {
+    match (
+        m.get("status").and_then(Value::as_str),
+        s(m.get("id")).map(|i| tx_key(&i)),
+    ) {
         (Some("BEGIN"), Some(id)) if !m.contains_key("op") => return Meta::Begin { id },
         (Some("END"), Some(id)) if !m.contains_key("op") => {
             let counts = m
@@ -70,7 +85,11 @@ pub fn meta(value: Option<&[u8]>) -> Meta {
         }
         _ => {}
     }
-    let Some(id) = m.get("transaction").and_then(|t| s(t.get("id"))) else {
+    let Some(id) = m
+        .get("transaction")
+        .and_then(|t| s(t.get("id")))
+        .map(|i| tx_key(&i))
+    else {
         return Meta::Other;
     };
     let src = m.get("source");
@@ -473,7 +492,7 @@ mod tests {
         assert_eq!(
             meta(Some(change("7:1", "orders").to_string().as_bytes())),
             Meta::Change {
-                id: "7:1".into(),
+                id: "7".into(),
                 collections: vec![
                     "public.orders".into(),
                     "app.public.orders".into(),
@@ -485,12 +504,12 @@ mod tests {
             json!({"schema": {}, "payload": {"status": "BEGIN", "id": "7:1", "event_count": null}});
         assert_eq!(
             meta(Some(wrapped.to_string().as_bytes())),
-            Meta::Begin { id: "7:1".into() }
+            Meta::Begin { id: "7".into() }
         );
         assert_eq!(
             meta(Some(end("7:1", 1, 2).to_string().as_bytes())),
             Meta::End {
-                id: "7:1".into(),
+                id: "7".into(),
                 total: 3,
                 counts: vec![("public.orders".into(), 1), ("public.lines".into(), 2)]
             }
@@ -499,6 +518,22 @@ mod tests {
         assert_eq!(meta(Some(no_tx.to_string().as_bytes())), Meta::Other);
         assert_eq!(meta(Some(b"not json")), Meta::Other);
         assert_eq!(meta(None), Meta::Other);
+    }
+
+    #[test]
+    fn postgres_ids_are_keyed_by_txid_others_kept_whole() {
+        assert_eq!(tx_key("1143726:20165186216"), "1143726");
+        assert_eq!(tx_key("1143726"), "1143726");
+        assert_eq!(
+            tx_key("3E11FA47-71CA-11E1-9E33-C80AA9429562:23"),
+            "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"
+        );
+        assert_eq!(tx_key("00000025:00000d08:0025"), "00000025:00000d08:0025");
+        let begin = json!({"status": "BEGIN", "id": "571:100"});
+        assert_eq!(
+            meta(Some(begin.to_string().as_bytes())),
+            Meta::Begin { id: "571".into() }
+        );
     }
 
     #[test]

@@ -466,7 +466,7 @@ fn real_debezium_transactions_are_applied_atomically() {
         "no commit shows a partial transaction"
     );
     let (o, l) = expected(&spec);
-    assert_eq!(orders(&db), o);
+    assert_eq!(orders(&db), o, "{}\n{}\n{ends:?}", out.stdout, out.stderr);
     assert_eq!(lines(&db), l);
     let changes = spec.iter().map(|&(_, n)| n + 1).sum::<i64>();
     let t = out.tally();
