@@ -365,7 +365,10 @@ impl Engine {
         let mut core = lock(&self.core);
         let core = &mut *core;
         let item = match core.tx.as_mut() {
-            Some(t) if core.parts.contains_key(&r.tp) => t.take(&r.tp, item),
+            Some(t) => match core.parts.get(&r.tp) {
+                Some(st) => t.take(&r.tp, st.fence, item),
+                None => Some(item),
+            },
             _ => Some(item),
         };
         match item {

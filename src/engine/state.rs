@@ -238,6 +238,9 @@ impl Core {
                 Ok(Applied::Rewound(at)) => match ack.rewind(&tp, at) {
                     // Read again from the checkpoint: what we buffered after the lost commits is dropped.
                     None => {
+                        if let Some(t) = self.tx.as_mut() {
+                            t.rewound(&tp);
+                        }
                         if let Some(st) = self.parts.get_mut(&tp) {
                             st.buffer.clear();
                             st.days.clear();

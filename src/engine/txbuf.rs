@@ -172,8 +172,9 @@ pub struct TxBuf {
     open: HashMap<String, Open>,
     /// Offsets of records buffered here or applied in a flush not yet settled, per partition.
     held: BTreeMap<Tp, BTreeSet<i64>>,
-    /// Per partition: the offset after the last record taken (held or not).
-    seen: BTreeMap<Tp, i64>,
+    /// Per partition: the fence it was taken under and the offset after the last record taken (held or not);
+    /// a newer take-over (another fence) or a rewind ([`TxBuf::rewound`]) forgets it.
+    seen: BTreeMap<Tp, (i64, i64)>,
     bytes: usize,
     closed: HashSet<String>,
     closed_order: VecDeque<String>,
@@ -208,15 +209,20 @@ impl TxBuf {
     }
 
     /// Notes a record of `tp` at `offset` taken (for [`TxBuf::bound`]).
-    pub fn saw(&mut self, tp: &Tp, offset: i64) {
+    pub fn saw(&mut self, tp: &Tp, fence: i64, offset: i64) {
         // Assigned, not maxed: after a rewind or a new take-over the partition is read again from below.
-        self.seen.insert(tp.clone(), offset + 1);
+        self.seen.insert(tp.clone(), (fence, offset + 1));
+    }
+
+    /// The checkpoint of `tp` moved back (read again from it): what was taken after it is forgotten.
+    pub fn rewound(&mut self, tp: &Tp) {
+        self.seen.remove(tp);
     }
 
     /// Takes a record: a change of a transaction is held (returned `None`); anything else is handed back (an
     /// END also records its counts).
-    pub fn take(&mut self, tp: &Tp, item: Item) -> Option<Item> {
-        self.saw(tp, item.offset);
+    pub fn take(&mut self, tp: &Tp, fence: i64, item: Item) -> Option<Item> {
+        self.saw(tp, fence, item.offset);
         let back = match meta(item.value.as_deref()) {
             Meta::Change { id, .. } if self.closed.contains(&id) => Some(item),
             Meta::Change { id, collections } => {
@@ -350,9 +356,14 @@ impl TxBuf {
 
     /// How far a batch of `tp` may move its checkpoint: before its lowest held offset, and not past the last
     /// record taken.
-    pub fn bound(&self, tp: &Tp) -> Option<i64> {
+    pub fn bound(&self, tp: &Tp, fence: i64) -> Option<i64> {
         let held = self.held.get(tp).and_then(|h| h.first().copied());
-        match (held, self.seen.get(tp).copied()) {
+        let seen = self
+            .seen
+            .get(tp)
+            .filter(|(f, _)| *f == fence)
+            .map(|(_, n)| *n);
+        match (held, seen) {
             (Some(h), Some(s)) => Some(h.min(s)),
             (h, s) => h.or(s),
         }
@@ -364,7 +375,7 @@ impl TxBuf {
         parts.iter().any(|(tp, st)| {
             st.buffer.is_empty()
                 && self
-                    .bound(tp)
+                    .bound(tp, st.fence)
                     .is_some_and(|b| b > st.next.unwrap_or(st.start))
         })
     }
@@ -434,7 +445,11 @@ pub fn cuts(
             }
         })
         .collect();
-    let bound = |tp: &Tp| t.bound(tp);
+    let bounds: BTreeMap<Tp, Option<i64>> = parts
+        .iter()
+        .map(|(tp, st)| (tp.clone(), t.bound(tp, st.fence)))
+        .collect();
+    let bound = |tp: &Tp| bounds.get(tp).copied().flatten();
     let behind =
         |tp: &Tp, st: &PartState| bound(tp).is_some_and(|b| b > st.next.unwrap_or(st.start));
     cuts.extend(flush::cut_bounded(
@@ -541,16 +556,16 @@ mod tests {
         let mut t = TxBuf::new(plan(60_000, 1 << 20));
         let (o, l) = (tp("orders", 0), tp("lines", 1));
         // END first, then a line, a non-transaction record, the order, the last line.
-        assert!(t.take(&tp("tx", 0), item(0, end("a", 1, 2))).is_some());
-        assert!(t.take(&l, item(5, change("a", "lines"))).is_none());
+        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 1, 2))).is_some());
+        assert!(t.take(&l, 1, item(5, change("a", "lines"))).is_none());
         assert!(t
-            .take(&l, item(6, json!({"op": "c", "source": {}})))
+            .take(&l, 1, item(6, json!({"op": "c", "source": {}})))
             .is_some());
-        assert!(t.take(&o, item(3, change("a", "orders"))).is_none());
+        assert!(t.take(&o, 1, item(3, change("a", "orders"))).is_none());
         assert!(!t.due(Instant::now()));
-        assert_eq!(t.bound(&l), Some(5));
-        assert_eq!(t.bound(&o), Some(3));
-        assert!(t.take(&l, item(7, change("a", "lines"))).is_none());
+        assert_eq!(t.bound(&l, 1), Some(5));
+        assert_eq!(t.bound(&o, 1), Some(3));
+        assert!(t.take(&l, 1, item(7, change("a", "lines"))).is_none());
         assert!(t.due(Instant::now()));
         let ready = t.ready(Instant::now());
         assert_eq!(ready.len(), 1);
@@ -565,18 +580,22 @@ mod tests {
             vec![("lines".into(), vec![5, 7]), ("orders".into(), vec![3])]
         );
         // Held until the commit settles, then bounded by what was taken only.
-        assert_eq!(t.bound(&l), Some(5));
+        assert_eq!(t.bound(&l, 1), Some(5));
         t.settled(&ready[0].parts);
-        assert_eq!(t.bound(&l), Some(8));
-        assert_eq!(t.bound(&o), Some(4));
+        assert_eq!(t.bound(&l, 1), Some(8));
+        assert_eq!(t.bound(&o, 1), Some(4));
         assert!(!t.holds());
+        // Taken over again (another fence) or rewound: what was taken before is no bound any more.
+        assert_eq!(t.bound(&o, 2), None);
+        t.rewound(&l);
+        assert_eq!(t.bound(&l, 1), None);
     }
 
     #[test]
     fn timeout_and_memory_apply_incomplete_transactions_as_they_are() {
         let mut t = TxBuf::new(plan(50, 1 << 20));
         let start = Instant::now();
-        t.take(&tp("lines", 0), item(0, change("a", "lines")));
+        t.take(&tp("lines", 0), 1, item(0, change("a", "lines")));
         assert!(t.ready(start).is_empty());
         let late = start + Duration::from_millis(60);
         assert!(t.due(late));
@@ -584,11 +603,15 @@ mod tests {
         assert_eq!((r.len(), r[0].why), (1, Why::Timeout));
         // Its late change and END are applied per record, not held for another timeout.
         assert!(t
-            .take(&tp("lines", 0), item(1, change("a", "lines")))
+            .take(&tp("lines", 0), 1, item(1, change("a", "lines")))
             .is_some());
-        assert!(t.take(&tp("tx", 0), item(0, end("a", 0, 2))).is_some());
+        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 0, 2))).is_some());
         // A BEGIN of a transaction without changes of ours is forgotten after the timeout.
-        t.take(&tp("tx", 0), item(1, json!({"status": "BEGIN", "id": "z"})));
+        t.take(
+            &tp("tx", 0),
+            1,
+            item(1, json!({"status": "BEGIN", "id": "z"})),
+        );
         assert!(t
             .ready(Instant::now() + Duration::from_millis(60))
             .is_empty());
@@ -596,10 +619,10 @@ mod tests {
 
         let size = change("b", "lines").to_string().len();
         let mut t = TxBuf::new(plan(60_000, size * 2));
-        t.take(&tp("lines", 0), item(0, change("b", "lines")));
-        t.take(&tp("lines", 0), item(1, change("c", "lines")));
+        t.take(&tp("lines", 0), 1, item(0, change("b", "lines")));
+        t.take(&tp("lines", 0), 1, item(1, change("c", "lines")));
         assert!(!t.due(Instant::now()));
-        t.take(&tp("lines", 0), item(2, change("c", "lines")));
+        t.take(&tp("lines", 0), 1, item(2, change("c", "lines")));
         assert!(t.due(Instant::now()));
         let r = t.ready(Instant::now());
         assert_eq!(
@@ -608,7 +631,7 @@ mod tests {
         );
         assert_eq!(t.bytes, size * 2);
         assert_eq!(
-            t.bound(&tp("lines", 0)),
+            t.bound(&tp("lines", 0), 1),
             Some(0),
             "b's record held until its commit settles"
         );
@@ -618,11 +641,11 @@ mod tests {
     fn a_record_read_again_replaces_its_copy() {
         let mut t = TxBuf::new(plan(60_000, 1 << 20));
         let l = tp("lines", 0);
-        t.take(&tp("tx", 0), item(0, end("a", 0, 2)));
-        t.take(&l, item(4, change("a", "lines")));
-        t.take(&l, item(4, change("a", "lines")));
+        t.take(&tp("tx", 0), 1, item(0, end("a", 0, 2)));
+        t.take(&l, 1, item(4, change("a", "lines")));
+        t.take(&l, 1, item(4, change("a", "lines")));
         assert!(!t.due(Instant::now()), "one line twice is not two lines");
-        t.take(&l, item(5, change("a", "lines")));
+        t.take(&l, 1, item(5, change("a", "lines")));
         assert_eq!(t.ready(Instant::now())[0].parts[0].items.len(), 2);
     }
 }
