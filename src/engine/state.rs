@@ -312,6 +312,15 @@ impl Core {
                     self.tally.add(o);
                     count_metric(o);
                 }
+                if let Some(obs) = self.observer.as_mut() {
+                    // Per part, in part order (days are not tracked for a transaction's records).
+                    let mut rest = &outcomes[..];
+                    for part in parts {
+                        let (mine, later) = rest.split_at(part.items.len().min(rest.len()));
+                        obs.committed(part, &[], mine);
+                        rest = later;
+                    }
+                }
                 if let Some(t) = self.tx.as_mut() {
                     t.settled(parts);
                 }

@@ -483,3 +483,41 @@ fn real_debezium_transactions_are_applied_atomically() {
         out.stderr
     );
 }
+
+/// Over `transaction-buffer-bytes` the oldest open transaction is applied as it is (warning, reason memory):
+/// polling goes on, nothing is held past the limit, and the accounting adds up.
+#[test]
+fn over_the_buffer_limit_the_oldest_transaction_is_applied_as_it_is() {
+    let base = topics();
+    let group = unique("cdctx-memory");
+    let (db, p) = staged(
+        &format!("{ATOMIC}\ntransaction-buffer-bytes = 1"),
+        &base,
+        &group,
+    );
+    let (a, b) = (tx(8, 2), tx(9, 1));
+    // No END at all: only the byte limit lets them through before the (default, 60 s) timeout.
+    produce(
+        &format!("{base}.lines"),
+        &[a.lines.clone(), b.lines.clone()].concat(),
+    );
+    produce(
+        &format!("{base}.orders"),
+        &[a.order.clone(), b.order.clone()],
+    );
+    produce(&format!("{base}.tx"), &[a.begin.clone(), b.begin.clone()]);
+    let out = run_caught_up(&p.path);
+    let (o, l) = expected(&[(8, 2), (9, 1)]);
+    assert_eq!(orders(&db), o);
+    assert_eq!(lines(&db), l);
+    assert!(
+        out.stderr.contains("applied as it is") && out.stderr.contains("Memory"),
+        "{}",
+        out.stderr
+    );
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed, t.filtered), (7, 5, 2));
+    assert_eq!(db.checkpoint(&group, &format!("{base}.lines"), 0), Some(2));
+    assert_eq!(db.checkpoint(&group, &format!("{base}.orders"), 0), Some(1));
+    assert_eq!(db.checkpoint(&group, &format!("{base}.orders"), 1), Some(1));
+}
