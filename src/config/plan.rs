@@ -289,6 +289,13 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
 
     let (format, decimal_handling) = source(src, &raw)?;
     let transactions = super::txn::plan(src, raw.source.as_ref().map(|s| s.get_ref()), format)?;
+    if transactions.is_some() && !kafka.topics.iter().any(|t| t.contains("transaction")) {
+        tracing::warn!(
+            "transactions = \"atomic\" but no topic of [kafka] topics names a transaction topic (Debezium's \
+             <topic.prefix>.transaction): without END events every transaction waits transaction-timeout-ms and \
+             is applied as it is"
+        );
+    }
     let fields = fields(src, &raw, format)?;
     let identity = identity(src, &raw, format, &fields)?;
     let ledger = ledger(src, &raw, &schema, &fields, &identity)?;
