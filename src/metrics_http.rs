@@ -66,6 +66,13 @@ pub fn register(p: &Pipeline) {
     ] {
         metrics::counter!(name).absolute(0);
     }
+    // Source transactions ([source] transactions = "atomic", src/engine/txbuf.rs); zero otherwise.
+    metrics::counter!("replaysafe_transactions_applied_total").absolute(0);
+    for reason in ["timeout", "memory"] {
+        metrics::counter!("replaysafe_transactions_incomplete_total", "reason" => reason)
+            .absolute(0);
+    }
+    metrics::gauge!("replaysafe_transaction_buffer_bytes").set(0.0);
     for proj in p.projections.iter().filter(|x| x.row.is_some()) {
         let name = proj.name.clone();
         metrics::counter!("replaysafe_conflicts_total", "projection" => name.clone()).absolute(0);

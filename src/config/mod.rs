@@ -13,6 +13,7 @@ pub mod raw;
 pub mod registry;
 pub mod source;
 pub mod timeouts;
+pub mod txn;
 
 pub use connection::{ConnectionPlan, SslMode};
 pub use errors::{ErrorsPlan, Tolerance};
@@ -98,6 +99,9 @@ mod tests {
             "absent",
             "new-columns",
             "schema-drift",
+            "transactions",
+            "transaction-timeout-ms",
+            "transaction-buffer-bytes",
         ] {
             assert!(
                 REFERENCE_DEBEZIUM

@@ -68,6 +68,9 @@ pub struct Pipeline {
     pub errors: super::errors::ErrorsPlan,
     /// `[outbox]`: the outbox relay's settings.
     pub outbox: super::outbox::OutboxPlan,
+    /// `[source] transactions = "atomic"`: Debezium source transactions buffered and applied in one batch
+    /// transaction (`None`: per record, the default).
+    pub transactions: Option<super::txn::TxPlan>,
 }
 
 /// `[postgres]`, validated.
@@ -291,6 +294,14 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     )? as usize;
 
     let (format, decimal_handling) = source(src, &raw)?;
+    let transactions = super::txn::plan(src, raw.source.as_ref().map(|s| s.get_ref()), format)?;
+    if transactions.is_some() && !kafka.topics.iter().any(|t| t.contains("transaction")) {
+        tracing::warn!(
+            "transactions = \"atomic\" but no topic of [kafka] topics names a transaction topic (Debezium's \
+             <topic.prefix>.transaction): without END events every transaction waits transaction-timeout-ms and \
+             is applied as it is"
+        );
+    }
     let fields = fields(src, &raw, format)?;
     let identity = identity(src, &raw, format, &fields)?;
     let ledger = ledger(src, &raw, &schema, &fields, &identity)?;
@@ -321,6 +332,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         source: src.clone(),
         kafka,
         postgres,
+        transactions,
         max_records,
         linger,
         max_record_bytes,

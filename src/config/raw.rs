@@ -37,6 +37,9 @@ pub struct RawSource {
     pub decimal_handling: Option<Spanned<String>>,
     pub encoding: Option<Spanned<String>>,
     pub schema_registry: Option<Spanned<super::registry::RawRegistry>>,
+    pub transactions: Option<Spanned<String>>,
+    pub transaction_timeout_ms: Option<Spanned<i64>>,
+    pub transaction_buffer_bytes: Option<Spanned<i64>>,
 }
 
 /// `[kafka]`

@@ -20,6 +20,9 @@ pub struct Cut {
     pub batch: Batch,
     /// Partition-by day per item, or empty.
     pub days: Vec<Option<NaiveDate>>,
+    /// `[source] transactions = "atomic"`: the parts of one source transaction, applied in one transaction
+    /// without checkpoint steps (`batch` is then an empty placeholder); `None` for a partition's batch.
+    pub tx: Option<Vec<Batch>>,
 }
 
 type Results = (Vec<Sink>, Vec<(Cut, Result<Applied>)>);
@@ -64,20 +67,49 @@ pub fn cut(
     max: usize,
     which: impl Fn(&Tp, &PartState) -> bool,
 ) -> Vec<Cut> {
+    cut_bounded(parts, max, which, &|_| None)
+}
+
+/// As [`cut`], each partition's batches ending at most at `bound(tp)` (the lowest offset a source transaction
+/// still holds, `[source] transactions = "atomic"`): records from there stay buffered; a partition with nothing
+/// to cut below its bound but a checkpoint below it (transaction records applied) gets a batch without records.
+pub fn cut_bounded(
+    parts: &mut BTreeMap<Tp, PartState>,
+    max: usize,
+    which: impl Fn(&Tp, &PartState) -> bool,
+    bound: &dyn Fn(&Tp) -> Option<i64>,
+) -> Vec<Cut> {
     let mut cuts = Vec::new();
     for (tp, st) in parts.iter_mut() {
-        if st.buffer.is_empty() || !which(tp, st) {
+        let limit = bound(tp);
+        if (st.buffer.is_empty() && limit.is_none()) || !which(tp, st) {
             continue;
         }
-        let items = std::mem::take(&mut st.buffer);
-        let mut days = std::mem::take(&mut st.days).into_iter();
-        let tracked = days.len() > 0;
-        st.oldest = None;
+        let (items, kept, mut days, tracked) = take_below(st, limit);
+        if items.is_empty() {
+            if let Some(l) = limit.filter(|l| *l > st.next.unwrap_or(st.start)) {
+                cuts.push(step(tp, st.fence, st.next, l));
+            }
+            st.buffer = kept.0;
+            st.days = kept.1;
+            continue;
+        }
+        st.buffer = kept.0;
+        st.days = kept.1;
+        st.oldest = if st.buffer.is_empty() {
+            None
+        } else {
+            Some(Instant::now())
+        };
         let mut expected = st.next;
         let mut it = items.into_iter().peekable();
         while it.peek().is_some() {
             let chunk: Vec<Item> = it.by_ref().take(max).collect();
-            let end = chunk.last().expect("non-empty").offset + 1;
+            let mut end = chunk.last().expect("non-empty").offset + 1;
+            if let (None, Some(l)) = (it.peek(), limit) {
+                // The last chunk: past the transaction records applied before the bound.
+                end = end.max(l);
+            }
             let chunk_days = if tracked {
                 days.by_ref().take(chunk.len()).collect()
             } else {
@@ -93,11 +125,51 @@ pub fn cut(
                     items: chunk,
                 },
                 days: chunk_days,
+                tx: None,
             });
             expected = Some(end);
         }
     }
     cuts
+}
+
+type Taken = (
+    Vec<Item>,
+    (Vec<Item>, Vec<Option<NaiveDate>>),
+    std::vec::IntoIter<Option<NaiveDate>>,
+    bool,
+);
+
+/// A partition's buffered items below `limit` (all without one) and their days; the rest kept.
+fn take_below(st: &mut PartState, limit: Option<i64>) -> Taken {
+    let items = std::mem::take(&mut st.buffer);
+    let days = std::mem::take(&mut st.days);
+    let tracked = !days.is_empty();
+    let n = limit.map_or(items.len(), |l| items.partition_point(|i| i.offset < l));
+    let (mut items, mut days) = (items, days);
+    let rest = items.split_off(n);
+    let rest_days = if tracked {
+        days.split_off(n)
+    } else {
+        Vec::new()
+    };
+    (items, (rest, rest_days), days.into_iter(), tracked)
+}
+
+/// A batch without records moving `tp`'s checkpoint from `from` (`None`: none yet) to `to`.
+pub fn step(tp: &Tp, fence: i64, from: Option<i64>, to: i64) -> Cut {
+    Cut {
+        batch: Batch {
+            topic: tp.0.clone(),
+            partition: tp.1,
+            fence,
+            expected: from,
+            end: to,
+            items: Vec::new(),
+        },
+        days: Vec::new(),
+        tx: None,
+    }
 }
 
 /// Starts applying `cuts` on a background thread over `sinks` (partition → connection by hash). A fenced
@@ -157,7 +229,10 @@ async fn apply_lane(
             out.push((c, Ok(Applied::Skipped)));
             continue;
         }
-        let r = apply_batch(sink, &c.batch, give_up).await;
+        let r = match &c.tx {
+            Some(parts) => crate::engine::apply::apply_transaction(sink, parts, give_up).await,
+            None => apply_batch(sink, &c.batch, give_up).await,
+        };
         match &r {
             Ok(Applied::Committed(_) | Applied::Skipped) => {}
             Ok(Applied::Fenced | Applied::Rewound(_)) => stopped.push(tp),

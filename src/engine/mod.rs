@@ -23,6 +23,7 @@ pub mod flush;
 mod prune;
 pub mod state;
 pub mod takeover;
+pub mod txbuf;
 pub mod types;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -197,6 +198,7 @@ impl Engine {
             observer: opts.observer.take(),
             first_record: None,
             last_commit: None,
+            tx: pipeline.transactions.clone().map(txbuf::TxBuf::new),
         };
         Ok(Engine {
             core: Arc::new(Mutex::new(core)),
@@ -377,7 +379,21 @@ impl Engine {
             value: r.value,
             pending,
         };
-        lock(&self.core).push(&r.tp, item, day, self.extras.days);
+        let mut core = lock(&self.core);
+        let core = &mut *core;
+        let item = match core.tx.as_mut() {
+            Some(t) => match core.parts.get(&r.tp) {
+                Some(st) => t.take(&r.tp, st.fence, item),
+                None => Some(item),
+            },
+            _ => Some(item),
+        };
+        match item {
+            Some(item) => core.push(&r.tp, item, day, self.extras.days),
+            None => {
+                core.first_record.get_or_insert_with(Instant::now);
+            }
+        }
         Ok(())
     }
 
@@ -414,7 +430,9 @@ impl Engine {
         }
         let positions = source.positions();
         let mut core = lock(&self.core);
-        if core.buffered() > 0 || core.in_flight() || core.crashed {
+        // Atomic source transactions: never past a held record (the bounded cuts step over applied ones).
+        let holds = core.tx.as_ref().is_some_and(txbuf::TxBuf::holds);
+        if core.buffered() > 0 || core.in_flight() || core.crashed || holds {
             return;
         }
         let cuts: Vec<flush::Cut> = positions
@@ -423,17 +441,7 @@ impl Engine {
                 let st = core.parts.get(&tp)?;
                 let next = st.next.filter(|n| pos > *n)?;
                 tracing::debug!(topic = %tp.0, partition = tp.1, from = next, to = pos, "checkpoint steps over control records");
-                Some(flush::Cut {
-                    batch: crate::sink::Batch {
-                        topic: tp.0,
-                        partition: tp.1,
-                        fence: st.fence,
-                        expected: Some(next),
-                        end: pos,
-                        items: Vec::new(),
-                    },
-                    days: Vec::new(),
-                })
+                Some(flush::step(&tp, st.fence, Some(next), pos))
             })
             .collect();
         core.launch_cuts(cuts);
@@ -444,6 +452,16 @@ impl Engine {
         let mut core = lock(&self.core);
         let r = core.flush(source.ack(), |_, _| true, CommitMode::Sync);
         core.commit_checkpoints(source.ack());
+        if let Some((txs, records)) = core.tx.as_ref().map(txbuf::TxBuf::open_counts) {
+            if records > 0 {
+                tracing::warn!(
+                    transactions = txs,
+                    records,
+                    "source transactions still incomplete are not applied: the checkpoints stay before their \
+                     records, the next start reads them again"
+                );
+            }
+        }
         r
     }
 

@@ -14,6 +14,7 @@ use crate::config::Pipeline;
 use crate::engine::apply::Applied;
 use crate::engine::flush::{self, Inflight};
 use crate::engine::takeover::{self, Acquired};
+use crate::engine::txbuf::TxBuf;
 use crate::engine::types::{Ack, Observer, PartState, Tp};
 use crate::error::{Error, Result};
 use crate::sink::{Item, Outcome, Sink, Tally};
@@ -43,6 +44,8 @@ pub struct Core {
     /// When the first record was buffered and when the last batch committed (throughput log line).
     pub(crate) first_record: Option<Instant>,
     pub(crate) last_commit: Option<Instant>,
+    /// `[source] transactions = "atomic"`: the open source transactions (`None`: per record).
+    pub(crate) tx: Option<TxBuf>,
 }
 
 impl Core {
@@ -115,6 +118,13 @@ impl Core {
 
     /// A partition's buffer is full or its oldest record has waited `batch.linger-ms`.
     pub fn due(&self, now: Instant) -> bool {
+        if self
+            .tx
+            .as_ref()
+            .is_some_and(|t| t.due(now) || t.behind(&self.parts))
+        {
+            return true;
+        }
         self.parts.values().any(|st| {
             st.buffer.len() >= self.pipeline.max_records
                 || st
@@ -157,7 +167,12 @@ impl Core {
     /// (the next batch's expected checkpoint) current.
     pub fn launch(&mut self, which: impl Fn(&Tp, &PartState) -> bool) {
         debug_assert!(self.inflight.is_none(), "one flush in flight at most");
-        let cuts = flush::cut(&mut self.parts, self.pipeline.max_records, which);
+        let cuts = match self.tx.as_mut() {
+            None => flush::cut(&mut self.parts, self.pipeline.max_records, which),
+            Some(t) => {
+                crate::engine::txbuf::cuts(t, &mut self.parts, self.pipeline.max_records, which)
+            }
+        };
         self.launch_cuts(cuts);
     }
 
@@ -187,6 +202,12 @@ impl Core {
         // Partitions fenced or rewound in this flush: their later batches were skipped on purpose.
         let mut handled: Vec<Tp> = Vec::new();
         for (cut, r) in results {
+            if let Some(parts) = &cut.tx {
+                if let Err(e) = self.settle_transaction(parts, r) {
+                    first_err.get_or_insert(e);
+                }
+                continue;
+            }
             let batch = &cut.batch;
             let tp = (batch.topic.clone(), batch.partition);
             if matches!(r, Ok(Applied::Fenced | Applied::Rewound(_))) {
@@ -217,6 +238,9 @@ impl Core {
                 Ok(Applied::Rewound(at)) => match ack.rewind(&tp, at) {
                     // Read again from the checkpoint: what we buffered after the lost commits is dropped.
                     None => {
+                        if let Some(t) = self.tx.as_mut() {
+                            t.rewound(&tp);
+                        }
                         if let Some(st) = self.parts.get_mut(&tp) {
                             st.buffer.clear();
                             st.days.clear();
@@ -266,6 +290,46 @@ impl Core {
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// A source transaction's flush result ([`crate::engine::txbuf`]): committed → counted, its offsets no longer
+    /// held (the partitions' next batches step over them); not committed → the run ends with the error and the
+    /// checkpoints stay before its records.
+    fn settle_transaction(
+        &mut self,
+        parts: &[crate::sink::Batch],
+        r: Result<Applied>,
+    ) -> Result<()> {
+        match r {
+            Ok(Applied::Committed(outcomes)) => {
+                crate::health::committed();
+                self.batches += 1;
+                self.last_commit = Some(Instant::now());
+                metrics::counter!("replaysafe_batches_total").increment(1);
+                metrics::counter!("replaysafe_transactions_applied_total").increment(1);
+                for o in &outcomes {
+                    self.tally.add(o);
+                    count_metric(o);
+                }
+                if let Some(obs) = self.observer.as_mut() {
+                    // Per part, in part order (days are not tracked for a transaction's records).
+                    let mut rest = &outcomes[..];
+                    for part in parts {
+                        let (mine, later) = rest.split_at(part.items.len().min(rest.len()));
+                        obs.committed(part, &[], mine);
+                        rest = later;
+                    }
+                }
+                if let Some(t) = self.tx.as_mut() {
+                    t.settled(parts);
+                }
+                Ok(())
+            }
+            Ok(_) => Err(Error::Other(
+                "a source transaction's batch was not applied (an earlier batch of its connection failed)".into(),
+            )),
+            Err(e) => Err(e),
         }
     }
 

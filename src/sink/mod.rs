@@ -323,18 +323,47 @@ impl Sink {
     }
 
     async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
+        let mut all = self
+            .apply_several(std::slice::from_ref(batch), true)
+            .await?;
+        Ok(all.pop().unwrap_or_default())
+    }
+
+    /// Applies the parts of one source transaction (`[source] transactions = "atomic"`; one batch per partition,
+    /// the records of other partitions may share offsets) in ONE transaction, without the checkpoint step: the
+    /// engine keeps each partition's checkpoint below the transaction's records until this commits, so a crash
+    /// re-reads them and the ledger claims make the re-application harmless. Outcomes per batch, in item order.
+    ///
+    /// # Errors
+    /// As [`Sink::apply`] (never [`ApplyError::Fenced`]).
+    pub async fn apply_transaction(
+        &mut self,
+        batches: &[Batch],
+    ) -> std::result::Result<Vec<Vec<Outcome>>, ApplyError> {
+        self.apply_several(batches, false).await
+    }
+
+    async fn apply_several(
+        &mut self,
+        batches: &[Batch],
+        checkpointed: bool,
+    ) -> std::result::Result<Vec<Vec<Outcome>>, ApplyError> {
         let p = self.pipeline.clone();
         if self.build.is_none() {
-            ledger::ensure_batch_partitions(
-                &mut self.client,
-                &p,
-                &mut self.partitions,
-                &mut self.floor,
-                batch,
-            )
-            .await?;
+            for batch in batches {
+                ledger::ensure_batch_partitions(
+                    &mut self.client,
+                    &p,
+                    &mut self.partitions,
+                    &mut self.floor,
+                    batch,
+                )
+                .await?;
+            }
         }
-        row::evolve::add_columns(&self.client, &p, &mut self.prepared.rows, batch).await?;
+        for batch in batches {
+            row::evolve::add_columns(&self.client, &p, &mut self.prepared.rows, batch).await?;
+        }
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
         let tx = self
@@ -344,71 +373,85 @@ impl Sink {
             .map_err(|e| classify(e, false))?;
         let prepared = &self.prepared;
 
-        // 1. The checkpoint first: it locks the partition's row, so a new owner's fence bump waits for us.
-        let last_sha = batch
-            .items
-            .last()
-            .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
-        let mut continues = false;
-        if !self.replay {
-            continues = checkpoint::advance(
-                &tx,
-                &prepared.advance,
-                &p,
-                group,
-                &generation,
-                batch,
-                last_sha,
-            )
-            .await?;
-        }
+        let mut all = Vec::with_capacity(batches.len());
+        for (i, batch) in batches.iter().enumerate() {
+            if i > 0 {
+                // A source transaction's next part: the rows the previous part claimed are not this part's.
+                tx.batch_execute("TRUNCATE pg_temp.landed")
+                    .await
+                    .map_err(|e| classify(e, false))?;
+            }
+            // 1. The checkpoint first: it locks the partition's row, so a new owner's fence bump waits for us.
+            let last_sha = batch
+                .items
+                .last()
+                .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
+            let mut continues = false;
+            if !self.replay && checkpointed {
+                continues = checkpoint::advance(
+                    &tx,
+                    &prepared.advance,
+                    &p,
+                    group,
+                    &generation,
+                    batch,
+                    last_sha,
+                )
+                .await?;
+            }
 
-        // 1a. The projection record's version: a process running an older definition stops here.
-        projset::check_version(&tx, &prepared.version, &p, self.version).await?;
+            // 1a. The projection record's version: a process running an older definition stops here.
+            projset::check_version(&tx, &prepared.version, &p, self.version).await?;
 
-        // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
-        let horizoned = ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
-        if let (Some(h), Some(_)) = (&horizoned, self.build) {
-            return Err(build::beyond_horizon(&p, h));
-        }
-        let batch = horizoned.as_ref().unwrap_or(batch);
+            // 1b. The ledger horizon, under a share lock the prune waits for: older records are quarantined here.
+            let horizoned =
+                ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
+            if let (Some(h), Some(_)) = (&horizoned, self.build) {
+                return Err(build::beyond_horizon(&p, h));
+            }
+            let batch = horizoned.as_ref().unwrap_or(batch);
 
-        // 1c. Offsets whose ledger rows a prune dropped (read after 1b's lock): a batch reaching them is refused.
-        if !self.replay && self.build.is_none() {
-            let pruned = prepared.pruned.as_ref();
-            lifecycle::check_pruned(&tx, pruned, &p, &generation, batch, continues).await?;
-        }
+            // 1c. Offsets whose ledger rows a prune dropped (read after 1b's lock): a batch reaching them is refused
+            // (a part of a source transaction, which has no checkpoint step, never counts as continuing).
+            if !self.replay && self.build.is_none() {
+                let pruned = prepared.pruned.as_ref();
+                lifecycle::check_pruned(&tx, pruned, &p, &generation, batch, continues).await?;
+            }
 
-        // 2. Ledger claims → landed.
-        let mut landed =
-            ledger::claim_batch(&tx, &prepared.claim, &p, group, &generation, batch).await?;
+            // 2. Ledger claims → landed.
+            let mut landed =
+                ledger::claim_batch(&tx, &prepared.claim, &p, group, &generation, batch).await?;
 
-        // 3a. Row projections first (they may take stale, conflicting or duplicate changes out of `landed`).
-        let overrides = row::apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
+            // 3a. Row projections first (they may take stale, conflicting or duplicate changes out of `landed`).
+            let overrides =
+                row::apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
 
-        // 3b. Projections, only when something landed.
-        if !landed.is_empty() {
-            apply_statements(&tx, &prepared.projections, &p, batch).await?;
-        }
+            // 3b. Projections, only when something landed.
+            if !landed.is_empty() {
+                apply_statements(&tx, &prepared.projections, &p, batch).await?;
+            }
 
-        // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
-        if !landed.is_empty() && self.build.is_none() {
-            dead_letters::resolve_landed(&tx, &prepared.resolve, batch, &generation).await?;
-        }
+            // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
+            if !landed.is_empty() && self.build.is_none() {
+                dead_letters::resolve_landed(&tx, &prepared.resolve, batch, &generation).await?;
+            }
 
-        // 4. Dead letters (a build writes none: production wrote them).
-        if self.build.is_none() {
-            dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
-        }
+            // 4. Dead letters (a build writes none: production wrote them).
+            if self.build.is_none() {
+                dead_letters::insert(&tx, &prepared.dead, &p, group, &generation, batch).await?;
+            }
 
-        // 4b. The declared error tolerance: a systematic failure rolls the whole batch back.
-        if let (Some(stmt), false) = (&prepared.tolerance, self.replay || self.build.is_some()) {
-            dead_letters::check_tolerance(&tx, stmt, &p, &generation, batch).await?;
-        }
+            // 4b. The declared error tolerance: a systematic failure rolls the whole batch back.
+            if let (Some(stmt), false) = (&prepared.tolerance, self.replay || self.build.is_some())
+            {
+                dead_letters::check_tolerance(&tx, stmt, &p, &generation, batch).await?;
+            }
 
-        let outcomes = batch::outcomes(batch, &landed, &overrides);
-        if self.replay {
-            dead_letters::settle_replayed(&tx, &p, &generation, batch, &outcomes).await?;
+            let outcomes = batch::outcomes(batch, &landed, &overrides);
+            if self.replay {
+                dead_letters::settle_replayed(&tx, &p, &generation, batch, &outcomes).await?;
+            }
+            all.push(outcomes);
         }
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
@@ -422,19 +465,19 @@ impl Sink {
             if let Err(e) = done {
                 return Err(classify(e, true));
             }
-            return Err(lose_reply(&self.client, outcomes).await);
+            return Err(lose_reply(&self.client, all.concat()).await);
         }
         if let Err(e) = tx.commit().await {
             return Err(match classify(e, true) {
                 ApplyError::Transient { error, .. } => ApplyError::Transient {
                     error,
                     commit_sent: true,
-                    outcomes: Some(outcomes),
+                    outcomes: Some(all.concat()),
                 },
                 other => other,
             });
         }
-        Ok(outcomes)
+        Ok(all)
     }
 }
 

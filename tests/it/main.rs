@@ -12,6 +12,7 @@ mod cases_tx;
 mod cdc;
 mod cdc_evolve;
 mod cdc_order;
+mod cdc_tx;
 mod common;
 mod config_errors;
 mod connect;

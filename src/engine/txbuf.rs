@@ -1,0 +1,651 @@
+//! `[source] transactions = "atomic"`: Debezium source transactions (`provide.transaction.metadata=true`)
+//! buffered per transaction id until the END event's per-collection counts are met, then applied in one
+//! PostgreSQL transaction ([`crate::sink::Sink::apply_transaction`]) whatever the arrival order, across topics
+//! and partitions. Checkpoints never pass a held record: a partition's batches end before its lowest held offset
+//! ([`TxBuf::bound`]) until the transaction holding it committed, so a crash re-reads it (the ledger makes the
+//! re-application harmless). A transaction whose END (or last change) has not come after `transaction-timeout-ms`
+//! is applied as it is, with a warning and `replaysafe_transactions_incomplete_total{reason="timeout"}`; when the
+//! buffered bytes pass `transaction-buffer-bytes`, the oldest open transaction is applied as it is (`reason =
+//! "memory"`). Debezium's transaction metadata shapes: <https://debezium.io/documentation/reference/stable/connectors/postgresql.html#postgresql-transaction-metadata>.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::config::txn::TxPlan;
+use crate::engine::flush::{self, Cut};
+use crate::engine::types::{PartState, Tp};
+use crate::sink::{Batch, Item};
+
+/// What a record says about source transactions.
+#[derive(Debug, PartialEq)]
+pub enum Meta {
+    /// A change event of transaction `id`; `collections`: the names END may count it under (`schema.table`,
+    /// `db.table`, `db.schema.table`).
+    Change {
+        id: String,
+        collections: Vec<String>,
+    },
+    /// The transaction topic's BEGIN event.
+    Begin { id: String },
+    /// The transaction topic's END event: `event_count` and `data_collections[]`.
+    End {
+        id: String,
+        total: u64,
+        counts: Vec<(String, u64)>,
+    },
+    /// Anything else (no `transaction` block, not JSON, a heartbeat…): applied per record.
+    Other,
+}
+
+/// The key a transaction id is buffered under. Debezium's PostgreSQL connector (3.6.1, seen in
+/// `tests/it/cdc_tx.rs`) writes `<txId>:<LSN>` with the LSN of each event — BEGIN, every change and END of one
+/// transaction carry different ids — so an id of two all-digit parts is keyed by its txId; any other id (MySQL
+/// GTIDs `uuid:n`, SQL Server `lsn:lsn:n`, …) is kept whole.
+pub fn tx_key(id: &str) -> String {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match id.split_once(':') {
+        Some((tx, lsn)) if digits(tx) && digits(lsn) => tx.to_string(),
+        _ => id.to_string(),
+    }
+}
+
+/// Reads the transaction metadata of a Debezium value (schemas on or off); ids as [`tx_key`]s.
+pub fn meta(value: Option<&[u8]>) -> Meta {
+    let Some(Ok(Value::Object(mut m))) = value.map(serde_json::from_slice::<Value>) else {
+        return Meta::Other;
+    };
+    if m.contains_key("schema") {
+        if let Some(Value::Object(p)) = m.remove("payload") {
+            m = p;
+        }
+    }
+    let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    match (
+        m.get("status").and_then(Value::as_str),
+        s(m.get("id")).map(|i| tx_key(&i)),
+    ) {
+        (Some("BEGIN"), Some(id)) if !m.contains_key("op") => return Meta::Begin { id },
+        (Some("END"), Some(id)) if !m.contains_key("op") => {
+            let counts = m
+                .get("data_collections")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| {
+                    Some((
+                        s(c.get("data_collection"))?,
+                        c.get("event_count")?.as_u64()?,
+                    ))
+                })
+                .collect();
+            let total = m.get("event_count").and_then(Value::as_u64).unwrap_or(0);
+            return Meta::End { id, total, counts };
+        }
+        _ => {}
+    }
+    let Some(id) = m
+        .get("transaction")
+        .and_then(|t| s(t.get("id")))
+        .map(|i| tx_key(&i))
+    else {
+        return Meta::Other;
+    };
+    let src = m.get("source");
+    let f = |k: &str| src.and_then(|x| x.get(k)).and_then(Value::as_str);
+    let mut collections = Vec::new();
+    if let Some(t) = f("table") {
+        if let Some(sc) = f("schema") {
+            collections.push(format!("{sc}.{t}"));
+            if let Some(db) = f("db") {
+                collections.push(format!("{db}.{sc}.{t}"));
+            }
+        }
+        if let Some(db) = f("db") {
+            collections.push(format!("{db}.{t}"));
+        }
+    }
+    Meta::Change { id, collections }
+}
+
+/// Why a transaction is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// END came and its counts are met.
+    Complete,
+    /// `transaction-timeout-ms` passed.
+    Timeout,
+    /// `transaction-buffer-bytes` reached: the oldest open transaction goes.
+    Memory,
+}
+
+struct Open {
+    first: Instant,
+    /// By partition and offset: a record read again (a rewind, a take-over) replaces its copy.
+    records: BTreeMap<(Tp, i64), (Item, Vec<String>)>,
+    /// Records per collection name (each of a record's names).
+    per: HashMap<String, u64>,
+    end: Option<(u64, Vec<(String, u64)>)>,
+    bytes: usize,
+}
+
+impl Open {
+    fn complete(&self) -> bool {
+        let Some((total, counts)) = &self.end else {
+            return false;
+        };
+        self.records.len() as u64 >= *total
+            && counts
+                .iter()
+                .all(|(c, k)| self.per.get(c).copied().unwrap_or(0) >= *k)
+    }
+
+    /// Adds a record; returns the bytes added (net of a replaced copy).
+    fn add(&mut self, tp: &Tp, item: Item, collections: Vec<String>) -> isize {
+        let size =
+            |i: &Item| i.value.as_ref().map_or(0, Vec::len) + i.key.as_ref().map_or(0, Vec::len);
+        let added = size(&item) as isize;
+        let old = self
+            .records
+            .insert((tp.clone(), item.offset), (item, collections.clone()));
+        let removed = match old {
+            Some((i, cs)) => {
+                for c in cs {
+                    *self.per.entry(c).or_default() -= 1;
+                }
+                size(&i) as isize
+            }
+            None => 0,
+        };
+        for c in collections {
+            *self.per.entry(c).or_default() += 1;
+        }
+        self.bytes = (self.bytes as isize + added - removed) as usize;
+        added - removed
+    }
+}
+
+/// The open transactions and the offsets they hold.
+pub struct TxBuf {
+    plan: TxPlan,
+    open: HashMap<String, Open>,
+    /// Offsets of records buffered here or applied in a flush not yet settled, per partition.
+    held: BTreeMap<Tp, BTreeSet<i64>>,
+    /// Per partition: the fence it was taken under and the offset after the last record taken (held or not);
+    /// a newer take-over (another fence) or a rewind ([`TxBuf::rewound`]) forgets it.
+    seen: BTreeMap<Tp, (i64, i64)>,
+    bytes: usize,
+    closed: HashSet<String>,
+    closed_order: VecDeque<String>,
+}
+
+/// How many applied transaction ids [`TxBuf`] remembers.
+pub const CLOSED: usize = 10_000;
+
+/// A transaction ready to apply: its id, why, and its parts (one batch per partition, offsets ascending;
+/// `fence`/`expected`/`end` unused: no checkpoint step).
+pub struct Ready {
+    /// The transaction id.
+    pub id: String,
+    /// Why it is applied now.
+    pub why: Why,
+    /// One batch per partition.
+    pub parts: Vec<Batch>,
+}
+
+impl TxBuf {
+    /// An empty buffer.
+    pub fn new(plan: TxPlan) -> TxBuf {
+        TxBuf {
+            plan,
+            open: HashMap::new(),
+            held: BTreeMap::new(),
+            seen: BTreeMap::new(),
+            bytes: 0,
+            closed: HashSet::new(),
+            closed_order: VecDeque::new(),
+        }
+    }
+
+    /// Notes a record of `tp` at `offset` taken (for [`TxBuf::bound`]).
+    pub fn saw(&mut self, tp: &Tp, fence: i64, offset: i64) {
+        // Assigned, not maxed: after a rewind or a new take-over the partition is read again from below.
+        self.seen.insert(tp.clone(), (fence, offset + 1));
+    }
+
+    /// The checkpoint of `tp` moved back (read again from it): what was taken after it is forgotten.
+    pub fn rewound(&mut self, tp: &Tp) {
+        self.seen.remove(tp);
+    }
+
+    /// Takes a record: a change of a transaction is held (returned `None`); anything else is handed back (an
+    /// END also records its counts).
+    pub fn take(&mut self, tp: &Tp, fence: i64, item: Item) -> Option<Item> {
+        self.saw(tp, fence, item.offset);
+        let back = match meta(item.value.as_deref()) {
+            Meta::Change { id, .. } if self.closed.contains(&id) => Some(item),
+            Meta::Change { id, collections } => {
+                self.held.entry(tp.clone()).or_default().insert(item.offset);
+                let delta = self.entry(id).add(tp, item, collections);
+                self.bytes = (self.bytes as isize + delta) as usize;
+                None
+            }
+            Meta::End { id, .. } if self.closed.contains(&id) => Some(item),
+            Meta::End { id, total, counts } => {
+                self.entry(id).end = Some((total, counts));
+                Some(item)
+            }
+            Meta::Begin { id } => {
+                if !self.closed.contains(&id) {
+                    self.entry(id);
+                }
+                Some(item)
+            }
+            Meta::Other => Some(item),
+        };
+        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        back
+    }
+
+    fn entry(&mut self, id: String) -> &mut Open {
+        self.open.entry(id).or_insert_with(|| Open {
+            first: Instant::now(),
+            records: BTreeMap::new(),
+            per: HashMap::new(),
+            end: None,
+            bytes: 0,
+        })
+    }
+
+    /// Whether a transaction is complete, timed out, or the buffer is over its bytes.
+    pub fn due(&self, now: Instant) -> bool {
+        self.bytes > self.plan.buffer_bytes
+            || self.open.values().any(|o| {
+                !o.records.is_empty()
+                    && (o.complete() || now.duration_since(o.first) >= self.plan.timeout)
+            })
+    }
+
+    /// Takes the transactions to apply now: complete ones, timed-out ones, and the oldest while over the
+    /// byte limit. Their offsets stay held until [`TxBuf::settled`].
+    pub fn ready(&mut self, now: Instant) -> Vec<Ready> {
+        let mut out: Vec<(String, Why)> = Vec::new();
+        for (id, o) in &self.open {
+            if o.complete() {
+                out.push((id.clone(), Why::Complete));
+            } else if !o.records.is_empty() && now.duration_since(o.first) >= self.plan.timeout {
+                out.push((id.clone(), Why::Timeout));
+            } else if o.records.is_empty() && now.duration_since(o.first) >= self.plan.timeout {
+                // BEGIN/END without changes of ours (other tables' transaction): forgotten.
+                out.push((id.clone(), Why::Complete));
+            }
+        }
+        let mut bytes = self.bytes;
+        for (id, _) in &out {
+            bytes -= self.open[id].bytes;
+        }
+        while bytes > self.plan.buffer_bytes {
+            let Some((id, o)) = self
+                .open
+                .iter()
+                .filter(|(id, o)| !o.records.is_empty() && !out.iter().any(|(x, _)| x == *id))
+                .min_by_key(|(_, o)| o.first)
+            else {
+                break;
+            };
+            bytes -= o.bytes;
+            out.push((id.clone(), Why::Memory));
+        }
+        let mut ready = Vec::new();
+        for (id, why) in out {
+            let o = self.open.remove(&id).expect("open transaction");
+            self.bytes -= o.bytes;
+            self.close(&id);
+            if o.records.is_empty() {
+                continue;
+            }
+            if why != Why::Complete {
+                tracing::warn!(transaction = %id, records = o.records.len(), ?why, end_seen = o.end.is_some(),
+                    "source transaction applied as it is (incomplete): its END or some of its changes did not arrive in time");
+                let reason = if why == Why::Timeout {
+                    "timeout"
+                } else {
+                    "memory"
+                };
+                metrics::counter!("replaysafe_transactions_incomplete_total", "reason" => reason)
+                    .increment(1);
+            }
+            ready.push(Ready {
+                id,
+                why,
+                parts: parts(o.records),
+            });
+        }
+        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        ready
+    }
+
+    /// Remembers the last [`CLOSED`] transaction ids taken for applying: a change or END of one arriving later
+    /// (after a timeout, or read again) is applied per record, not held for another timeout.
+    fn close(&mut self, id: &str) {
+        if self.closed.insert(id.to_string()) {
+            self.closed_order.push_back(id.to_string());
+        }
+        while self.closed_order.len() > CLOSED {
+            if let Some(old) = self.closed_order.pop_front() {
+                self.closed.remove(&old);
+            }
+        }
+    }
+
+    /// A transaction's parts committed (or were dropped with their partition): their offsets are no longer held.
+    pub fn settled(&mut self, parts: &[Batch]) {
+        for b in parts {
+            let tp = (b.topic.clone(), b.partition);
+            if let Some(h) = self.held.get_mut(&tp) {
+                for it in &b.items {
+                    h.remove(&it.offset);
+                }
+                if h.is_empty() {
+                    self.held.remove(&tp);
+                }
+            }
+        }
+    }
+
+    /// How far a batch of `tp` may move its checkpoint: before its lowest held offset, and not past the last
+    /// record taken.
+    pub fn bound(&self, tp: &Tp, fence: i64) -> Option<i64> {
+        let held = self.held.get(tp).and_then(|h| h.first().copied());
+        let seen = self
+            .seen
+            .get(tp)
+            .filter(|(f, _)| *f == fence)
+            .map(|(_, n)| *n);
+        match (held, seen) {
+            (Some(h), Some(s)) => Some(h.min(s)),
+            (h, s) => h.or(s),
+        }
+    }
+
+    /// Whether a partition with nothing buffered has its checkpoint below its bound: transaction records
+    /// applied that its checkpoint has to step over (a batch without records).
+    pub fn behind(&self, parts: &BTreeMap<Tp, PartState>) -> bool {
+        parts.iter().any(|(tp, st)| {
+            st.buffer.is_empty()
+                && self
+                    .bound(tp, st.fence)
+                    .is_some_and(|b| b > st.next.unwrap_or(st.start))
+        })
+    }
+
+    /// Whether any record is held (buffered or applying).
+    pub fn holds(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Records and transactions buffered, for the shutdown log line.
+    pub fn open_counts(&self) -> (usize, usize) {
+        let recs = self.open.values().map(|o| o.records.len()).sum();
+        (
+            self.open.values().filter(|o| !o.records.is_empty()).count(),
+            recs,
+        )
+    }
+}
+
+/// One batch per partition, offsets ascending.
+fn parts(records: BTreeMap<(Tp, i64), (Item, Vec<String>)>) -> Vec<Batch> {
+    let mut by: BTreeMap<Tp, Vec<Item>> = BTreeMap::new();
+    for ((tp, _), (item, _)) in records {
+        by.entry(tp).or_default().push(item);
+    }
+    by.into_iter()
+        .map(|((topic, partition), items)| {
+            let end = items.last().map_or(0, |i| i.offset + 1);
+            Batch {
+                topic,
+                partition,
+                fence: 0,
+                expected: None,
+                end,
+                items,
+            }
+        })
+        .collect()
+}
+
+/// The cuts of a flush in atomic mode: the transactions ready now (each one cut of all its parts), then each
+/// partition's buffer below its bound ([`flush::cut_bounded`]). Partitions whose checkpoint is below their bound
+/// (transaction records applied) are selected too.
+pub fn cuts(
+    t: &mut TxBuf,
+    parts: &mut BTreeMap<Tp, PartState>,
+    max: usize,
+    which: impl Fn(&Tp, &PartState) -> bool,
+) -> Vec<Cut> {
+    let mut cuts: Vec<Cut> = t
+        .ready(Instant::now())
+        .into_iter()
+        .map(|r| {
+            let first = &r.parts[0];
+            tracing::debug!(transaction = %r.id, why = ?r.why, parts = r.parts.len(), "source transaction applied");
+            Cut {
+                batch: Batch {
+                    topic: first.topic.clone(),
+                    partition: first.partition,
+                    fence: 0,
+                    expected: None,
+                    end: 0,
+                    items: Vec::new(),
+                },
+                days: Vec::new(),
+                tx: Some(r.parts),
+            }
+        })
+        .collect();
+    let bounds: BTreeMap<Tp, Option<i64>> = parts
+        .iter()
+        .map(|(tp, st)| (tp.clone(), t.bound(tp, st.fence)))
+        .collect();
+    let bound = |tp: &Tp| bounds.get(tp).copied().flatten();
+    let behind =
+        |tp: &Tp, st: &PartState| bound(tp).is_some_and(|b| b > st.next.unwrap_or(st.start));
+    cuts.extend(flush::cut_bounded(
+        parts,
+        max,
+        |tp, st| which(tp, st) || behind(tp, st),
+        &bound,
+    ));
+    cuts
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::sink::Pending;
+
+    fn plan(ms: u64, bytes: usize) -> TxPlan {
+        TxPlan {
+            timeout: Duration::from_millis(ms),
+            buffer_bytes: bytes,
+        }
+    }
+
+    fn item(offset: i64, v: serde_json::Value) -> Item {
+        Item {
+            offset,
+            timestamp_ms: None,
+            key: None,
+            value: Some(v.to_string().into_bytes()),
+            pending: Pending::Filtered("t".into()),
+        }
+    }
+
+    fn change(tx: &str, table: &str) -> serde_json::Value {
+        json!({"op": "c", "after": {"id": 1}, "source": {"db": "app", "schema": "public", "table": table},
+            "transaction": {"id": tx, "total_order": 1, "data_collection_order": 1}})
+    }
+
+    fn end(tx: &str, orders: u64, lines: u64) -> serde_json::Value {
+        json!({"status": "END", "id": tx, "event_count": orders + lines, "data_collections": [
+            {"data_collection": "public.orders", "event_count": orders},
+            {"data_collection": "public.lines", "event_count": lines}]})
+    }
+
+    fn tp(t: &str, p: i32) -> Tp {
+        (t.to_string(), p)
+    }
+
+    #[test]
+    fn meta_reads_changes_begin_end_with_and_without_schemas() {
+        assert_eq!(
+            meta(Some(change("7:1", "orders").to_string().as_bytes())),
+            Meta::Change {
+                id: "7".into(),
+                collections: vec![
+                    "public.orders".into(),
+                    "app.public.orders".into(),
+                    "app.orders".into()
+                ]
+            }
+        );
+        let wrapped =
+            json!({"schema": {}, "payload": {"status": "BEGIN", "id": "7:1", "event_count": null}});
+        assert_eq!(
+            meta(Some(wrapped.to_string().as_bytes())),
+            Meta::Begin { id: "7".into() }
+        );
+        assert_eq!(
+            meta(Some(end("7:1", 1, 2).to_string().as_bytes())),
+            Meta::End {
+                id: "7".into(),
+                total: 3,
+                counts: vec![("public.orders".into(), 1), ("public.lines".into(), 2)]
+            }
+        );
+        let no_tx = json!({"op": "r", "after": {"id": 1}, "source": {}, "transaction": null});
+        assert_eq!(meta(Some(no_tx.to_string().as_bytes())), Meta::Other);
+        assert_eq!(meta(Some(b"not json")), Meta::Other);
+        assert_eq!(meta(None), Meta::Other);
+    }
+
+    #[test]
+    fn postgres_ids_are_keyed_by_txid_others_kept_whole() {
+        assert_eq!(tx_key("1143726:20165186216"), "1143726");
+        assert_eq!(tx_key("1143726"), "1143726");
+        assert_eq!(
+            tx_key("3E11FA47-71CA-11E1-9E33-C80AA9429562:23"),
+            "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"
+        );
+        assert_eq!(tx_key("00000025:00000d08:0025"), "00000025:00000d08:0025");
+        let begin = json!({"status": "BEGIN", "id": "571:100"});
+        assert_eq!(
+            meta(Some(begin.to_string().as_bytes())),
+            Meta::Begin { id: "571".into() }
+        );
+    }
+
+    #[test]
+    fn complete_whatever_the_order_and_bounds_hold_until_settled() {
+        let mut t = TxBuf::new(plan(60_000, 1 << 20));
+        let (o, l) = (tp("orders", 0), tp("lines", 1));
+        // END first, then a line, a non-transaction record, the order, the last line.
+        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 1, 2))).is_some());
+        assert!(t.take(&l, 1, item(5, change("a", "lines"))).is_none());
+        assert!(t
+            .take(&l, 1, item(6, json!({"op": "c", "source": {}})))
+            .is_some());
+        assert!(t.take(&o, 1, item(3, change("a", "orders"))).is_none());
+        assert!(!t.due(Instant::now()));
+        assert_eq!(t.bound(&l, 1), Some(5));
+        assert_eq!(t.bound(&o, 1), Some(3));
+        assert!(t.take(&l, 1, item(7, change("a", "lines"))).is_none());
+        assert!(t.due(Instant::now()));
+        let ready = t.ready(Instant::now());
+        assert_eq!(ready.len(), 1);
+        assert_eq!(ready[0].why, Why::Complete);
+        let shape: Vec<(String, Vec<i64>)> = ready[0]
+            .parts
+            .iter()
+            .map(|b| (b.topic.clone(), b.items.iter().map(|i| i.offset).collect()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![("lines".into(), vec![5, 7]), ("orders".into(), vec![3])]
+        );
+        // Held until the commit settles, then bounded by what was taken only.
+        assert_eq!(t.bound(&l, 1), Some(5));
+        t.settled(&ready[0].parts);
+        assert_eq!(t.bound(&l, 1), Some(8));
+        assert_eq!(t.bound(&o, 1), Some(4));
+        assert!(!t.holds());
+        // Taken over again (another fence) or rewound: what was taken before is no bound any more.
+        assert_eq!(t.bound(&o, 2), None);
+        t.rewound(&l);
+        assert_eq!(t.bound(&l, 1), None);
+    }
+
+    #[test]
+    fn timeout_and_memory_apply_incomplete_transactions_as_they_are() {
+        let mut t = TxBuf::new(plan(50, 1 << 20));
+        let start = Instant::now();
+        t.take(&tp("lines", 0), 1, item(0, change("a", "lines")));
+        assert!(t.ready(start).is_empty());
+        let late = start + Duration::from_millis(60);
+        assert!(t.due(late));
+        let r = t.ready(late);
+        assert_eq!((r.len(), r[0].why), (1, Why::Timeout));
+        // Its late change and END are applied per record, not held for another timeout.
+        assert!(t
+            .take(&tp("lines", 0), 1, item(1, change("a", "lines")))
+            .is_some());
+        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 0, 2))).is_some());
+        // A BEGIN of a transaction without changes of ours is forgotten after the timeout.
+        t.take(
+            &tp("tx", 0),
+            1,
+            item(1, json!({"status": "BEGIN", "id": "z"})),
+        );
+        assert!(t
+            .ready(Instant::now() + Duration::from_millis(60))
+            .is_empty());
+        assert!(t.open.is_empty());
+
+        let size = change("b", "lines").to_string().len();
+        let mut t = TxBuf::new(plan(60_000, size * 2));
+        t.take(&tp("lines", 0), 1, item(0, change("b", "lines")));
+        t.take(&tp("lines", 0), 1, item(1, change("c", "lines")));
+        assert!(!t.due(Instant::now()));
+        t.take(&tp("lines", 0), 1, item(2, change("c", "lines")));
+        assert!(t.due(Instant::now()));
+        let r = t.ready(Instant::now());
+        assert_eq!(
+            r.iter().map(|x| (x.id.as_str(), x.why)).collect::<Vec<_>>(),
+            vec![("b", Why::Memory)]
+        );
+        assert_eq!(t.bytes, size * 2);
+        assert_eq!(
+            t.bound(&tp("lines", 0), 1),
+            Some(0),
+            "b's record held until its commit settles"
+        );
+    }
+
+    #[test]
+    fn a_record_read_again_replaces_its_copy() {
+        let mut t = TxBuf::new(plan(60_000, 1 << 20));
+        let l = tp("lines", 0);
+        t.take(&tp("tx", 0), 1, item(0, end("a", 0, 2)));
+        t.take(&l, 1, item(4, change("a", "lines")));
+        t.take(&l, 1, item(4, change("a", "lines")));
+        assert!(!t.due(Instant::now()), "one line twice is not two lines");
+        t.take(&l, 1, item(5, change("a", "lines")));
+        assert_eq!(t.ready(Instant::now())[0].parts[0].items.len(), 2);
+    }
+}
