@@ -151,4 +151,3 @@ key = ["event_id"]
     );
     assert_eq!(terminate(&mut relay), Some(0));
 }
-
