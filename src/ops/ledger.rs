@@ -395,7 +395,9 @@ fn outbox_text(r: &PruneReport) -> String {
     let verb = if r.dry_run { "would purge" } else { "purged" };
     r.outbox
         .iter()
-        .map(|(t, n)| format!("{verb} {n} published outbox rows of {t} (older than [outbox] keep-days)\n"))
+        .map(|(t, n)| {
+            format!("{verb} {n} published outbox rows of {t} (older than [outbox] keep-days)\n")
+        })
         .collect()
 }
 

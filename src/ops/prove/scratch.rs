@@ -163,8 +163,10 @@ pub struct Cluster {
     _mock: Option<MockCluster<'static, rdkafka::producer::DefaultProducerContext>>,
     /// Bootstrap servers.
     pub brokers: String,
-    /// The suffix of scratch topics on a real cluster (empty on the mock cluster).
+    /// The suffix of scratch topics on a real cluster (empty on the mock cluster); also of the consumer groups.
     pub suffix: String,
+    /// The scratch topics created on a real cluster (deleted at the end unless `--keep`).
+    created: std::sync::Mutex<Vec<String>>,
 }
 
 impl Cluster {
@@ -178,6 +180,7 @@ impl Cluster {
                 _mock: None,
                 brokers: b,
                 suffix: format!(".prove-{run_id}"),
+                created: Default::default(),
             },
             None => {
                 let mock = MockCluster::new(1)?;
@@ -185,6 +188,7 @@ impl Cluster {
                     brokers: mock.bootstrap_servers(),
                     _mock: Some(mock),
                     suffix: String::new(),
+                    created: Default::default(),
                 }
             }
         })
@@ -262,10 +266,40 @@ impl Cluster {
             .map(|(t, n)| NewTopic::new(t, *n, TopicReplication::Fixed(1)))
             .collect();
         for r in rt.block_on(admin.create_topics(&new, &AdminOptions::new()))? {
-            if let Err((t, code)) = r {
-                return Err(Error::Other(format!("creating scratch topic {t}: {code}")));
+            match r {
+                Ok(t) => self.created.lock().expect("topics").push(t),
+                Err((t, code)) => {
+                    return Err(Error::Other(format!("creating scratch topic {t}: {code}")))
+                }
             }
         }
+        Ok(())
+    }
+
+    /// The scratch topics this `prove` created on `--brokers` (none on the mock cluster).
+    pub fn scratch_topics(&self) -> Vec<String> {
+        self.created.lock().expect("topics").clone()
+    }
+
+    /// Deletes the scratch topics created on `--brokers` (the mock cluster goes with the process).
+    ///
+    /// # Errors
+    /// A Kafka error, or a topic the cluster refused to delete (named).
+    pub fn delete_topics(&self, rt: &tokio::runtime::Runtime) -> Result<()> {
+        let topics = self.scratch_topics();
+        if topics.is_empty() {
+            return Ok(());
+        }
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()?;
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        for r in rt.block_on(admin.delete_topics(&names, &AdminOptions::new()))? {
+            if let Err((t, code)) = r {
+                return Err(Error::Other(format!("deleting scratch topic {t}: {code}")));
+            }
+        }
+        self.created.lock().expect("topics").clear();
         Ok(())
     }
 }
@@ -315,6 +349,9 @@ pub struct Base {
     /// On the embedded mock cluster: `[kafka] brokers` and `[kafka.properties]` (SASL, TLS of the real
     /// cluster) are left out.
     pub mock: bool,
+    /// Appended to every consumer group (the run id on `--brokers`, so that two `prove`s there never share a
+    /// group; empty on the mock cluster, which is this process's own).
+    pub group_suffix: String,
 }
 
 impl Base {
@@ -344,7 +381,11 @@ impl Base {
                     .collect(),
             ),
         );
-        set("kafka", "group-id", toml::Value::String(group.to_string()));
+        set(
+            "kafka",
+            "group-id",
+            toml::Value::String(format!("{group}{}", self.group_suffix)),
+        );
         // Every boundary reads its scratch topic from the start and owns its scratch schema.
         set("kafka", "start", toml::Value::String("earliest".into()));
         set("postgres", "manage-schema", toml::Value::Boolean(true));
@@ -434,6 +475,45 @@ pub fn unqualified_sql(doc: &toml::Table, schema: &str) -> Option<usize> {
         (p.get("kind")?.as_str()? == "sql" && requalify(sql, schema, "\u{1}") == sql)
             .then_some(i + 1)
     })
+}
+
+/// A `sql` projection of `doc` whose `sql` or `setup` names (as `name.`, see [`requalify`]) a schema of the
+/// database other than the pipeline's `schema` (and `pg_catalog`, `information_schema`): its number (1-based)
+/// and that schema. Its statements would touch that schema, outside the scratch one.
+///
+/// # Errors
+/// A database error.
+pub async fn foreign_schema(
+    client: &tokio_postgres::Client,
+    doc: &toml::Table,
+    schema: &str,
+) -> Result<Option<(usize, String)>> {
+    let Some(projections) = doc.get("projection").and_then(|p| p.as_array()) else {
+        return Ok(None);
+    };
+    let names: Vec<String> = client
+        .query(
+            "SELECT nspname::text FROM pg_namespace WHERE nspname <> ALL($1) AND nspname NOT LIKE 'pg\\_%'",
+            &[&vec![schema, "information_schema"]],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (i, p) in projections.iter().enumerate() {
+        if p.get("kind").and_then(|k| k.as_str()) != Some("sql") {
+            continue;
+        }
+        for key in ["sql", "setup"] {
+            let Some(text) = p.get(key).and_then(|t| t.as_str()) else {
+                continue;
+            };
+            if let Some(n) = names.iter().find(|n| requalify(text, n, "\u{1}") != text) {
+                return Ok(Some((i + 1, n.clone())));
+            }
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -164,6 +164,34 @@ async fn read_table(
     Ok(Table { columns, rows })
 }
 
+/// `s` without the columns `cols` (in every table; rows sorted again), e.g. the bookkeeping a snapshot read of
+/// an unchanged row may advance.
+pub fn without_columns(s: &Snapshot, cols: &[&str]) -> Snapshot {
+    s.iter()
+        .map(|(name, t)| {
+            let keep: Vec<usize> = (0..t.columns.len())
+                .filter(|&i| !cols.contains(&t.columns[i].as_str()))
+                .collect();
+            let mut rows: Vec<Vec<Option<String>>> = t
+                .rows
+                .iter()
+                .map(|r| keep.iter().map(|&i| r[i].clone()).collect())
+                .collect();
+            rows.sort();
+            let columns = keep.iter().map(|&i| t.columns[i].clone()).collect();
+            (name.clone(), Table { columns, rows })
+        })
+        .collect()
+}
+
+/// The rows of `want`'s `table` missing from `got`'s (a multiset difference), and how many rows `got` has more.
+pub fn missing_rows(want: &Snapshot, got: &Snapshot, table: &str) -> (usize, i64) {
+    let empty = Vec::new();
+    let w = want.get(table).map_or(&empty, |t| &t.rows);
+    let g = got.get(table).map_or(&empty, |t| &t.rows);
+    (minus(w, g).len(), g.len() as i64 - w.len() as i64)
+}
+
 /// One table's difference: rows expected but missing, rows there but not expected (at most `limit` each).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TableDiff {
