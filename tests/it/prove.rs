@@ -533,3 +533,50 @@ fn prove_twice_at_once_with_sasl_properties_and_unmanaged_schema() {
         );
     }
 }
+
+/// `--brokers` on a SASL_SSL cluster: prove's own producer, admin and offset committer take the pipeline's
+/// `[kafka.properties]` security settings like its consumers; the boundaries pass and the topics are deleted.
+#[test]
+fn prove_on_sasl_brokers_uses_the_pipelines_security_properties() {
+    let Some(dir) = std::env::var_os("KAFKA_SASL_DIR").map(PathBuf::from) else {
+        eprintln!("SKIPPED: KAFKA_SASL_DIR unset");
+        return;
+    };
+    let read = |n: &str| {
+        std::fs::read_to_string(dir.join(n))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let brokers = std::env::var("KAFKA_SASL_BROKERS").unwrap_or_else(|_| read("brokers"));
+    let tmp = tempfile::tempdir().unwrap();
+    let schema = unique("prove_sasl");
+    let p = sql_pipeline(
+        tmp.path(),
+        &schema,
+        false,
+        "CREATE TABLE IF NOT EXISTS {s}.t (order_id text PRIMARY KEY)",
+        "INSERT INTO {s}.t SELECT order_id FROM landed ON CONFLICT DO NOTHING",
+    );
+    let text = std::fs::read_to_string(&p).unwrap()
+        + &format!(
+            "\n[kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\
+             \"sasl.username\" = \"{}\"\n\"sasl.password\" = \"{}\"\n\"ssl.ca.location\" = \"{}\"\n",
+            read("username"),
+            read("password"),
+            dir.join("ca.pem").display()
+        );
+    std::fs::write(&p, text).unwrap();
+    let mut o = options(&status_fixture(tmp.path(), 2), 1);
+    o.brokers = Some(brokers);
+    let r = prove::prove(&p, o).unwrap();
+    assert_passes(&r, &[6, 7]);
+    assert!(
+        boundary(&r, 1)
+            .note
+            .starts_with("consumed 5 = landed 5 + duplicate 0"),
+        "{}",
+        r.text()
+    );
+    assert!(r.kept_topics.is_empty());
+}

@@ -235,7 +235,7 @@ fn scripted(
     let engine = Engine::start(pr.rt.handle(), p.clone(), o)?;
     let source = Scripted::new(
         engine.shared(),
-        &pr.cluster.brokers,
+        &pr.cluster.client(),
         &p.kafka.group_id,
         order,
         paced,
@@ -292,7 +292,7 @@ fn crash(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<D
         if kafka_restart {
             // What the checkpoints hold beyond Kafka's committed offsets is read again: one commit each.
             let db = checkpoints(pr, &p)?;
-            let committed = super::source::KafkaAck::new(&pr.cluster.brokers, &p.kafka.group_id)?
+            let committed = super::source::KafkaAck::new(&pr.cluster.client(), &p.kafka.group_id)?
                 .committed(&tps)?;
             let first = |tp: &Tp| {
                 pr.records

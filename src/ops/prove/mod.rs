@@ -154,7 +154,7 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
             pipeline_path.display()
         )));
     }
-    let cluster = Cluster::open(opts.brokers.clone(), &run_id)?;
+    let cluster = Cluster::open(opts.brokers.clone(), &run_id, &user.kafka.properties)?;
     let records = cluster.publish(&records, &rt)?;
     let topics = user
         .kafka

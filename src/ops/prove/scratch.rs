@@ -167,20 +167,38 @@ pub struct Cluster {
     pub suffix: String,
     /// The scratch topics created on a real cluster (deleted at the end unless `--keep`).
     created: std::sync::Mutex<Vec<String>>,
+    /// The security settings of the pipeline's `[kafka.properties]` (`security.*`, `sasl.*`, `ssl.*`) on a
+    /// real cluster, for prove's own producer, admin and offset committer (none on the mock cluster).
+    security: Vec<(String, String)>,
 }
 
 impl Cluster {
-    /// Starts the mock cluster (`brokers = None`) or uses `brokers`; `run_id` names scratch topics there.
+    /// Starts the mock cluster (`brokers = None`) or uses `brokers` with the security settings of `properties`
+    /// (the pipeline's `[kafka.properties]`); `run_id` names scratch topics there.
     ///
     /// # Errors
     /// A Kafka error.
-    pub fn open(brokers: Option<String>, run_id: &str) -> Result<Cluster> {
+    pub fn open(
+        brokers: Option<String>,
+        run_id: &str,
+        properties: &[(String, String)],
+    ) -> Result<Cluster> {
+        let security = properties
+            .iter()
+            .filter(|(k, _)| {
+                ["security.", "sasl.", "ssl."]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            })
+            .cloned()
+            .collect();
         Ok(match brokers {
             Some(b) => Cluster {
                 _mock: None,
                 brokers: b,
                 suffix: format!(".prove-{run_id}"),
                 created: Default::default(),
+                security,
             },
             None => {
                 let mock = MockCluster::new(1)?;
@@ -189,6 +207,7 @@ impl Cluster {
                     _mock: Some(mock),
                     suffix: String::new(),
                     created: Default::default(),
+                    security: Vec::new(),
                 }
             }
         })
@@ -210,10 +229,7 @@ impl Cluster {
             .map(|(t, n)| (format!("{t}{}", self.suffix), *n))
             .collect();
         self.create_topics(&named, rt)?;
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .set("enable.idempotence", "true")
-            .create()?;
+        let producer: BaseProducer = self.client().set("enable.idempotence", "true").create()?;
         let mut next: BTreeMap<Tp, i64> = BTreeMap::new();
         let mut out = Vec::with_capacity(records.len());
         for r in records {
@@ -258,9 +274,7 @@ impl Cluster {
             }
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .create()?;
+        let admin: AdminClient<DefaultClientContext> = self.client().create()?;
         let new: Vec<NewTopic> = topics
             .iter()
             .map(|(t, n)| NewTopic::new(t, *n, TopicReplication::Fixed(1)))
@@ -274,6 +288,16 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// A client configuration for the scratch cluster: its bootstrap servers and security settings.
+    pub fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        for (k, v) in &self.security {
+            c.set(k, v);
+        }
+        c
     }
 
     /// The scratch topics this `prove` created on `--brokers` (none on the mock cluster).
@@ -290,9 +314,7 @@ impl Cluster {
         if topics.is_empty() {
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .create()?;
+        let admin: AdminClient<DefaultClientContext> = self.client().create()?;
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
         for r in rt.block_on(admin.delete_topics(&names, &AdminOptions::new()))? {
             if let Err((t, code)) = r {
