@@ -632,6 +632,23 @@ fn expired(pr: &mut Prover, _p0: &Arc<Pipeline>, _reference: &Snapshot) -> Resul
                 "the replay past the horizon changed the projections".into(),
             );
         }
+        // The pruned offsets (README "The ledger's lifecycle"): a replay reaching offsets whose ledger rows a
+        // prune dropped is refused before anything is committed — the declared policy as well.
+        Err(Error::BelowHorizon(why)) => {
+            pr.tick("7 expired");
+            let after = keep(pr.snapshot(&p2, &Norm::default())?);
+            let first = why.split(':').next().unwrap_or_default().to_string();
+            return judge(
+                &before,
+                &after,
+                2,
+                format!(
+                    "ledger pruned below {below}; the replay was refused (offsets of {first} below the pruned \
+                     horizon, nothing committed); projections unchanged"
+                ),
+                "the replay past the horizon changed the projections".into(),
+            );
+        }
         Err(e) => return Err(e),
     };
     pr.tick("7 expired");

@@ -16,7 +16,8 @@ use crate::engine::Tp;
 /// source position (LSN) above every `source.lsn` / `source.sequence` of `records`.
 pub fn reads(records: &[Rec]) -> Vec<Rec> {
     let mut ends: BTreeMap<Tp, i64> = BTreeMap::new();
-    let mut current: BTreeMap<(String, Vec<u8>), (Rec, Value)> = BTreeMap::new();
+    // Per entity: the position of its newest change and, unless that change deleted it, the change.
+    let mut current: BTreeMap<(String, Vec<u8>), ((i64, i64), Option<(Rec, Value)>)> = BTreeMap::new();
     let (mut lsn, mut tx, mut ts) = (0i64, 0i64, 0i64);
     for r in records {
         let e = ends.entry(r.tp.clone()).or_insert(0);
@@ -29,27 +30,32 @@ pub fn reads(records: &[Rec]) -> Vec<Rec> {
             continue;
         };
         let Some(env) = envelope(&v) else { continue };
+        let mut at = (0, 0);
         if let Some(s) = env.get("source").and_then(Value::as_object) {
             lsn = lsn.max(position(s));
             tx = tx.max(s.get("txId").and_then(int).unwrap_or(0));
             ts = ts.max(s.get("ts_ms").and_then(int).unwrap_or(0));
+            at = order(s);
         }
         let entity = (r.tp.0.clone(), r.key.clone().unwrap_or_default());
+        // The entity's newest change by source position (fixture order among equal or missing positions).
+        let newer = current.get(&entity).is_none_or(|(p, _)| at >= *p);
         match env.get("op").and_then(Value::as_str) {
-            Some("c" | "u" | "r") => {
-                current.insert(entity, (r.clone(), v.clone()));
+            Some("c" | "u" | "r") if newer => {
+                current.insert(entity, (at, Some((r.clone(), v.clone()))));
             }
-            Some("d") => {
-                current.remove(&entity);
+            Some("d") if newer => {
+                current.insert(entity, (at, None));
             }
             // A truncate removes every row of its table (topic).
             Some("t") => current.retain(|(t, _), _| t != &r.tp.0),
             _ => {}
         }
     }
+    let current: Vec<(Rec, Value)> = current.into_values().filter_map(|(_, c)| c).collect();
     let last = current.len();
     let mut out = Vec::with_capacity(last);
-    for (i, (_, (r, mut v))) in current.into_iter().enumerate() {
+    for (i, (r, mut v)) in current.into_iter().enumerate() {
         let flag = if i + 1 == last { "last" } else { "true" };
         as_snapshot_read(&mut v, lsn + 1, tx + 1, ts + 1, flag);
         let o = ends.get_mut(&r.tp).expect("partition seen");
@@ -93,6 +99,22 @@ fn position(s: &Map<String, Value>) -> i64 {
         .filter_map(int)
         .max()
         .unwrap_or(0)
+}
+
+/// A change's source position as the decoder orders it: (`sequence[0]`, else the change LSN; `sequence[1]`,
+/// else `lsn`); `(0, 0)` without either.
+fn order(s: &Map<String, Value>) -> (i64, i64) {
+    let seq: Vec<Value> = s
+        .get("sequence")
+        .and_then(Value::as_str)
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default();
+    let change = seq
+        .get(1)
+        .and_then(int)
+        .or_else(|| s.get("lsn").and_then(int))
+        .unwrap_or(0);
+    (seq.first().and_then(int).unwrap_or(change), change)
 }
 
 /// Rewrites a change event into the snapshot read of its `after` state at `lsn`: `op = r`, no `before`,
@@ -158,5 +180,21 @@ mod tests {
         assert_eq!(v["source"]["lsn"], 14);
         assert_eq!(v["source"]["sequence"], "[null,\"14\"]");
         assert_eq!(v["source"]["snapshot"], "last");
+    }
+
+    #[test]
+    fn an_entitys_current_state_is_its_newest_change_by_position_not_by_file_order() {
+        let recs = vec![
+            rec(0, 0, "1", "u", 20, serde_json::json!({"id": 1, "x": "new"})),
+            // An older change of the same entity later in the file (another partition).
+            rec(1, 0, "1", "c", 10, serde_json::json!({"id": 1, "x": "old"})),
+            rec(1, 1, "2", "d", 30, Value::Null),
+            rec(0, 1, "2", "c", 25, serde_json::json!({"id": 2, "x": "gone"})),
+        ];
+        let out = reads(&recs);
+        assert_eq!(out.len(), 1, "entity 2 was deleted after its create: {out:?}");
+        let v: Value = serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
+        assert_eq!(v["after"]["x"], "new");
+        assert_eq!(v["source"]["lsn"], 31);
     }
 }

@@ -8,7 +8,8 @@
 //! inserts, not their content). Any other `…_at` column
 //! (`published_at`, `resolved_at`, `_deleted_at`) is compared as set or unset. Dead letters are compared as a set
 //! (a record quarantined again at a new offset is the same dead letter). Replaysafe's own bookkeeping tables
-//! (checkpoints, horizon, projection record, hand-over, truncates, group starts) are not compared.
+//! (checkpoints, horizon, pruned offsets, projection record, hand-over, truncates, group starts) are not
+//! compared.
 
 use std::collections::BTreeMap;
 
@@ -17,9 +18,10 @@ use tokio_postgres::Client;
 use crate::error::Result;
 
 /// Tables never compared: where and when, not what.
-const BOOKKEEPING: [&str; 6] = [
+const BOOKKEEPING: [&str; 7] = [
     "replaysafe_checkpoints",
     "replaysafe_horizon",
+    "replaysafe_pruned",
     "replaysafe_group_starts",
     "replaysafe_projection_handover",
     "replaysafe_projection_set",
