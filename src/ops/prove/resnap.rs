@@ -17,7 +17,8 @@ use crate::engine::Tp;
 pub fn reads(records: &[Rec]) -> Vec<Rec> {
     let mut ends: BTreeMap<Tp, i64> = BTreeMap::new();
     // Per entity: the position of its newest change and, unless that change deleted it, the change.
-    let mut current: BTreeMap<(String, Vec<u8>), ((i64, i64), Option<(Rec, Value)>)> = BTreeMap::new();
+    let mut current: BTreeMap<(String, Vec<u8>), ((i64, i64), Option<(Rec, Value)>)> =
+        BTreeMap::new();
     let (mut lsn, mut tx, mut ts) = (0i64, 0i64, 0i64);
     for r in records {
         let e = ends.entry(r.tp.clone()).or_insert(0);
@@ -189,10 +190,21 @@ mod tests {
             // An older change of the same entity later in the file (another partition).
             rec(1, 0, "1", "c", 10, serde_json::json!({"id": 1, "x": "old"})),
             rec(1, 1, "2", "d", 30, Value::Null),
-            rec(0, 1, "2", "c", 25, serde_json::json!({"id": 2, "x": "gone"})),
+            rec(
+                0,
+                1,
+                "2",
+                "c",
+                25,
+                serde_json::json!({"id": 2, "x": "gone"}),
+            ),
         ];
         let out = reads(&recs);
-        assert_eq!(out.len(), 1, "entity 2 was deleted after its create: {out:?}");
+        assert_eq!(
+            out.len(),
+            1,
+            "entity 2 was deleted after its create: {out:?}"
+        );
         let v: Value = serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
         assert_eq!(v["after"]["x"], "new");
         assert_eq!(v["source"]["lsn"], 31);
