@@ -11,14 +11,18 @@ use serde_json::{Map, Value};
 use super::scratch::Rec;
 use crate::engine::Tp;
 
+/// An entity: its topic and record key.
+type Entity = (String, Vec<u8>);
+/// An entity's newest change: its source position and, unless it deleted the entity, the change.
+type Newest = ((i64, i64), Option<(Rec, Value)>);
+
 /// The snapshot reads of the entities that exist after `records` (in order; an entity is a topic's record
 /// key), each on the partition of its entity's last change after that partition's last offset, at one new
 /// source position (LSN) above every `source.lsn` / `source.sequence` of `records`.
 pub fn reads(records: &[Rec]) -> Vec<Rec> {
     let mut ends: BTreeMap<Tp, i64> = BTreeMap::new();
     // Per entity: the position of its newest change and, unless that change deleted it, the change.
-    let mut current: BTreeMap<(String, Vec<u8>), ((i64, i64), Option<(Rec, Value)>)> =
-        BTreeMap::new();
+    let mut current: BTreeMap<Entity, Newest> = BTreeMap::new();
     let (mut lsn, mut tx, mut ts) = (0i64, 0i64, 0i64);
     for r in records {
         let e = ends.entry(r.tp.clone()).or_insert(0);
