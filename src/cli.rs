@@ -171,11 +171,11 @@ pub enum Command {
         /// With --from-topic: records to take.
         #[arg(long)]
         max: Option<usize>,
-        /// Run the scratch topics on this Kafka cluster (topics `<topic>.prove-<id>`, left there) instead of the
-        /// embedded mock cluster.
+        /// Run the scratch topics on this Kafka cluster (topics `<topic>.prove-<id>`, deleted at the end unless
+        /// --keep) instead of the embedded mock cluster.
         #[arg(long)]
         brokers: Option<String>,
-        /// Keep the scratch schemas (`rsprove_<id>_<n>`; their names are printed).
+        /// Keep the scratch schemas (`rsprove_<id>_<n>`) and --brokers topics (their names are printed).
         #[arg(long)]
         keep: bool,
         /// Random interleavings of the partitions tried (boundary 4).

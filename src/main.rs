@@ -305,7 +305,9 @@ fn prove(
         shuffles,
         seed: seed.unwrap_or_else(|| chrono::Utc::now().timestamp_millis() as u64),
         progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        interrupt: Arc::new(AtomicBool::new(false)),
     };
+    signals(opts.interrupt.clone());
     let report = ops::prove::prove(&config, opts).context("prove failed")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

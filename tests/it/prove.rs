@@ -19,6 +19,7 @@ fn options(records: &Path, shuffles: u32) -> ProveOptions {
         shuffles,
         seed: 42,
         progress: false,
+        interrupt: Default::default(),
     }
 }
 
@@ -81,10 +82,12 @@ fn prove_passes_on_the_counters_example() {
         "{}",
         r.text()
     );
+    // The ledger's pruned offsets refuse the replay before anything is committed (README "The ledger's
+    // lifecycle"); without them every claimed record would be quarantined as beyond-horizon.
+    let b7 = &boundary(&r, 7).note;
     assert!(
-        boundary(&r, 7)
-            .note
-            .contains("quarantined all 251 claimed records as beyond-horizon"),
+        b7.contains("the replay was refused (offsets of shop.purchases/")
+            || b7.contains("quarantined all 251 claimed records as beyond-horizon"),
         "{}",
         r.text()
     );
@@ -100,8 +103,20 @@ fn prove_passes_on_the_counters_example() {
 fn prove_passes_on_the_cdc_example() {
     let r = prove::prove(&example("cdc.toml"), options(&example("cdc.jsonl"), 4)).unwrap();
     assert_passes(&r, &[7]);
+    // A resnapshot: one read per account that exists at the end (29 rows; none for the deleted ones), of its
+    // current state at a new position — every one a duplicate.
+    let rows = boundary(&r, 1).note.clone();
     assert!(
-        boundary(&r, 6).note.contains("snapshot reads"),
+        boundary(&r, 6).note.starts_with(
+            "29 snapshot reads of the current state at a new position: consumed 29 = landed 0 + duplicate 29"
+        ),
+        "{}\n{rows}",
+        r.text()
+    );
+    assert!(
+        boundary(&r, 3)
+            .note
+            .starts_with("crash points: 68 of 206 commits (sampled: one every 3 commits"),
         "{}",
         r.text()
     );
@@ -307,4 +322,263 @@ fn prove_fails_on_an_offset_identity_on_a_rebuilt_topic() {
         d.got[0].starts_with("part=") && d.got[0].contains("off="),
         "{d:?}"
     );
+}
+
+/// Bad input is refused before anything is created, exit 2, naming what and where: a record of a topic the
+/// pipeline does not consume, a malformed kcat line, an empty fixture, a `sql` projection naming another schema.
+#[test]
+fn prove_refuses_bad_input_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = unique("prove_bad");
+    let ok_sql = "INSERT INTO {s}.t SELECT order_id FROM landed ON CONFLICT DO NOTHING";
+    let setup = "CREATE TABLE IF NOT EXISTS {s}.t (order_id text PRIMARY KEY)";
+    let p = sql_pipeline(dir.path(), &schema, false, setup, ok_sql);
+    let good = status_fixture(dir.path(), 2);
+    let line = std::fs::read_to_string(&good).unwrap();
+    let first = line.lines().next().unwrap().to_string();
+    let cases = [
+        (
+            "foreign.jsonl",
+            first.replace("shop.orders", "shop.refunds"),
+            "shop.refunds",
+        ),
+        (
+            "malformed.jsonl",
+            format!("{first}\n{{\"topic\": "),
+            "malformed.jsonl:2",
+        ),
+        ("empty.jsonl", String::new(), "no records"),
+    ];
+    for (name, text, says) in cases {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        let args = [
+            "prove",
+            "--config",
+            p.to_str().unwrap(),
+            "--records",
+            f.to_str().unwrap(),
+        ];
+        let out = replaysafe_with(&args, &[], Duration::from_secs(120));
+        assert_eq!(out.code, Some(2), "{name}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{name}: {}", out.stderr);
+    }
+    // A `sql` projection that also writes into another schema of the database would escape the scratch schema.
+    let other = unique("prove_other");
+    let db = crate::common::Db::fresh(&other);
+    let p = sql_pipeline(
+        dir.path(),
+        &schema,
+        false,
+        setup,
+        &format!(
+            "{ok_sql}; INSERT INTO {}.audit SELECT order_id FROM landed",
+            db.schema
+        ),
+    );
+    let args = [
+        "prove",
+        "--config",
+        p.to_str().unwrap(),
+        "--records",
+        good.to_str().unwrap(),
+    ];
+    let out = replaysafe_with(&args, &[], Duration::from_secs(120));
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("names the schema `{}`", db.schema)),
+        "{}",
+        out.stderr
+    );
+    let left = db.i64(&format!(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{}'",
+        db.schema
+    ));
+    assert_eq!(left, 0, "nothing was created in the other schema");
+}
+
+/// SIGINT during `prove` drops the scratch schemas made so far and exits 1.
+#[test]
+fn prove_interrupted_drops_its_scratch_schemas_and_exits_1() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let schema = unique("prove_int");
+    let p = sql_pipeline(
+        dir.path(),
+        &schema,
+        false,
+        "CREATE TABLE IF NOT EXISTS {s}.t (order_id text PRIMARY KEY)",
+        "INSERT INTO {s}.t SELECT order_id FROM landed ON CONFLICT DO NOTHING",
+    );
+    let fixture = status_fixture(dir.path(), 12);
+    let mut child = std::process::Command::new(crate::common::bin())
+        .args(["prove", "--config", p.to_str().unwrap(), "--records"])
+        .arg(&fixture)
+        .env("DATABASE_URL", database_url())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let id = loop {
+        let l = lines.next().expect("prove logs its run id").unwrap();
+        if let Some(rest) = l.split("scratch schemas rsprove_").nth(1) {
+            break rest.split('_').next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let db = crate::common::Db::fresh("prove_int_watch");
+    let count =
+        format!("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rsprove\\_{id}\\_%'");
+    // Interrupt once the crash boundary's schema (the second) exists, mid-run.
+    for _ in 0..600 {
+        if db.i64(&count) >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(db.i64(&count) >= 2, "prove made no scratch schemas");
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut code = None;
+    for _ in 0..1200 {
+        if let Some(s) = child.try_wait().unwrap() {
+            code = s.code();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if code.is_none() {
+        let _ = child.kill();
+    }
+    assert_eq!(code, Some(1), "exit code of an interrupted prove");
+    assert_eq!(db.i64(&count), 0, "scratch schemas left after SIGINT");
+}
+
+/// On `--brokers`, the scratch topics are deleted at the end (and the groups are this run's own).
+#[test]
+fn prove_on_brokers_deletes_its_scratch_topics() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let dir = tempfile::tempdir().unwrap();
+    let schema = unique("prove_brk");
+    let p = sql_pipeline(
+        dir.path(),
+        &schema,
+        false,
+        "CREATE TABLE IF NOT EXISTS {s}.t (order_id text PRIMARY KEY)",
+        "INSERT INTO {s}.t SELECT order_id FROM landed ON CONFLICT DO NOTHING",
+    );
+    let mut o = options(&status_fixture(dir.path(), 2), 1);
+    o.brokers = Some(crate::common::brokers());
+    let r = prove::prove(&p, o).unwrap();
+    assert_passes(&r, &[6, 7]);
+    assert!(r.kept_topics.is_empty());
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", crate::common::brokers())
+        .create()
+        .unwrap();
+    let md = c.fetch_metadata(None, Duration::from_secs(10)).unwrap();
+    let left: Vec<&str> = md
+        .topics()
+        .iter()
+        .map(|t| t.name())
+        .filter(|t| t.ends_with(&format!(".prove-{}", r.run_id)))
+        .collect();
+    assert!(left.is_empty(), "scratch topics left: {left:?}");
+}
+
+/// A pipeline as production runs it — `manage-schema = false` and SASL in `[kafka.properties]` (left out on the
+/// mock cluster) — proved twice at once against the same database: both pass on their own scratch schemas and
+/// leave none.
+#[test]
+fn prove_twice_at_once_with_sasl_properties_and_unmanaged_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = unique("prove_two");
+    let p = sql_pipeline(
+        dir.path(),
+        &schema,
+        false,
+        "CREATE TABLE IF NOT EXISTS {s}.t (order_id text PRIMARY KEY, n int NOT NULL)",
+        "INSERT INTO {s}.t SELECT order_id, count(*) FROM landed GROUP BY order_id ON CONFLICT (order_id) DO UPDATE SET n = t.n + EXCLUDED.n",
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "[postgres]\n",
+        "[postgres]\nmanage-schema = false\n",
+    ) + "\n[kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"p\"\n";
+    std::fs::write(&p, text).unwrap();
+    let fixture = status_fixture(dir.path(), 3);
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let (p, o) = (p.clone(), options(&fixture, 1));
+            std::thread::spawn(move || prove::prove(&p, o))
+        })
+        .collect();
+    let reports: Vec<Report> = runs
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    assert_ne!(reports[0].run_id, reports[1].run_id);
+    for r in &reports {
+        assert_passes(r, &[6, 7]);
+        // 3 orders: o-0 and o-2 shipped (3 events each), o-1 not (2): the counts as the fixture says.
+        assert!(
+            boundary(r, 1)
+                .note
+                .starts_with("consumed 8 = landed 8 + duplicate 0"),
+            "{}",
+            r.text()
+        );
+    }
+}
+
+/// `--brokers` on a SASL_SSL cluster: prove's own producer, admin and offset committer take the pipeline's
+/// `[kafka.properties]` security settings like its consumers; the boundaries pass and the topics are deleted.
+#[test]
+fn prove_on_sasl_brokers_uses_the_pipelines_security_properties() {
+    let Some(dir) = std::env::var_os("KAFKA_SASL_DIR").map(PathBuf::from) else {
+        eprintln!("SKIPPED: KAFKA_SASL_DIR unset");
+        return;
+    };
+    let read = |n: &str| {
+        std::fs::read_to_string(dir.join(n))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let brokers = std::env::var("KAFKA_SASL_BROKERS").unwrap_or_else(|_| read("brokers"));
+    let tmp = tempfile::tempdir().unwrap();
+    let schema = unique("prove_sasl");
+    let p = sql_pipeline(
+        tmp.path(),
+        &schema,
+        false,
+        "CREATE TABLE IF NOT EXISTS {s}.t (order_id text PRIMARY KEY)",
+        "INSERT INTO {s}.t SELECT order_id FROM landed ON CONFLICT DO NOTHING",
+    );
+    let text = std::fs::read_to_string(&p).unwrap()
+        + &format!(
+            "\n[kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\
+             \"sasl.username\" = \"{}\"\n\"sasl.password\" = \"{}\"\n\"ssl.ca.location\" = \"{}\"\n",
+            read("username"),
+            read("password"),
+            dir.join("ca.pem").display()
+        );
+    std::fs::write(&p, text).unwrap();
+    let mut o = options(&status_fixture(tmp.path(), 2), 1);
+    o.brokers = Some(brokers);
+    let r = prove::prove(&p, o).unwrap();
+    assert_passes(&r, &[6, 7]);
+    assert!(
+        boundary(&r, 1)
+            .note
+            .starts_with("consumed 5 = landed 5 + duplicate 0"),
+        "{}",
+        r.text()
+    );
+    assert!(r.kept_topics.is_empty());
 }

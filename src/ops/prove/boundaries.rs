@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::report::{Boundary, Report};
 use super::scratch::{Rec, Variant};
 use super::source::Scripted;
-use super::state::{diff, Norm, Snapshot};
+use super::state::{diff, missing_rows, without_columns, Norm, Snapshot};
 use super::{ms, Prover};
 use crate::config::{Format, Pipeline};
 use crate::engine::fault::Fault;
@@ -67,6 +67,7 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
     };
     let p0 = pr.pipeline(&v0, "prove-reference")?;
     let tally = kafka_run(pr, &p0)?;
+    pr.check()?;
     pr.account("1 apply once", n as u64, &tally);
     pr.tick("1 apply once");
     let reference = pr.snapshot(&p0, &Norm::default())?;
@@ -96,6 +97,7 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
         (9, "uncertain commit", uncertain),
     ];
     for (number, name, body) in bodies {
+        pr.check()?;
         let t = Instant::now();
         if let Some(b) = &pr.bar {
             b.set_message(format!("{number} {name}"));
@@ -132,6 +134,7 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
         seed: pr.opts.seed,
         run_id: pr.run_id.clone(),
         kept: Vec::new(),
+        kept_topics: Vec::new(),
         passed: out.iter().all(Boundary::ok),
         boundaries: out,
     })
@@ -183,7 +186,16 @@ fn judge(want: &Snapshot, got: &Snapshot, runs: u64, ok: String, bad: String) ->
 
 /// `run --until-caught-up` of `p` on the scratch topic (a real consumer group).
 fn kafka_run(pr: &Prover, p: &Arc<Pipeline>) -> Result<Tally> {
-    kafka_run_on(pr.rt.handle().clone(), &pr.cluster.brokers, &pr.url, p)
+    let stop = pr.opts.interrupt.clone();
+    let tally = kafka_run_on(
+        pr.rt.handle().clone(),
+        &pr.cluster.brokers,
+        &pr.url,
+        p,
+        stop,
+    )?;
+    pr.check()?;
+    Ok(tally)
 }
 
 fn kafka_run_on(
@@ -191,12 +203,13 @@ fn kafka_run_on(
     brokers: &str,
     url: &str,
     p: &Arc<Pipeline>,
+    stop: Arc<AtomicBool>,
 ) -> Result<Tally> {
     let opts = RunOptions {
         brokers: brokers.to_string(),
         database_url: url.to_string(),
         until_caught_up: true,
-        shutdown: Arc::new(AtomicBool::new(false)),
+        shutdown: stop,
         give_up: None,
         summary_interval: Duration::from_secs(3600),
         crash_after_batches: None,
@@ -215,20 +228,21 @@ fn scripted(
     crash: Option<u64>,
     fault: Option<Arc<Fault>>,
 ) -> Result<(Tally, u64)> {
-    let mut o = Options::new(&pr.url, Arc::new(AtomicBool::new(false)));
+    let mut o = Options::new(&pr.url, pr.opts.interrupt.clone());
     o.crash_after_batches = crash;
     o.fault = fault;
     o.prune_on_start = false;
     let engine = Engine::start(pr.rt.handle(), p.clone(), o)?;
     let source = Scripted::new(
         engine.shared(),
-        &pr.cluster.brokers,
+        &pr.cluster.client(),
         &p.kafka.group_id,
         order,
         paced,
     )?;
     let delivered = source.delivered.clone();
     let tally = engine.run(source)?;
+    pr.check()?;
     Ok((tally, delivered.load(Ordering::Relaxed)))
 }
 
@@ -278,7 +292,7 @@ fn crash(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<D
         if kafka_restart {
             // What the checkpoints hold beyond Kafka's committed offsets is read again: one commit each.
             let db = checkpoints(pr, &p)?;
-            let committed = super::source::KafkaAck::new(&pr.cluster.brokers, &p.kafka.group_id)?
+            let committed = super::source::KafkaAck::new(&pr.cluster.client(), &p.kafka.group_id)?
                 .committed(&tps)?;
             let first = |tp: &Tp| {
                 pr.records
@@ -320,12 +334,23 @@ fn crash(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<D
         &got,
         runs,
         format!(
-            "{} crashes (after every {}), {from_kafka} restarts from Kafka's committed offsets ({reread} records read again); state identical",
-            runs - 1,
-            if step == 1 { "commit".to_string() } else { format!("{step} commits") }
+            "{}, {from_kafka} restarts from Kafka's committed offsets ({reread} records read again); state identical",
+            crash_points(runs - 1, n as u64, step)
         ),
         format!("after {} crash/restart runs", runs - 1),
     )
+}
+
+/// What boundary 3 covered: `crash points: C of N commits` (batch size 1: a commit per record), and when the
+/// fixture has more than [`MAX_CRASHES`] records, that they were sampled (every `step`-th commit).
+pub fn crash_points(crashes: u64, commits: u64, step: u64) -> String {
+    if step == 1 {
+        format!("crash points: {crashes} of {commits} commits (every commit)")
+    } else {
+        format!(
+            "crash points: {crashes} of {commits} commits (sampled: one every {step} commits, at most {MAX_CRASHES})"
+        )
+    }
 }
 
 /// Each partition's end (next offset after its last record).
@@ -476,59 +501,58 @@ fn rebuilt(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<
     )
 }
 
-/// Boundary 6 (Debezium pipelines): every change record but deletes sent again as a snapshot read (`op = r`)
-/// after the topic's end, on top of the reference under a fresh group.
+/// Boundary 6 (Debezium pipelines): a resnapshot as Debezium makes one (an incremental or blocking snapshot, or
+/// a new initial snapshot after the slot was lost): for every entity that exists at the fixture's end, one
+/// snapshot read (`op = r`) of its current state at a new source position above every position of the fixture,
+/// appended after the topic's end on the entity's partition; nothing for deleted entities. Applied on top of the
+/// reference under a fresh group: every read is of a row already stored in that state, so it must be a
+/// `duplicate` (README "Snapshots") and the state identical — projections, tombstones, conflicts, outbox, dead
+/// letters — but for the bookkeeping such a read advances: the row's `_version`, `_position`, `_delivery`, and
+/// its claim in the ledger.
 fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<Done> {
     if pr.user.format != Format::Debezium {
         return Done::pass(0, "n/a: not a Debezium pipeline (no snapshot reads)");
     }
-    let ends = ends(&pr.records);
-    let mut next = ends.clone();
-    let mut reads = Vec::new();
-    for r in &pr.records {
-        let Some(value) = r.value.as_deref().and_then(as_read) else {
-            continue;
-        };
-        let o = next.get_mut(&r.tp).expect("partition");
-        reads.push(Rec {
-            offset: *o,
-            value: Some(value),
-            ..r.clone()
-        });
-        *o += 1;
-    }
+    let reads = super::resnap::reads(&pr.records);
     let p = pr.pipeline(&schema_of(p0), "prove-resnapshot")?;
     let (tally, delivered) = scripted(pr, &p, reads, false, None, None)?;
     pr.account("6 resnapshot", delivered, &tally);
     pr.tick("6 resnapshot");
     let got = pr.snapshot(&p, &Norm::default())?;
-    judge(
-        reference,
-        &got,
-        1,
-        format!(
-            "{delivered} snapshot reads: {}; state identical, no side effects",
-            tally.line()
-        ),
-        "the resnapshot changed the state".into(),
-    )
-}
-
-/// A Debezium change event as a snapshot read: `op` set to `r` (at the root or in `payload`); `None` for a
-/// delete, a tombstone or a value that is not such an event.
-fn as_read(value: &[u8]) -> Option<Vec<u8>> {
-    let mut v: serde_json::Value = serde_json::from_slice(value).ok()?;
-    let env = match v.get("payload") {
-        Some(serde_json::Value::Object(_)) => v.get_mut("payload")?,
-        _ => &mut v,
+    // A newer snapshot read of the same state is a duplicate that leaves its claim in the ledger, and the row
+    // takes its version, delivery and position (README "Snapshots", `duplicate`): those are left out; every
+    // reference ledger row must still be there, and at most one more per read.
+    let ledger = p.ledger.table.name.as_str();
+    let (lost, more) = missing_rows(reference, &got, ledger);
+    let keep = |s: &Snapshot| -> Snapshot {
+        let s = without_columns(s, &["_version", "_position", "_delivery"]);
+        s.into_iter().filter(|(t, _)| t != ledger).collect()
     };
-    let op = env.get("op")?.as_str()?;
-    if !matches!(op, "c" | "u" | "r") {
-        return None;
+    let why = if tally.landed > 0 || tally.stale > 0 {
+        Some("a snapshot read of an unchanged row must be a duplicate")
+    } else if lost > 0 || more > delivered as i64 {
+        Some("the ledger lost reference rows or gained more than one per read")
+    } else {
+        None
+    };
+    let seen = format!(
+        "{delivered} snapshot reads of the current state at a new position: {}",
+        tally.line()
+    );
+    if let Some(why) = why {
+        return Ok(Done {
+            runs: 1,
+            note: String::new(),
+            failure: Some((format!("{seen} — {why}"), diff(reference, &got, DIFF_ROWS))),
+        });
     }
-    env.as_object_mut()?
-        .insert("op".into(), serde_json::Value::String("r".into()));
-    serde_json::to_vec(&v).ok()
+    judge(
+        &keep(reference),
+        &keep(&got),
+        1,
+        format!("{seen}; state identical (versions/positions aside), no side effects"),
+        "the resnapshot (current state at new positions) changed the state".into(),
+    )
 }
 
 /// Boundary 7: the records applied on a fresh schema, then every ledger day partition dropped past the horizon
@@ -608,6 +632,23 @@ fn expired(pr: &mut Prover, _p0: &Arc<Pipeline>, _reference: &Snapshot) -> Resul
                 "the replay past the horizon changed the projections".into(),
             );
         }
+        // The pruned offsets (README "The ledger's lifecycle"): a replay reaching offsets whose ledger rows a
+        // prune dropped is refused before anything is committed — the declared policy as well.
+        Err(Error::BelowHorizon(why)) => {
+            pr.tick("7 expired");
+            let after = keep(pr.snapshot(&p2, &Norm::default())?);
+            let first = why.split(':').next().unwrap_or_default().to_string();
+            return judge(
+                &before,
+                &after,
+                2,
+                format!(
+                    "ledger pruned below {below}; the replay was refused (offsets of {first} below the pruned \
+                     horizon, nothing committed); projections unchanged"
+                ),
+                "the replay past the horizon changed the projections".into(),
+            );
+        }
         Err(e) => return Err(e),
     };
     pr.tick("7 expired");
@@ -653,12 +694,13 @@ fn concurrent(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Res
     let handles: Vec<_> = [a.clone(), a.clone(), b.clone()]
         .into_iter()
         .map(|p| {
-            let (rt, brokers, url) = (
+            let (rt, brokers, url, stop) = (
                 pr.rt.handle().clone(),
                 pr.cluster.brokers.clone(),
                 pr.url.clone(),
+                pr.opts.interrupt.clone(),
             );
-            std::thread::spawn(move || kafka_run_on(rt, &brokers, &url, &p))
+            std::thread::spawn(move || kafka_run_on(rt, &brokers, &url, &p, stop))
         })
         .collect();
     let mut tallies = Vec::new();
@@ -669,6 +711,7 @@ fn concurrent(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Res
         );
         pr.tick("8 two workers, two groups");
     }
+    pr.check()?;
     let n = pr.records.len() as u64;
     let group_a = tallies[0].total() + tallies[1].total();
     pr.account("8 second group", n, &tallies[2]);
@@ -719,4 +762,23 @@ fn uncertain(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Resu
         format!("{applied} COMMITs applied and {lost} not applied, each reply lost and retried; state identical"),
         format!("after {applied} lost replies of applied COMMITs and {lost} of COMMITs not applied"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_points_say_when_they_were_sampled() {
+        assert_eq!(
+            crash_points(29, 30, 1),
+            "crash points: 29 of 30 commits (every commit)"
+        );
+        let n = 10_517u64;
+        let step = n.div_ceil(MAX_CRASHES as u64);
+        assert_eq!(
+            crash_points(n / step, n, step),
+            "crash points: 99 of 10517 commits (sampled: one every 106 commits, at most 100)"
+        );
+    }
 }

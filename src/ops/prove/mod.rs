@@ -10,11 +10,13 @@
 
 pub mod boundaries;
 pub mod report;
+pub mod resnap;
 pub mod scratch;
 pub mod source;
 pub mod state;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -61,6 +63,17 @@ pub struct ProveOptions {
     pub seed: u64,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Set on SIGINT/SIGTERM: the engine run under way ends, no further run starts, the scratch schemas (and
+    /// scratch topics on `--brokers`) are removed unless `--keep`, and `prove` returns [`interrupted`]'s error.
+    pub interrupt: Arc<AtomicBool>,
+}
+
+/// The error of an interrupted `prove` (exit 1, README "Exit codes").
+pub fn interrupted() -> Error {
+    Error::Other(
+        "interrupted (SIGINT/SIGTERM): no boundary was judged further; scratch state removed"
+            .into(),
+    )
 }
 
 /// The state shared by the boundaries.
@@ -125,7 +138,23 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
         .build()
         .map_err(|e| Error::Other(format!("tokio runtime: {e}")))?;
     let run_id = run_id();
-    let cluster = Cluster::open(opts.brokers.clone(), &run_id)?;
+    tracing::info!(
+        "prove {run_id}: scratch schemas rsprove_{run_id}_<n>{}",
+        if opts.brokers.is_some() {
+            format!(", scratch topics <topic>.prove-{run_id}")
+        } else {
+            String::new()
+        }
+    );
+    let client = rt.block_on(crate::sink::connect(&opts.database_url))?;
+    if let Some((n, other)) = rt.block_on(scratch::foreign_schema(&client, &doc, &schema))? {
+        return Err(Error::Usage(format!(
+            "{}: [[projection]] number {n} (kind = \"sql\") names the schema `{other}`, not only the pipeline's \
+             `{schema}`: prove runs every projection on a scratch schema and would write to `{other}`, outside it",
+            pipeline_path.display()
+        )));
+    }
+    let cluster = Cluster::open(opts.brokers.clone(), &run_id, &user.kafka.properties)?;
     let records = cluster.publish(&records, &rt)?;
     let topics = user
         .kafka
@@ -133,12 +162,12 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
         .iter()
         .map(|t| format!("{t}{}", cluster.suffix))
         .collect();
-    let client = rt.block_on(crate::sink::connect(&opts.database_url))?;
     let base = Base {
         name: pipeline_path.display().to_string(),
         doc,
         topics,
         mock: opts.brokers.is_none(),
+        group_suffix: cluster.suffix.clone(),
     };
     let mut prover = Prover {
         rt,
@@ -157,17 +186,37 @@ pub fn prove(pipeline_path: &Path, opts: ProveOptions) -> Result<Report> {
     };
     let report = boundaries::run_all(&mut prover);
     let kept = prover.cleanup();
+    if prover.stopped() {
+        return Err(interrupted());
+    }
     let mut report = report?;
-    report.kept = kept;
+    (report.kept, report.kept_topics) = kept;
     Ok(report)
 }
 
 impl Prover {
+    /// Whether SIGINT/SIGTERM arrived.
+    pub fn stopped(&self) -> bool {
+        self.opts.interrupt.load(Ordering::Relaxed)
+    }
+
+    /// [`interrupted`] once SIGINT/SIGTERM arrived.
+    ///
+    /// # Errors
+    /// That error.
+    pub fn check(&self) -> Result<()> {
+        match self.stopped() {
+            true => Err(interrupted()),
+            false => Ok(()),
+        }
+    }
+
     /// A new scratch schema (dropped first if it exists); its name is remembered for the clean-up.
     ///
     /// # Errors
     /// A database error.
     pub fn fresh_schema(&mut self) -> Result<String> {
+        self.check()?;
         let name = format!("rsprove_{}_{}", self.run_id, self.schemas.len() + 1);
         self.rt.block_on(self.client.batch_execute(&format!(
             "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
@@ -237,13 +286,17 @@ impl Prover {
         }
     }
 
-    /// Drops the scratch schemas (unless `--keep`: then returns their names).
-    fn cleanup(&mut self) -> Vec<String> {
+    /// Drops the scratch schemas and deletes the scratch topics of `--brokers` (unless `--keep`: then returns
+    /// their names).
+    fn cleanup(&mut self) -> (Vec<String>, Vec<String>) {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
         if self.opts.keep {
-            return self.schemas.clone();
+            return (self.schemas.clone(), self.cluster.scratch_topics());
+        }
+        if let Err(e) = self.cluster.delete_topics(&self.rt) {
+            tracing::warn!("prove: deleting the scratch topics: {e}");
         }
         for s in &self.schemas {
             if let Err(e) = self.rt.block_on(
@@ -253,7 +306,7 @@ impl Prover {
                 tracing::warn!("prove: dropping scratch schema {s}: {e}");
             }
         }
-        Vec::new()
+        (Vec::new(), Vec::new())
     }
 }
 

@@ -48,6 +48,8 @@ pub struct Report {
     pub run_id: String,
     /// Scratch schemas left (`--keep`).
     pub kept: Vec<String>,
+    /// Scratch topics left on `--brokers` (`--keep`; without it they are deleted at the end).
+    pub kept_topics: Vec<String>,
     /// One per boundary, in order.
     pub boundaries: Vec<Boundary>,
     /// Whether every boundary passed.
@@ -103,6 +105,12 @@ impl Report {
             out.push_str(&format!(
                 "\nscratch schemas kept: {}\n",
                 self.kept.join(", ")
+            ));
+        }
+        if !self.kept_topics.is_empty() {
+            out.push_str(&format!(
+                "scratch topics kept: {}\n",
+                self.kept_topics.join(", ")
             ));
         }
         let failed: Vec<String> = self

@@ -163,21 +163,42 @@ pub struct Cluster {
     _mock: Option<MockCluster<'static, rdkafka::producer::DefaultProducerContext>>,
     /// Bootstrap servers.
     pub brokers: String,
-    /// The suffix of scratch topics on a real cluster (empty on the mock cluster).
+    /// The suffix of scratch topics on a real cluster (empty on the mock cluster); also of the consumer groups.
     pub suffix: String,
+    /// The scratch topics created on a real cluster (deleted at the end unless `--keep`).
+    created: std::sync::Mutex<Vec<String>>,
+    /// The security settings of the pipeline's `[kafka.properties]` (`security.*`, `sasl.*`, `ssl.*`) on a
+    /// real cluster, for prove's own producer, admin and offset committer (none on the mock cluster).
+    security: Vec<(String, String)>,
 }
 
 impl Cluster {
-    /// Starts the mock cluster (`brokers = None`) or uses `brokers`; `run_id` names scratch topics there.
+    /// Starts the mock cluster (`brokers = None`) or uses `brokers` with the security settings of `properties`
+    /// (the pipeline's `[kafka.properties]`); `run_id` names scratch topics there.
     ///
     /// # Errors
     /// A Kafka error.
-    pub fn open(brokers: Option<String>, run_id: &str) -> Result<Cluster> {
+    pub fn open(
+        brokers: Option<String>,
+        run_id: &str,
+        properties: &[(String, String)],
+    ) -> Result<Cluster> {
+        let security = properties
+            .iter()
+            .filter(|(k, _)| {
+                ["security.", "sasl.", "ssl."]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            })
+            .cloned()
+            .collect();
         Ok(match brokers {
             Some(b) => Cluster {
                 _mock: None,
                 brokers: b,
                 suffix: format!(".prove-{run_id}"),
+                created: Default::default(),
+                security,
             },
             None => {
                 let mock = MockCluster::new(1)?;
@@ -185,6 +206,8 @@ impl Cluster {
                     brokers: mock.bootstrap_servers(),
                     _mock: Some(mock),
                     suffix: String::new(),
+                    created: Default::default(),
+                    security: Vec::new(),
                 }
             }
         })
@@ -206,10 +229,7 @@ impl Cluster {
             .map(|(t, n)| (format!("{t}{}", self.suffix), *n))
             .collect();
         self.create_topics(&named, rt)?;
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .set("enable.idempotence", "true")
-            .create()?;
+        let producer: BaseProducer = self.client().set("enable.idempotence", "true").create()?;
         let mut next: BTreeMap<Tp, i64> = BTreeMap::new();
         let mut out = Vec::with_capacity(records.len());
         for r in records {
@@ -254,18 +274,54 @@ impl Cluster {
             }
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .create()?;
+        let admin: AdminClient<DefaultClientContext> = self.client().create()?;
         let new: Vec<NewTopic> = topics
             .iter()
             .map(|(t, n)| NewTopic::new(t, *n, TopicReplication::Fixed(1)))
             .collect();
         for r in rt.block_on(admin.create_topics(&new, &AdminOptions::new()))? {
-            if let Err((t, code)) = r {
-                return Err(Error::Other(format!("creating scratch topic {t}: {code}")));
+            match r {
+                Ok(t) => self.created.lock().expect("topics").push(t),
+                Err((t, code)) => {
+                    return Err(Error::Other(format!("creating scratch topic {t}: {code}")))
+                }
             }
         }
+        Ok(())
+    }
+
+    /// A client configuration for the scratch cluster: its bootstrap servers and security settings.
+    pub fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        for (k, v) in &self.security {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// The scratch topics this `prove` created on `--brokers` (none on the mock cluster).
+    pub fn scratch_topics(&self) -> Vec<String> {
+        self.created.lock().expect("topics").clone()
+    }
+
+    /// Deletes the scratch topics created on `--brokers` (the mock cluster goes with the process).
+    ///
+    /// # Errors
+    /// A Kafka error, or a topic the cluster refused to delete (named).
+    pub fn delete_topics(&self, rt: &tokio::runtime::Runtime) -> Result<()> {
+        let topics = self.scratch_topics();
+        if topics.is_empty() {
+            return Ok(());
+        }
+        let admin: AdminClient<DefaultClientContext> = self.client().create()?;
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        for r in rt.block_on(admin.delete_topics(&names, &AdminOptions::new()))? {
+            if let Err((t, code)) = r {
+                return Err(Error::Other(format!("deleting scratch topic {t}: {code}")));
+            }
+        }
+        self.created.lock().expect("topics").clear();
         Ok(())
     }
 }
@@ -315,6 +371,9 @@ pub struct Base {
     /// On the embedded mock cluster: `[kafka] brokers` and `[kafka.properties]` (SASL, TLS of the real
     /// cluster) are left out.
     pub mock: bool,
+    /// Appended to every consumer group (the run id on `--brokers`, so that two `prove`s there never share a
+    /// group; empty on the mock cluster, which is this process's own).
+    pub group_suffix: String,
 }
 
 impl Base {
@@ -344,7 +403,11 @@ impl Base {
                     .collect(),
             ),
         );
-        set("kafka", "group-id", toml::Value::String(group.to_string()));
+        set(
+            "kafka",
+            "group-id",
+            toml::Value::String(format!("{group}{}", self.group_suffix)),
+        );
         // Every boundary reads its scratch topic from the start and owns its scratch schema.
         set("kafka", "start", toml::Value::String("earliest".into()));
         set("postgres", "manage-schema", toml::Value::Boolean(true));
@@ -434,6 +497,45 @@ pub fn unqualified_sql(doc: &toml::Table, schema: &str) -> Option<usize> {
         (p.get("kind")?.as_str()? == "sql" && requalify(sql, schema, "\u{1}") == sql)
             .then_some(i + 1)
     })
+}
+
+/// A `sql` projection of `doc` whose `sql` or `setup` names (as `name.`, see [`requalify`]) a schema of the
+/// database other than the pipeline's `schema` (and `pg_catalog`, `information_schema`): its number (1-based)
+/// and that schema. Its statements would touch that schema, outside the scratch one.
+///
+/// # Errors
+/// A database error.
+pub async fn foreign_schema(
+    client: &tokio_postgres::Client,
+    doc: &toml::Table,
+    schema: &str,
+) -> Result<Option<(usize, String)>> {
+    let Some(projections) = doc.get("projection").and_then(|p| p.as_array()) else {
+        return Ok(None);
+    };
+    let names: Vec<String> = client
+        .query(
+            "SELECT nspname::text FROM pg_namespace WHERE nspname <> ALL($1) AND nspname NOT LIKE 'pg\\_%'",
+            &[&vec![schema, "information_schema"]],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (i, p) in projections.iter().enumerate() {
+        if p.get("kind").and_then(|k| k.as_str()) != Some("sql") {
+            continue;
+        }
+        for key in ["sql", "setup"] {
+            let Some(text) = p.get(key).and_then(|t| t.as_str()) else {
+                continue;
+            };
+            if let Some(n) = names.iter().find(|n| requalify(text, n, "\u{1}") != text) {
+                return Ok(Some((i + 1, n.clone())));
+            }
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -23,13 +23,13 @@ pub struct KafkaAck {
 }
 
 impl KafkaAck {
-    /// A committer for `group` on `brokers`.
+    /// A committer for `group` on the scratch cluster `client` ([`super::scratch::Cluster::client`]).
     ///
     /// # Errors
     /// A Kafka error.
-    pub fn new(brokers: &str, group: &str) -> Result<KafkaAck> {
-        let consumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+    pub fn new(client: &ClientConfig, group: &str) -> Result<KafkaAck> {
+        let consumer = client
+            .clone()
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()?;
@@ -97,7 +97,7 @@ impl Scripted {
     /// A Kafka error.
     pub fn new(
         core: Shared,
-        brokers: &str,
+        client: &ClientConfig,
         group: &str,
         order: Vec<Rec>,
         paced: bool,
@@ -108,7 +108,7 @@ impl Scripted {
             order: order.into(),
             starts: None,
             paced,
-            ack: KafkaAck::new(brokers, group)?,
+            ack: KafkaAck::new(client, group)?,
             delivered: Arc::new(AtomicU64::new(0)),
         })
     }

@@ -8,7 +8,8 @@
 //! inserts, not their content). Any other `…_at` column
 //! (`published_at`, `resolved_at`, `_deleted_at`) is compared as set or unset. Dead letters are compared as a set
 //! (a record quarantined again at a new offset is the same dead letter). Replaysafe's own bookkeeping tables
-//! (checkpoints, horizon, projection record, hand-over, truncates, group starts) are not compared.
+//! (checkpoints, horizon, pruned offsets, projection record, hand-over, truncates, group starts) are not
+//! compared.
 
 use std::collections::BTreeMap;
 
@@ -17,9 +18,10 @@ use tokio_postgres::Client;
 use crate::error::Result;
 
 /// Tables never compared: where and when, not what.
-const BOOKKEEPING: [&str; 6] = [
+const BOOKKEEPING: [&str; 7] = [
     "replaysafe_checkpoints",
     "replaysafe_horizon",
+    "replaysafe_pruned",
     "replaysafe_group_starts",
     "replaysafe_projection_handover",
     "replaysafe_projection_set",
@@ -162,6 +164,34 @@ async fn read_table(
         .collect();
     rows.sort();
     Ok(Table { columns, rows })
+}
+
+/// `s` without the columns `cols` (in every table; rows sorted again), e.g. the bookkeeping a snapshot read of
+/// an unchanged row may advance.
+pub fn without_columns(s: &Snapshot, cols: &[&str]) -> Snapshot {
+    s.iter()
+        .map(|(name, t)| {
+            let keep: Vec<usize> = (0..t.columns.len())
+                .filter(|&i| !cols.contains(&t.columns[i].as_str()))
+                .collect();
+            let mut rows: Vec<Vec<Option<String>>> = t
+                .rows
+                .iter()
+                .map(|r| keep.iter().map(|&i| r[i].clone()).collect())
+                .collect();
+            rows.sort();
+            let columns = keep.iter().map(|&i| t.columns[i].clone()).collect();
+            (name.clone(), Table { columns, rows })
+        })
+        .collect()
+}
+
+/// The rows of `want`'s `table` missing from `got`'s (a multiset difference), and how many rows `got` has more.
+pub fn missing_rows(want: &Snapshot, got: &Snapshot, table: &str) -> (usize, i64) {
+    let empty = Vec::new();
+    let w = want.get(table).map_or(&empty, |t| &t.rows);
+    let g = got.get(table).map_or(&empty, |t| &t.rows);
+    (minus(w, g).len(), g.len() as i64 - w.len() as i64)
 }
 
 /// One table's difference: rows expected but missing, rows there but not expected (at most `limit` each).
