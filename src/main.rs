@@ -623,7 +623,27 @@ fn logging(cli: &Cli) {
         .init();
 }
 
+/// `replaysafe check … | head`: Rust ignores SIGPIPE, so `println!` to a closed pipe panics. A reader that
+/// stopped reading is not an error of ours: exit quietly with 0, like other Unix filters (what was committed
+/// stays committed; nothing in flight is lost — a batch not committed is read again from the checkpoints).
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if text.contains("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(EXIT_OK);
+        }
+        default(info);
+    }));
+}
+
 fn main() {
+    quiet_on_broken_pipe();
     let cli = Cli::parse();
     logging(&cli);
     replaysafe::endpoint::set_connect_timeout(Duration::from_secs(cli.connect_timeout));

@@ -189,3 +189,24 @@ fn epoch_unit_and_plausible_range_are_validated() {
     ));
     ok.assert_ok();
 }
+
+/// `replaysafe check … | head`: stdout's reader is gone before anything is printed (the pipe's read end is
+/// closed before the process starts). The write fails with EPIPE; that must end the process quietly with exit
+/// 0, not a panic with a backtrace hint.
+#[test]
+fn check_into_a_closed_pipe_exits_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("good.toml");
+    std::fs::write(&path, GOOD).unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(bin())
+        .args(["check", "--config", path.to_str().unwrap()])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
