@@ -41,8 +41,8 @@ def worker(d, i):
 runs = {}
 for w in counts:
     d = f"{work}/w{w}"
-    rows, span = read(f"{d}/db.tsv").split("\t")
-    rows, span = int(rows), float(span)
+    rows, span, batches = read(f"{d}/db.tsv").split("\t")
+    rows, span, batches = int(rows), float(span), int(batches)
     s = json.load(open(f"{d}/sample.json"))
     ws = [worker(d, i) for i in range(1, w + 1)]
     total = max(s["backend_samples"], 1)
@@ -59,6 +59,9 @@ for w in counts:
         "wall_s": float(read(f"{d}/wall")),
         "events_per_s_wall": round(n / float(read(f"{d}/wall"))),
         "ledger_rows": rows,
+        "batch_transactions": batches,
+        "records_per_batch": round(rows / max(batches, 1), 1),
+        "batch_transactions_per_s": round(batches / span, 1) if span > 0 else None,
         "checkpointed": int(read(f"{d}/checkpointed")),
         "aggregate_rows_differing": int(read(f"{d}/differing")),
         "ledger_rows_not_produced": int(read(f"{d}/foreign")),
@@ -103,14 +106,14 @@ with open(out, "w") as f:
 
 print(f"scaling, {n} seed events, 16 partitions, one consumer group per worker count (commit {commit})")
 hdr = ("workers", "events/s", "x", "settled events/s", "x", "settle s", "wall s", "RSS MiB max", "rs CPU s", "PG backend CPU s", "PG wal/ckpt/bgw CPU s",
-       "WAL MiB", "WAL B/ev", "exact")
+       "WAL MiB", "WAL B/ev", "batches", "rec/batch", "exact")
 print(" | ".join(hdr))
 for w, r in runs.items():
     print(" | ".join(str(x) for x in (
         w, r["events_per_s"], r["speedup_vs_first"], r["events_per_s_settled"], r["settled_speedup_vs_first"],
         r["settle_s"], r["wall_s"], r["max_peak_rss_mib"], r["worker_cpu_s"],
         r["pg_backend_cpu_s"], r["pg_aux_cpu_s"], round(r["wal_bytes"] / 2**20, 1), r["wal_bytes_per_event"],
-        "yes" if all(r["checks"].values()) else "NO")))
+        r["batch_transactions"], r["records_per_batch"], "yes" if all(r["checks"].values()) else "NO")))
 keys = sorted({k for r in runs.values() for k in r["in_transaction_share_pct"]},
               key=lambda k: -max(r["in_transaction_share_pct"].get(k, 0) for r in runs.values()))
 print("\nworkers' backends inside a transaction, % of pg_stat_activity samples (every 100 ms)")
