@@ -34,6 +34,7 @@ mod projections;
 mod prove;
 mod registry;
 mod registry_cdc;
+mod review14;
 mod relay;
 mod sasl;
 mod starts;
