@@ -307,11 +307,12 @@ fn new_columns_add_with_real_debezium() {
     assert_eq!(
         added_types(&db),
         vec![
-            "tier text",
-            "order integer",
             "amount numeric",
-            "seen timestamp with time zone"
-        ]
+            "order integer",
+            "seen timestamp with time zone",
+            "tier text"
+        ],
+        "added in the order of the change's members (by name)"
     );
     let want = vec![
         "1 | one again | gold | 5 | 12.34 | 2024-01-02 01:04:05.123456",
