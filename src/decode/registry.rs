@@ -212,8 +212,13 @@ impl Registry {
         };
         match status {
             200 => Attempt::Done(body),
-            404 => Attempt::Unknown(format!(
+            404 if not_found(&body) => Attempt::Unknown(format!(
                 "the registry has no schema with this id ({})",
+                short(&body)
+            )),
+            404 => Attempt::Refused(format!(
+                "schema registry {}: GET {url} answered HTTP 404 without the registry's \"not found\" error code                  (40401–40499): the URL does not serve the Confluent-compatible API — check [source]                  schema-registry url (Apicurio Registry: …/apis/ccompat/v7, not …/apis/registry/v2): {}",
+                self.plan.url,
                 short(&body)
             )),
             401 | 403 => Attempt::Refused(format!(
@@ -224,6 +229,16 @@ impl Registry {
             _ => Attempt::Retry(format!("GET {url}: HTTP {status}: {}", short(&body))),
         }
     }
+}
+
+/// Whether a 404 answer is the registry's own "not found" (Confluent error codes 40401 subject, 40402 version,
+/// 40403 schema; Confluent "Schema Registry API Reference", Errors), not a path the server does not serve (a
+/// wrong base URL: every id would look unknown and every record would be dead-lettered).
+fn not_found(body: &str) -> bool {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("error_code").and_then(Value::as_i64))
+        .is_some_and(|c| (40401..=40499).contains(&c))
 }
 
 enum Attempt {

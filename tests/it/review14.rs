@@ -431,3 +431,41 @@ fn read_values_raw_count(topic: &str, n: i64) {
         std::thread::sleep(Duration::from_millis(300));
     }
 }
+
+/// A newcomer's wrong registry URL (Apicurio's native `/apis/registry/v2`, the one the Connect converters take)
+/// answers 404 for every id: that is the configuration's fault, not the records' — the run stops (exit 1)
+/// naming the URL, no dead letter, the checkpoint before the record; with the right URL the rerun lands it.
+#[test]
+fn a_registry_url_that_is_not_the_confluent_api_stops_instead_of_dead_lettering() {
+    let db = Db::fresh("r14url");
+    let topic = new_topic("r14url", 1);
+    let id = register(&format!("{topic}-value"), "AVRO", ORDER_AVRO);
+    let schema = apache_avro::Schema::parse_str(ORDER_AVRO).unwrap();
+    let placed = order_avro(&schema, 1, "OrderPlaced", "o-1", 1, Some("c-1"), None);
+    produce(
+        &topic,
+        &[Rec {
+            partition: 0,
+            key: Some(b"o-1".to_vec()),
+            value: Some(frame(id, &placed)),
+            timestamp_ms: None,
+        }],
+    );
+    let group = unique("g");
+    let wrong = registry_url().replace("/apis/ccompat/v7", "/apis/registry/v2");
+    let out = try_run(&orders(&topic, &group, &db, &avro_source(&wrong)).path);
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("does not serve the Confluent-compatible API") && out.stderr.contains("offset 0"),
+        "{}",
+        out.stderr
+    );
+    assert!(dead_letters(&db).is_empty(), "{:?}", dead_letters(&db));
+    assert!(db.checkpoint(&group, &topic, 0).unwrap_or(0) == 0);
+    let t = run_caught_up(&orders(&topic, &group, &db, &avro_source(&registry_url())).path).tally();
+    assert_eq!((t.consumed, t.landed, t.quarantined), (1, 1, 0));
+    assert_eq!(
+        db.text("SELECT status FROM {s}.orders WHERE order_id = 'o-1'"),
+        Some("PLACED".to_string())
+    );
+}
