@@ -469,3 +469,54 @@ fn a_registry_url_that_is_not_the_confluent_api_stops_instead_of_dead_lettering(
         Some("PLACED".to_string())
     );
 }
+
+/// A server that answers every request with HTTP 200 and an HTML page (a proxy's login page, a UI).
+fn html_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            read_head(&mut c);
+            let body = "<html><body>Sign in</body></html>";
+            let _ = c.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    format!("http://127.0.0.1:{port}/apis/ccompat/v7")
+}
+
+/// A registry URL that answers 200 with something other than the registry's JSON (an HTML page) is the
+/// configuration's fault: the run stops (exit 1) naming it, no dead letter, the checkpoint before the record.
+#[test]
+fn a_registry_url_answering_html_stops_instead_of_dead_lettering() {
+    let db = Db::fresh("r14html");
+    let topic = new_topic("r14html", 1);
+    let schema = apache_avro::Schema::parse_str(ORDER_AVRO).unwrap();
+    let placed = order_avro(&schema, 1, "OrderPlaced", "o-1", 1, Some("c-1"), None);
+    produce(
+        &topic,
+        &[Rec {
+            partition: 0,
+            key: Some(b"o-1".to_vec()),
+            value: Some(frame(1, &placed)),
+            timestamp_ms: None,
+        }],
+    );
+    let group = unique("g");
+    let out = try_run(&orders(&topic, &group, &db, &avro_source(&html_server())).path);
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("is not the Confluent-compatible API's (answer is not JSON")
+            && out.stderr.contains("offset 0"),
+        "{}",
+        out.stderr
+    );
+    assert!(dead_letters(&db).is_empty(), "{:?}", dead_letters(&db));
+    assert!(db.checkpoint(&group, &topic, 0).unwrap_or(0) == 0);
+}
