@@ -520,3 +520,88 @@ fn a_registry_url_answering_html_stops_instead_of_dead_lettering() {
     assert!(dead_letters(&db).is_empty(), "{:?}", dead_letters(&db));
     assert!(db.checkpoint(&group, &topic, 0).unwrap_or(0) == 0);
 }
+
+/// A schemaless Debezium change of `public.accounts`, as a JSON Schema converter writes it (the payload alone).
+fn dbz_change(op: &str, before: serde_json::Value, after: serde_json::Value, lsn: i64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "before": before, "after": after, "op": op, "ts_ms": 1_760_000_000_000i64 + lsn,
+        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": "accounts",
+            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1_760_000_000_000i64 + lsn,
+            "sequence": format!("[\"{}\",\"{lsn}\"]", lsn - 5)},
+    }))
+    .unwrap()
+}
+
+/// JSON Schema framed Debezium keys and values with nulls, over two partitions: an explicit null is a NULL, an
+/// absent member keeps the stored value, a delete leaves a tombstone, the Kafka tombstone (null value) is
+/// filtered; a key that is not framed is quarantined naming it; a replay under another group lands nothing.
+#[test]
+fn json_schema_debezium_values_with_nulls() {
+    use serde_json::json;
+    let db = Db::fresh("r14js");
+    let topic = new_topic("r14js", 2);
+    let id = register(
+        &format!("{topic}-value"),
+        "JSON",
+        r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"object"}"#,
+    );
+    let kid = register(
+        &format!("{topic}-key"),
+        "JSON",
+        r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"id":{"type":"integer"}}}"#,
+    );
+    let rec = |partition: i32, key: i64, value: Option<Vec<u8>>| Rec {
+        partition,
+        key: Some(frame(kid, format!("{{\"id\":{key}}}").as_bytes())),
+        value: value.map(|v| frame(id, &v)),
+        timestamp_ms: None,
+    };
+    let null = serde_json::Value::Null;
+    let mut plain_key = rec(1, 9, Some(dbz_change("c", null.clone(), json!({"id": 9, "owner": "n"}), 400)));
+    plain_key.key = Some(br#"{"id":9}"#.to_vec());
+    produce(
+        &topic,
+        &[
+            rec(0, 1, Some(dbz_change("c", null.clone(), json!({"id": 1, "owner": null, "balance": "1.50"}), 100))),
+            rec(1, 2, Some(dbz_change("c", null.clone(), json!({"id": 2, "owner": "two", "balance": null}), 110))),
+            rec(0, 1, Some(dbz_change("u", null.clone(), json!({"id": 1, "owner": "one", "balance": "2.00"}), 200))),
+            rec(1, 2, Some(dbz_change("u", null.clone(), json!({"id": 2, "owner": null, "balance": "3.00"}), 210))),
+            rec(0, 1, Some(dbz_change("u", null.clone(), json!({"id": 1, "balance": null}), 300))),
+            rec(1, 3, Some(dbz_change("c", null.clone(), json!({"id": 3, "owner": "three", "balance": "0.00"}), 310))),
+            rec(1, 3, Some(dbz_change("d", json!({"id": 3, "owner": null, "balance": null}), null.clone(), 320))),
+            rec(1, 3, None),
+            plain_key,
+        ],
+    );
+    let text = format!(
+        "{DEBEZIUM_HEADER}encoding = \"json-schema\"\nschema-registry = {{ url = \"{}\" }}\ndecimal-handling = \"string\"\n\
+         [[projection]]\nkind = \"row\"\ntable = \"accounts\"\nsource-table = \"public.accounts\"\nkey = [\"id\"]\n\
+         columns = {{ id = \"bigint\", owner = \"text\", balance = \"numeric(12,2)\" }}\n",
+        registry_url()
+    );
+    let group = unique("g");
+    let out = run_caught_up(&pipeline(&text, &topic, &group, &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.filtered, t.quarantined),
+        (9, 7, 0, 1, 1),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        db.column::<String>(
+            "SELECT concat_ws(' | ', id, coalesce(owner, 'NULL'), coalesce(balance::text, 'NULL')) FROM {s}.accounts ORDER BY id"
+        ),
+        vec!["1 | one | NULL", "2 | NULL | 3.00"]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts_tombstones WHERE id = 3"), 1);
+    let dl = dead_letters(&db);
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0].1, "schema-registry");
+    assert!(dl[0].2.contains("the key is not schema-registry framed"), "{dl:?}");
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(6));
+    let again = run_caught_up(&pipeline(&text, &topic, &unique("g2"), &db.schema).path).tally();
+    assert_eq!((again.landed, again.duplicate, again.quarantined), (0, 7, 1));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 1);
+}
