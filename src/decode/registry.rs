@@ -270,8 +270,8 @@ fn not_the_api(id: u32, what: &str) -> Fetch {
 /// The registry's answer for `id` (and the texts of the schemas it references) → a [`Schema`].
 fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
     let bad = |m: String| Fetch::Unknown(format!("schema id {id}: {m}"));
-    let v: Value =
-        serde_json::from_str(body).map_err(|e| not_the_api(id, &format!("answer is not JSON: {e}")))?;
+    let v: Value = serde_json::from_str(body)
+        .map_err(|e| not_the_api(id, &format!("answer is not JSON: {e}")))?;
     let text = v
         .get("schema")
         .and_then(Value::as_str)

@@ -84,10 +84,14 @@ fn avro_declared_lengths_cannot_allocate_beyond_the_record() {
         Some("PLACED".to_string())
     );
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
-    let again = run_caught_up(&orders(&topic, &unique("g2"), &db, &avro_source(&registry_url())).path);
+    let again =
+        run_caught_up(&orders(&topic, &unique("g2"), &db, &avro_source(&registry_url())).path);
     let a = again.tally();
     assert_eq!((a.landed, a.duplicate, a.quarantined), (0, 1, 2));
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 2);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        2
+    );
 }
 
 /// A one-request-per-connection HTTP proxy to the registry that the test controls: the first `ok_first`
@@ -168,7 +172,11 @@ fn registry_failing_mid_run_is_retried_not_dead_lettered() {
     let db = Db::fresh("r14flaky");
     let topic = new_topic("r14flaky", 2);
     let id = register(&format!("{topic}-value"), "AVRO", ORDER_AVRO);
-    let v2 = ORDER_AVRO.replacen(r#""name":"OrderEvent","#, r#""name":"OrderEvent","doc":"v2","#, 1);
+    let v2 = ORDER_AVRO.replacen(
+        r#""name":"OrderEvent","#,
+        r#""name":"OrderEvent","doc":"v2","#,
+        1,
+    );
     let id2 = register(&format!("{topic}-value"), "AVRO", &v2);
     assert_ne!(id, id2, "a second schema id");
     let schema = apache_avro::Schema::parse_str(ORDER_AVRO).unwrap();
@@ -194,7 +202,14 @@ fn registry_failing_mid_run_is_retried_not_dead_lettered() {
     let p = orders(&topic, &group, &db, &avro_source(&url));
     let config = p.path.to_str().unwrap().to_string();
     let out = replaysafe_with(
-        &["run", "--config", &config, "--until-caught-up", "--connect-timeout", "60"],
+        &[
+            "run",
+            "--config",
+            &config,
+            "--until-caught-up",
+            "--connect-timeout",
+            "60",
+        ],
         &[],
         Duration::from_secs(180),
     );
@@ -272,7 +287,8 @@ fn new_columns_add_with_real_debezium() {
             vs.iter().any(|v| v["payload"]["after"]["id"] == id)
         })
     };
-    let run = |db: &Db, group: &str| run_caught_up(&pipeline(&text, &topic, group, &db.schema).path);
+    let run =
+        |db: &Db, group: &str| run_caught_up(&pipeline(&text, &topic, group, &db.schema).path);
 
     db.execute(&format!("INSERT INTO {src}.accounts VALUES (2, 'two')"));
     wait_marker(2);
@@ -300,7 +316,10 @@ fn new_columns_add_with_real_debezium() {
     wait_marker(900);
     let deadline = Instant::now() + Duration::from_secs(120);
     while db.i64("SELECT count(*) FROM {s}.accounts WHERE id = 900") == 0 {
-        assert!(Instant::now() < deadline, "the running worker never landed the marker");
+        assert!(
+            Instant::now() < deadline,
+            "the running worker never landed the marker"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     assert_eq!(terminate(&mut worker), Some(0));
@@ -373,10 +392,16 @@ fn avro_edges_and_a_retype_with_real_debezium() {
     let mut props = avro_converters();
     props.push(("topic.prefix".into(), src.clone()));
     props.push(("table.include.list".into(), format!("{src}.items")));
-    let refs: Vec<(&str, &str)> = props.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let refs: Vec<(&str, &str)> = props
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let dir = tempfile::tempdir().unwrap();
-    let mut connect =
-        Connect::start_with_env(&dir.path().join(&src), &refs, &[("CONNECT_EXTRA_LIB", lib.as_str())]);
+    let mut connect = Connect::start_with_env(
+        &dir.path().join(&src),
+        &refs,
+        &[("CONNECT_EXTRA_LIB", lib.as_str())],
+    );
     let topic = connect.topic(&src, "items");
     for stmt in [
         format!("INSERT INTO {src}.items VALUES (1, '1969-12-31 23:59:59.999999', '1969-12-31 23:59:59.999999+05:30', -0.000001, '1969-12-31', 7)"),
@@ -412,7 +437,10 @@ fn avro_edges_and_a_retype_with_real_debezium() {
     let t = out.tally();
     assert_eq!((t.consumed, t.landed, t.quarantined), (7, 7, 0));
     let again = run_caught_up(&pipeline(&text, &topic, &unique("g2"), &db.schema).path).tally();
-    assert_eq!((again.landed, again.duplicate, again.quarantined), (0, 7, 0));
+    assert_eq!(
+        (again.landed, again.duplicate, again.quarantined),
+        (0, 7, 0)
+    );
     db.execute(&format!("DROP SCHEMA {src} CASCADE"));
 }
 
@@ -456,7 +484,9 @@ fn a_registry_url_that_is_not_the_confluent_api_stops_instead_of_dead_lettering(
     let out = try_run(&orders(&topic, &group, &db, &avro_source(&wrong)).path);
     assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
     assert!(
-        out.stderr.contains("does not serve the Confluent-compatible API") && out.stderr.contains("offset 0"),
+        out.stderr
+            .contains("does not serve the Confluent-compatible API")
+            && out.stderr.contains("offset 0"),
         "{}",
         out.stderr
     );
@@ -512,7 +542,8 @@ fn a_registry_url_answering_html_stops_instead_of_dead_lettering() {
     let out = try_run(&orders(&topic, &group, &db, &avro_source(&html_server())).path);
     assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
     assert!(
-        out.stderr.contains("is not the Confluent-compatible API's (answer is not JSON")
+        out.stderr
+            .contains("is not the Confluent-compatible API's (answer is not JSON")
             && out.stderr.contains("offset 0"),
         "{}",
         out.stderr
@@ -557,18 +588,90 @@ fn json_schema_debezium_values_with_nulls() {
         timestamp_ms: None,
     };
     let null = serde_json::Value::Null;
-    let mut plain_key = rec(1, 9, Some(dbz_change("c", null.clone(), json!({"id": 9, "owner": "n"}), 400)));
+    let mut plain_key = rec(
+        1,
+        9,
+        Some(dbz_change(
+            "c",
+            null.clone(),
+            json!({"id": 9, "owner": "n"}),
+            400,
+        )),
+    );
     plain_key.key = Some(br#"{"id":9}"#.to_vec());
     produce(
         &topic,
         &[
-            rec(0, 1, Some(dbz_change("c", null.clone(), json!({"id": 1, "owner": null, "balance": "1.50"}), 100))),
-            rec(1, 2, Some(dbz_change("c", null.clone(), json!({"id": 2, "owner": "two", "balance": null}), 110))),
-            rec(0, 1, Some(dbz_change("u", null.clone(), json!({"id": 1, "owner": "one", "balance": "2.00"}), 200))),
-            rec(1, 2, Some(dbz_change("u", null.clone(), json!({"id": 2, "owner": null, "balance": "3.00"}), 210))),
-            rec(0, 1, Some(dbz_change("u", null.clone(), json!({"id": 1, "balance": null}), 300))),
-            rec(1, 3, Some(dbz_change("c", null.clone(), json!({"id": 3, "owner": "three", "balance": "0.00"}), 310))),
-            rec(1, 3, Some(dbz_change("d", json!({"id": 3, "owner": null, "balance": null}), null.clone(), 320))),
+            rec(
+                0,
+                1,
+                Some(dbz_change(
+                    "c",
+                    null.clone(),
+                    json!({"id": 1, "owner": null, "balance": "1.50"}),
+                    100,
+                )),
+            ),
+            rec(
+                1,
+                2,
+                Some(dbz_change(
+                    "c",
+                    null.clone(),
+                    json!({"id": 2, "owner": "two", "balance": null}),
+                    110,
+                )),
+            ),
+            rec(
+                0,
+                1,
+                Some(dbz_change(
+                    "u",
+                    null.clone(),
+                    json!({"id": 1, "owner": "one", "balance": "2.00"}),
+                    200,
+                )),
+            ),
+            rec(
+                1,
+                2,
+                Some(dbz_change(
+                    "u",
+                    null.clone(),
+                    json!({"id": 2, "owner": null, "balance": "3.00"}),
+                    210,
+                )),
+            ),
+            rec(
+                0,
+                1,
+                Some(dbz_change(
+                    "u",
+                    null.clone(),
+                    json!({"id": 1, "balance": null}),
+                    300,
+                )),
+            ),
+            rec(
+                1,
+                3,
+                Some(dbz_change(
+                    "c",
+                    null.clone(),
+                    json!({"id": 3, "owner": "three", "balance": "0.00"}),
+                    310,
+                )),
+            ),
+            rec(
+                1,
+                3,
+                Some(dbz_change(
+                    "d",
+                    json!({"id": 3, "owner": null, "balance": null}),
+                    null.clone(),
+                    320,
+                )),
+            ),
             rec(1, 3, None),
             plain_key,
         ],
@@ -594,14 +697,26 @@ fn json_schema_debezium_values_with_nulls() {
         ),
         vec!["1 | one | NULL", "2 | NULL | 3.00"]
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts_tombstones WHERE id = 3"), 1);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.accounts_tombstones WHERE id = 3"),
+        1
+    );
     let dl = dead_letters(&db);
     assert_eq!(dl.len(), 1, "{dl:?}");
     assert_eq!(dl[0].1, "schema-registry");
-    assert!(dl[0].2.contains("the key is not schema-registry framed"), "{dl:?}");
+    assert!(
+        dl[0].2.contains("the key is not schema-registry framed"),
+        "{dl:?}"
+    );
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
     assert_eq!(db.checkpoint(&group, &topic, 1), Some(6));
     let again = run_caught_up(&pipeline(&text, &topic, &unique("g2"), &db.schema).path).tally();
-    assert_eq!((again.landed, again.duplicate, again.quarantined), (0, 7, 1));
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 1);
+    assert_eq!(
+        (again.landed, again.duplicate, again.quarantined),
+        (0, 7, 1)
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        1
+    );
 }
