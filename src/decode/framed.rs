@@ -75,6 +75,7 @@ pub fn unframe<'a>(
     })?;
     match (pipeline.encoding, schema.as_ref()) {
         (Encoding::Avro, Schema::Avro { schema, refs, json }) => {
+            bound_avro_allocations(pipeline.max_record_bytes);
             let connect = pipeline.format == Format::Debezium;
             super::avro::to_json(schema, refs, json, body, connect)
                 .map(|v| Some(Cow::Owned(v)))
@@ -91,6 +92,16 @@ pub fn unframe<'a>(
             enc.as_str()
         ))),
     }
+}
+
+/// Bounds what the Avro decoder reserves for a declared length (a string's or bytes' length, an array's or map's
+/// block count) to `max_record_bytes`: a datum cannot hold more than the record's bytes, while the decoder's own
+/// bound (512 MiB *items*) let a frame of a few bytes declaring a map of 500 million entries reserve ~80 GB and
+/// abort the process (a poison pill that crashes every restart). Such a frame now fails to decode and is
+/// quarantined as `schema-registry`. `apache_avro`'s bound is process-wide and set once: the first pipeline's
+/// limit holds (one pipeline per process).
+fn bound_avro_allocations(max_record_bytes: usize) {
+    apache_avro::util::max_allocation_bytes(max_record_bytes.max(1024));
 }
 
 /// The reason for a frame on a pipeline without a registry: JSON after the frame (JSON Schema) or binary (Avro,

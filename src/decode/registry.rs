@@ -124,7 +124,7 @@ impl Registry {
         depth: u32,
     ) -> Result<(), Fetch> {
         let v: Value = serde_json::from_str(answer)
-            .map_err(|e| Fetch::Unknown(format!("schema id {id}: answer is not JSON: {e}")))?;
+            .map_err(|e| not_the_api(id, &format!("answer is not JSON: {e}")))?;
         let Some(refs) = v.get("references").and_then(Value::as_array) else {
             return Ok(());
         };
@@ -212,8 +212,13 @@ impl Registry {
         };
         match status {
             200 => Attempt::Done(body),
-            404 => Attempt::Unknown(format!(
+            404 if not_found(&body) => Attempt::Unknown(format!(
                 "the registry has no schema with this id ({})",
+                short(&body)
+            )),
+            404 => Attempt::Refused(format!(
+                "schema registry {}: GET {url} answered HTTP 404 without the registry's \"not found\" error code                  (40401–40499): the URL does not serve the Confluent-compatible API — check [source]                  schema-registry url (Apicurio Registry: …/apis/ccompat/v7, not …/apis/registry/v2): {}",
+                self.plan.url,
                 short(&body)
             )),
             401 | 403 => Attempt::Refused(format!(
@@ -224,6 +229,16 @@ impl Registry {
             _ => Attempt::Retry(format!("GET {url}: HTTP {status}: {}", short(&body))),
         }
     }
+}
+
+/// Whether a 404 answer is the registry's own "not found" (Confluent error codes 40401 subject, 40402 version,
+/// 40403 schema; Confluent "Schema Registry API Reference", Errors), not a path the server does not serve (a
+/// wrong base URL: every id would look unknown and every record would be dead-lettered).
+fn not_found(body: &str) -> bool {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("error_code").and_then(Value::as_i64))
+        .is_some_and(|c| (40401..=40499).contains(&c))
 }
 
 enum Attempt {
@@ -242,15 +257,25 @@ fn short(s: &str) -> String {
     }
 }
 
+/// An HTTP 200 answer that is not the registry's `{"schema": …}` (an HTML page of a proxy or a UI, another API):
+/// the URL's fault, not the record's — every id would fail the same way — so the pipeline stops
+/// ([`Fetch::Unavailable`]) instead of dead-lettering every record.
+fn not_the_api(id: u32, what: &str) -> Fetch {
+    Fetch::Unavailable(format!(
+        "schema registry answer for schema id {id} is not the Confluent-compatible API's ({what}): check [source] \
+         schema-registry url (Apicurio Registry: …/apis/ccompat/v7)"
+    ))
+}
+
 /// The registry's answer for `id` (and the texts of the schemas it references) → a [`Schema`].
 fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
     let bad = |m: String| Fetch::Unknown(format!("schema id {id}: {m}"));
-    let v: Value =
-        serde_json::from_str(body).map_err(|e| bad(format!("answer is not JSON: {e}")))?;
+    let v: Value = serde_json::from_str(body)
+        .map_err(|e| not_the_api(id, &format!("answer is not JSON: {e}")))?;
     let text = v
         .get("schema")
         .and_then(Value::as_str)
-        .ok_or_else(|| bad("answer has no `schema` string".into()))?;
+        .ok_or_else(|| not_the_api(id, "answer has no `schema` string"))?;
     match v
         .get("schemaType")
         .and_then(Value::as_str)

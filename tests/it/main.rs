@@ -35,6 +35,7 @@ mod prove;
 mod registry;
 mod registry_cdc;
 mod relay;
+mod review14;
 mod sasl;
 mod starts;
 mod tls;

@@ -165,7 +165,7 @@ pub fn frame(id: u32, body: &[u8]) -> Vec<u8> {
     f
 }
 
-const ORDER_AVRO: &str = r#"{"type":"record","name":"OrderEvent","namespace":"shop","fields":[
+pub const ORDER_AVRO: &str = r#"{"type":"record","name":"OrderEvent","namespace":"shop","fields":[
  {"name":"event_id","type":{"type":"string","logicalType":"uuid"}},
  {"name":"event_type","type":"string"},
  {"name":"entity_id","type":"string"},
@@ -175,7 +175,7 @@ const ORDER_AVRO: &str = r#"{"type":"record","name":"OrderEvent","namespace":"sh
    {"name":"customer_id","type":["null","string"],"default":null},
    {"name":"amount","type":["null",{"type":"bytes","logicalType":"decimal","precision":12,"scale":2}],"default":null}]}}]}"#;
 
-fn order_avro(
+pub fn order_avro(
     schema: &apache_avro::Schema,
     n: u32,
     event_type: &str,

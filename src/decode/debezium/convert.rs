@@ -82,7 +82,20 @@ fn int(v: &Value) -> Result<i64, String> {
     }
 }
 
+/// pgjdbc's `PGStatement.DATE_POSITIVE_INFINITY` / `DATE_NEGATIVE_INFINITY`: what Debezium's PostgreSQL
+/// connector writes for a timestamp `infinity` / `-infinity`, in every unit (`Timestamp`, `MicroTimestamp`,
+/// `NanoTimestamp`; Debezium PostgreSQL connector documentation, "Temporal types").
+const PG_INFINITY: i64 = 9_223_372_036_825_200_000;
+const PG_NEG_INFINITY: i64 = -9_223_372_036_832_400_000;
+
 fn timestamp(n: i64, unit: Unit) -> Result<String, String> {
+    if unit != Unit::Days {
+        match n {
+            PG_INFINITY => return Ok("infinity".into()),
+            PG_NEG_INFINITY => return Ok("-infinity".into()),
+            _ => {}
+        }
+    }
     let (secs, nanos) = match unit {
         Unit::Millis => (n.div_euclid(1_000), n.rem_euclid(1_000) * 1_000_000),
         Unit::Micros => (n.div_euclid(1_000_000), n.rem_euclid(1_000_000) * 1_000),
@@ -110,7 +123,18 @@ fn time(n: i64, unit: Unit) -> Result<String, String> {
     Ok(trim_fraction(t.format("%H:%M:%S%.9f").to_string()))
 }
 
+/// What Debezium's PostgreSQL connector writes for a `date` `infinity` / `-infinity` (PostgreSQL's
+/// `DATEVAL_NOEND` / `DATEVAL_NOBEGIN`, `INT_MAX` / `INT_MIN` days after 2000-01-01, shifted to the Unix epoch in
+/// 32 bits: they wrap), as Debezium 3.6.1 writes them; far outside PostgreSQL's date range, so never a real date.
+const PG_DATE_INFINITY: i64 = -2_147_472_692;
+const PG_DATE_NEG_INFINITY: i64 = -2_147_472_691;
+
 fn date(days: i64) -> Result<String, String> {
+    match days {
+        PG_DATE_INFINITY => return Ok("infinity".into()),
+        PG_DATE_NEG_INFINITY => return Ok("-infinity".into()),
+        _ => {}
+    }
     let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid");
     epoch
         .checked_add_signed(chrono::Duration::days(days))
