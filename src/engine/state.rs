@@ -203,7 +203,7 @@ impl Core {
         let mut handled: Vec<Tp> = Vec::new();
         for (cut, r) in results {
             if let Some(parts) = &cut.tx {
-                if let Err(e) = self.settle_transaction(parts, r) {
+                if let Err(e) = self.settle_transaction(ack, parts, r) {
                     first_err.get_or_insert(e);
                 }
                 continue;
@@ -294,10 +294,13 @@ impl Core {
     }
 
     /// A source transaction's flush result ([`crate::engine::txbuf`]): committed → counted, its offsets no longer
-    /// held (the partitions' next batches step over them); not committed → the run ends with the error and the
-    /// checkpoints stay before its records.
+    /// held (the partitions' next batches step over them); fenced (a part's partition taken by another owner) →
+    /// nothing of it written, and every partition it touched handed back as fenced ([`Core::fenced`]: read again
+    /// from its checkpoint, before the records, if it is still ours); not committed → the run ends with the
+    /// error and the checkpoints stay before its records.
     fn settle_transaction(
         &mut self,
+        ack: &dyn Ack,
         parts: &[crate::sink::Batch],
         r: Result<Applied>,
     ) -> Result<()> {
@@ -325,6 +328,46 @@ impl Core {
                     t.settled(parts);
                 }
                 Ok(())
+            }
+            Ok(Applied::Fenced) => {
+                // The parts whose partition we no longer hold under their fence were fenced; when we think we
+                // hold them all, the database says otherwise for one of them: all are handed back.
+                let tps = |bs: &[crate::sink::Batch]| -> Vec<Tp> {
+                    bs.iter().map(|b| (b.topic.clone(), b.partition)).collect()
+                };
+                let mut lost: Vec<Tp> = parts
+                    .iter()
+                    .filter(|b| {
+                        let tp = (b.topic.clone(), b.partition);
+                        self.parts.get(&tp).is_none_or(|st| st.fence != b.fence)
+                    })
+                    .map(|b| (b.topic.clone(), b.partition))
+                    .collect();
+                if lost.is_empty() {
+                    lost = tps(parts);
+                }
+                if let Some(t) = self.tx.as_mut() {
+                    t.requeue(parts, |tp| !lost.contains(tp));
+                    for tp in &lost {
+                        t.rewound(tp);
+                    }
+                }
+                let mut first_err = None;
+                for tp in lost {
+                    if !self.parts.contains_key(&tp) {
+                        continue;
+                    }
+                    match self.fenced(ack, &tp) {
+                        None => {
+                            crate::health::fenced(&tp);
+                            self.parts.remove(&tp);
+                        }
+                        Some(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                first_err.map_or(Ok(()), Err)
             }
             Ok(_) => Err(Error::Other(
                 "a source transaction's batch was not applied (an earlier batch of its connection failed)".into(),

@@ -126,7 +126,7 @@ struct Open {
     records: BTreeMap<(Tp, i64), (Item, Vec<String>)>,
     /// Records per collection name (each of a record's names).
     per: HashMap<String, u64>,
-    end: Option<(u64, Vec<(String, u64)>)>,
+    end: Option<End>,
     bytes: usize,
 }
 
@@ -178,13 +178,19 @@ pub struct TxBuf {
     bytes: usize,
     closed: HashSet<String>,
     closed_order: VecDeque<String>,
+    /// Transactions taken for applying, not settled yet: when they were first seen and their END, for
+    /// [`TxBuf::requeue`].
+    applying: HashMap<String, (Instant, Option<End>)>,
 }
+
+/// An END's `event_count` and per-collection counts.
+type End = (u64, Vec<(String, u64)>);
 
 /// How many applied transaction ids [`TxBuf`] remembers.
 pub const CLOSED: usize = 10_000;
 
 /// A transaction ready to apply: its id, why, and its parts (one batch per partition, offsets ascending;
-/// `fence`/`expected`/`end` unused: no checkpoint step).
+/// `fence` set by [`cuts`] to the partition's, `expected`/`end` unused: no checkpoint step).
 pub struct Ready {
     /// The transaction id.
     pub id: String,
@@ -205,6 +211,7 @@ impl TxBuf {
             bytes: 0,
             closed: HashSet::new(),
             closed_order: VecDeque::new(),
+            applying: HashMap::new(),
         }
     }
 
@@ -305,6 +312,7 @@ impl TxBuf {
             if o.records.is_empty() {
                 continue;
             }
+            self.applying.insert(id.clone(), (o.first, o.end.clone()));
             if why != Why::Complete {
                 tracing::warn!(transaction = %id, records = o.records.len(), ?why, end_seen = o.end.is_some(),
                     "source transaction applied as it is (incomplete): its END or some of its changes did not arrive in time");
@@ -341,6 +349,9 @@ impl TxBuf {
 
     /// A transaction's parts committed (or were dropped with their partition): their offsets are no longer held.
     pub fn settled(&mut self, parts: &[Batch]) {
+        if let Some(id) = tx_id(parts) {
+            self.applying.remove(&id);
+        }
         for b in parts {
             let tp = (b.topic.clone(), b.partition);
             if let Some(h) = self.held.get_mut(&tp) {
@@ -352,6 +363,41 @@ impl TxBuf {
                 }
             }
         }
+    }
+
+    /// A transaction's commit was fenced: nothing of it was written. It is open again (its END kept) with the
+    /// records of the parts `keep` says are still ours (still held); the other parts' offsets are no longer held —
+    /// their partitions' owners read them again from the checkpoints, and records read again here are buffered
+    /// anew.
+    pub fn requeue(&mut self, parts: &[Batch], keep: impl Fn(&Tp) -> bool) {
+        let Some(id) = tx_id(parts) else {
+            return;
+        };
+        let (first, end) = self
+            .applying
+            .remove(&id)
+            .unwrap_or_else(|| (Instant::now(), None));
+        self.closed.remove(&id);
+        self.closed_order.retain(|x| *x != id);
+        let (kept, lost): (Vec<&Batch>, Vec<&Batch>) = parts
+            .iter()
+            .partition(|b| keep(&(b.topic.clone(), b.partition)));
+        self.settled(&lost.into_iter().cloned().collect::<Vec<_>>());
+        let mut added = 0isize;
+        let o = self.entry(id);
+        o.first = first;
+        o.end = o.end.take().or(end);
+        for b in kept {
+            let tp = (b.topic.clone(), b.partition);
+            for it in &b.items {
+                let collections = match meta(it.value.as_deref()) {
+                    Meta::Change { collections, .. } => collections,
+                    _ => Vec::new(),
+                };
+                added += o.add(&tp, it.clone(), collections);
+            }
+        }
+        self.bytes = (self.bytes as isize + added) as usize;
     }
 
     /// How far a batch of `tp` may move its checkpoint: before its lowest held offset, and not past the last
@@ -395,6 +441,17 @@ impl TxBuf {
     }
 }
 
+/// The source transaction id of a transaction's parts (its first change's, as [`tx_key`] keys it).
+pub fn tx_id(parts: &[Batch]) -> Option<String> {
+    parts
+        .iter()
+        .flat_map(|b| b.items.iter())
+        .find_map(|it| match meta(it.value.as_deref()) {
+            Meta::Change { id, .. } => Some(id),
+            _ => None,
+        })
+}
+
 /// One batch per partition, offsets ascending.
 fn parts(records: BTreeMap<(Tp, i64), (Item, Vec<String>)>) -> Vec<Batch> {
     let mut by: BTreeMap<Tp, Vec<Item>> = BTreeMap::new();
@@ -428,7 +485,13 @@ pub fn cuts(
     let mut cuts: Vec<Cut> = t
         .ready(Instant::now())
         .into_iter()
-        .map(|r| {
+        .map(|mut r| {
+            // Each part under the fence its partition is held by now: its commit takes that fence.
+            for b in &mut r.parts {
+                b.fence = parts
+                    .get(&(b.topic.clone(), b.partition))
+                    .map_or(0, |st| st.fence);
+            }
             let first = &r.parts[0];
             tracing::debug!(transaction = %r.id, why = ?r.why, parts = r.parts.len(), "source transaction applied");
             Cut {
