@@ -393,6 +393,8 @@ impl Engine {
             Some(item) => core.push(&r.tp, item, day, self.extras.days),
             None => {
                 core.first_record.get_or_insert_with(Instant::now);
+                // Tests: a crash (no clean-up, as SIGKILL) with part of a source transaction buffered.
+                fail::fail_point!("tx-record-held", |_| std::process::abort());
             }
         }
         Ok(())

@@ -288,3 +288,204 @@ fn a_fenced_partition_stops_the_transaction_commit() {
     let line = text.lines().rev().find(|l| l.starts_with("consumed ")).unwrap();
     assert!(line.contains("buffered 2"), "{line}");
 }
+
+/// The accounting line of a spawned worker's `<name>.out` (it adds up, `buffered` included).
+fn worker_tally(p: &Pipeline, name: &str) -> (Tally, u64) {
+    let out = Out {
+        code: Some(0),
+        stdout: std::fs::read_to_string(p.dir.path().join(format!("{name}.out"))).unwrap(),
+        stderr: String::new(),
+    };
+    (out.tally(), out.buffered())
+}
+
+/// Gap 2 with two workers of one group: A applies transactions 1–4 alone; transactions 5–8 arrive without
+/// their END, B joins (a rebalance splits the partitions while A holds copies of them all), the ENDs come, then A
+/// leaves and B takes everything over. Every change lands exactly once over the two workers, no commit ever
+/// shows a partial transaction, every checkpoint ends at its partition's end.
+#[test]
+fn two_workers_and_a_rebalance_apply_every_transaction_once() {
+    let base = topics();
+    let group = unique("cdctx-two");
+    let (db, p) = staged(
+        &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"),
+        &base,
+        &group,
+    );
+    let spec = [(1, 3), (2, 1), (3, 2), (4, 4), (5, 2), (6, 3), (7, 1), (8, 4)];
+    let txs: Vec<Tx> = spec.iter().map(|&(k, n)| tx(k, n)).collect();
+    produce_all(&base, &txs[..4]);
+    let mut a = spawn_run(&p, &[], "a");
+    wait_until(Duration::from_secs(60), "transactions 1-4 by A", || {
+        orders(&db).len() == 4
+    });
+    let late = &txs[4..];
+    let mut ls: Vec<Rec> = late.iter().flat_map(|t| t.lines.clone()).collect();
+    ls.reverse();
+    produce(&format!("{base}.lines"), &ls);
+    let os: Vec<Rec> = late.iter().map(|t| t.order.clone()).collect();
+    produce(&format!("{base}.orders"), &os);
+    let begins: Vec<Rec> = late.iter().map(|t| t.begin.clone()).collect();
+    produce(&format!("{base}.tx"), &begins);
+    let mut b = spawn_run(&p, &[], "b");
+    wait_until(Duration::from_secs(90), "B owns partitions", || {
+        db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_checkpoints WHERE consumer_group = '{group}' AND fence > 1"
+        )) > 0
+    });
+    let ends: Vec<Rec> = late.iter().map(|t| t.end.clone()).collect();
+    produce(&format!("{base}.tx"), &ends);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(terminate(&mut a), Some(0));
+    wait_until(Duration::from_secs(120), "every transaction applied", || {
+        orders(&db).len() == spec.len() && lines(&db).len() == expected(&spec).1.len()
+    });
+    wait_until(Duration::from_secs(60), "every checkpoint at its end", || {
+        db.checkpoint(&group, &format!("{base}.tx"), 0) == Some(16)
+            && (0..2).all(|q| {
+                db.checkpoint(&group, &format!("{base}.lines"), q)
+                    == Some(expected(&spec).1.iter().filter(|(id, _)| (id % 10) % 2 == q as i64).count() as i64)
+            })
+    });
+    assert_eq!(terminate(&mut b), Some(0));
+    let (o, l) = expected(&spec);
+    assert_eq!(orders(&db), o);
+    assert_eq!(lines(&db), l);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.partial"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        changes(&spec) as i64
+    );
+    let ((ta, ba), (tb, bb)) = (worker_tally(&p, "a"), worker_tally(&p, "b"));
+    assert_eq!(
+        ta.landed + tb.landed,
+        changes(&spec),
+        "each change landed once: a {ta:?} (buffered {ba}), b {tb:?} (buffered {bb})"
+    );
+    assert_eq!(bb, 0, "B applied everything it read");
+    checkpoints_at_end(&db, &group, &base, &spec);
+}
+
+/// Issue 14's "Done when": real Debezium (`provide.transaction.metadata=true`, topics of two partitions), an
+/// order with six lines in ONE source transaction after two small ones; the process crashes (abort, no clean-up,
+/// as SIGKILL) with part of the big transaction buffered. No commit ever shows part of a transaction; the
+/// restart applies exactly the full transactions, the ledger holds each change once and the checkpoints end at
+/// the topics' ends.
+#[test]
+fn real_debezium_transaction_survives_a_crash_in_the_middle() {
+    use crate::connect::{drop_slot, read_values, unique_name, Connect};
+    let src = unique_name("dbzcr");
+    let db = Db::fresh("cdctx");
+    db.execute(&format!(
+        "CREATE SCHEMA {src}; CREATE TABLE {src}.orders (id bigint PRIMARY KEY, n_lines bigint);
+         CREATE TABLE {src}.lines (id bigint PRIMARY KEY, order_id bigint)"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let include = format!("{src}.orders,{src}.lines");
+    let mut connect = Connect::start(
+        &dir.path().join(&src),
+        &[
+            ("topic.prefix", &src),
+            ("table.include.list", &include),
+            ("provide.transaction.metadata", "true"),
+            ("topic.creation.default.partitions", "2"),
+            ("topic.creation.default.replication.factor", "1"),
+        ],
+        false,
+    );
+    let spec = [(1i64, 1i64), (2, 2), (3, 6)];
+    for &(k, n) in &spec {
+        let lines: Vec<String> = (0..n).map(|i| format!("({}, {k})", k * 10 + i)).collect();
+        db.execute(&format!(
+            "BEGIN; INSERT INTO {src}.orders VALUES ({k}, {n}); INSERT INTO {src}.lines VALUES {}; COMMIT",
+            lines.join(", ")
+        ));
+    }
+    let tx_topic = format!("{src}.transaction");
+    read_values(&tx_topic, Duration::from_secs(120), |vs| {
+        vs.iter().filter(|v| v["status"] == "END").count() >= spec.len()
+    });
+    let n_orders = read_values(&format!("{src}.{src}.orders"), Duration::from_secs(60), |vs| {
+        vs.len() >= spec.len()
+    })
+    .len() as i64;
+    let n_lines = read_values(&format!("{src}.{src}.lines"), Duration::from_secs(60), |vs| {
+        vs.len() >= 9
+    })
+    .len() as i64;
+    let text = PIPELINE
+        .replace("TXMODE", &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"))
+        .replace(
+            "\"{topic}.orders\", \"{topic}.lines\", \"{topic}.tx\"",
+            "\"{topic}.orders\", \"{topic}.lines\", \"TXTOPIC\"",
+        )
+        .replace("TXTOPIC", &tx_topic)
+        .replace("public.", &format!("{src}."));
+    let group = unique("cdctx-dbzcr");
+    let p = pipeline(&text, &format!("{src}.{src}"), &group, &db.schema);
+    replaysafe(&["init", "--config", p.path.to_str().unwrap()]).assert_ok();
+    db.execute(
+        "CREATE TABLE {s}.partial (order_id bigint, want bigint, have bigint);
+         CREATE FUNCTION {s}.check_tx() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO {s}.partial
+             SELECT o.id, o.n_lines, (SELECT count(*) FROM {s}.lines l WHERE l.order_id = o.id) FROM {s}.orders o
+             WHERE o.n_lines <> (SELECT count(*) FROM {s}.lines l WHERE l.order_id = o.id);
+           INSERT INTO {s}.partial
+             SELECT l.order_id, -1, count(*) FROM {s}.lines l
+             WHERE NOT EXISTS (SELECT 1 FROM {s}.orders o WHERE o.id = l.order_id) GROUP BY l.order_id;
+           RETURN NULL;
+         END $$;
+         CREATE CONSTRAINT TRIGGER tx_orders AFTER INSERT OR UPDATE ON {s}.orders DEFERRABLE INITIALLY DEFERRED
+           FOR EACH ROW EXECUTE FUNCTION {s}.check_tx();
+         CREATE CONSTRAINT TRIGGER tx_lines AFTER INSERT OR UPDATE ON {s}.lines DEFERRABLE INITIALLY DEFERRED
+           FOR EACH ROW EXECUTE FUNCTION {s}.check_tx();",
+    );
+    // The 7th change taken into the buffer aborts the process: the big transaction is at most part-buffered.
+    let crash = try_run_with(
+        &p.path,
+        &[("REPLAYSAFE_FAILPOINTS", "tx-record-held=6*off->return")],
+        Duration::from_secs(120),
+    );
+    assert_ne!(crash.code, Some(0), "the failpoint aborted the run");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.partial"), 0);
+    let before = orders(&db);
+    assert!(
+        !before.iter().any(|&(k, _)| k == 3),
+        "the big transaction is not visible before its restart: {before:?}"
+    );
+    let landed_before = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
+    let out = run_caught_up(&p.path);
+    connect.stop();
+    drop_slot(&connect.slot, &connect.publication);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.partial"),
+        0,
+        "no commit shows a partial transaction"
+    );
+    let (o, l) = expected(&spec);
+    assert_eq!(orders(&db), o, "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(lines(&db), l);
+    let changes = changes(&spec) as i64;
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), changes);
+    let t = out.tally();
+    assert_eq!(
+        t.landed as i64,
+        changes - landed_before,
+        "the restart lands exactly what the crash left: {:?}",
+        out.tally_line()
+    );
+    assert_eq!((t.quarantined, out.buffered()), (0, 0));
+    let ck = |topic: &str| {
+        (0..2)
+            .map(|q| db.checkpoint(&group, topic, q).unwrap_or(0))
+            .sum::<i64>()
+    };
+    assert_eq!(ck(&format!("{src}.{src}.orders")), n_orders);
+    assert_eq!(ck(&format!("{src}.{src}.lines")), n_lines);
+    assert_eq!(
+        ck(&tx_topic),
+        2 * spec.len() as i64,
+        "BEGIN and END of each transaction"
+    );
+}
