@@ -369,6 +369,24 @@ impl Core {
                 }
                 first_err.map_or(Ok(()), Err)
             }
+            Ok(Applied::Skipped) => {
+                // Not tried (its lane stopped at a fenced batch or transaction): open again, the parts of
+                // partitions still ours kept; the next flush tries it again.
+                let ours = |tp: &Tp, fence: i64| self.parts.get(tp).is_some_and(|st| st.fence == fence);
+                let fences: Vec<(Tp, i64)> = parts
+                    .iter()
+                    .map(|b| ((b.topic.clone(), b.partition), b.fence))
+                    .collect();
+                let keep: Vec<Tp> = fences
+                    .iter()
+                    .filter(|(tp, f)| ours(tp, *f))
+                    .map(|(tp, _)| tp.clone())
+                    .collect();
+                if let Some(t) = self.tx.as_mut() {
+                    t.requeue(parts, |tp| keep.contains(tp));
+                }
+                Ok(())
+            }
             Ok(_) => Err(Error::Other(
                 "a source transaction's batch was not applied (an earlier batch of its connection failed)".into(),
             )),

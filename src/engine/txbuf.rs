@@ -127,6 +127,9 @@ struct Open {
     /// Records per collection name (each of a record's names).
     per: HashMap<String, u64>,
     end: Option<End>,
+    /// The END event itself, held (its partition's checkpoint stays before it) until the transaction is applied:
+    /// a new owner of the transaction topic's partition reads it again.
+    end_item: Option<(Tp, Item)>,
     bytes: usize,
 }
 
@@ -240,8 +243,15 @@ impl TxBuf {
             }
             Meta::End { id, .. } if self.closed.contains(&id) => Some(item),
             Meta::End { id, total, counts } => {
-                self.entry(id).end = Some((total, counts));
-                Some(item)
+                self.held.entry(tp.clone()).or_default().insert(item.offset);
+                let o = self.entry(id);
+                o.end = Some((total, counts));
+                let offset = item.offset;
+                let old = o.end_item.replace((tp.clone(), item));
+                if let Some((otp, old)) = old.filter(|(otp, i)| otp != tp || i.offset != offset) {
+                    self.unhold(&otp, old.offset);
+                }
+                None
             }
             Meta::Begin { id } => {
                 if !self.closed.contains(&id) {
@@ -261,6 +271,7 @@ impl TxBuf {
             records: BTreeMap::new(),
             per: HashMap::new(),
             end: None,
+            end_item: None,
             bytes: 0,
         })
     }
@@ -309,7 +320,7 @@ impl TxBuf {
             let o = self.open.remove(&id).expect("open transaction");
             self.bytes -= o.bytes;
             self.close(&id);
-            if o.records.is_empty() {
+            if o.records.is_empty() && o.end_item.is_none() {
                 continue;
             }
             self.applying.insert(id.clone(), (o.first, o.end.clone()));
@@ -327,7 +338,7 @@ impl TxBuf {
             ready.push(Ready {
                 id,
                 why,
-                parts: parts(o.records),
+                parts: parts(o.records, o.end_item),
             });
         }
         metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
@@ -354,13 +365,17 @@ impl TxBuf {
         }
         for b in parts {
             let tp = (b.topic.clone(), b.partition);
-            if let Some(h) = self.held.get_mut(&tp) {
-                for it in &b.items {
-                    h.remove(&it.offset);
-                }
-                if h.is_empty() {
-                    self.held.remove(&tp);
-                }
+            for it in &b.items {
+                self.unhold(&tp, it.offset);
+            }
+        }
+    }
+
+    fn unhold(&mut self, tp: &Tp, offset: i64) {
+        if let Some(h) = self.held.get_mut(tp) {
+            h.remove(&offset);
+            if h.is_empty() {
+                self.held.remove(tp);
             }
         }
     }
@@ -390,11 +405,12 @@ impl TxBuf {
         for b in kept {
             let tp = (b.topic.clone(), b.partition);
             for it in &b.items {
-                let collections = match meta(it.value.as_deref()) {
-                    Meta::Change { collections, .. } => collections,
-                    _ => Vec::new(),
-                };
-                added += o.add(&tp, it.clone(), collections);
+                match meta(it.value.as_deref()) {
+                    Meta::Change { collections, .. } => {
+                        added += o.add(&tp, it.clone(), collections);
+                    }
+                    _ => o.end_item = Some((tp.clone(), it.clone())),
+                }
             }
         }
         self.bytes = (self.bytes as isize + added) as usize;
@@ -433,9 +449,16 @@ impl TxBuf {
 
     /// Records and transactions buffered, for the shutdown log line.
     pub fn open_counts(&self) -> (usize, usize) {
-        let recs = self.open.values().map(|o| o.records.len()).sum();
+        let recs = self
+            .open
+            .values()
+            .map(|o| o.records.len() + usize::from(o.end_item.is_some()))
+            .sum();
         (
-            self.open.values().filter(|o| !o.records.is_empty()).count(),
+            self.open
+                .values()
+                .filter(|o| !o.records.is_empty() || o.end_item.is_some())
+                .count(),
             recs,
         )
     }
@@ -447,16 +470,24 @@ pub fn tx_id(parts: &[Batch]) -> Option<String> {
         .iter()
         .flat_map(|b| b.items.iter())
         .find_map(|it| match meta(it.value.as_deref()) {
-            Meta::Change { id, .. } => Some(id),
+            Meta::Change { id, .. } | Meta::End { id, .. } => Some(id),
             _ => None,
         })
 }
 
 /// One batch per partition, offsets ascending.
-fn parts(records: BTreeMap<(Tp, i64), (Item, Vec<String>)>) -> Vec<Batch> {
+fn parts(
+    records: BTreeMap<(Tp, i64), (Item, Vec<String>)>,
+    end: Option<(Tp, Item)>,
+) -> Vec<Batch> {
     let mut by: BTreeMap<Tp, Vec<Item>> = BTreeMap::new();
     for ((tp, _), (item, _)) in records {
         by.entry(tp).or_default().push(item);
+    }
+    if let Some((tp, item)) = end {
+        let v = by.entry(tp).or_default();
+        v.push(item);
+        v.sort_by_key(|i| i.offset);
     }
     by.into_iter()
         .map(|((topic, partition), items)| {
@@ -619,7 +650,7 @@ mod tests {
         let mut t = TxBuf::new(plan(60_000, 1 << 20));
         let (o, l) = (tp("orders", 0), tp("lines", 1));
         // END first, then a line, a non-transaction record, the order, the last line.
-        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 1, 2))).is_some());
+        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 1, 2))).is_none());
         assert!(t.take(&l, 1, item(5, change("a", "lines"))).is_none());
         assert!(t
             .take(&l, 1, item(6, json!({"op": "c", "source": {}})))
@@ -640,10 +671,15 @@ mod tests {
             .collect();
         assert_eq!(
             shape,
-            vec![("lines".into(), vec![5, 7]), ("orders".into(), vec![3])]
+            vec![
+                ("lines".into(), vec![5, 7]),
+                ("orders".into(), vec![3]),
+                ("tx".into(), vec![0])
+            ]
         );
-        // Held until the commit settles, then bounded by what was taken only.
+        // Held until the commit settles (the END too), then bounded by what was taken only.
         assert_eq!(t.bound(&l, 1), Some(5));
+        assert_eq!(t.bound(&tp("tx", 0), 1), Some(0));
         t.settled(&ready[0].parts);
         assert_eq!(t.bound(&l, 1), Some(8));
         assert_eq!(t.bound(&o, 1), Some(4));

@@ -242,7 +242,7 @@ fn size(r: &Rec) -> f64 {
 /// Gap 2: while transaction 1 waits for its last line, another owner takes lines/0 (fence bumped, its
 /// checkpoint moved past line 10, as a new owner's batch does). When the last line comes, the transaction's
 /// commit is fenced: nothing of it is written — no order without its lines, no claim — and at the stop its
-/// records read again are counted `buffered`.
+/// records read again (and its END, held before the transaction topic's checkpoint) are counted `buffered`.
 #[test]
 fn a_fenced_partition_stops_the_transaction_commit() {
     let base = topics();
@@ -260,7 +260,7 @@ fn a_fenced_partition_stops_the_transaction_commit() {
     let mut w = spawn_run(&p, &["--metrics-addr", &addr], "w");
     let both = size(&t.order) + size(&t.lines[0]);
     wait_until(Duration::from_secs(60), "order 1 and line 10 held", || {
-        buffer_bytes(&addr) == Some(both) && db.checkpoint(&group, &format!("{base}.tx"), 0) == Some(2)
+        buffer_bytes(&addr) == Some(both) && db.checkpoint(&group, &format!("{base}.tx"), 0) == Some(1)
     });
     db.execute(&format!(
         "UPDATE {{s}}.replaysafe_checkpoints SET fence = fence + 1, next_offset = 1 \
@@ -286,7 +286,19 @@ fn a_fenced_partition_stops_the_transaction_commit() {
     assert!(db.checkpoint(&group, &format!("{base}.lines"), 1).unwrap_or(0) <= 0);
     let text = std::fs::read_to_string(p.dir.path().join("w.out")).unwrap();
     let line = text.lines().rev().find(|l| l.starts_with("consumed ")).unwrap();
-    assert!(line.contains("buffered 2"), "{line}");
+    assert!(line.contains("buffered 3"), "order 1, line 11 and the END: {line}");
+    assert_eq!(
+        db.checkpoint(&group, &format!("{base}.tx"), 0),
+        Some(1),
+        "the END is held: a new owner reads it again"
+    );
+}
+
+/// SIGTERM to worker `name`; it exits 0 (its stderr shown otherwise).
+fn stopped(p: &Pipeline, w: &mut std::process::Child, name: &str) {
+    let code = terminate(w);
+    let err = std::fs::read_to_string(p.dir.path().join(format!("{name}.err"))).unwrap_or_default();
+    assert_eq!(code, Some(0), "{name}: {err}");
 }
 
 /// The accounting line of a spawned worker's `<name>.out` (it adds up, `buffered` included).
@@ -336,7 +348,7 @@ fn two_workers_and_a_rebalance_apply_every_transaction_once() {
     let ends: Vec<Rec> = late.iter().map(|t| t.end.clone()).collect();
     produce(&format!("{base}.tx"), &ends);
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(terminate(&mut a), Some(0));
+    stopped(&p, &mut a, "a");
     wait_until(Duration::from_secs(120), "every transaction applied", || {
         orders(&db).len() == spec.len() && lines(&db).len() == expected(&spec).1.len()
     });
@@ -347,7 +359,7 @@ fn two_workers_and_a_rebalance_apply_every_transaction_once() {
                     == Some(expected(&spec).1.iter().filter(|(id, _)| (id % 10) % 2 == q as i64).count() as i64)
             })
     });
-    assert_eq!(terminate(&mut b), Some(0));
+    stopped(&p, &mut b, "b");
     let (o, l) = expected(&spec);
     assert_eq!(orders(&db), o);
     assert_eq!(lines(&db), l);
