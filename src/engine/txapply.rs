@@ -119,7 +119,13 @@ fn resolve(unknown: Option<Vec<Outcome>>, retry: Vec<Outcome>) -> Vec<Outcome> {
 /// record PostgreSQL rejects alone ([`Sink::probe`]), or saying only the whole transaction fails.
 async fn quarantine(sink: &mut Sink, parts: &[Batch], message: &str) -> Result<Vec<Batch>> {
     let id = tx_id(parts);
-    let n: usize = parts.iter().map(|b| b.items.len()).sum();
+    let claims = |b: &Batch| {
+        b.items
+            .iter()
+            .filter(|i| matches!(i.pending, Pending::Claim { .. }))
+            .count()
+    };
+    let n: usize = parts.iter().map(claims).sum();
     let culprit = match culprit(sink, parts).await? {
         Some(c) => c,
         None => format!("no record alone; the transaction as a whole: {message}"),
@@ -129,7 +135,11 @@ async fn quarantine(sink: &mut Sink, parts: &[Batch], message: &str) -> Result<V
     );
     tracing::warn!(transaction = %id, records = n, "{detail}");
     let mut q = parts.to_vec();
+    // The changes; the END (filtered) and records a decoder already quarantined keep their outcome.
     for it in q.iter_mut().flat_map(|b| b.items.iter_mut()) {
+        if !matches!(it.pending, Pending::Claim { .. }) {
+            continue;
+        }
         it.pending = Pending::Quarantine(Rejection {
             reason: Reason::RejectedByDatabase,
             detail: detail.clone(),
