@@ -59,7 +59,12 @@ async fn attempts(
             }
         } else {
             match sink.apply_transaction(parts).await {
-                Ok(o) => return Ok(Tried::Done(Applied::Committed(resolve(unknown, o.concat())))),
+                Ok(o) => {
+                    return Ok(Tried::Done(Applied::Committed(resolve(
+                        unknown,
+                        o.concat(),
+                    ))))
+                }
                 Err(ApplyError::Transient {
                     error,
                     commit_sent,
@@ -107,8 +112,12 @@ async fn attempts(
 fn resolve(unknown: Option<Vec<Outcome>>, retry: Vec<Outcome>) -> Vec<Outcome> {
     let claimed = |o: &Outcome| matches!(o, Outcome::Landed | Outcome::Stale { .. });
     match unknown {
-        Some(u) if u.len() == retry.len() && u.iter().any(claimed) && !retry.iter().any(claimed) => {
-            tracing::info!("source transaction: commit outcome was unknown; its claims show it committed");
+        Some(u)
+            if u.len() == retry.len() && u.iter().any(claimed) && !retry.iter().any(claimed) =>
+        {
+            tracing::info!(
+                "source transaction: commit outcome was unknown; its claims show it committed"
+            );
             u
         }
         _ => retry,

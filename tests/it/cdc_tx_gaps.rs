@@ -19,7 +19,10 @@ fn checkpoints_at_end(db: &Db, group: &str, base: &str, spec: &[(i64, i64)]) {
     let (_, l) = expected(spec);
     for part in 0..2 {
         let n_orders = spec.iter().filter(|(k, _)| k % 2 == part as i64).count() as i64;
-        let n_lines = l.iter().filter(|(id, _)| (id % 10) % 2 == part as i64).count() as i64;
+        let n_lines = l
+            .iter()
+            .filter(|(id, _)| (id % 10) % 2 == part as i64)
+            .count() as i64;
         assert_eq!(
             db.checkpoint(group, &format!("{base}.orders"), part),
             Some(n_orders)
@@ -72,11 +75,20 @@ fn a_rejected_value_quarantines_the_whole_transaction_and_the_run_goes_on() {
     );
     assert_eq!(dead.len(), 3, "order 2 and its two lines");
     let t2 = &txs[1];
-    let mut want: Vec<(String, i32, Vec<u8>)> =
-        [("orders", &t2.order), ("lines", &t2.lines[0]), ("lines", &t2.lines[1])]
-            .iter()
-            .map(|(topic, r)| (format!("{base}.{topic}"), r.partition, r.value.clone().unwrap()))
-            .collect();
+    let mut want: Vec<(String, i32, Vec<u8>)> = [
+        ("orders", &t2.order),
+        ("lines", &t2.lines[0]),
+        ("lines", &t2.lines[1]),
+    ]
+    .iter()
+    .map(|(topic, r)| {
+        (
+            format!("{base}.{topic}"),
+            r.partition,
+            r.value.clone().unwrap(),
+        )
+    })
+    .collect();
     want.sort();
     let mut got: Vec<(String, i32, Vec<u8>)> = dead
         .iter()
@@ -100,10 +112,7 @@ fn a_rejected_value_quarantines_the_whole_transaction_and_the_run_goes_on() {
     let text = PIPELINE.replace("TXMODE", ATOMIC);
     let again = pipeline(&text, &base, &unique("cdctx-quar2"), &db.schema);
     let t = run_caught_up(&again.path).tally();
-    assert_eq!(
-        (t.landed, t.duplicate, t.quarantined),
-        (0, changes(&ok), 3)
-    );
+    assert_eq!((t.landed, t.duplicate, t.quarantined), (0, changes(&ok), 3));
     assert_eq!(
         db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
         3
@@ -191,18 +200,27 @@ fn open_transactions_at_the_stop_are_counted_buffered_and_read_again() {
         )
     };
     let (o0, l0) = held(&db);
-    assert!(o0.unwrap_or(0) <= 0 && l0.unwrap_or(0) <= 2, "{o0:?} {l0:?}");
+    assert!(
+        o0.unwrap_or(0) <= 0 && l0.unwrap_or(0) <= 2,
+        "{o0:?} {l0:?}"
+    );
 
     // SIGTERM while it is still open: read again, counted buffered again, nothing applied.
     let addr = free_addr();
     let mut w = spawn_run(&p, &["--metrics-addr", &addr], "w");
     let both = size(&open.order) + size(&open.lines[0]);
-    wait_until(Duration::from_secs(60), "order 2 and line 20 held again", || {
-        buffer_bytes(&addr) == Some(both)
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "order 2 and line 20 held again",
+        || buffer_bytes(&addr) == Some(both),
+    );
     assert_eq!(terminate(&mut w), Some(0));
     let text = std::fs::read_to_string(p.dir.path().join("w.out")).unwrap();
-    let line = text.lines().rev().find(|l| l.starts_with("consumed ")).unwrap();
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("consumed "))
+        .unwrap();
     assert!(
         line.starts_with("consumed 2 = landed 0") && line.contains("buffered 2"),
         "{line}"
@@ -260,7 +278,8 @@ fn a_fenced_partition_stops_the_transaction_commit() {
     let mut w = spawn_run(&p, &["--metrics-addr", &addr], "w");
     let both = size(&t.order) + size(&t.lines[0]);
     wait_until(Duration::from_secs(60), "order 1 and line 10 held", || {
-        buffer_bytes(&addr) == Some(both) && db.checkpoint(&group, &format!("{base}.tx"), 0) == Some(1)
+        buffer_bytes(&addr) == Some(both)
+            && db.checkpoint(&group, &format!("{base}.tx"), 0) == Some(1)
     });
     db.execute(&format!(
         "UPDATE {{s}}.replaysafe_checkpoints SET fence = fence + 1, next_offset = 1 \
@@ -282,11 +301,26 @@ fn a_fenced_partition_stops_the_transaction_commit() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.partial"), 0);
     assert_eq!(db.checkpoint(&group, &format!("{base}.lines"), 0), Some(1));
-    assert!(db.checkpoint(&group, &format!("{base}.orders"), 1).unwrap_or(0) <= 0);
-    assert!(db.checkpoint(&group, &format!("{base}.lines"), 1).unwrap_or(0) <= 0);
+    assert!(
+        db.checkpoint(&group, &format!("{base}.orders"), 1)
+            .unwrap_or(0)
+            <= 0
+    );
+    assert!(
+        db.checkpoint(&group, &format!("{base}.lines"), 1)
+            .unwrap_or(0)
+            <= 0
+    );
     let text = std::fs::read_to_string(p.dir.path().join("w.out")).unwrap();
-    let line = text.lines().rev().find(|l| l.starts_with("consumed ")).unwrap();
-    assert!(line.contains("buffered 3"), "order 1, line 11 and the END: {line}");
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("consumed "))
+        .unwrap();
+    assert!(
+        line.contains("buffered 3"),
+        "order 1, line 11 and the END: {line}"
+    );
     assert_eq!(
         db.checkpoint(&group, &format!("{base}.tx"), 0),
         Some(1),
@@ -324,7 +358,16 @@ fn two_workers_and_a_rebalance_apply_every_transaction_once() {
         &base,
         &group,
     );
-    let spec = [(1, 3), (2, 1), (3, 2), (4, 4), (5, 2), (6, 3), (7, 1), (8, 4)];
+    let spec = [
+        (1, 3),
+        (2, 1),
+        (3, 2),
+        (4, 4),
+        (5, 2),
+        (6, 3),
+        (7, 1),
+        (8, 4),
+    ];
     let txs: Vec<Tx> = spec.iter().map(|&(k, n)| tx(k, n)).collect();
     produce_all(&base, &txs[..4]);
     let mut a = spawn_run(&p, &[], "a");
@@ -349,16 +392,28 @@ fn two_workers_and_a_rebalance_apply_every_transaction_once() {
     produce(&format!("{base}.tx"), &ends);
     std::thread::sleep(Duration::from_secs(3));
     stopped(&p, &mut a, "a");
-    wait_until(Duration::from_secs(120), "every transaction applied", || {
-        orders(&db).len() == spec.len() && lines(&db).len() == expected(&spec).1.len()
-    });
-    wait_until(Duration::from_secs(60), "every checkpoint at its end", || {
-        db.checkpoint(&group, &format!("{base}.tx"), 0) == Some(16)
-            && (0..2).all(|q| {
-                db.checkpoint(&group, &format!("{base}.lines"), q)
-                    == Some(expected(&spec).1.iter().filter(|(id, _)| (id % 10) % 2 == q as i64).count() as i64)
-            })
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "every transaction applied",
+        || orders(&db).len() == spec.len() && lines(&db).len() == expected(&spec).1.len(),
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "every checkpoint at its end",
+        || {
+            db.checkpoint(&group, &format!("{base}.tx"), 0) == Some(16)
+                && (0..2).all(|q| {
+                    db.checkpoint(&group, &format!("{base}.lines"), q)
+                        == Some(
+                            expected(&spec)
+                                .1
+                                .iter()
+                                .filter(|(id, _)| (id % 10) % 2 == q as i64)
+                                .count() as i64,
+                        )
+                })
+        },
+    );
     stopped(&p, &mut b, "b");
     let (o, l) = expected(&spec);
     assert_eq!(orders(&db), o);
@@ -417,10 +472,14 @@ fn real_debezium_transaction_survives_a_crash_in_the_middle() {
     read_both(&tx_topic, |vs| {
         vs.iter().filter(|v| v["status"] == "END").count() >= spec.len()
     });
-    let n_orders = read_both(&format!("{src}.{src}.orders"), |vs| vs.len() >= spec.len()).len() as i64;
+    let n_orders =
+        read_both(&format!("{src}.{src}.orders"), |vs| vs.len() >= spec.len()).len() as i64;
     let n_lines = read_both(&format!("{src}.{src}.lines"), |vs| vs.len() >= 9).len() as i64;
     let text = PIPELINE
-        .replace("TXMODE", &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"))
+        .replace(
+            "TXMODE",
+            &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"),
+        )
         .replace(
             "\"{topic}.orders\", \"{topic}.lines\", \"{topic}.tx\"",
             "\"{topic}.orders\", \"{topic}.lines\", \"TXTOPIC\"",
@@ -474,7 +533,10 @@ fn real_debezium_transaction_survives_a_crash_in_the_middle() {
     assert_eq!(orders(&db), o, "{}\n{}", out.stdout, out.stderr);
     assert_eq!(lines(&db), l);
     let changes = changes(&spec) as i64;
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), changes);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        changes
+    );
     let t = out.tally();
     assert_eq!(
         t.landed as i64,
@@ -503,16 +565,23 @@ fn read_both(topic: &str, done: impl Fn(&[serde_json::Value]) -> bool) -> Vec<se
     use rdkafka::consumer::Consumer;
     use rdkafka::message::Message;
     use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-    let c = consumer(&[("group.id", &unique("read")), ("enable.auto.commit", "false")]);
+    let c = consumer(&[
+        ("group.id", &unique("read")),
+        ("enable.auto.commit", "false"),
+    ]);
     let mut tpl = TopicPartitionList::new();
     for q in 0..2 {
-        tpl.add_partition_offset(topic, q, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, q, Offset::Beginning)
+            .unwrap();
     }
     c.assign(&tpl).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let mut out = Vec::new();
     while !done(&out) {
-        assert!(std::time::Instant::now() < deadline, "{topic}: read {out:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic}: read {out:?}"
+        );
         if let Some(Ok(m)) = c.poll(Duration::from_millis(500)) {
             out.push(m.payload().map_or(serde_json::Value::Null, |b| {
                 serde_json::from_slice(b).unwrap()
