@@ -351,6 +351,17 @@ fn worker_tally(p: &Pipeline, name: &str) -> (Tally, u64) {
 /// shows a partial transaction, every checkpoint ends at its partition's end.
 #[test]
 fn two_workers_and_a_rebalance_apply_every_transaction_once() {
+    two_workers(false);
+}
+
+/// As [`two_workers_and_a_rebalance_apply_every_transaction_once`], A killed (SIGKILL) instead of leaving: B takes
+/// its partitions over from the checkpoints and applies every transaction once.
+#[test]
+fn a_killed_worker_hands_its_open_transactions_over() {
+    two_workers(true);
+}
+
+fn two_workers(kill: bool) {
     let base = topics();
     let group = unique("cdctx-two");
     let (db, p) = staged(
@@ -391,7 +402,12 @@ fn two_workers_and_a_rebalance_apply_every_transaction_once() {
     let ends: Vec<Rec> = late.iter().map(|t| t.end.clone()).collect();
     produce(&format!("{base}.tx"), &ends);
     std::thread::sleep(Duration::from_secs(3));
-    stopped(&p, &mut a, "a");
+    if kill {
+        unsafe_kill(a.id(), "KILL");
+        let _ = a.wait();
+    } else {
+        stopped(&p, &mut a, "a");
+    }
     wait_until(
         Duration::from_secs(120),
         "every transaction applied",
@@ -423,14 +439,18 @@ fn two_workers_and_a_rebalance_apply_every_transaction_once() {
         db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
         changes(&spec) as i64
     );
-    let ((ta, ba), (tb, bb)) = (worker_tally(&p, "a"), worker_tally(&p, "b"));
+    let (tb, bb) = worker_tally(&p, "b");
+    assert_eq!(bb, 0, "B applied everything it read");
+    checkpoints_at_end(&db, &group, &base, &spec);
+    if kill {
+        return;
+    }
+    let (ta, ba) = worker_tally(&p, "a");
     assert_eq!(
         ta.landed + tb.landed,
         changes(&spec),
         "each change landed once: a {ta:?} (buffered {ba}), b {tb:?} (buffered {bb})"
     );
-    assert_eq!(bb, 0, "B applied everything it read");
-    checkpoints_at_end(&db, &group, &base, &spec);
 }
 
 /// Issue 14's "Done when": real Debezium (`provide.transaction.metadata=true`, topics of two partitions), an
