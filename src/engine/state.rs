@@ -329,59 +329,11 @@ impl Core {
                 }
                 Ok(())
             }
-            Ok(Applied::Fenced) => {
-                // The parts whose partition we no longer hold under their fence were fenced; when we think we
-                // hold them all, the database says otherwise for one of them: all are handed back.
-                let tps = |bs: &[crate::sink::Batch]| -> Vec<Tp> {
-                    bs.iter().map(|b| (b.topic.clone(), b.partition)).collect()
-                };
-                let mut lost: Vec<Tp> = parts
-                    .iter()
-                    .filter(|b| {
-                        let tp = (b.topic.clone(), b.partition);
-                        self.parts.get(&tp).is_none_or(|st| st.fence != b.fence)
-                    })
-                    .map(|b| (b.topic.clone(), b.partition))
-                    .collect();
-                if lost.is_empty() {
-                    lost = tps(parts);
-                }
-                if let Some(t) = self.tx.as_mut() {
-                    t.requeue(parts, |tp| !lost.contains(tp));
-                    for tp in &lost {
-                        t.rewound(tp);
-                    }
-                }
-                let mut first_err = None;
-                for tp in lost {
-                    if !self.parts.contains_key(&tp) {
-                        continue;
-                    }
-                    match self.fenced(ack, &tp) {
-                        None => {
-                            crate::health::fenced(&tp);
-                            self.parts.remove(&tp);
-                        }
-                        Some(e) => {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                }
-                first_err.map_or(Ok(()), Err)
-            }
+            Ok(Applied::Fenced) => self.transaction_fenced(ack, parts),
             Ok(Applied::Skipped) => {
-                // Not tried (its lane stopped at a fenced batch or transaction): open again, the parts of
-                // partitions still ours kept; the next flush tries it again.
-                let ours = |tp: &Tp, fence: i64| self.parts.get(tp).is_some_and(|st| st.fence == fence);
-                let fences: Vec<(Tp, i64)> = parts
-                    .iter()
-                    .map(|b| ((b.topic.clone(), b.partition), b.fence))
-                    .collect();
-                let keep: Vec<Tp> = fences
-                    .iter()
-                    .filter(|(tp, f)| ours(tp, *f))
-                    .map(|(tp, _)| tp.clone())
-                    .collect();
+                // Not tried (its lane stopped at a fenced batch or transaction): open again with the parts of
+                // partitions still ours; the next flush tries it again.
+                let keep = self.still_ours(parts);
                 if let Some(t) = self.tx.as_mut() {
                     t.requeue(parts, |tp| keep.contains(tp));
                 }
@@ -392,6 +344,52 @@ impl Core {
             )),
             Err(e) => Err(e),
         }
+    }
+
+    /// The partitions of a transaction's parts this engine still holds under the part's fence.
+    fn still_ours(&self, parts: &[crate::sink::Batch]) -> Vec<Tp> {
+        parts
+            .iter()
+            .map(|b| ((b.topic.clone(), b.partition), b.fence))
+            .filter(|(tp, f)| self.parts.get(tp).is_some_and(|st| st.fence == *f))
+            .map(|(tp, _)| tp)
+            .collect()
+    }
+
+    /// A transaction's commit was fenced, nothing written: the parts whose partition we no longer hold under
+    /// their fence were fenced — when we think we hold them all, the database says otherwise for one of them, and
+    /// all are handed back ([`Core::fenced`]: read again from the checkpoint if still ours). The transaction is
+    /// open again with the other parts ([`crate::engine::txbuf::TxBuf::requeue`]).
+    fn transaction_fenced(&mut self, ack: &dyn Ack, parts: &[crate::sink::Batch]) -> Result<()> {
+        let ours = self.still_ours(parts);
+        let mut lost: Vec<Tp> = parts
+            .iter()
+            .map(|b| (b.topic.clone(), b.partition))
+            .filter(|tp| !ours.contains(tp))
+            .collect();
+        if lost.is_empty() {
+            lost = ours;
+        }
+        if let Some(t) = self.tx.as_mut() {
+            t.requeue(parts, |tp| !lost.contains(tp));
+            for tp in &lost {
+                t.rewound(tp);
+            }
+        }
+        let mut first_err = None;
+        lost.retain(|tp| self.parts.contains_key(tp));
+        for tp in lost {
+            match self.fenced(ack, &tp) {
+                None => {
+                    crate::health::fenced(&tp);
+                    self.parts.remove(&tp);
+                }
+                Some(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// A batch of `tp` failed or was not tried (an earlier batch of its lane failed): nothing of it was
