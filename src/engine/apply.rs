@@ -30,68 +30,7 @@ pub fn backoff(attempt: u32) -> Duration {
     Duration::from_millis((100u64 << attempt.min(6)).min(5_000))
 }
 
-/// Applies the parts of one source transaction in one transaction ([`Sink::apply_transaction`]; no checkpoint
-/// step), retrying transient failures until `give_up()` says stop; outcomes of all parts, in part order. A lost
-/// COMMIT reply is retried like any failure: the ledger claims make the retry count the records as duplicates.
-///
-/// # Errors
-/// A fatal database problem; a value PostgreSQL rejects in one of its records (a source transaction is not
-/// split record by record: the run stops and the checkpoints stay before it); `give_up` (shutdown).
-pub async fn apply_transaction(
-    sink: &mut Sink,
-    parts: &[Batch],
-    give_up: &(dyn Fn() -> bool + Sync),
-) -> Result<Applied> {
-    let mut attempt = 0u32;
-    loop {
-        let r = if sink.is_closed() {
-            sink.reconnect()
-                .await
-                .map_err(|e| Error::Other(e.to_string()))
-        } else {
-            match sink.apply_transaction(parts).await {
-                Ok(o) => return Ok(Applied::Committed(o.concat())),
-                Err(ApplyError::Transient { error, .. }) => Err(Error::Other(sink::describe(&error))),
-                Err(ApplyError::Data(e)) => {
-                    return Err(Error::Other(format!(
-                        "source transaction at {}/{} offset {}: PostgreSQL rejected a value ({}); the transaction is \
-                         not applied and the checkpoints stay before it",
-                        parts[0].topic,
-                        parts[0].partition,
-                        parts[0].items.first().map_or(0, |i| i.offset),
-                        sink::describe(&e)
-                    )))
-                }
-                Err(ApplyError::Fatal(e)) => return Err(e),
-                Err(ApplyError::Fenced { .. }) => {
-                    return Err(Error::Other("a source transaction was fenced (it has no checkpoint step)".into()))
-                }
-                Err(ApplyError::Record { offset, rejection }) => {
-                    return Err(Error::Other(format!(
-                        "source transaction at {}/{}: the record at offset {offset} cannot be applied ({}); the \
-                         transaction is not applied and the checkpoints stay before it",
-                        parts[0].topic, parts[0].partition, rejection.detail
-                    )))
-                }
-            }
-        };
-        if let Err(e) = r {
-            attempt += 1;
-            metrics::counter!("replaysafe_db_retries_total").increment(1);
-            tracing::warn!(
-                attempt,
-                "database error, retrying the source transaction: {e}"
-            );
-            crate::health::retrying(&e.to_string());
-            if give_up() {
-                return Err(Error::Other(format!(
-                    "gave up after {attempt} attempts: {e}"
-                )));
-            }
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-    }
-}
+pub use crate::engine::txapply::apply_transaction;
 
 /// Applies `batch`, retrying transient failures until `give_up()` says stop.
 ///

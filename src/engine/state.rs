@@ -203,7 +203,7 @@ impl Core {
         let mut handled: Vec<Tp> = Vec::new();
         for (cut, r) in results {
             if let Some(parts) = &cut.tx {
-                if let Err(e) = self.settle_transaction(parts, r) {
+                if let Err(e) = self.settle_transaction(ack, parts, r) {
                     first_err.get_or_insert(e);
                 }
                 continue;
@@ -294,10 +294,13 @@ impl Core {
     }
 
     /// A source transaction's flush result ([`crate::engine::txbuf`]): committed → counted, its offsets no longer
-    /// held (the partitions' next batches step over them); not committed → the run ends with the error and the
-    /// checkpoints stay before its records.
+    /// held (the partitions' next batches step over them); fenced (a part's partition taken by another owner) →
+    /// nothing of it written, and every partition it touched handed back as fenced ([`Core::fenced`]: read again
+    /// from its checkpoint, before the records, if it is still ours); not committed → the run ends with the
+    /// error and the checkpoints stay before its records.
     fn settle_transaction(
         &mut self,
+        ack: &dyn Ack,
         parts: &[crate::sink::Batch],
         r: Result<Applied>,
     ) -> Result<()> {
@@ -326,11 +329,67 @@ impl Core {
                 }
                 Ok(())
             }
+            Ok(Applied::Fenced) => self.transaction_fenced(ack, parts),
+            Ok(Applied::Skipped) => {
+                // Not tried (its lane stopped at a fenced batch or transaction): open again with the parts of
+                // partitions still ours; the next flush tries it again.
+                let keep = self.still_ours(parts);
+                if let Some(t) = self.tx.as_mut() {
+                    t.requeue(parts, |tp| keep.contains(tp));
+                }
+                Ok(())
+            }
             Ok(_) => Err(Error::Other(
                 "a source transaction's batch was not applied (an earlier batch of its connection failed)".into(),
             )),
             Err(e) => Err(e),
         }
+    }
+
+    /// The partitions of a transaction's parts this engine still holds under the part's fence.
+    fn still_ours(&self, parts: &[crate::sink::Batch]) -> Vec<Tp> {
+        parts
+            .iter()
+            .map(|b| ((b.topic.clone(), b.partition), b.fence))
+            .filter(|(tp, f)| self.parts.get(tp).is_some_and(|st| st.fence == *f))
+            .map(|(tp, _)| tp)
+            .collect()
+    }
+
+    /// A transaction's commit was fenced, nothing written: the parts whose partition we no longer hold under
+    /// their fence were fenced — when we think we hold them all, the database says otherwise for one of them, and
+    /// all are handed back ([`Core::fenced`]: read again from the checkpoint if still ours). The transaction is
+    /// open again with the other parts ([`crate::engine::txbuf::TxBuf::requeue`]).
+    fn transaction_fenced(&mut self, ack: &dyn Ack, parts: &[crate::sink::Batch]) -> Result<()> {
+        let ours = self.still_ours(parts);
+        let mut lost: Vec<Tp> = parts
+            .iter()
+            .map(|b| (b.topic.clone(), b.partition))
+            .filter(|tp| !ours.contains(tp))
+            .collect();
+        if lost.is_empty() {
+            lost = ours;
+        }
+        if let Some(t) = self.tx.as_mut() {
+            t.requeue(parts, |tp| !lost.contains(tp));
+            for tp in &lost {
+                t.rewound(tp);
+            }
+        }
+        let mut first_err = None;
+        lost.retain(|tp| self.parts.contains_key(tp));
+        for tp in lost {
+            match self.fenced(ack, &tp) {
+                None => {
+                    crate::health::fenced(&tp);
+                    self.parts.remove(&tp);
+                }
+                Some(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// A batch of `tp` failed or was not tried (an earlier batch of its lane failed): nothing of it was

@@ -93,6 +93,10 @@ pub struct Tally {
     pub filtered: BTreeMap<String, u64>,
     /// Records quarantined, by reason.
     pub quarantined: BTreeMap<&'static str, u64>,
+    /// Records consumed but not applied when the run stopped (`[source] transactions = "atomic"`: changes of
+    /// source transactions still open, and records after them): the checkpoints stay before them and the next
+    /// run reads them again.
+    pub buffered: u64,
 }
 
 impl Item {
@@ -137,6 +141,7 @@ impl Tally {
         for (k, v) in &other.quarantined {
             *self.quarantined.entry(k).or_default() += v;
         }
+        self.buffered += other.buffered;
     }
 
     /// Total records accounted for.
@@ -146,9 +151,11 @@ impl Tally {
             + self.stale
             + self.filtered.values().sum::<u64>()
             + self.quarantined.values().sum::<u64>()
+            + self.buffered
     }
 
-    /// `consumed N = landed a + duplicate b + filtered c + quarantined d`, with per-rule/reason detail.
+    /// `consumed N = landed a + duplicate b + filtered c + quarantined d` (`+ buffered e` when records were left
+    /// unapplied at the stop, read again by the next run), with per-rule/reason detail.
     pub fn line(&self) -> String {
         fn detail<K: std::fmt::Display>(m: &BTreeMap<K, u64>) -> String {
             m.iter()
@@ -171,6 +178,9 @@ impl Tally {
             filtered,
             quarantined
         );
+        if self.buffered > 0 {
+            s += &format!(" + buffered {}", self.buffered);
+        }
         if self.conflicts > 0 {
             s += &format!(" [stale: {} conflict(s)]", self.conflicts);
         }

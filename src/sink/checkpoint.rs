@@ -149,3 +149,38 @@ pub(super) async fn advance(
     let prev: Option<i64> = moved.get(0);
     Ok(matches!((prev, batch.expected), (Some(last), Some(next)) if last >= 0 && last < next))
 }
+
+/// Step 1 of a source transaction's part ([`super::Sink::apply_transaction`]): the partition's checkpoint row,
+/// share-locked (a new owner's fence bump, an `UPDATE`, waits for this transaction), must still carry the part's
+/// fence and stand at or before the part's first record — the same ownership test as [`advance`]'s
+/// compare-and-set, without moving the checkpoint (the partition's next batch steps over the records).
+///
+/// # Errors
+/// [`ApplyError::Fenced`] (with the checkpoint and fence stored) when another owner took the partition or the
+/// checkpoint passed the part's records; otherwise as [`classify`].
+pub(super) async fn hold(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    let row = tx
+        .query_opt(
+            &format!(
+                "SELECT next_offset, fence FROM {} WHERE consumer_group = $1 AND topic = $2 AND partition = $3 \
+                 AND generation = $4 FOR SHARE",
+                p.table(CHECKPOINTS)
+            ),
+            &[&group, &batch.topic, &batch.partition, &generation],
+        )
+        .await
+        .map_err(|e| classify(e, false))?;
+    let (next_offset, fence): (Option<i64>, i64) =
+        row.map(|r| (r.get(0), r.get(1))).unwrap_or((None, 0));
+    let first = batch.items.first().map_or(batch.end, |i| i.offset);
+    if fence == batch.fence && next_offset.is_none_or(|n| n <= first) {
+        return Ok(());
+    }
+    Err(ApplyError::Fenced { next_offset, fence })
+}

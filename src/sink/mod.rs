@@ -324,7 +324,7 @@ impl Sink {
 
     async fn apply_once(&mut self, batch: &Batch) -> std::result::Result<Vec<Outcome>, ApplyError> {
         let mut all = self
-            .apply_several(std::slice::from_ref(batch), true)
+            .apply_several(std::slice::from_ref(batch), Mode::Batch)
             .await?;
         Ok(all.pop().unwrap_or_default())
     }
@@ -332,21 +332,35 @@ impl Sink {
     /// Applies the parts of one source transaction (`[source] transactions = "atomic"`; one batch per partition,
     /// the records of other partitions may share offsets) in ONE transaction, without the checkpoint step: the
     /// engine keeps each partition's checkpoint below the transaction's records until this commits, so a crash
-    /// re-reads them and the ledger claims make the re-application harmless. Outcomes per batch, in item order.
+    /// re-reads them and the ledger claims make the re-application harmless. Each part first takes its
+    /// partition's checkpoint row under the part's fence ([`checkpoint::hold`]): a part whose partition another
+    /// owner took (fence bumped) or whose checkpoint moved past its records makes the whole transaction
+    /// [`ApplyError::Fenced`], nothing written. Outcomes per batch, in item order.
     ///
     /// # Errors
-    /// As [`Sink::apply`] (never [`ApplyError::Fenced`]).
+    /// As [`Sink::apply`].
     pub async fn apply_transaction(
         &mut self,
         batches: &[Batch],
     ) -> std::result::Result<Vec<Vec<Outcome>>, ApplyError> {
-        self.apply_several(batches, false).await
+        self.apply_several(batches, Mode::Transaction).await
+    }
+
+    /// Tries `batch` (one record of a source transaction PostgreSQL rejected) in a transaction that is rolled
+    /// back: `Ok` when it alone applies, the rejection otherwise. Names the record that fails a transaction.
+    ///
+    /// # Errors
+    /// As [`Sink::apply`].
+    pub async fn probe(&mut self, batch: &Batch) -> std::result::Result<(), ApplyError> {
+        self.apply_several(std::slice::from_ref(batch), Mode::Probe)
+            .await
+            .map(|_| ())
     }
 
     async fn apply_several(
         &mut self,
         batches: &[Batch],
-        checkpointed: bool,
+        mode: Mode,
     ) -> std::result::Result<Vec<Vec<Outcome>>, ApplyError> {
         let p = self.pipeline.clone();
         if self.build.is_none() {
@@ -387,7 +401,10 @@ impl Sink {
                 .last()
                 .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
             let mut continues = false;
-            if !self.replay && checkpointed {
+            if !self.replay && mode == Mode::Transaction && self.build.is_none() {
+                checkpoint::hold(&tx, &p, group, &generation, batch).await?;
+            }
+            if !self.replay && mode == Mode::Batch {
                 continues = checkpoint::advance(
                     &tx,
                     &prepared.advance,
@@ -453,6 +470,16 @@ impl Sink {
             }
             all.push(outcomes);
         }
+        if mode == Mode::Probe {
+            tx.rollback().await.map_err(|e| classify(e, false))?;
+            return Ok(all);
+        }
+        #[cfg(feature = "failpoints")]
+        if mode == Mode::Transaction && fail::eval("tx-commit-reply-lost", |_| ()).is_some() {
+            // Test builds: a source transaction's COMMIT applied, then its reply lost (the connection cut).
+            tx.commit().await.map_err(|e| classify(e, true))?;
+            return Err(lose_reply(&self.client, all.concat()).await);
+        }
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
         )));
@@ -479,6 +506,15 @@ impl Sink {
         }
         Ok(all)
     }
+}
+
+/// What [`Sink::apply_several`] runs: a partition batch (checkpoint compare-and-set), a source transaction's
+/// parts (fence held, no checkpoint step), or a probe (rolled back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Batch,
+    Transaction,
+    Probe,
 }
 
 /// `prove`'s uncertain commit ([`crate::engine::fault`]), after the COMMIT or ROLLBACK: the connection cut; the

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::common::*;
 use crate::health::{free_addr, get};
 
-const PIPELINE: &str = r#"[kafka]
+pub(crate) const PIPELINE: &str = r#"[kafka]
 group-id = "{group}"
 topics = ["{topic}.orders", "{topic}.lines", "{topic}.tx"]
 start = "earliest"
@@ -38,7 +38,7 @@ columns = { id = "bigint", order_id = "bigint" }
 "#;
 
 /// Topics `<base>.orders` (2 partitions), `<base>.lines` (2), `<base>.tx` (1).
-fn topics() -> String {
+pub(crate) fn topics() -> String {
     let base = unique("cdctx");
     create_topic(&format!("{base}.orders"), 2, &[]);
     create_topic(&format!("{base}.lines"), 2, &[]);
@@ -48,7 +48,7 @@ fn topics() -> String {
 
 /// `replaysafe init`, then the deferred constraint triggers writing every commit's partial orders into
 /// `partial (order_id, want, have)` and counting checks in `checks`.
-fn staged(mode: &str, base: &str, group: &str) -> (Db, Pipeline) {
+pub(crate) fn staged(mode: &str, base: &str, group: &str) -> (Db, Pipeline) {
     let db = Db::fresh("cdctx");
     let text = PIPELINE.replace("TXMODE", mode);
     let p = pipeline(&text, base, group, &db.schema);
@@ -76,7 +76,7 @@ fn staged(mode: &str, base: &str, group: &str) -> (Db, Pipeline) {
 }
 
 /// A change of `public.<table>` in transaction `tx` (Debezium's `transaction` block).
-fn change(
+pub(crate) fn change(
     table: &str,
     partition: i32,
     id: i64,
@@ -93,7 +93,7 @@ fn change(
     r
 }
 
-fn begin(tx: &str) -> Rec {
+pub(crate) fn begin(tx: &str) -> Rec {
     raw(
         0,
         Some(json!({"id": tx})),
@@ -101,7 +101,7 @@ fn begin(tx: &str) -> Rec {
     )
 }
 
-fn end(tx: &str, lines: u64) -> Rec {
+pub(crate) fn end(tx: &str, lines: u64) -> Rec {
     raw(
         0,
         Some(json!({"id": tx})),
@@ -112,14 +112,14 @@ fn end(tx: &str, lines: u64) -> Rec {
 }
 
 /// Transaction `k`: order `k` with `n` lines `k*10 + i`, the order on partition `k % 2`, line `i` on `i % 2`.
-struct Tx {
-    order: Rec,
-    lines: Vec<Rec>,
-    begin: Rec,
-    end: Rec,
+pub(crate) struct Tx {
+    pub(crate) order: Rec,
+    pub(crate) lines: Vec<Rec>,
+    pub(crate) begin: Rec,
+    pub(crate) end: Rec,
 }
 
-fn tx(k: i64, n: i64) -> Tx {
+pub(crate) fn tx(k: i64, n: i64) -> Tx {
     let id = format!("{k}:{}", 1000 + k);
     let lsn = 10_000 * k;
     let order = change(
@@ -154,7 +154,7 @@ fn tx(k: i64, n: i64) -> Tx {
 }
 
 /// Produces transactions `txs` interleaved: lines first (reversed), then the orders, then BEGIN/END.
-fn produce_all(base: &str, txs: &[Tx]) {
+pub(crate) fn produce_all(base: &str, txs: &[Tx]) {
     let mut lines: Vec<Rec> = txs.iter().flat_map(|t| t.lines.clone()).collect();
     lines.reverse();
     produce(&format!("{base}.lines"), &lines);
@@ -169,14 +169,14 @@ fn produce_all(base: &str, txs: &[Tx]) {
     produce(&format!("{base}.tx"), &meta);
 }
 
-fn orders(db: &Db) -> Vec<(i64, i64)> {
+pub(crate) fn orders(db: &Db) -> Vec<(i64, i64)> {
     db.query("SELECT id, n_lines FROM {s}.orders ORDER BY id", &[])
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect()
 }
 
-fn lines(db: &Db) -> Vec<(i64, i64)> {
+pub(crate) fn lines(db: &Db) -> Vec<(i64, i64)> {
     db.query("SELECT id, order_id FROM {s}.lines ORDER BY id", &[])
         .iter()
         .map(|r| (r.get(0), r.get(1)))
@@ -184,9 +184,9 @@ fn lines(db: &Db) -> Vec<(i64, i64)> {
 }
 
 /// Rows `(id, n_lines)` of orders and `(id, order_id)` of lines.
-type Rows = (Vec<(i64, i64)>, Vec<(i64, i64)>);
+pub(crate) type Rows = (Vec<(i64, i64)>, Vec<(i64, i64)>);
 
-fn expected(txs: &[(i64, i64)]) -> Rows {
+pub(crate) fn expected(txs: &[(i64, i64)]) -> Rows {
     let o = txs.to_vec();
     let l = txs
         .iter()
@@ -195,7 +195,7 @@ fn expected(txs: &[(i64, i64)]) -> Rows {
     (o, l)
 }
 
-const ATOMIC: &str = "transactions = \"atomic\"";
+pub(crate) const ATOMIC: &str = "transactions = \"atomic\"";
 
 #[test]
 fn atomic_transactions_never_commit_an_order_without_its_lines() {

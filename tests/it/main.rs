@@ -13,6 +13,7 @@ mod cdc;
 mod cdc_evolve;
 mod cdc_order;
 mod cdc_tx;
+mod cdc_tx_gaps;
 mod common;
 mod config_errors;
 mod connect;

@@ -53,8 +53,9 @@ impl Out {
             quarantined: num("quarantined "),
         };
         let stale = num("stale ");
+        let buffered = num("buffered ");
         assert_eq!(
-            t.landed + t.duplicate + stale + t.filtered + t.quarantined,
+            t.landed + t.duplicate + stale + t.filtered + t.quarantined + buffered,
             t.consumed,
             "the tally adds up: {line}"
         );
@@ -66,6 +67,17 @@ impl Out {
         let line = self.tally_line().unwrap_or("");
         line.split(" + ")
             .filter_map(|p| p.strip_prefix("stale "))
+            .filter_map(|n| n.trim().parse().ok())
+            .next()
+            .unwrap_or(0)
+    }
+
+    /// The `buffered N` part of the tally line: records left unapplied at the stop (0 when absent).
+    pub fn buffered(&self) -> u64 {
+        let line = self.tally_line().unwrap_or("");
+        let head = line.split(" [").next().unwrap_or(line);
+        head.split(" + ")
+            .filter_map(|p| p.strip_prefix("buffered "))
             .filter_map(|n| n.trim().parse().ok())
             .next()
             .unwrap_or(0)

@@ -11,103 +11,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use serde_json::Value;
+mod meta;
+
+pub use meta::{meta, tx_key, Meta};
 
 use crate::config::txn::TxPlan;
 use crate::engine::flush::{self, Cut};
 use crate::engine::types::{PartState, Tp};
 use crate::sink::{Batch, Item};
-
-/// What a record says about source transactions.
-#[derive(Debug, PartialEq)]
-pub enum Meta {
-    /// A change event of transaction `id`; `collections`: the names END may count it under (`schema.table`,
-    /// `db.table`, `db.schema.table`).
-    Change {
-        id: String,
-        collections: Vec<String>,
-    },
-    /// The transaction topic's BEGIN event.
-    Begin { id: String },
-    /// The transaction topic's END event: `event_count` and `data_collections[]`.
-    End {
-        id: String,
-        total: u64,
-        counts: Vec<(String, u64)>,
-    },
-    /// Anything else (no `transaction` block, not JSON, a heartbeat…): applied per record.
-    Other,
-}
-
-/// The key a transaction id is buffered under. Debezium's PostgreSQL connector (3.6.1, seen in
-/// `tests/it/cdc_tx.rs`) writes `<txId>:<LSN>` with the LSN of each event — BEGIN, every change and END of one
-/// transaction carry different ids — so an id of two all-digit parts is keyed by its txId; any other id (MySQL
-/// GTIDs `uuid:n`, SQL Server `lsn:lsn:n`, …) is kept whole.
-pub fn tx_key(id: &str) -> String {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    match id.split_once(':') {
-        Some((tx, lsn)) if digits(tx) && digits(lsn) => tx.to_string(),
-        _ => id.to_string(),
-    }
-}
-
-/// Reads the transaction metadata of a Debezium value (schemas on or off); ids as [`tx_key`]s.
-pub fn meta(value: Option<&[u8]>) -> Meta {
-    let Some(Ok(Value::Object(mut m))) = value.map(serde_json::from_slice::<Value>) else {
-        return Meta::Other;
-    };
-    if m.contains_key("schema") {
-        if let Some(Value::Object(p)) = m.remove("payload") {
-            m = p;
-        }
-    }
-    let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
-    match (
-        m.get("status").and_then(Value::as_str),
-        s(m.get("id")).map(|i| tx_key(&i)),
-    ) {
-        (Some("BEGIN"), Some(id)) if !m.contains_key("op") => return Meta::Begin { id },
-        (Some("END"), Some(id)) if !m.contains_key("op") => {
-            let counts = m
-                .get("data_collections")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|c| {
-                    Some((
-                        s(c.get("data_collection"))?,
-                        c.get("event_count")?.as_u64()?,
-                    ))
-                })
-                .collect();
-            let total = m.get("event_count").and_then(Value::as_u64).unwrap_or(0);
-            return Meta::End { id, total, counts };
-        }
-        _ => {}
-    }
-    let Some(id) = m
-        .get("transaction")
-        .and_then(|t| s(t.get("id")))
-        .map(|i| tx_key(&i))
-    else {
-        return Meta::Other;
-    };
-    let src = m.get("source");
-    let f = |k: &str| src.and_then(|x| x.get(k)).and_then(Value::as_str);
-    let mut collections = Vec::new();
-    if let Some(t) = f("table") {
-        if let Some(sc) = f("schema") {
-            collections.push(format!("{sc}.{t}"));
-            if let Some(db) = f("db") {
-                collections.push(format!("{db}.{sc}.{t}"));
-            }
-        }
-        if let Some(db) = f("db") {
-            collections.push(format!("{db}.{t}"));
-        }
-    }
-    Meta::Change { id, collections }
-}
 
 /// Why a transaction is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +37,10 @@ struct Open {
     records: BTreeMap<(Tp, i64), (Item, Vec<String>)>,
     /// Records per collection name (each of a record's names).
     per: HashMap<String, u64>,
-    end: Option<(u64, Vec<(String, u64)>)>,
+    end: Option<End>,
+    /// The END event itself, held (its partition's checkpoint stays before it) until the transaction is applied:
+    /// a new owner of the transaction topic's partition reads it again.
+    end_item: Option<(Tp, Item)>,
     bytes: usize,
 }
 
@@ -178,13 +92,19 @@ pub struct TxBuf {
     bytes: usize,
     closed: HashSet<String>,
     closed_order: VecDeque<String>,
+    /// Transactions taken for applying, not settled yet: when they were first seen and their END, for
+    /// [`TxBuf::requeue`].
+    applying: HashMap<String, (Instant, Option<End>)>,
 }
+
+/// An END's `event_count` and per-collection counts.
+type End = (u64, Vec<(String, u64)>);
 
 /// How many applied transaction ids [`TxBuf`] remembers.
 pub const CLOSED: usize = 10_000;
 
 /// A transaction ready to apply: its id, why, and its parts (one batch per partition, offsets ascending;
-/// `fence`/`expected`/`end` unused: no checkpoint step).
+/// `fence` set by [`cuts`] to the partition's, `expected`/`end` unused: no checkpoint step).
 pub struct Ready {
     /// The transaction id.
     pub id: String,
@@ -205,6 +125,7 @@ impl TxBuf {
             bytes: 0,
             closed: HashSet::new(),
             closed_order: VecDeque::new(),
+            applying: HashMap::new(),
         }
     }
 
@@ -233,8 +154,15 @@ impl TxBuf {
             }
             Meta::End { id, .. } if self.closed.contains(&id) => Some(item),
             Meta::End { id, total, counts } => {
-                self.entry(id).end = Some((total, counts));
-                Some(item)
+                self.held.entry(tp.clone()).or_default().insert(item.offset);
+                let o = self.entry(id);
+                o.end = Some((total, counts));
+                let offset = item.offset;
+                let old = o.end_item.replace((tp.clone(), item));
+                if let Some((otp, old)) = old.filter(|(otp, i)| otp != tp || i.offset != offset) {
+                    self.unhold(&otp, old.offset);
+                }
+                None
             }
             Meta::Begin { id } => {
                 if !self.closed.contains(&id) {
@@ -254,6 +182,7 @@ impl TxBuf {
             records: BTreeMap::new(),
             per: HashMap::new(),
             end: None,
+            end_item: None,
             bytes: 0,
         })
     }
@@ -302,9 +231,10 @@ impl TxBuf {
             let o = self.open.remove(&id).expect("open transaction");
             self.bytes -= o.bytes;
             self.close(&id);
-            if o.records.is_empty() {
+            if o.records.is_empty() && o.end_item.is_none() {
                 continue;
             }
+            self.applying.insert(id.clone(), (o.first, o.end.clone()));
             if why != Why::Complete {
                 tracing::warn!(transaction = %id, records = o.records.len(), ?why, end_seen = o.end.is_some(),
                     "source transaction applied as it is (incomplete): its END or some of its changes did not arrive in time");
@@ -319,7 +249,7 @@ impl TxBuf {
             ready.push(Ready {
                 id,
                 why,
-                parts: parts(o.records),
+                parts: parts(o.records, o.end_item),
             });
         }
         metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
@@ -341,17 +271,60 @@ impl TxBuf {
 
     /// A transaction's parts committed (or were dropped with their partition): their offsets are no longer held.
     pub fn settled(&mut self, parts: &[Batch]) {
+        if let Some(id) = tx_id(parts) {
+            self.applying.remove(&id);
+        }
         for b in parts {
             let tp = (b.topic.clone(), b.partition);
-            if let Some(h) = self.held.get_mut(&tp) {
-                for it in &b.items {
-                    h.remove(&it.offset);
-                }
-                if h.is_empty() {
-                    self.held.remove(&tp);
+            for it in &b.items {
+                self.unhold(&tp, it.offset);
+            }
+        }
+    }
+
+    fn unhold(&mut self, tp: &Tp, offset: i64) {
+        if let Some(h) = self.held.get_mut(tp) {
+            h.remove(&offset);
+            if h.is_empty() {
+                self.held.remove(tp);
+            }
+        }
+    }
+
+    /// A transaction's commit was fenced: nothing of it was written. It is open again (its END kept) with the
+    /// records of the parts `keep` says are still ours (still held); the other parts' offsets are no longer held —
+    /// their partitions' owners read them again from the checkpoints, and records read again here are buffered
+    /// anew.
+    pub fn requeue(&mut self, parts: &[Batch], keep: impl Fn(&Tp) -> bool) {
+        let Some(id) = tx_id(parts) else {
+            return;
+        };
+        let (first, end) = self
+            .applying
+            .remove(&id)
+            .unwrap_or_else(|| (Instant::now(), None));
+        self.closed.remove(&id);
+        self.closed_order.retain(|x| *x != id);
+        let (kept, lost): (Vec<&Batch>, Vec<&Batch>) = parts
+            .iter()
+            .partition(|b| keep(&(b.topic.clone(), b.partition)));
+        self.settled(&lost.into_iter().cloned().collect::<Vec<_>>());
+        let mut added = 0isize;
+        let o = self.entry(id);
+        o.first = first;
+        o.end = o.end.take().or(end);
+        for b in kept {
+            let tp = (b.topic.clone(), b.partition);
+            for it in &b.items {
+                match meta(it.value.as_deref()) {
+                    Meta::Change { collections, .. } => {
+                        added += o.add(&tp, it.clone(), collections);
+                    }
+                    _ => o.end_item = Some((tp.clone(), it.clone())),
                 }
             }
         }
+        self.bytes = (self.bytes as isize + added) as usize;
     }
 
     /// How far a batch of `tp` may move its checkpoint: before its lowest held offset, and not past the last
@@ -387,19 +360,42 @@ impl TxBuf {
 
     /// Records and transactions buffered, for the shutdown log line.
     pub fn open_counts(&self) -> (usize, usize) {
-        let recs = self.open.values().map(|o| o.records.len()).sum();
+        let recs = self
+            .open
+            .values()
+            .map(|o| o.records.len() + usize::from(o.end_item.is_some()))
+            .sum();
         (
-            self.open.values().filter(|o| !o.records.is_empty()).count(),
+            self.open
+                .values()
+                .filter(|o| !o.records.is_empty() || o.end_item.is_some())
+                .count(),
             recs,
         )
     }
 }
 
+/// The source transaction id of a transaction's parts (its first change's, as [`tx_key`] keys it).
+pub fn tx_id(parts: &[Batch]) -> Option<String> {
+    parts
+        .iter()
+        .flat_map(|b| b.items.iter())
+        .find_map(|it| match meta(it.value.as_deref()) {
+            Meta::Change { id, .. } | Meta::End { id, .. } => Some(id),
+            _ => None,
+        })
+}
+
 /// One batch per partition, offsets ascending.
-fn parts(records: BTreeMap<(Tp, i64), (Item, Vec<String>)>) -> Vec<Batch> {
+fn parts(records: BTreeMap<(Tp, i64), (Item, Vec<String>)>, end: Option<(Tp, Item)>) -> Vec<Batch> {
     let mut by: BTreeMap<Tp, Vec<Item>> = BTreeMap::new();
     for ((tp, _), (item, _)) in records {
         by.entry(tp).or_default().push(item);
+    }
+    if let Some((tp, item)) = end {
+        let v = by.entry(tp).or_default();
+        v.push(item);
+        v.sort_by_key(|i| i.offset);
     }
     by.into_iter()
         .map(|((topic, partition), items)| {
@@ -428,7 +424,13 @@ pub fn cuts(
     let mut cuts: Vec<Cut> = t
         .ready(Instant::now())
         .into_iter()
-        .map(|r| {
+        .map(|mut r| {
+            // Each part under the fence its partition is held by now: its commit takes that fence.
+            for b in &mut r.parts {
+                b.fence = parts
+                    .get(&(b.topic.clone(), b.partition))
+                    .map_or(0, |st| st.fence);
+            }
             let first = &r.parts[0];
             tracing::debug!(transaction = %r.id, why = ?r.why, parts = r.parts.len(), "source transaction applied");
             Cut {
@@ -462,190 +464,4 @@ pub fn cuts(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use serde_json::json;
-
-    use super::*;
-    use crate::sink::Pending;
-
-    fn plan(ms: u64, bytes: usize) -> TxPlan {
-        TxPlan {
-            timeout: Duration::from_millis(ms),
-            buffer_bytes: bytes,
-        }
-    }
-
-    fn item(offset: i64, v: serde_json::Value) -> Item {
-        Item {
-            offset,
-            timestamp_ms: None,
-            key: None,
-            value: Some(v.to_string().into_bytes()),
-            pending: Pending::Filtered("t".into()),
-        }
-    }
-
-    fn change(tx: &str, table: &str) -> serde_json::Value {
-        json!({"op": "c", "after": {"id": 1}, "source": {"db": "app", "schema": "public", "table": table},
-            "transaction": {"id": tx, "total_order": 1, "data_collection_order": 1}})
-    }
-
-    fn end(tx: &str, orders: u64, lines: u64) -> serde_json::Value {
-        json!({"status": "END", "id": tx, "event_count": orders + lines, "data_collections": [
-            {"data_collection": "public.orders", "event_count": orders},
-            {"data_collection": "public.lines", "event_count": lines}]})
-    }
-
-    fn tp(t: &str, p: i32) -> Tp {
-        (t.to_string(), p)
-    }
-
-    #[test]
-    fn meta_reads_changes_begin_end_with_and_without_schemas() {
-        assert_eq!(
-            meta(Some(change("7:1", "orders").to_string().as_bytes())),
-            Meta::Change {
-                id: "7".into(),
-                collections: vec![
-                    "public.orders".into(),
-                    "app.public.orders".into(),
-                    "app.orders".into()
-                ]
-            }
-        );
-        let wrapped =
-            json!({"schema": {}, "payload": {"status": "BEGIN", "id": "7:1", "event_count": null}});
-        assert_eq!(
-            meta(Some(wrapped.to_string().as_bytes())),
-            Meta::Begin { id: "7".into() }
-        );
-        assert_eq!(
-            meta(Some(end("7:1", 1, 2).to_string().as_bytes())),
-            Meta::End {
-                id: "7".into(),
-                total: 3,
-                counts: vec![("public.orders".into(), 1), ("public.lines".into(), 2)]
-            }
-        );
-        let no_tx = json!({"op": "r", "after": {"id": 1}, "source": {}, "transaction": null});
-        assert_eq!(meta(Some(no_tx.to_string().as_bytes())), Meta::Other);
-        assert_eq!(meta(Some(b"not json")), Meta::Other);
-        assert_eq!(meta(None), Meta::Other);
-    }
-
-    #[test]
-    fn postgres_ids_are_keyed_by_txid_others_kept_whole() {
-        assert_eq!(tx_key("1143726:20165186216"), "1143726");
-        assert_eq!(tx_key("1143726"), "1143726");
-        assert_eq!(
-            tx_key("3E11FA47-71CA-11E1-9E33-C80AA9429562:23"),
-            "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"
-        );
-        assert_eq!(tx_key("00000025:00000d08:0025"), "00000025:00000d08:0025");
-        let begin = json!({"status": "BEGIN", "id": "571:100"});
-        assert_eq!(
-            meta(Some(begin.to_string().as_bytes())),
-            Meta::Begin { id: "571".into() }
-        );
-    }
-
-    #[test]
-    fn complete_whatever_the_order_and_bounds_hold_until_settled() {
-        let mut t = TxBuf::new(plan(60_000, 1 << 20));
-        let (o, l) = (tp("orders", 0), tp("lines", 1));
-        // END first, then a line, a non-transaction record, the order, the last line.
-        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 1, 2))).is_some());
-        assert!(t.take(&l, 1, item(5, change("a", "lines"))).is_none());
-        assert!(t
-            .take(&l, 1, item(6, json!({"op": "c", "source": {}})))
-            .is_some());
-        assert!(t.take(&o, 1, item(3, change("a", "orders"))).is_none());
-        assert!(!t.due(Instant::now()));
-        assert_eq!(t.bound(&l, 1), Some(5));
-        assert_eq!(t.bound(&o, 1), Some(3));
-        assert!(t.take(&l, 1, item(7, change("a", "lines"))).is_none());
-        assert!(t.due(Instant::now()));
-        let ready = t.ready(Instant::now());
-        assert_eq!(ready.len(), 1);
-        assert_eq!(ready[0].why, Why::Complete);
-        let shape: Vec<(String, Vec<i64>)> = ready[0]
-            .parts
-            .iter()
-            .map(|b| (b.topic.clone(), b.items.iter().map(|i| i.offset).collect()))
-            .collect();
-        assert_eq!(
-            shape,
-            vec![("lines".into(), vec![5, 7]), ("orders".into(), vec![3])]
-        );
-        // Held until the commit settles, then bounded by what was taken only.
-        assert_eq!(t.bound(&l, 1), Some(5));
-        t.settled(&ready[0].parts);
-        assert_eq!(t.bound(&l, 1), Some(8));
-        assert_eq!(t.bound(&o, 1), Some(4));
-        assert!(!t.holds());
-        // Taken over again (another fence) or rewound: what was taken before is no bound any more.
-        assert_eq!(t.bound(&o, 2), None);
-        t.rewound(&l);
-        assert_eq!(t.bound(&l, 1), None);
-    }
-
-    #[test]
-    fn timeout_and_memory_apply_incomplete_transactions_as_they_are() {
-        let mut t = TxBuf::new(plan(50, 1 << 20));
-        let start = Instant::now();
-        t.take(&tp("lines", 0), 1, item(0, change("a", "lines")));
-        assert!(t.ready(start).is_empty());
-        let late = start + Duration::from_millis(60);
-        assert!(t.due(late));
-        let r = t.ready(late);
-        assert_eq!((r.len(), r[0].why), (1, Why::Timeout));
-        // Its late change and END are applied per record, not held for another timeout.
-        assert!(t
-            .take(&tp("lines", 0), 1, item(1, change("a", "lines")))
-            .is_some());
-        assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 0, 2))).is_some());
-        // A BEGIN of a transaction without changes of ours is forgotten after the timeout.
-        t.take(
-            &tp("tx", 0),
-            1,
-            item(1, json!({"status": "BEGIN", "id": "z"})),
-        );
-        assert!(t
-            .ready(Instant::now() + Duration::from_millis(60))
-            .is_empty());
-        assert!(t.open.is_empty());
-
-        let size = change("b", "lines").to_string().len();
-        let mut t = TxBuf::new(plan(60_000, size * 2));
-        t.take(&tp("lines", 0), 1, item(0, change("b", "lines")));
-        t.take(&tp("lines", 0), 1, item(1, change("c", "lines")));
-        assert!(!t.due(Instant::now()));
-        t.take(&tp("lines", 0), 1, item(2, change("c", "lines")));
-        assert!(t.due(Instant::now()));
-        let r = t.ready(Instant::now());
-        assert_eq!(
-            r.iter().map(|x| (x.id.as_str(), x.why)).collect::<Vec<_>>(),
-            vec![("b", Why::Memory)]
-        );
-        assert_eq!(t.bytes, size * 2);
-        assert_eq!(
-            t.bound(&tp("lines", 0), 1),
-            Some(0),
-            "b's record held until its commit settles"
-        );
-    }
-
-    #[test]
-    fn a_record_read_again_replaces_its_copy() {
-        let mut t = TxBuf::new(plan(60_000, 1 << 20));
-        let l = tp("lines", 0);
-        t.take(&tp("tx", 0), 1, item(0, end("a", 0, 2)));
-        t.take(&l, 1, item(4, change("a", "lines")));
-        t.take(&l, 1, item(4, change("a", "lines")));
-        assert!(!t.due(Instant::now()), "one line twice is not two lines");
-        t.take(&l, 1, item(5, change("a", "lines")));
-        assert_eq!(t.ready(Instant::now())[0].parts[0].items.len(), 2);
-    }
-}
+mod tests;

@@ -1,0 +1,240 @@
+//! Applying one source transaction (`[source] transactions = "atomic"`, [`crate::engine::txbuf`]) with the retry
+//! rules of the design: connection trouble is retried with backoff through the same path with the same keys; a
+//! lost COMMIT reply is "unknown" and resolved by the retry's claims (all already held → the first attempt
+//! committed, its outcomes count); a value PostgreSQL rejects quarantines the WHOLE transaction — every record a
+//! dead letter naming the transaction and the failing record, nothing of it applied — and the run goes on.
+
+use crate::decode::{Reason, Rejection};
+use crate::engine::apply::{backoff, Applied};
+use crate::error::{Error, Result};
+use crate::sink::{self, ApplyError, Batch, Outcome, Pending, Sink};
+
+/// What one round of attempts came to.
+enum Tried {
+    /// Committed (outcomes of all parts, in part order) or fenced.
+    Done(Applied),
+    /// PostgreSQL rejected a value: the message.
+    Rejected(String),
+}
+
+/// Applies the parts of one source transaction in one transaction ([`Sink::apply_transaction`]: each part under
+/// its partition's fence, no checkpoint step), retrying transient failures until `give_up()` says stop; outcomes
+/// of all parts, in part order. A part fenced (its partition taken by another owner) → [`Applied::Fenced`],
+/// nothing written. A value PostgreSQL rejects → the whole transaction quarantined ([`quarantine`]).
+///
+/// # Errors
+/// A fatal database problem; the dead-letter insert itself rejected; `give_up` (shutdown).
+pub async fn apply_transaction(
+    sink: &mut Sink,
+    parts: &[Batch],
+    give_up: &(dyn Fn() -> bool + Sync),
+) -> Result<Applied> {
+    let message = match attempts(sink, parts, give_up).await? {
+        Tried::Done(a) => return Ok(a),
+        Tried::Rejected(m) => m,
+    };
+    let q = quarantine(sink, parts, &message).await?;
+    match attempts(sink, &q, give_up).await? {
+        Tried::Done(a) => Ok(a),
+        Tried::Rejected(m) => Err(Error::Other(format!(
+            "the dead letters of source transaction {} were rejected: {m}",
+            tx_id(parts)
+        ))),
+    }
+}
+
+async fn attempts(
+    sink: &mut Sink,
+    parts: &[Batch],
+    give_up: &(dyn Fn() -> bool + Sync),
+) -> Result<Tried> {
+    let mut attempt = 0u32;
+    // Outcomes of an attempt whose COMMIT reply was lost: the truth if the retry finds its claims held.
+    let mut unknown: Option<Vec<Outcome>> = None;
+    loop {
+        let (detail, commit_sent) = if sink.is_closed() {
+            match sink.reconnect().await {
+                Ok(()) => continue,
+                Err(e) => (e.to_string(), false),
+            }
+        } else {
+            match sink.apply_transaction(parts).await {
+                Ok(o) => {
+                    return Ok(Tried::Done(Applied::Committed(resolve(
+                        unknown,
+                        o.concat(),
+                    ))))
+                }
+                Err(ApplyError::Transient {
+                    error,
+                    commit_sent,
+                    outcomes,
+                }) => {
+                    if commit_sent {
+                        unknown = outcomes;
+                    }
+                    (sink::describe(&error), commit_sent)
+                }
+                Err(ApplyError::Data(e)) => return Ok(Tried::Rejected(db_message(&e))),
+                Err(ApplyError::Record { offset, rejection }) => {
+                    return Ok(Tried::Rejected(format!(
+                        "record at offset {offset}: {}",
+                        rejection.detail
+                    )))
+                }
+                Err(ApplyError::Fatal(e)) => return Err(e),
+                Err(ApplyError::Fenced { next_offset, fence }) => {
+                    tracing::warn!(transaction = %tx_id(parts), fence, ?next_offset,
+                        "a partition of the source transaction is owned by another consumer now (fenced); not applied");
+                    return Ok(Tried::Done(Applied::Fenced));
+                }
+            }
+        };
+        attempt += 1;
+        metrics::counter!("replaysafe_db_retries_total").increment(1);
+        tracing::warn!(attempt, commit_sent, transaction = %tx_id(parts), "database error, retrying the source transaction: {detail}");
+        crate::health::retrying(&detail);
+        if give_up() {
+            return Err(Error::Other(format!(
+                "gave up after {attempt} attempts: {detail}"
+            )));
+        }
+        tokio::time::sleep(backoff(attempt)).await;
+        if commit_sent && !sink.is_closed() {
+            let _ = sink.reconnect().await;
+        }
+    }
+}
+
+/// The outcomes to count after a retry: when an earlier attempt's COMMIT reply was lost (`unknown`) and the
+/// retry claimed nothing new although that attempt did, the earlier attempt committed (a source transaction's
+/// claims commit all together or not at all) — its outcomes are the truth, counted once; otherwise the retry's.
+fn resolve(unknown: Option<Vec<Outcome>>, retry: Vec<Outcome>) -> Vec<Outcome> {
+    let claimed = |o: &Outcome| matches!(o, Outcome::Landed | Outcome::Stale { .. });
+    match unknown {
+        Some(u)
+            if u.len() == retry.len() && u.iter().any(claimed) && !retry.iter().any(claimed) =>
+        {
+            tracing::info!(
+                "source transaction: commit outcome was unknown; its claims show it committed"
+            );
+            u
+        }
+        _ => retry,
+    }
+}
+
+/// The parts with every record quarantined (`rejected-by-database`), the detail naming the transaction and the
+/// record PostgreSQL rejects alone ([`Sink::probe`]), or saying only the whole transaction fails.
+async fn quarantine(sink: &mut Sink, parts: &[Batch], message: &str) -> Result<Vec<Batch>> {
+    let id = tx_id(parts);
+    let claims = |b: &Batch| {
+        b.items
+            .iter()
+            .filter(|i| matches!(i.pending, Pending::Claim { .. }))
+            .count()
+    };
+    let n: usize = parts.iter().map(claims).sum();
+    let culprit = match culprit(sink, parts).await? {
+        Some(c) => c,
+        None => format!("no record alone; the transaction as a whole: {message}"),
+    };
+    let detail = format!(
+        "source transaction {id} quarantined whole ({n} records, nothing applied): PostgreSQL rejected {culprit}"
+    );
+    tracing::warn!(transaction = %id, records = n, "{detail}");
+    let mut q = parts.to_vec();
+    // The changes; the END (filtered) and records a decoder already quarantined keep their outcome.
+    for it in q.iter_mut().flat_map(|b| b.items.iter_mut()) {
+        if !matches!(it.pending, Pending::Claim { .. }) {
+            continue;
+        }
+        it.pending = Pending::Quarantine(Rejection {
+            reason: Reason::RejectedByDatabase,
+            detail: detail.clone(),
+        });
+    }
+    Ok(q)
+}
+
+/// The first record PostgreSQL rejects alone (each claim tried in a rolled-back transaction): `topic/partition
+/// offset N: message`.
+async fn culprit(sink: &mut Sink, parts: &[Batch]) -> Result<Option<String>> {
+    for b in parts {
+        for it in &b.items {
+            if !matches!(it.pending, Pending::Claim { .. }) {
+                continue;
+            }
+            let single = Batch {
+                items: vec![it.clone()],
+                ..b.clone()
+            };
+            let at = format!("{}/{} offset {}", b.topic, b.partition, it.offset);
+            match sink.probe(&single).await {
+                Ok(()) => {}
+                Err(ApplyError::Data(e)) => return Ok(Some(format!("{at}: {}", db_message(&e)))),
+                Err(ApplyError::Record { rejection, .. }) => {
+                    return Ok(Some(format!("{at}: {}", rejection.detail)))
+                }
+                Err(ApplyError::Fatal(e)) => return Err(e),
+                Err(other) => {
+                    tracing::debug!(%at, "probe not conclusive: {other:?}");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// PostgreSQL's message with its SQLSTATE, and the column, table or constraint when the server names them.
+fn db_message(e: &tokio_postgres::Error) -> String {
+    let Some(d) = e.as_db_error() else {
+        return sink::describe(e);
+    };
+    let mut s = format!("{} (SQLSTATE {})", d.message(), d.code().code());
+    for (what, v) in [
+        ("column", d.column()),
+        ("table", d.table()),
+        ("constraint", d.constraint()),
+    ] {
+        if let Some(v) = v {
+            s += &format!(", {what} {v}");
+        }
+    }
+    if let Some(detail) = d.detail() {
+        s += &format!(": {detail}");
+    }
+    s
+}
+
+/// The source transaction id of the parts, for messages.
+fn tx_id(parts: &[Batch]) -> String {
+    crate::engine::txbuf::tx_id(parts).unwrap_or_else(|| "?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_reply_is_resolved_by_the_retry_claims() {
+        let first = vec![Outcome::Landed, Outcome::Landed];
+        let dup = vec![Outcome::Duplicate, Outcome::Duplicate];
+        // The retry found every claim held: the first attempt committed, counted once as landed.
+        assert!(matches!(
+            resolve(Some(first.clone()), dup.clone())[..],
+            [Outcome::Landed, Outcome::Landed]
+        ));
+        // The retry landed them: the first attempt did not commit.
+        assert!(matches!(
+            resolve(Some(first.clone()), first.clone())[..],
+            [Outcome::Landed, Outcome::Landed]
+        ));
+        // No lost reply: the retry's outcomes.
+        assert!(matches!(
+            resolve(None, dup)[..],
+            [Outcome::Duplicate, Outcome::Duplicate]
+        ));
+    }
+}
