@@ -50,7 +50,7 @@ pass() {
     local enc=$1 sch=$2 group=$3 line line_enc=""
     [ "$enc" = avro ] && line_enc="encoding = \"avro\"\nschema-registry = { url = \"$REGISTRY_URL\" }"
     sed -e "s/{group}/$group/" -e "s/{topic}/bench.cdc.$id.$enc/" -e "s/{schema}/$sch/" \
-        -e "s|{encoding}|$line_enc|" bench/cdc.toml >"$work/$enc.toml"
+        -e "s|^{encoding}$|$line_enc|" bench/cdc.toml >"$work/$enc.toml"
     REPLAYSAFE_LOG=info /usr/bin/time -f '%M' -o "$work/$enc.rss" target/release/replaysafe run --until-caught-up \
         --config "$work/$enc.toml" >"$work/$enc.out" 2>"$work/$enc.err" || { cat "$work/$enc.err" >&2; exit 1; }
     R[${enc}_rss_mib]=$(awk '{ printf "%.1f", $1 / 1024 }' "$work/$enc.rss" | tail -n1)
@@ -77,11 +77,12 @@ cols=$(psql -Atc "SELECT string_agg(quote_ident(column_name), ',' ORDER BY ordin
 R[ceiling_table_columns]=$cols
 t0=$(now)
 psql -c "\\copy \"$cs\".staging FROM '$work/changes.csv' (FORMAT csv)" \
-    -c "INSERT INTO \"$cs\".accounts (id, owner, balance, updated_at, _version)
-        SELECT id, owner, balance, updated_at, ARRAY[commit_lsn, lsn] FROM (
+    -c "INSERT INTO \"$cs\".accounts (id, owner, balance, updated_at, _version, _sha256)
+        SELECT id, owner, balance, updated_at, ARRAY[commit_lsn, lsn],
+               sha256(convert_to(concat_ws('|', id, owner, balance, updated_at), 'UTF8')) FROM (
             SELECT DISTINCT ON (id) * FROM \"$cs\".staging ORDER BY id, lsn DESC) last WHERE op <> 'd'
         ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, balance = excluded.balance,
-            updated_at = excluded.updated_at, _version = excluded._version"
+            updated_at = excluded.updated_at, _version = excluded._version, _sha256 = excluded._sha256"
 t1=$(now)
 R[ceiling_s]=$(elapsed "$t0" "$t1")
 R[ceiling_eps]=$(awk -v n="$N" -v s="${R[ceiling_s]}" 'BEGIN { printf "%.0f", n / s }')
@@ -109,7 +110,7 @@ row=$(sed -n "$((old + 1))p" "$work/changes.csv")
 IFS=, read -r pid powner pbal pts _ <<<"$row"
 psql -c "CREATE TABLE \"$cs\".peer_like AS TABLE \"$cs\".accounts" -c "ALTER TABLE \"$cs\".peer_like ADD PRIMARY KEY (id)"
 pb=$(psql -Atc "SELECT owner FROM \"$cs\".peer_like WHERE id = $pid")
-psql -c "INSERT INTO \"$cs\".peer_like (id, owner, balance, updated_at) VALUES ($pid, '$powner', $pbal, '$pts')
+psql -c "INSERT INTO \"$cs\".peer_like (id, owner, balance, updated_at, _version, _sha256) VALUES ($pid, '$powner', $pbal, '$pts', '{}', '')
          ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, balance = excluded.balance, updated_at = excluded.updated_at"
 pa=$(psql -Atc "SELECT owner FROM \"$cs\".peer_like WHERE id = $pid")
 R[guard_peer]="id $pid owner $pb -> $pa (upsert without a version predicate, the JDBC sink's upsert statement shape)"
