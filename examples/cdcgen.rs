@@ -48,7 +48,11 @@ fn event(i: usize, n: usize) -> Ev {
     };
     let lsn_of = |j: usize| 10_000_000 + 100 * j as i64;
     let tx = 1000 + (i / 4) as i64;
-    let prev_commit = if i < 4 { 9_999_900 } else { lsn_of((i / 4) * 4 - 1) };
+    let prev_commit = if i < 4 {
+        9_999_900
+    } else {
+        lsn_of((i / 4) * 4 - 1)
+    };
     let ts_ms = 1_714_003_200_000 + i as i64;
     Ev {
         id,
@@ -118,7 +122,10 @@ fn row_json(ev: &Ev, schema: bool) -> String {
 fn payload_json(ev: &Ev, schema: bool) -> String {
     let (before, after) = if ev.op == "d" {
         (
-            format!(r#"{{"id":{},"owner":null,"balance":null,"updated_at":null}}"#, ev.id),
+            format!(
+                r#"{{"id":{},"owner":null,"balance":null,"updated_at":null}}"#,
+                ev.id
+            ),
             "null".to_string(),
         )
     } else {
@@ -201,7 +208,10 @@ fn avro_record(a: &Avro, ev: &Ev) -> Res<(Vec<u8>, Vec<u8>)> {
         A::Record(vec![
             ("id".into(), A::Long(ev.id)),
             ("owner".into(), some(s(&ev.owner))),
-            ("balance".into(), some(A::Decimal(unscaled(ev.cents).into()))),
+            (
+                "balance".into(),
+                some(A::Decimal(unscaled(ev.cents).into())),
+            ),
             ("updated_at".into(), some(s(&rfc3339(ev.updated_ms)))),
         ])
     };
@@ -292,7 +302,13 @@ fn create_topic(brokers: &str, topic: &str) -> Res<()> {
     Ok(())
 }
 
-fn produce(brokers: &str, topic: &str, events: impl Iterator<Item = Ev>, enc: &str, avro: Option<&Avro>) -> Res<usize> {
+fn produce(
+    brokers: &str,
+    topic: &str,
+    events: impl Iterator<Item = Ev>,
+    enc: &str,
+    avro: Option<&Avro>,
+) -> Res<usize> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("linger.ms", "20")
@@ -352,15 +368,30 @@ fn main() -> Res<()> {
             create_topic(brokers, topic)?;
             let avro = avro_setup(enc, a.get(6), topic)?;
             let t0 = Instant::now();
-            let c = produce(brokers, topic, (0..n).map(|i| event(i, n)), enc, avro.as_ref())?;
-            eprintln!("produced {c} {enc} envelopes to {topic} in {:.1}s", t0.elapsed().as_secs_f64());
+            let c = produce(
+                brokers,
+                topic,
+                (0..n).map(|i| event(i, n)),
+                enc,
+                avro.as_ref(),
+            )?;
+            eprintln!(
+                "produced {c} {enc} envelopes to {topic} in {:.1}s",
+                t0.elapsed().as_secs_f64()
+            );
             println!("{c}");
         }
         Some("replay") if a.len() >= 7 => {
             let (brokers, topic, n, enc) = (&a[2], &a[3], a[4].parse::<usize>()?, a[5].as_str());
             let i: usize = a[6].parse()?;
             let avro = avro_setup(enc, a.get(7), topic)?;
-            let c = produce(brokers, topic, std::iter::once(event(i, n)), enc, avro.as_ref())?;
+            let c = produce(
+                brokers,
+                topic,
+                std::iter::once(event(i, n)),
+                enc,
+                avro.as_ref(),
+            )?;
             println!("{c}");
         }
         _ => {
