@@ -29,7 +29,7 @@ pub enum Schema {
         refs: Vec<apache_avro::Schema>,
         /// The schema's JSON text, parsed (custom properties such as `connect.name` kept), after its
         /// references' JSON, with their Connect schema.
-        json: crate::decode::avro::SchemaJson,
+        json: Box<crate::decode::avro::SchemaJson>,
     },
     /// A JSON Schema (the payload is JSON text; the schema itself is not needed to read it).
     Json,
@@ -275,7 +275,7 @@ fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
             Ok(Schema::Avro {
                 schema,
                 refs: refs_parsed,
-                json: crate::decode::avro::SchemaJson::new(json),
+                json: Box::new(crate::decode::avro::SchemaJson::new(json)),
             })
         }
         "JSON" => Ok(Schema::Json),
