@@ -386,10 +386,16 @@ mod tests {
             ("at".into(), Avro::Long(1_714_003_200_000_000)),
         ]);
         let (s, j, bytes) = encode(schema, v);
-        let out: Value = serde_json::from_slice(
-            &to_json(&s, &[], &SchemaJson::new(vec![j.clone()]), &bytes, true).expect("ok"),
-        )
-        .expect("json");
+        let text = to_json(&s, &[], &SchemaJson::new(vec![j.clone()]), &bytes, true).expect("ok");
+        // Schema first, as the JSON converter writes it: the Debezium decoder's schema cache reads that form.
+        assert!(
+            text.starts_with(br#"{"schema":{"#),
+            "{}",
+            String::from_utf8_lossy(&text)
+        );
+        let (_, parsed) = crate::decode::debezium::schema::parse(&text).expect("parses");
+        assert!(parsed.is_some(), "the wrapper's schema is read");
+        let out: Value = serde_json::from_slice(&text).expect("json");
         assert_eq!(
             out["payload"],
             json!({"id": 7, "amount": "BOI=", "at": 1_714_003_200_000_000i64})
