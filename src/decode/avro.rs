@@ -20,9 +20,41 @@ use bigdecimal::BigDecimal;
 use num_bigint::BigInt;
 use serde_json::{json, Map, Value};
 
+/// An Avro schema's JSON texts, parsed (its references' first, then its own), with the Kafka Connect schema
+/// (JsonConverter form) derived from them once: deriving it took most of a record's decode time when it was
+/// done per record.
+#[derive(Debug)]
+pub struct SchemaJson {
+    texts: Vec<Value>,
+    connect: Value,
+    connect_text: String,
+}
+
+impl SchemaJson {
+    /// The texts (references first, the schema last) and their Connect schema.
+    pub fn new(texts: Vec<Value>) -> SchemaJson {
+        let mut names = HashMap::new();
+        let connect = match texts.split_last() {
+            Some((main, deps)) => {
+                for d in deps {
+                    connect_schema(d, "", &mut names);
+                }
+                connect_schema(main, "", &mut names)
+            }
+            None => Value::Null,
+        };
+        let connect_text = connect.to_string();
+        SchemaJson {
+            texts,
+            connect,
+            connect_text,
+        }
+    }
+}
+
 /// Decodes one Avro datum written with `schema` (`refs` the schemas it references; `json` the JSON texts,
-/// parsed, of the references then the schema) into JSON bytes: the Connect `{schema, payload}` form when
-/// `connect` is true (Debezium), the bare value otherwise.
+/// parsed, of the references then the schema) into JSON bytes: the Connect `{"schema": …, "payload": …}` form
+/// (schema first, as the JSON converter writes it) when `connect` is true (Debezium), the bare value otherwise.
 ///
 /// # Errors
 /// What is wrong with the datum: it does not match the schema, is truncated, has bytes left over, or holds a
@@ -30,7 +62,7 @@ use serde_json::{json, Map, Value};
 pub fn to_json(
     schema: &apache_avro::Schema,
     refs: &[apache_avro::Schema],
-    json: &[Value],
+    json: &SchemaJson,
     datum: &[u8],
     connect: bool,
 ) -> Result<Vec<u8>, String> {
@@ -53,19 +85,20 @@ pub fn to_json(
             rest.0.len()
         ));
     }
-    let mut names = HashMap::new();
-    let (main, deps) = json.split_last().ok_or("no schema")?;
-    for d in deps {
-        connect_schema(d, "", &mut names);
+    if json.texts.is_empty() {
+        return Err("no schema".into());
     }
-    let cs = connect_schema(main, "", &mut names);
-    let payload = payload(&value, Some(&cs), connect)?;
-    let doc = if connect {
-        json!({"schema": cs, "payload": payload})
-    } else {
-        payload
-    };
-    serde_json::to_vec(&doc).map_err(|e| e.to_string())
+    let payload = payload(&value, Some(&json.connect), connect)?;
+    if !connect {
+        return serde_json::to_vec(&payload).map_err(|e| e.to_string());
+    }
+    let mut out = Vec::with_capacity(json.connect_text.len() + datum.len() * 2 + 32);
+    out.extend_from_slice(b"{\"schema\":");
+    out.extend_from_slice(json.connect_text.as_bytes());
+    out.extend_from_slice(b",\"payload\":");
+    serde_json::to_writer(&mut out, &payload).map_err(|e| e.to_string())?;
+    out.push(b'}');
+    Ok(out)
 }
 
 /// A reader over the datum whose end is an error, not an end of file: apache-avro reads a string, or a union,
@@ -353,10 +386,16 @@ mod tests {
             ("at".into(), Avro::Long(1_714_003_200_000_000)),
         ]);
         let (s, j, bytes) = encode(schema, v);
-        let out: Value = serde_json::from_slice(
-            &to_json(&s, &[], std::slice::from_ref(&j), &bytes, true).expect("ok"),
-        )
-        .expect("json");
+        let text = to_json(&s, &[], &SchemaJson::new(vec![j.clone()]), &bytes, true).expect("ok");
+        // Schema first, as the JSON converter writes it: the Debezium decoder's schema cache reads that form.
+        assert!(
+            text.starts_with(br#"{"schema":{"#),
+            "{}",
+            String::from_utf8_lossy(&text)
+        );
+        let (_, parsed) = crate::decode::debezium::schema::parse(&text).expect("parses");
+        assert!(parsed.is_some(), "the wrapper's schema is read");
+        let out: Value = serde_json::from_slice(&text).expect("json");
         assert_eq!(
             out["payload"],
             json!({"id": 7, "amount": "BOI=", "at": 1_714_003_200_000_000i64})
@@ -370,7 +409,7 @@ mod tests {
         assert_eq!(f[2]["type"], "int64");
 
         let bare: Value = serde_json::from_slice(
-            &to_json(&s, &[], std::slice::from_ref(&j), &bytes, false).expect("ok"),
+            &to_json(&s, &[], &SchemaJson::new(vec![j.clone()]), &bytes, false).expect("ok"),
         )
         .expect("json");
         assert_eq!(bare["amount"], "12.50");
@@ -383,8 +422,14 @@ mod tests {
             Avro::Record(vec![("a".into(), Avro::String("hello".into()))]),
         );
         for cut in 0..bytes.len() {
-            let e = to_json(&s, &[], std::slice::from_ref(&j), &bytes[..cut], false)
-                .expect_err("truncated");
+            let e = to_json(
+                &s,
+                &[],
+                &SchemaJson::new(vec![j.clone()]),
+                &bytes[..cut],
+                false,
+            )
+            .expect_err("truncated");
             assert!(e.contains("does not match its schema"), "{e}");
         }
         let opt = r#"{"type":"record","name":"O","fields":[{"name":"a","type":"long"},{"name":"b","type":["null","long"]}]}"#;
@@ -396,8 +441,14 @@ mod tests {
             ]),
         );
         for cut in 0..b2.len() {
-            let e = to_json(&s2, &[], std::slice::from_ref(&j2), &b2[..cut], false)
-                .expect_err("a union cut short is not a null");
+            let e = to_json(
+                &s2,
+                &[],
+                &SchemaJson::new(vec![j2.clone()]),
+                &b2[..cut],
+                false,
+            )
+            .expect_err("a union cut short is not a null");
             assert!(
                 e.contains("truncated") || e.contains("does not match"),
                 "{cut}: {e}"
@@ -405,7 +456,8 @@ mod tests {
         }
         let mut long = bytes.clone();
         long.push(0);
-        let e = to_json(&s, &[], std::slice::from_ref(&j), &long, false).expect_err("trailing");
+        let e = to_json(&s, &[], &SchemaJson::new(vec![j.clone()]), &long, false)
+            .expect_err("trailing");
         assert!(e.contains("1 bytes are left"), "{e}");
     }
 
@@ -434,9 +486,10 @@ mod tests {
             .iter()
             .map(|t| serde_json::from_str(t).unwrap())
             .collect();
-        let out: Value =
-            serde_json::from_slice(&to_json(&s, &refs, &json, &bytes, true).expect("decodes"))
-                .unwrap();
+        let out: Value = serde_json::from_slice(
+            &to_json(&s, &refs, &SchemaJson::new(json), &bytes, true).expect("decodes"),
+        )
+        .unwrap();
         assert_eq!(out["payload"]["after"]["id"], 3);
         assert_eq!(out["payload"]["source"]["lsn"], 42);
         assert_eq!(

@@ -28,8 +28,8 @@ pub enum Schema {
         /// dependencies first).
         refs: Vec<apache_avro::Schema>,
         /// The schema's JSON text, parsed (custom properties such as `connect.name` kept), after its
-        /// references' JSON.
-        json: Vec<Value>,
+        /// references' JSON, with their Connect schema.
+        json: Box<crate::decode::avro::SchemaJson>,
     },
     /// A JSON Schema (the payload is JSON text; the schema itself is not needed to read it).
     Json,
@@ -300,7 +300,7 @@ fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
             Ok(Schema::Avro {
                 schema,
                 refs: refs_parsed,
-                json,
+                json: Box::new(crate::decode::avro::SchemaJson::new(json)),
             })
         }
         "JSON" => Ok(Schema::Json),
