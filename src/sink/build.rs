@@ -69,7 +69,7 @@ pub fn match_statement(p: &Pipeline) -> String {
         select = select.join(", "),
         params = params.join(", "),
         names = names.join(", "),
-        ledger = p.ledger.table,
+        ledger = super::ledger::ledger_rows(p),
         key = key.join(" AND "),
         before = claimed_before_handover(p, "$4"),
         cols = cols.join(", "),

@@ -232,7 +232,7 @@ async fn read(
     let ledger_sql = format!(
         "SELECT {day}::text, consumer_group, generation, count(*)::bigint{sum} FROM {}{cond} GROUP BY 1, 2, 3 \
          ORDER BY 1, 2, 3",
-        t.ledger,
+        format!("{} l", sink::ledger::ledger_rows(p)),
         day = t.day
     );
     let mut client = sink::connect_with(url, &p.postgres.timeouts).await?;
