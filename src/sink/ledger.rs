@@ -275,7 +275,7 @@ pub fn claim(p: &Pipeline) -> String {
          dedup AS (SELECT DISTINCT ON ({pk}) * FROM input ORDER BY {pk}, _offset), \
          src AS (SELECT id FROM {sources} WHERE topic = $2 AND partition = $3 AND consumer_group = $4), \
          claimed AS (INSERT INTO {ledger} (generation, {lcols}, source_id, \"offset\") \
-           SELECT $1, {lcols}, (SELECT id FROM src), _offset FROM dedup ORDER BY {pk} \
+           SELECT $1, {lcols}, (SELECT id FROM src) AS source_id, _offset FROM dedup ORDER BY {pk} \
            ON CONFLICT DO NOTHING RETURNING \"offset\") \
          INSERT INTO pg_temp.landed ({landed_cols}) SELECT {landed_vals} FROM dedup d \
            JOIN claimed c ON c.\"offset\" = d._offset RETURNING _offset",
