@@ -221,10 +221,7 @@ async fn window_sources(
     opts: &RebuildOptions,
 ) -> Result<Sources> {
     let day = pipeline.identity.partition_by.expect("checked");
-    let (pending, day) = (
-        pending_table(pipeline),
-        &pipeline.fields[day].name,
-    );
+    let (pending, day) = (pending_table(pipeline), &pipeline.fields[day].name);
     // With the rows an interrupted rebuild of the window deleted and did not re-land yet.
     let (ledger, pending) = (
         ledger::ledger_rows(pipeline),

@@ -120,8 +120,9 @@ pub fn create_ledger(p: &Pipeline) -> String {
         };
         format!("{} {}{null}", f.name, f.ty.sql())
     };
-    let (fixed, rest): (Vec<usize>, Vec<usize>) =
-        fields.into_iter().partition(|&i| align_rank(p.fields[i].ty) < 3);
+    let (fixed, rest): (Vec<usize>, Vec<usize>) = fields
+        .into_iter()
+        .partition(|&i| align_rank(p.fields[i].ty) < 3);
     defs.extend(fixed.into_iter().map(def));
     defs.push("source_id smallint NOT NULL".to_string());
     defs.push("generation text NOT NULL DEFAULT ''".to_string());
@@ -326,13 +327,21 @@ impl<'a> Column<'a> {
     fn push(&mut self, v: Option<&'a str>) -> std::result::Result<(), &'static str> {
         match self {
             Column::Text(c) => c.push(v),
-            Column::Uuid(c) => c.push(v.map(uuid::Uuid::parse_str).transpose().map_err(|_| "a uuid")?),
+            Column::Uuid(c) => c.push(
+                v.map(uuid::Uuid::parse_str)
+                    .transpose()
+                    .map_err(|_| "a uuid")?,
+            ),
             Column::Date(c) => c.push(
                 v.map(|t| NaiveDate::parse_from_str(t, "%Y-%m-%d"))
                     .transpose()
                     .map_err(|_| "a date (YYYY-MM-DD)")?,
             ),
-            Column::Bigint(c) => c.push(v.map(str::parse::<i64>).transpose().map_err(|_| "a bigint")?),
+            Column::Bigint(c) => c.push(
+                v.map(str::parse::<i64>)
+                    .transpose()
+                    .map_err(|_| "a bigint")?,
+            ),
         }
         Ok(())
     }

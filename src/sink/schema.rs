@@ -96,7 +96,10 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
 fn own_tables(p: &Pipeline) -> [(String, String); 8] {
     [
         (p.ledger.table.to_string(), ledger::create_ledger(p)),
-        (p.table(ledger::SOURCES).to_string(), ledger::create_sources(p)),
+        (
+            p.table(ledger::SOURCES).to_string(),
+            ledger::create_sources(p),
+        ),
         (
             p.table(checkpoint::CHECKPOINTS).to_string(),
             checkpoint::create_checkpoints(p),

@@ -225,7 +225,10 @@ fn ledger_stats_match_the_catalog() {
     assert!(recent > 0 && recent < rows, "{recent}");
     assert_eq!(s["rows_per_day"].as_f64().unwrap(), recent as f64 / 7.0);
     let projected = s["projected_bytes"].as_f64().unwrap();
-    assert!((projected - bpe * recent as f64 / 7.0 * 30.0).abs() < 1e-3, "{s:#}");
+    assert!(
+        (projected - bpe * recent as f64 / 7.0 * 30.0).abs() < 1e-3,
+        "{s:#}"
+    );
     let text = ledger_cmd("stats", &p, &[]);
     text.assert_ok();
     assert!(
@@ -650,13 +653,14 @@ fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
     let replay = pipeline(&text(30), &topic, &unique("replay"), &db.schema);
     let t = run_caught_up(&replay.path).tally();
     assert_eq!((t.consumed, t.landed, t.duplicate), (21, 1, 20), "{t:?}");
-    assert_eq!(counts(), counted + 1, "the old keys were remembered: nothing counted twice");
+    assert_eq!(
+        counts(),
+        counted + 1,
+        "the old keys were remembered: nothing counted twice"
+    );
     let after = origin(&db);
     assert_eq!(after.len(), 21);
-    assert!(
-        before.iter().all(|r| after.contains(r)),
-        "provenance kept"
-    );
+    assert!(before.iter().all(|r| after.contains(r)), "provenance kept");
     assert_eq!(
         db.i64(
             "SELECT count(*)::bigint FROM pg_attribute WHERE attrelid = '{s}.replaysafe_ledger'::regclass \
