@@ -273,13 +273,7 @@ pub(crate) fn field_plan(
     let name_ident = ident(src, name)?;
     if matches!(
         name_ident.as_str(),
-        "generation"
-            | "topic"
-            | "partition"
-            | "offset"
-            | "consumer_group"
-            | "landed_at"
-            | "source_id"
+        "generation" | "topic" | "partition" | "offset" | "consumer_group" | "landed_at"
     ) {
         return Err(src.error(
             name.span(),

@@ -158,7 +158,7 @@ async fn rows_per_day(client: &Client, p: &Pipeline) -> Result<f64> {
         ),
         None => format!(
             "SELECT count(*)::float8, extract(epoch FROM now() - min(s.created_at))::float8 / 86400.0 \
-             FROM {} l JOIN {} s ON s.id = l.source_id",
+             FROM {} l JOIN {} s ON s.id = l._source_id",
             p.ledger.table,
             p.table(crate::sink::ledger::SOURCES)
         ),

@@ -47,7 +47,7 @@ pub fn ledger_pk(p: &Pipeline) -> Vec<String> {
 /// claimed from, interned as a `smallint` id ([`create_sources`]).
 pub const SOURCES: &str = "replaysafe_sources";
 
-/// `CREATE TABLE` for the sources table: `id` (smallint identity, referenced by the ledger's `source_id`) →
+/// `CREATE TABLE` for the sources table: `id` (smallint identity, referenced by the ledger's `_source_id`) →
 /// `(topic, partition, consumer_group)`, with the time it was first claimed from (`created_at`). Rows are never
 /// changed or deleted. At most 32,767 sources per schema: one more fails the claim loudly (the identity's
 /// maximum), never silently.
@@ -77,7 +77,7 @@ pub fn ensure_source(p: &Pipeline) -> String {
 /// and `consumer_group` from the sources table; use it as `FROM {ledger_rows} l`.
 pub fn ledger_rows_of(p: &Pipeline, table: &str) -> String {
     format!(
-        "(SELECT l_.*, s_.topic, s_.partition, s_.consumer_group FROM {table} l_ JOIN {} s_ ON s_.id = l_.source_id)",
+        "(SELECT l_.*, s_.topic, s_.partition, s_.consumer_group FROM {table} l_ JOIN {} s_ ON s_.id = l_._source_id)",
         p.table(SOURCES)
     )
 }
@@ -98,7 +98,7 @@ fn align_rank(ty: FieldType) -> u8 {
 }
 
 /// `CREATE TABLE` for the ledger (range-partitioned by day when `partition-by` is set). Per row: `offset`
-/// (bigint), the key / partition-by / `ledger.columns` fields, `source_id` (smallint into [`SOURCES`]: topic,
+/// (bigint), the key / partition-by / `ledger.columns` fields, `_source_id` (smallint into [`SOURCES`]: topic,
 /// partition, consumer group) and `generation` (text, '' for none), ordered so no alignment padding falls
 /// between them; the claim time is not kept per row (`replaysafe_sources.created_at` is the source's first).
 /// The seed pipeline's row is 56 bytes + a 4-byte line pointer (was 132 + 4 with topic, group and time).
@@ -124,7 +124,7 @@ pub fn create_ledger(p: &Pipeline) -> String {
         .into_iter()
         .partition(|&i| align_rank(p.fields[i].ty) < 3);
     defs.extend(fixed.into_iter().map(def));
-    defs.push("source_id smallint NOT NULL".to_string());
+    defs.push("_source_id smallint NOT NULL".to_string());
     defs.push("generation text NOT NULL DEFAULT ''".to_string());
     defs.extend(rest.into_iter().map(def));
     defs.push(format!("PRIMARY KEY ({})", ledger_pk(p).join(", ")));
@@ -141,18 +141,18 @@ pub fn create_ledger(p: &Pipeline) -> String {
 
 /// Migrates a ledger of the first layout (per row `topic`, `partition`, `consumer_group` text and `landed_at`)
 /// in place, in the caller's transaction: its sources are interned into [`SOURCES`], every row gets its
-/// `source_id`, and the four columns are dropped. The delivery keys (primary key, rows, day partitions, grants)
+/// `_source_id`, and the four columns are dropped. The delivery keys (primary key, rows, day partitions, grants)
 /// stay as they were, so nothing already claimed is forgotten. Rows are rewritten once (the old partitions'
 /// space is reused after VACUUM or freed when the horizon drops them); new day partitions get the compact rows.
 pub fn upgrade_ledger(p: &Pipeline) -> String {
     let (l, s) = (p.ledger.table.to_string(), p.table(SOURCES).to_string());
     format!(
-        "ALTER TABLE {l} ADD COLUMN source_id smallint; \
+        "ALTER TABLE {l} ADD COLUMN _source_id smallint; \
          INSERT INTO {s} (topic, partition, consumer_group) SELECT DISTINCT topic, partition, consumer_group FROM {l} \
            ORDER BY 1, 2, 3 ON CONFLICT DO NOTHING; \
-         UPDATE {l} l SET source_id = s.id FROM {s} s \
+         UPDATE {l} l SET _source_id = s.id FROM {s} s \
            WHERE s.topic = l.topic AND s.partition = l.partition AND s.consumer_group = l.consumer_group; \
-         ALTER TABLE {l} ALTER COLUMN source_id SET NOT NULL, DROP COLUMN topic, DROP COLUMN partition, \
+         ALTER TABLE {l} ALTER COLUMN _source_id SET NOT NULL, DROP COLUMN topic, DROP COLUMN partition, \
            DROP COLUMN consumer_group, DROP COLUMN landed_at"
     )
 }
@@ -211,7 +211,7 @@ pub fn create_landed(p: &Pipeline) -> String {
 
 /// The claim statement. Parameters: `$1` generation (text, '' for none), `$2` topic, `$3` partition (int4),
 /// `$4` consumer group (the batch's source, which [`ensure_source`] inserted first; a missing one fails the
-/// claim on `source_id`'s NOT NULL rather than claim without provenance), `$5` offsets (int8[]), `$6` record timestamps in ms (int8[], null elements allowed),
+/// claim on `_source_id`'s NOT NULL rather than claim without provenance), `$5` offsets (int8[]), `$6` record timestamps in ms (int8[], null elements allowed),
 /// then one array per field (typed as [`param_type`]: `uuid[]`, `date[]`, `bigint[]` sent in binary, others
 /// `text[]` cast in SQL), then one `bool[]` per projection pass column. Returns the offsets of the rows it
 /// newly claimed (and copied into `landed`); copies of one key inside the batch count once (the lowest offset).
@@ -276,8 +276,8 @@ pub fn claim(p: &Pipeline) -> String {
         "WITH input AS (SELECT {select} FROM unnest({params}) AS u({names})), \
          dedup AS (SELECT DISTINCT ON ({pk}) * FROM input ORDER BY {pk}, _offset), \
          src AS (SELECT id FROM {sources} WHERE topic = $2 AND partition = $3 AND consumer_group = $4), \
-         claimed AS (INSERT INTO {ledger} (generation, {lcols}, source_id, \"offset\") \
-           SELECT $1, {lcols}, (SELECT id FROM src) AS source_id, _offset FROM dedup ORDER BY {pk} \
+         claimed AS (INSERT INTO {ledger} (generation, {lcols}, _source_id, \"offset\") \
+           SELECT $1, {lcols}, (SELECT id FROM src) AS _source_id, _offset FROM dedup ORDER BY {pk} \
            ON CONFLICT DO NOTHING RETURNING \"offset\") \
          INSERT INTO pg_temp.landed ({landed_cols}) SELECT {landed_vals} FROM dedup d \
            JOIN claimed c ON c.\"offset\" = d._offset RETURNING _offset",

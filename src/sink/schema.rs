@@ -127,7 +127,7 @@ fn own_tables(p: &Pipeline) -> [(String, String); 8] {
     ]
 }
 
-/// A ledger of the first layout (a `topic` column, no `source_id`) is migrated in place in `tx`
+/// A ledger of the first layout (a `topic` column, no `_source_id`) is migrated in place in `tx`
 /// ([`ledger::upgrade_ledger`]): its delivery keys stay, its provenance moves to the sources table.
 ///
 /// # Errors
@@ -137,7 +137,7 @@ async fn upgrade_old_ledger(tx: &Transaction<'_>, p: &Pipeline) -> Result<()> {
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'topic' \
              AND NOT attisdropped) AND NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
-             AND attname = 'source_id' AND NOT attisdropped)",
+             AND attname = '_source_id' AND NOT attisdropped)",
             &[&p.ledger.table.to_string()],
         )
         .await?
@@ -367,7 +367,7 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
     let have: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let mut expect: Vec<(String, String)> = vec![
         ("generation".into(), "text".into()),
-        ("source_id".into(), "smallint".into()),
+        ("_source_id".into(), "smallint".into()),
         ("offset".into(), "bigint".into()),
     ];
     for i in ledger::ledger_field_columns(p) {

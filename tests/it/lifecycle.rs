@@ -113,7 +113,7 @@ fn accounts(db: &Db) -> Vec<String> {
 fn ledger_rows(db: &Db, since: NaiveDate) -> Vec<String> {
     db.query(
         "SELECT event_id::text || '@' || topic || '/' || partition || ':' || \"offset\" FROM {s}.replaysafe_ledger l \
-         JOIN {s}.replaysafe_sources s ON s.id = l.source_id WHERE day >= $1 ORDER BY 1",
+         JOIN {s}.replaysafe_sources s ON s.id = l._source_id WHERE day >= $1 ORDER BY 1",
         &[&since],
     )
     .iter()
@@ -124,7 +124,7 @@ fn ledger_rows(db: &Db, since: NaiveDate) -> Vec<String> {
 /// `(topic, partition, max offset)` of the ledger rows of days before `below`.
 fn expected_pruned(db: &Db, below: NaiveDate) -> Vec<(String, i32, i64)> {
     db.query(
-        "SELECT topic, partition, max(\"offset\") FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l.source_id WHERE day < $1 GROUP BY 1, 2 ORDER BY 1, 2",
+        "SELECT topic, partition, max(\"offset\") FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l._source_id WHERE day < $1 GROUP BY 1, 2 ORDER BY 1, 2",
         &[&below],
     )
     .iter()
@@ -616,7 +616,7 @@ fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
     let origin = |db: &Db| {
         db.strings(
             "SELECT event_id || ' ' || day || ' ' || topic || ' ' || partition || ' ' || \"offset\" || ' ' || \
-             consumer_group FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l.source_id \
+             consumer_group FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l._source_id \
              ORDER BY 1",
         )
     };
@@ -626,7 +626,7 @@ fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
     let days = partition_days(&db);
     db.execute(
         "CREATE TABLE {s}.keep AS SELECT l.generation, l.event_id, l.day, s.topic, s.partition, l.\"offset\", \
-         s.consumer_group FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l.source_id; \
+         s.consumer_group FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l._source_id; \
          DROP TABLE {s}.replaysafe_ledger, {s}.replaysafe_sources; \
          CREATE TABLE {s}.replaysafe_ledger (generation text NOT NULL DEFAULT '', event_id uuid NOT NULL, \
          day date NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, \

@@ -1,7 +1,7 @@
 //! The final state `prove` compares: every table of a scratch schema — projection tables, tombstones, conflicts,
 //! ledger, outbox, dead letters — with bookkeeping columns left out, and the first differing rows per table.
 //!
-//! Left out, because they legitimately differ between two correct runs: `consumer_group`, `source_id`, `landed_at`,
+//! Left out, because they legitimately differ between two correct runs: `consumer_group`, `_source_id`, `landed_at`,
 //! `_updated_at`, `created_at`, `updated_at`, `applied_at` (which process, when); in the ledger and the dead
 //! letters `topic`, `partition`, `offset` and in the outbox `source_topic`, `source_partition`, `source_offset`
 //! (where a record was read: a rebuilt topic has new offsets); serial and identity columns (`id`: the order of
@@ -32,7 +32,7 @@ const BOOKKEEPING: [&str; 8] = [
 /// Columns never compared.
 const DROPPED: [&str; 7] = [
     "consumer_group",
-    "source_id",
+    "_source_id",
     "landed_at",
     "_updated_at",
     "created_at",
