@@ -133,23 +133,28 @@ fn own_tables(p: &Pipeline) -> [(String, String); 8] {
 /// # Errors
 /// [`Error::Schema`] when the migration fails (the transaction then leaves the ledger as it was).
 async fn upgrade_old_ledger(tx: &Transaction<'_>, p: &Pipeline) -> Result<()> {
-    let old: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'topic' \
-             AND NOT attisdropped) AND NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
-             AND attname = '_source_id' AND NOT attisdropped)",
-            &[&p.ledger.table.to_string()],
-        )
-        .await?
-        .get(0);
-    if !old {
-        return Ok(());
+    // The rows an interrupted rebuild deleted wait in its pending table (`LIKE` the ledger): migrated alike, so the
+    // rerun's `INSERT … SELECT *` and its re-read still match.
+    let pending = crate::ops::rebuild::pending_table(p).to_string();
+    for table in [p.ledger.table.to_string(), pending] {
+        let old: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'topic' \
+                 AND NOT attisdropped) AND NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                 AND attname = '_source_id' AND NOT attisdropped)",
+                &[&table],
+            )
+            .await?
+            .get(0);
+        if !old {
+            continue;
+        }
+        let stmt = ledger::upgrade_ledger(p, &table);
+        tx.batch_execute(&stmt)
+            .await
+            .map_err(|e| schema_error("migrating the ledger to interned sources", &stmt, e))?;
+        tracing::info!(%table, "ledger migrated: topic, partition and consumer group interned into {}", p.table(ledger::SOURCES));
     }
-    let stmt = ledger::upgrade_ledger(p);
-    tx.batch_execute(&stmt)
-        .await
-        .map_err(|e| schema_error("migrating the ledger to interned sources", &stmt, e))?;
-    tracing::info!(ledger = %p.ledger.table, "ledger migrated: topic, partition and consumer group interned into {}", p.table(ledger::SOURCES));
     Ok(())
 }
 

@@ -643,7 +643,8 @@ fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
     }
     db.execute(
         "INSERT INTO {s}.replaysafe_ledger (generation, event_id, day, topic, partition, \"offset\", \
-         consumer_group) SELECT * FROM {s}.keep; DROP TABLE {s}.keep",
+         consumer_group) SELECT * FROM {s}.keep; DROP TABLE {s}.keep; \
+         CREATE TABLE {s}.replaysafe_ledger_rebuilding (LIKE {s}.replaysafe_ledger)",
     );
     let counts = || db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.daily_counts");
     let counted = counts();
@@ -667,6 +668,14 @@ fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
              AND attname IN ('topic', 'consumer_group', 'landed_at') AND NOT attisdropped"
         ),
         0
+    );
+    // An interrupted rebuild's pending rows (same columns as the ledger) are migrated alike.
+    assert_eq!(
+        db.strings(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = '{s}.replaysafe_ledger_rebuilding'::regclass \
+             AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        ),
+        ["generation", "event_id", "day", "offset", "_source_id"]
     );
     let s = json(&ledger_cmd("stats", &replay, &["--json"]));
     assert_eq!(s["rows"].as_i64().unwrap(), 21, "{s:#}");
