@@ -45,7 +45,7 @@ pub struct Stats {
     pub tombstones: i64,
     /// Rows of `replaysafe_conflicts` (0 when the pipeline has no row projection).
     pub conflicts: i64,
-    /// Ledger rows landed per day, averaged over the last (up to) 7 days by `landed_at`.
+    /// Ledger rows per day: of the last (up to) 7 event days with `partition-by`, else since the first claim.
     pub rows_per_day: f64,
     /// Recorded pruned offsets: `(topic, partition)` → `(through, below, at)` for this generation.
     pub pruned: Vec<lifecycle::PrunedOffset>,
@@ -143,21 +143,31 @@ async fn table_stats(client: &Client, day: Option<NaiveDate>, table: String) -> 
     })
 }
 
-/// Ledger rows per day over the last (up to) 7 days: rows landed since then / the days they span.
+/// Ledger rows per day. With `partition-by`: the rows of the last (up to) 7 event days (the database's UTC date
+/// and the 6 days before) over the days from the oldest of them through today — the rate the day partitions
+/// grow at, which is what the horizon keeps. Without: every row over the days since the ledger's first source
+/// was claimed from (`replaysafe_sources.created_at`; the ledger keeps no claim time per row).
 async fn rows_per_day(client: &Client, p: &Pipeline) -> Result<f64> {
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT count(*)::float8, extract(epoch FROM now() - min(landed_at))::float8 FROM {} \
-                 WHERE landed_at >= now() - interval '7 days'",
-                p.ledger.table
-            ),
-            &[],
-        )
-        .await?;
-    let (n, secs): (f64, Option<f64>) = (row.get(0), row.get(1));
-    let days = (secs.unwrap_or(0.0) / 86_400.0).ceil().clamp(1.0, 7.0);
-    Ok(n / days)
+    let sql = match p.identity.partition_by {
+        Some(d) => format!(
+            "WITH t AS (SELECT (now() AT TIME ZONE 'UTC')::date AS today) \
+             SELECT count(*)::float8, (t.today - min(l.{day}) + 1)::float8 FROM {ledger} l, t \
+             WHERE l.{day} > t.today - 7 AND l.{day} <= t.today GROUP BY t.today",
+            day = p.fields[d].name,
+            ledger = p.ledger.table
+        ),
+        None => format!(
+            "SELECT count(*)::float8, extract(epoch FROM now() - min(s.created_at))::float8 / 86400.0 \
+             FROM {} l JOIN {} s ON s.id = l._source_id",
+            p.ledger.table,
+            p.table(crate::sink::ledger::SOURCES)
+        ),
+    };
+    let Some(row) = client.query_opt(&sql, &[]).await? else {
+        return Ok(0.0);
+    };
+    let (n, days): (f64, Option<f64>) = (row.get(0), row.get(1));
+    Ok(n / days.unwrap_or(1.0).ceil().max(1.0))
 }
 
 async fn count_if_exists(client: &Client, table: &str, filter: &str) -> Result<i64> {

@@ -109,10 +109,10 @@ async fn claimed_below(
     let row = client
         .query_one(
             &format!(
-                "WITH l AS MATERIALIZED (SELECT consumer_group, generation, topic, partition, \"offset\" FROM {} \
+                "WITH l AS MATERIALIZED (SELECT consumer_group, generation, topic, partition, \"offset\" FROM {} r \
                  WHERE topic = $2 AND partition = $3 AND \"offset\" < $4) \
                  SELECT count(*), min(l.\"offset\") FROM l WHERE {}",
-                p.ledger.table,
+                crate::sink::ledger::ledger_rows(p),
                 crate::sink::build::claimed_before_handover(p, "$1")
             ),
             &[&group, &topic, &partition, &start],

@@ -221,16 +221,16 @@ async fn window_sources(
     opts: &RebuildOptions,
 ) -> Result<Sources> {
     let day = pipeline.identity.partition_by.expect("checked");
-    let (ledger, pending, day) = (
-        &pipeline.ledger.table,
-        pending_table(pipeline),
-        &pipeline.fields[day].name,
-    );
+    let (pending, day) = (pending_table(pipeline), &pipeline.fields[day].name);
     // With the rows an interrupted rebuild of the window deleted and did not re-land yet.
+    let (ledger, pending) = (
+        ledger::ledger_rows(pipeline),
+        ledger::ledger_rows_of(pipeline, &pending.to_string()),
+    );
     let q = format!(
         "SELECT generation, topic, partition, min(\"offset\"), max(\"offset\"), count(*) FROM ( \
-         SELECT generation, topic, partition, \"offset\" FROM {ledger} WHERE {day} BETWEEN $1 AND $2 UNION \
-         SELECT generation, topic, partition, \"offset\" FROM {pending} WHERE {day} BETWEEN $1 AND $2) s \
+         SELECT generation, topic, partition, \"offset\" FROM {ledger} l WHERE {day} BETWEEN $1 AND $2 UNION \
+         SELECT generation, topic, partition, \"offset\" FROM {pending} p WHERE {day} BETWEEN $1 AND $2) s \
          GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
     );
     let rows = client.query(&q, &[&opts.from, &opts.to]).await?;
@@ -379,8 +379,9 @@ async fn delete_window(
         opts.to
     );
     let q = format!(
-        "SELECT topic, partition, min(\"offset\"), max(\"offset\") FROM {pending} WHERE {} BETWEEN $1 AND $2 \
+        "SELECT topic, partition, min(\"offset\"), max(\"offset\") FROM {} p WHERE {} BETWEEN $1 AND $2 \
          GROUP BY 1, 2",
+        ledger::ledger_rows_of(pipeline, &pending.to_string()),
         pipeline.fields[day].name
     );
     for r in tx.query(&q, &[&opts.from, &opts.to]).await? {
@@ -432,7 +433,8 @@ async fn rebuild_check(
     let same: Vec<String> = pk.iter().map(|c| format!("l.{c} = r.{c}")).collect();
     let key: Vec<String> = pk.iter().map(|c| format!("r.{c}::text")).collect();
     let gone = format!(
-        "FROM {removed} r WHERE r.{day} BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM {ledger} l WHERE {})",
+        "FROM {} r WHERE r.{day} BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM {ledger} l WHERE {})",
+        ledger::ledger_rows_of(pipeline, &removed.to_string()),
         same.join(" AND ")
     );
     check.missing_total = client

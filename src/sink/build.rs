@@ -10,7 +10,7 @@ use super::projset::HANDOVER;
 use crate::config::Pipeline;
 use crate::error::Error;
 
-/// The match statement, with the parameters of [`super::ledger::claim`] (`$4` is the build group, the key of
+/// The match statement, with the parameters of [`super::ledger::claim`] (field arrays typed alike) (`$4` is the build group, the key of
 /// its hand-over rows): copies the records whose delivery key the ledger holds at exactly their `(topic,
 /// partition, offset)`, claimed by a consumer group below that group's hand-over offset of the partition, into
 /// `landed`, and returns their offsets. A record whose key was claimed at another position (a duplicate — in
@@ -27,7 +27,7 @@ pub fn match_statement(p: &Pipeline) -> String {
             .to_string(),
     ];
     for (i, f) in p.fields.iter().enumerate() {
-        params.push(format!("${}::text[]", 7 + i));
+        params.push(format!("${}::{}[]", 7 + i, super::ledger::param_type(f.ty)));
         names.push(format!("f{i}"));
         select.push(format!("u.f{i}::{} AS {}", f.ty.sql(), f.name));
     }
@@ -69,7 +69,7 @@ pub fn match_statement(p: &Pipeline) -> String {
         select = select.join(", "),
         params = params.join(", "),
         names = names.join(", "),
-        ledger = p.ledger.table,
+        ledger = super::ledger::ledger_rows(p),
         key = key.join(" AND "),
         before = claimed_before_handover(p, "$4"),
         cols = cols.join(", "),

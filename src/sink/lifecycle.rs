@@ -378,8 +378,9 @@ async fn measure(
     let rows = tx
         .query(
             &format!(
-                "SELECT generation, topic, partition, max(\"offset\"), count(*)::bigint FROM {qualified} \
-                 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+                "SELECT generation, topic, partition, max(\"offset\"), count(*)::bigint FROM {} l \
+                 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+                super::ledger::ledger_rows_of(p, &qualified)
             ),
             &[],
         )

@@ -29,12 +29,13 @@ pub(crate) async fn table_exists(c: &impl GenericClient, name: &str) -> Result<b
         .get(0))
 }
 
-/// Every table the pipeline reads or writes, as SQL text: replaysafe's own (ledger, checkpoints, dead letters,
+/// Every table the pipeline reads or writes, as SQL text: replaysafe's own (ledger, sources, checkpoints, dead letters,
 /// group starts, horizon), then each projection's table (and a row projection's tombstone, conflict and truncate
 /// tables). A `sql` projection's tables are its own business and not listed.
 pub fn pipeline_tables(p: &Pipeline) -> Vec<String> {
     let mut out = vec![
         p.ledger.table.to_string(),
+        p.table(ledger::SOURCES).to_string(),
         p.table(checkpoint::CHECKPOINTS).to_string(),
         p.table(dead_letters::DEAD_LETTERS).to_string(),
         p.table(checkpoint::GROUP_STARTS).to_string(),

@@ -52,6 +52,7 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             .await
             .map_err(|e| schema_error("creating replaysafe tables", &stmt, e))?;
     }
+    upgrade_old_ledger(&tx, p).await?;
     let resolvable: bool = tx
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
@@ -92,9 +93,13 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
 
 /// replaysafe's own tables of the pipeline, each with the statement creating it (the projection record's
 /// statement creates its hand-over table too, named here).
-fn own_tables(p: &Pipeline) -> [(String, String); 7] {
+fn own_tables(p: &Pipeline) -> [(String, String); 8] {
     [
         (p.ledger.table.to_string(), ledger::create_ledger(p)),
+        (
+            p.table(ledger::SOURCES).to_string(),
+            ledger::create_sources(p),
+        ),
         (
             p.table(checkpoint::CHECKPOINTS).to_string(),
             checkpoint::create_checkpoints(p),
@@ -120,6 +125,37 @@ fn own_tables(p: &Pipeline) -> [(String, String); 7] {
             projset::create_tables(p),
         ),
     ]
+}
+
+/// A ledger of the first layout (a `topic` column, no `_source_id`) is migrated in place in `tx`
+/// ([`ledger::upgrade_ledger`]): its delivery keys stay, its provenance moves to the sources table.
+///
+/// # Errors
+/// [`Error::Schema`] when the migration fails (the transaction then leaves the ledger as it was).
+async fn upgrade_old_ledger(tx: &Transaction<'_>, p: &Pipeline) -> Result<()> {
+    // The rows an interrupted rebuild deleted wait in its pending table (`LIKE` the ledger): migrated alike, so the
+    // rerun's `INSERT … SELECT *` and its re-read still match.
+    let pending = crate::ops::rebuild::pending_table(p).to_string();
+    for table in [p.ledger.table.to_string(), pending] {
+        let old: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'topic' \
+                 AND NOT attisdropped) AND NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                 AND attname = '_source_id' AND NOT attisdropped)",
+                &[&table],
+            )
+            .await?
+            .get(0);
+        if !old {
+            continue;
+        }
+        let stmt = ledger::upgrade_ledger(p, &table);
+        tx.batch_execute(&stmt)
+            .await
+            .map_err(|e| schema_error("migrating the ledger to interned sources", &stmt, e))?;
+        tracing::info!(%table, "ledger migrated: topic, partition and consumer group interned into {}", p.table(ledger::SOURCES));
+    }
+    Ok(())
 }
 
 /// The projection record and the projection tables' marks, checked before anything is created
@@ -334,7 +370,11 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
         )
         .await?;
     let have: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let mut expect: Vec<(String, String)> = vec![("generation".into(), "text".into())];
+    let mut expect: Vec<(String, String)> = vec![
+        ("generation".into(), "text".into()),
+        ("_source_id".into(), "smallint".into()),
+        ("offset".into(), "bigint".into()),
+    ];
     for i in ledger::ledger_field_columns(p) {
         let f = &p.fields[i];
         let ty = match f.ty.sql() {

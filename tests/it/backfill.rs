@@ -502,7 +502,7 @@ fn retention_margin_and_horizon_checks() {
 /// The ledger's identity and origin of every row (not the group that claimed it).
 fn ledger_rows(db: &Db) -> Vec<(String, String, String, i32, i64)> {
     db.query(
-        "SELECT event_id::text, day::text, topic, partition, \"offset\" FROM {s}.replaysafe_ledger ORDER BY 1, 2",
+        "SELECT event_id::text, day::text, topic, partition, \"offset\" FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l._source_id ORDER BY 1, 2",
         &[],
     )
     .iter()

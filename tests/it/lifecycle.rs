@@ -112,8 +112,8 @@ fn accounts(db: &Db) -> Vec<String> {
 
 fn ledger_rows(db: &Db, since: NaiveDate) -> Vec<String> {
     db.query(
-        "SELECT event_id::text || '@' || topic || '/' || partition || ':' || \"offset\" FROM {s}.replaysafe_ledger \
-         WHERE day >= $1 ORDER BY 1",
+        "SELECT event_id::text || '@' || topic || '/' || partition || ':' || \"offset\" FROM {s}.replaysafe_ledger l \
+         JOIN {s}.replaysafe_sources s ON s.id = l._source_id WHERE day >= $1 ORDER BY 1",
         &[&since],
     )
     .iter()
@@ -124,7 +124,7 @@ fn ledger_rows(db: &Db, since: NaiveDate) -> Vec<String> {
 /// `(topic, partition, max offset)` of the ledger rows of days before `below`.
 fn expected_pruned(db: &Db, below: NaiveDate) -> Vec<(String, i32, i64)> {
     db.query(
-        "SELECT topic, partition, max(\"offset\") FROM {s}.replaysafe_ledger WHERE day < $1 GROUP BY 1, 2 ORDER BY 1, 2",
+        "SELECT topic, partition, max(\"offset\") FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l._source_id WHERE day < $1 GROUP BY 1, 2 ORDER BY 1, 2",
         &[&below],
     )
     .iter()
@@ -215,10 +215,20 @@ fn ledger_stats_match_the_catalog() {
     assert_eq!(s["pruned_below"], days_ago(30).to_string());
     assert_eq!(s["tombstones"], 1);
     assert_eq!(s["conflicts"], 1);
-    // Everything landed within the last day: the daily rate is every row.
-    assert_eq!(s["rows_per_day"].as_f64().unwrap(), rows as f64);
+    // The daily rate: the rows of the last 7 event days over the days from the oldest of them through today
+    // (history: days 10..1 ago, so days 6..1 ago over 7 days).
+    let recent = db.i64(&format!(
+        "SELECT count(*)::bigint FROM {{s}}.replaysafe_ledger WHERE day > '{}'::date AND day < '{}'::date",
+        days_ago(7),
+        days_ago(0)
+    ));
+    assert!(recent > 0 && recent < rows, "{recent}");
+    assert_eq!(s["rows_per_day"].as_f64().unwrap(), recent as f64 / 7.0);
     let projected = s["projected_bytes"].as_f64().unwrap();
-    assert!((projected - bpe * rows as f64 * 30.0).abs() < 1e-3, "{s:#}");
+    assert!(
+        (projected - bpe * recent as f64 / 7.0 * 30.0).abs() < 1e-3,
+        "{s:#}"
+    );
     let text = ledger_cmd("stats", &p, &[]);
     text.assert_ok();
     assert!(
@@ -591,4 +601,84 @@ fn prune_waits_for_the_batch_in_flight() {
         vec![days_ago(3), days_ago(1), days_ago(0)]
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_pruned"), 2);
+}
+
+/// A ledger of the first layout (per row `topic`, `partition`, `consumer_group` text and `landed_at`, as
+/// replaysafe ≤ issue 14 created it) is migrated in place by the next start: every delivery key stays, so a
+/// replay by a fresh group is all duplicates (the counter unchanged), the provenance of each row is what the old
+/// row said, a new event lands (in a new, compact day partition), and `ledger stats` / `ledger prune` read it.
+#[test]
+fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
+    let (db, topic) = stage("lc_migrate", 2);
+    produce(&topic, &history());
+    let p = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
+    assert_eq!(run_caught_up(&p.path).tally().consumed, 20);
+    let origin = |db: &Db| {
+        db.strings(
+            "SELECT event_id || ' ' || day || ' ' || topic || ' ' || partition || ' ' || \"offset\" || ' ' || \
+             consumer_group FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l._source_id \
+             ORDER BY 1",
+        )
+    };
+    let before = origin(&db);
+    assert_eq!(before.len(), 20);
+    // The same claims in the first layout, exactly as its DDL made them.
+    let days = partition_days(&db);
+    db.execute(
+        "CREATE TABLE {s}.keep AS SELECT l.generation, l.event_id, l.day, s.topic, s.partition, l.\"offset\", \
+         s.consumer_group FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources s ON s.id = l._source_id; \
+         DROP TABLE {s}.replaysafe_ledger, {s}.replaysafe_sources; \
+         CREATE TABLE {s}.replaysafe_ledger (generation text NOT NULL DEFAULT '', event_id uuid NOT NULL, \
+         day date NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, \
+         consumer_group text NOT NULL, landed_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (generation, event_id, day)) PARTITION BY RANGE (day)",
+    );
+    for d in &days {
+        db.execute(&format!(
+            "CREATE TABLE {{s}}.replaysafe_ledger_p{} PARTITION OF {{s}}.replaysafe_ledger \
+             FOR VALUES FROM ('{d}') TO ('{}')",
+            d.format("%Y%m%d"),
+            d.checked_add_days(Days::new(1)).unwrap()
+        ));
+    }
+    db.execute(
+        "INSERT INTO {s}.replaysafe_ledger (generation, event_id, day, topic, partition, \"offset\", \
+         consumer_group) SELECT * FROM {s}.keep; DROP TABLE {s}.keep; \
+         CREATE TABLE {s}.replaysafe_ledger_rebuilding (LIKE {s}.replaysafe_ledger)",
+    );
+    let counts = || db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.daily_counts");
+    let counted = counts();
+    assert!(counted >= 19, "{counted}");
+    // A fresh group replays the topic from the beginning, plus one new event of today.
+    produce(&topic, &[ev(200, 1, "e-new", "open", 1, days_ago(0))]);
+    let replay = pipeline(&text(30), &topic, &unique("replay"), &db.schema);
+    let t = run_caught_up(&replay.path).tally();
+    assert_eq!((t.consumed, t.landed, t.duplicate), (21, 1, 20), "{t:?}");
+    assert_eq!(
+        counts(),
+        counted + 1,
+        "the old keys were remembered: nothing counted twice"
+    );
+    let after = origin(&db);
+    assert_eq!(after.len(), 21);
+    assert!(before.iter().all(|r| after.contains(r)), "provenance kept");
+    assert_eq!(
+        db.i64(
+            "SELECT count(*)::bigint FROM pg_attribute WHERE attrelid = '{s}.replaysafe_ledger'::regclass \
+             AND attname IN ('topic', 'consumer_group', 'landed_at') AND NOT attisdropped"
+        ),
+        0
+    );
+    // An interrupted rebuild's pending rows (same columns as the ledger) are migrated alike.
+    assert_eq!(
+        db.strings(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = '{s}.replaysafe_ledger_rebuilding'::regclass \
+             AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        ),
+        ["generation", "event_id", "day", "offset", "_source_id"]
+    );
+    let s = json(&ledger_cmd("stats", &replay, &["--json"]));
+    assert_eq!(s["rows"].as_i64().unwrap(), 21, "{s:#}");
+    let pruned = ledger_cmd("prune", &replay, &["--dry-run"]);
+    pruned.assert_ok();
 }

@@ -273,10 +273,10 @@ fn c36_ledger_claims_wait_on_the_smallest_key_holding_no_other() {
     let claim = |ids: &[String]| {
         let values: Vec<String> = ids
             .iter()
-            .map(|e| format!("('{e}', '2024-04-25', 'x', 0, 0, 'test')"))
+            .map(|e| format!("('{e}', '2024-04-25', 0, 0)"))
             .collect();
         format!(
-            "INSERT INTO {{s}}.processed_events (event_id, day, topic, partition, \"offset\", consumer_group) \
+            "INSERT INTO {{s}}.processed_events (event_id, day, _source_id, \"offset\") \
              VALUES {}",
             values.join(", ")
         )
@@ -329,7 +329,8 @@ fn c36_ledger_claims_wait_on_the_smallest_key_holding_no_other() {
     });
     assert_eq!(terminate(&mut child), Some(0));
     let mine: i64 = db.query(
-        "SELECT count(*) FROM {s}.processed_events WHERE consumer_group = $1",
+        "SELECT count(*) FROM {s}.processed_events l JOIN {s}.replaysafe_sources s ON s.id = l._source_id \
+         WHERE consumer_group = $1",
         &[&group],
     )[0]
     .get(0);

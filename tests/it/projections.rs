@@ -564,7 +564,8 @@ fn a_build_refuses_history_lost_to_retention_unless_a_start_is_declared() {
     replaysafe(&["init", "--config", arg(&new.path)]).assert_ok();
     delete_records_before(&topic, 0, 10);
     let lost = db.i64(&format!(
-        "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE topic = '{topic}' AND partition = 0 AND \"offset\" < 10"
+        "SELECT count(*) FROM {{s}}.replaysafe_ledger l JOIN {{s}}.replaysafe_sources s ON s.id = l._source_id \
+         WHERE topic = '{topic}' AND partition = 0 AND \"offset\" < 10"
     ));
     assert!(lost > 0);
 

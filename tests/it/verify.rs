@@ -131,7 +131,8 @@ fn verify_diff_accounts_for_production_writing_into_the_window() {
     assert_eq!(
         snap["ledger"]["2024-04-25"][&prod]["rows"].as_i64().unwrap(),
         db.i64(&format!(
-            "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE day = '2024-04-25' AND consumer_group = '{prod}'"
+            "SELECT count(*) FROM {{s}}.replaysafe_ledger l JOIN {{s}}.replaysafe_sources s ON s.id = l._source_id \
+             WHERE day = '2024-04-25' AND consumer_group = '{prod}'"
         )),
         "{snap}"
     );

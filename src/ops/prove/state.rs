@@ -1,14 +1,14 @@
 //! The final state `prove` compares: every table of a scratch schema — projection tables, tombstones, conflicts,
 //! ledger, outbox, dead letters — with bookkeeping columns left out, and the first differing rows per table.
 //!
-//! Left out, because they legitimately differ between two correct runs: `consumer_group`, `landed_at`,
+//! Left out, because they legitimately differ between two correct runs: `consumer_group`, `_source_id`, `landed_at`,
 //! `_updated_at`, `created_at`, `updated_at`, `applied_at` (which process, when); in the ledger and the dead
 //! letters `topic`, `partition`, `offset` and in the outbox `source_topic`, `source_partition`, `source_offset`
 //! (where a record was read: a rebuilt topic has new offsets); serial and identity columns (`id`: the order of
 //! inserts, not their content). Any other `…_at` column
 //! (`published_at`, `resolved_at`, `_deleted_at`) is compared as set or unset. Dead letters are compared as a set
 //! (a record quarantined again at a new offset is the same dead letter). Replaysafe's own bookkeeping tables
-//! (checkpoints, horizon, pruned offsets, projection record, hand-over, truncates, group starts) are not
+//! (checkpoints, sources, horizon, pruned offsets, projection record, hand-over, truncates, group starts) are not
 //! compared.
 
 use std::collections::BTreeMap;
@@ -18,8 +18,9 @@ use tokio_postgres::Client;
 use crate::error::Result;
 
 /// Tables never compared: where and when, not what.
-const BOOKKEEPING: [&str; 7] = [
+const BOOKKEEPING: [&str; 8] = [
     "replaysafe_checkpoints",
+    "replaysafe_sources",
     "replaysafe_horizon",
     "replaysafe_pruned",
     "replaysafe_group_starts",
@@ -29,8 +30,9 @@ const BOOKKEEPING: [&str; 7] = [
 ];
 
 /// Columns never compared.
-const DROPPED: [&str; 6] = [
+const DROPPED: [&str; 7] = [
     "consumer_group",
+    "_source_id",
     "landed_at",
     "_updated_at",
     "created_at",

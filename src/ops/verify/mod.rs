@@ -230,9 +230,9 @@ async fn read(
         .map(|f| format!(", coalesce(sum({f}), 0)::text"))
         .unwrap_or_default();
     let ledger_sql = format!(
-        "SELECT {day}::text, consumer_group, generation, count(*)::bigint{sum} FROM {}{cond} GROUP BY 1, 2, 3 \
+        "SELECT {day}::text, consumer_group, generation, count(*)::bigint{sum} FROM {} l{cond} GROUP BY 1, 2, 3 \
          ORDER BY 1, 2, 3",
-        t.ledger,
+        sink::ledger::ledger_rows(p),
         day = t.day
     );
     let mut client = sink::connect_with(url, &p.postgres.timeouts).await?;
