@@ -14,3 +14,4 @@ pub mod kafka;
 pub mod kcat;
 pub mod lag;
 pub mod pending;
+pub mod queues;
