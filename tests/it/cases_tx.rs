@@ -89,7 +89,8 @@ fn assert_committed_state(db: &Db, topic: &str, offsets: [i64; 3]) {
         "the committed retry's amount, not the aborted 99.00"
     );
     let ledger = db.query(
-        "SELECT event_id::text, topic, \"offset\" FROM {s}.processed_events ORDER BY \"offset\"",
+        "SELECT event_id::text, topic, \"offset\" FROM {s}.processed_events l \
+         JOIN {s}.replaysafe_sources s ON s.id = l._source_id ORDER BY \"offset\"",
         &[],
     );
     let got: Vec<(String, i64)> = ledger
