@@ -73,5 +73,5 @@ print("\n" + "   ".join(f"{names[e]}/ceiling {res['run'][e]['over_ceiling']:.2f}
 print("final state (rows:md5 of id|owner|balance|updated_at): "
       + ", ".join(f"{k} {v}" for k, v in sums.items()))
 print(f"version guard, older envelope replayed: replaysafe {res['version_guard']['replaysafe']}")
-print(f"                                        peer-style {res['version_guard']['peer_statement']}")
+print(f"                                        peer       {res['version_guard']['peer_statement']}")
 print("targets: " + ", ".join(f"{k}: {'ok' if v else 'MISSED'}" for k, v in res["targets"].items()))
