@@ -9,12 +9,18 @@
 #      checkpoint commit", peak RSS);
 #   b. the ceiling: COPY of the same changes into a staging table + ONE INSERT … SELECT DISTINCT ON (id) …
 #      ON CONFLICT DO UPDATE into a table of the same columns and primary key;
-#   c. the peer: Debezium's JDBC sink connector (insert.mode=upsert, delete.enabled=true,
-#      primary.key.mode=record_key) — run only when its jar is on the Connect kit's classpath (.connect/lib);
-#      otherwise the row says why not;
+#   c. the peer: Debezium's JDBC sink connector io.debezium:debezium-connector-jdbc 3.6.0.Final (3.6.1.Final, the
+#      source connector's version, is not served by the Maven mirror here; kit debezium-jdbc/pom.xml, c3p0 pool
+#      because Agroal's Hibernate integration is not served either) in its own Connect worker (bench/cdc-peer.sh),
+#      on the topic of row 7b (JSON with schema; keys are the schema'd Debezium key struct), insert.mode=upsert,
+#      delete.enabled=true, primary.key.mode=record_key, into a fresh schema <schema>_peer with the table
+#      pre-created (business columns only); events/s = EVENTS / seconds from PUT of the connector config until
+#      the table's checksum equals row 7b's (polled every 0.5 s, bounded by $PEER_WAIT s, default 900); when the
+#      worker cannot start the row says why;
 #   d. every final table compared by a checksum over (id, owner, balance, updated_at);
-#   e. version guard: one older envelope replayed after the newer ones — replaysafe leaves the row as it is;
-#      the peer's statement (PostgreSQL upsert without a version predicate) overwrites it.
+#   e. version guard: one older envelope (id 1, round 1) produced again to the JSON-with-schema topic after the
+#      newer ones — replaysafe leaves the row as it is; the real peer connector overwrites it (when the peer did
+#      not run, a stand-in: the peer's statement shape, an upsert without a version predicate).
 # Prints a table like scripts/bench and writes it as JSON to bench/results/<UTC timestamp>-cdc.json.
 # Uses DATABASE_URL, KAFKA_BROKERS and REGISTRY_URL. Schemas are benchcdc_<id>*, topics bench.cdc.<id>.*.
 set -euo pipefail
@@ -171,6 +177,8 @@ log "peer: ${R[peer_note]}"
 
 log "e. version guard: an older envelope of id 1 (round 1 of 4) replayed after the newer ones, bench.cdc.$id.json-schema"
 old=$((N / 4))
+# id 1 in the peer's table before the replay (its connector is still running and consumes it at once)
+peer_before=$( [ -z "${R[peer_eps]:-}" ] || psql -Atc "SELECT owner FROM \"$ps\".accounts WHERE id = 1")
 target/release/examples/cdcgen replay "$KAFKA_BROKERS" "bench.cdc.$id.json-schema" "$N" json-schema "$old" >/dev/null
 rs="${schema}_json_schema"
 before=$(psql -Atc "SELECT owner FROM \"$rs\".accounts WHERE id = 1")
@@ -182,7 +190,7 @@ row=$(sed -n "$((old + 1))p" "$work/changes.csv")
 IFS=, read -r pid powner pbal pts _ <<<"$row"
 if [ -n "${R[peer_eps]:-}" ]; then
     # The real connector consumes the replayed envelope; wait (bounded) until id 1 changes or 60 s pass.
-    pb=$(psql -Atc "SELECT owner FROM \"$ps\".accounts WHERE id = $pid")
+    pb=$peer_before
     for _ in $(seq 120); do
         pa=$(psql -Atc "SELECT owner FROM \"$ps\".accounts WHERE id = $pid")
         [ "$pa" != "$pb" ] && break
