@@ -162,7 +162,8 @@ if out=$(bash bench/cdc-peer.sh "$peer_dir" 2>"$work/peer-start.err"); then
         if [ $rc = 0 ]; then
             R[peer_s]=$(elapsed "$t0" "$peer_t1")
             R[peer_eps]=$(awk -v n="$N" -v s="${R[peer_s]}" 'BEGIN { printf "%.0f", n / s }')
-            fr=$(awk -v n="$N" -v s="$(elapsed "$peer_tfirst" "$peer_t1")" 'BEGIN { printf "%.0f", n / s }')
+            R[peer_eps_first]=$(awk -v n="$N" -v s="$(elapsed "$peer_tfirst" "$peer_t1")" 'BEGIN { printf "%.0f", n / s }')
+            fr=${R[peer_eps_first]}
             R[peer_note]="debezium-connector-jdbc 3.6.0.Final (3.6.1 not served here), c3p0 pool, tasks.max=1; from connector creation to the final state ${R[peer_s]} s ($fr events/s from its first row visible); no _version/_sha256 columns, business columns compared"
         elif [ $rc = 1 ]; then
             R[peer_note]="FAILED: $(grep -m1 -E 'Exception|Error' "$work/peer.trace" | cut -c1-300)"
@@ -171,7 +172,7 @@ if out=$(bash bench/cdc-peer.sh "$peer_dir" 2>"$work/peer-start.err"); then
         fi
     fi
 else
-    R[peer_note]="not run: $(grep -m1 'ERROR' "$work/peer-start.err" | cut -c1-300)"
+    R[peer_note]="not run: $(grep -m1 'cdc-peer: ERROR' "$work/peer-start.err" | cut -c1-200); $(grep -m1 -E 'Could not|Missing|ERROR' "$work/peer-start.err" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-300)"
 fi
 log "peer: ${R[peer_note]}"
 
