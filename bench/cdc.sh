@@ -101,7 +101,8 @@ log "c. peer: Debezium JDBC sink connector on bench.cdc.$id.json-schema (the top
 ps="${schema}_peer"
 psql -c "DROP SCHEMA IF EXISTS \"$ps\" CASCADE; CREATE SCHEMA \"$ps\"" \
     -c "CREATE TABLE \"$ps\".accounts (id bigint PRIMARY KEY, owner text, balance numeric(12,2), updated_at timestamptz)"
-peer_dir=$work/peer
+# The worker's files (logs) stay in .connect/bench-peer-<id> when the peer fails; removed when it succeeds.
+peer_dir=$ROOT/.connect/bench-peer-$id
 peer_url=""
 peer_stop() { [ -z "$peer_url" ] || bash scripts/connect-stop "$peer_dir" >/dev/null 2>&1 || true; }
 trap 'peer_stop; rm -rf "$work"' EXIT
@@ -127,6 +128,7 @@ peer_wait() {
         [ "$peer_sum" = "$want" ] && { peer_t1=$(now); return 0; }
         st=$(peer_state peer 2>>"$work/peer.trace")
         [ "$st" = FAILED ] && return 1
+        kill -0 "$(cat "$peer_dir/connect.pid")" 2>/dev/null || { echo "the peer's worker exited (log $peer_dir/logs)" >>"$work/peer.trace"; return 1; }
         [ "$(date +%s)" -ge "$deadline" ] && return 2
         sleep 0.5
     done
@@ -166,7 +168,7 @@ if out=$(bash bench/cdc-peer.sh "$peer_dir" 2>"$work/peer-start.err"); then
             fr=${R[peer_eps_first]}
             R[peer_note]="debezium-connector-jdbc 3.6.0.Final (3.6.1 not served here), c3p0 pool, tasks.max=1; from connector creation to the final state ${R[peer_s]} s ($fr events/s from its first row visible); no _version/_sha256 columns, business columns compared"
         elif [ $rc = 1 ]; then
-            R[peer_note]="FAILED: $(grep -m1 -E 'Exception|Error' "$work/peer.trace" | cut -c1-300)"
+            R[peer_note]="FAILED: $(grep -m1 -E 'Exception|Error|exited' "$work/peer.trace" | cut -c1-300)"
         else
             R[peer_note]="did not reach the final state within ${PEER_WAIT:-900}s (holds ${peer_sum})"
         fi
@@ -206,10 +208,11 @@ else
     psql -c "INSERT INTO \"$cs\".peer_like (id, owner, balance, updated_at, _version, _sha256) VALUES ($pid, '$powner', $pbal, '$pts', '{}', '')
              ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, balance = excluded.balance, updated_at = excluded.updated_at"
     pa=$(psql -Atc "SELECT owner FROM \"$cs\".peer_like WHERE id = $pid")
-    R[guard_peer]="id $pid owner $pb -> $pa (STAND-IN: the peer did not run; the JDBC sink's upsert statement shape, no version predicate)"
+    R[guard_peer]="id $pid owner $pb -> $pa (STAND-IN: the real peer did not complete; the JDBC sink's upsert statement shape, no version predicate)"
 fi
 peer_stop
 peer_url=""
+[ -z "${R[peer_eps]:-}" ] || rm -rf "$peer_dir"
 log "replaysafe: ${R[guard_replaysafe]}"
 log "peer: ${R[guard_peer]}"
 
