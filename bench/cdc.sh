@@ -9,12 +9,18 @@
 #      checkpoint commit", peak RSS);
 #   b. the ceiling: COPY of the same changes into a staging table + ONE INSERT … SELECT DISTINCT ON (id) …
 #      ON CONFLICT DO UPDATE into a table of the same columns and primary key;
-#   c. the peer: Debezium's JDBC sink connector (insert.mode=upsert, delete.enabled=true,
-#      primary.key.mode=record_key) — run only when its jar is on the Connect kit's classpath (.connect/lib);
-#      otherwise the row says why not;
+#   c. the peer: Debezium's JDBC sink connector io.debezium:debezium-connector-jdbc 3.6.0.Final (3.6.1.Final, the
+#      source connector's version, is not served by the Maven mirror here; kit debezium-jdbc/pom.xml, c3p0 pool
+#      because Agroal's Hibernate integration is not served either) in its own Connect worker (bench/cdc-peer.sh),
+#      on the topic of row 7b (JSON with schema; keys are the schema'd Debezium key struct), insert.mode=upsert,
+#      delete.enabled=true, primary.key.mode=record_key, into a fresh schema <schema>_peer with the table
+#      pre-created (business columns only); events/s = EVENTS / seconds from PUT of the connector config until
+#      the table's checksum equals row 7b's (polled every 0.5 s, bounded by $PEER_WAIT s, default 900); when the
+#      worker cannot start the row says why;
 #   d. every final table compared by a checksum over (id, owner, balance, updated_at);
-#   e. version guard: one older envelope replayed after the newer ones — replaysafe leaves the row as it is;
-#      the peer's statement (PostgreSQL upsert without a version predicate) overwrites it.
+#   e. version guard: one older envelope (id 1, round 1) produced again to the JSON-with-schema topic after the
+#      newer ones — replaysafe leaves the row as it is; the real peer connector overwrites it (when the peer did
+#      not run, a stand-in: the peer's statement shape, an upsert without a version predicate).
 # Prints a table like scripts/bench and writes it as JSON to bench/results/<UTC timestamp>-cdc.json.
 # Uses DATABASE_URL, KAFKA_BROKERS and REGISTRY_URL. Schemas are benchcdc_<id>*, topics bench.cdc.<id>.*.
 set -euo pipefail
@@ -89,33 +95,126 @@ R[ceiling_eps]=$(awk -v n="$N" -v s="${R[ceiling_s]}" 'BEGIN { printf "%.0f", n 
 R[ceiling_checksum]=$(checksum "\"$cs\".accounts")
 log "ceiling: ${R[ceiling_eps]} events/s"
 
-log "c. peer: Debezium JDBC sink connector"
-if compgen -G ".connect/lib/debezium-connector-jdbc-*.jar" >/dev/null; then
-    R[peer_note]="jar present but the peer run is not scripted yet"
+log "c. peer: Debezium JDBC sink connector on bench.cdc.$id.json-schema (the topic of row 7b)"
+# Its own worker (bench/cdc-peer.sh: Connect 4.3.1, the sink 3.6.0.Final from debezium-jdbc/pom.xml, c3p0 pool)
+# and a fresh schema; the table pre-created like the ceiling's business columns (the sink keeps no version).
+ps="${schema}_peer"
+psql -c "DROP SCHEMA IF EXISTS \"$ps\" CASCADE; CREATE SCHEMA \"$ps\"" \
+    -c "CREATE TABLE \"$ps\".accounts (id bigint PRIMARY KEY, owner text, balance numeric(12,2), updated_at timestamptz)"
+# The worker's files (logs) stay in .connect/bench-peer-<id> when the peer fails; removed when it succeeds.
+peer_dir=$ROOT/.connect/bench-peer-$id
+peer_url=""
+peer_stop() { [ -z "$peer_url" ] || bash scripts/connect-stop "$peer_dir" >/dev/null 2>&1 || true; }
+trap 'peer_stop; rm -rf "$work"' EXIT
+# status of connector $1: RUNNING, FAILED (trace on stderr) or the states joined by '/'.
+peer_state() {
+    curl -sf --max-time 5 "$peer_url/connectors/$1/status" 2>/dev/null | python3 -c '
+import json, sys
+try: s = json.load(sys.stdin)
+except ValueError: print("?"); sys.exit()
+st = [s["connector"]["state"]] + [t["state"] for t in s.get("tasks") or []]
+print("FAILED" if "FAILED" in st else "/".join(st))
+for t in s.get("tasks") or []:
+    if t.get("trace"): print(t["trace"][:2000], file=sys.stderr)'
+}
+# Polls until "$ps".accounts holds the checksum $1 (or until PEER_WAIT s); sets peer_sum, peer_t1, peer_tfirst.
+peer_wait() {
+    local want=$1 deadline st
+    deadline=$(awk -v a="$(now)" -v w="${PEER_WAIT:-900}" 'BEGIN { printf "%d", a + w }')
+    peer_tfirst=""
+    while :; do
+        peer_sum=$(checksum "\"$ps\".accounts")
+        [ -z "$peer_tfirst" ] && [ "${peer_sum%%:*}" != 0 ] && peer_tfirst=$(now)
+        [ "$peer_sum" = "$want" ] && { peer_t1=$(now); return 0; }
+        st=$(peer_state peer 2>>"$work/peer.trace")
+        [ "$st" = FAILED ] && return 1
+        kill -0 "$(cat "$peer_dir/connect.pid")" 2>/dev/null || { echo "the peer's worker exited (log $peer_dir/logs)" >>"$work/peer.trace"; return 1; }
+        [ "$(date +%s)" -ge "$deadline" ] && return 2
+        sleep 0.5
+    done
+}
+jdbc_url=$(python3 - "$DATABASE_URL" <<'PY'
+import sys, urllib.parse as u, json
+p = u.urlsplit(sys.argv[1])
+print(json.dumps({"connection.url": f"jdbc:postgresql://{p.hostname or 'localhost'}:{p.port or 5432}/{p.path.lstrip('/') or 'postgres'}",
+                  "connection.username": u.unquote(p.username or "postgres"), "connection.password": u.unquote(p.password or "")}))
+PY
+)
+peer_config=$(python3 - "$jdbc_url" "bench.cdc.$id.json-schema" "$ps" <<'PY'
+import sys, json
+c = json.loads(sys.argv[1])
+c.update({
+    "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector", "tasks.max": "1", "topics": sys.argv[2],
+    # the 3.6 default provider (Agroal) is not served here; see debezium-jdbc/pom.xml
+    "connection.provider": "org.hibernate.c3p0.internal.C3P0ConnectionProvider",
+    "insert.mode": "upsert", "delete.enabled": "true", "primary.key.mode": "record_key", "primary.key.fields": "id",
+    "collection.name.format": f"{sys.argv[3]}.accounts", "schema.evolution": "none", "quote.identifiers": "false",
+    "consumer.override.auto.offset.reset": "earliest"})
+print(json.dumps(c))
+PY
+)
+if out=$(bash bench/cdc-peer.sh "$peer_dir" 2>"$work/peer-start.err"); then
+    peer_url=$(sed -n 's/^CONNECT_URL=//p' <<<"$out")
+    t0=$(now)
+    curl -sf --max-time 30 -X PUT -H 'Content-Type: application/json' --data "$peer_config" \
+        "$peer_url/connectors/peer/config" >/dev/null || { R[peer_note]="not run: PUT /connectors/peer/config refused"; }
+    if [ -z "${R[peer_note]:-}" ]; then
+        rc=0; peer_wait "${R[json-schema_checksum]}" || rc=$?
+        R[peer_checksum]=$peer_sum
+        if [ $rc = 0 ]; then
+            R[peer_s]=$(elapsed "$t0" "$peer_t1")
+            R[peer_eps]=$(awk -v n="$N" -v s="${R[peer_s]}" 'BEGIN { printf "%.0f", n / s }')
+            R[peer_eps_first]=$(awk -v n="$N" -v s="$(elapsed "$peer_tfirst" "$peer_t1")" 'BEGIN { printf "%.0f", n / s }')
+            fr=${R[peer_eps_first]}
+            R[peer_note]="debezium-connector-jdbc 3.6.0.Final (3.6.1 not served here), c3p0 pool, tasks.max=1; from connector creation to the final state ${R[peer_s]} s ($fr events/s from its first row visible); no _version/_sha256 columns, business columns compared"
+        elif [ $rc = 1 ]; then
+            R[peer_note]="FAILED: $(grep -m1 -E 'Exception|Error|exited' "$work/peer.trace" | cut -c1-300)"
+        else
+            R[peer_note]="did not reach the final state within ${PEER_WAIT:-900}s (holds ${peer_sum})"
+        fi
+    fi
 else
-    R[peer_note]="not run: io.debezium:debezium-connector-jdbc:3.6.1.Final is not served by the Maven mirror here (mvn: Could not find artifact)"
+    R[peer_note]="not run: $(grep -m1 'cdc-peer: ERROR' "$work/peer-start.err" | cut -c1-200); $(grep -m1 -E 'Could not|Missing|ERROR' "$work/peer-start.err" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-300)"
 fi
 log "peer: ${R[peer_note]}"
 
-log "e. version guard: an older envelope of id 1 (round 1 of 4) replayed after the newer ones"
+log "e. version guard: an older envelope of id 1 (round 1 of 4) replayed after the newer ones, bench.cdc.$id.json-schema"
 old=$((N / 4))
-target/release/examples/cdcgen replay "$KAFKA_BROKERS" "bench.cdc.$id.json" "$N" json "$old" >/dev/null
-before=$(psql -Atc "SELECT owner FROM \"${schema}_json\".accounts WHERE id = 1")
-REPLAYSAFE_LOG=warn target/release/replaysafe run --until-caught-up --config "$work/json.toml" \
+# id 1 in the peer's table before the replay (its connector is still running and consumes it at once)
+peer_before=$( [ -z "${R[peer_eps]:-}" ] || psql -Atc "SELECT owner FROM \"$ps\".accounts WHERE id = 1")
+target/release/examples/cdcgen replay "$KAFKA_BROKERS" "bench.cdc.$id.json-schema" "$N" json-schema "$old" >/dev/null
+rs="${schema}_json_schema"
+before=$(psql -Atc "SELECT owner FROM \"$rs\".accounts WHERE id = 1")
+REPLAYSAFE_LOG=warn target/release/replaysafe run --until-caught-up --config "$work/json-schema.toml" \
     >"$work/guard.out" 2>"$work/guard.err" || { cat "$work/guard.err" >&2; exit 1; }
-after=$(psql -Atc "SELECT owner FROM \"${schema}_json\".accounts WHERE id = 1")
+after=$(psql -Atc "SELECT owner FROM \"$rs\".accounts WHERE id = 1")
 R[guard_replaysafe]="id 1 owner $before -> $after ($(tail -n1 "$work/guard.out"))"
-# The peer's statement for one record in upsert mode: INSERT … ON CONFLICT (pk) DO UPDATE, no version predicate.
 row=$(sed -n "$((old + 1))p" "$work/changes.csv")
 IFS=, read -r pid powner pbal pts _ <<<"$row"
-psql -c "CREATE TABLE \"$cs\".peer_like AS TABLE \"$cs\".accounts" -c "ALTER TABLE \"$cs\".peer_like ADD PRIMARY KEY (id)"
-pb=$(psql -Atc "SELECT owner FROM \"$cs\".peer_like WHERE id = $pid")
-psql -c "INSERT INTO \"$cs\".peer_like (id, owner, balance, updated_at, _version, _sha256) VALUES ($pid, '$powner', $pbal, '$pts', '{}', '')
-         ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, balance = excluded.balance, updated_at = excluded.updated_at"
-pa=$(psql -Atc "SELECT owner FROM \"$cs\".peer_like WHERE id = $pid")
-R[guard_peer]="id $pid owner $pb -> $pa (upsert without a version predicate, the JDBC sink's upsert statement shape)"
+if [ -n "${R[peer_eps]:-}" ]; then
+    # The real connector consumes the replayed envelope; wait (bounded) until id 1 changes or 60 s pass.
+    pb=$peer_before
+    for _ in $(seq 120); do
+        pa=$(psql -Atc "SELECT owner FROM \"$ps\".accounts WHERE id = $pid")
+        [ "$pa" != "$pb" ] && break
+        sleep 0.5
+    done
+    R[guard_peer]="id $pid owner $pb -> $pa (the real JDBC sink connector, same replayed record)"
+else
+    # Fallback stand-in: the peer's statement for one record in upsert mode, INSERT … ON CONFLICT (pk) DO
+    # UPDATE without a version predicate.
+    psql -c "CREATE TABLE \"$cs\".peer_like AS TABLE \"$cs\".accounts" -c "ALTER TABLE \"$cs\".peer_like ADD PRIMARY KEY (id)"
+    pb=$(psql -Atc "SELECT owner FROM \"$cs\".peer_like WHERE id = $pid")
+    psql -c "INSERT INTO \"$cs\".peer_like (id, owner, balance, updated_at, _version, _sha256) VALUES ($pid, '$powner', $pbal, '$pts', '{}', '')
+             ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, balance = excluded.balance, updated_at = excluded.updated_at"
+    pa=$(psql -Atc "SELECT owner FROM \"$cs\".peer_like WHERE id = $pid")
+    R[guard_peer]="id $pid owner $pb -> $pa (STAND-IN: the real peer did not complete; the JDBC sink's upsert statement shape, no version predicate)"
+fi
+peer_stop
+peer_url=""
+[ -z "${R[peer_eps]:-}" ] || rm -rf "$peer_dir"
 log "replaysafe: ${R[guard_replaysafe]}"
-log "peer-style upsert: ${R[guard_peer]}"
+log "peer: ${R[guard_peer]}"
 
 R[events]=$N
 R[schema]=$schema
