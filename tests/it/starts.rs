@@ -67,7 +67,7 @@ fn a_partition_added_under_start_latest_is_read_from_its_beginning() {
     );
     assert_eq!(ledger(&db), 3);
     assert_eq!(
-        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE partition = 1"),
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources src ON src.id = l._source_id WHERE partition = 1"),
         2,
         "both records of the added partition are in the ledger"
     );
@@ -378,7 +378,7 @@ fn a_generation_bump_with_an_idle_partition_is_not_refused() {
     assert_eq!(counts(&db), truth, "every event counted once");
     assert_eq!(
         db.i64(
-            "SELECT count(*) FROM {s}.replaysafe_ledger WHERE generation = 'g2' AND partition = 1"
+            "SELECT count(*) FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources src ON src.id = l._source_id WHERE generation = 'g2' AND partition = 1"
         ),
         20
     );

@@ -280,7 +280,7 @@ fn tolerance_all_then_dead_letters_replay_after_the_fix() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
     assert_eq!(
         db.i64(
-            "SELECT count(*) FROM {s}.replaysafe_dead_letters d JOIN {s}.replaysafe_ledger l \
+            "SELECT count(*) FROM {s}.replaysafe_dead_letters d JOIN ({s}.replaysafe_ledger l0 JOIN {s}.replaysafe_sources src ON src.id = l0._source_id) l \
              ON l.topic = d.topic AND l.partition = d.partition AND l.\"offset\" = d.\"offset\" \
              WHERE d.resolved_at IS NOT NULL AND d.resolved_by LIKE '%' || l.event_id::text || '%'"
         ),

@@ -39,7 +39,7 @@ fn merged(
 
 fn ledger_rows(db: &Db, partition: i32) -> i64 {
     db.query(
-        "SELECT count(*) FROM {s}.replaysafe_ledger WHERE partition = $1",
+        "SELECT count(*) FROM {s}.replaysafe_ledger l JOIN {s}.replaysafe_sources src ON src.id = l._source_id WHERE partition = $1",
         &[&partition],
     )[0]
     .get(0)
