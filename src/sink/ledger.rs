@@ -141,14 +141,16 @@ pub fn create_ledger(p: &Pipeline) -> String {
 
 /// Migrates `table`, a ledger of the first layout (per row `topic`, `partition`, `consumer_group` text and
 /// `landed_at`) or its rebuild's pending table (same columns), in place, in the caller's transaction: its sources are interned into [`SOURCES`], every row gets its
-/// `_source_id`, and the four columns are dropped. The delivery keys (primary key, rows, day partitions, grants)
+/// `_source_id` (a source's `created_at` is its first row's `landed_at`, so `ledger stats` keeps its rate), and the
+/// four columns are dropped. The delivery keys (primary key, rows, day partitions, grants)
 /// stay as they were, so nothing already claimed is forgotten. Rows are rewritten once (the old partitions'
 /// space is reused after VACUUM or freed when the horizon drops them); new day partitions get the compact rows.
 pub fn upgrade_ledger(p: &Pipeline, table: &str) -> String {
     let (l, s) = (table, p.table(SOURCES).to_string());
     format!(
         "ALTER TABLE {l} ADD COLUMN _source_id smallint; \
-         INSERT INTO {s} (topic, partition, consumer_group) SELECT DISTINCT topic, partition, consumer_group FROM {l} \
+         INSERT INTO {s} (topic, partition, consumer_group, created_at) \
+           SELECT topic, partition, consumer_group, min(landed_at) FROM {l} GROUP BY 1, 2, 3 \
            ORDER BY 1, 2, 3 ON CONFLICT DO NOTHING; \
          UPDATE {l} l SET _source_id = s.id FROM {s} s \
            WHERE s.topic = l.topic AND s.partition = l.partition AND s.consumer_group = l.consumer_group; \

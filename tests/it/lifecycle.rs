@@ -644,6 +644,7 @@ fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
     db.execute(
         "INSERT INTO {s}.replaysafe_ledger (generation, event_id, day, topic, partition, \"offset\", \
          consumer_group) SELECT * FROM {s}.keep; DROP TABLE {s}.keep; \
+         UPDATE {s}.replaysafe_ledger SET landed_at = now() - interval '10 days'; \
          CREATE TABLE {s}.replaysafe_ledger_rebuilding (LIKE {s}.replaysafe_ledger)",
     );
     let counts = || db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.daily_counts");
@@ -662,6 +663,14 @@ fn old_ledger_layout_is_migrated_and_keeps_its_keys() {
     let after = origin(&db);
     assert_eq!(after.len(), 21);
     assert!(before.iter().all(|r| after.contains(r)), "provenance kept");
+    // The migrated sources keep their first claim's time (`ledger stats` divides by the days since).
+    assert_eq!(
+        db.strings(
+            "SELECT (created_at < now() - interval '9 days')::text FROM {s}.replaysafe_sources \
+             WHERE consumer_group LIKE 'prod%' GROUP BY 1"
+        ),
+        vec!["true".to_string()]
+    );
     assert_eq!(
         db.i64(
             "SELECT count(*)::bigint FROM pg_attribute WHERE attrelid = '{s}.replaysafe_ledger'::regclass \
