@@ -112,6 +112,10 @@ impl Connect {
         for (k, v) in &self.props {
             cmd.arg(format!("{k}={v}"));
         }
+        // A restart resumes from the slot's confirmed position: the walsender decodes every WAL record the whole
+        // cluster wrote since (the suite's other tests write hundreds of MB a minute), which took over the
+        // script's default 120 s on a loaded 2-core CI machine. Still bounded.
+        cmd.env("CONNECT_START_WAIT", "300");
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
