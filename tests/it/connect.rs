@@ -112,9 +112,8 @@ impl Connect {
         for (k, v) in &self.props {
             cmd.arg(format!("{k}={v}"));
         }
-        // A restart resumes from the slot's confirmed position: the walsender decodes every WAL record the whole
-        // cluster wrote since (the suite's other tests write hundreds of MB a minute), which took over the
-        // script's default 120 s on a loaded 2-core CI machine. Still bounded.
+        // Bounded, with room for a loaded 2-core CI machine (a snapshot logs one line per table of the whole
+        // database; the script's default is 120 s).
         cmd.env("CONNECT_START_WAIT", "300");
         for (k, v) in &self.env {
             cmd.env(k, v);
