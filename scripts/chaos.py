@@ -65,6 +65,8 @@ PARTITIONS = 12
 CUSTOMERS = 400
 DAYS = [dt.date(2026, 11, 20) + dt.timedelta(days=i) for i in range(6)]
 HARNESS_APP = "chaos-harness"
+# The ledger names its (topic, partition, group) by `_source_id` (README "Tables"): the ids of one partition.
+SOURCES = "SELECT id FROM {s}.replaysafe_sources WHERE topic = %s AND partition = %s"
 
 
 def log(msg):
@@ -519,8 +521,8 @@ class Faults:
                 return
             # The newest ledger rows of the partition, newest first, while they are purchases (a row
             # projection's state cannot be rolled back from the truth alone): those go back.
-            newest = c.execute(f"SELECT \"offset\", event_id::text FROM {s}.replaysafe_ledger WHERE topic = %s "
-                               f"AND partition = %s AND \"offset\" >= %s ORDER BY \"offset\" DESC",
+            newest = c.execute(f"SELECT \"offset\", event_id::text FROM {s}.replaysafe_ledger WHERE _source_id IN "
+                               f"({SOURCES.format(s=s)}) AND \"offset\" >= %s ORDER BY \"offset\" DESC",
                                (ctx.topic, part, row[0] - 40)).fetchall()
             back, evs = row[0], []
             with ctx.truth.lock:
@@ -532,7 +534,8 @@ class Faults:
             if not evs:
                 c.rollback()
                 return
-            c.execute(f"DELETE FROM {s}.replaysafe_ledger WHERE topic = %s AND partition = %s AND \"offset\" >= %s",
+            c.execute(f"DELETE FROM {s}.replaysafe_ledger WHERE _source_id IN ({SOURCES.format(s=s)}) "
+                      f"AND \"offset\" >= %s",
                       (ctx.topic, part, back))
             for e in evs:
                 k = (e["occurred_at"][:10], e["customer_id"])
