@@ -7,7 +7,7 @@
 use std::str::FromStr;
 
 use bigdecimal::BigDecimal;
-use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
 
 use crate::config::{EpochUnit, FieldPlan, FieldType, Pipeline};
@@ -234,16 +234,14 @@ fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
         }
         FieldType::Date => {
             if let Some(raw) = v.as_str().map(str::trim) {
-                if let Ok(d) = NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
-                    return Ok(s(d.format("%Y-%m-%d").to_string()));
+                if let Some(d) = super::day::parse(raw) {
+                    return Ok(s(super::day::text(d)));
                 }
             }
             let ts = instant(f, v)?;
-            Ok(s(ts
-                .with_timezone(&f.time_zone)
-                .date_naive()
-                .format("%Y-%m-%d")
-                .to_string()))
+            Ok(s(super::day::text(
+                ts.with_timezone(&f.time_zone).date_naive(),
+            )))
         }
         FieldType::Timestamptz => Ok(s(
             instant(f, v)?.to_rfc3339_opts(SecondsFormat::AutoSi, true)

@@ -2,6 +2,7 @@
 //! flat document the same `[fields]` read. A record that cannot be decoded becomes a [`Rejection`] (quarantined).
 
 pub mod avro;
+pub mod day;
 pub mod debezium;
 pub mod framed;
 pub mod json;
@@ -73,7 +74,7 @@ pub fn partition_day(pipeline: &Pipeline, fields: &Fields) -> Option<NaiveDate> 
     let i = pipeline.identity.partition_by?;
     fields[i]
         .as_ref()
-        .and_then(|v| NaiveDate::parse_from_str(&v.text, "%Y-%m-%d").ok())
+        .and_then(|v| day::parse(&v.text))
 }
 
 /// The delivery key of a decoded record, as the ledger's primary key holds it: the generation (`""` for

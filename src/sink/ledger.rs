@@ -335,7 +335,7 @@ impl<'a> Column<'a> {
                     .map_err(|_| "a uuid")?,
             ),
             Column::Date(c) => c.push(
-                v.map(|t| NaiveDate::parse_from_str(t, "%Y-%m-%d"))
+                v.map(|t| crate::decode::day::parse(t).ok_or(()))
                     .transpose()
                     .map_err(|_| "a date (YYYY-MM-DD)")?,
             ),
