@@ -72,9 +72,7 @@ pub fn record(
 /// The partition-by day of a decoded record, when the pipeline has one.
 pub fn partition_day(pipeline: &Pipeline, fields: &Fields) -> Option<NaiveDate> {
     let i = pipeline.identity.partition_by?;
-    fields[i]
-        .as_ref()
-        .and_then(|v| day::parse(&v.text))
+    fields[i].as_ref().and_then(|v| day::parse(&v.text))
 }
 
 /// The delivery key of a decoded record, as the ledger's primary key holds it: the generation (`""` for
