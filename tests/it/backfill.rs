@@ -95,6 +95,7 @@ fn six_day_refund_backfill_verifies_to_the_row() {
                 rt: tokio::runtime::Runtime::new().unwrap(),
                 client: connect_plain(),
                 schema,
+                owns: false,
             };
             while !stop_writer.load(Ordering::Relaxed) {
                 other.execute("UPDATE {s}.daily_counts SET n = n + 1 WHERE day = '2024-06-01' AND customer_id = 'other-writer'");

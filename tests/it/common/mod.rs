@@ -75,6 +75,26 @@ pub struct Db {
     pub rt: tokio::runtime::Runtime,
     pub client: tokio_postgres::Client,
     pub schema: String,
+    /// Whether this handle made the schema (and drops it at the end of a passing test); `false` for a second
+    /// handle on another test's schema.
+    pub owns: bool,
+}
+
+impl Drop for Db {
+    /// A passing test's schema is dropped; a failing (panicking) test's stays for a look. The test cluster is
+    /// shared by every run on the machine: left behind, 10,000 schemas made each Debezium snapshot log a line
+    /// per table until Connect's log rolled and `scripts/connect-start` missed "Starting streaming". Bounded by
+    /// `lock_timeout` (a process still holding the schema's locks leaves it behind), errors ignored.
+    fn drop(&mut self) {
+        if !self.owns || std::thread::panicking() || tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let sql = format!(
+            "SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema
+        );
+        let _ = self.rt.block_on(self.client.batch_execute(&sql));
+    }
 }
 
 impl Db {
@@ -91,7 +111,12 @@ impl Db {
             "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
         )))
         .unwrap();
-        Db { rt, client, schema }
+        Db {
+            rt,
+            client,
+            schema,
+            owns: true,
+        }
     }
 
     /// Runs `sql` with `{s}` replaced by the quoted schema; panics naming the statement on error.
