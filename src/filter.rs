@@ -37,13 +37,13 @@ fn json_to_cel(v: &serde_json::Value) -> Value {
 pub fn context<'a>(pipeline: &Pipeline, fields: &Fields) -> Context<'a> {
     let mut ctx = Context::default();
     for (plan, value) in pipeline.fields.iter().zip(fields) {
-        let v = match value.as_ref().map(|v| &v.cel) {
+        let v = match value.as_ref().map(|v| (&v.cel, &v.text)) {
             None => Value::Null,
-            Some(CelValue::String(s)) => Value::String(Arc::new(s.clone())),
-            Some(CelValue::Int(i)) => Value::Int(*i),
-            Some(CelValue::Float(f)) => Value::Float(*f),
-            Some(CelValue::Bool(b)) => Value::Bool(*b),
-            Some(CelValue::Json(j)) => json_to_cel(j),
+            Some((CelValue::String, s)) => Value::String(Arc::new(s.clone())),
+            Some((CelValue::Int(i), _)) => Value::Int(*i),
+            Some((CelValue::Float(f), _)) => Value::Float(*f),
+            Some((CelValue::Bool(b), _)) => Value::Bool(*b),
+            Some((CelValue::Json(j), _)) => json_to_cel(j),
         };
         ctx.add_variable_from_value(plan.name.as_str().to_string(), v);
     }

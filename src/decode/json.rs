@@ -26,8 +26,9 @@ pub struct FieldValue {
 /// A field value as filters see it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CelValue {
-    /// text, uuid, date (ISO `YYYY-MM-DD`), timestamptz (RFC 3339) are strings in filters.
-    String(String),
+    /// text, uuid, date (ISO `YYYY-MM-DD`), timestamptz (RFC 3339) are strings in filters: the field's `text`
+    /// (not copied per record; a filter reads it from there).
+    String,
     /// bigint.
     Int(i64),
     /// numeric (as a double in filters only; the database keeps the exact decimal).
@@ -131,7 +132,7 @@ pub fn decode(pipeline: &Pipeline, value: Option<&[u8]>) -> Result<Fields, Rejec
 
 pub(crate) fn field(f: &FieldPlan, json: &Value) -> Result<Option<FieldValue>, Rejection> {
     let name = f.name.as_str();
-    match json.pointer(&f.pointer) {
+    match lookup(json, &f.pointer) {
         None | Some(Value::Null) if f.optional => Ok(None),
         None | Some(Value::Null) => Err(Rejection::new(
             Reason::MissingField,
@@ -144,6 +145,30 @@ pub(crate) fn field(f: &FieldPlan, json: &Value) -> Result<Option<FieldValue>, R
             )
         }),
     }
+}
+
+/// `json.pointer(pointer)` (RFC 6901) without its two `String`s per token: a pointer without `~` escapes (every
+/// usual `[fields]` path) is walked token by token on the borrowed text; one with escapes goes to serde_json.
+fn lookup<'v>(json: &'v Value, pointer: &str) -> Option<&'v Value> {
+    if pointer.is_empty() {
+        return Some(json);
+    }
+    if pointer.contains('~') {
+        return json.pointer(pointer);
+    }
+    pointer
+        .strip_prefix('/')?
+        .split('/')
+        .try_fold(json, |target, token| match target {
+            Value::Object(map) => map.get(token),
+            // As serde_json's pointer: no sign, no leading zero.
+            Value::Array(list)
+                if !token.starts_with('+') && (token == "0" || !token.starts_with('0')) =>
+            {
+                token.parse::<usize>().ok().and_then(|i| list.get(i))
+            }
+            _ => None,
+        })
 }
 
 fn excerpt(v: &Value) -> String {
@@ -166,7 +191,7 @@ fn no_nul(s: &str) -> Result<(), String> {
 /// Converts one JSON value to the field's type.
 fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
     let s = |text: String| FieldValue {
-        cel: CelValue::String(text.clone()),
+        cel: CelValue::String,
         text,
     };
     match f.ty {
@@ -437,6 +462,37 @@ fn epoch_micros(raw: &str, unit: EpochUnit) -> Result<i64, EpochError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lookup_finds_what_serde_json_pointer_finds() {
+        let doc: Value = serde_json::from_str(
+            r#"{"a": {"b": [10, {"c": 1}], "": 2, "x/y": 3, "t~u": 4}, "n": null, "01": 5}"#,
+        )
+        .unwrap();
+        for p in [
+            "",
+            "/",
+            "/a",
+            "/a/b",
+            "/a/b/0",
+            "/a/b/1/c",
+            "/a/b/01",
+            "/a/b/+1",
+            "/a/b/2",
+            "/a/b/-1",
+            "/a/",
+            "/a/x~1y",
+            "/a/t~0u",
+            "/a/x/y",
+            "/n",
+            "/n/z",
+            "/01",
+            "a",
+            "/missing/deeper",
+        ] {
+            assert_eq!(lookup(&doc, p), doc.pointer(p), "{p:?}");
+        }
+    }
 
     fn idx(p: &Pipeline, name: &str) -> usize {
         p.fields
