@@ -67,6 +67,14 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
     if let Ok(url) = database_url(&p) {
         // How the database is reached (TLS, where the password comes from), never a secret.
         println!("\n{}", replaysafe::sink::conninfo::summary(&url)?);
+    } else if let Some(f) = &p.postgres.connection.password_file {
+        // No URL here (DATABASE_URL may come at run time): the password file is still read, so a wrong path or an
+        // empty file is named now rather than at the first connection.
+        replaysafe::sink::conninfo::check_password_file(f)?;
+        println!(
+            "\npostgres: no URL yet ([postgres] url or DATABASE_URL at run time); password from password-file {}",
+            f.display()
+        );
     }
     let mut failed = Vec::new();
     if a.connect {

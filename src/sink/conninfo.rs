@@ -157,6 +157,15 @@ pub fn summary(url: &str) -> Result<String> {
     ))
 }
 
+/// Reads `[postgres] password-file` as a connection would, for `replaysafe check` when no database URL is known
+/// yet; the password is dropped unread by anyone.
+///
+/// # Errors
+/// [`Error::Usage`] when the file cannot be read or its first line is empty.
+pub fn check_password_file(path: &std::path::Path) -> Result<()> {
+    read_password(path).map(drop)
+}
+
 /// The first line of `path` (without its line end).
 fn read_password(path: &std::path::Path) -> Result<String> {
     let text = std::fs::read_to_string(path).map_err(|e| {

@@ -210,3 +210,53 @@ fn check_into_a_closed_pipe_exits_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+/// Without a database URL (none in the file, no DATABASE_URL) `check` still reads `[postgres] password-file`: a
+/// missing or empty file is named (exit 2), a readable one is reported without its content.
+#[test]
+fn check_without_a_url_reads_the_password_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("pg-password");
+    let path = dir.path().join("p.toml");
+    let check = |pw: &std::path::Path| {
+        let text = format!("{GOOD}\n[postgres]\npassword-file = \"{}\"\n", pw.display());
+        std::fs::write(&path, text).unwrap();
+        std::process::Command::new(bin())
+            .args(["check", "--config", path.to_str().unwrap()])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    };
+    let out = check(&pw);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot read [postgres] password-file {}",
+            pw.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::write(&pw, "\nsecret\n").unwrap();
+    let out = check(&pw);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is empty (its first line is the password)"),
+        "{stderr}"
+    );
+    std::fs::write(&pw, "s3cret-value\n").unwrap();
+    let out = check(&pw);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("password from password-file {}", pw.display())),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("s3cret-value"), "{stdout}");
+}
