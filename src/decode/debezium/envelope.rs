@@ -189,7 +189,8 @@ pub fn decode(
         Some(t) => format!("{commit_lsn}/{change_lsn}/{t}"),
         None => format!("{commit_lsn}/{change_lsn}"),
     };
-    let mut doc = env.clone();
+    // The envelope itself becomes the document `[fields]` read (moved, not copied: 3 KB per record with schema).
+    let mut doc = env;
     doc.insert("_source".into(), Value::String(source_id));
     doc.insert("_entity".into(), Value::String(entity));
     doc.insert("_position".into(), Value::String(position));
@@ -197,7 +198,7 @@ pub fn decode(
     doc.insert("_snapshot".into(), Value::Bool(snapshot));
     doc.insert(
         "_day".into(),
-        Value::String(at.day.format("%Y-%m-%d").to_string()),
+        Value::String(crate::decode::day::text(at.day)),
     );
     if let Some((k, _)) = &key_json {
         doc.insert("key".into(), k.clone());
