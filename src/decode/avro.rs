@@ -337,7 +337,7 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
             let day = epoch
                 .checked_add_signed(chrono::Duration::days(i64::from(*d)))
                 .ok_or_else(|| format!("date {d} days is out of range"))?;
-            Value::String(day.format("%Y-%m-%d").to_string())
+            Value::String(super::day::text(day))
         }
         Avro::TimeMillis(t) => json!(t),
         Avro::TimeMicros(t) => json!(t),

@@ -138,7 +138,7 @@ fn date(days: i64) -> Result<String, String> {
     let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid");
     epoch
         .checked_add_signed(chrono::Duration::days(days))
-        .map(|d| d.format("%Y-%m-%d").to_string())
+        .map(crate::decode::day::text)
         .ok_or_else(|| format!("{days} days is out of range for a date"))
 }
 
