@@ -285,6 +285,7 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         crash_after_batches: crash,
         extra_properties: vec![("session.timeout.ms".into(), "6000".into())],
         prune_interval: Duration::from_secs(3600),
+        state: None,
     };
     let phase = |title: &str, group: &str, crash: Option<u64>, all: &[Event]| -> Result<Tally> {
         let p = parse(group)?;

@@ -39,9 +39,15 @@ fn signals(flag: Arc<AtomicBool>) {
 }
 
 /// `run`'s signal handling: the first SIGINT/SIGTERM starts the drain (`shutdown`); if the process is still
-/// running `timeout` later, the drain's database retries are ended (`give_up`) and the process exits with
-/// [`EXIT_SHUTDOWN_TIMEOUT`].
-fn signals_with_deadline(shutdown: Arc<AtomicBool>, give_up: Arc<AtomicBool>, timeout: Duration) {
+/// running `timeout` later, the drain's database retries are ended (`give_up`), the accounting line so far is
+/// printed (records not confirmed applied counted `buffered`: [`replaysafe::engine::tally_now`]) and the process
+/// exits with [`EXIT_SHUTDOWN_TIMEOUT`].
+fn signals_with_deadline(
+    shutdown: Arc<AtomicBool>,
+    give_up: Arc<AtomicBool>,
+    state: Arc<std::sync::OnceLock<replaysafe::engine::Shared>>,
+    timeout: Duration,
+) {
     let fired = Arc::new(AtomicBool::new(false));
     signals(fired.clone());
     std::thread::spawn(move || {
@@ -54,9 +60,19 @@ fn signals_with_deadline(shutdown: Arc<AtomicBool>, give_up: Arc<AtomicBool>, ti
         tracing::error!(
             timeout_s = timeout.as_secs(),
             "the drain did not finish within --shutdown-timeout (a batch still waiting for the database?): \
-             exiting with code {EXIT_SHUTDOWN_TIMEOUT}; what was committed stays, records not applied yet are \
-             read again from the checkpoints on restart"
+             exiting with code {EXIT_SHUTDOWN_TIMEOUT}; what was committed stays, records not applied yet \
+             (`buffered`) are read again from the checkpoints on restart"
         );
+        // Bounded: a thread stuck holding the state leaves the line out (the log says so).
+        match state
+            .get()
+            .and_then(|s| replaysafe::engine::tally_now(s, Duration::from_secs(2)))
+        {
+            Some(t) => println!("{}", t.line()),
+            None => tracing::error!(
+                "no accounting line: the engine's state stayed locked (or never started)"
+            ),
+        }
         std::process::exit(EXIT_SHUTDOWN_TIMEOUT);
     });
 }
@@ -195,10 +211,12 @@ fn run(
         crash_after_batches: None,
         extra_properties: Vec::new(),
         prune_interval: Duration::from_secs(prune_interval.max(1)),
+        state: Some(Arc::default()),
     };
     signals_with_deadline(
         opts.shutdown.clone(),
         opts.give_up.clone().expect("set above"),
+        opts.state.clone().expect("set above"),
         Duration::from_secs(shutdown_timeout),
     );
     let rt = tokio::runtime::Builder::new_multi_thread()

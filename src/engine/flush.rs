@@ -31,6 +31,8 @@ type Results = (Vec<Sink>, Vec<(Cut, Result<Applied>)>);
 pub struct Inflight {
     handle: std::thread::JoinHandle<Results>,
     started: Instant,
+    /// Records in the flush's batches (a source transaction's parts included).
+    pub records: usize,
 }
 
 impl Inflight {
@@ -182,6 +184,10 @@ pub fn launch(
     stop: Arc<AtomicBool>,
 ) -> Inflight {
     let n = sinks.len();
+    let records = cuts
+        .iter()
+        .map(|c| c.batch.items.len() + c.tx.iter().flatten().map(|b| b.items.len()).sum::<usize>())
+        .sum();
     let mut lanes: Vec<Vec<Cut>> = (0..n).map(|_| Vec::new()).collect();
     for c in cuts {
         let lane = (c.batch.partition as usize + c.batch.topic.len()) % n;
@@ -190,11 +196,7 @@ pub fn launch(
     tracing::debug!(
         batches = lanes.iter().map(Vec::len).sum::<usize>(),
         lanes = lanes.iter().filter(|l| !l.is_empty()).count(),
-        records = lanes
-            .iter()
-            .flatten()
-            .map(|c| c.batch.items.len())
-            .sum::<usize>(),
+        records,
         "flush launched"
     );
     let rt = rt.clone();
@@ -210,7 +212,11 @@ pub fn launch(
         });
         (sinks, results.into_iter().flatten().collect())
     });
-    Inflight { handle, started }
+    Inflight {
+        handle,
+        started,
+        records,
+    }
 }
 
 async fn apply_lane(

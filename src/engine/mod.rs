@@ -44,6 +44,31 @@ pub use types::{Ack, NoAck, Observer, PartState, Polled, Record, Tp};
 /// The engine's state, shared with the source.
 pub type Shared = Arc<Mutex<Core>>;
 
+/// The accounting of a run stopped from outside (`run`'s `--shutdown-timeout` exit): the tally so far, with
+/// `buffered` = records consumed and not confirmed applied (held in partition buffers or open source
+/// transactions, or in a flush whose outcome is unknown — read again from the checkpoints on restart, where what
+/// did commit is recognised as duplicate). `None` when the state stays locked for `wait` (a thread holding it is
+/// stuck in a wait of its own).
+pub fn tally_now(core: &Shared, wait: Duration) -> Option<Tally> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match core.try_lock() {
+            Ok(c) => {
+                let mut t = c.tally.clone();
+                let open = c.tx.as_ref().map_or(0, |t| t.open_counts().1);
+                let flying = c.inflight.as_ref().map_or(0, |f| f.records);
+                t.buffered = (c.buffered() + open + flying) as u64 + c.unapplied;
+                return Some(t);
+            }
+            Err(std::sync::TryLockError::Poisoned(_)) => return None,
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => return None,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+        }
+    }
+}
+
 /// Locks the shared state.
 pub fn lock(core: &Shared) -> MutexGuard<'_, Core> {
     core.lock().expect("engine state")
@@ -189,6 +214,7 @@ impl Engine {
             batches: 0,
             fatal: None,
             crashed: false,
+            unapplied: 0,
             crash_after_batches: opts.crash_after_batches,
             shutdown: opts.shutdown.clone(),
             give_up: opts

@@ -31,6 +31,9 @@ pub struct Core {
     pub tally: Tally,
     /// Batches committed so far.
     pub batches: u64,
+    /// Records dropped with a batch that did not commit (and the rest of its partition's buffer): read again
+    /// from the checkpoint by the next run; `buffered` in a report from outside ([`crate::engine::tally_now`]).
+    pub unapplied: u64,
     /// An error raised where it cannot be returned (a rebalance callback); the loop ends with it.
     pub fatal: Option<Error>,
     /// Demo: the simulated crash happened (database committed, acknowledgement withheld).
@@ -256,7 +259,10 @@ impl Core {
                 Ok(Applied::Skipped) if handled.contains(&tp) => {}
                 // Not committed because an earlier batch of its lane failed: later records of the partition
                 // must not be applied over the gap.
-                Ok(Applied::Skipped) => self.forget_uncommitted(&tp),
+                Ok(Applied::Skipped) => {
+                    self.unapplied += batch.items.len() as u64;
+                    self.forget_uncommitted(&tp);
+                }
                 Ok(Applied::Fenced) => match self.fenced(ack, &tp) {
                     // Another owner holds the checkpoint: what we buffered is dropped (the owner resumes from
                     // the checkpoint; a group source takes the partition over again once the group coordinator
@@ -270,6 +276,7 @@ impl Core {
                     }
                 },
                 Err(e) => {
+                    self.unapplied += batch.items.len() as u64;
                     self.forget_uncommitted(&tp);
                     first_err.get_or_insert(e);
                 }
@@ -398,7 +405,8 @@ impl Core {
     /// shutdown or revocation, a later flush) applies the records after it over the gap, moving the checkpoint
     /// past records never applied. The checkpoint stays before the failed batch: a rerun reads it again.
     fn forget_uncommitted(&mut self, tp: &Tp) {
-        if self.parts.remove(tp).is_some() {
+        if let Some(st) = self.parts.remove(tp) {
+            self.unapplied += st.buffered() as u64;
             tracing::debug!(topic = %tp.0, partition = tp.1, "partition dropped after a batch not committed");
         }
     }

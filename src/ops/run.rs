@@ -33,6 +33,9 @@ pub struct RunOptions {
     /// Interval of the ledger prune while running (it also runs on start); `run --prune-interval`, default an
     /// hour.
     pub prune_interval: Duration,
+    /// Filled with the engine's state once it starts, for a report from outside the run (`run`'s
+    /// `--shutdown-timeout` exit prints the accounting line from it: [`crate::engine::tally_now`]).
+    pub state: Option<Arc<std::sync::OnceLock<crate::engine::Shared>>>,
 }
 
 /// Runs the pipeline until shutdown (or until caught up), returning the tally of this run.
@@ -85,6 +88,9 @@ pub fn run_timed(
     // Kafka keeping records longer than the ledger remembers them is warned about (README "The ledger's lifecycle").
     crate::ops::ledger::warn_retention(&pipeline, &opts.brokers);
     let engine = Engine::start(&rt, pipeline.clone(), o)?;
+    if let Some(state) = &opts.state {
+        let _ = state.set(engine.shared());
+    }
     let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;
     engine.run_timed(source)
 }

@@ -70,6 +70,11 @@ pub struct Ctx {
     /// How long a fenced partition may stay neither confirmed nor revoked before the run fails
     /// (`max.poll.interval.ms`).
     fence_limit: Duration,
+    /// [`Source::close`] has begun: offset commits are sent without waiting for their reply (a synchronous
+    /// commit waits for the group coordinator without a bound in librdkafka — `rd_kafka_commit` waits with
+    /// `RD_POLL_INFINITE` — and after a broker restart a closing member could wait for it past
+    /// `--shutdown-timeout`; librdkafka still sends them before the member leaves, confluentinc/librdkafka#3740).
+    closing: AtomicBool,
 }
 
 /// A librdkafka duration property of `config` in ms, or `default_ms`.
@@ -185,6 +190,10 @@ impl Ack for GroupConsumer {
     }
 
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) {
+        let mode = match self.context().closing.load(Ordering::Relaxed) {
+            true => CommitMode::Async,
+            false => mode,
+        };
         kafka_commit(self, offsets, mode);
     }
 
@@ -219,6 +228,21 @@ impl Ack for GroupConsumer {
              rebalance gives it up"
         );
         lock_pending(ctx).fenced(tp, at, ctx.fence_grace);
+        None
+    }
+}
+
+/// The acknowledgement of a closed group source: nothing is held any more.
+struct Closed;
+
+impl Ack for Closed {
+    fn acknowledges(&self) -> bool {
+        false
+    }
+
+    fn commit(&self, _: &TopicPartitionList, _: CommitMode) {}
+
+    fn fenced(&self, _: &Tp) -> Option<Error> {
         None
     }
 }
@@ -498,9 +522,14 @@ fn on_revoke(core: &mut Core, consumer: &GroupConsumer, revoked: &[Tp], lost: bo
     result
 }
 
+/// How long [`Source::close`] waits for the member to leave the group (the revocation applied, the last offsets
+/// committed, LeaveGroup sent) before abandoning the client: a third of `run`'s default `--shutdown-timeout`.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The group source.
 pub struct Group {
-    consumer: Arc<GroupConsumer>,
+    /// The group's client; `None` once [`Source::close`] has handed it to the closing thread.
+    consumer: Option<Arc<GroupConsumer>>,
     /// The partitions' own queues, polled round-robin ([`crate::source::queues`]).
     split: Split<Ctx>,
     core: Shared,
@@ -508,9 +537,23 @@ pub struct Group {
     until_caught_up: bool,
     /// The `replaysafe_consumer_lag` updater ([`crate::source::lag`]).
     _lag: crate::source::lag::Lag,
+    /// `--until-caught-up`: the wait for the partitions other members hold ([`crate::source::others`]).
+    others: crate::source::others::Others,
+    /// `session.timeout.ms` (librdkafka default 45 s): bounds that wait (twice this).
+    session: Duration,
 }
 
 impl Group {
+    /// The group's client.
+    ///
+    /// # Panics
+    /// After [`Source::close`] (the engine asks nothing of a closed source but its [`Source::ack`]).
+    fn c(&self) -> &Arc<GroupConsumer> {
+        self.consumer
+            .as_ref()
+            .expect("the consumer is not closed yet")
+    }
+
     /// Subscribes to the pipeline's topics under its group.
     ///
     /// # Errors
@@ -539,18 +582,21 @@ impl Group {
             pending: Mutex::new(Pending::default()),
             fence_grace: fence_grace(&config),
             fence_limit: config_ms(&config, "max.poll.interval.ms", 300_000),
+            closing: AtomicBool::new(false),
         })?);
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         Consumer::subscribe(&*consumer, &topics)?;
         tracing::info!(group = %pipeline.kafka.group_id, ?topics, "consuming");
         let lag = crate::source::lag::spawn(Arc::downgrade(&core), side.clone());
         Ok(Group {
-            consumer,
+            consumer: Some(consumer),
             split: Split::default(),
             core,
             side,
             until_caught_up,
             _lag: lag,
+            others: Default::default(),
+            session: config_ms(&config, "session.timeout.ms", 45_000),
         })
     }
 
@@ -561,7 +607,7 @@ impl Group {
     /// # Errors
     /// As the take-over; a fenced partition neither confirmed nor revoked within `max.poll.interval.ms`.
     fn retry_pending(&mut self) -> Result<()> {
-        let ctx = self.consumer.context();
+        let ctx = self.c().context();
         let due = lock_pending(ctx).due(Instant::now());
         let mut tps = Vec::new();
         for (tp, fenced) in due {
@@ -578,11 +624,11 @@ impl Group {
             return Ok(());
         }
         let mut core = lock(&self.core);
-        let (acquired, blocked) = take_over_or_defer(&mut core, &*self.consumer, &tps)?;
+        let (acquired, blocked) = take_over_or_defer(&mut core, &**self.c(), &tps)?;
         for b in &blocked {
             lock_pending(ctx).blocked(b);
         }
-        let (starts, fenced) = ctx.position(&mut core, &self.consumer, acquired)?;
+        let (starts, fenced) = ctx.position(&mut core, self.c(), acquired)?;
         for (tp, at) in &fenced {
             lock_pending(ctx).fenced(tp, *at, ctx.fence_grace);
         }
@@ -593,11 +639,11 @@ impl Group {
             lock_pending(ctx).remove(&tp);
             crate::health::unfenced(std::slice::from_ref(&tp));
             // Bounded: librdkafka's seek waits for the fetcher at most this long.
-            self.consumer
+            self.c()
                 .seek(&tp.0, tp.1, Offset::Offset(start), Duration::from_secs(10))?;
             let mut one = TopicPartitionList::new();
             one.add_partition(&tp.0, tp.1);
-            self.consumer.resume(&one)?;
+            self.c().resume(&one)?;
         }
         Ok(())
     }
@@ -611,8 +657,8 @@ impl Group {
     /// # Errors
     /// Not confirmed for longer than `max.poll.interval.ms` since the fence.
     fn confirmed(&self, tp: &Tp, at: i64) -> Result<bool> {
-        let ctx = self.consumer.context();
-        let assigned = self.consumer.assignment()?;
+        let ctx = self.c().context();
+        let assigned = self.c().assignment()?;
         if assigned.find_partition(&tp.0, tp.1).is_none() {
             // Given up already (revoked): nothing is held.
             lock_pending(ctx).remove(tp);
@@ -620,13 +666,13 @@ impl Group {
             return Ok(false);
         }
         let check = || -> std::result::Result<(), String> {
-            if self.consumer.assignment_lost() {
+            if self.c().assignment_lost() {
                 return Err("the assignment is lost".into());
             }
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(at))
                 .map_err(|e| e.to_string())?;
-            Consumer::commit(&*self.consumer, &tpl, CommitMode::Sync).map_err(|e| e.to_string())
+            Consumer::commit(&**self.c(), &tpl, CommitMode::Sync).map_err(|e| e.to_string())
         };
         let detail = match check() {
             Ok(()) => {
@@ -658,12 +704,12 @@ impl Group {
     fn caught_up(&self) -> bool {
         let parts: Vec<(Tp, i64)> = {
             let core = lock(&self.core);
-            let ctx = self.consumer.context();
+            let ctx = self.c().context();
             if !ctx.assigned_once.load(Ordering::Relaxed)
                 || ctx.awaiting_assign.load(Ordering::Relaxed)
                 || core.buffered() > 0
                 || core.in_flight()
-                || !lock_pending(self.consumer.context()).is_empty()
+                || !lock_pending(self.c().context()).is_empty()
             {
                 return false;
             }
@@ -672,7 +718,7 @@ impl Group {
                 .map(|(tp, st)| (tp.clone(), st.next.unwrap_or(st.start)))
                 .collect()
         };
-        let Ok(positions) = self.consumer.position() else {
+        let Ok(positions) = self.c().position() else {
             return false;
         };
         for ((topic, partition), applied) in parts {
@@ -703,14 +749,18 @@ impl Source for Group {
         if let Err(e) = self.retry_pending() {
             return Polled::Failed(e);
         }
-        let ctx = self.consumer.context();
+        let Group {
+            consumer, split, ..
+        } = self;
+        let consumer = consumer.as_ref().expect("polled after close");
+        let ctx = consumer.context();
         if ctx.reassigned.swap(false, Ordering::Relaxed) {
-            if let Err(e) = self.split.resplit(&self.consumer) {
+            if let Err(e) = split.resplit(consumer) {
                 return Polled::Failed(e);
             }
         }
         let stale = || ctx.reassigned.load(Ordering::Relaxed);
-        match self.split.poll(&self.consumer, timeout, &stale) {
+        match split.poll(consumer, timeout, &stale) {
             None => Polled::Idle,
             Some(Ok(r)) => Polled::Record(r),
             Some(Err(KafkaError::PartitionEOF(_))) => Polled::Idle,
@@ -733,11 +783,19 @@ impl Source for Group {
     }
 
     fn ack(&self) -> &dyn Ack {
-        &*self.consumer
+        match &self.consumer {
+            Some(c) => &**c,
+            // Closed: what its revoke callback committed is acknowledged; nothing is left to acknowledge.
+            None => &Closed,
+        }
     }
 
     fn finished(&mut self, idle_turns: u32) -> bool {
-        self.until_caught_up && idle_turns >= 3 && self.caught_up()
+        if !(self.until_caught_up && idle_turns >= 3 && self.caught_up()) {
+            self.others.reset();
+            return false;
+        }
+        self.others.caught_up(&self.core, &self.side, self.session)
     }
 
     fn interrupted(&self) -> Option<Error> {
@@ -750,7 +808,7 @@ impl Source for Group {
     }
 
     fn positions(&self) -> Vec<(Tp, i64)> {
-        let Ok(tpl) = self.consumer.position() else {
+        let Some(Ok(tpl)) = self.consumer.as_ref().map(|c| c.position()) else {
             return Vec::new();
         };
         tpl.elements()
@@ -763,11 +821,37 @@ impl Source for Group {
     }
 
     fn close(&mut self) {
-        if !lock(&self.core).crashed {
-            self.split.clear();
-            self.consumer.unsubscribe();
-            // Serve the revoke callback so buffered work is applied and committed before we return.
-            let _ = self.consumer.poll(Duration::from_millis(100));
+        if lock(&self.core).crashed {
+            return;
+        }
+        self.split.clear();
+        self.c().context().closing.store(true, Ordering::Relaxed);
+        // Leaving the group — the revoke callback applies what is buffered and commits it, then LeaveGroup and
+        // the client's drop (`rd_kafka_consumer_close`: it waits for the group coordinator without a bound,
+        // confluentinc/librdkafka#3740) — runs on its own thread, waited for at most CLOSE_TIMEOUT.
+        let Some(consumer) = self.consumer.take() else {
+            return;
+        };
+        let (done, finished) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("consumer-close".into())
+            .spawn(move || {
+                consumer.unsubscribe();
+                let _ = consumer.poll(Duration::from_millis(100));
+                drop(consumer);
+                let _ = done.send(());
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("leaving the consumer group: no thread to close the client on: {e}");
+            return;
+        }
+        if finished.recv_timeout(CLOSE_TIMEOUT).is_err() {
+            tracing::warn!(
+                timeout_ms = CLOSE_TIMEOUT.as_millis() as u64,
+                "leaving the consumer group did not finish in time (group coordinator unreachable?): not waited \
+                 for further — the coordinator expires this member after session.timeout.ms; what was applied \
+                 is in the PostgreSQL checkpoints"
+            );
         }
     }
 }

@@ -13,5 +13,6 @@ pub mod group;
 pub mod kafka;
 pub mod kcat;
 pub mod lag;
+pub mod others;
 pub mod pending;
 pub mod queues;

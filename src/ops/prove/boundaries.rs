@@ -215,6 +215,7 @@ fn kafka_run_on(
         crash_after_batches: None,
         extra_properties: vec![("session.timeout.ms".into(), "6000".into())],
         prune_interval: Duration::from_secs(3600),
+        state: None,
     };
     run::run_on(rt, p.clone(), opts)
 }
