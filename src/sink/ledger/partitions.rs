@@ -1,0 +1,235 @@
+//! The ledger's day partitions: their names, which exist, creating them (under the DDL lock) or requiring them.
+
+use std::collections::HashSet;
+
+use chrono::{Days, NaiveDate};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, GenericClient};
+
+use crate::config::Pipeline;
+use crate::error::{Error, Result};
+use crate::sink::batch::{Batch, Pending};
+use crate::sink::error::{classify, ApplyError};
+
+use super::horizon::claim_horizon;
+use super::{horizon_statement, DDL_LOCK};
+
+/// Name of the ledger partition holding `day`: `<ledger>_pYYYYMMDD`.
+pub fn partition_name(p: &Pipeline, day: NaiveDate) -> String {
+    format!("{}_p{}", p.ledger.table.name.as_str(), day.format("%Y%m%d"))
+}
+
+/// The day partitions of the ledger that exist now.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn existing_partitions(
+    client: &impl GenericClient,
+    p: &Pipeline,
+) -> Result<HashSet<NaiveDate>> {
+    if p.identity.partition_by.is_none() {
+        return Ok(HashSet::new());
+    }
+    let rows = client
+        .query(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+             WHERE i.inhparent = to_regclass($1)",
+            &[&p.ledger.table.to_string()],
+        )
+        .await?;
+    let prefix = format!("{}_p", p.ledger.table.name.as_str());
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let name: String = r.get(0);
+            name.strip_prefix(&prefix)
+                .and_then(|d| NaiveDate::parse_from_str(d, "%Y%m%d").ok())
+        })
+        .collect())
+}
+
+/// Creates the day partitions in `days` that are not in `known` (and adds them to `known`), under the DDL lock
+/// — except days older than the ledger's claim horizon, which are never (re-)created: their records are
+/// quarantined by the claim. `floor` caches the oldest claimable day last seen (it only moves forward; the
+/// claim transaction checks it again), so records of days below it cost no DDL transaction.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn ensure_partitions(
+    client: &mut Client,
+    p: &Pipeline,
+    known: &mut HashSet<NaiveDate>,
+    floor: &mut Option<NaiveDate>,
+    days: impl IntoIterator<Item = NaiveDate>,
+) -> Result<()> {
+    let missing: Vec<NaiveDate> = days
+        .into_iter()
+        .filter(|d| !known.contains(d) && floor.is_none_or(|f| *d >= f))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let tx = client.transaction().await?;
+    tx.execute(DDL_LOCK, &[]).await?;
+    // Under the DDL lock no prune runs: the horizon read here holds until this transaction ends.
+    let horizon = claim_horizon(&tx, horizon_statement(p).as_str(), p).await?;
+    *floor = horizon.oldest;
+    let create: Vec<NaiveDate> = missing
+        .into_iter()
+        .filter(|d| horizon.oldest.is_none_or(|o| *d >= o))
+        .collect();
+    for day in &create {
+        tx.batch_execute(&create_partition(p, *day)).await?;
+    }
+    tx.commit().await?;
+    known.extend(create);
+    Ok(())
+}
+
+/// Step 0, before the batch transaction: creates the day partitions the batch's claims need (see
+/// [`ensure_partitions`]); with `manage-schema = false` only requires them ([`require_partitions`]).
+///
+/// # Errors
+/// As [`classify`]; other errors are fatal — a refused partition creation (SQLSTATE 42501) with the way to split
+/// DDL from the runtime role, a missing partition without DDL naming it.
+pub(in crate::sink) async fn ensure_batch_partitions(
+    client: &mut Client,
+    p: &Pipeline,
+    known: &mut HashSet<NaiveDate>,
+    floor: &mut Option<NaiveDate>,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    if p.identity.partition_by.is_none() {
+        return Ok(());
+    }
+    let days: Vec<NaiveDate> = batch
+        .items
+        .iter()
+        .filter_map(|it| match &it.pending {
+            Pending::Claim { fields, .. } => crate::decode::partition_day(p, fields),
+            _ => None,
+        })
+        .collect();
+    if !p.postgres.manage_schema {
+        return require_partitions(client, p, known, floor, days, batch).await;
+    }
+    ensure_partitions(client, p, known, floor, days)
+        .await
+        .map_err(|e| match e {
+            Error::Postgres(pg) if pg.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                ApplyError::Fatal(Error::Other(format!(
+                    "ledger {}: creating a day partition for {}/{} was refused ({}): {}",
+                    p.ledger.table,
+                    batch.topic,
+                    batch.partition,
+                    crate::sink::describe(&pg),
+                    crate::sink::privileges::SPLIT_DDL
+                )))
+            }
+            other => crate::sink::error::from_error(other),
+        })
+}
+
+/// Without DDL (`manage-schema = false`, `run --no-ddl`): the day partitions the batch's claims need must
+/// exist. A day not in `known` (nor older than the claim horizon, whose records are quarantined in the
+/// transaction) makes it read the partitions and the horizon again; a day still missing stops the batch before
+/// its transaction — nothing of it is committed, its checkpoint stays, so its records are read again after a
+/// restart — with an error naming the partitions, the `init --days` fix and the SQL that creates them.
+///
+/// # Errors
+/// [`ApplyError::Fatal`] naming the missing partitions; database errors as [`classify`].
+async fn require_partitions(
+    client: &mut Client,
+    p: &Pipeline,
+    known: &mut HashSet<NaiveDate>,
+    floor: &mut Option<NaiveDate>,
+    days: Vec<NaiveDate>,
+    batch: &Batch,
+) -> Result<(), ApplyError> {
+    let wanted = |d: &NaiveDate, known: &HashSet<NaiveDate>, floor: Option<NaiveDate>| {
+        !known.contains(d) && floor.is_none_or(|f| *d >= f)
+    };
+    if !days.iter().any(|d| wanted(d, known, *floor)) {
+        return Ok(());
+    }
+    *known = existing_partitions(&*client, p)
+        .await
+        .map_err(crate::sink::error::from_error)?;
+    let horizon = claim_horizon(&*client, horizon_statement(p).as_str(), p)
+        .await
+        .map_err(|e| classify(e, false))?;
+    *floor = horizon.oldest;
+    let mut missing: Vec<NaiveDate> = days
+        .into_iter()
+        .filter(|d| wanted(d, known, *floor))
+        .collect();
+    missing.sort();
+    missing.dedup();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let ahead = (*missing.last().expect("not empty") - horizon.today)
+        .num_days()
+        .max(1);
+    let names: Vec<String> = missing.iter().map(|d| partition_name(p, *d)).collect();
+    let sql: Vec<String> = missing.iter().map(|d| create_partition(p, *d)).collect();
+    Err(ApplyError::Fatal(Error::Other(format!(
+        "ledger {}: no day partition {} for event day(s) {} of {}/{} (offsets {}..{}), and this process creates \
+         none (manage-schema = false or run --no-ddl). Nothing of this batch was committed; its records are read \
+         again from the checkpoint after a restart. As the ledger's owner, run `replaysafe init --config FILE \
+         --days {ahead}` (days ahead of today; schedule it daily), or create them: {}",
+        p.ledger.table,
+        names.join(", "),
+        missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        batch.topic,
+        batch.partition,
+        batch.items.first().map_or(batch.end, |i| i.offset),
+        batch.end - 1,
+        sql.join("; ")
+    ))))
+}
+
+/// `CREATE TABLE IF NOT EXISTS … PARTITION OF` the ledger for `day` (dates rendered by chrono: digits and dashes
+/// only, never input text).
+fn create_partition(p: &Pipeline, day: NaiveDate) -> String {
+    let next = day.checked_add_days(Days::new(1)).unwrap_or(day);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {}.\"{}\" PARTITION OF {} FOR VALUES FROM ('{}') TO ('{}')",
+        p.ledger.table.schema,
+        partition_name(p, day),
+        p.ledger.table,
+        day.format("%Y-%m-%d"),
+        next.format("%Y-%m-%d"),
+    )
+}
+
+/// Default of `init --days`: a week of day partitions ahead of today.
+pub const DEFAULT_DAYS_AHEAD: u32 = 7;
+
+/// `init --days N`: creates the ledger's day partitions from the oldest claimable day (the horizon; today
+/// without one) through the database's today + `days`, so that a process without DDL finds them. Returns the
+/// days created and the range covered; nothing without `partition-by`.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn create_partitions_ahead(
+    client: &mut Client,
+    p: &Pipeline,
+    days: u32,
+) -> Result<(Vec<NaiveDate>, Option<(NaiveDate, NaiveDate)>)> {
+    if p.identity.partition_by.is_none() {
+        return Ok((Vec::new(), None));
+    }
+    let (from, to) = crate::sink::privileges::coverage(&*client, p, days).await?;
+    let before = existing_partitions(&*client, p).await?;
+    let mut known = before.clone();
+    let mut floor = None;
+    let all = std::iter::successors(Some(from), |d| d.checked_add_days(Days::new(1)))
+        .take_while(|d| *d <= to);
+    ensure_partitions(client, p, &mut known, &mut floor, all).await?;
+    let mut created: Vec<NaiveDate> = known.difference(&before).copied().collect();
+    created.sort();
+    Ok((created, Some((from, to))))
+}
