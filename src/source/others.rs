@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::BaseConsumer;
 
-use crate::config::Pipeline;
+use crate::config::{Pipeline, StartPolicy};
 use crate::engine::{lock, Shared, Tp};
 use crate::error::Result;
 use crate::sink::checkpoint::CHECKPOINTS;
@@ -98,8 +98,8 @@ impl Others {
     }
 }
 
-/// The partitions of the pipeline's topics not held here whose checkpoint is before their high watermark:
-/// `(topic, partition, "checkpoint N < high H")`.
+/// The partitions of the pipeline's topics not held here whose checkpoint is before their high watermark (or
+/// that have none and records, unless `start = "latest"`): `(topic, partition, "checkpoint N < high H")`.
 fn behind(core: &Shared, side: &BaseConsumer) -> Result<Vec<(String, i32, String)>> {
     let (p, mine) = {
         let c = lock(core);
@@ -120,7 +120,9 @@ fn behind(core: &Shared, side: &BaseConsumer) -> Result<Vec<(String, i32, String
     for (topic, partition) in others {
         let (low, high) = watermarks(side, &topic, partition, Duration::from_secs(10))?;
         let at = checkpoints.get(&(topic.clone(), partition)).copied();
-        if high > low && at.is_none_or(|n| n < high) {
+        // Never read under `start = "latest"`: whoever takes it starts at its end — nothing is behind.
+        let unread_latest = at.is_none() && p.kafka.start == Some(StartPolicy::Latest);
+        if high > low && !unread_latest && at.is_none_or(|n| n < high) {
             let at = at.map_or("none".to_string(), |n| n.to_string());
             out.push((topic, partition, format!("checkpoint {at} < high {high}")));
         }
