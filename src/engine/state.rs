@@ -346,10 +346,17 @@ impl Core {
                 }
                 Ok(())
             }
-            Ok(_) => Err(Error::Other(
-                "a source transaction's batch was not applied (an earlier batch of its connection failed)".into(),
-            )),
-            Err(e) => Err(e),
+            Ok(_) => {
+                self.unapplied += parts.iter().map(|b| b.items.len() as u64).sum::<u64>();
+                Err(Error::Other(
+                    "a source transaction's batch was not applied (an earlier batch of its connection failed)"
+                        .into(),
+                ))
+            }
+            Err(e) => {
+                self.unapplied += parts.iter().map(|b| b.items.len() as u64).sum::<u64>();
+                Err(e)
+            }
         }
     }
 

@@ -70,11 +70,14 @@ pub struct Ctx {
     /// How long a fenced partition may stay neither confirmed nor revoked before the run fails
     /// (`max.poll.interval.ms`).
     fence_limit: Duration,
-    /// [`Source::close`] has begun: offset commits are sent without waiting for their reply (a synchronous
+    /// The member is finishing (`--until-caught-up` caught up) or [`Source::close`] has begun: offset commits are
+    /// sent without waiting for their reply (a synchronous
     /// commit waits for the group coordinator without a bound in librdkafka — `rd_kafka_commit` waits with
     /// `RD_POLL_INFINITE` — and after a broker restart a closing member could wait for it past
     /// `--shutdown-timeout`; librdkafka still sends them before the member leaves, confluentinc/librdkafka#3740).
     closing: AtomicBool,
+    /// The engine's shutdown flag (SIGINT/SIGTERM): the drain's commits do not wait for replies either.
+    shutdown: Arc<AtomicBool>,
 }
 
 /// A librdkafka duration property of `config` in ms, or `default_ms`.
@@ -190,7 +193,9 @@ impl Ack for GroupConsumer {
     }
 
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) {
-        let mode = match self.context().closing.load(Ordering::Relaxed) {
+        let ctx = self.context();
+        let mode = match ctx.closing.load(Ordering::Relaxed) || ctx.shutdown.load(Ordering::Relaxed)
+        {
             true => CommitMode::Async,
             false => mode,
         };
@@ -583,6 +588,7 @@ impl Group {
             fence_grace: fence_grace(&config),
             fence_limit: config_ms(&config, "max.poll.interval.ms", 300_000),
             closing: AtomicBool::new(false),
+            shutdown: lock(&core).shutdown.clone(),
         })?);
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         Consumer::subscribe(&*consumer, &topics)?;
@@ -795,7 +801,12 @@ impl Source for Group {
             self.others.reset();
             return false;
         }
-        self.others.caught_up(&self.core, &self.side, self.session)
+        let done = self.others.caught_up(&self.core, &self.side, self.session);
+        if done {
+            // The engine's finish and the close that follow commit without waiting for replies.
+            self.c().context().closing.store(true, Ordering::Relaxed);
+        }
+        done
     }
 
     fn interrupted(&self) -> Option<Error> {
