@@ -40,12 +40,12 @@ fn signals(flag: Arc<AtomicBool>) {
 
 /// `run`'s signal handling: the first SIGINT/SIGTERM starts the drain (`shutdown`); if the process is still
 /// running `timeout` later, the drain's database retries are ended (`give_up`), the accounting line so far is
-/// printed (records not confirmed applied counted `buffered`: [`replaysafe::engine::tally_now`]) and the process
+/// printed (records not confirmed applied counted `buffered`: [`replaysafe::engine::Reporter::tally`]) and the process
 /// exits with [`EXIT_SHUTDOWN_TIMEOUT`].
 fn signals_with_deadline(
     shutdown: Arc<AtomicBool>,
     give_up: Arc<AtomicBool>,
-    state: Arc<std::sync::OnceLock<replaysafe::engine::Shared>>,
+    state: Arc<std::sync::OnceLock<replaysafe::engine::Reporter>>,
     timeout: Duration,
 ) {
     let fired = Arc::new(AtomicBool::new(false));
@@ -63,15 +63,10 @@ fn signals_with_deadline(
              exiting with code {EXIT_SHUTDOWN_TIMEOUT}; what was committed stays, records not applied yet \
              (`buffered`) are read again from the checkpoints on restart"
         );
-        // Bounded: a thread stuck holding the state leaves the line out (the log says so).
-        match state
-            .get()
-            .and_then(|s| replaysafe::engine::tally_now(s, Duration::from_secs(2)))
-        {
-            Some(t) => println!("{}", t.line()),
-            None => tracing::error!(
-                "no accounting line: the engine's state stayed locked (or never started)"
-            ),
+        // Bounded: when the loop itself is stuck holding the state, the accounting of its last turn.
+        match state.get() {
+            Some(r) => println!("{}", r.tally(Duration::from_secs(1)).line()),
+            None => tracing::error!("no accounting line: the engine had not started"),
         }
         std::process::exit(EXIT_SHUTDOWN_TIMEOUT);
     });

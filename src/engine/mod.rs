@@ -44,26 +44,33 @@ pub use types::{Ack, NoAck, Observer, PartState, Polled, Record, Tp};
 /// The engine's state, shared with the source.
 pub type Shared = Arc<Mutex<Core>>;
 
-/// The accounting of a run stopped from outside (`run`'s `--shutdown-timeout` exit): the tally so far, with
-/// `buffered` = records consumed and not confirmed applied (held in partition buffers or open source
-/// transactions, or in a flush whose outcome is unknown — read again from the checkpoints on restart, where what
-/// did commit is recognised as duplicate). `None` when the state stays locked for `wait` (a thread holding it is
-/// stuck in a wait of its own).
-pub fn tally_now(core: &Shared, wait: Duration) -> Option<Tally> {
-    let deadline = Instant::now() + wait;
-    loop {
-        match core.try_lock() {
-            Ok(c) => {
-                let mut t = c.tally.clone();
-                let open = c.tx.as_ref().map_or(0, |t| t.open_counts().1);
-                let flying = c.inflight.as_ref().map_or(0, |f| f.records);
-                t.buffered = (c.buffered() + open + flying) as u64 + c.unapplied;
-                return Some(t);
-            }
-            Err(std::sync::TryLockError::Poisoned(_)) => return None,
-            Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => return None,
-            Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(Duration::from_millis(20))
+/// A handle for reporting a run's accounting from outside it (`run`'s `--shutdown-timeout` exit):
+/// [`Reporter::tally`].
+#[derive(Clone)]
+pub struct Reporter {
+    core: Shared,
+    published: Arc<state::Published>,
+}
+
+impl Reporter {
+    /// The tally so far, with `buffered` = records consumed and not confirmed applied ([`Core::held`]: in
+    /// partition buffers or open source transactions, in a flush whose outcome is unknown, or dropped with a
+    /// batch that did not commit — read again from the checkpoints on restart, where what did commit is
+    /// recognised as duplicate). Read under the state's lock when it comes within `wait`; otherwise (a thread
+    /// holding it waits on the database) as published at the loop's last turn ([`Core::publish`]).
+    pub fn tally(&self, wait: Duration) -> Tally {
+        let deadline = Instant::now() + wait;
+        loop {
+            match self.core.try_lock() {
+                Ok(c) => {
+                    let mut t = c.tally.clone();
+                    t.buffered = c.held();
+                    return t;
+                }
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(_) => return self.published.tally(),
             }
         }
     }
@@ -215,6 +222,7 @@ impl Engine {
             fatal: None,
             crashed: false,
             unapplied: 0,
+            published: Default::default(),
             crash_after_batches: opts.crash_after_batches,
             shutdown: opts.shutdown.clone(),
             give_up: opts
@@ -240,6 +248,14 @@ impl Engine {
     /// The state, to hand to a source.
     pub fn shared(&self) -> Shared {
         self.core.clone()
+    }
+
+    /// A handle reporting this run's accounting from outside it.
+    pub fn reporter(&self) -> Reporter {
+        Reporter {
+            core: self.core.clone(),
+            published: lock(&self.core).published.clone(),
+        }
     }
 
     /// Runs the loop over `source` until it is finished, shut down or failed; returns the tally.
@@ -501,6 +517,7 @@ impl Engine {
     fn report(&self, now: Instant, last_summary: &mut Instant) {
         let mut core = lock(&self.core);
         let core = &mut *core;
+        core.publish();
         if let Some(obs) = core.observer.as_mut() {
             obs.tick(&core.parts, &core.tally);
         }

@@ -2,8 +2,8 @@
 //! the tally. Shared (behind a mutex) with a source whose client calls back into it (a group's rebalance).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use chrono::NaiveDate;
@@ -32,7 +32,7 @@ pub struct Core {
     /// Batches committed so far.
     pub batches: u64,
     /// Records dropped with a batch that did not commit (and the rest of its partition's buffer): read again
-    /// from the checkpoint by the next run; `buffered` in a report from outside ([`crate::engine::tally_now`]).
+    /// from the checkpoint by the next run; `buffered` in a report from outside ([`crate::engine::Reporter::tally`]).
     pub unapplied: u64,
     /// An error raised where it cannot be returned (a rebalance callback); the loop ends with it.
     pub fatal: Option<Error>,
@@ -49,11 +49,54 @@ pub struct Core {
     pub(crate) last_commit: Option<Instant>,
     /// `[source] transactions = "atomic"`: the open source transactions (`None`: per record).
     pub(crate) tx: Option<TxBuf>,
+    /// The accounting as of the loop's last turn, readable without this state's lock (a report from outside
+    /// while a thread holding the lock waits on the database: [`crate::engine::Reporter::tally`]).
+    pub(crate) published: Arc<Published>,
+}
+
+/// The accounting published each turn ([`Core::publish`]).
+#[derive(Debug, Default)]
+pub struct Published {
+    /// The tally as of the last committed batch that was published.
+    tally: Mutex<Tally>,
+    /// Batches committed when `tally` was published.
+    batches: AtomicU64,
+    /// Records consumed and not confirmed applied ([`Core::held`]).
+    held: AtomicU64,
+}
+
+impl Published {
+    /// The published tally with `buffered` = the records held then.
+    pub fn tally(&self) -> Tally {
+        let mut t = self.tally.lock().map(|t| t.clone()).unwrap_or_default();
+        t.buffered = self.held.load(Ordering::Relaxed);
+        t
+    }
 }
 
 impl Core {
     pub(crate) fn give_up_flag(&self) -> Arc<AtomicBool> {
         self.give_up.clone()
+    }
+
+    /// Records consumed and not confirmed applied: in partition buffers or open source transactions, in the flush
+    /// in flight, or dropped with a batch that did not commit ([`Core::unapplied`]).
+    pub fn held(&self) -> u64 {
+        let open = self.tx.as_ref().map_or(0, |t| t.open_counts().1);
+        let flying = self.inflight.as_ref().map_or(0, |f| f.records);
+        (self.buffered() + open + flying) as u64 + self.unapplied
+    }
+
+    /// Publishes the accounting ([`Published`]): the held count each call, the tally when batches committed
+    /// since the last call.
+    pub fn publish(&self) {
+        let p = &self.published;
+        p.held.store(self.held(), Ordering::Relaxed);
+        if p.batches.swap(self.batches, Ordering::Relaxed) != self.batches {
+            if let Ok(mut t) = p.tally.lock() {
+                *t = self.tally.clone();
+            }
+        }
     }
 
     /// Whether a flush is in flight.

@@ -34,8 +34,8 @@ pub struct RunOptions {
     /// hour.
     pub prune_interval: Duration,
     /// Filled with the engine's state once it starts, for a report from outside the run (`run`'s
-    /// `--shutdown-timeout` exit prints the accounting line from it: [`crate::engine::tally_now`]).
-    pub state: Option<Arc<std::sync::OnceLock<crate::engine::Shared>>>,
+    /// `--shutdown-timeout` exit prints the accounting line from it: [`crate::engine::Reporter::tally`]).
+    pub state: Option<Arc<std::sync::OnceLock<crate::engine::Reporter>>>,
 }
 
 /// Runs the pipeline until shutdown (or until caught up), returning the tally of this run.
@@ -89,7 +89,7 @@ pub fn run_timed(
     crate::ops::ledger::warn_retention(&pipeline, &opts.brokers);
     let engine = Engine::start(&rt, pipeline.clone(), o)?;
     if let Some(state) = &opts.state {
-        let _ = state.set(engine.shared());
+        let _ = state.set(engine.reporter());
     }
     let source = Group::subscribe(engine.shared(), config, opts.until_caught_up)?;
     engine.run_timed(source)
