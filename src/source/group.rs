@@ -71,10 +71,10 @@ pub struct Ctx {
     /// (`max.poll.interval.ms`).
     fence_limit: Duration,
     /// The member is finishing (`--until-caught-up` caught up) or [`Source::close`] has begun: offset commits are
-    /// sent without waiting for their reply (a synchronous
-    /// commit waits for the group coordinator without a bound in librdkafka — `rd_kafka_commit` waits with
-    /// `RD_POLL_INFINITE` — and after a broker restart a closing member could wait for it past
-    /// `--shutdown-timeout`; librdkafka still sends them before the member leaves, confluentinc/librdkafka#3740).
+    /// sent without waiting for their reply. A synchronous commit waits for the group coordinator without a bound
+    /// in librdkafka (`rd_kafka_commit` waits with `RD_POLL_INFINITE`), so after a broker restart a closing member
+    /// could wait past `--shutdown-timeout` (confluentinc/librdkafka#3740); librdkafka still waits for the replies
+    /// before the member leaves the group, within [`CLOSE_TIMEOUT`].
     closing: AtomicBool,
     /// The engine's shutdown flag (SIGINT/SIGTERM): the drain's commits do not wait for replies either.
     shutdown: Arc<AtomicBool>,
