@@ -544,7 +544,8 @@ fn horizon_locks(db: &Db) -> (i64, i64) {
 }
 
 /// A prune and a batch in flight serialize on the horizon row: with `run`'s batch held inside its transaction
-/// (failpoint: a 4 s sleep before its COMMIT, the horizon row share-locked), `ledger prune` waits for it, then
+/// (failpoint: a 10 s sleep before its COMMIT, the horizon row share-locked — long enough for the prune process
+/// to start and queue behind it on a loaded machine), `ledger prune` waits for it, then
 /// prunes; the batch commits its record once, and the state is exact.
 #[test]
 fn prune_waits_for_the_batch_in_flight() {
@@ -556,7 +557,7 @@ fn prune_waits_for_the_batch_in_flight() {
     let counts0 = counts(&db);
     produce(&topic, &[ev(400, 1, "late", "open", 1, days_ago(0))]);
     let head = ["run", "--config", arg(&long.path)];
-    let envs = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=1*sleep(4000)")];
+    let envs = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=1*sleep(10000)")];
     let mut child = spawn(&head, &envs, long.dir.path(), "run");
     wait_until(
         Duration::from_secs(60),
