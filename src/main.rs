@@ -63,7 +63,7 @@ fn signals_with_deadline(
              exiting with code {EXIT_SHUTDOWN_TIMEOUT}; what was committed stays, records not applied yet \
              (`buffered`) are read again from the checkpoints on restart"
         );
-        // Bounded: when the loop itself is stuck holding the state, the accounting of its last turn.
+        // Bounded: when the loop itself is stuck holding the state, the accounting it last published.
         match state.get() {
             Some(r) => println!("{}", r.tally(Duration::from_secs(1)).line()),
             None => tracing::error!("no accounting line: the engine had not started"),

@@ -44,6 +44,10 @@ pub use types::{Ack, NoAck, Observer, PartState, Polled, Record, Tp};
 /// The engine's state, shared with the source.
 pub type Shared = Arc<Mutex<Core>>;
 
+/// How often the loop publishes its accounting for a report from outside ([`Core::publish`]; ms between
+/// publications, so the loop does not count its buffers for every record).
+const PUBLISH_EVERY: Duration = Duration::from_millis(20);
+
 /// A handle for reporting a run's accounting from outside it (`run`'s `--shutdown-timeout` exit):
 /// [`Reporter::tally`].
 #[derive(Clone)]
@@ -57,7 +61,8 @@ impl Reporter {
     /// partition buffers or open source transactions, in a flush whose outcome is unknown, or dropped with a
     /// batch that did not commit — read again from the checkpoints on restart, where what did commit is
     /// recognised as duplicate). Read under the state's lock when it comes within `wait`; otherwise (a thread
-    /// holding it waits on the database) as published at the loop's last turn ([`Core::publish`]).
+    /// holding it waits on the database) as the loop last published it ([`Core::publish`]: at most
+    /// [`PUBLISH_EVERY`] old, and at the start of a drain).
     pub fn tally(&self, wait: Duration) -> Tally {
         let deadline = Instant::now() + wait;
         loop {
@@ -223,6 +228,7 @@ impl Engine {
             crashed: false,
             unapplied: 0,
             published: Default::default(),
+            published_at: Instant::now(),
             crash_after_batches: opts.crash_after_batches,
             shutdown: opts.shutdown.clone(),
             give_up: opts
@@ -495,6 +501,8 @@ impl Engine {
     /// Applies everything buffered and acknowledges every checkpoint held.
     fn finish(&self, source: &impl Source) -> Result<()> {
         let mut core = lock(&self.core);
+        // What a report from outside reads if this flush waits on the database past --shutdown-timeout.
+        core.publish();
         let r = core.flush(source.ack(), |_, _| true, CommitMode::Sync);
         core.commit_checkpoints(source.ack());
         if let Some((txs, records)) = core.tx.as_ref().map(txbuf::TxBuf::open_counts) {
@@ -517,7 +525,10 @@ impl Engine {
     fn report(&self, now: Instant, last_summary: &mut Instant) {
         let mut core = lock(&self.core);
         let core = &mut *core;
-        core.publish();
+        if now.duration_since(core.published_at) >= PUBLISH_EVERY {
+            core.published_at = now;
+            core.publish();
+        }
         if let Some(obs) = core.observer.as_mut() {
             obs.tick(&core.parts, &core.tally);
         }

@@ -49,12 +49,14 @@ pub struct Core {
     pub(crate) last_commit: Option<Instant>,
     /// `[source] transactions = "atomic"`: the open source transactions (`None`: per record).
     pub(crate) tx: Option<TxBuf>,
-    /// The accounting as of the loop's last turn, readable without this state's lock (a report from outside
+    /// The accounting as the loop last published it, readable without this state's lock (a report from outside
     /// while a thread holding the lock waits on the database: [`crate::engine::Reporter::tally`]).
     pub(crate) published: Arc<Published>,
+    /// When the accounting was last published.
+    pub(crate) published_at: Instant,
 }
 
-/// The accounting published each turn ([`Core::publish`]).
+/// The accounting the loop publishes ([`Core::publish`]).
 #[derive(Debug, Default)]
 pub struct Published {
     /// The tally as of the last committed batch that was published.
