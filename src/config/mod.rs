@@ -141,6 +141,7 @@ mod tests {
             "idle-in-transaction-timeout-ms",
             "sslmode",
             "max-records",
+            "max-bytes",
             "linger-ms",
             "max-record-bytes",
             "path",
@@ -182,6 +183,30 @@ mod tests {
                 "reference.toml does not set `{k}`"
             );
         }
+    }
+
+    /// `batch.max-bytes`: read, defaulted, and a value that is not positive named with its location.
+    #[test]
+    fn max_bytes_is_read_defaulted_and_validated() {
+        let p = parse("reference.toml", REFERENCE).unwrap();
+        assert_eq!(p.max_bytes, 8_388_608);
+        let set = |v: &str| REFERENCE.replace("max-bytes = 8388608", &format!("max-bytes = {v}"));
+        assert_eq!(parse("p.toml", &set("65536")).unwrap().max_bytes, 65536);
+        let unset = REFERENCE.replace("max-bytes = 8388608\n", "");
+        assert_eq!(
+            parse("p.toml", &unset).unwrap().max_bytes,
+            plan::DEFAULT_MAX_BYTES
+        );
+        let e = parse("p.toml", &set("0")).unwrap_err().to_string();
+        let line = 1 + REFERENCE
+            .lines()
+            .position(|l| l.starts_with("max-bytes"))
+            .unwrap();
+        assert!(e.contains(&format!("p.toml:{line}:")), "{e}");
+        assert!(
+            e.contains("`max-bytes` must be a positive whole number"),
+            "{e}"
+        );
     }
 
     #[test]

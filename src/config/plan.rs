@@ -23,6 +23,8 @@ use crate::projection::ProjectionPlan;
 
 /// Default `batch.max-records`.
 pub const DEFAULT_MAX_RECORDS: usize = 5000;
+/// Default `batch.max-bytes` (8 MiB): a partition batch holds at most this many bytes of record keys and values.
+pub const DEFAULT_MAX_BYTES: usize = 8 * 1024 * 1024;
 /// Default `batch.linger-ms`.
 pub const DEFAULT_LINGER_MS: u64 = 50;
 /// Default `batch.max-record-bytes` (8 MiB): larger record values are quarantined as `oversize`.
@@ -50,6 +52,11 @@ pub struct Pipeline {
     pub postgres: PostgresPlan,
     /// Records per partition batch (one transaction), at most.
     pub max_records: usize,
+    /// Bytes of record keys and values per partition batch, at most (a record larger than this is a batch of its
+    /// own). With `max_records`, it bounds what a worker holds: read-ahead stops at `connections` batches' worth of
+    /// either while a flush is in flight, so memory follows the bytes, not only the count, of large records
+    /// (Debezium envelopes with their schema are ~3 KB, rows with large text far more).
+    pub max_bytes: usize,
     /// How long a partial batch may wait for more records.
     pub linger: Duration,
     /// Record values larger than this many bytes are quarantined as `oversize`.
@@ -245,12 +252,13 @@ impl Pipeline {
         format!(
             "1. What identifies a change: the delivery key {key}, claimed in {ledger}.\n\
              2. What orders changes: {order}.\n\
-             3. What commits atomically: one transaction per partition batch (at most {max} records or {linger} ms): ledger \
+             3. What commits atomically: one transaction per partition batch (at most {max} records or {bytes} bytes of keys and values, {linger} ms): ledger \
              claims, projections [{projections}], dead letters and the checkpoint of group `{group}`; the Kafka offset is \
              committed after it.\n\
              4. How long the guarantees survive: {horizon}.",
             ledger = self.ledger.table,
             max = self.max_records,
+            bytes = self.max_bytes,
             linger = self.linger.as_millis(),
             group = self.kafka.group_id,
         )
@@ -279,6 +287,12 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         &raw.batch.max_records,
         "max-records",
         DEFAULT_MAX_RECORDS as u64,
+    )? as usize;
+    let max_bytes = positive(
+        src,
+        &raw.batch.max_bytes,
+        "max-bytes",
+        DEFAULT_MAX_BYTES as u64,
     )? as usize;
     let linger = Duration::from_millis(positive(
         src,
@@ -334,6 +348,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         postgres,
         transactions,
         max_records,
+        max_bytes,
         linger,
         max_record_bytes,
         identity,

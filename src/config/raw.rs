@@ -77,6 +77,7 @@ pub struct RawPostgres {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RawBatch {
     pub max_records: Option<Spanned<i64>>,
+    pub max_bytes: Option<Spanned<i64>>,
     pub linger_ms: Option<Spanned<i64>>,
     pub max_record_bytes: Option<Spanned<i64>>,
 }

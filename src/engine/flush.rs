@@ -14,6 +14,31 @@ use crate::engine::types::{PartState, Tp};
 use crate::error::{Error, Result};
 use crate::sink::{Batch, Item, Sink};
 
+/// How large one partition batch may be: `batch.max-records` and `batch.max-bytes` (keys and values,
+/// [`Item::size`]). A batch holds at least one record, whatever its size.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Records, at most.
+    pub records: usize,
+    /// Bytes of keys and values, at most (unless one record alone is larger).
+    pub bytes: usize,
+}
+
+impl Limits {
+    /// The limits `pipeline` declares.
+    pub fn of(pipeline: &crate::config::Pipeline) -> Limits {
+        Limits {
+            records: pipeline.max_records,
+            bytes: pipeline.max_bytes,
+        }
+    }
+
+    /// Whether a buffer of `records` holding `bytes` makes a full batch.
+    pub fn full(&self, records: usize, bytes: usize) -> bool {
+        records >= self.records || bytes >= self.bytes
+    }
+}
+
 /// One batch of a flush, with its items' partition-by days (empty when not tracked).
 pub struct Cut {
     /// The batch.
@@ -62,11 +87,11 @@ impl Inflight {
     }
 }
 
-/// Takes the buffers of the partitions selected by `which` and cuts them into batches of at most `max`
-/// records, each expecting the checkpoint the previous one leaves.
+/// Takes the buffers of the partitions selected by `which` and cuts them into batches within `max` (records
+/// and bytes), each expecting the checkpoint the previous one leaves.
 pub fn cut(
     parts: &mut BTreeMap<Tp, PartState>,
-    max: usize,
+    max: Limits,
     which: impl Fn(&Tp, &PartState) -> bool,
 ) -> Vec<Cut> {
     cut_bounded(parts, max, which, &|_| None)
@@ -77,7 +102,7 @@ pub fn cut(
 /// to cut below its bound but a checkpoint below it (transaction records applied) gets a batch without records.
 pub fn cut_bounded(
     parts: &mut BTreeMap<Tp, PartState>,
-    max: usize,
+    max: Limits,
     which: impl Fn(&Tp, &PartState) -> bool,
     bound: &dyn Fn(&Tp) -> Option<i64>,
 ) -> Vec<Cut> {
@@ -93,10 +118,12 @@ pub fn cut_bounded(
                 cuts.push(step(tp, st.fence, st.next, l));
             }
             st.buffer = kept.0;
+            st.bytes = st.buffer.iter().map(Item::size).sum();
             st.days = kept.1;
             continue;
         }
         st.buffer = kept.0;
+        st.bytes = st.buffer.iter().map(Item::size).sum();
         st.days = kept.1;
         st.oldest = if st.buffer.is_empty() {
             None
@@ -106,7 +133,7 @@ pub fn cut_bounded(
         let mut expected = st.next;
         let mut it = items.into_iter().peekable();
         while it.peek().is_some() {
-            let chunk: Vec<Item> = it.by_ref().take(max).collect();
+            let chunk = take_batch(&mut it, max);
             let mut end = chunk.last().expect("non-empty").offset + 1;
             if let (None, Some(l)) = (it.peek(), limit) {
                 // The last chunk: past the transaction records applied before the bound.
@@ -156,6 +183,27 @@ fn take_below(st: &mut PartState, limit: Option<i64>) -> Taken {
         Vec::new()
     };
     (items, (rest, rest_days), days.into_iter(), tracked)
+}
+
+/// The next batch of `items`: records while within `max` (records and bytes), at least one.
+fn take_batch(
+    items: &mut std::iter::Peekable<impl Iterator<Item = Item>>,
+    max: Limits,
+) -> Vec<Item> {
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    while chunk.len() < max.records {
+        let Some(next) = items.peek() else {
+            break;
+        };
+        let size = next.size();
+        if !chunk.is_empty() && bytes + size > max.bytes {
+            break;
+        }
+        bytes += size;
+        chunk.push(items.next().expect("peeked"));
+    }
+    chunk
 }
 
 /// A batch without records moving `tp`'s checkpoint from `from` (`None`: none yet) to `to`.
@@ -280,7 +328,11 @@ mod tests {
         parts.insert(("t".to_string(), 1), b);
         parts.insert(("t".to_string(), 2), PartState::new(1, 0, None));
 
-        let cuts = cut(&mut parts, 2, |_, _| true);
+        let max = Limits {
+            records: 2,
+            bytes: usize::MAX,
+        };
+        let cuts = cut(&mut parts, max, |_, _| true);
         let shape: Vec<(i32, i64, Option<i64>, i64, usize, usize)> = cuts
             .iter()
             .map(|c| {
@@ -318,10 +370,72 @@ mod tests {
             st.buffer.push(item(0));
             parts.insert(("t".to_string(), p), st);
         }
-        let cuts = cut(&mut parts, 100, |tp, _| tp.1 == 1);
+        let max = Limits {
+            records: 100,
+            bytes: usize::MAX,
+        };
+        let cuts = cut(&mut parts, max, |tp, _| tp.1 == 1);
         assert_eq!(cuts.len(), 1);
         assert_eq!(cuts[0].batch.partition, 1);
         assert_eq!(parts[&("t".to_string(), 0)].buffered(), 1);
         assert_eq!(parts[&("t".to_string(), 1)].buffered(), 0);
+    }
+
+    /// `batch.max-bytes`: a batch ends before the record that would take it past the byte limit, a record larger
+    /// than the limit is a batch of its own, and the record limit still applies; the bytes left buffered are
+    /// counted again.
+    #[test]
+    fn cut_splits_batches_by_bytes_of_keys_and_values() {
+        let sized = |offset: i64, key: usize, value: usize| Item {
+            key: Some(vec![b'k'; key]),
+            value: Some(vec![b'v'; value]),
+            ..item(offset)
+        };
+        let mut parts = BTreeMap::new();
+        let mut a = PartState::new(1, 0, Some(0));
+        // sizes 40, 40, 30 | 250 | 10, 10, 10 | 10 (records limit 3)
+        for (o, k, v) in [
+            (0, 10, 30),
+            (1, 0, 40),
+            (2, 5, 25),
+            (3, 50, 200),
+            (4, 0, 10),
+            (5, 0, 10),
+            (6, 0, 10),
+            (7, 0, 10),
+        ] {
+            let it = sized(o, k, v);
+            a.bytes += it.size();
+            a.buffer.push(it);
+        }
+        assert_eq!(a.buffered_bytes(), 400);
+        parts.insert(("t".to_string(), 0), a);
+        let max = Limits {
+            records: 3,
+            bytes: 110,
+        };
+        assert!(max.full(3, 0) && max.full(0, 110) && !max.full(2, 109));
+        let cuts = cut(&mut parts, max, |_, _| true);
+        let shape: Vec<(Option<i64>, i64, Vec<i64>)> = cuts
+            .iter()
+            .map(|c| {
+                let b = &c.batch;
+                (
+                    b.expected,
+                    b.end,
+                    b.items.iter().map(|i| i.offset).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (Some(0), 3, vec![0, 1, 2]),
+                (Some(3), 4, vec![3]),
+                (Some(4), 7, vec![4, 5, 6]),
+                (Some(7), 8, vec![7]),
+            ]
+        );
+        assert_eq!(parts[&("t".to_string(), 0)].buffered_bytes(), 0);
     }
 }

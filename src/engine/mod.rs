@@ -454,9 +454,8 @@ impl Engine {
     fn maybe_flush(&self, source: &impl Source, now: Instant) -> Result<()> {
         let mut core = lock(&self.core);
         let in_flight = core.inflight.as_ref().map(flush::Inflight::is_finished);
-        let cap = self.pipeline.max_records * self.pipeline.postgres.connections;
         let running = in_flight == Some(false);
-        if core.due(now) && !(running && core.buffered() < cap) {
+        if core.due(now) && !(running && !core.read_ahead_full()) {
             core.settle(source.ack(), CommitMode::Async)?;
             if !core.crashed {
                 core.launch(|_, st| st.buffered() > 0);

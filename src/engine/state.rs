@@ -111,6 +111,21 @@ impl Core {
         self.parts.values().map(|s| s.buffer.len()).sum()
     }
 
+    /// Bytes of the records buffered in all partitions (keys and values, [`crate::sink::Item::size`]).
+    pub fn buffered_bytes(&self) -> usize {
+        self.parts.values().map(|s| s.bytes).sum()
+    }
+
+    /// Whether the buffers hold `connections` batches' worth (`batch.max-records` × `postgres.connections`
+    /// records, or `batch.max-bytes` × `postgres.connections` bytes): polling waits for the flush in flight, and
+    /// a flush is due, so that what a worker holds stays within two such amounts (buffered and in flight).
+    pub fn read_ahead_full(&self) -> bool {
+        let n = self.pipeline.postgres.connections;
+        let max = flush::Limits::of(&self.pipeline);
+        self.buffered() >= max.records.saturating_mul(n)
+            || self.buffered_bytes() >= max.bytes.saturating_mul(n)
+    }
+
     /// The runtime the database work runs on.
     pub fn runtime(&self) -> tokio::runtime::Handle {
         self.rt.clone()
@@ -157,6 +172,7 @@ impl Core {
         if st.buffer.is_empty() {
             st.oldest = Some(Instant::now());
         }
+        st.bytes += item.size();
         st.buffer.push(item);
         if track_days {
             st.days.push(day);
@@ -173,12 +189,14 @@ impl Core {
         {
             return true;
         }
-        self.parts.values().any(|st| {
-            st.buffer.len() >= self.pipeline.max_records
-                || st
-                    .oldest
-                    .is_some_and(|t| now.duration_since(t) >= self.pipeline.linger)
-        })
+        let max = flush::Limits::of(&self.pipeline);
+        self.read_ahead_full()
+            || self.parts.values().any(|st| {
+                max.full(st.buffer.len(), st.bytes)
+                    || st
+                        .oldest
+                        .is_some_and(|t| now.duration_since(t) >= self.pipeline.linger)
+            })
     }
 
     /// When the oldest buffered record's linger ends.
@@ -216,10 +234,13 @@ impl Core {
     pub fn launch(&mut self, which: impl Fn(&Tp, &PartState) -> bool) {
         debug_assert!(self.inflight.is_none(), "one flush in flight at most");
         let cuts = match self.tx.as_mut() {
-            None => flush::cut(&mut self.parts, self.pipeline.max_records, which),
-            Some(t) => {
-                crate::engine::txbuf::cuts(t, &mut self.parts, self.pipeline.max_records, which)
-            }
+            None => flush::cut(&mut self.parts, flush::Limits::of(&self.pipeline), which),
+            Some(t) => crate::engine::txbuf::cuts(
+                t,
+                &mut self.parts,
+                flush::Limits::of(&self.pipeline),
+                which,
+            ),
         };
         self.launch_cuts(cuts);
     }
@@ -291,6 +312,7 @@ impl Core {
                         }
                         if let Some(st) = self.parts.get_mut(&tp) {
                             st.buffer.clear();
+                            st.bytes = 0;
                             st.days.clear();
                             st.oldest = None;
                             st.next = Some(at);

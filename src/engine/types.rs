@@ -106,6 +106,8 @@ pub struct PartState {
     /// Checkpoint in the database: next offset to read (`None`: nothing committed yet).
     pub next: Option<i64>,
     pub(crate) buffer: Vec<Item>,
+    /// Bytes of the buffered records' keys and values ([`Item::size`]).
+    pub(crate) bytes: usize,
     /// Partition-by day per buffered item (only when the decision tracks days).
     pub(crate) days: Vec<Option<NaiveDate>>,
     pub(crate) oldest: Option<Instant>,
@@ -119,6 +121,7 @@ impl PartState {
             start,
             next,
             buffer: Vec::new(),
+            bytes: 0,
             days: Vec::new(),
             oldest: None,
         }
@@ -127,5 +130,10 @@ impl PartState {
     /// Records buffered, not yet launched.
     pub fn buffered(&self) -> usize {
         self.buffer.len()
+    }
+
+    /// Bytes of the records buffered, not yet launched.
+    pub fn buffered_bytes(&self) -> usize {
+        self.bytes
     }
 }

@@ -41,6 +41,13 @@ pub struct Item {
     pub pending: Pending,
 }
 
+impl Item {
+    /// Bytes of the record's key and value as consumed: what `batch.max-bytes` counts.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len)
+    }
+}
+
 /// A batch of one partition: offsets ascending, applied in one transaction.
 #[derive(Debug, Clone)]
 pub struct Batch {

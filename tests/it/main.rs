@@ -2,6 +2,7 @@
 //! Each test uses its own topic, consumer group and schema, and asserts final database state.
 
 mod backfill;
+mod batches;
 mod break11;
 mod break13;
 mod breakit;

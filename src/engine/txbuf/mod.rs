@@ -418,7 +418,7 @@ fn parts(records: BTreeMap<(Tp, i64), (Item, Vec<String>)>, end: Option<(Tp, Ite
 pub fn cuts(
     t: &mut TxBuf,
     parts: &mut BTreeMap<Tp, PartState>,
-    max: usize,
+    max: flush::Limits,
     which: impl Fn(&Tp, &PartState) -> bool,
 ) -> Vec<Cut> {
     let mut cuts: Vec<Cut> = t
