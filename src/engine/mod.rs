@@ -455,7 +455,8 @@ impl Engine {
         let mut core = lock(&self.core);
         let in_flight = core.inflight.as_ref().map(flush::Inflight::is_finished);
         let running = in_flight == Some(false);
-        if core.due(now) && !(running && !core.read_ahead_full()) {
+        // A flush in flight is waited for only once the read-ahead is full ([`Core::read_ahead_full`]).
+        if core.due(now) && (!running || core.read_ahead_full()) {
             core.settle(source.ack(), CommitMode::Async)?;
             if !core.crashed {
                 core.launch(|_, st| st.buffered() > 0);
