@@ -61,12 +61,23 @@ struct Window {
     /// Records held at most: `batch.max-records` × `postgres.connections` × 5 (enough to span several of a
     /// kcat file's runs of one partition, ~10,000–15,000 records each), at least one chunk, at most 100,000.
     cap: usize,
+    /// Bytes of keys and values held.
+    bytes: usize,
+    /// Bytes held at most: `batch.max-bytes` × `postgres.connections` (large records: memory follows their
+    /// bytes, not only their count). One chunk may pass it.
+    cap_bytes: usize,
+}
+
+/// Bytes of a record's key and value, as `batch.max-bytes` counts them.
+fn size(r: &Record) -> usize {
+    r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len)
 }
 
 impl Window {
     fn put(&mut self, chunk: Vec<Read>) {
         for (line, r) in chunk {
             self.held += 1;
+            self.bytes += size(&r);
             match self.queues.iter_mut().find(|(tp, _)| *tp == r.tp) {
                 Some((_, q)) => q.push_back((line, r)),
                 None => self
@@ -84,6 +95,7 @@ impl Window {
             if let Some(read) = self.queues[at].1.pop_front() {
                 self.turn = (at + 1) % n;
                 self.held -= 1;
+                self.bytes -= size(&read.1);
                 return Some(read);
             }
         }
@@ -132,6 +144,9 @@ impl File {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Read>>>(4);
         let pipeline = lock(&core).pipeline.clone();
         let cap = (pipeline.max_records * pipeline.postgres.connections * 5).clamp(CHUNK, 100_000);
+        let cap_bytes = pipeline
+            .max_bytes
+            .saturating_mul(pipeline.postgres.connections);
         let reader = {
             let path = path.to_path_buf();
             std::thread::spawn(move || {
@@ -150,6 +165,8 @@ impl File {
                 turn: 0,
                 held: 0,
                 cap,
+                bytes: 0,
+                cap_bytes,
             },
             failed: None,
             seen: HashMap::new(),
@@ -182,7 +199,7 @@ impl File {
     /// Fills the window from the reader: without waiting while it holds records, else up to `timeout` for
     /// the next chunk. Marks the end of the file, or keeps the reader's error for after the window.
     fn read_ahead(&mut self, timeout: Duration) {
-        while self.window.held < self.window.cap {
+        while self.window.held < self.window.cap && self.window.bytes < self.window.cap_bytes {
             let Some(rx) = &self.rx else {
                 return;
             };
@@ -349,4 +366,44 @@ pub fn end_of(ends: &[i64], partition: i32) -> i64 {
         .ok()
         .and_then(|i| ends.get(i).copied())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(partition: i32, offset: i64, value: usize) -> Read {
+        let r = Record {
+            tp: ("t".to_string(), partition),
+            offset,
+            timestamp_ms: None,
+            key: Some(b"k".to_vec()),
+            value: Some(vec![b'v'; value]),
+            old_key: None,
+            decided: None,
+        };
+        (offset as usize + 1, r)
+    }
+
+    /// The window counts the bytes of keys and values it holds (what its `batch.max-bytes` × `connections` cap
+    /// reads) and hands partitions out in turn, each in file order.
+    #[test]
+    fn window_counts_bytes_and_takes_partitions_in_turn() {
+        let mut w = Window {
+            queues: Vec::new(),
+            turn: 0,
+            held: 0,
+            cap: 100,
+            bytes: 0,
+            cap_bytes: 1000,
+        };
+        w.put(vec![rec(0, 0, 99), rec(0, 1, 199), rec(1, 0, 299)]);
+        assert_eq!((w.held, w.bytes), (3, 600));
+        let mut order = Vec::new();
+        while let Some((_, r)) = w.take() {
+            order.push((r.tp.1, r.offset, w.bytes));
+        }
+        assert_eq!(order, vec![(0, 0, 500), (1, 0, 200), (0, 1, 0)]);
+        assert_eq!(w.held, 0);
+    }
 }
