@@ -64,7 +64,7 @@ struct Window {
     /// Bytes of keys and values held.
     bytes: usize,
     /// Bytes held at most: `batch.max-bytes` × `postgres.connections` (large records: memory follows their
-    /// bytes, not only their count). One chunk may pass it.
+    /// bytes, not only their count). One chunk (≤ `max-bytes` and one record) may pass it.
     cap_bytes: usize,
 }
 
@@ -315,8 +315,9 @@ impl Source for File {
     }
 }
 
-/// The reader thread: parses kcat lines, checks the topic, decides each record, and sends them in chunks; the
-/// first bad line ends the stream with an error naming `file:line`.
+/// The reader thread: parses kcat lines, checks the topic, decides each record, and sends them in chunks of
+/// [`CHUNK`] records or `batch.max-bytes` bytes of keys and values (whichever comes first; the channel holds 4);
+/// the first bad line ends the stream with an error naming `file:line`.
 fn read_file(
     pipeline: &Pipeline,
     (path, quarantine_invalid_utf8): (&Path, bool),
@@ -327,6 +328,7 @@ fn read_file(
     let mut line = Vec::new();
     let mut n = 0usize;
     let mut chunk = Vec::with_capacity(CHUNK);
+    let mut chunk_bytes = 0usize;
     let end = loop {
         line.clear();
         match reader.read_until(b'\n', &mut line) {
@@ -341,15 +343,18 @@ fn read_file(
             Err(e) => not_utf8(pipeline, &line, e, (&at(n), quarantine_invalid_utf8)),
         };
         match record {
-            Ok(r) => chunk.push((n, r)),
+            Ok(r) => {
+                chunk_bytes += size(&r);
+                chunk.push((n, r));
+            }
             Err(e) => break Err(e),
         }
-        if chunk.len() >= CHUNK
-            && tx
-                .send(Ok(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK))))
-                .is_err()
-        {
-            return;
+        if chunk.len() >= CHUNK || chunk_bytes >= pipeline.max_bytes {
+            chunk_bytes = 0;
+            let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
+            if tx.send(Ok(full)).is_err() {
+                return;
+            }
         }
     };
     if !chunk.is_empty() && tx.send(Ok(chunk)).is_err() {

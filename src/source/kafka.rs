@@ -35,7 +35,13 @@ pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) 
         // ~10× under lz4: at 1 MiB, librdkafka held 177 MiB of decompressed batches (heaptrack) and a CDC run
         // peaked at 322 MiB RSS; at 256 KiB, 210 MiB, events/s unchanged, the seed first pass 101–111 MiB
         // (was 127–138). A record batch larger than this is still fetched whole (Kafka's fetch protocol).
-        .set("fetch.message.max.bytes", "262144");
+        // Not set when the pipeline names it under either name: librdkafka applies a ClientConfig's entries in
+        // hash order, so a default beside the alias would win in some processes and not in others.
+        ;
+    let named = |k: &str| p.kafka.properties.iter().chain(extra).any(|(e, _)| e == k);
+    if !named("fetch.message.max.bytes") && !named("max.partition.fetch.bytes") {
+        c.set("fetch.message.max.bytes", "262144");
+    }
     for (k, v) in &p.kafka.properties {
         c.set(k, v);
     }
@@ -295,5 +301,14 @@ mod tests {
         let p = crate::config::parse("p.toml", &text).unwrap();
         let c = consumer_config(&p, "127.0.0.1:9092", &[]);
         assert_eq!(c.get("fetch.message.max.bytes"), Some("1048576"));
+        // The Java client's name is librdkafka's alias: the default is not set beside it.
+        let text = text.replace(
+            "\"fetch.message.max.bytes\"",
+            "\"max.partition.fetch.bytes\"",
+        );
+        let p = crate::config::parse("p.toml", &text).unwrap();
+        let c = consumer_config(&p, "127.0.0.1:9092", &[]);
+        assert_eq!(c.get("fetch.message.max.bytes"), None);
+        assert_eq!(c.get("max.partition.fetch.bytes"), Some("1048576"));
     }
 }
