@@ -57,9 +57,7 @@ impl Open {
 
     /// Adds a record; returns the bytes added (net of a replaced copy).
     fn add(&mut self, tp: &Tp, item: Item, collections: Vec<String>) -> isize {
-        let size =
-            |i: &Item| i.value.as_ref().map_or(0, Vec::len) + i.key.as_ref().map_or(0, Vec::len);
-        let added = size(&item) as isize;
+        let added = item.size() as isize;
         let old = self
             .records
             .insert((tp.clone(), item.offset), (item, collections.clone()));
@@ -68,7 +66,7 @@ impl Open {
                 for c in cs {
                     *self.per.entry(c).or_default() -= 1;
                 }
-                size(&i) as isize
+                i.size() as isize
             }
             None => 0,
         };
