@@ -36,11 +36,15 @@ pub fn match_statement(p: &Pipeline) -> String {
         names.push(format!("p{j}"));
         select.push(format!("u.p{j} AS \"_pass_{j}\""));
     }
-    let key: Vec<String> = ledger_pk(p)
+    // The key row compared whole is what the ledger's hash index holds ([`super::ledger::key_row`]); the
+    // columns compared one by one use a primary key of the earlier layout.
+    let mut key: Vec<String> = ledger_pk(p)
         .into_iter()
         .skip(1)
         .map(|c| format!("l.{c} = d.{c}"))
         .collect();
+    let d_key = super::ledger::key_row(p, "d").replacen("d.generation", "$1::text", 1);
+    key.push(format!("{} = {d_key}", super::ledger::key_row(p, "l")));
     let mut cols = vec![
         "_generation".to_string(),
         "_topic".into(),

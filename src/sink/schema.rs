@@ -53,6 +53,20 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             .map_err(|e| schema_error("creating replaysafe tables", &stmt, e))?;
     }
     upgrade_old_ledger(&tx, p).await?;
+    // A ledger of the primary-key layout has no key type; `projection build`'s match reads keys through it.
+    let key_type: Option<String> = tx
+        .query_one(
+            "SELECT to_regtype($1)::text",
+            &[&ledger::key_type(p).to_string()],
+        )
+        .await?
+        .get(0);
+    if key_type.is_none() {
+        let stmt = ledger::create_key_type(p);
+        tx.batch_execute(&stmt)
+            .await
+            .map_err(|e| schema_error("creating the ledger's key type", &stmt, e))?;
+    }
     let resolvable: bool = tx
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
@@ -405,7 +419,28 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
             Some(_) => {}
         }
     }
-    // The primary key must be exactly what the pipeline deduplicates on.
+    let want: Vec<String> = ledger::ledger_pk(p)
+        .iter()
+        .map(|c| c.trim_matches('"').to_string())
+        .collect();
+    if ledger::key_is_hashed(&*client, p).await? {
+        return check_key_constraint(client, p, &want).await;
+    }
+    // A ledger of the earlier layout: its primary key must be exactly what the pipeline deduplicates on, and
+    // its key type (created by the owner's `init`) must exist.
+    let key_type = ledger::key_type(p).to_string();
+    let typed: bool = client
+        .query_one("SELECT to_regtype($1) IS NOT NULL", &[&key_type])
+        .await?
+        .get(0);
+    if !typed {
+        return Err(Error::Schema(format!(
+            "ledger {} has no key type {key_type} (a ledger created before it): as the ledger's owner run \
+             `replaysafe init --config FILE`, or `{}`",
+            p.ledger.table,
+            ledger::create_key_type(p)
+        )));
+    }
     let pk: Vec<String> = client
         .query(
             "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid \
@@ -417,10 +452,6 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
         .iter()
         .map(|r| r.get::<_, String>(0))
         .collect();
-    let want: Vec<String> = ledger::ledger_pk(p)
-        .iter()
-        .map(|c| c.trim_matches('"').to_string())
-        .collect();
     if pk != want {
         return Err(Error::Schema(format!(
             "ledger {} primary key is ({}), the pipeline's delivery key needs ({})",
@@ -430,6 +461,36 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A ledger without a primary key keeps its delivery keys by [`ledger::key_constraint`]: its key type's fields
+/// must be `want` (the pipeline's [`ledger::ledger_pk`]), and every day partition (the table itself when not
+/// partitioned) must hold an exclusion constraint.
+///
+/// # Errors
+/// [`Error::Schema`] naming what differs or which table lacks the constraint.
+async fn check_key_constraint(client: &Client, p: &Pipeline, want: &[String]) -> Result<()> {
+    let key_type = ledger::key_type(p).to_string();
+    let have: Vec<String> = client
+        .query(
+            "SELECT a.attname::text FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid \
+             WHERE t.oid = to_regtype($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&key_type],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if have != want {
+        return Err(Error::Schema(format!(
+            "ledger {} has no primary key and its delivery-key type {key_type} is ({}); the pipeline's delivery \
+             key needs ({})",
+            p.ledger.table,
+            have.join(", "),
+            want.join(", ")
+        )));
+    }
+    ledger::require_key_constraints(client, p).await
 }
 
 /// Prepares every statement a batch runs, so a projection that names a missing table or column fails before

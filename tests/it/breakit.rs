@@ -563,6 +563,7 @@ fn a_missing_day_partition_under_no_ddl_with_small_batches_skips_nothing() {
     replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
     db.execute(
         "CREATE TABLE {s}.replaysafe_ledger_p20260701 PARTITION OF {s}.replaysafe_ledger \
+         (EXCLUDE USING hash ((ROW(generation, id, day)::{s}.replaysafe_ledger_key) WITH =)) \
          FOR VALUES FROM ('2026-07-01') TO ('2026-07-02')",
     );
     let again = replaysafe(&[

@@ -284,6 +284,7 @@ fn c36_ledger_claims_wait_on_the_smallest_key_holding_no_other() {
     // The day partition the worker would create first.
     db.execute(
         "CREATE TABLE {s}.processed_events_p20240425 PARTITION OF {s}.processed_events \
+         (EXCLUDE USING hash ((ROW(generation, event_id, day)::{s}.processed_events_key) WITH =)) \
          FOR VALUES FROM ('2024-04-25') TO ('2024-04-26')",
     );
     let (s, s_pid) = session(&db);

@@ -26,6 +26,7 @@ mod hardening;
 mod health;
 mod horizon;
 mod keys_drift;
+mod ledger_key;
 mod lifecycle;
 mod load_safety;
 mod lock_order;

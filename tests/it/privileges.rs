@@ -198,7 +198,9 @@ fn a_dml_only_role_runs_the_pipeline_after_init_by_the_owner() {
     // An expired day partition (40 days back, horizon 30) the owner left: a --no-ddl run must not drop it.
     let old = today.checked_sub_days(Days::new(40)).unwrap();
     db.execute(&format!(
-        "CREATE TABLE {{s}}.replaysafe_ledger_p{} PARTITION OF {{s}}.replaysafe_ledger FOR VALUES FROM ('{old}') TO ('{}')",
+        "CREATE TABLE {{s}}.replaysafe_ledger_p{} PARTITION OF {{s}}.replaysafe_ledger \
+         (EXCLUDE USING hash ((ROW(generation, event_id, day)::{{s}}.replaysafe_ledger_key) WITH =)) \
+         FOR VALUES FROM ('{old}') TO ('{}')",
         old.format("%Y%m%d"),
         old.succ_opt().unwrap()
     ));

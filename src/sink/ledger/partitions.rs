@@ -48,6 +48,39 @@ pub async fn existing_partitions(
         .collect())
 }
 
+/// The tables of a [`super::key_is_hashed`] ledger that would take its rows without its delivery-key
+/// constraint ([`super::key_constraint`]): the unpartitioned ledger itself, or day partitions attached by hand
+/// without it (a partition of a ledger with a primary key inherits that, so the list is then empty). Read at
+/// start and whenever this process creates or looks up day partitions.
+///
+/// # Errors
+/// [`Error::Postgres`]; [`Error::Schema`] naming the tables and the constraint to add when any is found.
+pub async fn require_key_constraints(client: &impl GenericClient, p: &Pipeline) -> Result<()> {
+    let unguarded: Vec<String> = client
+        .query(
+            "SELECT c.oid::regclass::text FROM pg_class c WHERE NOT EXISTS (SELECT 1 FROM pg_index \
+             WHERE indrelid = to_regclass($1) AND indisprimary) AND (c.oid = to_regclass($1) AND c.relkind = 'r' \
+             OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))) \
+             AND NOT EXISTS (SELECT 1 FROM pg_constraint x WHERE x.conrelid = c.oid AND x.contype = 'x') \
+             ORDER BY 1",
+            &[&p.ledger.table.to_string()],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if unguarded.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Schema(format!(
+        "ledger {}: {} hold(s) no delivery-key constraint, so a key could be claimed twice there (a day partition \
+         made by hand? `replaysafe init --days N` makes them with it); add it to each: ALTER TABLE … ADD {}",
+        p.ledger.table,
+        unguarded.join(", "),
+        super::key_constraint(p)
+    )))
+}
+
 /// Creates the day partitions in `days` that are not in `known` (and adds them to `known`), under the DDL lock
 /// — except days older than the ledger's claim horizon, which are never (re-)created: their records are
 /// quarantined by the claim. `floor` caches the oldest claimable day last seen (it only moves forward; the
@@ -80,9 +113,11 @@ pub async fn ensure_partitions(
         .into_iter()
         .filter(|d| horizon.oldest.is_none_or(|o| *d >= o))
         .collect();
+    let hashed = super::key_is_hashed(&tx, p).await?;
     for day in &create {
-        tx.batch_execute(&create_partition(p, *day)).await?;
+        tx.batch_execute(&create_partition(p, *day, hashed)).await?;
     }
+    require_key_constraints(&tx, p).await?;
     tx.commit().await?;
     known.extend(create);
     Ok(())
@@ -157,6 +192,9 @@ async fn require_partitions(
     *known = existing_partitions(&*client, p)
         .await
         .map_err(crate::sink::error::from_error)?;
+    require_key_constraints(&*client, p)
+        .await
+        .map_err(crate::sink::error::from_error)?;
     let horizon = claim_horizon(&*client, horizon_statement(p).as_str(), p)
         .await
         .map_err(|e| classify(e, false))?;
@@ -174,7 +212,13 @@ async fn require_partitions(
         .num_days()
         .max(1);
     let names: Vec<String> = missing.iter().map(|d| partition_name(p, *d)).collect();
-    let sql: Vec<String> = missing.iter().map(|d| create_partition(p, *d)).collect();
+    let hashed = super::key_is_hashed(&*client, p)
+        .await
+        .map_err(crate::sink::error::from_error)?;
+    let sql: Vec<String> = missing
+        .iter()
+        .map(|d| create_partition(p, *d, hashed))
+        .collect();
     Err(ApplyError::Fatal(Error::Other(format!(
         "ledger {}: no day partition {} for event day(s) {} of {}/{} (offsets {}..{}), and this process creates \
          none (manage-schema = false or run --no-ddl). Nothing of this batch was committed; its records are read \
@@ -192,11 +236,17 @@ async fn require_partitions(
 }
 
 /// `CREATE TABLE IF NOT EXISTS … PARTITION OF` the ledger for `day` (dates rendered by chrono: digits and dashes
-/// only, never input text).
-fn create_partition(p: &Pipeline, day: NaiveDate) -> String {
+/// only, never input text), holding the delivery-key constraint when `hashed` ([`super::key_is_hashed`]; a
+/// ledger with a primary key passes it on to its partitions itself).
+fn create_partition(p: &Pipeline, day: NaiveDate, hashed: bool) -> String {
     let next = day.checked_add_days(Days::new(1)).unwrap_or(day);
+    let key = if hashed {
+        format!(" ({})", super::key_constraint(p))
+    } else {
+        String::new()
+    };
     format!(
-        "CREATE TABLE IF NOT EXISTS {}.\"{}\" PARTITION OF {} FOR VALUES FROM ('{}') TO ('{}')",
+        "CREATE TABLE IF NOT EXISTS {}.\"{}\" PARTITION OF {}{key} FOR VALUES FROM ('{}') TO ('{}')",
         p.ledger.table.schema,
         partition_name(p, day),
         p.ledger.table,

@@ -1,0 +1,129 @@
+//! The ledger's delivery keys are kept by an exclusion constraint over a hash index on each day partition
+//! (issue 15: ledger ≤ 100 bytes/event), not by a primary key: PostgreSQL itself refuses a second row of a key —
+//! from any writer, replaysafe or not —, a replay claims nothing twice, and a day partition made by hand without
+//! the constraint is refused before anything is claimed into it.
+
+use crate::common::*;
+use crate::core::{counts, seed_events, SEED};
+
+#[test]
+fn postgres_refuses_a_second_row_of_a_delivery_key_and_a_replay_claims_nothing_twice() {
+    let (db, topic) = stage("hashkey", 3);
+    let (mut recs, truth) = seed_events(600, 3);
+    // Redeliveries of 20 events on another partition (a producer retry after a failover).
+    let again: Vec<Rec> = recs[..20]
+        .iter()
+        .map(|r| {
+            Rec::json(
+                (r.partition + 1) % 3,
+                "k",
+                std::str::from_utf8(r.value.as_ref().unwrap()).unwrap(),
+                1_714_003_200_000,
+            )
+        })
+        .collect();
+    recs.extend(again);
+    produce(&topic, &recs);
+    let first = run_text(
+        &SEED.replace("max-records = 200", "max-records = 1"),
+        &topic,
+        &unique("g"),
+        &db,
+    );
+    assert_eq!(counts(&db), truth);
+    let t = first.tally();
+    assert_eq!((t.landed, t.duplicate), (600, 20), "{}", first.stdout);
+    // A replay of everything by a fresh group, in batches of 5,000: all duplicates, nothing counted again.
+    let replay = run_text(
+        &SEED.replace("max-records = 200", "max-records = 5000"),
+        &topic,
+        &unique("g"),
+        &db,
+    );
+    let t = replay.tally();
+    assert_eq!((t.landed, t.duplicate), (0, 620), "{}", replay.stdout);
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
+
+    // The layout: no primary key; every day partition holds the exclusion constraint on the key type.
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM pg_index WHERE indrelid = '{s}.replaysafe_ledger'::regclass AND indisprimary"
+        ),
+        0
+    );
+    let unguarded = db.i64(
+        "SELECT count(*) FROM pg_inherits i WHERE i.inhparent = '{s}.replaysafe_ledger'::regclass AND NOT EXISTS \
+         (SELECT 1 FROM pg_constraint x JOIN pg_index ix ON ix.indexrelid = x.conindid JOIN pg_am a \
+          ON a.oid = (SELECT relam FROM pg_class WHERE oid = ix.indexrelid) \
+          WHERE x.conrelid = i.inhrelid AND x.contype = 'x' AND a.amname = 'hash')",
+    );
+    assert_eq!(unguarded, 0);
+    assert!(
+        db.i64(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = '{s}.replaysafe_ledger'::regclass"
+        ) >= 6
+    );
+
+    // Another writer (by hand, not replaysafe): the same key is refused by PostgreSQL (23P01), the same
+    // event id of another stream generation is another key.
+    let (id, day): (String, String) = {
+        let r = &db.query(
+            "SELECT event_id::text, day::text FROM {s}.replaysafe_ledger LIMIT 1",
+            &[],
+        )[0];
+        (r.get(0), r.get(1))
+    };
+    let insert = |generation: &str| {
+        format!(
+            "INSERT INTO {{s}}.replaysafe_ledger (\"offset\", day, _source_id, generation, event_id) \
+             VALUES (0, '{day}', 1, '{generation}', '{id}')"
+        )
+    };
+    let sql = insert("").replace("{s}", &format!("\"{}\"", db.schema));
+    let err = db
+        .rt
+        .block_on(db.client.batch_execute(&sql))
+        .expect_err("a second row of a key");
+    assert_eq!(err.code().map(|c| c.code()), Some("23P01"), "{err:?}");
+    db.execute(&insert("g2"));
+    assert_eq!(
+        db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE event_id = '{id}'"
+        )),
+        2
+    );
+}
+
+#[test]
+fn a_day_partition_made_by_hand_without_the_key_constraint_is_refused_before_any_claim() {
+    let (db, topic) = stage("hashkeyhand", 1);
+    let (recs, truth) = seed_events(60, 1);
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("g"), &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    db.execute(
+        "CREATE TABLE {s}.replaysafe_ledger_p20240425 PARTITION OF {s}.replaysafe_ledger \
+         FOR VALUES FROM ('2024-04-25') TO ('2024-04-26')",
+    );
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("replaysafe_ledger_p20240425")
+            && out.stderr.contains("no delivery-key constraint")
+            && out.stderr.contains("EXCLUDE USING hash"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_checkpoints"), 0);
+
+    // With the constraint the error names, the same partition takes the claims.
+    db.execute(
+        "ALTER TABLE {s}.replaysafe_ledger_p20240425 ADD \
+         EXCLUDE USING hash ((ROW(generation, event_id, day)::{s}.replaysafe_ledger_key) WITH =)",
+    );
+    run_caught_up(&p.path);
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 60);
+}
