@@ -423,7 +423,7 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
         .iter()
         .map(|c| c.trim_matches('"').to_string())
         .collect();
-    if ledger::key_is_hashed(&*client, p).await? {
+    if ledger::key_is_hashed(client, p).await? {
         return check_key_constraint(client, p, &want).await;
     }
     // A ledger of the earlier layout: its primary key must be exactly what the pipeline deduplicates on, and
