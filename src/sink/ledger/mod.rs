@@ -42,16 +42,22 @@ pub fn ledger_field_columns(p: &Pipeline) -> Vec<usize> {
     cols
 }
 
-/// The ledger primary key columns: generation, key fields, partition-by field.
-pub fn ledger_pk(p: &Pipeline) -> Vec<String> {
-    let mut pk = vec!["generation".to_string()];
+/// The fields of the delivery key as the ledger keeps it: the key fields, then the partition-by field.
+fn key_fields(p: &Pipeline) -> Vec<usize> {
     let mut idx = p.identity.key.clone();
     if let Some(pb) = p.identity.partition_by {
         if !idx.contains(&pb) {
             idx.push(pb);
         }
     }
-    pk.extend(idx.iter().map(|&i| p.fields[i].name.to_string()));
+    idx
+}
+
+/// The ledger's delivery-key columns: generation, key fields, partition-by field (a primary key of a ledger of
+/// the earlier layout; the fields of [`key_type`]).
+pub fn ledger_pk(p: &Pipeline) -> Vec<String> {
+    let mut pk = vec!["generation".to_string()];
+    pk.extend(key_fields(p).iter().map(|&i| p.fields[i].name.to_string()));
     pk
 }
 
@@ -75,14 +81,9 @@ pub fn key_type(p: &Pipeline) -> QualifiedName {
 /// `CREATE TYPE` for [`key_type`] (dropping a leftover of a dropped ledger first; the type holds no data).
 pub fn create_key_type(p: &Pipeline) -> String {
     let mut attrs = vec!["generation text".to_string()];
-    let mut idx = p.identity.key.clone();
-    if let Some(pb) = p.identity.partition_by {
-        if !idx.contains(&pb) {
-            idx.push(pb);
-        }
-    }
     attrs.extend(
-        idx.iter()
+        key_fields(p)
+            .iter()
             .map(|&i| format!("{} {}", p.fields[i].name, p.fields[i].ty.sql())),
     );
     let t = key_type(p);
