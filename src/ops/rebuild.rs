@@ -433,7 +433,10 @@ async fn rebuild_check(
     let same: Vec<String> = pk.iter().map(|c| format!("l.{c} = r.{c}")).collect();
     let key: Vec<String> = pk.iter().map(|c| format!("r.{c}::text")).collect();
     let gone = format!(
-        "FROM {} r WHERE r.{day} BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM {ledger} l WHERE {})",
+        // `l.day` bounded too: only the window's day partitions are read (the ledger's hash key serves no
+        // column-by-column lookup; a ledger row of the same key has the same day).
+        "FROM {} r WHERE r.{day} BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM {ledger} l \
+         WHERE l.{day} BETWEEN $1 AND $2 AND {})",
         ledger::ledger_rows_of(pipeline, &removed.to_string()),
         same.join(" AND ")
     );

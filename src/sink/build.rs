@@ -15,8 +15,9 @@ use crate::error::Error;
 /// partition, offset)`, claimed by a consumer group below that group's hand-over offset of the partition, into
 /// `landed`, and returns their offsets. A record whose key was claimed at another position (a duplicate — in
 /// history, or after the hand-over in another partition) or after the hand-over is not copied: it reached the
-/// projection (or will) through its own claim. Nothing is locked or written in the ledger.
-pub fn match_statement(p: &Pipeline) -> String {
+/// projection (or will) through its own claim. Nothing is locked or written in the ledger. `hashed`: the ledger
+/// keeps its keys by [`super::ledger::key_constraint`] (the key is then compared through its hash index).
+pub fn match_statement(p: &Pipeline, hashed: bool) -> String {
     let n = p.fields.len();
     let passes = p.pass_columns();
     let mut params = vec!["$5::bigint[]".to_string(), "$6::bigint[]".to_string()];
@@ -43,8 +44,10 @@ pub fn match_statement(p: &Pipeline) -> String {
         .skip(1)
         .map(|c| format!("l.{c} = d.{c}"))
         .collect();
-    let d_key = super::ledger::key_row(p, "d").replacen("d.generation", "$1::text", 1);
-    key.push(format!("{} = {d_key}", super::ledger::key_row(p, "l")));
+    if hashed {
+        let d_key = super::ledger::key_row(p, "d").replacen("d.generation", "$1::text", 1);
+        key.push(format!("{} = {d_key}", super::ledger::key_row(p, "l")));
+    }
     let mut cols = vec![
         "_generation".to_string(),
         "_topic".into(),

@@ -217,7 +217,8 @@ impl Sink {
     /// [`Error::Schema`] when the statement does not compile.
     pub async fn for_build(mut self, index: usize) -> Result<Sink> {
         let p = self.pipeline.clone();
-        let stmt = build::match_statement(&p);
+        let hashed = ledger::key_is_hashed(&self.client, &p).await?;
+        let stmt = build::match_statement(&p, hashed);
         self.prepared.claim = self
             .client
             .prepare(&stmt)

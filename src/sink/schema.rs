@@ -44,6 +44,7 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             .await
             .map_err(|e| schema_error("creating the schema", &stmt, e))?;
     }
+    ensure_key_type(&tx, p).await?;
     for (table, stmt) in own_tables(p) {
         if super::privileges::table_exists(&tx, &table).await? {
             continue;
@@ -53,20 +54,6 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             .map_err(|e| schema_error("creating replaysafe tables", &stmt, e))?;
     }
     upgrade_old_ledger(&tx, p).await?;
-    // A ledger of the primary-key layout has no key type; `projection build`'s match reads keys through it.
-    let key_type: Option<String> = tx
-        .query_one(
-            "SELECT to_regtype($1)::text",
-            &[&ledger::key_type(p).to_string()],
-        )
-        .await?
-        .get(0);
-    if key_type.is_none() {
-        let stmt = ledger::create_key_type(p);
-        tx.batch_execute(&stmt)
-            .await
-            .map_err(|e| schema_error("creating the ledger's key type", &stmt, e))?;
-    }
     let resolvable: bool = tx
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
@@ -103,6 +90,36 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
     tx.commit().await?;
     check_ledger(client, p).await?;
     check_statements(client, p).await
+}
+
+/// Creates the ledger's key type ([`ledger::key_type`]) when no object of its name exists. A leftover type of a
+/// dropped ledger is kept (day partitions detached for an archive may still use it); its fields are compared
+/// with the pipeline's by [`check_key_constraint`].
+///
+/// # Errors
+/// [`Error::Schema`] when a table, view, index or sequence has the type's name.
+async fn ensure_key_type(tx: &Transaction<'_>, p: &Pipeline) -> Result<()> {
+    let name = ledger::key_type(p).to_string();
+    let kind: Option<i8> = tx
+        .query_opt(
+            "SELECT relkind::\"char\" FROM pg_class WHERE oid = to_regclass($1)",
+            &[&name],
+        )
+        .await?
+        .map(|r| r.get(0));
+    match kind {
+        None => {
+            let stmt = ledger::create_key_type(p);
+            tx.batch_execute(&stmt)
+                .await
+                .map_err(|e| schema_error("creating the ledger's key type", &stmt, e))
+        }
+        Some(k) if k as u8 == b'c' => Ok(()),
+        Some(_) => Err(Error::Schema(format!(
+            "{name} is the name of the ledger's delivery-key type, and a table, view, index or sequence has it: \
+             rename that, or give the pipeline another [ledger] table"
+        ))),
+    }
 }
 
 /// replaysafe's own tables of the pipeline, each with the statement creating it (the projection record's
@@ -426,21 +443,7 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
     if ledger::key_is_hashed(client, p).await? {
         return check_key_constraint(client, p, &want).await;
     }
-    // A ledger of the earlier layout: its primary key must be exactly what the pipeline deduplicates on, and
-    // its key type (created by the owner's `init`) must exist.
-    let key_type = ledger::key_type(p).to_string();
-    let typed: bool = client
-        .query_one("SELECT to_regtype($1) IS NOT NULL", &[&key_type])
-        .await?
-        .get(0);
-    if !typed {
-        return Err(Error::Schema(format!(
-            "ledger {} has no key type {key_type} (a ledger created before it): as the ledger's owner run \
-             `replaysafe init --config FILE`, or `{}`",
-            p.ledger.table,
-            ledger::create_key_type(p)
-        )));
-    }
+    // A ledger of the earlier layout: its primary key must be exactly what the pipeline deduplicates on.
     let pk: Vec<String> = client
         .query(
             "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid \
@@ -473,13 +476,19 @@ async fn check_key_constraint(client: &Client, p: &Pipeline, want: &[String]) ->
     let key_type = ledger::key_type(p).to_string();
     let have: Vec<String> = client
         .query(
-            "SELECT a.attname::text FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid \
-             WHERE t.oid = to_regtype($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            "SELECT a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod) FROM pg_class c \
+             JOIN pg_attribute a ON a.attrelid = c.oid WHERE c.oid = to_regclass($1) AND c.relkind = 'c' \
+             AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             &[&key_type],
         )
         .await?
         .iter()
         .map(|r| r.get(0))
+        .collect();
+    let want: Vec<String> = want
+        .iter()
+        .zip(ledger::key_type_fields(p))
+        .map(|(name, ty)| format!("{name} {ty}"))
         .collect();
     if have != want {
         return Err(Error::Schema(format!(

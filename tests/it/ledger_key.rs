@@ -118,12 +118,62 @@ fn a_day_partition_made_by_hand_without_the_key_constraint_is_refused_before_any
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_checkpoints"), 0);
 
-    // With the constraint the error names, the same partition takes the claims.
+    // A constraint on the event id alone (not the delivery key: no generation) is no guard either — with no
+    // conflict target every unique or exclusion constraint is an arbiter of the claim.
+    db.execute(
+        "ALTER TABLE {s}.replaysafe_ledger_p20240425 ADD EXCLUDE USING hash (event_id WITH =)",
+    );
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("no delivery-key constraint"),
+        "{}",
+        out.stderr
+    );
+    // Both: the other one is refused as an arbiter the claim would also take.
     db.execute(
         "ALTER TABLE {s}.replaysafe_ledger_p20240425 ADD \
          EXCLUDE USING hash ((ROW(generation, event_id, day)::{s}.replaysafe_ledger_key) WITH =)",
     );
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("besides the delivery-key constraint")
+            && out.stderr.contains("replaysafe_ledger_p20240425"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    // With only the constraint the first error named, the same partition takes the claims.
+    let other = db
+        .text(
+            "SELECT conname::text FROM pg_constraint WHERE conrelid = '{s}.replaysafe_ledger_p20240425'::regclass \
+             AND contype = 'x' AND pg_get_constraintdef(oid) NOT LIKE '%ROW(%'",
+        )
+        .unwrap();
+    db.execute(&format!(
+        "ALTER TABLE {{s}}.replaysafe_ledger_p20240425 DROP CONSTRAINT \"{other}\""
+    ));
     run_caught_up(&p.path);
     assert_eq!(counts(&db), truth);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 60);
+}
+
+#[test]
+fn a_table_named_like_the_key_type_is_named_in_the_refusal() {
+    let (db, topic) = stage("hashkeyname", 1);
+    db.execute("CREATE TABLE {s}.replaysafe_ledger_key (id int)");
+    let p = pipeline(SEED, &topic, &unique("g"), &db.schema);
+    let out = replaysafe(&["init", "--config", arg(&p.path)]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("replaysafe_ledger_key") && out.stderr.contains("delivery-key type"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM pg_class WHERE relname = 'replaysafe_ledger' AND relnamespace = '{s}'::regnamespace"),
+        0,
+        "nothing created"
+    );
 }

@@ -78,19 +78,24 @@ pub fn key_type(p: &Pipeline) -> QualifiedName {
     }
 }
 
-/// `CREATE TYPE` for [`key_type`] (dropping a leftover of a dropped ledger first; the type holds no data).
+/// The types of [`key_type`]'s fields, in [`ledger_pk`]'s order, as PostgreSQL's `format_type` spells them.
+pub fn key_type_fields(p: &Pipeline) -> Vec<&'static str> {
+    let mut types = vec!["text"];
+    types.extend(key_fields(p).iter().map(|&i| match p.fields[i].ty.sql() {
+        "timestamptz" => "timestamp with time zone",
+        other => other,
+    }));
+    types
+}
+
+/// `CREATE TYPE` for [`key_type`].
 pub fn create_key_type(p: &Pipeline) -> String {
-    let mut attrs = vec!["generation text".to_string()];
-    attrs.extend(
-        key_fields(p)
-            .iter()
-            .map(|&i| format!("{} {}", p.fields[i].name, p.fields[i].ty.sql())),
-    );
-    let t = key_type(p);
-    format!(
-        "DROP TYPE IF EXISTS {t}; CREATE TYPE {t} AS ({})",
-        attrs.join(", ")
-    )
+    let attrs: Vec<String> = ledger_pk(p)
+        .iter()
+        .zip(key_type_fields(p))
+        .map(|(name, ty)| format!("{name} {ty}"))
+        .collect();
+    format!("CREATE TYPE {} AS ({})", key_type(p), attrs.join(", "))
 }
 
 /// The delivery key of ledger row `alias` (columns as in [`ledger_pk`]; `""` for the bare column names) as a
@@ -189,7 +194,7 @@ fn align_rank(ty: FieldType) -> u8 {
 /// between them; the claim time is not kept per row (`replaysafe_sources.created_at` is the source's first).
 /// The seed pipeline's row is 56 bytes + a 4-byte line pointer (was 132 + 4 with topic, group and time). No
 /// primary key: the delivery keys are kept by [`key_constraint`] on each day partition (created by the day
-/// partitions' DDL; on the table itself without `partition-by`), after [`create_key_type`] in the same string.
+/// partitions' DDL; on the table itself without `partition-by`); [`create_key_type`] must have run before.
 pub fn create_ledger(p: &Pipeline) -> String {
     let mut defs = vec!["\"offset\" bigint NOT NULL".to_string()];
     let key_like: Vec<usize> = {
@@ -223,8 +228,7 @@ pub fn create_ledger(p: &Pipeline) -> String {
         }
     };
     format!(
-        "{}; CREATE TABLE IF NOT EXISTS {} ({}){partition}",
-        create_key_type(p),
+        "CREATE TABLE IF NOT EXISTS {} ({}){partition}",
         p.ledger.table,
         defs.join(", ")
     )

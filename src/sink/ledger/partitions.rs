@@ -48,37 +48,61 @@ pub async fn existing_partitions(
         .collect())
 }
 
-/// The tables of a [`super::key_is_hashed`] ledger that would take its rows without its delivery-key
-/// constraint ([`super::key_constraint`]): the unpartitioned ledger itself, or day partitions attached by hand
-/// without it (a partition of a ledger with a primary key inherits that, so the list is then empty). Read at
-/// start and whenever this process creates or looks up day partitions.
+/// The tables of a [`super::key_is_hashed`] ledger — the unpartitioned ledger itself or its day partitions —
+/// must each hold [`super::key_constraint`] (an exclusion constraint over one expression cast to the key type —
+/// a hash index column itself is the 4-byte hash, so the expression is read back with `pg_get_indexdef`) and no
+/// other unique index or exclusion constraint: the claim's `ON CONFLICT DO NOTHING` has no conflict target, so
+/// every one of them is an arbiter (PostgreSQL manual, "INSERT" → `conflict_target`), and another one (say
+/// `EXCLUDE USING hash (event_id WITH =)` made by hand) would skip the same event id of another generation as a
+/// duplicate. A partition of a ledger with a primary key inherits that and is not read here. Read at start and
+/// whenever this process creates or looks up day partitions.
 ///
 /// # Errors
-/// [`Error::Postgres`]; [`Error::Schema`] naming the tables and the constraint to add when any is found.
+/// [`Error::Postgres`]; [`Error::Schema`] naming the tables and what to do.
 pub async fn require_key_constraints(client: &impl GenericClient, p: &Pipeline) -> Result<()> {
-    let unguarded: Vec<String> = client
+    let rows = client
         .query(
-            "SELECT c.oid::regclass::text FROM pg_class c WHERE NOT EXISTS (SELECT 1 FROM pg_index \
-             WHERE indrelid = to_regclass($1) AND indisprimary) AND (c.oid = to_regclass($1) AND c.relkind = 'r' \
-             OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))) \
-             AND NOT EXISTS (SELECT 1 FROM pg_constraint x WHERE x.conrelid = c.oid AND x.contype = 'x') \
-             ORDER BY 1",
-            &[&p.ledger.table.to_string()],
+            "WITH t AS (SELECT c.oid FROM pg_class c WHERE NOT EXISTS (SELECT 1 FROM pg_index \
+               WHERE indrelid = to_regclass($1) AND indisprimary) AND (c.oid = to_regclass($1) AND c.relkind = 'r' \
+               OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1)))) \
+             SELECT t.oid::regclass::text, \
+               (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.oid AND i.indisexclusion AND i.indnatts = 1 \
+                AND right(pg_get_indexdef(i.indexrelid, 1, false), length(to_regtype($2)::text) + 3) \
+                    = '::' || to_regtype($2)::text || ')'), \
+               (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.oid AND (i.indisunique OR i.indisexclusion)) \
+             FROM t ORDER BY 1",
+            &[&p.ledger.table.to_string(), &super::key_type(p).to_string()],
         )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    if unguarded.is_empty() {
-        return Ok(());
+        .await?;
+    let (mut unguarded, mut other) = (Vec::new(), Vec::new());
+    for r in &rows {
+        let (table, ours, all): (String, i64, i64) = (r.get(0), r.get(1), r.get(2));
+        if ours == 0 {
+            unguarded.push(table);
+        } else if all > ours {
+            other.push(table);
+        }
     }
-    Err(Error::Schema(format!(
-        "ledger {}: {} hold(s) no delivery-key constraint, so a key could be claimed twice there (a day partition \
-         made by hand? `replaysafe init --days N` makes them with it); add it to each: ALTER TABLE … ADD {}",
-        p.ledger.table,
-        unguarded.join(", "),
-        super::key_constraint(p)
-    )))
+    if !unguarded.is_empty() {
+        return Err(Error::Schema(format!(
+            "ledger {}: {} hold(s) no delivery-key constraint, so a key could be claimed twice there (a day \
+             partition made by hand? `replaysafe init --days N` makes them with it); add it to each: ALTER TABLE … \
+             ADD {}",
+            p.ledger.table,
+            unguarded.join(", "),
+            super::key_constraint(p)
+        )));
+    }
+    if !other.is_empty() {
+        return Err(Error::Schema(format!(
+            "ledger {}: {} hold(s) a unique index or exclusion constraint besides the delivery-key constraint; the \
+             claim's ON CONFLICT DO NOTHING would take it as an arbiter too and skip records it wrongly finds \
+             there as duplicates — drop it",
+            p.ledger.table,
+            other.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// Creates the day partitions in `days` that are not in `known` (and adds them to `known`), under the DDL lock
