@@ -44,7 +44,12 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             .await
             .map_err(|e| schema_error("creating the schema", &stmt, e))?;
     }
-    ensure_key_type(&tx, p).await?;
+    // A ledger of the primary-key layout uses no key type: nothing is asked of it (nor of its role).
+    if !super::privileges::table_exists(&tx, &p.ledger.table.to_string()).await?
+        || ledger::key_is_hashed(&tx, p).await?
+    {
+        ensure_key_type(&tx, p).await?;
+    }
     for (table, stmt) in own_tables(p) {
         if super::privileges::table_exists(&tx, &table).await? {
             continue;
@@ -493,7 +498,8 @@ async fn check_key_constraint(client: &Client, p: &Pipeline, want: &[String]) ->
     if have != want {
         return Err(Error::Schema(format!(
             "ledger {} has no primary key and its delivery-key type {key_type} is ({}); the pipeline's delivery \
-             key needs ({})",
+             key needs ({}) (a type left by a dropped ledger of another key? `DROP TYPE {key_type}` once no table \
+             uses it, then drop and create the ledger again)",
             p.ledger.table,
             have.join(", "),
             want.join(", ")

@@ -177,3 +177,47 @@ fn a_table_named_like_the_key_type_is_named_in_the_refusal() {
         "nothing created"
     );
 }
+
+#[test]
+fn a_ledger_with_the_earlier_primary_key_keeps_it_and_needs_no_key_type() {
+    let (db, topic) = stage("hashkeylegacy", 3);
+    let (recs, truth) = seed_events(300, 3);
+    produce(&topic, &recs);
+    db.execute(
+        "CREATE TABLE {s}.replaysafe_ledger (\"offset\" bigint NOT NULL, day date NOT NULL, \
+         _source_id smallint NOT NULL, generation text NOT NULL DEFAULT '', event_id uuid NOT NULL, \
+         PRIMARY KEY (generation, event_id, day)) PARTITION BY RANGE (day)",
+    );
+    run_text(SEED, &topic, &unique("g"), &db);
+    assert_eq!(counts(&db), truth);
+    let replay = run_text(
+        &SEED.replace("max-records = 200", "max-records = 1"),
+        &topic,
+        &unique("g"),
+        &db,
+    );
+    let t = replay.tally();
+    assert_eq!((t.landed, t.duplicate), (0, 300), "{}", replay.stdout);
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 300);
+    assert_eq!(
+        db.text("SELECT to_regtype('{s}.replaysafe_ledger_key')::text"),
+        None,
+        "no key type for a ledger that does not use one"
+    );
+    // Its day partitions got the primary key from the parent, and no exclusion constraint.
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM pg_inherits i WHERE i.inhparent = '{s}.replaysafe_ledger'::regclass AND NOT EXISTS \
+             (SELECT 1 FROM pg_index x WHERE x.indrelid = i.inhrelid AND x.indisprimary)"
+        ),
+        0
+    );
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM pg_constraint x JOIN pg_inherits i ON i.inhrelid = x.conrelid \
+             WHERE i.inhparent = '{s}.replaysafe_ledger'::regclass AND x.contype = 'x'"
+        ),
+        0
+    );
+}

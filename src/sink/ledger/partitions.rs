@@ -49,7 +49,8 @@ pub async fn existing_partitions(
 }
 
 /// The tables of a [`super::key_is_hashed`] ledger — the unpartitioned ledger itself or its day partitions —
-/// must each hold [`super::key_constraint`] (an exclusion constraint over one expression cast to the key type —
+/// must each hold [`super::key_constraint`] (an exclusion constraint, neither partial nor deferrable, over one
+/// expression cast to the key type —
 /// a hash index column itself is the 4-byte hash, so the expression is read back with `pg_get_indexdef`) and no
 /// other unique index or exclusion constraint: the claim's `ON CONFLICT DO NOTHING` has no conflict target, so
 /// every one of them is an arbiter (PostgreSQL manual, "INSERT" → `conflict_target`), and another one (say
@@ -67,6 +68,7 @@ pub async fn require_key_constraints(client: &impl GenericClient, p: &Pipeline) 
                OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1)))) \
              SELECT t.oid::regclass::text, \
                (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.oid AND i.indisexclusion AND i.indnatts = 1 \
+                AND i.indpred IS NULL AND i.indimmediate \
                 AND right(pg_get_indexdef(i.indexrelid, 1, false), length(to_regtype($2)::text) + 3) \
                     = '::' || to_regtype($2)::text || ')'), \
                (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.oid AND (i.indisunique OR i.indisexclusion)) \
