@@ -20,10 +20,10 @@ use super::{ensure_source, ledger_field_columns, ledger_pk, SOURCES};
 /// newly claimed (and copied into `landed`); copies of one key inside the batch count once (the lowest offset).
 ///
 /// Lock order (case C36): the claims are inserted in ascending ledger-key order (`ORDER BY` the delivery key's
-/// fields, [`ledger_pk`] without the generation, which is one value per batch). An insert that meets another transaction's uncommitted claim
-/// of the same key waits for that transaction, so two batches with overlapping delivery keys (a redelivery on
-/// another partition, a second consumer group) in opposite orders would deadlock (40P01); in one order the later
-/// one just waits. The executor inserts the rows of `INSERT … SELECT` in the order the SELECT yields them
+/// fields, [`ledger_pk`] without the generation, which is one value per batch). An insert that meets another
+/// transaction's uncommitted claim of the same key waits for that transaction, so two batches with overlapping
+/// delivery keys (a redelivery on another partition, a second consumer group) in opposite orders would deadlock
+/// (40P01); in one order the later one just waits. The executor inserts the rows of `INSERT … SELECT` in the order the SELECT yields them
 /// (PostgreSQL manual, "Explicit Locking" → "Deadlocks": lock in a consistent order; latitude-dev/latitude-llm#3463
 /// sorted its `ON CONFLICT DO NOTHING` batch by the conflict key for the same reason). The order is taken in SQL,
 /// after the casts: the `unnest` arrays arrive in offset order as raw text, and only the typed values (a uuid

@@ -50,9 +50,8 @@ pub async fn existing_partitions(
 
 /// The tables of a [`super::key_is_hashed`] ledger — the unpartitioned ledger itself or its day partitions —
 /// must each hold [`super::key_constraint`] (an exclusion constraint, neither partial nor deferrable, over one
-/// expression cast to the key type —
-/// a hash index column itself is the 4-byte hash, so the expression is read back with `pg_get_indexdef`) and no
-/// other unique index or exclusion constraint: the claim's `ON CONFLICT DO NOTHING` has no conflict target, so
+/// expression cast to the key type — a hash index column itself is the 4-byte hash, so the expression is read
+/// back with `pg_get_indexdef`) and no other unique index or exclusion constraint: the claim's `ON CONFLICT DO NOTHING` has no conflict target, so
 /// every one of them is an arbiter (PostgreSQL manual, "INSERT" → `conflict_target`), and another one (say
 /// `EXCLUDE USING hash (event_id WITH =)` made by hand) would skip the same event id of another generation as a
 /// duplicate. A partition of a ledger with a primary key inherits that and is not read here. Read at start and
