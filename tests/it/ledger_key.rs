@@ -6,6 +6,22 @@
 use crate::common::*;
 use crate::core::{counts, seed_events, SEED};
 
+/// Replays the whole topic under a fresh group in batches of `max_records`: every one of the `records` is a
+/// duplicate, and the counts stay `truth`.
+fn replay_lands_nothing(
+    db: &Db,
+    topic: &str,
+    max_records: usize,
+    records: u64,
+    truth: &std::collections::BTreeMap<(String, String), i64>,
+) {
+    let text = SEED.replace("max-records = 200", &format!("max-records = {max_records}"));
+    let replay = run_text(&text, topic, &unique("g"), db);
+    let t = replay.tally();
+    assert_eq!((t.landed, t.duplicate), (0, records), "{}", replay.stdout);
+    assert_eq!(&counts(db), truth);
+}
+
 #[test]
 fn postgres_refuses_a_second_row_of_a_delivery_key_and_a_replay_claims_nothing_twice() {
     let (db, topic) = stage("hashkey", 3);
@@ -34,15 +50,7 @@ fn postgres_refuses_a_second_row_of_a_delivery_key_and_a_replay_claims_nothing_t
     let t = first.tally();
     assert_eq!((t.landed, t.duplicate), (600, 20), "{}", first.stdout);
     // A replay of everything by a fresh group, in batches of 5,000: all duplicates, nothing counted again.
-    let replay = run_text(
-        &SEED.replace("max-records = 200", "max-records = 5000"),
-        &topic,
-        &unique("g"),
-        &db,
-    );
-    let t = replay.tally();
-    assert_eq!((t.landed, t.duplicate), (0, 620), "{}", replay.stdout);
-    assert_eq!(counts(&db), truth);
+    replay_lands_nothing(&db, &topic, 5000, 620, &truth);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
 
     // The layout: no primary key; every day partition holds the exclusion constraint on the key type.
@@ -190,15 +198,7 @@ fn a_ledger_with_the_earlier_primary_key_keeps_it_and_needs_no_key_type() {
     );
     run_text(SEED, &topic, &unique("g"), &db);
     assert_eq!(counts(&db), truth);
-    let replay = run_text(
-        &SEED.replace("max-records = 200", "max-records = 1"),
-        &topic,
-        &unique("g"),
-        &db,
-    );
-    let t = replay.tally();
-    assert_eq!((t.landed, t.duplicate), (0, 300), "{}", replay.stdout);
-    assert_eq!(counts(&db), truth);
+    replay_lands_nothing(&db, &topic, 1, 300, &truth);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 300);
     assert_eq!(
         db.text("SELECT to_regtype('{s}.replaysafe_ledger_key')::text"),
