@@ -53,7 +53,12 @@ pub fn record(
         });
     }
     let key = framed::unframe(pipeline, key, "key")?;
-    match debezium::envelope::decode(key.as_deref(), value, old_key)? {
+    let doc = if pipeline.fields.iter().all(is_built_in) {
+        debezium::envelope::Doc::BuiltIns
+    } else {
+        debezium::envelope::Doc::Full
+    };
+    match debezium::envelope::decode_with(key.as_deref(), value, old_key, doc)? {
         debezium::Record::Skip(rule) => Ok(Decoded::Skip(rule)),
         debezium::Record::Change(change, doc) => {
             let fields = pipeline
@@ -67,6 +72,14 @@ pub fn record(
             })
         }
     }
+}
+
+/// Whether a field is one of the built-in CDC fields (`/_source` read as `_source`, …), which a lean document
+/// holds ([`debezium::envelope::Doc::BuiltIns`]).
+fn is_built_in(f: &crate::config::FieldPlan) -> bool {
+    crate::config::fields::CDC_FIELDS
+        .iter()
+        .any(|(n, _)| f.name.as_str() == *n && f.pointer.strip_prefix('/') == Some(*n))
 }
 
 /// The partition-by day of a decoded record, when the pipeline has one.

@@ -3,6 +3,7 @@
 
 pub mod convert;
 pub mod envelope;
+pub mod lean;
 pub mod schema;
 
 pub use convert::{to_pg, Pg};

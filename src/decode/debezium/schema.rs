@@ -80,8 +80,13 @@ struct Wrapped<'a> {
 /// versions than this parses some schemas again, nothing else).
 pub const CACHE_ENTRIES: usize = 64;
 
+/// A schema text and its parse.
+type Known = (Box<[u8]>, Arc<Parsed>);
+
 thread_local! {
     static CACHE: RefCell<HashMap<Box<[u8]>, Arc<Parsed>>> = RefCell::new(HashMap::new());
+    /// The schema text this thread looked up last, and its parse ([`split_known`]).
+    static LAST: RefCell<Option<Known>> = const { RefCell::new(None) };
     static UNCACHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -94,8 +99,41 @@ pub fn without_cache<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Whether the schema cache is on on this thread (it is, except inside [`without_cache`]).
+pub(super) fn cache_on() -> bool {
+    !UNCACHED.with(std::cell::Cell::get)
+}
+
+/// The payload text and parsed schema of a wrapper that opens with exactly the schema text this thread looked
+/// up last — `{"schema":` + that text + `,"payload":`, as the JSON converter writes it (compact, `schema`
+/// first) — so that a topic's repeated schema is neither scanned nor hashed again. A JSON value's text ends
+/// where its own syntax ends, so the bytes after the known text are the payload and the closing `}`; the caller
+/// parses the payload and takes the usual path when it does not parse.
+pub(super) fn split_known(bytes: &[u8]) -> Option<(&[u8], Arc<Parsed>)> {
+    if !cache_on() {
+        return None;
+    }
+    let rest = bytes.strip_prefix(b"{\"schema\":")?;
+    LAST.with(|last| {
+        let last = last.borrow();
+        let (text, parsed) = last.as_ref()?;
+        let payload = rest
+            .strip_prefix(&**text)?
+            .strip_prefix(b",\"payload\":")?
+            .trim_ascii_end()
+            .strip_suffix(b"}")?;
+        Some((payload, parsed.clone()))
+    })
+}
+
 /// The parsed schema of this schema text, from the cache or parsed now.
-fn cached(raw: &RawValue) -> Option<Arc<Parsed>> {
+pub(super) fn cached(raw: &RawValue) -> Option<Arc<Parsed>> {
+    let p = lookup(raw)?;
+    LAST.with(|last| *last.borrow_mut() = Some((raw.get().as_bytes().into(), p.clone())));
+    Some(p)
+}
+
+fn lookup(raw: &RawValue) -> Option<Arc<Parsed>> {
     let bytes = raw.get().as_bytes();
     if let Some(p) = CACHE.with(|c| c.borrow().get(bytes).cloned()) {
         return Some(p);
@@ -122,7 +160,12 @@ fn cached(raw: &RawValue) -> Option<Arc<Parsed>> {
 /// # Errors
 /// serde_json's error when the bytes are not JSON.
 pub fn parse(bytes: &[u8]) -> serde_json::Result<(Value, Option<Arc<Parsed>>)> {
-    if starts_as_wrapper(bytes) && !UNCACHED.with(std::cell::Cell::get) {
+    if let Some((payload, schema)) = split_known(bytes) {
+        if let Ok(v) = serde_json::from_slice::<Value>(payload) {
+            return Ok((v, Some(schema)));
+        }
+    }
+    if starts_as_wrapper(bytes) && cache_on() {
         if let Ok(w) = serde_json::from_slice::<Wrapped<'_>>(bytes) {
             return Ok((w.payload, cached(w.schema)));
         }
@@ -141,7 +184,7 @@ pub fn parse(bytes: &[u8]) -> serde_json::Result<(Value, Option<Arc<Parsed>>)> {
 }
 
 /// Whether the text opens like the JSON converter's wrapper (`{"schema"` after whitespace).
-fn starts_as_wrapper(bytes: &[u8]) -> bool {
+pub(super) fn starts_as_wrapper(bytes: &[u8]) -> bool {
     let t = bytes.trim_ascii_start();
     t.strip_prefix(b"{")
         .map(<[u8]>::trim_ascii_start)
@@ -176,5 +219,41 @@ mod tests {
         let (v, s) = parse(br#"{"schema":null,"payload":{"op":"c"}}"#).unwrap();
         assert!(s.is_none());
         assert_eq!(v["op"], "c");
+    }
+
+    /// A record that repeats the schema text looked up last is split at the known text without scanning it, and
+    /// gives what the full parse (cache off) gives; anything else after the known text takes the usual path.
+    #[test]
+    fn a_repeated_schema_text_is_recognised_without_a_scan() {
+        let schema = r#"{"type":"struct","fields":[{"field":"after","type":"struct","fields":[{"field":"id","type":"int64"}]}]}"#;
+        let rec = |tail: &str| format!(r#"{{"schema":{schema},"payload":{tail}"#).into_bytes();
+        let (_, first) = parse(&rec(r#"{"op":"c"}}"#)).unwrap();
+        let first = first.unwrap();
+        for (tail, split) in [
+            (r#"{"op":"u","after":{"id":7}}}"#, true),
+            ("{\"op\":\"u\"} \n}\n", true),
+            (r#"null}"#, true),
+            (r#"{"op":"u"},"x":1}"#, false),
+            (r#"{"op":"u"}"#, false),
+            (r#"{"op":"u"}}}"#, false),
+        ] {
+            let bytes = rec(tail);
+            let known = split_known(&bytes);
+            assert!(known.is_some(), "{tail}");
+            let got = parse(&bytes).map(|(v, s)| (v, s.map(|s| Arc::ptr_eq(&s, &first))));
+            let want = without_cache(|| parse(&bytes)).map(|(v, s)| (v, s.map(|_| true)));
+            match (got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, w, "{tail}"),
+                (Err(_), Err(_)) => {}
+                (g, w) => panic!("{tail}: {g:?} against {w:?}"),
+            }
+            let payload_parses = serde_json::from_slice::<Value>(known.unwrap().0).is_ok();
+            assert_eq!(payload_parses, split, "{tail}");
+        }
+        // Another schema text: not split (until it has been looked up).
+        let other = br#"{"schema":{"type":"string"},"payload":"x"}"#;
+        assert!(split_known(other).is_none());
+        parse(other).unwrap();
+        assert!(split_known(other).is_some());
     }
 }
