@@ -102,22 +102,34 @@ pub async fn connect(url: &str) -> Result<Client> {
 /// [`crate::endpoint::ATTEMPT_TIMEOUT`] (bounded by `--connect-timeout`).
 pub async fn connect_with(url: &str, timeouts: &Timeouts) -> Result<Client> {
     let (mut config, security) = conninfo::resolve(url)?;
-    let tls = tls::connector(&security)?;
     if config.get_connect_timeout().is_none() {
         let bound = crate::endpoint::ATTEMPT_TIMEOUT.min(crate::endpoint::connect_timeout());
         config.connect_timeout(bound.max(std::time::Duration::from_secs(1)));
     }
+    let client = match tls::connector(&security)? {
+        Some(tls) => connect_on(&config, url, tls).await?,
+        None => connect_on(&config, url, tokio_postgres::NoTls).await?,
+    };
+    client.batch_execute(SESSION_SETTINGS).await?;
+    client.batch_execute(&timeouts.settings()).await?;
+    Ok(client)
+}
+
+/// Connects with `tls` and drives the connection in the background.
+async fn connect_on<T>(config: &tokio_postgres::Config, url: &str, tls: T) -> Result<Client>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
     let (client, connection) = config
         .connect(tls)
         .await
-        .map_err(|e| Error::Connect(crate::endpoint::pg_error(&config, url, &e)))?;
+        .map_err(|e| Error::Connect(crate::endpoint::pg_error(config, url, &e)))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!("postgres connection ended: {e}");
         }
     });
-    client.batch_execute(SESSION_SETTINGS).await?;
-    client.batch_execute(&timeouts.settings()).await?;
     Ok(client)
 }
 
