@@ -1,20 +1,21 @@
 //! The envelope parsed with only what the change needs, for pipelines whose `[fields]` read nothing but the
-//! built-in CDC fields (`_source`, `_entity`, `_position`, `_op`, `_snapshot`, `_day`): most of a Debezium
-//! envelope (`source.version`, `connector`, `name`, `snapshot`, `xmin`, `transaction`, …) is skipped by the
-//! parser instead of becoming a `serde_json::Value` tree that is dropped unread.
+//! built-in CDC fields (`_source`, `_entity`, `_position`, `_op`, `_snapshot`, `_day`): the members nothing reads
+//! (`source.version`, `connector`, `name`, `snapshot`, `xmin`, `transaction`, …) are parsed as the full parse
+//! parses them — so the same records are valid JSON — and dropped at once, and no document holds the envelope,
+//! so the row images are moved into the change instead of copied.
 //!
 //! The lean parse is only a shortcut: it returns `None` whenever the record is not an unmistakable change
-//! envelope (not an object, no `op` or no `source` member, a `source` that is not an object, the schema cache
-//! off), and the caller then takes the full parse, which decides and words every skip and rejection. An
-//! envelope with `op` and `source` is never a heartbeat, transaction metadata or a flattened row
+//! envelope (not an object, no `op` or no `source` member, a `source` that is not an object, a serde_json marker
+//! key, the schema cache off), and the caller then takes the full parse, which decides and words every skip and
+//! rejection. An envelope with `op` and `source` is never a heartbeat, transaction metadata or a flattened row
 //! (`envelope::classify`), so on it both parses decide the same; `envelope`'s tests compare the two on every
-//! fixture record.
+//! fixture record and on adversarial ones.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -24,6 +25,11 @@ use super::schema;
 const ENVELOPE: &[&str] = &["before", "after", "source", "op", "ts_ms", "status", "id"];
 /// `source` members kept: what `envelope::source_position` reads.
 const SOURCE: &[&str] = &["db", "schema", "table", "lsn", "sequence", "txId", "ts_ms"];
+
+/// The prefix of the member names serde_json gives a meaning of its own under its `arbitrary_precision` and
+/// `raw_value` features (`$serde_json::private::Number`, `…::RawValue`): an object holding one is left to the
+/// full parse, which reads it as `serde_json::Value` does.
+const MARKER: &str = "$serde_json::private::";
 
 /// A JSON object with only the members in `keep` (the `source` member itself pruned to [`SOURCE`] when
 /// `nested`); any other JSON value is an error (the caller falls back to the full parse).
@@ -51,6 +57,9 @@ impl<'de> Visitor<'de> for Pruned {
     fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
         let mut out = Map::new();
         while let Some(Key(k)) = m.next_key::<Key<'de>>()? {
+            if k.starts_with(MARKER) {
+                return Err(serde::de::Error::custom("a serde_json marker key"));
+            }
             if self.nested && k == "source" {
                 let source = m.next_value_seed(Pruned {
                     keep: SOURCE,
@@ -61,7 +70,9 @@ impl<'de> Visitor<'de> for Pruned {
                 // A repeated member: the last one wins, as in `serde_json::Value`.
                 out.insert(k.into_owned(), m.next_value::<Value>()?);
             } else {
-                m.next_value::<IgnoredAny>()?;
+                // Parsed as the full parse parses it (string escapes and UTF-8, the nesting limit), then dropped:
+                // a member nobody reads must still be valid JSON for the record to be taken as a change.
+                m.next_value::<Value>()?;
             }
         }
         Ok(out)
@@ -120,7 +131,7 @@ struct Wrapped<'a> {
 /// `None` when the record is not plainly a change envelope — then the caller parses it in full.
 pub fn parse(bytes: &[u8]) -> Option<Lean> {
     if let Some((payload, schema)) = schema::split_known(bytes) {
-        if let Ok(Envelope(env)) = serde_json::from_slice(payload) {
+        if let Ok((Envelope(env),)) = serde_json::from_slice(&payload) {
             return plain(env, Some(schema));
         }
     }
@@ -162,7 +173,9 @@ pub fn sequence(s: &str) -> Option<Vec<Option<i64>>> {
             "null" => Some(None),
             _ => {
                 let t = e.strip_prefix('"')?.strip_suffix('"')?;
-                (!t.contains(['"', '\\'])).then(|| t.trim().parse().ok())
+                // No escape, no quote, no control character (which JSON forbids in a string).
+                let plain = !t.contains(['"', '\\']) && !t.bytes().any(|b| b < 0x20);
+                plain.then(|| t.trim().parse().ok())
             }
         })
         .collect()

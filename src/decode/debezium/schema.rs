@@ -85,8 +85,9 @@ type Known = (Box<[u8]>, Arc<Parsed>);
 
 thread_local! {
     static CACHE: RefCell<HashMap<Box<[u8]>, Arc<Parsed>>> = RefCell::new(HashMap::new());
-    /// The schema text this thread looked up last, and its parse ([`split_known`]).
-    static LAST: RefCell<Option<Known>> = const { RefCell::new(None) };
+    /// The two schema texts this thread looked up last (a record's key and its value each have one), most
+    /// recent first, and their parses ([`split_known`]).
+    static LAST: RefCell<[Option<Known>; 2]> = const { RefCell::new([None, None]) };
     static UNCACHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -104,32 +105,44 @@ pub(super) fn cache_on() -> bool {
     !UNCACHED.with(std::cell::Cell::get)
 }
 
-/// The payload text and parsed schema of a wrapper that opens with exactly the schema text this thread looked
-/// up last — `{"schema":` + that text + `,"payload":`, as the JSON converter writes it (compact, `schema`
-/// first) — so that a topic's repeated schema is neither scanned nor hashed again. A JSON value's text ends
-/// where its own syntax ends, so the bytes after the known text are the payload and the closing `}`; the caller
-/// parses the payload and takes the usual path when it does not parse.
-pub(super) fn split_known(bytes: &[u8]) -> Option<(&[u8], Arc<Parsed>)> {
+/// The payload and parsed schema of a wrapper that opens with exactly one of the two schema texts this thread
+/// looked up last — `{"schema":` + that text + `,"payload":`, as the JSON converter writes it (compact,
+/// `schema` first) — so that a topic's repeated schema is neither scanned nor hashed again. A JSON value's text
+/// ends where its own syntax ends, so the bytes after the known text are the payload and the closing `}`. The
+/// payload is returned as `[payload]`: parsed, it nests as deep as inside the wrapper, so serde_json's nesting
+/// limit decides as on the whole record. The caller parses it and takes the usual path when it does not parse.
+pub(super) fn split_known(bytes: &[u8]) -> Option<(Vec<u8>, Arc<Parsed>)> {
     if !cache_on() {
         return None;
     }
     let rest = bytes.strip_prefix(b"{\"schema\":")?;
     LAST.with(|last| {
-        let last = last.borrow();
-        let (text, parsed) = last.as_ref()?;
-        let payload = rest
-            .strip_prefix(&**text)?
-            .strip_prefix(b",\"payload\":")?
-            .trim_ascii_end()
-            .strip_suffix(b"}")?;
-        Some((payload, parsed.clone()))
+        last.borrow().iter().flatten().find_map(|(text, parsed)| {
+            let payload = rest
+                .strip_prefix(&**text)?
+                .strip_prefix(b",\"payload\":")?
+                .trim_ascii_end()
+                .strip_suffix(b"}")?;
+            let mut nested = Vec::with_capacity(payload.len() + 2);
+            nested.push(b'[');
+            nested.extend_from_slice(payload);
+            nested.push(b']');
+            Some((nested, parsed.clone()))
+        })
     })
 }
 
 /// The parsed schema of this schema text, from the cache or parsed now.
 pub(super) fn cached(raw: &RawValue) -> Option<Arc<Parsed>> {
     let p = lookup(raw)?;
-    LAST.with(|last| *last.borrow_mut() = Some((raw.get().as_bytes().into(), p.clone())));
+    let text = raw.get().as_bytes();
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last[0].as_ref().is_none_or(|(t, _)| **t != *text) {
+            last[1] = last[0].take();
+            last[0] = Some((text.into(), p.clone()));
+        }
+    });
     Some(p)
 }
 
@@ -161,7 +174,7 @@ fn lookup(raw: &RawValue) -> Option<Arc<Parsed>> {
 /// serde_json's error when the bytes are not JSON.
 pub fn parse(bytes: &[u8]) -> serde_json::Result<(Value, Option<Arc<Parsed>>)> {
     if let Some((payload, schema)) = split_known(bytes) {
-        if let Ok(v) = serde_json::from_slice::<Value>(payload) {
+        if let Ok((v,)) = serde_json::from_slice::<(Value,)>(&payload) {
             return Ok((v, Some(schema)));
         }
     }
@@ -236,6 +249,7 @@ mod tests {
             (r#"{"op":"u"},"x":1}"#, false),
             (r#"{"op":"u"}"#, false),
             (r#"{"op":"u"}}}"#, false),
+            (r#"{"op":"u"},{"a":1}}"#, false),
         ] {
             let bytes = rec(tail);
             let known = split_known(&bytes);
@@ -247,13 +261,34 @@ mod tests {
                 (Err(_), Err(_)) => {}
                 (g, w) => panic!("{tail}: {g:?} against {w:?}"),
             }
-            let payload_parses = serde_json::from_slice::<Value>(known.unwrap().0).is_ok();
+            let payload_parses = serde_json::from_slice::<(Value,)>(&known.unwrap().0).is_ok();
             assert_eq!(payload_parses, split, "{tail}");
         }
-        // Another schema text: not split (until it has been looked up).
+        // Another schema text: not split (until it has been looked up); then both are known (a key's schema
+        // and its value's alternate), a third one pushes the oldest out.
         let other = br#"{"schema":{"type":"string"},"payload":"x"}"#;
         assert!(split_known(other).is_none());
         parse(other).unwrap();
         assert!(split_known(other).is_some());
+        assert!(split_known(&rec(r#"{"op":"u"}}"#)).is_some());
+        parse(br#"{"schema":{"type":"int64"},"payload":1}"#).unwrap();
+        assert!(split_known(other).is_some());
+        assert!(split_known(&rec(r#"{"op":"u"}}"#)).is_none());
+        // As deep as serde_json's nesting limit allows inside the wrapper, and one deeper: the split decides as
+        // the whole record does.
+        parse(&rec(r#"{"op":"c"}}"#)).unwrap();
+        let mut outcomes = Vec::new();
+        for depth in [125, 126, 127, 128] {
+            let deep = format!(r#"{{"a":{}{}}}}}"#, "[".repeat(depth), "]".repeat(depth));
+            let bytes = rec(&deep);
+            let got = parse(&bytes).is_ok();
+            let want = without_cache(|| parse(&bytes)).is_ok();
+            assert_eq!(got, want, "depth {depth}");
+            outcomes.push(want);
+        }
+        assert!(
+            outcomes.contains(&true) && outcomes.contains(&false),
+            "{outcomes:?}"
+        );
     }
 }
