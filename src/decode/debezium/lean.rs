@@ -130,6 +130,9 @@ struct Wrapped<'a> {
 /// The pruned envelope of a record value and its parsed Connect schema (as [`schema::parse`] gives it), or
 /// `None` when the record is not plainly a change envelope — then the caller parses it in full.
 pub fn parse(bytes: &[u8]) -> Option<Lean> {
+    if !schema::cache_on() {
+        return None; // measuring the full parse (`schema::without_cache`)
+    }
     if let Some((payload, schema)) = schema::split_known(bytes) {
         if let Ok((Envelope(env),)) = serde_json::from_slice(&payload) {
             return plain(env, Some(schema));
@@ -146,7 +149,6 @@ pub fn parse(bytes: &[u8]) -> Option<Lean> {
         .then(|| serde_json::from_slice::<Wrapped<'_>>(bytes).ok())
         .flatten();
     let (env, schema) = match wrapped {
-        Some(_) if !schema::cache_on() => return None,
         Some(w) => (w.payload.0, schema::cached(w.schema)),
         None => (serde_json::from_slice::<Envelope>(bytes).ok()?.0, None),
     };
