@@ -478,24 +478,42 @@ pub fn old_key_header<M: rdkafka::message::Message>(msg: &M) -> Option<&[u8]> {
 mod tests {
     use super::*;
 
-    /// Every record real Debezium 3.6.1 produced in `tests/fixtures/debezium/` (schemas on and off): heartbeats
-    /// are recognised as heartbeats, everything else is a change or another built-in skip — nothing rejected.
-    #[test]
-    fn real_debezium_records_heartbeats_and_changes() {
-        for file in [
+    /// Each fixture file of `tests/fixtures/debezium/` (records real Debezium 3.6.1 produced) with its records:
+    /// the line and its parsed JSON (`topic`, `key`, `value`).
+    fn fixtures() -> Vec<(&'static str, Vec<(String, Value)>)> {
+        [
             "schema-on.jsonl",
             "schema-off.jsonl",
             "schema-off-bytes-numeric.jsonl",
-        ] {
+        ]
+        .into_iter()
+        .map(|file| {
             let path = format!(
                 "{}/tests/fixtures/debezium/{file}",
                 env!("CARGO_MANIFEST_DIR")
             );
             let text = std::fs::read_to_string(&path).unwrap();
+            let records = text
+                .lines()
+                .map(|l| (l.to_string(), serde_json::from_str(l).unwrap()))
+                .collect();
+            (file, records)
+        })
+        .collect()
+    }
+
+    /// A fixture's key or value as the record's bytes (`None` for JSON null).
+    fn bytes(v: &Value) -> Option<Vec<u8>> {
+        (!v.is_null()).then(|| serde_json::to_vec(v).unwrap())
+    }
+
+    /// Every record real Debezium 3.6.1 produced in `tests/fixtures/debezium/` (schemas on and off): heartbeats
+    /// are recognised as heartbeats, everything else is a change or another built-in skip — nothing rejected.
+    #[test]
+    fn real_debezium_records_heartbeats_and_changes() {
+        for (file, records) in fixtures() {
             let mut heartbeats = 0;
-            for line in text.lines() {
-                let r: Value = serde_json::from_str(line).unwrap();
-                let bytes = |v: &Value| (!v.is_null()).then(|| serde_json::to_vec(v).unwrap());
+            for (line, r) in records {
                 let (key, value) = (bytes(&r["key"]), bytes(&r["value"]));
                 let topic = r["topic"].as_str().unwrap();
                 let got = decode(key.as_deref(), value.as_deref(), None)
@@ -519,18 +537,8 @@ mod tests {
     fn lean_and_full_decode_agree() {
         type Bytes = Option<Vec<u8>>;
         let mut cases: Vec<(Bytes, Bytes)> = Vec::new();
-        for file in [
-            "schema-on.jsonl",
-            "schema-off.jsonl",
-            "schema-off-bytes-numeric.jsonl",
-        ] {
-            let path = format!(
-                "{}/tests/fixtures/debezium/{file}",
-                env!("CARGO_MANIFEST_DIR")
-            );
-            for line in std::fs::read_to_string(&path).unwrap().lines() {
-                let r: Value = serde_json::from_str(line).unwrap();
-                let bytes = |v: &Value| (!v.is_null()).then(|| serde_json::to_vec(v).unwrap());
+        for (_, records) in fixtures() {
+            for (_, r) in records {
                 cases.push((bytes(&r["key"]), bytes(&r["value"])));
                 // As the JSON converter writes it (`schema` first), twice: the second one is split at the
                 // schema text looked up last (`schema::split_known`).
