@@ -72,6 +72,27 @@ mod tests {
 
     const REFERENCE: &str = include_str!("../../reference.toml");
 
+    /// A Debezium pipeline with only the built-in fields needs no envelope in its document; a field of its own
+    /// (or a JSON pipeline) does.
+    #[test]
+    fn built_in_fields_only_is_decided_once() {
+        let cdc = |fields: &str| {
+            format!(
+                "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[source]\nformat = \"debezium\"\n{fields}\n\
+                 [[projection]]\nkind = \"row\"\ntable = \"a\"\nkey = [\"id\"]\ncolumns = {{ id = \"bigint\" }}\n"
+            )
+        };
+        assert!(parse("a.toml", &cdc("")).unwrap().built_in_fields_only);
+        let own =
+            cdc("[fields]\nowner = { path = \"/after/owner\", type = \"text\", optional = true }");
+        assert!(!parse("b.toml", &own).unwrap().built_in_fields_only);
+        assert!(
+            !parse("reference.toml", REFERENCE)
+                .unwrap()
+                .built_in_fields_only
+        );
+    }
+
     #[test]
     fn reference_toml_is_a_valid_pipeline() {
         let p = parse("reference.toml", REFERENCE).expect("reference.toml parses");

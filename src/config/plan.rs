@@ -63,6 +63,9 @@ pub struct Pipeline {
     pub max_record_bytes: usize,
     /// `[fields]`, in name order; indices elsewhere point into this.
     pub fields: Vec<FieldPlan>,
+    /// Whether every field is a built-in CDC field read as itself (`_source` at `/_source`, …): a Debezium
+    /// record's document then needs nothing of the envelope (`decode::debezium::envelope::Doc::BuiltIns`).
+    pub built_in_fields_only: bool,
     /// `[identity]`.
     pub identity: IdentityPlan,
     /// `[ledger]`.
@@ -352,6 +355,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         linger,
         max_record_bytes,
         identity,
+        built_in_fields_only: fields.plans.iter().all(is_built_in),
         fields: fields.plans,
         ledger,
         filters,
@@ -476,6 +480,13 @@ fn fields<'a>(src: &'a Source, raw: &RawPipeline, format: Format) -> Result<Fiel
         }
     }
     Ok(Fields { src, plans })
+}
+
+/// Whether a field is one of the built-in CDC fields ([`CDC_FIELDS`]) read as itself (`/_source` as `_source`, …).
+fn is_built_in(f: &FieldPlan) -> bool {
+    CDC_FIELDS
+        .iter()
+        .any(|(n, _)| f.name.as_str() == *n && f.pointer.strip_prefix('/') == Some(*n))
 }
 
 /// `[identity]`: the delivery key fields (Debezium default: the source position), generation, partition-by.

@@ -53,7 +53,7 @@ pub fn record(
         });
     }
     let key = framed::unframe(pipeline, key, "key")?;
-    let doc = if pipeline.fields.iter().all(is_built_in) {
+    let doc = if pipeline.built_in_fields_only {
         debezium::envelope::Doc::BuiltIns
     } else {
         debezium::envelope::Doc::Full
@@ -72,14 +72,6 @@ pub fn record(
             })
         }
     }
-}
-
-/// Whether a field is one of the built-in CDC fields (`/_source` read as `_source`, …), which a lean document
-/// holds ([`debezium::envelope::Doc::BuiltIns`]).
-fn is_built_in(f: &crate::config::FieldPlan) -> bool {
-    crate::config::fields::CDC_FIELDS
-        .iter()
-        .any(|(n, _)| f.name.as_str() == *n && f.pointer.strip_prefix('/') == Some(*n))
 }
 
 /// The partition-by day of a decoded record, when the pipeline has one.
