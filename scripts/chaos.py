@@ -28,7 +28,9 @@ same tables), c36 (8 customers on one day, batches of 20–50, 4 connections per
 partitions update the same aggregate rows at once; the 40P01 count is reported), lost-commit (a partition's
 newest batch and its checkpoint advance rolled back behind the running worker).
 
-After the faults the producers stop, every worker is (re)started and, while they keep running, the tables
+Workers run with session.timeout.ms 10 s and max.poll.interval.ms 60 s: a worker that is not a steady group
+member for 70 s (a group coordinator stuck after the broker restart) exits 1 and is restarted, as an orchestrator
+would. After the faults the producers stop, every worker is (re)started and, while they keep running, the tables
 must converge to the truth computed from what the producers wrote: lost = sum of missing counts, doubled = sum
 of surplus counts (0 both), sums exact, outbox rows = purchases, rows/tombstones = each customer's and each
 account's newest change, dead letters = exactly the poison records, ledger rows = unique events, Kafka committed
@@ -299,6 +301,7 @@ start = "earliest"
 [kafka.properties]
 "session.timeout.ms" = "10000"
 "heartbeat.interval.ms" = "1000"
+"max.poll.interval.ms" = "60000"
 
 [postgres]
 schema = "{schema}"
@@ -359,6 +362,7 @@ start = "earliest"
 [kafka.properties]
 "session.timeout.ms" = "10000"
 "heartbeat.interval.ms" = "1000"
+"max.poll.interval.ms" = "60000"
 
 [source]
 format = "debezium"
@@ -698,6 +702,9 @@ class Scenario:
         start = time.monotonic()
         last, progress_at = None, start
         while True:
+            # A worker that gave up on its group (not a steady member for max.poll.interval.ms +
+            # session.timeout.ms = 70 s: a coordinator stuck after the broker restart) exits 1; restart it.
+            self.revive()
             v = self.verify()
             seen = (v["ledger_rows"], v["cdc"]["ledger_rows"])
             if seen != last:

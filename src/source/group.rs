@@ -15,6 +15,9 @@
 //!   a `load --take-over`, a manual fence bump — is fenced in turn); refused, this process is the zombie and the
 //!   rebalance that follows gives the partition up (its pending entry is dropped at the revocation). Neither
 //!   within `max.poll.interval.ms`: the run fails (exit 1) and leaves the group — it never idles holding it;
+//! - a member that is not a steady member of its group (librdkafka's `cgrp` statistics) for longer than
+//!   `max.poll.interval.ms + session.timeout.ms` — a group coordinator that never answers again — fails the run
+//!   (exit 1) instead of idling without partitions ([`crate::source::membership`]);
 //! - its positions ([`Source::positions`]) let the engine step an idle checkpoint over transaction markers; a
 //!   thread keeps the `replaysafe_consumer_lag` gauge ([`crate::source::lag`]);
 //! - with `until_caught_up` it is finished once every assigned partition's position is at its high watermark
@@ -38,6 +41,7 @@ use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::sink::checkpoint;
 use crate::source::kafka::{consumer_config, kafka_commit, partitions, watermarks};
+use crate::source::membership::{Membership, STATS_INTERVAL_MS};
 use crate::source::pending::Pending;
 use crate::source::queues::Split;
 use crate::start;
@@ -78,6 +82,8 @@ pub struct Ctx {
     closing: AtomicBool,
     /// The engine's shutdown flag (SIGINT/SIGTERM): the drain's commits do not wait for replies either.
     shutdown: Arc<AtomicBool>,
+    /// The bounded wait for a steady group membership, fed by librdkafka's statistics ([`Membership`]).
+    membership: Membership,
 }
 
 /// A librdkafka duration property of `config` in ms, or `default_ms`.
@@ -97,7 +103,11 @@ pub fn fence_grace(config: &ClientConfig) -> Duration {
     (config_ms(config, "heartbeat.interval.ms", 3_000) * 2).max(Duration::from_secs(2))
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for Ctx {
+    fn stats_raw(&self, statistics: &[u8]) {
+        self.membership.observe(statistics, Instant::now());
+    }
+}
 
 impl ConsumerContext for Ctx {
     fn rebalance(
@@ -589,6 +599,7 @@ impl Group {
             fence_limit: config_ms(&config, "max.poll.interval.ms", 300_000),
             closing: AtomicBool::new(false),
             shutdown: lock(&core).shutdown.clone(),
+            membership: Membership::new(&config),
         })?);
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         Consumer::subscribe(&*consumer, &topics)?;
@@ -760,6 +771,10 @@ impl Source for Group {
         } = self;
         let consumer = consumer.as_ref().expect("polled after close");
         let ctx = consumer.context();
+        let group = &ctx.pipeline.kafka.group_id;
+        if let Some(e) = ctx.membership.overdue(group, Instant::now()) {
+            return Polled::Failed(e);
+        }
         if ctx.reassigned.swap(false, Ordering::Relaxed) {
             if let Err(e) = split.resplit(consumer) {
                 return Polled::Failed(e);
@@ -872,7 +887,8 @@ impl Source for Group {
 /// partition queue then instead of to the one consumer queue (librdkafka CONFIGURATION.md). 1 MiB per partition
 /// (one fetch response, ~5,000 seed events) keeps the read-ahead of 8 partitions near the 4 MiB of one queue:
 /// measured peak RSS of a 200,000-event first pass 150–160 MiB with 4 MiB per partition queue, 105 MiB before the
-/// split. Set in `[kafka.properties]`, the pipeline's value stays.
+/// split. Also `statistics.interval.ms` = [`STATS_INTERVAL_MS`], which the group membership watchdog reads
+/// ([`crate::source::membership`]). Set in `[kafka.properties]`, the pipeline's value stays.
 pub fn config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> ClientConfig {
     let mut c = consumer_config(p, brokers, extra);
     let set = |k: &str| p.kafka.properties.iter().chain(extra).any(|(e, _)| e == k);
@@ -881,6 +897,10 @@ pub fn config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> Client
     }
     if !set("queued.min.messages") {
         c.set("queued.min.messages", "5000");
+    }
+    // The group membership watchdog reads librdkafka's statistics ([`crate::source::membership`]).
+    if !set("statistics.interval.ms") {
+        c.set("statistics.interval.ms", STATS_INTERVAL_MS.to_string());
     }
     c
 }

@@ -13,6 +13,7 @@ pub mod group;
 pub mod kafka;
 pub mod kcat;
 pub mod lag;
+pub mod membership;
 pub mod others;
 pub mod pending;
 pub mod queues;

@@ -1,10 +1,13 @@
 //! Every wait on PostgreSQL is bounded (issue 10): a frozen previous owner's locked checkpoint row does not stop
 //! the new owner's other partitions, PostgreSQL ends a session idle in a transaction and the cut batch is
-//! retried, and `run --shutdown-timeout` bounds a SIGTERM drain.
+//! retried, and `run --shutdown-timeout` bounds a SIGTERM drain. The wait for a steady consumer group membership
+//! is bounded too (`src/source/membership.rs`).
 
 use std::collections::BTreeMap;
 use std::process::Child;
 use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
 
 use crate::common::*;
 use crate::core::{counts, seed_events, SEED};
@@ -495,5 +498,103 @@ fn until_caught_up_waits_for_the_partitions_a_frozen_member_holds() {
         "b waited for a's partitions: {}",
         out.stderr
     );
+    assert_exact(&db, &group, &topic, &merged(&truth1, &truth2), &ends(&all));
+}
+
+/// The accounting line `run` logged on its way out of a failure (the last INFO line of its log); it adds up.
+fn logged_tally(out: &Out) -> Tally {
+    let line = out
+        .stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.find("consumed ").map(|i| l[i..].to_string()))
+        .unwrap_or_else(|| panic!("no accounting line in the log:\n{}", out.stderr));
+    Out {
+        code: out.code,
+        stdout: line,
+        stderr: String::new(),
+    }
+    .tally()
+}
+
+/// A group whose rebalance never completes: a third member (a plain client here, in production a member whose
+/// group coordinator stopped answering) holds a partition and never rejoins, so the rebalance that a second worker's
+/// join starts waits for its 300 s rebalance timeout. Both workers — A, which had been applying records, and B,
+/// which never got a partition — exit 1 once they have not been steady members for longer than
+/// `max.poll.interval.ms + session.timeout.ms` (10 s + 6 s here), each with an accounting line that adds up; once the
+/// stuck member is gone, a restart applies everything exactly once.
+#[test]
+fn a_member_whose_group_never_settles_exits_1_and_nothing_is_lost() {
+    let (db, topic) = stage("waits_unsteady", PARTITIONS);
+    let group = unique("waits_unsteady");
+    let props = "[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\
+                 \"max.poll.interval.ms\" = \"10000\"\n\"statistics.interval.ms\" = \"1000\"\n";
+    let p = pipeline(
+        &format!("{}{props}", pipeline_text("")),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let (first, truth1) = seed_events(60, PARTITIONS);
+    produce(&topic, &first);
+    let a = spawn_run(&p, &[], "a");
+    wait_for(
+        &p,
+        "a",
+        Duration::from_secs(90),
+        "a applied the first records",
+        || (0..PARTITIONS).all(|part| checkpoint(&db, &group, &topic, part) == Some(20)),
+    );
+    // The member that will never rejoin: it takes its share, then stops serving its rebalance callbacks (it does
+    // not poll) while its heartbeats go on.
+    let holder = consumer(&[
+        ("group.id", group.as_str()),
+        ("session.timeout.ms", "6000"),
+        ("heartbeat.interval.ms", "500"),
+        ("max.poll.interval.ms", "300000"),
+        ("enable.auto.commit", "false"),
+        ("auto.offset.reset", "latest"),
+    ]);
+    holder.subscribe(&[topic.as_str()]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while holder.assignment().unwrap().count() == 0 {
+        assert!(Instant::now() < deadline, "the holder got no partition");
+        let _ = holder.poll(Duration::from_millis(100));
+    }
+    let (second, truth2) = seed_events(30, PARTITIONS);
+    produce(&topic, &second);
+    let b = spawn_run(&p, &[], "b");
+    let started = Instant::now();
+    let out_a = finished(a, &p, "a", Duration::from_secs(120));
+    let out_b = finished(b, &p, "b", Duration::from_secs(120));
+    // Bounded: 16 s after the rebalance began, plus a statistics interval and the way out — long before the
+    // holder's 300 s rebalance timeout would have settled the group.
+    assert!(started.elapsed() < Duration::from_secs(200));
+    for (name, out) in [("a", &out_a), ("b", &out_b)] {
+        assert_eq!(out.code, Some(1), "{name}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("has not been a steady group member for")
+                && out
+                    .stderr
+                    .contains("max.poll.interval.ms + session.timeout.ms = 16 s"),
+            "{name} names the bound: {}",
+            out.stderr
+        );
+    }
+    let (ta, tb) = (logged_tally(&out_a), logged_tally(&out_b));
+    assert!(ta.landed >= 60, "a applied the first records: {ta:?}");
+    // The stuck member leaves; a restart reads the rest from the checkpoints.
+    holder.unsubscribe();
+    drop(holder);
+    let rest = run_caught_up(&p.path);
+    rest.assert_ok();
+    let tr = rest.tally();
+    assert_eq!(
+        ta.landed + tb.landed + tr.landed,
+        90,
+        "{ta:?} {tb:?} {tr:?}"
+    );
+    let all: Vec<Rec> = first.iter().chain(&second).cloned().collect();
     assert_exact(&db, &group, &topic, &merged(&truth1, &truth2), &ends(&all));
 }
