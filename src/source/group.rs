@@ -576,8 +576,11 @@ impl Group {
     /// client errors.
     pub fn subscribe(core: Shared, config: ClientConfig, until_caught_up: bool) -> Result<Group> {
         let pipeline = lock(&core).pipeline.clone();
+        // The helper clients (watermarks, reading back a record) emit no statistics: only the group's are read.
+        let mut plain = config.clone();
+        plain.remove("statistics.interval.ms");
         let side: BaseConsumer = {
-            let mut c = config.clone();
+            let mut c = plain.clone();
             c.remove("group.id");
             c.create()?
         };
@@ -590,7 +593,7 @@ impl Group {
             core: core.clone(),
             pipeline: pipeline.clone(),
             side: side.clone(),
-            config: config.clone(),
+            config: plain,
             assigned_once: AtomicBool::new(false),
             awaiting_assign: AtomicBool::new(false),
             reassigned: AtomicBool::new(false),
