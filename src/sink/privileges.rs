@@ -170,6 +170,7 @@ pub async fn check_database(client: &mut Client, p: &Pipeline, days: u32) -> Res
     let horizon = p.table(ledger::HORIZON).to_string();
     if usable && readable(&tx, &horizon).await? {
         partitions(&tx, p, days, &mut out).await?;
+        out.extend(key_constraints(&tx, p).await?);
         out.push(record(&tx, p).await?);
     } else {
         let why = if table_oid(&tx, &horizon).await?.is_none() {
@@ -325,6 +326,24 @@ async fn table(
 
 /// The ledger's day partitions from the oldest claimable day (the later of today − `horizon-days` and the
 /// durable pruned-below day; today without a horizon) through today + `days`, by the database's UTC date.
+/// The ledger's delivery keys are kept on every one of its tables ([`ledger::require_key_constraints`], what
+/// `run` checks at start): `None` for a ledger that does not exist yet or keeps them by its primary key.
+async fn key_constraints(c: &impl GenericClient, p: &Pipeline) -> Result<Option<Finding>> {
+    let table = p.ledger.table.to_string();
+    if !table_exists(c, &table).await? || !ledger::key_is_hashed(c, p).await? {
+        return Ok(None);
+    }
+    let what = format!("ledger {table}: delivery-key constraint on every table");
+    Ok(Some(match ledger::require_key_constraints(c, p).await {
+        Ok(()) => Finding { ok: true, what },
+        Err(Error::Schema(why)) => Finding {
+            ok: false,
+            what: why,
+        },
+        Err(e) => return Err(e),
+    }))
+}
+
 async fn partitions(
     tx: &tokio_postgres::Transaction<'_>,
     p: &Pipeline,

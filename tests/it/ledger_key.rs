@@ -125,6 +125,16 @@ fn a_day_partition_made_by_hand_without_the_key_constraint_is_refused_before_any
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_checkpoints"), 0);
+    // `check --database` names it too, without running anything.
+    let check = replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(check.code, Some(2), "{}\n{}", check.stdout, check.stderr);
+    assert!(
+        check.stdout.lines().any(|l| l.contains("MISSING")
+            && l.contains("replaysafe_ledger_p20240425")
+            && l.contains("no delivery-key constraint")),
+        "{}",
+        check.stdout
+    );
 
     // A constraint on the event id alone (not the delivery key: no generation) is no guard either — with no
     // conflict target every unique or exclusion constraint is an arbiter of the claim.
@@ -162,6 +172,15 @@ fn a_day_partition_made_by_hand_without_the_key_constraint_is_refused_before_any
     db.execute(&format!(
         "ALTER TABLE {{s}}.replaysafe_ledger_p20240425 DROP CONSTRAINT \"{other}\""
     ));
+    let check = replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(check.code, Some(0), "{}\n{}", check.stdout, check.stderr);
+    assert!(
+        check
+            .stdout
+            .contains("delivery-key constraint on every table"),
+        "{}",
+        check.stdout
+    );
     run_caught_up(&p.path);
     assert_eq!(counts(&db), truth);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 60);
