@@ -674,11 +674,15 @@ class Scenario:
         self.revive()  # a worker that exited at start (NotLeaderForPartition on a new topic) runs the scenario
 
     def revive(self):
-        """Restarts (as an orchestrator would) every worker that exited by itself; recorded in `crashed`."""
+        """Restarts (as an orchestrator would) every worker that exited by itself; recorded in `crashed`, with
+        the reason when it gave up on its consumer group (the membership bound, src/source/membership.rs)."""
         for w in self.workers:
             if w.proc is not None and not w.alive() and not w.stopped:
-                log(f"{w.name} had exited (rc {w.proc.returncode}); restarted")
-                self.crashed.append(f"{os.path.basename(w.logs[-1])}: rc {w.proc.returncode}")
+                with open(w.logs[-1], errors="replace") as f:
+                    gave_up = "has not been a steady group member" in f.read()
+                why = " (not a steady group member)" if gave_up else ""
+                log(f"{w.name} had exited (rc {w.proc.returncode}){why}; restarted")
+                self.crashed.append(f"{os.path.basename(w.logs[-1])}: rc {w.proc.returncode}{why}")
                 w.start()
 
     def delay_commits(self):

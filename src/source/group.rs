@@ -40,7 +40,7 @@ use crate::engine::takeover::{self, Acquired};
 use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::sink::checkpoint;
-use crate::source::kafka::{consumer_config, kafka_commit, partitions, watermarks};
+use crate::source::kafka::{consumer_config, kafka_commit, partitions, watermarks, STATISTICS};
 use crate::source::membership::{Membership, STATS_INTERVAL_MS};
 use crate::source::pending::Pending;
 use crate::source::queues::Split;
@@ -152,6 +152,8 @@ impl ConsumerContext for Ctx {
                 {
                     core.fatal.get_or_insert(Error::Kafka(e));
                 }
+                // The time spent in this callback (take-overs, positions) is ours, not the group's.
+                self.membership.settled();
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.awaiting_assign.store(true, Ordering::Relaxed);
@@ -187,6 +189,7 @@ impl ConsumerContext for Ctx {
                 if let Err(e) = r {
                     tracing::warn!("unassign: {e}");
                 }
+                self.membership.settled();
             }
             other => {
                 tracing::error!("rebalance error: {other:?}");
@@ -578,7 +581,7 @@ impl Group {
         let pipeline = lock(&core).pipeline.clone();
         // The helper clients (watermarks, reading back a record) emit no statistics: only the group's are read.
         let mut plain = config.clone();
-        plain.remove("statistics.interval.ms");
+        plain.remove(STATISTICS);
         let side: BaseConsumer = {
             let mut c = plain.clone();
             c.remove("group.id");
@@ -775,7 +778,7 @@ impl Source for Group {
         let consumer = consumer.as_ref().expect("polled after close");
         let ctx = consumer.context();
         let group = &ctx.pipeline.kafka.group_id;
-        if let Some(e) = ctx.membership.overdue(group, Instant::now()) {
+        if let Some(e) = ctx.membership.overdue(group) {
             return Polled::Failed(e);
         }
         if ctx.reassigned.swap(false, Ordering::Relaxed) {
@@ -901,9 +904,13 @@ pub fn config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> Client
     if !set("queued.min.messages") {
         c.set("queued.min.messages", "5000");
     }
-    // The group membership watchdog reads librdkafka's statistics ([`crate::source::membership`]).
-    if !set("statistics.interval.ms") {
-        c.set("statistics.interval.ms", STATS_INTERVAL_MS.to_string());
-    }
+    // The group membership watchdog reads librdkafka's statistics ([`crate::source::membership`]); the
+    // pipeline's value is kept off every other client ([`consumer_config`]).
+    let mut stats = p.kafka.properties.iter().chain(extra).rev();
+    let stats = stats.find(|(k, _)| k == STATISTICS).map(|(_, v)| v.clone());
+    c.set(
+        STATISTICS,
+        stats.unwrap_or_else(|| STATS_INTERVAL_MS.to_string()),
+    );
     c
 }

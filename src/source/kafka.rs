@@ -14,9 +14,14 @@ use crate::config::Pipeline;
 use crate::engine::types::Record;
 use crate::error::{Error, Result};
 
-/// The librdkafka configuration of the pipeline's consumer: `brokers`, the pipeline's group and properties,
-/// then `extra` (tests, demo); auto-commit, offset store and offset reset are forced off, `isolation.level` is
-/// forced to `read_committed` (case C42).
+/// `statistics.interval.ms`: only `run`'s group consumer emits librdkafka statistics, for its membership
+/// watchdog ([`crate::source::membership`]); the pipeline's value is kept off every other client, whose statistics
+/// nobody would read (a client that does not poll its main queue would pile them up there).
+pub const STATISTICS: &str = "statistics.interval.ms";
+
+/// The librdkafka configuration of the pipeline's consumer: `brokers`, the pipeline's group and properties
+/// (but [`STATISTICS`]), then `extra` (tests, demo); auto-commit, offset store and offset reset are forced off,
+/// `isolation.level` is forced to `read_committed` (case C42).
 pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers)
@@ -42,11 +47,10 @@ pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) 
     if !named("fetch.message.max.bytes") && !named("max.partition.fetch.bytes") {
         c.set("fetch.message.max.bytes", "262144");
     }
-    for (k, v) in &p.kafka.properties {
-        c.set(k, v);
-    }
-    for (k, v) in extra {
-        c.set(k, v);
+    for (k, v) in p.kafka.properties.iter().chain(extra) {
+        if k != STATISTICS {
+            c.set(k, v);
+        }
     }
     // Forced: offsets are ours to commit, after the database; positions are chosen explicitly on assignment,
     // and an out-of-range position later is an error, never a silent jump (librdkafka CONFIGURATION.md).
@@ -61,7 +65,7 @@ pub fn consumer_config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) 
 }
 
 /// The librdkafka configuration of a client that is not a consumer (the admin client of backfill's retention
-/// check): `brokers` and the pipeline's `[kafka.properties]` — its security settings (`security.protocol`,
+/// check): `brokers` and the pipeline's `[kafka.properties]` (but [`STATISTICS`]) — its security settings (`security.protocol`,
 /// `sasl.*`, `ssl.*`) above all — with nothing forced. librdkafka ignores consumer-only properties on such a
 /// client (a `CONFWARN` log line, not an error).
 pub fn client_config(p: &Pipeline, brokers: &str) -> ClientConfig {
@@ -69,7 +73,9 @@ pub fn client_config(p: &Pipeline, brokers: &str) -> ClientConfig {
     c.set("bootstrap.servers", brokers)
         .set("client.id", "replaysafe");
     for (k, v) in &p.kafka.properties {
-        c.set(k, v);
+        if k != STATISTICS {
+            c.set(k, v);
+        }
     }
     c.set_log_level(RDKafkaLogLevel::Warning);
     c
@@ -195,6 +201,7 @@ impl ConsumerContext for Reasons {}
 pub fn reachable(config: &ClientConfig, brokers: &str, topic: &str) -> Result<()> {
     let mut c = config.clone();
     c.remove("group.id");
+    c.remove(STATISTICS);
     let probe: BaseConsumer<Reasons> = c.create_with_context(Reasons::default())?;
     let started = std::time::Instant::now();
     let deadline = started + crate::endpoint::connect_timeout();

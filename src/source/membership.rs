@@ -1,22 +1,32 @@
 //! The bounded wait for the consumer group: a member that stays out of a steady group membership for longer
-//! than [`Membership::bound`] fails the run (exit 1) instead of idling.
+//! than its bound while the brokers answer fails the run (exit 1) instead of idling.
 //!
 //! librdkafka retries a group coordinator that does not answer without a bound of its own, and a member can stay
 //! stuck there after a broker restart — `REQTMOUT GroupCoordinator` every `socket.timeout.ms`, no assignment, for
 //! as long as the process runs (confluentinc/librdkafka#3082, #2944; seen once in `scripts/chaos`' broker
 //! scenario). Such a worker holds nothing and consumes nothing, yet looks alive. What the member's group handler
-//! is doing is read from librdkafka's statistics (STATISTICS.md, `cgrp.state` and `cgrp.join_state`), emitted
-//! every `statistics.interval.ms` ([`STATS_INTERVAL_MS`] unless the pipeline sets it; `0` turns statistics and
-//! this bound off).
+//! is doing is read from librdkafka's statistics (STATISTICS.md: `cgrp.state`, `cgrp.join_state`, and each
+//! broker's `state`), emitted every `statistics.interval.ms` ([`STATS_INTERVAL_MS`] unless the pipeline sets it;
+//! `0` turns statistics and this bound off; only the group consumer emits them, see
+//! [`crate::source::kafka::STATISTICS`]).
 //!
-//! A member is *steady* when `state` is `up` and `join_state` is `steady` — a member with an empty assignment
-//! (more members than partitions) is steady too. Every other pair is a join, a rebalance or a coordinator search
-//! in progress. A healthy rebalance ends within the group's rebalance timeout, which is the members'
-//! `max.poll.interval.ms` (librdkafka sends it in JoinGroup and times the request out 3 s after it,
-//! `rdkafka_request.c`), plus a session for a member that left without a word: hence the bound
-//! `max.poll.interval.ms + session.timeout.ms` (defaults 300 s + 45 s). Members of one group should share
-//! `max.poll.interval.ms`: a member waiting on a slower peer's longer rebalance timeout would give up first.
+//! The rules:
+//! - a member is *steady* when `state` is `up` and `join_state` is `steady` — or `init` under the KIP-848
+//!   protocol (`group.protocol = consumer`), where a member given no partitions never leaves `init`
+//!   (`rd_kafka_cgrp_consumer_handle_next_assignment`). A member with an empty assignment is steady;
+//! - the unsteady stretch starts at the first unsteady sample and ends at a steady sample or at the end of this
+//!   member's own rebalance callback ([`Membership::settled`]): the time our take-overs and revocations take is
+//!   not the group's;
+//! - it is judged only when a sample arrives (an unsteady one, at least the second of the stretch), never from
+//!   an old sample, and only while at least one broker connection is `UP`: a Kafka outage that every member sees
+//!   is waited out (librdkafka reconnects by itself) — what is bounded is a member stuck while Kafka answers;
+//! - the bound is `max.poll.interval.ms + session.timeout.ms` (defaults 300 s + 45 s). A healthy rebalance ends
+//!   within the group's rebalance timeout, which is the members' `max.poll.interval.ms` (librdkafka sends it in
+//!   JoinGroup and times the request out 3 s after it, `rdkafka_request.c`), plus a session for a member that
+//!   left without a word. Members of one group should share `max.poll.interval.ms`: a member waiting on a peer's
+//!   longer rebalance timeout gives up first. The exit comes at most one statistics interval after the bound.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,13 +35,15 @@ use serde::Deserialize;
 
 use crate::error::Error;
 
-/// `statistics.interval.ms` set on `run`'s consumer unless the pipeline sets it, in ms.
+/// `statistics.interval.ms` of `run`'s group consumer unless the pipeline sets it, in ms.
 pub const STATS_INTERVAL_MS: u64 = 5_000;
 
-/// The part of librdkafka's statistics JSON read here (STATISTICS.md, "cgrp"); the rest is skipped.
+/// The part of librdkafka's statistics JSON read here (STATISTICS.md); the rest is skipped.
 #[derive(Deserialize)]
 struct Stats {
     cgrp: Option<Cgrp>,
+    #[serde(default)]
+    brokers: HashMap<String, Broker>,
 }
 
 #[derive(Deserialize)]
@@ -40,19 +52,36 @@ struct Cgrp {
     join_state: String,
 }
 
-/// Since when, and in which states, the member has not been steady.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Deserialize)]
+struct Broker {
+    state: String,
+    /// -1 for the bootstrap and logical (coordinator) connections.
+    #[serde(default = "unknown_node")]
+    nodeid: i32,
+}
+
+fn unknown_node() -> i32 {
+    -1
+}
+
+/// The current unsteady stretch.
+#[derive(Debug)]
 struct Unsteady {
     since: Instant,
     state: String,
     join_state: String,
+    /// Set by the sample that found the stretch longer than the bound with a broker up.
+    overdue: Option<Duration>,
 }
 
-/// The watchdog of one group member: fed by the statistics callback, asked by the poll loop.
+/// The watchdog of one group member: fed by the statistics callback and the rebalance callback, asked by the
+/// poll loop.
 #[derive(Debug)]
 pub struct Membership {
     /// `max.poll.interval.ms + session.timeout.ms`; `None` when statistics are off.
     bound: Option<Duration>,
+    /// `group.protocol = consumer` (KIP-848).
+    kip848: bool,
     unsteady: Mutex<Option<Unsteady>>,
 }
 
@@ -69,8 +98,12 @@ impl Membership {
         let bound = Duration::from_millis(
             ms("max.poll.interval.ms", 300_000) + ms("session.timeout.ms", 45_000),
         );
+        let kip848 = config
+            .get("group.protocol")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("consumer"));
         Membership {
             bound: stats_on.then_some(bound),
+            kip848,
             unsteady: Mutex::new(None),
         }
     }
@@ -80,51 +113,68 @@ impl Membership {
         self.bound
     }
 
+    fn stretch(&self) -> std::sync::MutexGuard<'_, Option<Unsteady>> {
+        self.unsteady.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This member's rebalance callback finished: an unsteady stretch so far is not counted.
+    pub fn settled(&self) {
+        *self.stretch() = None;
+    }
+
     /// Reads one statistics document (`stats_raw`'s bytes) taken at `now`. A document without a `cgrp` object or
     /// that does not parse changes nothing.
     pub fn observe(&self, json: &[u8], now: Instant) {
-        let Ok(Stats { cgrp: Some(g) }) = serde_json::from_slice::<Stats>(json) else {
+        let Ok(Stats {
+            cgrp: Some(g),
+            brokers,
+        }) = serde_json::from_slice::<Stats>(json)
+        else {
             return;
         };
-        let mut unsteady = self.unsteady.lock().unwrap_or_else(|e| e.into_inner());
-        if g.state == "up" && g.join_state == "steady" {
-            *unsteady = None;
+        let steady =
+            g.state == "up" && (g.join_state == "steady" || self.kip848 && g.join_state == "init");
+        let mut stretch = self.stretch();
+        if steady {
+            *stretch = None;
             return;
         }
-        match unsteady.as_mut() {
-            Some(u) => {
-                u.state = g.state;
-                u.join_state = g.join_state;
-            }
-            None => {
-                *unsteady = Some(Unsteady {
-                    since: now,
-                    state: g.state,
-                    join_state: g.join_state,
-                })
-            }
+        let Some(u) = stretch.as_mut() else {
+            *stretch = Some(Unsteady {
+                since: now,
+                state: g.state,
+                join_state: g.join_state,
+                overdue: None,
+            });
+            return;
+        };
+        u.state = g.state;
+        u.join_state = g.join_state;
+        let waited = now.saturating_duration_since(u.since);
+        let kafka_answers = brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP");
+        if self.bound.is_some_and(|b| waited > b) && kafka_answers {
+            u.overdue = Some(waited);
         }
     }
 
-    /// `Some` error once the member has not been steady for longer than the bound at `now`.
-    pub fn overdue(&self, group: &str, now: Instant) -> Option<Error> {
+    /// `Some` error once a sample found the member unsteady for longer than the bound while Kafka answers.
+    pub fn overdue(&self, group: &str) -> Option<Error> {
         let bound = self.bound?;
-        let unsteady = self.unsteady.lock().unwrap_or_else(|e| e.into_inner());
-        let u = unsteady.as_ref()?;
-        let waited = now.saturating_duration_since(u.since);
-        (waited > bound).then(|| {
-            Error::Other(format!(
-                "consumer group {group}: this member has not been a steady group member for {} s (librdkafka \
-                 group state `{}`, join state `{}`), longer than max.poll.interval.ms + session.timeout.ms = {} s: \
-                 the group coordinator does not answer or a rebalance never completes (a librdkafka client can \
-                 stay stuck after a broker restart, confluentinc/librdkafka#3082); exiting so that a restart \
-                 joins the group afresh — what was applied is in the PostgreSQL checkpoints",
-                waited.as_secs(),
-                u.state,
-                u.join_state,
-                bound.as_secs()
-            ))
-        })
+        let stretch = self.stretch();
+        let u = stretch.as_ref()?;
+        let waited = u.overdue?;
+        Some(Error::Other(format!(
+            "consumer group {group}: this member has not been a steady group member for {:.1} s (librdkafka group \
+             state `{}`, join state `{}`) while the brokers answer, longer than max.poll.interval.ms + \
+             session.timeout.ms = {:.1} s: the group coordinator does not answer this member or a rebalance never \
+             completes (a librdkafka client can stay stuck after a broker restart, confluentinc/librdkafka#3082; or \
+             a member of the group with a longer max.poll.interval.ms stopped polling); exiting so that a restart \
+             joins the group afresh — what was applied is in the PostgreSQL checkpoints",
+            waited.as_secs_f64(),
+            u.state,
+            u.join_state,
+            bound.as_secs_f64()
+        )))
     }
 }
 
@@ -132,9 +182,15 @@ impl Membership {
 mod tests {
     use super::*;
 
-    fn stats(state: &str, join: &str) -> Vec<u8> {
+    /// A statistics document as librdkafka 2.12 writes it (trimmed): one broker connection (`nodeid` 1) in
+    /// `broker_state`, the bootstrap and coordinator connections beside it.
+    fn stats(state: &str, join: &str, broker_state: &str) -> Vec<u8> {
         format!(
-            r#"{{"name":"c#consumer-1","type":"consumer","brokers":{{"b":{{"state":"UP"}}}},
+            r#"{{"name":"c#consumer-1","type":"consumer","ts":1,
+               "brokers":{{"127.0.0.1:9092/bootstrap":{{"name":"127.0.0.1:9092/bootstrap","nodeid":-1,"state":"UP"}},
+                 "GroupCoordinator":{{"name":"GroupCoordinator","nodeid":-1,"state":"UP"}},
+                 "127.0.0.1:9092/1":{{"name":"127.0.0.1:9092/1","nodeid":1,"state":"{broker_state}"}}}},
+               "topics":{{}},
                "cgrp":{{"state":"{state}","stateage":1,"join_state":"{join}","rebalance_age":2,
                "rebalance_cnt":1,"rebalance_reason":"","assignment_size":0}}}}"#
         )
@@ -149,6 +205,17 @@ mod tests {
         c
     }
 
+    /// Bound 16 s.
+    fn short(extra: &[(&str, &str)]) -> Membership {
+        let mut pairs = vec![
+            ("statistics.interval.ms", "1000"),
+            ("max.poll.interval.ms", "10000"),
+            ("session.timeout.ms", "6000"),
+        ];
+        pairs.extend_from_slice(extra);
+        Membership::new(&config(&pairs))
+    }
+
     #[test]
     fn the_bound_is_the_rebalance_timeout_plus_a_session_and_off_without_statistics() {
         let on = [("statistics.interval.ms", "5000")];
@@ -156,63 +223,114 @@ mod tests {
             Membership::new(&config(&on)).bound(),
             Some(Duration::from_secs(345))
         );
-        let short = config(&[
-            ("statistics.interval.ms", "1000"),
-            ("max.poll.interval.ms", "10000"),
-            ("session.timeout.ms", "6000"),
-        ]);
-        assert_eq!(
-            Membership::new(&short).bound(),
-            Some(Duration::from_secs(16))
-        );
+        assert_eq!(short(&[]).bound(), Some(Duration::from_secs(16)));
         assert_eq!(Membership::new(&config(&[])).bound(), None);
         let off = [("statistics.interval.ms", "0")];
-        assert_eq!(Membership::new(&config(&off)).bound(), None);
+        let m = Membership::new(&config(&off));
+        assert_eq!(m.bound(), None);
+        let t0 = Instant::now();
+        m.observe(&stats("wait-coord", "init", "UP"), t0);
+        m.observe(
+            &stats("wait-coord", "init", "UP"),
+            t0 + Duration::from_secs(3600),
+        );
+        assert!(m.overdue("g").is_none());
     }
 
     #[test]
-    fn only_an_unbroken_unsteady_stretch_longer_than_the_bound_fails() {
-        let m = Membership::new(&config(&[
-            ("statistics.interval.ms", "1000"),
-            ("max.poll.interval.ms", "10000"),
-            ("session.timeout.ms", "6000"),
-        ]));
+    fn only_an_unbroken_unsteady_stretch_longer_than_the_bound_fails_and_only_at_a_sample() {
+        let m = short(&[]);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        m.observe(&stats("up", "wait-join"), at(0));
-        m.observe(&stats("up", "wait-sync"), at(10));
-        assert!(
-            m.overdue("g", at(16)).is_none(),
-            "at the bound, not past it"
-        );
+        m.observe(&stats("up", "wait-join", "UP"), at(0));
+        m.observe(&stats("up", "wait-sync", "UP"), at(16));
+        assert!(m.overdue("g").is_none(), "at the bound, not past it");
         // Steady again: the clock starts over.
-        m.observe(&stats("up", "steady"), at(12));
-        m.observe(&stats("query-coord", "init"), at(20));
-        assert!(m.overdue("g", at(30)).is_none());
-        m.observe(&stats("wait-coord", "init"), at(30));
-        let e = m.overdue("g", at(37)).expect("17 s unsteady > 16 s");
+        m.observe(&stats("up", "steady", "UP"), at(17));
+        m.observe(&stats("query-coord", "init", "UP"), at(20));
+        m.observe(&stats("query-coord", "init", "UP"), at(30));
+        assert!(m.overdue("g").is_none());
+        // Past the bound, but no sample has seen it yet: nothing is judged from an old sample.
+        assert!(m.overdue("g").is_none());
+        m.observe(&stats("wait-coord", "init", "UP"), at(37));
+        let e = m.overdue("g").expect("17 s unsteady > 16 s");
         let text = e.to_string();
         assert!(
             text.contains("consumer group g")
-                && text.contains("for 17 s")
+                && text.contains("for 17.0 s")
                 && text.contains("state `wait-coord`, join state `init`")
-                && text.contains("= 16 s"),
+                && text.contains("= 16.0 s"),
             "{text}"
         );
         assert_eq!(e.exit_code(), crate::error::EXIT_FAILURE);
         // A document without a group or that does not parse changes nothing.
         m.observe(br#"{"name":"x","type":"consumer"}"#, at(38));
         m.observe(b"{not json", at(38));
-        assert!(m.overdue("g", at(38)).is_some());
-        m.observe(&stats("up", "steady"), at(39));
-        assert!(m.overdue("g", at(100)).is_none());
+        assert!(m.overdue("g").is_some());
+        m.observe(&stats("up", "steady", "UP"), at(39));
+        assert!(m.overdue("g").is_none());
     }
 
     #[test]
-    fn an_idle_member_with_no_partitions_is_steady() {
-        let m = Membership::new(&config(&[("statistics.interval.ms", "1000")]));
+    fn a_single_sample_of_a_rebalance_is_not_a_stretch() {
+        // One unsteady sample, then none for a long time (a long statistics interval): no verdict without a
+        // second unsteady sample.
+        let m = short(&[]);
         let t0 = Instant::now();
-        m.observe(&stats("up", "steady"), t0);
-        assert!(m.overdue("g", t0 + Duration::from_secs(3600)).is_none());
+        m.observe(&stats("up", "wait-join", "UP"), t0);
+        assert!(m.overdue("g").is_none());
+        m.observe(&stats("up", "steady", "UP"), t0 + Duration::from_secs(120));
+        assert!(m.overdue("g").is_none());
+    }
+
+    #[test]
+    fn our_own_callbacks_do_not_count() {
+        let m = short(&[]);
+        let t0 = Instant::now();
+        m.observe(&stats("up", "wait-assign-call", "UP"), t0);
+        // The take-over in the assign callback took 20 s; it ends, then the member is steady.
+        m.settled();
+        m.observe(
+            &stats("up", "wait-assign-call", "UP"),
+            t0 + Duration::from_secs(20),
+        );
+        assert!(m.overdue("g").is_none());
+    }
+
+    #[test]
+    fn an_outage_every_member_sees_is_waited_out() {
+        let m = short(&[]);
+        let t0 = Instant::now();
+        m.observe(&stats("query-coord", "init", "DOWN"), t0);
+        m.observe(
+            &stats("query-coord", "init", "CONNECT"),
+            t0 + Duration::from_secs(300),
+        );
+        assert!(m.overdue("g").is_none(), "no broker up: Kafka is down");
+        // Kafka is back but this member is still not in its group.
+        m.observe(
+            &stats("wait-coord", "init", "UP"),
+            t0 + Duration::from_secs(305),
+        );
+        assert!(m.overdue("g").is_some());
+    }
+
+    #[test]
+    fn an_idle_member_with_no_partitions_is_steady_under_either_protocol() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(3600);
+        let classic = short(&[]);
+        classic.observe(&stats("up", "steady", "UP"), t0);
+        classic.observe(&stats("up", "steady", "UP"), later);
+        assert!(classic.overdue("g").is_none());
+        // KIP-848: a member given no partitions stays in `init`.
+        let kip848 = short(&[("group.protocol", "consumer")]);
+        kip848.observe(&stats("up", "init", "UP"), t0);
+        kip848.observe(&stats("up", "init", "UP"), later);
+        assert!(kip848.overdue("g").is_none());
+        // Under the classic protocol `init` is a member that has not joined.
+        classic.observe(&stats("up", "init", "UP"), t0);
+        classic.observe(&stats("up", "init", "UP"), later);
+        assert!(classic.overdue("g").is_some());
     }
 }
