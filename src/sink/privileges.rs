@@ -138,7 +138,8 @@ impl std::fmt::Display for Finding {
 /// Checks, inside a `READ ONLY` transaction (nothing can be written), what the connection's role needs to run
 /// the pipeline: `TEMPORARY` on the database, `USAGE` on the schemas, `SELECT, INSERT, UPDATE, DELETE` on every
 /// table of [`pipeline_tables`], `USAGE` on their sequences, the ledger's day partitions from the oldest
-/// claimable day through today + `days`, and the ledger's projection record. With `manage-schema = true` it
+/// claimable day through today + `days`, the ledger's delivery-key constraint on each of its tables, and the
+/// ledger's projection record. With `manage-schema = true` it
 /// also says (as a note, never a failure) whether the role can do the DDL itself.
 ///
 /// # Errors
@@ -324,8 +325,6 @@ async fn table(
     Ok(())
 }
 
-/// The ledger's day partitions from the oldest claimable day (the later of today − `horizon-days` and the
-/// durable pruned-below day; today without a horizon) through today + `days`, by the database's UTC date.
 /// The ledger's delivery keys are kept on every one of its tables ([`ledger::require_key_constraints`], what
 /// `run` checks at start): `None` for a ledger that does not exist yet or keeps them by its primary key.
 async fn key_constraints(c: &impl GenericClient, p: &Pipeline) -> Result<Option<Finding>> {
@@ -344,6 +343,8 @@ async fn key_constraints(c: &impl GenericClient, p: &Pipeline) -> Result<Option<
     }))
 }
 
+/// The ledger's day partitions from the oldest claimable day (the later of today − `horizon-days` and the
+/// durable pruned-below day; today without a horizon) through today + `days`, by the database's UTC date.
 async fn partitions(
     tx: &tokio_postgres::Transaction<'_>,
     p: &Pipeline,

@@ -105,7 +105,7 @@ pub fn fence_grace(config: &ClientConfig) -> Duration {
 
 impl ClientContext for Ctx {
     fn stats_raw(&self, statistics: &[u8]) {
-        self.membership.observe(statistics, Instant::now());
+        self.membership.observe(statistics);
     }
 }
 

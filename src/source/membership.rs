@@ -17,9 +17,10 @@
 //! - the unsteady stretch starts at the first unsteady sample and ends at a steady sample or at the end of this
 //!   member's own rebalance callback ([`Membership::settled`]): the time our take-overs and revocations take is
 //!   not the group's;
-//! - it is judged only when a sample arrives (an unsteady one, at least the second of the stretch), never from
-//!   an old sample, and only while at least one broker connection is `UP`: a Kafka outage that every member sees
-//!   is waited out (librdkafka reconnects by itself) — what is bounded is a member stuck while Kafka answers;
+//! - it is judged only when a sample arrives (an unsteady one, at least the second of the stretch), on the
+//!   samples' own clock (`ts`), and only time while at least one broker connection is `UP` counts: a Kafka outage
+//!   that every member sees is waited out (librdkafka reconnects by itself) and the stretch starts again when a
+//!   broker is back — what is bounded is a member stuck while Kafka answers;
 //! - the bound is `max.poll.interval.ms + session.timeout.ms` (defaults 300 s + 45 s). A healthy rebalance ends
 //!   within the group's rebalance timeout, which is the members' `max.poll.interval.ms` (librdkafka sends it in
 //!   JoinGroup and times the request out 3 s after it, `rdkafka_request.c`), plus a session for a member that
@@ -28,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use serde::Deserialize;
@@ -41,6 +42,8 @@ pub const STATS_INTERVAL_MS: u64 = 5_000;
 /// The part of librdkafka's statistics JSON read here (STATISTICS.md); the rest is skipped.
 #[derive(Deserialize)]
 struct Stats {
+    /// When librdkafka made the document: its monotonic clock, in µs.
+    ts: i64,
     cgrp: Option<Cgrp>,
     #[serde(default)]
     brokers: HashMap<String, Broker>,
@@ -67,7 +70,8 @@ fn unknown_node() -> i32 {
 /// The current unsteady stretch.
 #[derive(Debug)]
 struct Unsteady {
-    since: Instant,
+    /// The document time (`ts`, µs) since when Kafka answered and the member was not steady.
+    since: i64,
     state: String,
     join_state: String,
     /// Set by the sample that found the stretch longer than the bound with a broker up.
@@ -122,10 +126,12 @@ impl Membership {
         *self.stretch() = None;
     }
 
-    /// Reads one statistics document (`stats_raw`'s bytes) taken at `now`. A document without a `cgrp` object or
-    /// that does not parse changes nothing.
-    pub fn observe(&self, json: &[u8], now: Instant) {
+    /// Reads one statistics document (`stats_raw`'s bytes). Its own time (`ts`, when librdkafka made it) is the
+    /// clock, not the time it is delivered: documents queued while the poll loop was busy keep their times. A
+    /// document without `ts` or a `cgrp` object, or that does not parse, changes nothing.
+    pub fn observe(&self, json: &[u8]) {
         let Ok(Stats {
+            ts,
             cgrp: Some(g),
             brokers,
         }) = serde_json::from_slice::<Stats>(json)
@@ -134,26 +140,36 @@ impl Membership {
         };
         let steady =
             g.state == "up" && (g.join_state == "steady" || self.kip848 && g.join_state == "init");
+        let kafka_answers = brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP");
         let mut stretch = self.stretch();
         if steady {
             *stretch = None;
             return;
         }
-        let Some(u) = stretch.as_mut() else {
-            *stretch = Some(Unsteady {
-                since: now,
-                state: g.state,
-                join_state: g.join_state,
-                overdue: None,
-            });
-            return;
-        };
-        u.state = g.state;
-        u.join_state = g.join_state;
-        let waited = now.saturating_duration_since(u.since);
-        let kafka_answers = brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP");
-        if self.bound.is_some_and(|b| waited > b) && kafka_answers {
-            u.overdue = Some(waited);
+        match stretch.as_mut() {
+            // While no broker is up, Kafka is down for every member: that time is not counted.
+            Some(u) if !kafka_answers => {
+                u.since = ts;
+                u.overdue = None;
+            }
+            Some(u) => {
+                let waited = Duration::from_micros(ts.saturating_sub(u.since).max(0) as u64);
+                if self.bound.is_some_and(|b| waited > b) {
+                    u.overdue = Some(waited);
+                }
+            }
+            None => {
+                *stretch = Some(Unsteady {
+                    since: ts,
+                    state: String::new(),
+                    join_state: String::new(),
+                    overdue: None,
+                })
+            }
+        }
+        if let Some(u) = stretch.as_mut() {
+            u.state = g.state;
+            u.join_state = g.join_state;
         }
     }
 
@@ -182,11 +198,12 @@ impl Membership {
 mod tests {
     use super::*;
 
-    /// A statistics document as librdkafka 2.12 writes it (trimmed): one broker connection (`nodeid` 1) in
-    /// `broker_state`, the bootstrap and coordinator connections beside it.
-    fn stats(state: &str, join: &str, broker_state: &str) -> Vec<u8> {
+    /// A statistics document as librdkafka 2.12 writes it (trimmed), made at `secs` on its clock: one broker
+    /// connection (`nodeid` 1) in `broker_state`, the bootstrap and coordinator connections beside it.
+    fn stats(state: &str, join: &str, broker_state: &str, secs: i64) -> Vec<u8> {
+        let ts = secs * 1_000_000;
         format!(
-            r#"{{"name":"c#consumer-1","type":"consumer","ts":1,
+            r#"{{"name":"c#consumer-1","type":"consumer","ts":{ts},
                "brokers":{{"127.0.0.1:9092/bootstrap":{{"name":"127.0.0.1:9092/bootstrap","nodeid":-1,"state":"UP"}},
                  "GroupCoordinator":{{"name":"GroupCoordinator","nodeid":-1,"state":"UP"}},
                  "127.0.0.1:9092/1":{{"name":"127.0.0.1:9092/1","nodeid":1,"state":"{broker_state}"}}}},
@@ -228,31 +245,23 @@ mod tests {
         let off = [("statistics.interval.ms", "0")];
         let m = Membership::new(&config(&off));
         assert_eq!(m.bound(), None);
-        let t0 = Instant::now();
-        m.observe(&stats("wait-coord", "init", "UP"), t0);
-        m.observe(
-            &stats("wait-coord", "init", "UP"),
-            t0 + Duration::from_secs(3600),
-        );
+        m.observe(&stats("wait-coord", "init", "UP", 0));
+        m.observe(&stats("wait-coord", "init", "UP", 3600));
         assert!(m.overdue("g").is_none());
     }
 
     #[test]
     fn only_an_unbroken_unsteady_stretch_longer_than_the_bound_fails_and_only_at_a_sample() {
         let m = short(&[]);
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        m.observe(&stats("up", "wait-join", "UP"), at(0));
-        m.observe(&stats("up", "wait-sync", "UP"), at(16));
+        m.observe(&stats("up", "wait-join", "UP", 0));
+        m.observe(&stats("up", "wait-sync", "UP", 16));
         assert!(m.overdue("g").is_none(), "at the bound, not past it");
         // Steady again: the clock starts over.
-        m.observe(&stats("up", "steady", "UP"), at(17));
-        m.observe(&stats("query-coord", "init", "UP"), at(20));
-        m.observe(&stats("query-coord", "init", "UP"), at(30));
+        m.observe(&stats("up", "steady", "UP", 17));
+        m.observe(&stats("query-coord", "init", "UP", 20));
+        m.observe(&stats("query-coord", "init", "UP", 30));
         assert!(m.overdue("g").is_none());
-        // Past the bound, but no sample has seen it yet: nothing is judged from an old sample.
-        assert!(m.overdue("g").is_none());
-        m.observe(&stats("wait-coord", "init", "UP"), at(37));
+        m.observe(&stats("wait-coord", "init", "UP", 37));
         let e = m.overdue("g").expect("17 s unsteady > 16 s");
         let text = e.to_string();
         assert!(
@@ -263,11 +272,12 @@ mod tests {
             "{text}"
         );
         assert_eq!(e.exit_code(), crate::error::EXIT_FAILURE);
-        // A document without a group or that does not parse changes nothing.
-        m.observe(br#"{"name":"x","type":"consumer"}"#, at(38));
-        m.observe(b"{not json", at(38));
+        // A document without a time or a group, or that does not parse, changes nothing.
+        m.observe(br#"{"name":"x","type":"consumer","ts":38000000}"#);
+        m.observe(br#"{"name":"x","cgrp":{"state":"up","join_state":"steady"}}"#);
+        m.observe(b"{not json");
         assert!(m.overdue("g").is_some());
-        m.observe(&stats("up", "steady", "UP"), at(39));
+        m.observe(&stats("up", "steady", "UP", 39));
         assert!(m.overdue("g").is_none());
     }
 
@@ -276,61 +286,60 @@ mod tests {
         // One unsteady sample, then none for a long time (a long statistics interval): no verdict without a
         // second unsteady sample.
         let m = short(&[]);
-        let t0 = Instant::now();
-        m.observe(&stats("up", "wait-join", "UP"), t0);
+        m.observe(&stats("up", "wait-join", "UP", 0));
         assert!(m.overdue("g").is_none());
-        m.observe(&stats("up", "steady", "UP"), t0 + Duration::from_secs(120));
+        m.observe(&stats("up", "steady", "UP", 120));
+        assert!(m.overdue("g").is_none());
+    }
+
+    #[test]
+    fn the_documents_own_time_is_the_clock() {
+        // Two documents made 2 s apart and delivered late, together: 2 s, not the delivery delay.
+        let m = short(&[]);
+        m.observe(&stats("up", "wait-join", "UP", 100));
+        m.observe(&stats("up", "wait-join", "UP", 102));
         assert!(m.overdue("g").is_none());
     }
 
     #[test]
     fn our_own_callbacks_do_not_count() {
         let m = short(&[]);
-        let t0 = Instant::now();
-        m.observe(&stats("up", "wait-assign-call", "UP"), t0);
+        m.observe(&stats("up", "wait-assign-call", "UP", 0));
         // The take-over in the assign callback took 20 s; it ends, then the member is steady.
         m.settled();
-        m.observe(
-            &stats("up", "wait-assign-call", "UP"),
-            t0 + Duration::from_secs(20),
-        );
+        m.observe(&stats("up", "wait-assign-call", "UP", 20));
         assert!(m.overdue("g").is_none());
     }
 
     #[test]
-    fn an_outage_every_member_sees_is_waited_out() {
+    fn an_outage_every_member_sees_is_waited_out_and_not_counted() {
         let m = short(&[]);
-        let t0 = Instant::now();
-        m.observe(&stats("query-coord", "init", "DOWN"), t0);
-        m.observe(
-            &stats("query-coord", "init", "CONNECT"),
-            t0 + Duration::from_secs(300),
-        );
+        m.observe(&stats("query-coord", "init", "DOWN", 0));
+        m.observe(&stats("query-coord", "init", "CONNECT", 300));
         assert!(m.overdue("g").is_none(), "no broker up: Kafka is down");
-        // Kafka is back but this member is still not in its group.
-        m.observe(
-            &stats("wait-coord", "init", "UP"),
-            t0 + Duration::from_secs(305),
-        );
+        // Kafka is back; the member rejoins as usual: the outage is not part of its stretch.
+        m.observe(&stats("wait-coord", "init", "UP", 305));
+        m.observe(&stats("up", "wait-join", "UP", 315));
+        assert!(m.overdue("g").is_none());
+        // Still not in its group 17 s after Kafka came back.
+        m.observe(&stats("up", "wait-join", "UP", 322));
         assert!(m.overdue("g").is_some());
     }
 
     #[test]
     fn an_idle_member_with_no_partitions_is_steady_under_either_protocol() {
-        let t0 = Instant::now();
-        let later = t0 + Duration::from_secs(3600);
         let classic = short(&[]);
-        classic.observe(&stats("up", "steady", "UP"), t0);
-        classic.observe(&stats("up", "steady", "UP"), later);
+        classic.observe(&stats("up", "steady", "UP", 0));
+        classic.observe(&stats("up", "steady", "UP", 3600));
         assert!(classic.overdue("g").is_none());
         // KIP-848: a member given no partitions stays in `init`.
         let kip848 = short(&[("group.protocol", "consumer")]);
-        kip848.observe(&stats("up", "init", "UP"), t0);
-        kip848.observe(&stats("up", "init", "UP"), later);
+        kip848.observe(&stats("up", "init", "UP", 0));
+        kip848.observe(&stats("up", "init", "UP", 3600));
         assert!(kip848.overdue("g").is_none());
         // Under the classic protocol `init` is a member that has not joined.
-        classic.observe(&stats("up", "init", "UP"), t0);
-        classic.observe(&stats("up", "init", "UP"), later);
+        classic.observe(&stats("up", "init", "UP", 0));
+        classic.observe(&stats("up", "init", "UP", 3600));
         assert!(classic.overdue("g").is_some());
     }
 }
