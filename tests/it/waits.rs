@@ -540,7 +540,7 @@ fn a_member_whose_group_never_settles_exits_1_and_nothing_is_lost() {
     );
     let (first, truth1) = seed_events(60, PARTITIONS);
     produce(&topic, &first);
-    let a = spawn_run(&p, &[], "a");
+    let mut a = spawn_run(&p, &[], "a");
     wait_for(
         &p,
         "a",
@@ -566,10 +566,25 @@ fn a_member_whose_group_never_settles_exits_1_and_nothing_is_lost() {
     }
     let (second, truth2) = seed_events(30, PARTITIONS);
     produce(&topic, &second);
-    let b = spawn_run(&p, &[], "b");
+    let mut b = spawn_run(&p, &[], "b");
     let started = Instant::now();
-    let out_a = finished(a, &p, "a", Duration::from_secs(120));
-    let out_b = finished(b, &p, "b", Duration::from_secs(120));
+    // Both must exit by themselves; neither is left running when they do not.
+    while a.try_wait().unwrap().is_none() || b.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            for c in [&mut a, &mut b] {
+                unsafe_kill(c.id(), "KILL");
+                let _ = c.wait();
+            }
+            panic!(
+                "a and b did not both exit in 120 s\na: {}\nb: {}",
+                stderr_of(&p, "a"),
+                stderr_of(&p, "b")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out_a = finished(a, &p, "a", Duration::from_secs(5));
+    let out_b = finished(b, &p, "b", Duration::from_secs(5));
     // Bounded: 16 s after the rebalance began, plus a statistics interval and the way out — long before the
     // holder's 300 s rebalance timeout would have settled the group.
     assert!(started.elapsed() < Duration::from_secs(200));
