@@ -124,6 +124,35 @@ fn stderr_of(p: &Pipeline, name: &str) -> String {
     std::fs::read_to_string(p.dir.path().join(format!("{name}.err"))).unwrap_or_default()
 }
 
+/// `n` seed events (a multiple of [`PARTITIONS`]) produced and applied by worker `a`, which keeps running.
+fn worker_a_applied(
+    p: &Pipeline,
+    db: &Db,
+    group: &str,
+    topic: &str,
+    n: usize,
+) -> (Child, Vec<Rec>, BTreeMap<(String, String), i64>) {
+    let (recs, truth) = seed_events(n, PARTITIONS);
+    produce(topic, &recs);
+    let mut a = spawn_run(p, &[], "a");
+    let each = (n / PARTITIONS as usize) as i64;
+    wait_for(
+        p,
+        "a",
+        Duration::from_secs(90),
+        "a applied the first records",
+        || {
+            assert!(
+                a.try_wait().unwrap().is_none(),
+                "a exited: {}",
+                stderr_of(p, "a")
+            );
+            (0..PARTITIONS).all(|part| checkpoint(db, group, topic, part) == Some(each))
+        },
+    );
+    (a, recs, truth)
+}
+
 /// A second session holding partition `partition`'s checkpoint row locked in an open transaction: what a
 /// previous owner frozen (SIGSTOP) inside its batch transaction looks like to the new owner.
 fn lock_checkpoint_row(
@@ -435,30 +464,18 @@ fn drain_stuck_on_a_lock(postgres: &str) {
 fn until_caught_up_waits_for_the_partitions_a_frozen_member_holds() {
     let (db, topic) = stage("waits_frozen", PARTITIONS);
     let group = unique("waits_frozen");
-    let props = "[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
+    // a's session outlasts b's catching up with its own share (≈ 300 one-record batches: seconds, more on a
+    // loaded machine), so that b is caught up and waiting when the group hands it a's partitions. With 6 s, b
+    // was once still reading its own share then, never waited, and the test failed on the missing wait.
+    let props =
+        "[kafka.properties]\n\"session.timeout.ms\" = \"20000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
     // One record per batch: both members are still reading when the group splits the partitions.
     let text = format!("{}{props}", pipeline_text("")).replace(
         "max-records = 200\nlinger-ms = 20",
         "max-records = 1\nlinger-ms = 1",
     );
     let p = pipeline(&text, &topic, &group, &db.schema);
-    let (first, truth1) = seed_events(30, PARTITIONS);
-    produce(&topic, &first);
-    let mut a = spawn_run(&p, &[], "a");
-    wait_for(
-        &p,
-        "a",
-        Duration::from_secs(90),
-        "a applied the first records",
-        || {
-            assert!(
-                a.try_wait().unwrap().is_none(),
-                "a exited: {}",
-                stderr_of(&p, "a")
-            );
-            (0..PARTITIONS).all(|part| checkpoint(&db, &group, &topic, part) == Some(10))
-        },
-    );
+    let (mut a, first, truth1) = worker_a_applied(&p, &db, &group, &topic, 30);
     let (second, truth2) = seed_events(900, PARTITIONS);
     produce(&topic, &second);
     // b joins: the group splits the partitions between the two (a keeps at least one: range assignor).
@@ -473,7 +490,7 @@ fn until_caught_up_waits_for_the_partitions_a_frozen_member_holds() {
                 && stderr_of(&p, "a").matches("partition assigned").count() > PARTITIONS as usize
         },
     );
-    // a freezes with records of its share unread; its session runs out 6 s later.
+    // a freezes with records of its share unread; its session runs out 20 s later.
     unsafe_kill(a.id(), "STOP");
     let behind: Vec<i32> = (0..PARTITIONS)
         .filter(|&part| checkpoint(&db, &group, &topic, part) < Some(310))
@@ -538,16 +555,7 @@ fn a_member_whose_group_never_settles_exits_1_and_nothing_is_lost() {
         &group,
         &db.schema,
     );
-    let (first, truth1) = seed_events(60, PARTITIONS);
-    produce(&topic, &first);
-    let mut a = spawn_run(&p, &[], "a");
-    wait_for(
-        &p,
-        "a",
-        Duration::from_secs(90),
-        "a applied the first records",
-        || (0..PARTITIONS).all(|part| checkpoint(&db, &group, &topic, part) == Some(20)),
-    );
+    let (mut a, first, truth1) = worker_a_applied(&p, &db, &group, &topic, 60);
     // The member that will never rejoin: it takes its share, then stops serving its rebalance callbacks (it does
     // not poll) while its heartbeats go on.
     let holder = consumer(&[
