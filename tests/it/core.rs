@@ -308,12 +308,20 @@ fn rebalance_between_two_members_keeps_counts_exact() {
     let group = unique("g");
     let p = pipeline(SEED, &topic, &group, &db.schema);
     let mut offsets = produce(&topic, &recs[..3000]);
+    let logs = |n: &str| {
+        std::fs::read_to_string(p.dir.path().join(format!("{n}.err"))).unwrap_or_default()
+    };
+    // Each step waits for what it needs (not a fixed sleep: start-up takes longer on a loaded machine).
     let mut a = spawn_run(&p, &[], "a");
-    std::thread::sleep(Duration::from_secs(2));
+    wait_until(Duration::from_secs(90), "a is assigned partitions", || {
+        logs("a").contains("partition assigned")
+    });
     offsets.extend(produce(&topic, &recs[3000..6000]));
     let mut b = spawn_run(&p, &[], "b");
     offsets.extend(produce(&topic, &recs[6000..9000]));
-    std::thread::sleep(Duration::from_secs(3));
+    wait_until(Duration::from_secs(90), "b is assigned partitions", || {
+        logs("b").contains("partition assigned")
+    });
     assert_eq!(
         terminate(&mut a),
         Some(0),
@@ -346,7 +354,6 @@ fn rebalance_between_two_members_keeps_counts_exact() {
         );
     }
     // Both members really took part (the group was rebalanced between them).
-    let logs = |n: &str| std::fs::read_to_string(p.dir.path().join(format!("{n}.err"))).unwrap();
     assert!(logs("a").contains("partition assigned") && logs("b").contains("partition assigned"));
 }
 

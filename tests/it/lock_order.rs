@@ -56,13 +56,24 @@ key = ["entity_id"]
 /// A fresh schema and 2-partition topic, `customer_stats` created with both value columns, the C36 pipeline
 /// (`max_records` per batch) under a fresh group, and `init` run.
 fn c36_stage(prefix: &str, max_records: usize) -> (Db, String, String, Pipeline) {
+    c36_stage_with(prefix, max_records, "")
+}
+
+/// [`c36_stage`] with `postgres` added to the pipeline's `[postgres]` table (the header's last).
+fn c36_stage_with(
+    prefix: &str,
+    max_records: usize,
+    postgres: &str,
+) -> (Db, String, String, Pipeline) {
     let (db, topic) = stage(prefix, 2);
     let group = unique("g");
     db.execute(
         "CREATE TABLE {s}.customer_stats (customer_id text NOT NULL PRIMARY KEY, \
          orders_placed bigint NOT NULL DEFAULT 0, total numeric NOT NULL DEFAULT 0)",
     );
-    let text = C36.replace("MAXREC", &max_records.to_string());
+    let text = C36
+        .replace("MAXREC", &max_records.to_string())
+        .replace("[batch]", &format!("{postgres}[batch]"));
     let p = pipeline(&text, &topic, &group, &db.schema);
     replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
     (db, topic, group, p)
@@ -357,7 +368,9 @@ fn c36_ledger_claims_wait_on_the_smallest_key_holding_no_other() {
 /// 10 and 11 "already claimed" and lose them), nothing dead-lettered, exit 0, the retry logged with its SQLSTATE.
 #[test]
 fn c36_deadlock_is_retried_as_a_new_transaction() {
-    let (db, topic, group, p) = c36_stage("c36b", 2);
+    // The worker's lock waits must outlast the set-up of the cycle on a loaded machine (the default 5 s could
+    // end its wait for c-2 before B commits, and no deadlock would form).
+    let (db, topic, group, p) = c36_stage_with("c36b", 2, "lock-timeout-ms = 50000\n");
     db.execute("INSERT INTO {s}.customer_stats (customer_id) VALUES ('c-1'), ('c-2')");
     let (b, b_pid) = session(&db);
     exec(

@@ -112,7 +112,7 @@ fn registry_down_stops_the_run_without_dead_letters() {
             &config,
             "--until-caught-up",
             "--connect-timeout",
-            "2",
+            "5",
         ],
         &[],
         std::time::Duration::from_secs(120),
