@@ -914,3 +914,36 @@ pub fn config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> Client
     );
     c
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only `run`'s group consumer emits statistics (its membership bound reads them): the pipeline's value
+    /// reaches it and no other client, and it has the default when the pipeline sets none.
+    #[test]
+    fn statistics_reach_the_group_consumer_only() {
+        let reference = include_str!("../../reference.toml");
+        let p = crate::config::parse("reference.toml", reference).unwrap();
+        let group = config(&p, "127.0.0.1:9092", &[]);
+        assert_eq!(group.get(STATISTICS), Some("5000"));
+        let text = reference.replace(
+            "\"fetch.max.bytes\" = 52428800",
+            "\"fetch.max.bytes\" = 52428800\n\"statistics.interval.ms\" = 1000",
+        );
+        let p = crate::config::parse("p.toml", &text).unwrap();
+        assert_eq!(
+            crate::source::kafka::consumer_config(&p, "127.0.0.1:9092", &[]).get(STATISTICS),
+            None
+        );
+        assert_eq!(
+            crate::source::kafka::client_config(&p, "127.0.0.1:9092").get(STATISTICS),
+            None
+        );
+        let group = config(&p, "127.0.0.1:9092", &[]);
+        assert_eq!(group.get(STATISTICS), Some("1000"));
+        let extra = [(STATISTICS.to_string(), "0".to_string())];
+        let group = config(&p, "127.0.0.1:9092", &extra);
+        assert_eq!(group.get(STATISTICS), Some("0"), "the last one named wins");
+    }
+}

@@ -15,7 +15,7 @@ use crate::engine::types::Record;
 use crate::error::{Error, Result};
 
 /// `statistics.interval.ms`: only `run`'s group consumer emits librdkafka statistics, for its membership
-/// watchdog ([`crate::source::membership`]); the pipeline's value is kept off every other client, whose statistics
+/// watchdog (`source/membership.rs`); the pipeline's value is kept off every other client, whose statistics
 /// nobody would read (a client that does not poll its main queue would pile them up there).
 pub const STATISTICS: &str = "statistics.interval.ms";
 
@@ -317,30 +317,5 @@ mod tests {
         let c = consumer_config(&p, "127.0.0.1:9092", &[]);
         assert_eq!(c.get("fetch.message.max.bytes"), None);
         assert_eq!(c.get("max.partition.fetch.bytes"), Some("1048576"));
-    }
-
-    /// Only `run`'s group consumer emits statistics (its membership bound reads them): the pipeline's value
-    /// reaches it and no other client, and it has the default when the pipeline sets none.
-    #[test]
-    fn statistics_reach_the_group_consumer_only() {
-        let reference = include_str!("../../reference.toml");
-        let p = crate::config::parse("reference.toml", reference).unwrap();
-        let group = crate::source::group::config(&p, "127.0.0.1:9092", &[]);
-        assert_eq!(group.get(STATISTICS), Some("5000"));
-        let text = reference.replace(
-            "\"fetch.max.bytes\" = 52428800",
-            "\"fetch.max.bytes\" = 52428800\n\"statistics.interval.ms\" = 1000",
-        );
-        let p = crate::config::parse("p.toml", &text).unwrap();
-        assert_eq!(
-            consumer_config(&p, "127.0.0.1:9092", &[]).get(STATISTICS),
-            None
-        );
-        assert_eq!(client_config(&p, "127.0.0.1:9092").get(STATISTICS), None);
-        let group = crate::source::group::config(&p, "127.0.0.1:9092", &[]);
-        assert_eq!(group.get(STATISTICS), Some("1000"));
-        let extra = [(STATISTICS.to_string(), "0".to_string())];
-        let group = crate::source::group::config(&p, "127.0.0.1:9092", &extra);
-        assert_eq!(group.get(STATISTICS), Some("0"), "the last one named wins");
     }
 }

@@ -8,7 +8,7 @@
 //! is doing is read from librdkafka's statistics (STATISTICS.md: `cgrp.state`, `cgrp.join_state`, and each
 //! broker's `state`), emitted every `statistics.interval.ms` ([`STATS_INTERVAL_MS`] unless the pipeline sets it;
 //! `0` turns statistics and this bound off; only the group consumer emits them, see
-//! [`crate::source::kafka::STATISTICS`]).
+//! `source/kafka.rs`).
 //!
 //! The rules:
 //! - a member is *steady* when `state` is `up` and `join_state` is `steady` — or `init` under the KIP-848
