@@ -352,6 +352,7 @@ impl Engine {
             if idle_turns >= 3 {
                 // After the flush settled, before `finished` looks: a step launched now is settled first.
                 self.step_over_markers(source);
+                self.recommit(source);
             }
             if lock(&self.core).crashed {
                 tracing::warn!("simulated crash: database committed, Kafka offsets not committed");
@@ -496,6 +497,21 @@ impl Engine {
             })
             .collect();
         core.launch_cuts(cuts);
+    }
+
+    /// Commits every held checkpoint to Kafka again (asynchronously) when the source asks for it
+    /// ([`Ack::recommit_due`]): after a failed offset commit (e.g. a coordinator still loading after a broker
+    /// restart) or an assignment, so Kafka's committed offsets (lag tools, `offsets snapshot`) do not stay behind
+    /// the checkpoints of an idle partition. Only with nothing buffered or in flight: then each held partition's
+    /// checkpoint is what this process last committed.
+    fn recommit(&self, source: &impl Source) {
+        let core = lock(&self.core);
+        if core.buffered() > 0 || core.in_flight() || core.crashed {
+            return;
+        }
+        if source.ack().recommit_due() {
+            core.commit_checkpoints_with(source.ack(), CommitMode::Async);
+        }
     }
 
     /// Applies everything buffered and acknowledges every checkpoint held.

@@ -497,6 +497,11 @@ impl Core {
 
     /// Acknowledges every held partition's checkpoint synchronously (clean exits).
     pub fn commit_checkpoints(&self, ack: &dyn Ack) {
+        self.commit_checkpoints_with(ack, CommitMode::Sync);
+    }
+
+    /// Acknowledges every held partition's checkpoint (next offset to read) with `mode`.
+    pub fn commit_checkpoints_with(&self, ack: &dyn Ack, mode: CommitMode) {
         let mut tpl = TopicPartitionList::new();
         for ((topic, partition), st) in &self.parts {
             if let Some(n) = st.next {
@@ -504,7 +509,7 @@ impl Core {
             }
         }
         if tpl.count() > 0 && !self.crashed && ack.acknowledges() {
-            ack.commit(&tpl, CommitMode::Sync);
+            ack.commit(&tpl, mode);
         }
     }
 }

@@ -52,6 +52,12 @@ pub trait Ack {
     /// Commits `offsets` (next offset to read per partition) with `mode`; a failure is only logged (the
     /// checkpoint in PostgreSQL is authoritative).
     fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode);
+    /// Whether every held checkpoint is to be committed again now (a Kafka source whose offset commit failed, or
+    /// that was just assigned partitions: Kafka's committed offsets would stay behind the checkpoints until new
+    /// records arrive). Asked by the loop when idle; `true` counts as done. The default: never.
+    fn recommit_due(&self) -> bool {
+        false
+    }
     /// A batch of `tp` was fenced (another owner holds the checkpoint): `None` to stop reading the partition
     /// and go on (a group), or the error that ends the run.
     fn fenced(&self, tp: &Tp) -> Option<Error>;

@@ -84,6 +84,42 @@ pub struct Ctx {
     shutdown: Arc<AtomicBool>,
     /// The bounded wait for a steady group membership, fed by librdkafka's statistics ([`Membership`]).
     membership: Membership,
+    /// Kafka's committed offsets may be behind the checkpoints: an offset commit failed (a coordinator loading
+    /// after a broker restart answers `COORDINATOR_LOAD_IN_PROGRESS`, nothing retries it) or partitions were
+    /// just assigned (their committed offsets may predate the checkpoint). The engine then commits every held
+    /// checkpoint again when idle ([`Ack::recommit_due`]), at most once per [`RECOMMIT_EVERY`].
+    recommit: Recommit,
+}
+
+/// The shortest time between two commits of every held checkpoint after a failed offset commit.
+pub const RECOMMIT_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether the held checkpoints are to be committed to Kafka again, and when that was last done.
+#[derive(Default)]
+struct Recommit {
+    due: AtomicBool,
+    last: Mutex<Option<Instant>>,
+}
+
+impl Recommit {
+    /// Asks for a commit of every held checkpoint.
+    fn ask(&self) {
+        self.due.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether one is due now (and then it counts as done): asked for, and none in the last [`RECOMMIT_EVERY`].
+    fn take(&self) -> bool {
+        if !self.due.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < RECOMMIT_EVERY) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        self.due.store(false, Ordering::Relaxed);
+        true
+    }
 }
 
 /// A librdkafka duration property of `config` in ms, or `default_ms`.
@@ -110,6 +146,21 @@ impl ClientContext for Ctx {
 }
 
 impl ConsumerContext for Ctx {
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
+        // An asynchronous offset commit failed (librdkafka logs COMMITFAIL): commit the checkpoints again later.
+        if let Err(e) = result {
+            tracing::debug!(
+                partitions = offsets.count(),
+                "kafka offset commit failed, to be retried: {e}"
+            );
+            self.recommit.ask();
+        }
+    }
+
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -212,7 +263,13 @@ impl Ack for GroupConsumer {
             true => CommitMode::Async,
             false => mode,
         };
-        kafka_commit(self, offsets, mode);
+        if !kafka_commit(self, offsets, mode) {
+            ctx.recommit.ask();
+        }
+    }
+
+    fn recommit_due(&self) -> bool {
+        self.context().recommit.take()
     }
 
     fn rewind(&self, tp: &Tp, offset: i64) -> Option<Error> {
@@ -292,6 +349,11 @@ impl Ctx {
         // The connections come back from the flush in flight (if any) first.
         let (acquired, blocked) = take_over_or_defer(core, consumer, &elems)?;
         let (starts, fenced) = self.position(core, consumer, acquired)?;
+        if !starts.is_empty() {
+            // Kafka's committed offsets of these partitions may be behind their checkpoints (commits that failed
+            // before the previous owner lost them): committed again once the loop is idle.
+            self.recommit.ask();
+        }
         for (tp, start) in starts {
             tpl.set_partition_offset(&tp.0, tp.1, Offset::Offset(start))?;
         }
@@ -606,6 +668,7 @@ impl Group {
             closing: AtomicBool::new(false),
             shutdown: lock(&core).shutdown.clone(),
             membership: Membership::new(&config),
+            recommit: Recommit::default(),
         })?);
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         Consumer::subscribe(&*consumer, &topics)?;
@@ -918,6 +981,19 @@ pub fn config(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -> Client
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recommit_is_due_once_asked_and_at_most_once_a_second() {
+        let r = Recommit::default();
+        assert!(!r.take(), "never asked");
+        r.ask();
+        assert!(r.take());
+        assert!(!r.take(), "done");
+        r.ask();
+        assert!(!r.take(), "asked again within RECOMMIT_EVERY");
+        *r.last.lock().unwrap() = Some(Instant::now() - RECOMMIT_EVERY);
+        assert!(r.take(), "asked, and the last one is RECOMMIT_EVERY ago");
+    }
 
     /// Only `run`'s group consumer emits statistics (its membership bound reads them): the pipeline's value
     /// reaches it and no other client, and it has the default when the pipeline sets none.

@@ -120,16 +120,22 @@ pub fn record(msg: &BorrowedMessage<'_>) -> Record {
 }
 
 /// Commits offsets to Kafka; a failure is only logged (the checkpoint in PostgreSQL is authoritative).
+/// Returns whether the commit was sent (sync: and acknowledged) without an error; an asynchronous commit's own
+/// result reaches the consumer context's `commit_callback`.
 pub fn kafka_commit<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     offsets: &TopicPartitionList,
     mode: CommitMode,
-) {
-    if let Err(e) = consumer.commit(offsets, mode) {
-        // The checkpoint is the truth; a failed Kafka commit only delays lag reporting.
-        tracing::warn!(
-            "kafka offset commit failed (checkpoint in PostgreSQL is authoritative): {e}"
-        );
+) -> bool {
+    match consumer.commit(offsets, mode) {
+        Ok(()) => true,
+        Err(e) => {
+            // The checkpoint is the truth; a failed Kafka commit only delays lag reporting.
+            tracing::warn!(
+                "kafka offset commit failed (checkpoint in PostgreSQL is authoritative): {e}"
+            );
+            false
+        }
     }
 }
 

@@ -404,3 +404,51 @@ fn a_generation_bump_past_records_lost_to_retention_is_refused() {
     assert!(out.stderr.contains("10..15"), "{}", out.stderr);
     assert_eq!(ledger(&db), 10, "nothing consumed");
 }
+
+/// Kafka's committed offsets behind the checkpoints (commits that failed while a broker restarted and the group
+/// coordinator was loading: nothing retried them) are committed again by a running member once it holds the
+/// partitions and is idle — not only when new records arrive (the chaos harness's `broker` scenario saw them
+/// stay behind). The checkpoints, ledger and table are not touched.
+#[test]
+fn a_running_member_commits_checkpoints_kafka_has_behind() {
+    let (db, topic) = stage("recommit", 2);
+    let records: Vec<Rec> = (0..10).map(|n| event(n as i32 % 2, n)).collect();
+    produce(&topic, &records);
+    let group = unique("g");
+    let p = pipeline(SEED, &topic, &group, &db.schema);
+    run_caught_up(&p.path);
+    assert_eq!(committed(&group, &topic, 2), vec![Some(5), Some(5)]);
+
+    // Lost commits: Kafka's committed offsets set back to 1 (the group has no member now).
+    // No auto commit: closing would commit the consumer's own position.
+    let c = consumer(&[
+        ("group.id", group.as_str()),
+        ("enable.auto.commit", "false"),
+    ]);
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for part in 0..2 {
+        tpl.add_partition_offset(&topic, part, rdkafka::Offset::Offset(1))
+            .unwrap();
+    }
+    rdkafka::consumer::Consumer::assign(&c, &tpl).unwrap();
+    rdkafka::consumer::Consumer::commit(&c, &tpl, rdkafka::consumer::CommitMode::Sync).unwrap();
+    drop(c);
+    assert_eq!(committed(&group, &topic, 2), vec![Some(1), Some(1)]);
+
+    // A running member with nothing new to read commits its checkpoints.
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(
+        Duration::from_secs(60),
+        "committed offsets = checkpoints",
+        || committed(&group, &topic, 2) == vec![Some(5), Some(5)],
+    );
+    assert_eq!(terminate(&mut child), Some(0));
+    let out = std::fs::read_to_string(p.dir.path().join("run.out")).unwrap();
+    assert!(
+        out.contains("consumed 0 = landed 0 + duplicate 0 + filtered 0 + quarantined 0"),
+        "{out}"
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(5));
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(5));
+    assert_eq!(ledger(&db), 10);
+}
