@@ -76,8 +76,15 @@ pub struct Sink {
 /// keys, entity lock ids, row states, outbox keys — must be spelled alike by every process, whatever the
 /// server's or the role's defaults (PostgreSQL manual, "Client Connection Defaults": DateStyle, TimeZone,
 /// IntervalStyle).
+///
+/// `search_path` holds only `pg_catalog` and then `pg_temp` (PostgreSQL manual, "Schemas → Usage Patterns" and
+/// "Writing SECURITY DEFINER Functions Safely"; CVE-2018-1058): an unqualified function or operator resolves in
+/// `pg_catalog` only, so an overload a role planted in `public` or its own schema (e.g. `unnest(text[])`, preferred
+/// to `pg_catalog.unnest(anyarray)`) never runs in replaysafe's sessions; every table is named with its schema,
+/// the batch's temporary tables with `pg_temp`.
 pub const SESSION_SETTINGS: &str =
-    "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; SET intervalstyle = 'postgres'";
+    "SET search_path = pg_catalog, pg_temp; SET datestyle = 'ISO, YMD'; \
+     SET timezone = 'UTC'; SET intervalstyle = 'postgres'";
 
 /// Opens a connection (TLS as the URL and the noted `[postgres]` keys say: [`tls`]) with [`SESSION_SETTINGS`] and the default [`Timeouts`] (tools
 /// without a pipeline's `[postgres]` settings); see [`connect_with`].

@@ -599,3 +599,125 @@ fn row_and_outbox_projections_run_under_a_dml_only_role() {
     assert_eq!(db.checkpoint(&group, &topic, 2), Some(2));
     assert_eq!(role.owned(), 0);
 }
+
+/// Issue 35.1 (CVE-2018-1058's class): a role that may CREATE in a schema on the default `search_path`
+/// (`"$user", public`) plants overloads that PostgreSQL prefers to `pg_catalog`'s polymorphic built-ins. Every
+/// replaysafe session pins `search_path = pg_catalog, pg_temp`, so none of them runs — not in `init` run by a
+/// superuser, not in the batch transactions, not in `verify`'s or `check --database`'s reads.
+#[test]
+fn overloads_planted_on_the_default_search_path_never_run() {
+    let (db, topic) = stage("planted", 3);
+    let group = unique("g");
+    let p = pipeline(PIPE, &topic, &group, &db.schema);
+    let today = db_today(&db);
+    let evs = events(today, 30);
+    let recs: Vec<Rec> = evs.iter().map(|e| e.0.clone()).collect();
+    produce(&topic, &recs);
+
+    // A superuser whose own schema ("$user", first on the default search_path) holds the planted functions.
+    let role = Role::new();
+    let r = role.name.clone();
+    let mut plant = format!(
+        "ALTER ROLE \"{r}\" SUPERUSER; CREATE SCHEMA \"{r}\" AUTHORIZATION \"{r}\"; \
+         CREATE TABLE \"{r}\".calls (f text NOT NULL);"
+    );
+    let overloads = [
+        (
+            "unnest",
+            "a text[]",
+            "SETOF text",
+            "RETURN QUERY SELECT pg_catalog.unnest(a);",
+        ),
+        (
+            "unnest",
+            "a bigint[]",
+            "SETOF bigint",
+            "RETURN QUERY SELECT pg_catalog.unnest(a);",
+        ),
+        (
+            "unnest",
+            "a integer[]",
+            "SETOF integer",
+            "RETURN QUERY SELECT pg_catalog.unnest(a);",
+        ),
+        ("to_json", "a text", "json", "RETURN pg_catalog.to_json(a);"),
+        (
+            "format",
+            "a text, b text",
+            "text",
+            "RETURN pg_catalog.format(a, b);",
+        ),
+        (
+            "format",
+            "a text, b text, c text",
+            "text",
+            "RETURN pg_catalog.format(a, b, c);",
+        ),
+    ];
+    for (f, args, ret, body) in overloads {
+        plant += &format!(
+            "CREATE FUNCTION \"{r}\".{f}({args}) RETURNS {ret} LANGUAGE plpgsql AS $f$ BEGIN \
+             INSERT INTO \"{r}\".calls VALUES ('{f}({args})'); {body} END $f$;"
+        );
+    }
+    role.sql(&plant);
+
+    // The trap is live: a session of the role on the default search_path calls the planted unnest.
+    let rt = runtime();
+    let (victim, conn) = rt
+        .block_on(tokio_postgres::connect(&role.url(), tokio_postgres::NoTls))
+        .unwrap();
+    rt.spawn(conn);
+    let n: i64 = rt
+        .block_on(victim.query_one("SELECT count(*) FROM unnest(ARRAY['a', 'b']::text[])", &[]))
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+    let calls = |c: &tokio_postgres::Client| -> Vec<String> {
+        rt.block_on(c.query(&format!("SELECT f FROM \"{r}\".calls ORDER BY f"), &[]))
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    assert_eq!(calls(&victim), vec!["unnest(a text[])".to_string()]);
+    rt.block_on(victim.batch_execute(&format!("TRUNCATE \"{r}\".calls")))
+        .unwrap();
+
+    // init as that superuser, the pipeline, check --database and verify's snapshot: nothing planted runs.
+    let config = arg(&p.path);
+    role.replaysafe(&["init", "--config", config, "--days", "1"])
+        .assert_ok();
+    let out = role.replaysafe(&["run", "--config", config, "--until-caught-up"]);
+    out.assert_ok();
+    assert!(
+        out.stdout
+            .contains("consumed 30 = landed 30 + duplicate 0 + filtered 0 + quarantined 0"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let out = role.replaysafe(&["check", "--config", config, "--database"]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    let snap = p.dir.path().join("snap.json");
+    let snap_arg = snap.to_str().unwrap();
+    let out = role.replaysafe(&[
+        "verify",
+        "snapshot",
+        "--config",
+        config,
+        "--table",
+        "daily_counts",
+        "-o",
+        snap_arg,
+    ]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        calls(&victim),
+        Vec::<String>::new(),
+        "planted functions ran"
+    );
+    assert_eq!(counts(&db), expected_counts(&evs));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 30);
+    drop(victim);
+}
