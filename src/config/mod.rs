@@ -20,7 +20,10 @@ pub use errors::{ErrorsPlan, Tolerance};
 pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
 pub use kafka::{KafkaPlan, StartPolicy};
 pub use outbox::OutboxPlan;
-pub use plan::{FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan};
+pub use plan::{
+    FilterPlan, IdentityPlan, LedgerPlan, Pipeline, PostgresPlan, DEFAULT_FUTURE_DAYS,
+    MAX_FUTURE_DAYS,
+};
 pub use registry::{Encoding, RegistryPlan};
 pub use source::Source;
 pub use timeouts::Timeouts;
@@ -176,6 +179,7 @@ mod tests {
             "partition-by",
             "table",
             "horizon-days",
+            "future-days",
             "columns",
             "name",
             "drop-if",

@@ -114,6 +114,13 @@ pub struct IdentityPlan {
     pub partition_by: Option<usize>,
 }
 
+/// `[ledger] future-days` when not set: the days `init` creates ahead by default.
+pub const DEFAULT_FUTURE_DAYS: u32 = 7;
+
+/// The largest `[ledger] future-days`: what `init --days` accepts, so a `--no-ddl` pipeline's missing partition
+/// can always be created by the `init` its error names.
+pub const MAX_FUTURE_DAYS: u32 = 366;
+
 /// `[ledger]`.
 #[derive(Debug, Clone)]
 pub struct LedgerPlan {
@@ -121,6 +128,10 @@ pub struct LedgerPlan {
     pub table: QualifiedName,
     /// Days the ledger keeps; events older are quarantined as `beyond-horizon`; `None` keeps everything.
     pub horizon_days: Option<u32>,
+    /// `future-days` (0..=[`MAX_FUTURE_DAYS`], default [`DEFAULT_FUTURE_DAYS`]): how many days after the
+    /// database's UTC date an event's partition-by day may be; later ones are quarantined as `future-day` (no
+    /// ledger partition is created for them). Only with `partition-by`.
+    pub future_days: u32,
     /// Extra field indices stored in each ledger row.
     pub columns: Vec<usize>,
 }
@@ -209,6 +220,13 @@ impl Pipeline {
                 }
             ),
             _ => "no horizon: the ledger keeps every delivery key forever".to_string(),
+        };
+        let horizon = match self.identity.partition_by {
+            Some(_) => format!(
+                "{horizon}; an event day after today + {} (future-days) is quarantined as future-day, with no ledger partition",
+                self.ledger.future_days
+            ),
+            None => horizon,
         };
         let rows: Vec<String> = self
             .projections
@@ -614,6 +632,24 @@ fn ledger(
             Some(*h.get_ref() as u32)
         }
     };
+    let future_days = match &raw.ledger.future_days {
+        None => DEFAULT_FUTURE_DAYS,
+        Some(f) => {
+            if *f.get_ref() < 0 || *f.get_ref() > i64::from(MAX_FUTURE_DAYS) {
+                return Err(src.error(
+                    f.span(),
+                    format!("`future-days` must be between 0 and {MAX_FUTURE_DAYS}"),
+                ));
+            }
+            if identity.partition_by.is_none() {
+                return Err(src.error(
+                    f.span(),
+                    "`future-days` needs `identity.partition-by` (the day it bounds)",
+                ));
+            }
+            *f.get_ref() as u32
+        }
+    };
     let mut columns = Vec::new();
     for c in &raw.ledger.columns {
         let i = fields.index(c)?;
@@ -627,6 +663,7 @@ fn ledger(
             name: ledger_name,
         },
         horizon_days,
+        future_days,
         columns,
     })
 }

@@ -111,6 +111,7 @@ pub struct RawIdentity {
 pub struct RawLedger {
     pub table: Option<Spanned<String>>,
     pub horizon_days: Option<Spanned<i64>>,
+    pub future_days: Option<Spanned<i64>>,
     #[serde(default)]
     pub columns: Vec<Spanned<String>>,
 }

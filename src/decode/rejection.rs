@@ -15,6 +15,10 @@ pub enum Reason {
     InvalidField,
     /// The event's partition-by day is older than the ledger horizon: its ledger partition may be gone.
     BeyondHorizon,
+    /// The event's partition-by day is later than the database's UTC date + `[ledger] future-days`: a record
+    /// of such a day would create a ledger partition of its own (one DDL per day: a clock bug in a producer could
+    /// create thousands).
+    FutureDay,
     /// A filter expression failed to evaluate on this record.
     FilterError,
     /// PostgreSQL rejected the record's values (a data exception or constraint, found by replaying the batch
@@ -36,13 +40,14 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason (the `reason` labels `/metrics` registers at zero on start).
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::NullValue,
         Reason::Oversize,
         Reason::InvalidJson,
         Reason::MissingField,
         Reason::InvalidField,
         Reason::BeyondHorizon,
+        Reason::FutureDay,
         Reason::FilterError,
         Reason::RejectedByDatabase,
         Reason::Flattened,
@@ -59,6 +64,7 @@ impl Reason {
             Reason::MissingField => "missing-field",
             Reason::InvalidField => "invalid-field",
             Reason::BeyondHorizon => "beyond-horizon",
+            Reason::FutureDay => "future-day",
             Reason::FilterError => "filter-error",
             Reason::RejectedByDatabase => "rejected-by-database",
             Reason::Flattened => "flattened-record",

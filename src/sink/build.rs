@@ -105,6 +105,14 @@ pub fn claimed_before_handover(p: &Pipeline, group: &str) -> String {
     )
 }
 
+/// Whether a batch holds a record quarantined as older than the ledger's horizon (a `future-day` one is no
+/// obstacle to a build: production quarantined it too, so its ledger holds no claim of it).
+pub(super) fn holds_beyond_horizon(horizoned: &Batch) -> bool {
+    horizoned.items.iter().any(|it| {
+        matches!(&it.pending, Pending::Quarantine(r) if r.reason == crate::decode::Reason::BeyondHorizon)
+    })
+}
+
 /// The error of a build batch holding a record older than the ledger's horizon (`horizoned`: the batch with
 /// those records quarantined): its ledger row may have been pruned, so whether it was claimed before the
 /// hand-over cannot be known — the build stops rather than guess.

@@ -24,7 +24,8 @@ pub enum ApplyError {
         /// With `commit_sent`: the outcomes the transaction computed, true if the COMMIT did land.
         outcomes: Option<Vec<Outcome>>,
     },
-    /// PostgreSQL rejected a value (SQLSTATE class 22 or 23): replay record by record to find it.
+    /// PostgreSQL rejected a value ([`rejects_a_value`]: a data exception, a constraint, a program limit such
+    /// as the index row size, an exception raised by a routine): replay record by record to find it.
     Data(tokio_postgres::Error),
     /// Anything else: a bug in a projection statement, a dropped table.
     Fatal(Error),
@@ -72,7 +73,21 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// Classifies a PostgreSQL error by SQLSTATE ([`retryable`]; class 22/23 data errors; the rest fatal).
+/// Whether a SQLSTATE can come from one record's values (PostgreSQL manual, Appendix A "Error Codes"): class 22
+/// data exception, 23 integrity constraint violation, 54 program limit exceeded (54000: an index row larger than
+/// a B-tree page allows — a group-by or key text of some 2.7 kB), 44 `WITH CHECK OPTION` violation, and the
+/// exceptions a routine raises (2F SQL routine, 38 external routine, 39 external routine invocation, P0
+/// PL/pgSQL: `RAISE`, `ASSERT`) — a trigger or a function of a `sql` projection refusing a value. A batch
+/// failing with one is replayed record by record, and the record that fails alone is quarantined as
+/// `rejected-by-database`; one that is systematic (every record fails) is stopped by `[errors] tolerance`.
+pub fn rejects_a_value(code: &str) -> bool {
+    matches!(
+        code.get(..2),
+        Some("22" | "23" | "54" | "44" | "2F" | "38" | "39" | "P0")
+    )
+}
+
+/// Classifies a PostgreSQL error by SQLSTATE ([`retryable`]; [`rejects_a_value`] data errors; the rest fatal).
 pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
     let Some(code) = e.code().map(|c| c.code().to_string()) else {
         // No SQLSTATE: I/O error or closed connection.
@@ -89,9 +104,10 @@ pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
             outcomes: None,
         };
     }
-    match &code[..2] {
-        "22" | "23" => ApplyError::Data(e),
-        _ => ApplyError::Fatal(Error::Postgres(e)),
+    if rejects_a_value(&code) {
+        ApplyError::Data(e)
+    } else {
+        ApplyError::Fatal(Error::Postgres(e))
     }
 }
 
@@ -106,7 +122,21 @@ pub fn from_error(e: Error) -> ApplyError {
 
 #[cfg(test)]
 mod tests {
-    use super::{retryable, READ_ONLY};
+    use super::{rejects_a_value, retryable, READ_ONLY};
+
+    #[test]
+    fn sqlstates_of_a_value() {
+        // Bad value, unique violation, index row too large, check option, RAISE, ASSERT, external routine.
+        for code in [
+            "22P02", "23505", "54000", "44000", "P0001", "P0004", "38001", "2F005",
+        ] {
+            assert!(rejects_a_value(code), "{code}");
+        }
+        // Undefined table/column, insufficient privilege, syntax, deadlock, internal error.
+        for code in ["42P01", "42703", "42501", "42601", "40P01", "XX000"] {
+            assert!(!rejects_a_value(code), "{code}");
+        }
+    }
 
     #[test]
     fn retryable_sqlstates() {

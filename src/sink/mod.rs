@@ -444,7 +444,9 @@ impl Sink {
             let horizoned =
                 ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
             if let (Some(h), Some(_)) = (&horizoned, self.build) {
-                return Err(build::beyond_horizon(&p, h));
+                if build::holds_beyond_horizon(h) {
+                    return Err(build::beyond_horizon(&p, h));
+                }
             }
             let batch = horizoned.as_ref().unwrap_or(batch);
 

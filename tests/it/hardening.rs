@@ -140,3 +140,174 @@ fn a_missing_topic_exits_2() {
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("does not exist"), "{}", out.stderr);
 }
+
+/// Issue 35.3: a record whose group-by text is longer than a B-tree index row may be (~2.7 kB; SQLSTATE 54000)
+/// used to stop `run` at its offset on every restart, the valid records behind it waiting for good. A value
+/// PostgreSQL rejects for any record-specific reason is quarantined as `rejected-by-database` and the partition
+/// goes on (batch sizes 1 and 200).
+#[test]
+fn a_group_by_text_too_long_for_an_index_is_quarantined_and_the_rest_applies() {
+    for max in [1, 200] {
+        let (db, topic) = stage("longkey", 2);
+        let (mut recs, mut truth) = seed_events(40, 2);
+        // 3,000 characters that do not compress (PostgreSQL compresses index tuples before it checks the size).
+        let mut h = 0x9e37_79b9_7f4a_7c15u64;
+        let long: String = (0..375)
+            .map(|_| {
+                h ^= h << 13;
+                h ^= h >> 7;
+                h ^= h << 17;
+                format!("{:08x}", h as u32)
+            })
+            .collect();
+        let bad = format!(
+            r#"{{"event_id":"{}","customer_id":"{long}","amount":"1","occurred_at":"2024-04-25T10:00:00Z"}}"#,
+            uuid::Uuid::new_v4()
+        );
+        recs.insert(5, Rec::json(1, "long", &bad, 1_714_039_200_000));
+        let (after, more) = seed_events(10, 2);
+        recs.extend(after);
+        for (k, n) in more {
+            *truth.entry(k).or_insert(0) += n;
+        }
+        produce(&topic, &recs);
+        let text = SEED.replace("max-records = 200", &format!("max-records = {max}"));
+        let group = unique("g");
+        let p = pipeline(&text, &topic, &group, &db.schema);
+        let t = run_caught_up(&p.path).tally();
+        assert_eq!(
+            (t.landed, t.quarantined),
+            (50, 1),
+            "max-records {max}: {t:?}"
+        );
+        assert_eq!(counts(&db), truth, "max-records {max}");
+        let dead = db.query(
+            "SELECT reason, detail, length(value) FROM {s}.replaysafe_dead_letters",
+            &[],
+        );
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].get::<_, &str>(0), "rejected-by-database");
+        assert!(
+            dead[0].get::<_, &str>(1).contains("index row"),
+            "{}",
+            dead[0].get::<_, &str>(1)
+        );
+        assert_eq!(dead[0].get::<_, i32>(2) as usize, bad.len());
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 50);
+        let per_partition: i64 = (0..2)
+            .map(|i| db.checkpoint(&group, &topic, i).unwrap())
+            .sum();
+        assert_eq!(
+            per_partition, 51,
+            "max-records {max}: checkpoints at the ends"
+        );
+    }
+}
+
+/// Issue 35.3: event days far in the future are bounded by `[ledger] future-days` (default 7): a record of a
+/// later day is quarantined as `future-day` naming the day and the bound, and creates no ledger partition (1,500
+/// such records created 1,500 partitions); under `--no-ddl` it no longer stops the run for good.
+#[test]
+fn event_days_beyond_future_days_are_quarantined_without_a_partition() {
+    let (db, topic) = stage("future", 2);
+    let today = chrono::Utc::now().date_naive();
+    let event = |n: u32, day: chrono::NaiveDate| {
+        Rec::json(
+            (n % 2) as i32,
+            "c",
+            &format!(
+                r#"{{"event_id":"{}","customer_id":"c","amount":"1","occurred_at":"{day}T10:00:00Z"}}"#,
+                uuid::Uuid::from_u128(u128::from(n) + 0xf0f0_0000)
+            ),
+            chrono::Utc::now().timestamp_millis(),
+        )
+    };
+    let in3 = today + chrono::Days::new(3);
+    let far: Vec<Rec> = (0..40)
+        .map(|n| event(n, today + chrono::Days::new(400 + u64::from(n))))
+        .collect();
+    let mut recs = vec![event(100, today), event(101, in3)];
+    recs.extend(far);
+    recs.push(event(
+        102,
+        chrono::NaiveDate::from_ymd_opt(2099, 1, 1).unwrap(),
+    ));
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("g"), &db.schema);
+    let t = run_caught_up(&p.path).tally();
+    assert_eq!((t.landed, t.quarantined), (2, 41), "{t:?}");
+    let partitions = db.i64(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = '{s}.replaysafe_ledger'::regclass",
+    );
+    assert_eq!(partitions, 2, "today and today + 3 only");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE reason = 'future-day'"),
+        41
+    );
+    let detail = db
+        .text("SELECT detail FROM {s}.replaysafe_dead_letters WHERE detail LIKE '%2099-01-01%'")
+        .unwrap();
+    assert!(
+        detail.contains("event day 2099-01-01") && detail.contains("future-days = 7"),
+        "{detail}"
+    );
+    assert_eq!(counts(&db).values().sum::<i64>(), 2);
+
+    // Without DDL (init made the partitions): a day of 2099 is quarantined, not a stop.
+    let (db2, topic2) = stage("future_noddl", 2);
+    produce(
+        &topic2,
+        &[
+            event(200, today),
+            event(201, chrono::NaiveDate::from_ymd_opt(2099, 6, 1).unwrap()),
+            event(202, today),
+        ],
+    );
+    let p2 = pipeline(SEED, &topic2, &unique("g"), &db2.schema);
+    replaysafe(&["init", "--config", arg(&p2.path), "--days", "1"]).assert_ok();
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        arg(&p2.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!((t.landed, t.quarantined), (2, 1), "{t:?}");
+    assert_eq!(
+        db2.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE reason = 'future-day'"),
+        1
+    );
+}
+
+/// `[ledger] future-days` is checked with `file:line`: out of range, or without `partition-by`.
+#[test]
+fn future_days_is_checked_in_the_file() {
+    let db = Db::fresh("future_cfg");
+    let topic = unique("t");
+    for (text, want) in [
+        (
+            SEED.replacen(
+                "[[projection]]",
+                "[ledger]\nfuture-days = 400\n\n[[projection]]",
+                1,
+            ),
+            "`future-days` must be between 0 and 366",
+        ),
+        (
+            SEED.replace("partition-by = \"day\"\n", "").replacen(
+                "[[projection]]",
+                "[ledger]\nfuture-days = 3\n\n[[projection]]",
+                1,
+            ),
+            "`future-days` needs `identity.partition-by`",
+        ),
+    ] {
+        let p = pipeline(&text, &topic, "g", &db.schema);
+        let out = replaysafe(&["check", "--config", arg(&p.path)]);
+        assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+        assert!(out.stderr.contains(want), "{}", out.stderr);
+        assert!(out.stderr.contains("pipeline.toml:"), "{}", out.stderr);
+    }
+}

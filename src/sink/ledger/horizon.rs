@@ -23,6 +23,23 @@ pub struct Horizon {
     pub today: NaiveDate,
 }
 
+/// The latest event day a claim may have: `today` + `[ledger] future-days` (later days are quarantined as
+/// `future-day`, and no ledger partition is created for them).
+pub fn newest_day(p: &Pipeline, today: NaiveDate) -> NaiveDate {
+    today
+        .checked_add_days(Days::new(u64::from(p.ledger.future_days)))
+        .unwrap_or(NaiveDate::MAX)
+}
+
+/// The latest event day worth a partition by this process's clock: [`newest_day`] of the local UTC date plus
+/// a day (the database's clock decides in the claim; this only spares a DDL transaction per batch for records
+/// of days far ahead).
+pub fn newest_day_here(p: &Pipeline) -> NaiveDate {
+    newest_day(p, Utc::now().date_naive())
+        .checked_add_days(Days::new(1))
+        .unwrap_or(NaiveDate::MAX)
+}
+
 /// Reads the ledger's claim horizon; inside a transaction this takes a share lock on the horizon row, which
 /// the prune's update waits for (and which waits for a prune in progress).
 ///
@@ -89,6 +106,19 @@ pub async fn drop_expired_partitions(client: &mut Client, p: &Pipeline) -> Resul
 }
 
 impl Horizon {
+    /// Why a record of event day `day` (later than [`newest_day`]) is quarantined.
+    pub fn future_refusal(&self, p: &Pipeline, day: NaiveDate) -> String {
+        format!(
+            "event day {day} is more than future-days = {} after the database's UTC date {} (latest accepted: {}): \
+             a producer's clock or a wrong field? Raise [ledger] future-days (at most {}) if such days are real, then \
+             replay the dead letters",
+            p.ledger.future_days,
+            self.today,
+            newest_day(p, self.today),
+            crate::config::MAX_FUTURE_DAYS
+        )
+    }
+
     /// Why a record of event day `day` (older than [`Horizon::oldest`]) is quarantined.
     pub fn refusal(&self, p: &Pipeline, day: NaiveDate) -> String {
         let oldest = self.oldest.map(|d| d.to_string()).unwrap_or_default();
@@ -129,26 +159,36 @@ pub(in crate::sink) async fn apply_horizon(
     Ok(beyond_horizon(p, batch, &h))
 }
 
-/// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine;
-/// `None` when there is none.
+/// `batch` with every claim of an event day older than `h.oldest` turned into a `beyond-horizon` quarantine, and
+/// every claim of a day later than [`newest_day`] into a `future-day` one; `None` when there is none.
 fn beyond_horizon(p: &Pipeline, batch: &Batch, h: &Horizon) -> Option<Batch> {
-    let oldest = h.oldest?;
-    let old = |it: &Item| match &it.pending {
+    let newest = newest_day(p, h.today);
+    let refused = |it: &Item| match &it.pending {
         Pending::Claim { fields, .. } => {
-            crate::decode::partition_day(p, fields).filter(|d| *d < oldest)
+            let day = crate::decode::partition_day(p, fields)?;
+            if h.oldest.is_some_and(|o| day < o) {
+                Some(Rejection {
+                    reason: Reason::BeyondHorizon,
+                    detail: h.refusal(p, day),
+                })
+            } else if day > newest {
+                Some(Rejection {
+                    reason: Reason::FutureDay,
+                    detail: h.future_refusal(p, day),
+                })
+            } else {
+                None
+            }
         }
         _ => None,
     };
-    if !batch.items.iter().any(|it| old(it).is_some()) {
+    if !batch.items.iter().any(|it| refused(it).is_some()) {
         return None;
     }
     let mut b = batch.clone();
     for it in &mut b.items {
-        if let Some(day) = old(it) {
-            it.pending = Pending::Quarantine(Rejection {
-                reason: Reason::BeyondHorizon,
-                detail: h.refusal(p, day),
-            });
+        if let Some(r) = refused(it) {
+            it.pending = Pending::Quarantine(r);
         }
     }
     Some(b)

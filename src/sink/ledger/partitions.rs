@@ -120,9 +120,10 @@ pub async fn ensure_partitions(
     floor: &mut Option<NaiveDate>,
     days: impl IntoIterator<Item = NaiveDate>,
 ) -> Result<()> {
+    let ahead = super::horizon::newest_day_here(p);
     let missing: Vec<NaiveDate> = days
         .into_iter()
-        .filter(|d| !known.contains(d) && floor.is_none_or(|f| *d >= f))
+        .filter(|d| !known.contains(d) && floor.is_none_or(|f| *d >= f) && *d <= ahead)
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
@@ -134,9 +135,11 @@ pub async fn ensure_partitions(
     // Under the DDL lock no prune runs: the horizon read here holds until this transaction ends.
     let horizon = claim_horizon(&tx, horizon_statement(p).as_str(), p).await?;
     *floor = horizon.oldest;
+    // Days after the database's date + future-days get none: their records are quarantined as `future-day`.
+    let newest = super::horizon::newest_day(p, horizon.today);
     let create: Vec<NaiveDate> = missing
         .into_iter()
-        .filter(|d| horizon.oldest.is_none_or(|o| *d >= o))
+        .filter(|d| horizon.oldest.is_none_or(|o| *d >= o) && *d <= newest)
         .collect();
     let hashed = super::key_is_hashed(&tx, p).await?;
     for day in &create {
@@ -208,8 +211,9 @@ async fn require_partitions(
     days: Vec<NaiveDate>,
     batch: &Batch,
 ) -> Result<(), ApplyError> {
+    let ahead = super::horizon::newest_day_here(p);
     let wanted = |d: &NaiveDate, known: &HashSet<NaiveDate>, floor: Option<NaiveDate>| {
-        !known.contains(d) && floor.is_none_or(|f| *d >= f)
+        !known.contains(d) && floor.is_none_or(|f| *d >= f) && *d <= ahead
     };
     if !days.iter().any(|d| wanted(d, known, *floor)) {
         return Ok(());
@@ -224,9 +228,11 @@ async fn require_partitions(
         .await
         .map_err(|e| classify(e, false))?;
     *floor = horizon.oldest;
+    // Days after the database's date + future-days need none: their records are quarantined as `future-day`.
+    let newest = super::horizon::newest_day(p, horizon.today);
     let mut missing: Vec<NaiveDate> = days
         .into_iter()
-        .filter(|d| wanted(d, known, *floor))
+        .filter(|d| wanted(d, known, *floor) && *d <= newest)
         .collect();
     missing.sort();
     missing.dedup();
