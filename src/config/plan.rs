@@ -342,6 +342,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     let ledger = ledger(src, &raw, &schema, &fields, &identity)?;
     let filters = filters(src, &raw, &fields)?;
     let projections = projections(src, &raw, format, &fields, &schema, &identity)?;
+    refuse_own_tables(src, &raw, &schema, &ledger.table)?;
     let errors = super::errors::errors(src, raw.errors.as_ref())?;
     let outbox = super::outbox::outbox(
         src,
@@ -666,6 +667,73 @@ fn ledger(
         future_days,
         columns,
     })
+}
+
+/// The tables replaysafe keeps beside the ledger in the pipeline's schema (each one's constant lives with the
+/// code that creates it: `sink::checkpoint`, `sink::dead_letters`, `sink::ledger`, `sink::projset`,
+/// `sink::lifecycle`, `projection::row::table`; a test there keeps this list complete).
+pub const OWN_TABLES: &[&str] = &[
+    "replaysafe_checkpoints",
+    "replaysafe_group_starts",
+    "replaysafe_dead_letters",
+    "replaysafe_sources",
+    "replaysafe_horizon",
+    "replaysafe_projection_set",
+    "replaysafe_projection_handover",
+    "replaysafe_pruned",
+    "replaysafe_conflicts",
+    "replaysafe_truncates",
+];
+
+/// What of replaysafe's own a table name in the pipeline's schema would be: one of [`OWN_TABLES`], the ledger,
+/// its key type (`<ledger>_key`), a day partition (`<ledger>_pYYYYMMDD`) or a rebuild's pending table
+/// (`<ledger>_rebuilding`); `None` for a free name.
+pub fn own_table(ledger: &QualifiedName, t: &QualifiedName) -> Option<&'static str> {
+    if t.schema != ledger.schema {
+        return None;
+    }
+    let (name, l) = (t.name.as_str(), ledger.name.as_str());
+    if OWN_TABLES.contains(&name) {
+        return Some("one of replaysafe's own tables");
+    }
+    match name.strip_prefix(l) {
+        Some("") => Some("the ledger"),
+        Some("_key") => Some("the ledger's key type"),
+        Some("_rebuilding") => Some("the ledger's rebuild table"),
+        Some(rest)
+            if rest.len() == 10
+                && rest.starts_with("_p")
+                && rest[2..].bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Some("a day partition of the ledger")
+        }
+        _ => None,
+    }
+}
+
+/// Refuses a projection `table` that names one of replaysafe's own tables ([`own_table`]): its DDL and writes would
+/// land in replaysafe's bookkeeping.
+fn refuse_own_tables(
+    src: &Source,
+    raw: &RawPipeline,
+    schema: &Ident,
+    ledger: &QualifiedName,
+) -> Result<()> {
+    for p in &raw.projection {
+        let Some(t) = p.get_ref().table.as_ref() else {
+            continue;
+        };
+        let q = super::fields::table_name(src, schema, t)?;
+        if let Some(what) = own_table(ledger, &q) {
+            return Err(src.error(
+                t.span(),
+                format!(
+                    "projection table `{q}` is {what}; name the projection's table differently"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `[[filter]]`: uniquely named drop rules, compiled.

@@ -284,15 +284,26 @@ fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
             })
         }
         FieldType::Jsonb => {
-            let text = v.to_string();
-            if text.contains("\\u0000") {
+            if holds_nul(v) {
                 return Err("contains \\u0000, which PostgreSQL jsonb cannot store".into());
             }
+            let text = v.to_string();
             Ok(FieldValue {
                 text,
                 cel: CelValue::Json(v.clone()),
             })
         }
+    }
+}
+
+/// Whether a JSON value holds a NUL character in a string or an object key (PostgreSQL's jsonb refuses
+/// `\u0000`; the six characters `\\u0000` — an escaped backslash before `u0000` — are an ordinary string).
+fn holds_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(holds_nul),
+        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
     }
 }
 
@@ -462,6 +473,19 @@ fn epoch_micros(raw: &str, unit: EpochUnit) -> Result<i64, EpochError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nul_in_jsonb_is_refused_and_the_six_characters_are_a_string() {
+        let nul: Value = serde_json::from_str(r#"{"a": ["x\u0000"]}"#).unwrap();
+        assert!(holds_nul(&nul));
+        let key: Value = serde_json::from_str(r#"{"k\u0000": 1}"#).unwrap();
+        assert!(holds_nul(&key));
+        // The JSON text `"\\u0000"` is the string of the six characters \u0000, which jsonb stores.
+        let six: Value =
+            serde_json::from_str(r#"{"a": "\\u0000", "b": {"c": ["\\u0000"]}}"#).unwrap();
+        assert_eq!(six["a"].as_str(), Some("\\u0000"));
+        assert!(!holds_nul(&six));
+    }
 
     #[test]
     fn lookup_finds_what_serde_json_pointer_finds() {

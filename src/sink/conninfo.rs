@@ -40,6 +40,16 @@ pub struct Security {
     pub client: Option<(PathBuf, PathBuf)>,
 }
 
+/// A connection-string parse error with its cause: tokio-postgres prints only "invalid connection string" and
+/// keeps which option is wrong (`invalid value for option `port``, `unknown option `foo``) in the error's source;
+/// the option's value is never printed (it may be a password).
+fn parse_error(e: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
 /// Parses `url`, takes its TLS parameters out, merges the noted `[postgres]` keys and reads `password-file`.
 ///
 /// # Errors
@@ -54,7 +64,8 @@ pub fn resolve(url: &str) -> Result<(tokio_postgres::Config, Security)> {
     })?;
     let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
         Error::Usage(format!(
-            "the database URL (from {origin}) does not parse: {e}"
+            "the database URL (from {origin}) does not parse: {}",
+            parse_error(&e)
         ))
     })?;
     let noted = NOTED.lock().expect("noted").get(url).cloned();
@@ -341,6 +352,28 @@ fn shown_key(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_that_does_not_parse_names_the_option_and_never_its_value() {
+        for (url, option) in [
+            ("postgresql://u:s3cret@h:notaport/db", "`port`"),
+            (
+                "postgresql://u:s3cret@h/db?connect_timeout=x",
+                "`connect_timeout`",
+            ),
+            (
+                "postgresql://u:s3cret@h/db?bogus=1",
+                "unknown option `bogus`",
+            ),
+            ("host=h password=s3cret port=x", "`port`"),
+        ] {
+            let Err(Error::Usage(m)) = resolve(url) else {
+                panic!("{url} parsed");
+            };
+            assert!(m.contains(option), "{url}: {m}");
+            assert!(!m.contains("s3cret"), "{url}: {m}");
+        }
+    }
 
     #[test]
     fn url_tls_params_are_taken_out() {

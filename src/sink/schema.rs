@@ -547,3 +547,29 @@ pub(super) async fn check_statements(client: &mut Client, p: &Pipeline) -> Resul
     tx.rollback().await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::plan::OWN_TABLES;
+
+    /// `config::plan::OWN_TABLES` (what a projection table may not be named) holds every table the sink and
+    /// the row projection keep beside the ledger.
+    #[test]
+    fn own_tables_lists_every_bookkeeping_table() {
+        for t in [
+            super::checkpoint::CHECKPOINTS,
+            super::checkpoint::GROUP_STARTS,
+            super::dead_letters::DEAD_LETTERS,
+            super::ledger::SOURCES,
+            super::ledger::HORIZON,
+            super::projset::PROJECTION_SET,
+            super::projset::HANDOVER,
+            crate::sink::lifecycle::PRUNED,
+            crate::projection::row::CONFLICTS,
+            crate::projection::row::TRUNCATES,
+        ] {
+            assert!(OWN_TABLES.contains(&t), "{t}");
+        }
+        assert_eq!(OWN_TABLES.len(), 10);
+    }
+}

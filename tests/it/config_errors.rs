@@ -260,3 +260,65 @@ fn check_without_a_url_reads_the_password_file() {
     );
     assert!(!stdout.contains("s3cret-value"), "{stdout}");
 }
+
+/// Issue 35.5: a projection table named like one of replaysafe's own (a bookkeeping table, the ledger, a ledger
+/// day partition, its key type) is refused by `check` with `file:line`, before anything is created.
+#[test]
+fn a_projection_table_named_like_replaysafes_own_is_refused() {
+    let db = Db::fresh("owntab");
+    let base = concat!(
+        header!(),
+        r#"[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+customer_id = { path = "/customer_id", type = "text" }
+
+[identity]
+key = ["event_id"]
+partition-by = "day"
+
+[[projection]]
+kind = "counter"
+table = "TABLE"
+group-by = ["day", "customer_id"]
+column = "n"
+"#
+    );
+    for (table, what) in [
+        ("replaysafe_checkpoints", "one of replaysafe's own tables"),
+        ("replaysafe_ledger", "the ledger"),
+        (
+            "replaysafe_ledger_p20240425",
+            "a day partition of the ledger",
+        ),
+        ("replaysafe_ledger_key", "the ledger's key type"),
+        (
+            "{schema}.replaysafe_dead_letters",
+            "one of replaysafe's own tables",
+        ),
+    ] {
+        let p = pipeline(&base.replace("TABLE", table), "t", "g", &db.schema);
+        let out = replaysafe(&["check", "--config", arg(&p.path)]);
+        assert_eq!(out.code, Some(2), "{table}: {}\n{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr.contains(what) && out.stderr.contains("pipeline.toml:"),
+            "{table}: {}",
+            out.stderr
+        );
+    }
+    // Another schema's table of that name is not replaysafe's.
+    let p = pipeline(
+        &base.replace("TABLE", "other.replaysafe_checkpoints"),
+        "t",
+        "g",
+        &db.schema,
+    );
+    let out = replaysafe(&["check", "--config", arg(&p.path)]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    let made: i64 = db.query(
+        "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1",
+        &[&db.schema],
+    )[0]
+    .get(0);
+    assert_eq!(made, 0, "check creates nothing");
+}
