@@ -104,7 +104,10 @@ pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
             outcomes: None,
         };
     }
-    if rejects_a_value(&code) {
+    if code == "42501" {
+        // A grant the runtime role lacks (a projection table without INSERT …): named with the way to list them.
+        ApplyError::Fatal(super::privileges::explain_missing(Error::Postgres(e)))
+    } else if rejects_a_value(&code) {
         ApplyError::Data(e)
     } else {
         ApplyError::Fatal(Error::Postgres(e))

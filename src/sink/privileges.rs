@@ -4,7 +4,8 @@
 //! The runtime needs, for the role in the connection string: `USAGE` on each schema the pipeline's tables live
 //! in; `SELECT, INSERT, UPDATE, DELETE` on every table it reads or writes (replaysafe's own tables and the
 //! projection tables; `UPDATE` also for the row locks `SELECT … FOR UPDATE / FOR SHARE` takes); `USAGE` on the
-//! sequences of their `bigserial` columns; `TEMPORARY` on the database (each session keeps the rows a batch
+//! sequences of their `bigserial` columns (an identity column's sequence needs none: PostgreSQL does not check
+//! it, manual "CREATE TABLE … GENERATED … AS IDENTITY"); `TEMPORARY` on the database (each session keeps the rows a batch
 //! claimed in a temporary table; granted to PUBLIC by default). Creating tables, day partitions and dropping
 //! expired partitions needs the tables' owner (PostgreSQL manual, "Privileges" and "ALTER TABLE": only the owner
 //! may alter or drop a table or attach a partition to it).
@@ -172,7 +173,18 @@ pub async fn check_database(client: &mut Client, p: &Pipeline, days: u32) -> Res
     if usable && readable(&tx, &horizon).await? {
         partitions(&tx, p, days, &mut out).await?;
         out.extend(key_constraints(&tx, p).await?);
-        out.push(record(&tx, p).await?);
+        let set = p.table(super::projset::PROJECTION_SET).to_string();
+        if readable(&tx, &set).await? {
+            out.push(record(&tx, p).await?);
+        } else {
+            out.push(Finding {
+                ok: false,
+                what: format!(
+                    "ledger {}'s projection record not checked: it needs SELECT on {set} (listed above)",
+                    p.ledger.table
+                ),
+            });
+        }
     } else {
         let why = if table_oid(&tx, &horizon).await?.is_none() {
             "the tables do not exist yet (`replaysafe init` creates them)"
@@ -268,7 +280,8 @@ async fn schemas(
     Ok(all)
 }
 
-/// `SELECT, INSERT, UPDATE, DELETE` on `t`, and `USAGE` on the sequences its columns use.
+/// `SELECT, INSERT, UPDATE, DELETE` on `t`, and `USAGE` on the sequences of its `serial` columns (`deptype =
+/// 'a'`; an identity column's sequence, `deptype = 'i'`, is used without a privilege check).
 async fn table(
     tx: &tokio_postgres::Transaction<'_>,
     t: &str,
@@ -310,7 +323,7 @@ async fn table(
         .query(
             "SELECT s.oid::regclass::text, has_sequence_privilege(s.oid, 'USAGE') FROM pg_depend d \
              JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' \
-             WHERE d.refobjid = $1 AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')",
+             WHERE d.refobjid = $1 AND d.classid = 'pg_class'::regclass AND d.deptype = 'a'",
             &[&oid],
         )
         .await?;

@@ -721,3 +721,77 @@ fn overloads_planted_on_the_default_search_path_never_run() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 30);
     drop(victim);
 }
+
+/// Issue 35.5: `check --database` lists a missing SELECT on the projection record table (it used to exit 1 with
+/// the raw error) and asks for no USAGE on an identity column's sequence (`replaysafe_sources`; PostgreSQL does
+/// not check it); a grant missing at run time (INSERT on a projection table) exits 2 naming the privilege and
+/// `check --database`, with nothing of the batch committed.
+#[test]
+fn privileges_missing_at_check_and_at_run_time_are_named() {
+    let (db, topic) = stage("privs_named", 3);
+    let group = unique("g");
+    let p = pipeline(PIPE, &topic, &group, &db.schema);
+    let today = db_today(&db);
+    let evs = events(today, 12);
+    produce(&topic, &evs.iter().map(|e| e.0.clone()).collect::<Vec<_>>());
+    replaysafe(&["init", "--config", arg(&p.path), "--days", "1"]).assert_ok();
+    let role = Role::new();
+    let (s, r) = (db.schema.clone(), role.name.clone());
+    role.sql(&format!(
+        "GRANT USAGE ON SCHEMA \"{s}\" TO \"{r}\"; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{s}\" TO \"{r}\"; \
+         GRANT USAGE ON SEQUENCE \"{s}\".replaysafe_dead_letters_id_seq TO \"{r}\"; \
+         REVOKE SELECT ON \"{s}\".replaysafe_projection_set FROM \"{r}\""
+    ));
+    let out = role.replaysafe(&["check", "--config", arg(&p.path), "--database"]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let want = format!("MISSING SELECT on \"{s}\".\"replaysafe_projection_set\"");
+    assert!(out.stdout.contains(&want), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("projection record not checked"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stdout.contains("MISSING USAGE on sequence")
+            && !out.stdout.contains("replaysafe_sources_id_seq"),
+        "identity sequences need no grant: {}",
+        out.stdout
+    );
+
+    // At run time: INSERT on the counter table revoked.
+    role.sql(&format!(
+        "GRANT SELECT ON \"{s}\".replaysafe_projection_set TO \"{r}\"; \
+         REVOKE INSERT ON \"{s}\".daily_counts FROM \"{r}\""
+    ));
+    let out = role.replaysafe(&[
+        "run",
+        "--config",
+        arg(&p.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("permission denied")
+            && out.stderr.contains("check --config FILE --database"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.daily_counts"), 0);
+    for part in 0..3 {
+        assert_eq!(db.checkpoint(&group, &topic, part).unwrap_or(0), 0);
+    }
+    // Granted again, the same run lands everything.
+    role.sql(&format!("GRANT INSERT ON \"{s}\".daily_counts TO \"{r}\""));
+    let out = role.replaysafe(&[
+        "run",
+        "--config",
+        arg(&p.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
+    out.assert_ok();
+    assert_eq!(counts(&db), expected_counts(&evs));
+}
