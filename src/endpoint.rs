@@ -215,6 +215,10 @@ pub const KAFKA_UNTRUSTED: &str =
     "TLS handshake failed: the broker's certificate could not be verified \
                                    (check ssl.ca.location)";
 
+/// A client whose `security.protocol` does not match the broker listener's (not an authentication failure).
+pub const KAFKA_PROTOCOL_MISMATCH: &str = "security.protocol does not match the broker's listener (a TLS or \
+                                           SASL_SSL client on a PLAINTEXT listener, or the other way round)";
+
 /// The cause of a failed broker connection from librdkafka's error reasons (its error callback), in a few words.
 /// The broker name each reason starts with (`sasl_ssl://host:port/bootstrap: `) is not looked at.
 pub fn kafka_cause(reasons: &[String]) -> &'static str {
@@ -229,6 +233,14 @@ pub fn kafka_cause(reasons: &[String]) -> &'static str {
         .to_lowercase();
     if all.contains("connection refused") {
         "connection refused"
+    } else if all.contains("plaintext broker listener")
+        || all.contains("connecting to a ssl listener")
+        || all.contains("incorrect security.protocol")
+        || all.contains("is not configured for sasl")
+    {
+        // librdkafka's own diagnosis of a client and a listener speaking different protocols (TLS to a
+        // PLAINTEXT listener, or plain bytes to a TLS/SASL_SSL one): no credential was even asked for.
+        KAFKA_PROTOCOL_MISMATCH
     } else if all.contains("failed to resolve") || all.contains("name or service not known") {
         "DNS lookup failed"
     } else if all.contains("certificate verify failed") || all.contains("could not be verified") {
@@ -259,7 +271,9 @@ pub fn kafka_error(brokers: &str, reasons: &[String], gave_up: Option<Duration>)
             "cannot connect to the Kafka brokers {brokers} (from {}): {cause}{waited}{detail}",
             origin(brokers, "KAFKA_BROKERS"),
         ),
-        transient: cause != "authentication failed" && cause != KAFKA_UNTRUSTED,
+        transient: cause != "authentication failed"
+            && cause != KAFKA_UNTRUSTED
+            && cause != KAFKA_PROTOCOL_MISMATCH,
     }
 }
 
@@ -300,6 +314,22 @@ mod tests {
         let pw = "sasl_ssl://127.0.0.1:51525/bootstrap: SASL authentication error: Authentication failed during \
                   authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512";
         assert_eq!(kafka_cause(&r(pw)), "authentication failed");
+        // A SASL_SSL client on a PLAINTEXT listener, and a plain client on a TLS one: a protocol mismatch, not a
+        // refused credential (librdkafka 2.x's messages; the test kit's two listeners).
+        let tls_on_plain = "sasl_ssl://127.0.0.1:52509/bootstrap: SSL handshake failed: Disconnected: SSL \
+                            connection closed by peer: connecting to a PLAINTEXT broker listener? (after 7ms in \
+                            state SSL_HANDSHAKE)";
+        assert_eq!(kafka_cause(&r(tls_on_plain)), KAFKA_PROTOCOL_MISMATCH);
+        assert!(!kafka_error("b:1", &r(tls_on_plain), None).transient);
+        let plain_on_tls = "127.0.0.1:44103/bootstrap: Disconnected while requesting ApiVersion: might be caused \
+                            by incorrect security.protocol configuration (connecting to a SSL listener?) or broker \
+                            version is < 0.10 (see api.version.request)";
+        assert_eq!(kafka_cause(&r(plain_on_tls)), KAFKA_PROTOCOL_MISMATCH);
+        let sasl_on_plain =
+            "[thrd:app]: Configuration property `sasl.mechanism` set to `SCRAM-SHA-512` but \
+                             `security.protocol` is not configured for SASL: recommend setting \
+                             `security.protocol` to SASL_SSL or SASL_PLAINTEXT";
+        assert_eq!(kafka_cause(&r(sasl_on_plain)), KAFKA_PROTOCOL_MISMATCH);
         let slow =
             "sasl_ssl://127.0.0.1:51525/bootstrap: Connection setup timed out in state CONNECT";
         assert_eq!(

@@ -483,3 +483,44 @@ fn outbox_relay_publishes_through_sasl_ssl() {
         40
     );
 }
+
+/// Issue 35.5: a SASL_SSL client pointed at the PLAINTEXT listener (and a PLAINTEXT client with `sasl.*` set
+/// pointed at the SASL_SSL one) is a protocol mismatch, named as such at once — not "authentication failed".
+#[test]
+fn a_protocol_that_does_not_match_the_listener_is_named() {
+    let Some(s) = sasl("a_protocol_that_does_not_match_the_listener_is_named") else {
+        return;
+    };
+    let (db, topic) = stage("sasl_proto", 1);
+    let on_plain = s.pipeline_text(SEED, &s.password, &s.ca).replace(
+        &format!("brokers = \"{}\"", s.brokers),
+        &format!("brokers = \"{}\"", brokers()),
+    );
+    let plain_on_tls = s.pipeline_text(SEED, &s.password, &s.ca).replace(
+        "\"security.protocol\" = \"SASL_SSL\"",
+        "\"security.protocol\" = \"PLAINTEXT\"",
+    );
+    for text in [on_plain, plain_on_tls] {
+        let p = pipeline(&text, &topic, &unique("sasl"), &db.schema);
+        let out = replaysafe_with(
+            &[
+                "check",
+                "--config",
+                arg(&p.path),
+                "--connect",
+                "--connect-timeout",
+                "600",
+            ],
+            &[],
+            Duration::from_secs(120),
+        );
+        assert_ne!(out.code, Some(0), "{out:?}");
+        let all = output_without(&out, &s.password);
+        assert!(
+            all.contains("security.protocol does not match the broker's listener")
+                && !all.contains("authentication failed"),
+            "{all}"
+        );
+    }
+    assert_eq!(tables(&db), 0);
+}
