@@ -21,7 +21,9 @@
 //!      (42501), on a missing table, and when the server is unreachable;
 //!   4. no partition is fenced: a batch found another owner's fence and the partition is paused until it is
 //!      taken over again (the group coordinator confirmed it is still ours, or it is assigned again) or revoked;
-//!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`].
+//!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`];
+//!   6. Kafka does not refuse the client's credentials (a SASL authentication failure since the last time a
+//!      broker answered: a rotated password).
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
 //!
@@ -62,6 +64,8 @@ struct State {
     probe: Mutex<Option<(Instant, Option<String>)>>,
     /// A standalone `outbox relay`: no partitions to hold.
     relay_only: AtomicBool,
+    /// Kafka refuses the client's credentials: librdkafka's reason.
+    kafka_refused: Mutex<Option<String>>,
 }
 
 fn state() -> &'static State {
@@ -74,6 +78,7 @@ fn state() -> &'static State {
         failing: Mutex::new(None),
         probe: Mutex::new(None),
         relay_only: AtomicBool::new(false),
+        kafka_refused: Mutex::new(None),
     })
 }
 
@@ -140,6 +145,12 @@ pub fn committed() {
     *lock(&state().failing) = None;
 }
 
+/// Kafka refused the client's credentials (`Some`: librdkafka's reason, which names no secret), or a broker
+/// answers again (`None`).
+pub fn kafka_refused(reason: Option<&str>) {
+    *lock(&state().kafka_refused) = reason.map(str::to_string);
+}
+
 fn probed(error: Option<String>) {
     *lock(&state().probe) = Some((Instant::now(), error));
 }
@@ -159,6 +170,8 @@ pub struct Snapshot {
     pub failing: Option<(Duration, String)>,
     /// A standalone `outbox relay` (no partitions to hold).
     pub relay_only: bool,
+    /// Kafka refuses the client's credentials: the reason.
+    pub kafka_refused: Option<String>,
 }
 
 fn snapshot() -> Snapshot {
@@ -175,6 +188,7 @@ fn snapshot() -> Snapshot {
             .as_ref()
             .map(|(at, e)| (at.elapsed(), e.clone())),
         relay_only: s.relay_only.load(Ordering::Relaxed),
+        kafka_refused: lock(&s.kafka_refused).clone(),
     }
 }
 
@@ -238,6 +252,11 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
         if *age > STUCK_AFTER {
             why.push(format!("batches failing for {} s: {last}", age.as_secs()));
         }
+    }
+    if let Some(reason) = &s.kafka_refused {
+        why.push(format!(
+            "Kafka refuses this client's credentials ({reason}): check the sasl.* keys of [kafka.properties]"
+        ));
     }
     if why.is_empty() && s.relay_only {
         Ok("ready: outbox relay".into())
@@ -309,7 +328,21 @@ mod tests {
             fenced: Vec::new(),
             failing: None,
             relay_only: false,
+            kafka_refused: None,
         }
+    }
+
+    #[test]
+    fn refused_credentials_are_named() {
+        let refused = Snapshot {
+            kafka_refused: Some("SASL authentication error: Authentication failed".into()),
+            ..ready_state()
+        };
+        let why = judge_ready(&refused).unwrap_err();
+        assert!(
+            why.contains("Kafka refuses this client's credentials (SASL authentication error"),
+            "{why}"
+        );
     }
 
     /// A standalone `outbox relay` holds no partitions and is ready; its other rules still apply.

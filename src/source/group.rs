@@ -143,6 +143,15 @@ impl ClientContext for Ctx {
     fn stats_raw(&self, statistics: &[u8]) {
         self.membership.observe(statistics);
     }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // A refused credential (a rotated SASL password) is bounded like a member stuck outside its group, and
+        // named by /readyz and the exit message ([`Membership::refused`]).
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication) {
+            self.membership.refused(reason);
+        }
+        tracing::error!("librdkafka: {error}: {reason}");
+    }
 }
 
 impl ConsumerContext for Ctx {

@@ -87,6 +87,9 @@ pub struct Membership {
     /// `group.protocol = consumer` (KIP-848).
     kip848: bool,
     unsteady: Mutex<Option<Unsteady>>,
+    /// librdkafka's reason when Kafka refused this client's credentials since a broker last answered
+    /// ([`Membership::refused`]): that time counts toward the bound (it is no outage every member sees).
+    refused: Mutex<Option<String>>,
 }
 
 impl Membership {
@@ -109,6 +112,7 @@ impl Membership {
             bound: stats_on.then_some(bound),
             kip848,
             unsteady: Mutex::new(None),
+            refused: Mutex::new(None),
         }
     }
 
@@ -119,6 +123,22 @@ impl Membership {
 
     fn stretch(&self) -> std::sync::MutexGuard<'_, Option<Unsteady>> {
         self.unsteady.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Kafka refused this client's credentials (librdkafka's `error_cb` with `_AUTHENTICATION`: a rotated or
+    /// wrong SASL password): until a broker answers again, time without a broker up counts toward the bound —
+    /// this is not an outage that every member sees and waits out, it lasts until the process gets new
+    /// credentials. Also named by `/readyz`.
+    pub fn refused(&self, reason: &str) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
+        crate::health::kafka_refused(Some(reason));
+    }
+
+    fn refusal(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// This member's rebalance callback finished: an unsteady stretch so far is not counted.
@@ -141,6 +161,12 @@ impl Membership {
         let steady =
             g.state == "up" && (g.join_state == "steady" || self.kip848 && g.join_state == "init");
         let kafka_answers = brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP");
+        if kafka_answers && self.refusal().is_some() {
+            *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            crate::health::kafka_refused(None);
+        }
+        // Time counts while Kafka answers, or while it refuses our credentials.
+        let counts = kafka_answers || self.refusal().is_some();
         let mut stretch = self.stretch();
         if steady {
             *stretch = None;
@@ -148,7 +174,7 @@ impl Membership {
         }
         match stretch.as_mut() {
             // While no broker is up, Kafka is down for every member: that time is not counted.
-            Some(u) if !kafka_answers => {
+            Some(u) if !counts => {
                 u.since = ts;
                 u.overdue = None;
             }
@@ -179,6 +205,16 @@ impl Membership {
         let stretch = self.stretch();
         let u = stretch.as_ref()?;
         let waited = u.overdue?;
+        if let Some(reason) = self.refusal() {
+            return Some(Error::Other(format!(
+                "consumer group {group}: Kafka has refused this client's credentials for {:.1} s ({reason}), \
+                 longer than max.poll.interval.ms + session.timeout.ms = {:.1} s: check the sasl.* keys of \
+                 [kafka.properties] (a rotated password?); exiting so that a restart with the right credentials \
+                 resumes — what was applied is in the PostgreSQL checkpoints",
+                waited.as_secs_f64(),
+                bound.as_secs_f64()
+            )));
+        }
         Some(Error::Other(format!(
             "consumer group {group}: this member has not been a steady group member for {:.1} s (librdkafka group \
              state `{}`, join state `{}`) while the brokers answer, longer than max.poll.interval.ms + \
@@ -324,6 +360,32 @@ mod tests {
         // Still not in its group 17 s after Kafka came back.
         m.observe(&stats("up", "wait-join", "UP", 322));
         assert!(m.overdue("g").is_some());
+    }
+
+    #[test]
+    fn refused_credentials_count_toward_the_bound_until_a_broker_answers() {
+        let m = short(&[]);
+        m.refused("SASL authentication error: Authentication failed due to invalid credentials");
+        m.observe(&stats("query-coord", "init", "DOWN", 0));
+        m.observe(&stats("query-coord", "init", "AUTH_HANDSHAKE", 10));
+        assert!(m.overdue("g").is_none());
+        m.observe(&stats("query-coord", "init", "DOWN", 17));
+        let e = m
+            .overdue("g")
+            .expect("refused for longer than the bound")
+            .to_string();
+        assert!(
+            e.contains("refused this client's credentials for 17.0 s"),
+            "{e}"
+        );
+        // A broker answers again (new credentials): the refusal is over, an outage is waited out again.
+        let m = short(&[]);
+        m.refused("SASL authentication error");
+        m.observe(&stats("query-coord", "init", "DOWN", 0));
+        m.observe(&stats("wait-coord", "init", "UP", 5));
+        m.observe(&stats("query-coord", "init", "DOWN", 10));
+        m.observe(&stats("query-coord", "init", "DOWN", 40));
+        assert!(m.overdue("g").is_none(), "a plain outage again");
     }
 
     #[test]
