@@ -524,3 +524,172 @@ fn a_protocol_that_does_not_match_the_listener_is_named() {
     }
     assert_eq!(tables(&db), 0);
 }
+
+/// Runs one of the broker's Java tools (`org.apache.kafka.tools.ConfigCommand` …) from the lib folder beside
+/// `KAFKA_SASL_DIR` (the broker's state directory), over the PLAINTEXT listener; panics with its output on failure.
+fn kafka_tool(class: &str, args: &[&str]) {
+    let dir = PathBuf::from(std::env::var("KAFKA_SASL_DIR").expect("KAFKA_SASL_DIR"));
+    let state = dir.parent().expect("state dir");
+    let out = std::process::Command::new("java")
+        .args(["-Xmx256m", "-XX:TieredStopAtLevel=1"])
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            state.join("tools-log4j2.properties").display()
+        ))
+        .arg("-cp")
+        .arg(format!("{}/*", state.join("lib").display()))
+        .arg(class)
+        .args(["--bootstrap-server", &brokers()])
+        .args(args)
+        .output()
+        .expect("java");
+    assert!(
+        out.status.success(),
+        "{class} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Cuts the TCP connections process `pid` holds to local port `port` (`ss -K`, iproute2; needs root, as the
+/// tests run under CI): the client sees its broker connections closed and reconnects.
+fn cut_connections(pid: u32, port: &str) {
+    let list = std::process::Command::new("ss")
+        .args([
+            "-tnpH",
+            "dst",
+            "127.0.0.1",
+            "dport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()
+        .expect("ss (iproute2)");
+    let text = String::from_utf8_lossy(&list.stdout);
+    let mine: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(3)?
+                .rsplit(':')
+                .next()
+                .map(str::to_string)
+        })
+        .collect();
+    assert!(
+        !mine.is_empty(),
+        "no connection of {pid} to :{port}:\n{text}"
+    );
+    for local in mine {
+        let out = std::process::Command::new("ss")
+            .args(["-K", "src", "127.0.0.1", "sport", "=", &format!(":{local}")])
+            .output()
+            .expect("ss -K");
+        assert!(
+            out.status.success(),
+            "ss -K: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Issue 35.5: credentials refused while running (the user's password rotated under a running worker) are
+/// bounded like a member stuck outside its group — the worker exits 1 within `max.poll.interval.ms +
+/// session.timeout.ms` naming the refusal, instead of retrying for good — and the passwords are never printed;
+/// what it applied before stays.
+#[test]
+fn credentials_refused_while_running_end_the_run_within_the_bound() {
+    let Some(s) = sasl("credentials_refused_while_running_end_the_run_within_the_bound") else {
+        return;
+    };
+    const CONFIG: &str = "org.apache.kafka.tools.ConfigCommand";
+    let user = unique("rot").to_lowercase();
+    let (old, new) = ("Rot-0ld-hunter2-pw", "Rot-N3w-hunter2-pw");
+    let scram = |pw: &str| format!("SCRAM-SHA-512=[iterations=4096,password={pw}]");
+    let alter_user = |cfg: &str| {
+        kafka_tool(
+            CONFIG,
+            &[
+                "--entity-type",
+                "users",
+                "--entity-name",
+                &user,
+                "--alter",
+                "--add-config",
+                cfg,
+            ],
+        )
+    };
+    alter_user(&scram(old));
+    let (db, topic) = stage("sasl_rot", 2);
+    let (recs, truth) = seed_events(40, 2);
+    produce(&topic, &recs);
+    let mine = Sasl {
+        brokers: s.brokers.clone(),
+        ca: s.ca.clone(),
+        username: user.clone(),
+        password: old.to_string(),
+    };
+    let text = mine.pipeline_text(SEED, old, &mine.ca).replacen(
+        "[kafka.properties]\n",
+        "[kafka.properties]\n\"statistics.interval.ms\" = \"1000\"\n\"session.timeout.ms\" = \"6000\"\n\
+         \"max.poll.interval.ms\" = \"10000\"\n",
+        1,
+    );
+    let group = unique("sasl");
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(Duration::from_secs(60), "the seed events applied", || {
+        db.i64("SELECT (to_regclass('{s}.daily_counts') IS NOT NULL)::int::bigint") == 1
+            && counts(&db) == truth
+    });
+    alter_user(&scram(new));
+    // The worker's connections to the SASL_SSL listener cut (as a broker restart or a network blip would):
+    // it reconnects, and the broker refuses the old password.
+    let port = s.brokers.rsplit(':').next().unwrap().to_string();
+    cut_connections(child.id(), &port);
+    let started = std::time::Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap_or_default();
+            let tail: String = err
+                .chars()
+                .rev()
+                .take(6000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            panic!("the worker still runs 60 s after its password changed:\n{tail}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = kafka_tool(
+        CONFIG,
+        &[
+            "--entity-type",
+            "users",
+            "--entity-name",
+            &user,
+            "--alter",
+            "--delete-config",
+            "SCRAM-SHA-512",
+        ],
+    );
+    let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
+    let out = std::fs::read_to_string(p.dir.path().join("run.out")).unwrap();
+    let all = format!("{out}\n{err}");
+    assert!(
+        !all.contains(old) && !all.contains(new),
+        "a password leaked:\n{all}"
+    );
+    assert_eq!(code, Some(1), "{all}");
+    assert!(all.contains("refused this client's credentials"), "{all}");
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 40);
+}
