@@ -669,7 +669,7 @@ fn credentials_refused_while_running_end_the_run_within_the_bound() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let _ = kafka_tool(
+    kafka_tool(
         CONFIG,
         &[
             "--entity-type",
