@@ -9,7 +9,7 @@ use tokio_postgres::Transaction;
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::state::{compare, entity, hash, object, version_text, State};
+use super::state::{compare, entity, follow, hash, object, version_text, State};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
@@ -228,7 +228,11 @@ async fn fold_segment(
     for (ei, key) in order.iter().enumerate() {
         let before = state[ei].clone();
         let mut cur = state[ei].clone();
-        for c in &groups[key] {
+        for c in groups.get_mut(key).expect("grouped") {
+            if c.follows_snapshot {
+                follow(c, cur.as_ref());
+            }
+            let c = &*c;
             if c.snapshot && cur.is_some() {
                 resnapshot += 1;
             }

@@ -284,6 +284,7 @@ pub(super) fn row_changes(
                     old_key: None,
                     snapshot: false,
                     position: None,
+                    follows_snapshot: false,
                 });
             }
         }
