@@ -34,6 +34,9 @@ pub struct RowChange {
     /// [`crate::decode::debezium::Change::follows_snapshot`]): its position is completed from the stored state
     /// in the fold ([`super::state::follow`]).
     pub follows_snapshot: bool,
+    /// A Debezium change whose delivery key was already claimed (a ledger `duplicate`): only compared with a
+    /// stored state at its position, never applied ([`super::redelivery`]).
+    pub redelivered: bool,
 }
 
 /// Turns an upsert whose new row leaves a row projection's `filter` into a delete of the row at the upsert's
@@ -166,6 +169,7 @@ pub fn from_change(
                     snapshot: false,
                     position: Some(change.position.to_vec()),
                     follows_snapshot: change.follows_snapshot,
+                    redelivered: false,
                 });
             }
             let v = v.ok_or_else(|| {
@@ -221,6 +225,7 @@ pub fn from_change(
         snapshot: change.op == Op::Read,
         position: Some(change.position.to_vec()),
         follows_snapshot: change.follows_snapshot,
+        redelivered: false,
     })
 }
 

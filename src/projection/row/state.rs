@@ -193,6 +193,7 @@ mod tests {
             snapshot: false,
             position: Some(pos),
             follows_snapshot: ch.follows_snapshot,
+            redelivered: false,
         };
         if c.follows_snapshot {
             follow(&mut c, stored);
