@@ -764,3 +764,130 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
         );
     }
 }
+
+/// Issue 34 item 3b: two records at one source position (the Debezium delivery key: position, table, key) with
+/// different row data. The second is a ledger duplicate, but its state differs from the stored row at that
+/// position: a conflict in `replaysafe_conflicts`, counted `stale` (conflict), the stored row kept, never in the
+/// outbox or the counter. An identical second record stays a duplicate, and so does one whose entity has moved on
+/// to a newer position since (its first state is no longer stored: it cannot be judged). Entities on two
+/// partitions, batch sizes 1 and 5000, each into a fresh schema: the same tables.
+#[test]
+fn equal_position_different_state_is_a_conflict() {
+    let topic = new_topic("eqpos", 2);
+    let row = |id: i64, name: &str| json!({"id": id, "name": name});
+    let t = Table("people");
+    produce(
+        &topic,
+        &[
+            t.create(0, 1, row(1, "a"), 100),
+            t.update(0, 1, row(1, "b"), 200),
+            t.update(0, 1, row(1, "B!"), 200),
+            t.create(1, 2, row(2, "x"), 110),
+            t.update(1, 2, row(2, "y"), 210),
+            t.update(1, 2, row(2, "y"), 210),
+            t.create(0, 3, row(3, "m"), 120),
+            t.create(0, 3, row(3, "m2"), 120),
+            t.update(0, 3, row(3, "n"), 300),
+            t.update(0, 3, row(3, "m3"), 120),
+            t.create(1, 4, row(4, "d"), 130),
+            t.delete(1, 4, row(4, "d"), 230),
+            t.update(1, 4, row(4, "alive?"), 230),
+        ],
+    );
+    let text = concat!(
+        debezium_header!(),
+        r#"[batch]
+max-records = MAXREC
+linger-ms = 10
+[[projection]]
+kind = "row"
+table = "people"
+key = ["id"]
+columns = { id = "bigint", name = "text" }
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["_op", "_entity", "_position"]
+[[projection]]
+kind = "counter"
+table = "changes"
+group-by = ["_day"]
+"#
+    );
+    type Conflicts = Vec<(String, Vec<i64>, Option<String>, Option<String>)>;
+    type Seen = (Vec<String>, Vec<(i64, Vec<i64>)>, Conflicts, Vec<String>);
+    let mut seen: Vec<Seen> = Vec::new();
+    for max in [1, 5000] {
+        let db = Db::fresh("eqpos");
+        let p = pipeline(
+            &text.replace("MAXREC", &max.to_string()),
+            &topic,
+            &unique("g"),
+            &db.schema,
+        );
+        let out = run_caught_up(&p.path);
+        assert_eq!(
+            tally_of(&out),
+            (13, 8, 2, 3, 0, 0),
+            "batch size {max}: {}",
+            out.stdout
+        );
+        assert!(
+            out.tally_line().unwrap().contains("[stale: 3 conflict(s)]"),
+            "{}",
+            out.stdout
+        );
+        let rows: Vec<String> =
+            db.column("SELECT id::text || ' ' || name FROM {s}.people ORDER BY id");
+        assert_eq!(rows, ["1 b", "2 y", "3 n"], "batch size {max}");
+        let tombs: Vec<(i64, Vec<i64>)> = db
+            .query(
+                "SELECT id, _version FROM {s}.people_tombstones ORDER BY id",
+                &[],
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(tombs, [(4, vec![194, 230])], "batch size {max}");
+        let conflicts: Conflicts = db
+            .query(
+                "SELECT entity->>'id', version, stored->>'name', incoming->>'name' FROM {s}.replaysafe_conflicts \
+                 ORDER BY entity->>'id'",
+                &[],
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        assert_eq!(
+            conflicts,
+            [
+                (
+                    "1".into(),
+                    vec![164, 200],
+                    Some("b".into()),
+                    Some("B!".into())
+                ),
+                (
+                    "3".into(),
+                    vec![84, 120],
+                    Some("m".into()),
+                    Some("m2".into())
+                ),
+                ("4".into(), vec![194, 230], None, Some("alive?".into())),
+            ],
+            "batch size {max}"
+        );
+        // The ledger holds each delivery key once; the outbox and the counter saw the 8 landed changes only.
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 8);
+        let outbox: Vec<String> = db.column(
+            "SELECT (payload->>'_op') || ' ' || (payload->>'_position') FROM {s}.outbox ORDER BY 1",
+        );
+        assert_eq!(outbox.len(), 8, "{outbox:?}");
+        assert_eq!(
+            db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.changes"),
+            8
+        );
+        seen.push((rows, tombs, conflicts, outbox));
+    }
+    assert_eq!(seen[0], seen[1], "batch sizes 1 and 5000");
+}

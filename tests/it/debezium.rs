@@ -373,3 +373,144 @@ version = "version"
     drop_slot(&connect.slot, &connect.publication);
     db.execute(&format!("DROP SCHEMA {src} CASCADE"));
 }
+
+/// Issue 34 item 3: a source transaction open across a resnapshot (Connect stopped, its offsets deleted,
+/// restarted: a new snapshot while the transaction holds an update and a delete) commits after the snapshot.
+/// Debezium streams it first after the snapshot with `sequence` `[null, L]`, its change LSNs L below the
+/// snapshot's point. Its update and delete are newer than the snapshot reads: the replica ends with the committed
+/// value and a tombstone, nothing stale; the same topic applied into a fresh schema (batch size 1 there, 5000
+/// here) gives the same table, tombstones and accounting.
+#[test]
+fn transaction_open_across_a_resnapshot_is_newer_than_the_snapshot() {
+    let src = unique_name("dbzopen");
+    let cols = "id bigint PRIMARY KEY, v text";
+    let dbs = [Db::fresh("dbzopen"), Db::fresh("dbzopen")];
+    dbs[0].execute(&format!(
+        "CREATE SCHEMA {src}; CREATE TABLE {src}.items ({cols}); \
+         INSERT INTO {src}.items VALUES (1, 'one'), (2, 'two')"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("{src}.items");
+    let mut connect = Connect::start(
+        &dir.path().join(&src),
+        &[("topic.prefix", &src), ("table.include.list", &table)],
+        false,
+    );
+    let topic = connect.topic(&src, "items");
+    dbs[0].execute(&format!("UPDATE {src}.items SET v = 'one b' WHERE id = 1"));
+    count_op(&topic, "u", 1);
+    // The transaction: open across the resnapshot.
+    let rt = runtime();
+    let open = pg_client(&rt);
+    rt.block_on(open.batch_execute(&format!(
+        "BEGIN; UPDATE {src}.items SET v = 'committed after the snapshot' WHERE id = 1; \
+         DELETE FROM {src}.items WHERE id = 2"
+    )))
+    .unwrap();
+    connect.stop();
+    connect.reset_offsets();
+    connect.restart();
+    count_op(&topic, "r", 4);
+    rt.block_on(open.batch_execute("COMMIT")).unwrap();
+    dbs[0].execute(&format!("INSERT INTO {src}.items VALUES (900, 'marker')"));
+    wait_for_id(&topic, 900, "c");
+    // The envelopes as Debezium wrote them: the open transaction's changes below the second snapshot's point.
+    let values = read_values(&topic, Duration::from_secs(60), |vs| vs.len() >= 9);
+    let src_of = |i: usize| &payload(&values[i])["source"];
+    let lsn = |i: usize| src_of(i)["lsn"].as_i64().unwrap();
+    let ops: Vec<String> = values
+        .iter()
+        .map(|v| payload(v)["op"].as_str().unwrap_or("tombstone").to_string())
+        .collect();
+    assert_eq!(
+        ops,
+        ["r", "r", "u", "r", "r", "u", "d", "tombstone", "c"],
+        "{values:#?}"
+    );
+    // The open transaction: the first streamed after the second snapshot, `sequence[0]` null, its change LSNs
+    // below the snapshot's point.
+    for i in [5, 6] {
+        assert!(
+            src_of(i)["sequence"]
+                .as_str()
+                .unwrap()
+                .starts_with("[null,"),
+            "{values:#?}"
+        );
+        assert!(lsn(i) < lsn(3), "{values:#?}");
+    }
+    let text = format!(
+        r#"{DEBEZIUM_HEADER}[batch]
+max-records = MAXREC
+linger-ms = 10
+[[projection]]
+kind = "row"
+table = "items"
+source-table = "{src}.items"
+key = ["id"]
+columns = {{ id = "bigint", v = "text" }}
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["_op", "_entity"]
+"#
+    );
+    let mut seen = Vec::new();
+    for (db, max) in dbs.iter().zip(["5000", "1"]) {
+        let p = pipeline(
+            &text.replace("MAXREC", max),
+            &topic,
+            &unique("g"),
+            &db.schema,
+        );
+        let out = run_caught_up(&p.path);
+        let t = out.tally();
+        // r r u (landed: the reads and the first update), r r (the resnapshot: the row of id 1 at 'one b' and
+        // of id 2 unchanged: duplicates), u d (the open transaction: landed), the Kafka tombstone (filtered),
+        // c (landed).
+        assert_eq!(
+            (
+                t.consumed,
+                t.landed,
+                t.duplicate,
+                out.stale(),
+                t.filtered,
+                t.quarantined
+            ),
+            (9, 6, 2, 0, 1, 0),
+            "batch size {max}: {}",
+            out.stdout
+        );
+        let rows: Vec<String> = db.column("SELECT id::text || ' ' || v FROM {s}.items ORDER BY id");
+        assert_eq!(
+            rows,
+            ["1 committed after the snapshot", "900 marker"],
+            "batch size {max}"
+        );
+        let tombs: Vec<(i64, Vec<i64>)> = db
+            .query(
+                "SELECT id, _version FROM {s}.items_tombstones ORDER BY id",
+                &[],
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        // The delete took the snapshot's point as its last commit: [S, L].
+        assert_eq!(tombs, [(2, vec![lsn(3), lsn(6)])], "batch size {max}");
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"), 0);
+        let outbox: Vec<String> = db.column("SELECT payload->>'_op' FROM {s}.outbox ORDER BY id");
+        seen.push((rows, tombs, outbox));
+    }
+    assert_eq!(seen[0], seen[1], "the same topic into a fresh schema");
+    assert_eq!(
+        dbs[0].strings(&format!(
+            "SELECT id::text || ' ' || v FROM {src}.items ORDER BY id"
+        )),
+        seen[0].0,
+        "the replica equals the source"
+    );
+
+    connect.stop();
+    drop_slot(&connect.slot, &connect.publication);
+    dbs[0].execute(&format!("DROP SCHEMA {src} CASCADE"));
+}

@@ -65,9 +65,20 @@ pub struct Change {
     pub op: Op,
     /// `source.schema` + `.` + `source.table`.
     pub table: String,
-    /// The version of this change: `[commit LSN, change LSN]` from `source.sequence` (elements may be null: a
-    /// null commit LSN — snapshot reads — is taken as the change LSN, i.e. the snapshot's consistent point).
+    /// The version of this change: `source.sequence` = `[last commit LSN, change LSN]` (Debezium PostgreSQL
+    /// connector, "source" metadata: `sequence[0]` is the end of the last commit the connector processed before
+    /// this change, not this change's own commit). Without `sequence`, `[lsn, lsn]`. A snapshot read with a null
+    /// `sequence[0]` (an initial or blocking snapshot; its `lsn` is the snapshot's consistent point S) is
+    /// `[S, 0]`: below every change streamed after that snapshot, whatever their change LSN (see
+    /// [`Change::follows_snapshot`]). Any other null `sequence[0]` is taken as the change LSN. Incremental
+    /// snapshot reads carry both elements and keep them.
     pub position: [i64; 2],
+    /// A streamed change (not a read) whose `sequence[0]` is null: the first transaction the connector streamed
+    /// after a snapshot (or after it first started), which committed after the snapshot's point S but can hold
+    /// change LSNs below S (it began before the snapshot). Real Debezium 3.6.1 output: reads `[null, S]`, then
+    /// such a transaction `[null, L]` with L < S, the next one `[end of its commit, …]`. The row projection
+    /// orders it after the entity's stored state ([`crate::projection::row`]'s fold).
+    pub follows_snapshot: bool,
     /// The Debezium key (unwrapped), when the record had one.
     pub key: Option<Row>,
     /// `before` (deletes and REPLICA IDENTITY FULL updates).
@@ -244,11 +255,16 @@ pub fn decode_with(
     if let Some(k) = key_value {
         doc_map.insert("key".into(), k);
     }
+    let pos = match (snapshot, at.commit_null) {
+        (true, true) => [change_lsn, 0],
+        _ => [commit_lsn, change_lsn],
+    };
     Ok(Record::Change(
         Arc::new(Change {
             op,
             table: format!("{}.{}", at.schema, at.table),
-            position: [commit_lsn, change_lsn],
+            position: pos,
+            follows_snapshot: !snapshot && at.commit_null && op != Op::Truncate,
             key: key_row,
             before,
             after,
@@ -344,6 +360,8 @@ struct SourceAt {
     table: String,
     /// The commit's LSN (`sequence[0]`, else the change's).
     commit_lsn: i64,
+    /// `source.sequence` is there and its first element is null.
+    commit_null: bool,
     /// The change's LSN (`sequence[1]`, else `lsn`).
     change_lsn: i64,
     tx: Option<i64>,
@@ -387,10 +405,8 @@ fn source_position(env: &Map<String, Value>) -> Result<SourceAt, Rejection> {
         .ok_or_else(|| {
             reject("no source position: `source.sequence` and `source.lsn` are both missing")
         })?;
-    let commit_lsn = seq
-        .as_ref()
-        .and_then(|s| s.first().copied().flatten())
-        .unwrap_or(change_lsn);
+    let commit = seq.as_ref().and_then(|s| s.first().copied().flatten());
+    let commit_lsn = commit.unwrap_or(change_lsn);
     let tx = source.get("txId").and_then(parse_i64);
     let ts_ms = source
         .get("ts_ms")
@@ -406,6 +422,7 @@ fn source_position(env: &Map<String, Value>) -> Result<SourceAt, Rejection> {
         schema: sch,
         table: tbl,
         commit_lsn,
+        commit_null: seq.is_some() && commit.is_none(),
         change_lsn,
         tx,
         day,

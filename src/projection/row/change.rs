@@ -30,6 +30,13 @@ pub struct RowChange {
     /// Debezium: the source position `[commit LSN, change LSN]` (the version too, unless a version column is
     /// used). What orders a change against a state when either has no version of its own.
     pub position: Option<Vec<i64>>,
+    /// Debezium's first transaction streamed after a snapshot (`sequence[0]` null,
+    /// [`crate::decode::debezium::Change::follows_snapshot`]): its position is completed from the stored state
+    /// in the fold ([`super::state::follow`]).
+    pub follows_snapshot: bool,
+    /// A Debezium change whose delivery key was already claimed (a ledger `duplicate`): only compared with a
+    /// stored state at its position, never applied ([`super::redelivery`]).
+    pub redelivered: bool,
 }
 
 /// Turns an upsert whose new row leaves a row projection's `filter` into a delete of the row at the upsert's
@@ -161,6 +168,8 @@ pub fn from_change(
                     old_key: None,
                     snapshot: false,
                     position: Some(change.position.to_vec()),
+                    follows_snapshot: change.follows_snapshot,
+                    redelivered: false,
                 });
             }
             let v = v.ok_or_else(|| {
@@ -215,6 +224,8 @@ pub fn from_change(
         old_key,
         snapshot: change.op == Op::Read,
         position: Some(change.position.to_vec()),
+        follows_snapshot: change.follows_snapshot,
+        redelivered: false,
     })
 }
 

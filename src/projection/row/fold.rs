@@ -9,7 +9,7 @@ use tokio_postgres::Transaction;
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::state::{compare, entity, hash, object, version_text, State};
+use super::state::{compare, entity, follow, hash, object, version_text, State};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
@@ -228,22 +228,30 @@ async fn fold_segment(
     for (ei, key) in order.iter().enumerate() {
         let before = state[ei].clone();
         let mut cur = state[ei].clone();
-        for c in &groups[key] {
-            if c.snapshot && cur.is_some() {
+        for c in groups.get_mut(key).expect("grouped") {
+            if c.follows_snapshot {
+                follow(c, cur.as_ref());
+            }
+            let c = &*c;
+            if c.snapshot && cur.is_some() && !c.redelivered {
                 resnapshot += 1;
             }
             let incoming = incoming_values(c, cur.as_ref(), &last_values, shape, proj, at);
-            let result = judge(
-                c,
-                &mut cur,
-                incoming,
-                key,
-                prepared,
-                plan,
-                proj,
-                watermark.as_ref(),
-                &mut conflicts,
-            )?;
+            let result = if c.redelivered {
+                judge_redelivered(c, cur.as_ref(), &incoming, key, shape, &mut conflicts)
+            } else {
+                judge(
+                    c,
+                    &mut cur,
+                    incoming,
+                    key,
+                    prepared,
+                    plan,
+                    proj,
+                    watermark.as_ref(),
+                    &mut conflicts,
+                )?
+            };
             if result == RowResult::Conflict {
                 metrics::counter!("replaysafe_conflicts_total", "projection" => proj.name.clone())
                     .increment(1);
@@ -411,25 +419,7 @@ fn judge(
             if s.sha == sha {
                 RowResult::Same
             } else {
-                conflicts.push(Conflict {
-                    entity: entity(shape, key),
-                    version: version_text(version),
-                    stored_delivery: s.delivery.clone(),
-                    incoming_delivery: c.delivery.clone(),
-                    stored_sha: s.sha.clone(),
-                    incoming_sha: sha.clone(),
-                    stored: if s.deleted {
-                        "null".into()
-                    } else {
-                        object(shape, &s.values)
-                    },
-                    incoming: if deleted {
-                        "null".into()
-                    } else {
-                        object(shape, &incoming_values)
-                    },
-                    offset: c.offset,
-                });
+                conflicts.push(conflict(c, s, key, shape, &incoming_values, sha.clone()));
                 RowResult::Conflict
             }
         }
@@ -469,6 +459,61 @@ fn judge(
             RowResult::Applied
         }
     })
+}
+
+/// A ledger duplicate ([`RowChange::redelivered`]: its delivery key, the source position with table and key, was
+/// already claimed): when the stored state is still at its source position, a different row state is a conflict
+/// (recorded in `conflicts`), the same state a duplicate. When the stored state is at another position (it moved
+/// on) or there is none, the first record's state is not stored any more: it cannot be judged and stays a
+/// duplicate. Never changes the stored state.
+fn judge_redelivered(
+    c: &RowChange,
+    cur: Option<&State>,
+    incoming: &[Option<String>],
+    key: &[String],
+    shape: &Shape,
+    conflicts: &mut Vec<Conflict>,
+) -> RowResult {
+    let Some(s) = cur.filter(|s| s.position.is_some() && s.position == c.position) else {
+        return RowResult::Same;
+    };
+    let deleted = c.kind == ChangeKind::Delete;
+    let sha = hash(shape, incoming, deleted);
+    if s.sha == sha {
+        return RowResult::Same;
+    }
+    conflicts.push(conflict(c, s, key, shape, incoming, sha));
+    RowResult::Conflict
+}
+
+/// The conflict record of change `c` against stored state `s` (same version, different row state).
+fn conflict(
+    c: &RowChange,
+    s: &State,
+    key: &[String],
+    shape: &Shape,
+    incoming: &[Option<String>],
+    sha: Vec<u8>,
+) -> Conflict {
+    Conflict {
+        entity: entity(shape, key),
+        version: version_text(&c.version),
+        stored_delivery: s.delivery.clone(),
+        incoming_delivery: c.delivery.clone(),
+        stored_sha: s.sha.clone(),
+        incoming_sha: sha,
+        stored: if s.deleted {
+            "null".into()
+        } else {
+            object(shape, &s.values)
+        },
+        incoming: if c.kind == ChangeKind::Delete {
+            "null".into()
+        } else {
+            object(shape, incoming)
+        },
+        offset: c.offset,
+    }
 }
 
 /// C05: a snapshot read of an entity already stored means the connector snapshotted again (lost offsets, a new

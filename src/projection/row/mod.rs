@@ -16,6 +16,7 @@ pub mod change;
 pub mod evolve;
 pub mod fold;
 pub mod plan;
+mod redelivery;
 pub mod state;
 pub mod statements;
 pub mod table;
@@ -43,7 +44,9 @@ use crate::sink::error::{classify, ApplyError};
 /// Step 3a of the batch transaction: row projections first. A claimed change that is older than the stored
 /// state (stale, conflict) or the state already stored at its version (or an unchanged snapshot read:
 /// duplicate) is taken out of `landed` (and `pg_temp.landed`), so counters and the outbox never see it. A newer
-/// version with an unchanged row state stays. Returns the outcomes of the records taken out.
+/// version with an unchanged row state stays. A Debezium change whose delivery key was already claimed is
+/// compared with the stored state at its position only (module `redelivery`): a different state makes it a conflict.
+/// Returns the outcomes of the records taken out (and of those conflicts).
 ///
 /// # Errors
 /// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.
@@ -56,7 +59,7 @@ pub async fn apply_rows(
     landed: &mut HashSet<i64>,
 ) -> std::result::Result<HashMap<i64, Outcome>, ApplyError> {
     let mut overrides: HashMap<i64, Outcome> = HashMap::new();
-    if !landed.is_empty() && !rows.is_empty() {
+    if !rows.is_empty() && (!landed.is_empty() || redelivery::any(batch, landed)) {
         let mut best: HashMap<i64, RowResult> = HashMap::new();
         let at = Coordinates {
             topic: &batch.topic,
@@ -67,7 +70,9 @@ pub async fn apply_rows(
         for rp in rows {
             let proj = &p.projections[rp.shape.index];
             let changes = row_changes(p, rp, batch, landed)?;
-            let results = apply(tx, rp, proj, changes, &at).await?;
+            let changes = redelivery::with_redeliveries(p, rp, batch, landed, changes)?;
+            let mut results = apply(tx, rp, proj, changes, &at).await?;
+            redelivery::settle(&mut results, landed, &mut overrides);
             for (o, r) in results {
                 let e = best.entry(o).or_insert(r);
                 *e = strongest(*e, r);
@@ -284,6 +289,8 @@ pub(super) fn row_changes(
                     old_key: None,
                     snapshot: false,
                     position: None,
+                    follows_snapshot: false,
+                    redelivered: false,
                 });
             }
         }

@@ -3,6 +3,7 @@
 
 use sha2::{Digest, Sha256};
 
+use super::change::RowChange;
 use super::table::Shape;
 
 #[derive(Debug, Clone)]
@@ -48,6 +49,36 @@ pub(super) fn compare(
         (Some(a), Some(b)) => Some(a.cmp(b)),
         _ if s.version.is_empty() => Some(std::cmp::Ordering::Greater),
         _ => None,
+    }
+}
+
+/// Completes the position of Debezium's first transaction streamed after a snapshot
+/// ([`RowChange::follows_snapshot`]: `sequence[0]` null, so its position is `[L, L]` with its change LSN L, which
+/// can lie below the snapshot's point S when the transaction began before the snapshot and committed after it)
+/// from the entity's stored state `stored` (position `p`): it becomes `[max(p[0], L), L]`, newer than `stored`.
+///
+/// Why that is its place: Debezium streams after a snapshot only transactions that commit after its point S,
+/// and one key's records stay in one Kafka partition in the order produced (the key decides the partition), so
+/// whatever is stored for the entity when the change is judged was produced before it: a read of the snapshot it
+/// follows (`[S, 0]`, the decoder's form of a read with a null `sequence[0]`; it becomes `[S, L]`), an earlier
+/// change of its own transaction (`[S, L1]`, L1 < L), or a change committed before that snapshot (which held the
+/// row's lock before this transaction could write it, so its LSNs are below L: `[L, L]` is already newer). A
+/// change whose version is its position (no version column) gets the same version. Nothing stored, or a state
+/// without a position: unchanged.
+pub(super) fn follow(c: &mut RowChange, stored: Option<&State>) {
+    let (Some(pos), Some(p)) = (
+        c.position.as_mut(),
+        stored.and_then(|s| s.position.as_ref()),
+    ) else {
+        return;
+    };
+    let (Some(&lsn), Some(&point)) = (pos.last(), p.first()) else {
+        return;
+    };
+    let was = pos.clone();
+    *pos = vec![point.max(lsn), lsn];
+    if c.version == was {
+        c.version = pos.clone();
     }
 }
 
@@ -116,6 +147,7 @@ pub(super) fn entity(shape: &Shape, key: &[String]) -> String {
 mod tests {
     use super::*;
     use crate::decode::debezium::envelope::{decode, Record};
+    use std::cmp::Ordering::Greater;
 
     fn position(op: &str, snapshot: &str, sequence: &str, lsn: i64) -> Vec<i64> {
         let v = format!(
@@ -139,29 +171,104 @@ mod tests {
         }
     }
 
-    /// Pins today's behaviour (README, Limitations): a transaction that began before a snapshot's consistent point
-    /// S and committed after it can carry change LSNs below S. Debezium's `source.sequence[0]` is not that
-    /// transaction's commit LSN but the last commit the connector processed before it (real Debezium 3.6.1 output
-    /// in `tests/fixtures/debezium/`: null for the first transaction streamed after the snapshot), and
-    /// `snapshot = "last"` only marks the last read. So the first streamed transaction's change at L < S orders
-    /// below the snapshot read at [S, S] and is stale; any later transaction carries the end of a commit streamed
-    /// after S and is ordered after the snapshot read, whatever its change LSN.
+    /// A change as the fold judges it: decoded, then (`follows_snapshot`) completed from `stored`.
+    fn judged(op: &str, sequence: &str, lsn: i64, stored: Option<&State>) -> Vec<i64> {
+        let v = format!(
+            r#"{{"before":null,"after":{{"id":1}},"source":{{"db":"app","schema":"public","table":"t","ts_ms":1,
+            "snapshot":"false","sequence":"{sequence}","lsn":{lsn},"txId":7}},"op":"{op}","ts_ms":1}}"#
+        );
+        let Record::Change(ch, _) = decode(Some(br#"{"id":1}"#), Some(v.as_bytes()), None).unwrap()
+        else {
+            panic!("not a change")
+        };
+        let pos = ch.position.to_vec();
+        let mut c = RowChange {
+            offset: 0,
+            key: vec!["1".into()],
+            version: pos.clone(),
+            kind: super::super::change::ChangeKind::Upsert,
+            values: Vec::new(),
+            delivery: String::new(),
+            old_key: None,
+            snapshot: false,
+            position: Some(pos),
+            follows_snapshot: ch.follows_snapshot,
+            redelivered: false,
+        };
+        if c.follows_snapshot {
+            follow(&mut c, stored);
+        }
+        assert_eq!(c.position.as_ref(), Some(&c.version));
+        c.version
+    }
+
+    /// Issue 34 item 3: a transaction that began before a snapshot's point S and committed after it (real Debezium
+    /// 3.6.1 with PostgreSQL, an open transaction across a resnapshot: reads `[null, 26228416]`, then that
+    /// transaction's update `[null, 26227336]`, the next transaction `["26228504", "26235056"]`) is newer than the
+    /// snapshot read: the read is `[S, 0]` and the change, the first streamed after it, takes the read's point.
+    /// Its second change stays after its first; the next transaction after both; a later snapshot after all;
+    /// a change committed before the snapshot (streamed before it) stays older than the read.
     #[test]
-    fn changes_below_a_snapshot_point_pinned() {
-        let s = 2_000;
+    fn a_transaction_open_across_a_snapshot_is_newer_than_its_reads() {
+        let s = 26_228_416;
         let read = stored(position("r", "last", &format!(r#"[null,\"{s}\"]"#), s));
-        assert_eq!(read.position, Some(vec![s, s]));
-        // The first transaction streamed after the snapshot: sequence [null, L], L < S — stale today.
-        let first = position("u", "false", r#"[null,\"1500\"]"#, 1_500);
-        assert_eq!(
-            compare(&first, Some(&first), &read, false),
-            Some(std::cmp::Ordering::Less)
+        assert_eq!(read.position, Some(vec![s, 0]));
+        let t = judged("u", r#"[null,\"26227336\"]"#, 26_227_336, Some(&read));
+        assert_eq!(t, vec![s, 26_227_336]);
+        assert_eq!(compare(&t, Some(&t), &read, false), Some(Greater));
+        let t_state = stored(t.clone());
+        let t2 = judged("u", r#"[null,\"26227400\"]"#, 26_227_400, Some(&t_state));
+        assert_eq!(compare(&t2, Some(&t2), &t_state, false), Some(Greater));
+        let next = judged(
+            "u",
+            r#"[\"26228504\",\"26235056\"]"#,
+            26_235_056,
+            Some(&t_state),
         );
-        // A later one: sequence[0] is the end of a commit streamed after S — newer, even with L < S.
-        let later = position("u", "false", r#"[\"2100\",\"1600\"]"#, 1_600);
+        assert_eq!(next, vec![26_228_504, 26_235_056]);
         assert_eq!(
-            compare(&later, Some(&later), &read, false),
-            Some(std::cmp::Ordering::Greater)
+            compare(&next, Some(&next), &stored(t2), false),
+            Some(Greater)
         );
+        let again = stored(position("r", "true", r#"[null,\"26300000\"]"#, 26_300_000));
+        assert_eq!(
+            compare(
+                &again.version,
+                again.position.as_ref(),
+                &stored(next),
+                false
+            ),
+            Some(Greater)
+        );
+        // Streamed before the snapshot (its first transaction after an earlier one, nothing stored yet): [L, L],
+        // below the read that comes after it.
+        let before = judged("u", r#"[null,\"26227072\"]"#, 26_227_072, None);
+        assert_eq!(before, vec![26_227_072, 26_227_072]);
+        assert_eq!(
+            compare(
+                &read.version,
+                read.position.as_ref(),
+                &stored(before),
+                false
+            ),
+            Some(Greater)
+        );
+        // An incremental snapshot's reads carry both elements: kept; the transaction committed after its window
+        // is newer by its `sequence[0]` alone (real output: reads ["28758576","28758576"], then
+        // ["28759688","28757760"]).
+        let inc = stored(position(
+            "r",
+            "incremental",
+            r#"[\"28758576\",\"28758576\"]"#,
+            28_758_576,
+        ));
+        assert_eq!(inc.position, Some(vec![28_758_576, 28_758_576]));
+        let late = judged(
+            "u",
+            r#"[\"28759688\",\"28757760\"]"#,
+            28_757_760,
+            Some(&inc),
+        );
+        assert_eq!(compare(&late, Some(&late), &inc, false), Some(Greater));
     }
 }
