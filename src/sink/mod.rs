@@ -75,9 +75,11 @@ pub struct Sink {
 /// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
 /// keys, entity lock ids, row states, outbox keys — must be spelled alike by every process, whatever the
 /// server's or the role's defaults (PostgreSQL manual, "Client Connection Defaults": DateStyle, TimeZone,
-/// IntervalStyle).
+/// IntervalStyle, extra_float_digits — 1: the shortest text that reads back exactly —, bytea_output). A row
+/// projection's values take these output forms before they are judged or stored (`projection::row::canon`).
 pub const SESSION_SETTINGS: &str =
-    "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; SET intervalstyle = 'postgres'";
+    "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; SET intervalstyle = 'postgres'; \
+     SET extra_float_digits = 1; SET bytea_output = 'hex'";
 
 /// Opens a connection (TLS as the URL and the noted `[postgres]` keys say: [`tls`]) with [`SESSION_SETTINGS`] and the default [`Timeouts`] (tools
 /// without a pipeline's `[postgres]` settings); see [`connect_with`].

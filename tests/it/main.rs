@@ -6,6 +6,7 @@ mod batches;
 mod break11;
 mod break13;
 mod breakit;
+mod canonical;
 mod cases;
 mod cases_hostile;
 mod cases_kcat;
