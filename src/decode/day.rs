@@ -109,6 +109,36 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
     }
 }
 
+/// An ISO 8601 date or date-time text as PostgreSQL reads it: Java's `DateTimeFormatter.ISO_*` (Debezium's
+/// `ZonedTimestamp`, `IsoDate`, `IsoTimestamp`) writes years after 9999 with a `+` (`+10000-01-01T04:59:59Z`,
+/// what `9999-12-31 23:59:59-05` is in UTC) and years before 1 astronomically (`0000` is 1 BC, `-0043` is 44 BC);
+/// PostgreSQL reads the former without its sign and the latter as `0044-… BC`. Any other text is returned as
+/// it is.
+pub fn iso_for_postgres(s: &str) -> std::borrow::Cow<'_, str> {
+    let year_len = |t: &str| t.bytes().take_while(u8::is_ascii_digit).count();
+    if let Some(rest) = s.strip_prefix('+') {
+        let n = year_len(rest);
+        if n >= 4 && rest.as_bytes().get(n) == Some(&b'-') {
+            return std::borrow::Cow::Owned(rest.to_string());
+        }
+    }
+    let (astro, rest) = match s.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, s),
+    };
+    let n = year_len(rest);
+    if n < 4 || rest.as_bytes().get(n) != Some(&b'-') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let Ok(y) = rest[..n].parse::<u64>() else {
+        return std::borrow::Cow::Borrowed(s);
+    };
+    match (astro, y) {
+        (false, 0) | (true, _) => std::borrow::Cow::Owned(format!("{:04}{} BC", y + 1, &rest[n..])),
+        _ => std::borrow::Cow::Borrowed(s),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +203,19 @@ mod tests {
             .and_hms_milli_opt(0, 0, 10, 500)
             .unwrap();
         assert_eq!(rfc3339(near.and_utc()), "2026-07-01T00:00:10.500Z");
+        for (java, pg) in [
+            (
+                "+10000-01-01T04:59:59.999999Z",
+                "10000-01-01T04:59:59.999999Z",
+            ),
+            ("-0043-03-15T12:00:00Z", "0044-03-15T12:00:00Z BC"),
+            ("0000-12-31", "0001-12-31 BC"),
+            ("2026-12-02T01:05:36.649077Z", "2026-12-02T01:05:36.649077Z"),
+            ("-infinity", "-infinity"),
+            ("infinity", "infinity"),
+            ("-5", "-5"),
+        ] {
+            assert_eq!(iso_for_postgres(java), pg, "{java}");
+        }
     }
 }

@@ -21,6 +21,7 @@ mod config_errors;
 mod connect;
 mod core;
 mod debezium;
+mod encodings;
 mod entities;
 mod file_source;
 mod hardening;

@@ -343,12 +343,13 @@ fn scalar(
         },
         Kind::Date => match v {
             Value::Number(_) => date(int(v)?),
-            Value::String(s) => Ok(s.clone()),
+            Value::String(s) => Ok(crate::decode::day::iso_for_postgres(s).into_owned()),
             other => Err(format!("expected a date, got {other}")),
         },
         Kind::Timestamp | Kind::Timestamptz => match v {
             Value::Number(_) => timestamp(int(v)?, unit),
-            Value::String(s) => Ok(s.clone()),
+            // ZonedTimestamp / IsoTimestamp: Java's ISO text, signed years made PostgreSQL's.
+            Value::String(s) => Ok(crate::decode::day::iso_for_postgres(s).into_owned()),
             other => Err(format!("expected a timestamp, got {other}")),
         },
         Kind::Time => match v {

@@ -83,16 +83,14 @@ async fn attempt(
 ) -> std::result::Result<std::result::Result<Vec<tokio_postgres::Row>, String>, ApplyError> {
     let data = arrays(&prepared.shape, changes);
     let params: Params = data.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-    // One round trip: the three requests are pipelined on the connection, in this order.
-    let (sp, rows, release) = tokio::join!(
-        tx.batch_execute("SAVEPOINT replaysafe_canon"),
-        tx.query(&prepared.canon, &params),
-        tx.batch_execute("RELEASE SAVEPOINT replaysafe_canon"),
-    );
-    sp.map_err(pg_err)?;
-    match rows {
+    tx.batch_execute("SAVEPOINT replaysafe_canon")
+        .await
+        .map_err(pg_err)?;
+    match tx.query(&prepared.canon, &params).await {
         Ok(rows) => {
-            release.map_err(pg_err)?;
+            tx.batch_execute("RELEASE SAVEPOINT replaysafe_canon")
+                .await
+                .map_err(pg_err)?;
             Ok(Ok(rows))
         }
         Err(e) if refused(&e) => {
@@ -202,14 +200,14 @@ async fn culprit(
         let ty = &shape.columns[i].ty.sql;
         let single = format!("SELECT $1::text::{ty}::text");
         let param: [&(dyn ToSql + Sync); 1] = [&text];
-        let (sp, r, release) = tokio::join!(
-            tx.batch_execute("SAVEPOINT replaysafe_canon"),
-            tx.query(single.as_str(), &param),
-            tx.batch_execute("RELEASE SAVEPOINT replaysafe_canon"),
-        );
-        sp.map_err(pg_err)?;
-        match r {
-            Ok(_) => release.map_err(pg_err)?,
+        tx.batch_execute("SAVEPOINT replaysafe_canon")
+            .await
+            .map_err(pg_err)?;
+        match tx.query(single.as_str(), &param).await {
+            Ok(_) => tx
+                .batch_execute("RELEASE SAVEPOINT replaysafe_canon")
+                .await
+                .map_err(pg_err)?,
             Err(e) if refused(&e) => {
                 tx.batch_execute(
                     "ROLLBACK TO SAVEPOINT replaysafe_canon; RELEASE SAVEPOINT replaysafe_canon",
