@@ -27,7 +27,7 @@ pub fn parse(text: &str) -> Option<NaiveDate> {
             return NaiveDate::from_ymd_opt(y as i32, m, d);
         }
     }
-    if let Some(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d").ok() {
+    if let Ok(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
         return Some(d);
     }
     // PostgreSQL's forms: `YYYYY-MM-DD` (no sign), `YYYY-MM-DD BC` (year n BC is astronomical year 1 - n).

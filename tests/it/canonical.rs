@@ -132,9 +132,12 @@ fn records(entities: i64, schema: bool) -> Vec<Rec> {
     out
 }
 
+/// Rows, tombstones and conflicts, as text.
+type State = (Vec<String>, Vec<String>, Vec<String>);
+
 /// Everything the projection stored, as text: rows, tombstones, conflicts (what a run leaves, offsets and
 /// times aside).
-fn state(db: &Db) -> (Vec<String>, Vec<String>, Vec<String>) {
+fn state(db: &Db) -> State {
     (
         db.strings(
             "SELECT row(id, rev, seen, amount, doc, at, tags, blob, _version, _sha256, _delivery, _position)::text \
@@ -154,7 +157,7 @@ fn one_form(schema: bool) {
     let entities = 12i64;
     let topic = new_topic("canon", 3);
     produce(&topic, &records(entities, schema));
-    let mut seen: Vec<((Vec<String>, Vec<String>, Vec<String>), String)> = Vec::new();
+    let mut seen: Vec<(State, String)> = Vec::new();
     for (prefix, max) in [("canon1", 1), ("canon5000", 5000), ("canonfresh", 5000)] {
         let db = Db::fresh(prefix);
         let out = run_text(&text(max), &topic, &unique("g"), &db);
@@ -219,4 +222,137 @@ fn debezium_schemaless_values_have_one_form_whatever_the_batching() {
 #[test]
 fn debezium_with_schema_values_have_one_form_whatever_the_batching() {
     one_form(true);
+}
+
+const JSON_EVENTS: &str = concat!(
+    header!(),
+    r#"[fields]
+event_id = { path = "/event_id", type = "uuid" }
+event_type = { path = "/event_type", type = "text" }
+customer_id = { path = "/customer_id", type = "text" }
+at = { path = "/at", type = "timestamptz" }
+doc = { path = "/doc", type = "jsonb" }
+version = { path = "/version", type = "bigint" }
+[identity]
+key = ["event_id"]
+[batch]
+max-records = MAXREC
+linger-ms = 50
+[[projection]]
+kind = "row"
+table = "customers"
+key = ["customer_id"]
+version = "version"
+columns = ["customer_id", "at", "doc"]
+delete-if = "event_type == 'CustomerClosed'"
+"#
+);
+
+/// JSON events: per customer (over three partitions) an opening at version 1, the same state again at
+/// version 1 spelled otherwise (another offset, jsonb keys in another order: a duplicate, not a conflict), for
+/// every third customer a different state at version 1 (a conflict), and for even customers a closing at
+/// version 2 (a tombstone whose `_last` holds the values as PostgreSQL prints them, whether the opening was in
+/// the same batch or not) — identical with batches of 1 and 5000 and into a fresh schema.
+#[test]
+fn json_event_values_have_one_form_whatever_the_batching() {
+    let customers = 12u32;
+    let mut recs = Vec::new();
+    let mut n = 0u32;
+    let mut event = |p: i32, c: u32, ty: &str, at: &str, doc: &str, version: i64| {
+        n += 1;
+        Rec::json(
+            p,
+            &format!("c{c}"),
+            &format!(
+                r#"{{"event_id":"00000000-0000-4000-8000-{n:012}","event_type":"{ty}","customer_id":"c{c}","at":"{at}","doc":{doc},"version":{version}}}"#
+            ),
+            1_764_637_536_000,
+        )
+    };
+    for step in 0..4 {
+        for c in 1..=customers {
+            let p = (c % 3) as i32;
+            match step {
+                0 => recs.push(event(
+                    p,
+                    c,
+                    "CustomerOpened",
+                    "2026-12-02T02:05:36.649077+01:00",
+                    r#"{"b":1,"a":[1,2]}"#,
+                    1,
+                )),
+                1 => recs.push(event(
+                    p,
+                    c,
+                    "CustomerOpened",
+                    "2026-12-02T01:05:36.649077Z",
+                    r#"{"a": [1, 2], "b": 1}"#,
+                    1,
+                )),
+                2 if c % 3 == 0 => recs.push(event(
+                    p,
+                    c,
+                    "CustomerOpened",
+                    "2026-12-02T01:05:37Z",
+                    r#"{"a":[1,2],"b":1}"#,
+                    1,
+                )),
+                3 if c % 2 == 0 => recs.push(event(
+                    p,
+                    c,
+                    "CustomerClosed",
+                    "2026-12-03T00:00:00Z",
+                    "{}",
+                    2,
+                )),
+                _ => {}
+            }
+        }
+    }
+    let topic = new_topic("canonj", 3);
+    produce(&topic, &recs);
+    let mut seen: Vec<(State, String)> = Vec::new();
+    for (prefix, max) in [("canonj1", 1), ("canonj5000", 5000), ("canonjfresh", 5000)] {
+        let db = Db::fresh(prefix);
+        let out = run_text(
+            &JSON_EVENTS.replace("MAXREC", &max.to_string()),
+            &topic,
+            &unique("g"),
+            &db,
+        );
+        out.assert_ok();
+        assert_eq!(
+            db.text("SELECT _last::text FROM {s}.customers_tombstones WHERE customer_id = 'c2'")
+                .as_deref(),
+            Some(
+                r#"{"at": "2026-12-02 01:05:36.649077+00", "doc": "{\"a\": [1, 2], \"b\": 1}", "customer_id": "c2"}"#
+            ),
+            "max-records {max}"
+        );
+        let st = (
+            db.strings(
+                "SELECT row(customer_id, at, doc, _version, _sha256, _delivery)::text FROM {s}.customers ORDER BY 1",
+            ),
+            db.strings(
+                "SELECT row(customer_id, _version, _delivery, _last)::text FROM {s}.customers_tombstones ORDER BY 1",
+            ),
+            db.strings(
+                "SELECT row(entity, version, stored, incoming, stored_sha256, incoming_sha256)::text \
+                 FROM {s}.replaysafe_conflicts ORDER BY 1",
+            ),
+        );
+        assert_eq!(
+            (st.0.len(), st.1.len(), st.2.len()),
+            (6, 6, 4),
+            "max-records {max}: {:?}",
+            st.2.first()
+        );
+        seen.push((st, out.tally_line().expect("tally").to_string()));
+    }
+    assert_eq!(seen[0], seen[1], "batches of 1 and of 5000");
+    assert_eq!(seen[1], seen[2], "a replay into a fresh schema");
+    assert_eq!(
+        seen[0].1,
+        "consumed 34 = landed 18 + duplicate 12 + stale 4 + filtered 0 + quarantined 0 [stale: 4 conflict(s)]"
+    );
 }
