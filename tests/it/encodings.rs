@@ -367,3 +367,49 @@ fn temporal_values_store_alike_through_every_encoding() {
         );
     }
 }
+
+/// `new-columns = "add"` over Avro with logical types only (no `connect.name`): the columns are added with the
+/// types the logical types name — `timestamp`, `date`, `time`, `interval`, never `bigint` — and hold the values
+/// the typed run stores (at full precision: the added `timestamp` keeps µs).
+#[test]
+fn avro_logical_types_type_the_columns_new_columns_adds() {
+    let vals = values();
+    let url = registry_url();
+    let topic = new_topic("encadd", 2);
+    let k = register(&format!("{topic}-key"), "AVRO", AVRO_KEY);
+    let v = register(&format!("{topic}-value"), "AVRO", AVRO_VALUE);
+    produce(&topic, &avro_records(&vals[..6], k, v));
+    let db = Db::fresh("encadd");
+    let text = format!(
+        "{DEBEZIUM_HEADER}encoding = \"avro\"\nschema-registry = {{ url = \"{url}\" }}\n[[projection]]\nkind = \"row\"\n\
+         table = \"times\"\nsource-table = \"public.times\"\nkey = [\"id\"]\nnew-columns = \"add\"\n\
+         columns = {{ id = \"bigint\" }}\n"
+    );
+    let out = run_text(&text, &topic, &unique("g"), &db);
+    out.assert_ok();
+    assert_eq!(
+        db.strings(&format!(
+            "SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = '\"{}\".times'::regclass AND a.attname IN ('t3', 't6', 'tz', 'd', 'tm', 'iv') \
+             ORDER BY a.attname",
+            db.schema
+        )),
+        vec![
+            "d date",
+            "iv interval",
+            "t3 timestamp without time zone",
+            "t6 timestamp without time zone",
+            "tm time without time zone",
+            "tz timestamp without time zone",
+        ]
+    );
+    assert_eq!(
+        db.strings("SELECT row(id, t3, t6, d, tm, iv)::text FROM {s}.times WHERE id IN (1, 3, 4) ORDER BY id"),
+        vec![
+            r#"(1,"2023-11-14 22:13:20.123456","2023-11-14 22:13:20.123456",2023-11-14,12:34:56.789012,02:03:04.005)"#,
+            r#"(3,"9999-12-31 23:59:59.999","9999-12-31 23:59:59.999",9999-12-31,24:00:00,23:59:59.999)"#,
+            r#"(4,"0044-03-15 12:00:00 BC","0044-03-15 12:00:00 BC","0044-03-15 BC",00:00:00.000001,00:00:00.001)"#,
+        ]
+    );
+    assert_eq!(out.tally().landed, 6);
+}
