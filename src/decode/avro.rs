@@ -223,15 +223,9 @@ fn primitive(t: &str, o: &Map<String, Value>) -> Option<Value> {
         "null" => "string",
         _ => return None,
     };
-    let mut c = json!({"type": ty, "optional": false});
     let logical = o.get("logicalType").and_then(Value::as_str);
-    let name = match logical {
-        Some("decimal") => Some("org.apache.kafka.connect.data.Decimal"),
-        Some("date") => Some("org.apache.kafka.connect.data.Date"),
-        Some("time-millis") => Some("org.apache.kafka.connect.data.Time"),
-        Some("timestamp-millis") => Some("org.apache.kafka.connect.data.Timestamp"),
-        _ => None,
-    };
+    let (ty, name) = logical_type(ty, logical);
+    let mut c = json!({"type": ty, "optional": false});
     if let Some(n) = o.get("connect.name").cloned().or(name.map(|n| json!(n))) {
         c["name"] = n;
     }
@@ -244,6 +238,30 @@ fn primitive(t: &str, o: &Map<String, Value>) -> Option<Value> {
         c["parameters"]["scale"] = Value::String(scale.to_string());
     }
     Some(c)
+}
+
+/// The Connect type and semantic name that carry an Avro logical type (Avro specification 1.12, "Logical
+/// Types") the way Kafka Connect and Debezium name it, so its unit travels with the value
+/// ([`super::debezium::convert`] reads the unit from the name, never from the projection column's type):
+/// `date` days, `time-millis`/`time-micros` since midnight, `timestamp-*` and `local-timestamp-*` in ms/µs/ns
+/// since the epoch (a local timestamp is a wall-clock time, Debezium's `Timestamp`/`MicroTimestamp`/
+/// `NanoTimestamp`), `decimal` the unscaled bytes, `big-decimal` and `duration` as text (a decimal string, an ISO
+/// 8601 duration). Other types keep their primitive type and have no name (`uuid` is a string).
+fn logical_type<'a>(ty: &'a str, logical: Option<&str>) -> (&'a str, Option<&'static str>) {
+    let name = match logical {
+        Some("decimal") => "org.apache.kafka.connect.data.Decimal",
+        Some("date") => "org.apache.kafka.connect.data.Date",
+        Some("time-millis") => "org.apache.kafka.connect.data.Time",
+        Some("time-micros") => "io.debezium.time.MicroTime",
+        Some("timestamp-millis") => "org.apache.kafka.connect.data.Timestamp",
+        Some("timestamp-micros" | "local-timestamp-micros") => "io.debezium.time.MicroTimestamp",
+        Some("timestamp-nanos" | "local-timestamp-nanos") => "io.debezium.time.NanoTimestamp",
+        Some("local-timestamp-millis") => "io.debezium.time.Timestamp",
+        Some("duration") => return ("string", Some("io.debezium.time.Interval")),
+        Some("big-decimal") => return ("string", None),
+        _ => return (ty, None),
+    };
+    (ty, Some(name))
 }
 
 fn props(c: &mut Value, o: &Map<String, Value>) {
@@ -272,8 +290,40 @@ fn scale(cs: Option<&Value>) -> i64 {
 
 fn rfc3339(secs: i64, nanos: u32) -> Result<Value, String> {
     chrono::DateTime::from_timestamp(secs, nanos)
-        .map(|t| Value::String(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)))
+        .map(|t| Value::String(super::day::rfc3339(t)))
         .ok_or_else(|| format!("timestamp {secs} s is out of range"))
+}
+
+/// An Avro `time-millis`/`time-micros` as JSON-event text (`HH:MM:SS[.ffffff]`, `24:00:00` for a whole day).
+///
+/// # Errors
+/// A value below 0 or above 24 hours, named with its unit.
+fn time_of_day(micros: i64) -> Result<Value, String> {
+    const DAY: i64 = 86_400_000_000;
+    if micros == DAY {
+        return Ok(Value::String("24:00:00".into()));
+    }
+    if !(0..DAY).contains(&micros) {
+        return Err(format!(
+            "time {micros} µs since midnight is out of range (00:00:00 to 24:00:00)"
+        ));
+    }
+    let t = chrono::NaiveTime::from_num_seconds_from_midnight_opt(
+        (micros / 1_000_000) as u32,
+        (micros % 1_000_000 * 1_000) as u32,
+    )
+    .ok_or_else(|| format!("time {micros} µs since midnight is out of range"))?;
+    Ok(Value::String(super::day::time_text(t)))
+}
+
+/// An Avro `duration` (months, days, milliseconds; Avro specification 1.12) as an ISO 8601 duration
+/// (`P1M2DT0.003S`), which PostgreSQL's `interval` reads.
+fn iso_duration(months: u32, days: u32, millis: u32) -> String {
+    format!(
+        "P{months}M{days}DT{}.{:03}S",
+        millis / 1_000,
+        millis % 1_000
+    )
 }
 
 /// The JSON of one Avro value; `cs` its Connect schema (for a decimal's scale and the fields of records).
@@ -339,8 +389,10 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
                 .ok_or_else(|| format!("date {d} days is out of range"))?;
             Value::String(super::day::text(day))
         }
-        Avro::TimeMillis(t) => json!(t),
-        Avro::TimeMicros(t) => json!(t),
+        Avro::TimeMillis(t) if connect => json!(t),
+        Avro::TimeMicros(t) if connect => json!(t),
+        Avro::TimeMillis(t) => time_of_day(i64::from(*t) * 1_000)?,
+        Avro::TimeMicros(t) => time_of_day(*t)?,
         Avro::TimestampMillis(t) | Avro::LocalTimestampMillis(t) if connect => json!(t),
         Avro::TimestampMicros(t) | Avro::LocalTimestampMicros(t) if connect => json!(t),
         Avro::TimestampNanos(t) | Avro::LocalTimestampNanos(t) if connect => json!(t),
@@ -357,7 +409,11 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
             t.rem_euclid(1_000_000_000) as u32,
         )?,
         Avro::Uuid(u) => Value::String(u.hyphenated().to_string()),
-        Avro::Duration(_) => return Err("an Avro `duration` has no JSON form here".into()),
+        Avro::Duration(d) => Value::String(iso_duration(
+            u32::from(d.months()),
+            u32::from(d.days()),
+            u32::from(d.millis()),
+        )),
     })
 }
 
@@ -413,6 +469,216 @@ mod tests {
         )
         .expect("json");
         assert_eq!(bare["amount"], "12.50");
+    }
+
+    /// Issue 34 item 4: the Avro logical type decides the unit, never the projection column's precision — one
+    /// instant 2023-11-14 22:13:20.123456 UTC as `timestamp-millis`, `-micros`, `-nanos` and their `local-`
+    /// forms lands as the same text in `timestamp(3)`, `timestamp(6)` and `timestamptz` columns; `time-millis`
+    /// and `time-micros` (24:00:00 included), `date` (year 1, 9999 and BC), `duration` and `big-decimal` too;
+    /// `new-columns = "add"` types them from the name (`timestamp`, `time`, `date`, `interval`), not `bigint`.
+    #[test]
+    fn logical_types_carry_their_unit_to_the_column() {
+        use crate::decode::debezium::convert::{to_pg, Pg};
+        use crate::decode::debezium::Cell;
+        use crate::ident::Ident;
+        use crate::projection::row::types::{ColumnSpec, SqlType};
+        let micros: i64 = 1_700_000_000_123_456;
+        let cases: Vec<(&str, &str, Avro, &str, &str)> = vec![
+            (
+                "long",
+                "timestamp-millis",
+                Avro::TimestampMillis(micros / 1_000),
+                "timestamp(3)",
+                "2023-11-14 22:13:20.123",
+            ),
+            (
+                "long",
+                "timestamp-micros",
+                Avro::TimestampMicros(micros),
+                "timestamp(3)",
+                "2023-11-14 22:13:20.123456",
+            ),
+            (
+                "long",
+                "timestamp-micros",
+                Avro::TimestampMicros(micros),
+                "timestamp(6)",
+                "2023-11-14 22:13:20.123456",
+            ),
+            (
+                "long",
+                "timestamp-micros",
+                Avro::TimestampMicros(micros),
+                "timestamptz",
+                "2023-11-14 22:13:20.123456",
+            ),
+            (
+                "long",
+                "timestamp-nanos",
+                Avro::TimestampNanos(micros * 1_000 + 789),
+                "timestamp(6)",
+                "2023-11-14 22:13:20.123456789",
+            ),
+            (
+                "long",
+                "local-timestamp-millis",
+                Avro::LocalTimestampMillis(micros / 1_000),
+                "timestamp(6)",
+                "2023-11-14 22:13:20.123",
+            ),
+            (
+                "long",
+                "local-timestamp-micros",
+                Avro::LocalTimestampMicros(micros),
+                "timestamp(3)",
+                "2023-11-14 22:13:20.123456",
+            ),
+            (
+                "long",
+                "local-timestamp-nanos",
+                Avro::LocalTimestampNanos(micros * 1_000),
+                "timestamp",
+                "2023-11-14 22:13:20.123456",
+            ),
+            (
+                "long",
+                "timestamp-micros",
+                Avro::TimestampMicros(-62_135_596_800_000_000),
+                "timestamp(3)",
+                "0001-01-01 00:00:00",
+            ),
+            (
+                "long",
+                "timestamp-micros",
+                Avro::TimestampMicros(-62_167_219_200_000_000),
+                "timestamp",
+                "0001-01-01 00:00:00 BC",
+            ),
+            (
+                "long",
+                "timestamp-micros",
+                Avro::TimestampMicros(253_402_300_799_999_999),
+                "timestamp(6)",
+                "9999-12-31 23:59:59.999999",
+            ),
+            (
+                "int",
+                "time-millis",
+                Avro::TimeMillis(45_296_789),
+                "time(6)",
+                "12:34:56.789",
+            ),
+            (
+                "long",
+                "time-micros",
+                Avro::TimeMicros(45_296_789_012),
+                "time(3)",
+                "12:34:56.789012",
+            ),
+            (
+                "long",
+                "time-micros",
+                Avro::TimeMicros(86_400_000_000),
+                "time",
+                "24:00:00",
+            ),
+            ("int", "date", Avro::Date(2_932_896), "date", "9999-12-31"),
+            ("int", "date", Avro::Date(-719_162), "date", "0001-01-01"),
+            ("int", "date", Avro::Date(-719_163), "date", "0001-12-31 BC"),
+        ];
+        for (prim, logical, v, col_ty, want) in cases {
+            let schema = format!(
+                r#"{{"type":"record","name":"R","fields":[{{"name":"v","type":{{"type":"{prim}","logicalType":"{logical}"}}}}]}}"#
+            );
+            let (s, j, bytes) = encode(&schema, Avro::Record(vec![("v".into(), v)]));
+            let out: Value = serde_json::from_slice(
+                &to_json(&s, &[], &SchemaJson::new(vec![j]), &bytes, true).expect("decodes"),
+            )
+            .unwrap();
+            let cell = Cell {
+                value: out["payload"]["v"].clone(),
+                schema: Some(std::sync::Arc::new(out["schema"]["fields"][0].clone())),
+            };
+            let col = ColumnSpec {
+                name: Ident::new("v").unwrap(),
+                ty: SqlType::parse(col_ty).unwrap(),
+                unit: None,
+                field: None,
+            };
+            assert_eq!(
+                to_pg(&cell, &col, crate::config::DecimalHandling::Auto),
+                Ok(Pg::Text(want.into())),
+                "{logical} into {col_ty}"
+            );
+            let added = crate::projection::row::evolve::pg_type(&cell);
+            assert!(
+                matches!(added, Some("timestamp" | "time" | "date")),
+                "{logical}: new-columns = \"add\" makes it {added:?}"
+            );
+        }
+        // duration and big-decimal: text the column reads.
+        let schema = r#"{"type":"record","name":"R","fields":[
+            {"name":"d","type":{"type":"fixed","name":"D","size":12,"logicalType":"duration"}},
+            {"name":"b","type":{"type":"bytes","logicalType":"big-decimal"}}]}"#;
+        let d = apache_avro::Duration::new(
+            apache_avro::Months::new(14),
+            apache_avro::Days::new(3),
+            apache_avro::Millis::new(4_005),
+        );
+        let big: bigdecimal::BigDecimal = "12345678901234567890.125".parse().unwrap();
+        let (s, j, bytes) = encode(
+            schema,
+            Avro::Record(vec![
+                ("d".into(), Avro::Duration(d)),
+                ("b".into(), Avro::BigDecimal(big)),
+            ]),
+        );
+        for connect in [true, false] {
+            let out: Value = serde_json::from_slice(
+                &to_json(&s, &[], &SchemaJson::new(vec![j.clone()]), &bytes, connect)
+                    .expect("decodes"),
+            )
+            .unwrap();
+            let p = if connect { &out["payload"] } else { &out };
+            assert_eq!(p["d"], "P14M3DT4.005S");
+            assert_eq!(p["b"], "12345678901234567890.125");
+            if connect {
+                assert_eq!(
+                    out["schema"]["fields"][0]["name"],
+                    "io.debezium.time.Interval"
+                );
+                assert_eq!(out["schema"]["fields"][1]["type"], "string");
+            }
+        }
+    }
+
+    /// JSON events: Avro times as text (`HH:MM:SS[.f]`), timestamps as RFC 3339 — PostgreSQL's form outside
+    /// years 1–9999, never chrono's `+10000`.
+    #[test]
+    fn json_event_temporal_text() {
+        let schema = r#"{"type":"record","name":"R","fields":[
+            {"name":"t","type":{"type":"long","logicalType":"time-micros"}},
+            {"name":"m","type":{"type":"int","logicalType":"time-millis"}},
+            {"name":"ts","type":{"type":"long","logicalType":"timestamp-micros"}},
+            {"name":"far","type":{"type":"long","logicalType":"timestamp-millis"}}]}"#;
+        let (s, j, bytes) = encode(
+            schema,
+            Avro::Record(vec![
+                ("t".into(), Avro::TimeMicros(86_400_000_000)),
+                ("m".into(), Avro::TimeMillis(45_296_500)),
+                ("ts".into(), Avro::TimestampMicros(1_700_000_000_123_456)),
+                ("far".into(), Avro::TimestampMillis(253_402_300_800_000)),
+            ]),
+        );
+        let out: Value = serde_json::from_slice(
+            &to_json(&s, &[], &SchemaJson::new(vec![j]), &bytes, false).expect("decodes"),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            json!({"t": "24:00:00", "m": "12:34:56.5", "ts": "2023-11-14T22:13:20.123456Z",
+                   "far": "10000-01-01 00:00:00+00"})
+        );
     }
 
     #[test]

@@ -268,9 +268,7 @@ fn convert(f: &FieldPlan, v: &Value) -> Result<FieldValue, String> {
                 ts.with_timezone(&f.time_zone).date_naive(),
             )))
         }
-        FieldType::Timestamptz => Ok(s(
-            instant(f, v)?.to_rfc3339_opts(SecondsFormat::AutoSi, true)
-        )),
+        FieldType::Timestamptz => Ok(s(super::day::rfc3339(instant(f, v)?))),
         FieldType::Boolean => {
             let b = match v {
                 Value::Bool(b) => *b,

@@ -75,7 +75,8 @@ pub struct Sink {
 /// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
 /// keys, entity lock ids, row states, outbox keys — must be spelled alike by every process, whatever the
 /// server's or the role's defaults (PostgreSQL manual, "Client Connection Defaults": DateStyle, TimeZone,
-/// IntervalStyle).
+/// IntervalStyle, extra_float_digits — 1: the shortest text that reads back exactly —, bytea_output). A row
+/// projection's values take these output forms before they are judged or stored (`projection::row::canon`).
 ///
 /// `search_path` holds only `pg_catalog` and then `pg_temp` (PostgreSQL manual, "Schemas → Usage Patterns" and
 /// "Writing SECURITY DEFINER Functions Safely"; CVE-2018-1058): an unqualified function or operator resolves in
@@ -84,7 +85,7 @@ pub struct Sink {
 /// the batch's temporary tables with `pg_temp`.
 pub const SESSION_SETTINGS: &str =
     "SET search_path = pg_catalog, pg_temp; SET datestyle = 'ISO, YMD'; \
-     SET timezone = 'UTC'; SET intervalstyle = 'postgres'";
+     SET timezone = 'UTC'; SET intervalstyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'";
 
 /// Opens a connection (TLS as the URL and the noted `[postgres]` keys say: [`tls`]) with [`SESSION_SETTINGS`] and the default [`Timeouts`] (tools
 /// without a pipeline's `[postgres]` settings); see [`connect_with`].

@@ -358,8 +358,8 @@ columns = {{ id = "bigint", owner = "text", version = "bigint" }}
         db.column::<String>(
             "SELECT entity::text || ' ' || version::text || ' ' || incoming::text FROM {s}.replaysafe_conflicts"
         ),
-        vec![r#"{"id": "1"} {2} {"id": "1", "owner": "x", "_extra": "{\"tier\":\"silver\"}", "version": "2"}"#],
-        "only the change of a mapped column at an equal version is a conflict"
+        vec![r#"{"id": "1"} {2} {"id": "1", "owner": "x", "_extra": "{\"tier\": \"silver\"}", "version": "2"}"#],
+        "only the change of a mapped column at an equal version is a conflict (values in PostgreSQL's form: jsonb)"
     );
     assert_eq!(
         db.column::<i64>("SELECT id FROM {s}.accounts_tombstones"),

@@ -88,6 +88,26 @@ fn int(v: &Value) -> Result<i64, String> {
 const PG_INFINITY: i64 = 9_223_372_036_825_200_000;
 const PG_NEG_INFINITY: i64 = -9_223_372_036_832_400_000;
 
+fn unit_name(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Days => "days",
+        Unit::Millis => "milliseconds",
+        Unit::Micros => "microseconds",
+        Unit::Nanos => "nanoseconds",
+    }
+}
+
+/// PostgreSQL's earliest `date` and `timestamp`: 4714-11-24 BC (astronomical year −4713; PostgreSQL
+/// documentation, "Date/Time Types"). Its latest lie beyond what a count of days or epoch units reaches here.
+fn earliest() -> NaiveDate {
+    NaiveDate::from_ymd_opt(-4713, 11, 24).expect("valid")
+}
+
+/// An epoch count in `unit` as PostgreSQL timestamp text (`YYYY-MM-DD HH:MM:SS[.f][ BC]`); Debezium's infinity
+/// sentinels as `infinity` / `-infinity`.
+///
+/// # Errors
+/// A message naming the value as it arrived and its unit when no PostgreSQL timestamp is that instant.
 fn timestamp(n: i64, unit: Unit) -> Result<String, String> {
     if unit != Unit::Days {
         match n {
@@ -103,24 +123,54 @@ fn timestamp(n: i64, unit: Unit) -> Result<String, String> {
         Unit::Days => return date(n),
     };
     let t = DateTime::from_timestamp(secs, nanos as u32)
-        .ok_or_else(|| format!("{n} is out of range for a timestamp"))?
+        .ok_or_else(|| {
+            format!(
+                "{n} ({} since 1970-01-01) is out of range for a timestamp",
+                unit_name(unit)
+            )
+        })?
         .naive_utc();
-    Ok(trim_fraction(t.format("%Y-%m-%d %H:%M:%S%.9f").to_string()))
+    if t.date() < earliest() {
+        return Err(format!(
+            "{n} ({} since 1970-01-01) is {}, before PostgreSQL's earliest timestamp 4714-11-24 00:00:00 BC",
+            unit_name(unit),
+            crate::decode::day::timestamp_text(t)
+        ));
+    }
+    Ok(crate::decode::day::timestamp_text(t))
 }
 
+/// A count since midnight in `unit` as PostgreSQL time text; exactly 24 hours is PostgreSQL's `24:00:00`.
+///
+/// # Errors
+/// A message naming the value as it arrived and its unit when it is not a time of day (below 0, above 24 h).
 fn time(n: i64, unit: Unit) -> Result<String, String> {
-    let nanos = match unit {
-        Unit::Millis => n * 1_000_000,
-        Unit::Micros => n * 1_000,
-        Unit::Nanos => n,
+    let per = match unit {
+        Unit::Millis => 1_000_000,
+        Unit::Micros => 1_000,
+        Unit::Nanos => 1,
         Unit::Days => return Err("a time is not counted in days".into()),
     };
+    const DAY_NANOS: i64 = 86_400_000_000_000;
+    let out_of_range = || {
+        format!(
+            "{n} ({} since midnight) is out of range for a time of day (00:00:00 to 24:00:00)",
+            unit_name(unit)
+        )
+    };
+    let nanos = n.checked_mul(per).ok_or_else(out_of_range)?;
+    if nanos == DAY_NANOS {
+        return Ok("24:00:00".into());
+    }
+    if !(0..DAY_NANOS).contains(&nanos) {
+        return Err(out_of_range());
+    }
     let t = NaiveTime::from_num_seconds_from_midnight_opt(
-        (nanos.div_euclid(1_000_000_000)) as u32,
-        (nanos.rem_euclid(1_000_000_000)) as u32,
+        (nanos / 1_000_000_000) as u32,
+        (nanos % 1_000_000_000) as u32,
     )
-    .ok_or_else(|| format!("{n} is out of range for a time of day"))?;
-    Ok(trim_fraction(t.format("%H:%M:%S%.9f").to_string()))
+    .ok_or_else(out_of_range)?;
+    Ok(crate::decode::day::time_text(t))
 }
 
 /// What Debezium's PostgreSQL connector writes for a `date` `infinity` / `-infinity` (PostgreSQL's
@@ -129,6 +179,11 @@ fn time(n: i64, unit: Unit) -> Result<String, String> {
 const PG_DATE_INFINITY: i64 = -2_147_472_692;
 const PG_DATE_NEG_INFINITY: i64 = -2_147_472_691;
 
+/// Days since 1970-01-01 as PostgreSQL date text (`YYYY-MM-DD[ BC]`); Debezium's infinity sentinels as
+/// `infinity` / `-infinity`.
+///
+/// # Errors
+/// A message naming the count as it arrived when no PostgreSQL date is that day.
 fn date(days: i64) -> Result<String, String> {
     match days {
         PG_DATE_INFINITY => return Ok("infinity".into()),
@@ -136,26 +191,16 @@ fn date(days: i64) -> Result<String, String> {
         _ => {}
     }
     let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid");
-    epoch
-        .checked_add_signed(chrono::Duration::days(days))
-        .map(crate::decode::day::text)
-        .ok_or_else(|| format!("{days} days is out of range for a date"))
-}
-
-/// `12:00:00.500000000` → `12:00:00.5`; `12:00:00.000000000` → `12:00:00` (PostgreSQL's output).
-fn trim_fraction(s: String) -> String {
-    match s.rfind('.') {
-        Some(i) => {
-            let t = s.trim_end_matches('0');
-            let t = t.strip_suffix('.').unwrap_or(t);
-            if t.len() < i {
-                s[..i].to_string()
-            } else {
-                t.to_string()
-            }
-        }
-        None => s,
+    let day = chrono::Duration::try_days(days)
+        .and_then(|d| epoch.checked_add_signed(d))
+        .ok_or_else(|| format!("{days} (days since 1970-01-01) is out of range for a date"))?;
+    if day < earliest() {
+        return Err(format!(
+            "{days} (days since 1970-01-01) is {}, before PostgreSQL's earliest date 4714-11-24 BC",
+            crate::decode::day::text(day)
+        ));
     }
+    Ok(crate::decode::day::text(day))
 }
 
 fn default_unit(ty: &SqlType) -> Unit {
@@ -298,12 +343,13 @@ fn scalar(
         },
         Kind::Date => match v {
             Value::Number(_) => date(int(v)?),
-            Value::String(s) => Ok(s.clone()),
+            Value::String(s) => Ok(crate::decode::day::iso_for_postgres(s).into_owned()),
             other => Err(format!("expected a date, got {other}")),
         },
         Kind::Timestamp | Kind::Timestamptz => match v {
             Value::Number(_) => timestamp(int(v)?, unit),
-            Value::String(s) => Ok(s.clone()),
+            // ZonedTimestamp / IsoTimestamp: Java's ISO text, signed years made PostgreSQL's.
+            Value::String(s) => Ok(crate::decode::day::iso_for_postgres(s).into_owned()),
             other => Err(format!("expected a timestamp, got {other}")),
         },
         Kind::Time => match v {
@@ -561,6 +607,126 @@ mod tests {
             .unwrap(),
             Pg::Text("12:34:56.5".into())
         );
+    }
+
+    /// Issue 34 item 4: every temporal value PostgreSQL holds converts from Debezium's numeric encodings to
+    /// text PostgreSQL reads back as that value (year 1, 9999, BC, 24:00:00, infinity, µs); a value no
+    /// PostgreSQL type holds is refused naming the value as it arrived and its unit.
+    #[test]
+    fn temporal_extremes_convert_or_name_the_value() {
+        let named = |n: &str| serde_json::json!({"type": "int64", "name": n});
+        let ok = |v: i64, schema: &str, ty: &str| {
+            to_pg(
+                &cell(serde_json::json!(v), Some(named(schema))),
+                &col(ty),
+                DecimalHandling::Auto,
+            )
+        };
+        for (v, schema, ty, want) in [
+            (2_932_896, "io.debezium.time.Date", "date", "9999-12-31"),
+            (-719_162, "io.debezium.time.Date", "date", "0001-01-01"),
+            (-719_163, "io.debezium.time.Date", "date", "0001-12-31 BC"),
+            (-2_440_588, "io.debezium.time.Date", "date", "4714-11-24 BC"),
+            (
+                PG_DATE_INFINITY,
+                "io.debezium.time.Date",
+                "date",
+                "infinity",
+            ),
+            (
+                PG_DATE_NEG_INFINITY,
+                "io.debezium.time.Date",
+                "date",
+                "-infinity",
+            ),
+            (
+                86_400_000_000,
+                "io.debezium.time.MicroTime",
+                "time",
+                "24:00:00",
+            ),
+            (
+                86_399_999_999,
+                "io.debezium.time.MicroTime",
+                "time",
+                "23:59:59.999999",
+            ),
+            (86_400_000, "io.debezium.time.Time", "time(3)", "24:00:00"),
+            (0, "io.debezium.time.NanoTime", "time", "00:00:00"),
+            (
+                253_402_300_799_999_999,
+                "io.debezium.time.MicroTimestamp",
+                "timestamp",
+                "9999-12-31 23:59:59.999999",
+            ),
+            (
+                -62_135_596_800_000,
+                "io.debezium.time.Timestamp",
+                "timestamp(3)",
+                "0001-01-01 00:00:00",
+            ),
+            (
+                -62_167_219_200_000_000,
+                "io.debezium.time.MicroTimestamp",
+                "timestamp",
+                "0001-01-01 00:00:00 BC",
+            ),
+            (
+                253_402_300_800_000_000,
+                "io.debezium.time.MicroTimestamp",
+                "timestamp",
+                "10000-01-01 00:00:00",
+            ),
+            (
+                PG_INFINITY,
+                "io.debezium.time.MicroTimestamp",
+                "timestamp",
+                "infinity",
+            ),
+            (
+                PG_NEG_INFINITY,
+                "io.debezium.time.Timestamp",
+                "timestamp(3)",
+                "-infinity",
+            ),
+        ] {
+            assert_eq!(ok(v, schema, ty), Ok(Pg::Text(want.into())), "{v} {schema}");
+        }
+        for (v, schema, ty, needle) in [
+            (
+                -2_440_589,
+                "io.debezium.time.Date",
+                "date",
+                "-2440589 (days since 1970-01-01) is 4714-11-23 BC, before",
+            ),
+            (
+                86_400_000_001,
+                "io.debezium.time.MicroTime",
+                "time",
+                "86400000001 (microseconds since midnight) is out of range",
+            ),
+            (
+                -1,
+                "io.debezium.time.Time",
+                "time",
+                "-1 (milliseconds since midnight)",
+            ),
+            (
+                i64::MAX / 2,
+                "io.debezium.time.Timestamp",
+                "timestamp",
+                "4611686018427387903 (milliseconds since 1970-01-01) is out of range",
+            ),
+            (
+                i64::MAX / 2,
+                "io.debezium.time.Date",
+                "date",
+                "4611686018427387903 (days since 1970-01-01) is out of range",
+            ),
+        ] {
+            let e = ok(v, schema, ty).unwrap_err();
+            assert!(e.contains(needle), "{v} {schema}: {e}");
+        }
     }
 
     #[test]

@@ -74,7 +74,9 @@ pub fn pg_type(cell: &Cell) -> Option<&'static str> {
                 | "io.debezium.time.MicroTime"
                 | "io.debezium.time.NanoTime",
             ) => Some("time"),
-            Some("io.debezium.time.MicroDuration") => Some("interval"),
+            Some("io.debezium.time.MicroDuration" | "io.debezium.time.Interval") => {
+                Some("interval")
+            }
             Some("io.debezium.data.Json") => Some("jsonb"),
             Some("io.debezium.data.Uuid") => Some("uuid"),
             _ => None,

@@ -28,7 +28,7 @@ pub async fn apply(
     tx: &Transaction<'_>,
     prepared: &Prepared,
     proj: &ProjectionPlan,
-    changes: Vec<RowChange>,
+    mut changes: Vec<RowChange>,
     at: &Coordinates<'_>,
 ) -> std::result::Result<HashMap<i64, RowResult>, ApplyError> {
     let plan = proj.row.as_ref().expect("row");
@@ -36,6 +36,8 @@ pub async fn apply(
     if changes.is_empty() {
         return Ok(results);
     }
+    // One form for every value judged or written: PostgreSQL's output of it as its column's type.
+    super::canon::canonicalise(tx, prepared, &mut changes).await?;
     let truncates = plan.truncate == TruncatePolicy::Truncate
         && changes.iter().any(|c| c.kind == ChangeKind::Truncate);
     lock_entities(tx, prepared, &changes, truncates).await?;
@@ -112,14 +114,18 @@ async fn fetch_states(
         .map_err(pg_err)?
     {
         let ord: i64 = r.get(0);
-        let values = (0..shape.columns.len())
+        let values: Vec<Option<String>> = (0..shape.columns.len())
             .map(|i| r.get::<_, Option<String>>(5 + i))
             .collect();
+        let deleted: bool = r.get(4);
         state[(ord - 1) as usize] = Some(State {
             version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
-            sha: r.get::<_, Option<Vec<u8>>>(2).unwrap_or_default(),
+            // Of the values as stored (PostgreSQL's output of each column, the form incoming values take
+            // too): a `_sha256` written by an earlier version from another spelling of the same values
+            // must not make the same state a conflict.
+            sha: hash(shape, &values, deleted),
             delivery: r.get(3),
-            deleted: r.get(4),
+            deleted,
             values,
             position: r.get(5 + shape.columns.len()),
         });

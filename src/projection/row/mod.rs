@@ -12,6 +12,7 @@
 //!   batches of other partitions apply one entity's changes one transaction at a time;
 //! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
 
+mod canon;
 pub mod change;
 pub mod evolve;
 pub mod fold;

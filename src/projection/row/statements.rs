@@ -34,6 +34,8 @@ pub struct Prepared {
     pub(super) mark_truncate: Statement,
     pub(super) watermark: Option<Statement>,
     pub(super) lock: Locks,
+    /// Every value a batch brings, cast to its column's type and printed back ([`super::canon`]).
+    pub(super) canon: Statement,
 }
 
 /// The statements that serialize one projection table's entities across concurrent batch transactions.
@@ -266,7 +268,9 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         None
     };
     let lock = prepare_locks(c, &shape, t).await?;
+    let canon = prep(super::canon::canon_sql(&shape)).await?;
     Ok(Prepared {
+        canon,
         mark_truncate,
         watermark,
         lock,
