@@ -250,3 +250,59 @@ fn a_same_state_redelivery_is_a_duplicate_the_counter_does_not_count() {
         assert_eq!(db.i64("SELECT version FROM {s}.orders"), 2);
     }
 }
+
+/// `dead-letters replay` of an event that is stale by the time it is replayed: its dead letter is resolved as
+/// `replay: stale`, the row keeps the newer version, and the counter and the outbox get the event (issue 34).
+#[test]
+fn a_replayed_dead_letter_that_is_stale_reaches_the_counter_and_says_replay_stale() {
+    let (db, topic) = crate::common::stage("stale34dl", 1);
+    let group = unique("g");
+    let with_note = |optional: bool| {
+        orders_pipeline(5000).replace(
+            "[identity]",
+            &format!(
+                "note = {{ path = \"/note\", type = \"text\"{} }}\n[identity]",
+                if optional { ", optional = true" } else { "" }
+            ),
+        )
+    };
+    let strict = pipeline(&with_note(false), &topic, &group, &db.schema);
+    // v1 without `note` (quarantined as missing-field), then v2 with it.
+    let v2 = {
+        let r = order_event(0, 9, 2, 0);
+        let mut body: serde_json::Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+        body["note"] = "n".into();
+        Rec::json(0, "k", &body.to_string(), 1_795_000_000_000)
+    };
+    produce_singly(&topic, &[order_event(0, 9, 1, 0), v2]);
+    let out = run_caught_up(&strict.path);
+    let t = out.tally();
+    assert_eq!((t.landed, t.quarantined), (1, 1), "{}", out.stdout);
+    let lenient = pipeline(&with_note(true), &topic, &group, &db.schema);
+    let replay = crate::common::replaysafe(&[
+        "dead-letters",
+        "replay",
+        "--config",
+        crate::common::arg(&lenient.path),
+    ]);
+    replay.assert_ok();
+    assert_eq!(
+        db.strings("SELECT resolved_by FROM {s}.replaysafe_dead_letters"),
+        vec!["replay: stale"],
+        "{}\n{}",
+        replay.stdout,
+        replay.stderr
+    );
+    assert_eq!(db.i64("SELECT version FROM {s}.orders"), 2);
+    let counts: Vec<(String, i64)> = db
+        .query("SELECT status, n FROM {s}.status_counts ORDER BY status", &[])
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(counts, vec![("paid".into(), 1), ("placed".into(), 1)]);
+    assert_eq!(
+        db.strings("SELECT payload->>'status' FROM {s}.outbox ORDER BY id"),
+        vec!["paid", "placed"]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2);
+}
