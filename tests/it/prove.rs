@@ -694,7 +694,9 @@ fn prove_passes_a_counter_beside_a_row_projection_with_versions_out_of_order() {
     let b10 = boundary(&r, 10);
     assert_eq!(b10.name, "batch boundaries");
     assert!(
-        b10.note.starts_with("batch size 1, batch size 7, batch size 5000, random cuts (chunks of 1–2, seed 42)"),
+        b10.note.starts_with(
+            "batch size 1, batch size 7, batch size 5000, random cuts (chunks of 1–2, seed 42)"
+        ),
         "{}",
         r.text()
     );
@@ -767,7 +769,11 @@ fn prove_from_topic_samples_a_live_topic_on_the_real_broker() {
         "--json",
     ];
     let brokers = crate::common::brokers();
-    let out = replaysafe_with(&args, &[("KAFKA_BROKERS", &brokers)], Duration::from_secs(600));
+    let out = replaysafe_with(
+        &args,
+        &[("KAFKA_BROKERS", &brokers)],
+        Duration::from_secs(600),
+    );
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
     let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(json["passed"], true, "{}", out.stdout);

@@ -52,7 +52,12 @@ fn order_event(partition: i32, order: usize, version: usize, tag: u64) -> Rec {
         "event_id": id.to_string(), "order_id": format!("o-{order:03}"), "status": STEPS[version - 1],
         "version": version, "occurred_at": "2026-11-20T10:00:00Z",
     });
-    Rec::json(partition, &id.to_string(), &body.to_string(), 1_795_000_000_000)
+    Rec::json(
+        partition,
+        &id.to_string(),
+        &body.to_string(),
+        1_795_000_000_000,
+    )
 }
 
 /// 100 orders × 4 events (v1..v4, distinct event ids) over 4 partitions: event v of order o on partition
@@ -90,11 +95,7 @@ fn assert_order_independent(db: &Db, ctx: &str) -> Vec<(String, String, i64)> {
         .map(|s| (s.to_string(), 100))
         .collect();
     assert_eq!(counts, want, "{ctx}: the counter counts every event once");
-    assert_eq!(
-        db.i64("SELECT count(*) FROM {s}.status_counts"),
-        4,
-        "{ctx}"
-    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.status_counts"), 4, "{ctx}");
     let rows: Vec<(String, String, i64)> = db
         .query(
             "SELECT order_id, status, version FROM {s}.orders ORDER BY order_id",
@@ -194,7 +195,7 @@ fn stale_events_reach_the_counter_and_the_outbox_whatever_the_arrival_order() {
 /// under a new event id after a newer one is stored cannot be told from a late event: `stale`, and counted.
 #[test]
 fn a_same_state_redelivery_is_a_duplicate_the_counter_does_not_count() {
-    let recs = vec![
+    let recs = [
         order_event(0, 7, 1, 0),
         order_event(1, 7, 2, 0),
         // v2 again, same state, new event id, on the other partition.
@@ -206,12 +207,7 @@ fn a_same_state_redelivery_is_a_duplicate_the_counter_does_not_count() {
         produce_singly(&t0, &recs[..2]);
         let p = pipeline(&orders_pipeline(max), &t0, &unique("g"), &db.schema);
         let first = run_caught_up(&p.path);
-        assert_eq!(
-            first.tally().landed + first.stale(),
-            2,
-            "{}",
-            first.stdout
-        );
+        assert_eq!(first.tally().landed + first.stale(), 2, "{}", first.stdout);
         produce_singly(&t0, &recs[2..]);
         let out = run_caught_up(&p.path);
         let t = out.tally();
@@ -222,7 +218,10 @@ fn a_same_state_redelivery_is_a_duplicate_the_counter_does_not_count() {
             out.stdout
         );
         let counts: Vec<(String, i64)> = db
-            .query("SELECT status, n FROM {s}.status_counts ORDER BY status", &[])
+            .query(
+                "SELECT status, n FROM {s}.status_counts ORDER BY status",
+                &[],
+            )
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
@@ -241,7 +240,12 @@ fn a_same_state_redelivery_is_a_duplicate_the_counter_does_not_count() {
         // v1 republished under a new event id after v2 is stored: stale for the row, counted and sent.
         produce_singly(&t0, &[order_event(1, 7, 1, 2)]);
         let out = run_caught_up(&p.path);
-        assert_eq!((out.tally().consumed, out.stale()), (1, 1), "{}", out.stdout);
+        assert_eq!(
+            (out.tally().consumed, out.stale()),
+            (1, 1),
+            "{}",
+            out.stdout
+        );
         assert_eq!(
             db.i64("SELECT n FROM {s}.status_counts WHERE status = 'placed'"),
             2
@@ -270,7 +274,8 @@ fn a_replayed_dead_letter_that_is_stale_reaches_the_counter_and_says_replay_stal
     // v1 without `note` (quarantined as missing-field), then v2 with it.
     let v2 = {
         let r = order_event(0, 9, 2, 0);
-        let mut body: serde_json::Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+        let mut body: serde_json::Value =
+            serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
         body["note"] = "n".into();
         Rec::json(0, "k", &body.to_string(), 1_795_000_000_000)
     };
@@ -295,7 +300,10 @@ fn a_replayed_dead_letter_that_is_stale_reaches_the_counter_and_says_replay_stal
     );
     assert_eq!(db.i64("SELECT version FROM {s}.orders"), 2);
     let counts: Vec<(String, i64)> = db
-        .query("SELECT status, n FROM {s}.status_counts ORDER BY status", &[])
+        .query(
+            "SELECT status, n FROM {s}.status_counts ORDER BY status",
+            &[],
+        )
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();

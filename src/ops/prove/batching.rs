@@ -41,8 +41,7 @@ pub(super) fn batching(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapsho
         };
         let p = pr.pipeline(&v, &format!("prove-batching-{}", runs + 1))?;
         let cut = cuts.map(|c| (pr.opts.seed, c));
-        let (tally, delivered) =
-            scripted_with(pr, &p, pr.records.clone(), cut.is_none(), cut)?;
+        let (tally, delivered) = scripted_with(pr, &p, pr.records.clone(), cut.is_none(), cut)?;
         runs += 1;
         pr.account(&format!("10 {what}"), delivered, &tally);
         pr.tick("10 batch boundaries");

@@ -176,7 +176,13 @@ fn row(number: u8, name: &'static str, t: Instant, done: Result<Done>) -> Bounda
 }
 
 /// Compares a state with the reference: pass, or the failure with the diff.
-pub(super) fn judge(want: &Snapshot, got: &Snapshot, runs: u64, ok: String, bad: String) -> Result<Done> {
+pub(super) fn judge(
+    want: &Snapshot,
+    got: &Snapshot,
+    runs: u64,
+    ok: String,
+    bad: String,
+) -> Result<Done> {
     let d = diff(want, got, DIFF_ROWS);
     if d.is_empty() {
         return Done::pass(runs, ok);
