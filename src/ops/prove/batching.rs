@@ -14,8 +14,9 @@ use crate::error::Result;
 pub const BATCH_SIZES: [usize; 3] = [1, 7, 5000];
 
 /// Boundary 10: the fixture's records, in the order published, applied with `batch.max-records` 1, 7 and 5000
-/// (one connection, records handed as batches free up), then in chunks of seeded random sizes (1 to 2 × the
-/// average, [`super::source::Scripted::with_cuts`]) with batch size 5000: batches end at random places. Each run
+/// (one connection, records handed as batches free up), then in chunks of seeded random sizes (1 to `n / 20`
+/// records, at least 2 and at most 500: [`super::source::Scripted::with_cuts`]) with batch size 5000: batches
+/// end at random places. Each run
 /// on a fresh schema; every state must be the reference's — batch boundaries must not change a value (a row
 /// state, a tombstone's `_last`, a count).
 pub(super) fn batching(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<Done> {
