@@ -259,9 +259,11 @@ impl Pipeline {
             format!(
                 "per entity, a version: row projections {} only accept a strictly newer version; deletes leave a \
                  versioned tombstone (kept for good, or with horizon-days as long as the horizon: the prune purges older ones), so an older write never resurrects a row; \
-                 an equal version with a different state is a conflict recorded in replaysafe_conflicts; changes that \
-                 are stale or already stored reach no other projection; aggregates are commutative increments of the \
-                 changes applied",
+                 an equal version with a different state is a conflict recorded in replaysafe_conflicts; stale and \
+                 conflicting changes are the row projections' verdict only: every other projection gets each claimed \
+                 change once, whatever its version or arrival order, and only a redelivery of the state already \
+                 stored at its version is a duplicate for all; aggregates are commutative increments of the changes \
+                 claimed",
                 rows.join(", ")
             )
         };

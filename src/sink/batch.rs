@@ -73,8 +73,9 @@ pub enum Outcome {
     /// Its delivery key was already in the ledger (or earlier in the same batch), or a row projection already
     /// holds the same state at the same version (or, for a snapshot read, at any version).
     Duplicate,
-    /// Claimed, but a row projection holds a newer version (or tombstone) of the entity; `conflict`: the stored
-    /// version is equal and the state differs (recorded in `replaysafe_conflicts`).
+    /// Claimed, but every row projection it reached holds a newer version (or tombstone) of the entity, or the
+    /// same version with another state (`conflict`: recorded in `replaysafe_conflicts`). The row projections'
+    /// verdict only: every other projection (counter, sum, outbox, sql) saw it as a landed record.
     Stale {
         /// Equal version, different state.
         conflict: bool,
@@ -92,7 +93,7 @@ pub struct Tally {
     pub landed: u64,
     /// Records whose delivery key was already claimed.
     pub duplicate: u64,
-    /// Records older than the stored row version (including conflicts).
+    /// Records older than the stored row version (including conflicts); the other projections saw them.
     pub stale: u64,
     /// Of `stale`: equal version, different state.
     pub conflicts: u64,
@@ -201,8 +202,9 @@ impl Tally {
     }
 }
 
-/// Each item's outcome, in item order: a claim that landed is `Landed` unless a row projection overrode it
-/// (`overrides`: stale, conflict, duplicate), a claim that did not land is a `Duplicate`.
+/// Each item's outcome, in item order: a claim that landed is `Landed` unless the row projections overrode it
+/// (`overrides`: stale, conflict — still in `landed` —, or duplicate), a claim that did not land is a
+/// `Duplicate`.
 pub fn outcomes(
     batch: &Batch,
     landed: &HashSet<i64>,

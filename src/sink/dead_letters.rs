@@ -306,10 +306,12 @@ fn tolerance_message(
 }
 
 /// Settles, in the transaction of a dead-letter replay batch (`replaysafe dead-letters replay`), the dead
-/// letters of its records that did not land (those that landed were resolved by [`resolve_statement`] with
+/// letters of its records that are not `landed` (those that landed were resolved by [`resolve_statement`] with
 /// their delivery key): a duplicate, stale or filtered record is resolved with `resolved_by` saying so
 /// (`replay: duplicate`, `replay: stale`, `replay: conflict`, `replay: filtered by <rule>`); a record
-/// quarantined again stays unresolved with its new `reason` and `detail`.
+/// quarantined again stays unresolved with its new `reason` and `detail`. A stale record reached the other
+/// projections (README "Accounting"), so [`resolve_statement`] resolved it in this transaction already: its
+/// `resolved_by` is replaced here (`resolved_at = now()`, the transaction's start, marks this transaction's).
 ///
 /// # Errors
 /// As [`classify`].
@@ -354,7 +356,7 @@ pub(super) async fn settle_replayed(
          reason = coalesce(u.r, d.reason), detail = coalesce(u.d, d.detail) \
          FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[]) AS u(o, by, r, d) \
          WHERE d.generation = $1 AND d.topic = $2 AND d.partition = $3 AND d.\"offset\" = u.o \
-         AND d.resolved_at IS NULL",
+         AND (d.resolved_at IS NULL OR d.resolved_at = now())",
         p.table(DEAD_LETTERS)
     );
     tx.execute(

@@ -462,7 +462,8 @@ impl Sink {
             let mut landed =
                 ledger::claim_batch(&tx, &prepared.claim, &p, group, &generation, batch).await?;
 
-            // 3a. Row projections first (they may take stale, conflicting or duplicate changes out of `landed`).
+            // 3a. Row projections first: they judge stale and conflicting changes (which stay in `landed`) and take
+            // same-state redeliveries (duplicates) out of `landed`.
             let overrides =
                 row::apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
 

@@ -42,6 +42,7 @@ mod registry_cdc;
 mod relay;
 mod review14;
 mod sasl;
+mod stale;
 mod starts;
 mod tls;
 mod tolerance;

@@ -38,7 +38,7 @@ fn boundary(r: &Report, n: u8) -> &Boundary {
 
 /// Every boundary passes except those named `n/a`, which must be exactly `na`; no scratch schema is left.
 fn assert_passes(r: &Report, na: &[u8]) {
-    assert_eq!(r.boundaries.len(), 10, "{}", r.text());
+    assert_eq!(r.boundaries.len(), 12, "{}", r.text());
     for b in &r.boundaries {
         let want = if na.contains(&b.number) {
             "n/a"
@@ -581,4 +581,202 @@ fn prove_on_sasl_brokers_uses_the_pipelines_security_properties() {
         r.text()
     );
     assert!(r.kept_topics.is_empty());
+}
+
+/// Issue 34: order events v1..v4 of `orders` orders, each version on another of 4 partitions ((o + v) % 4), each
+/// partition newest version first — later versions arrive first across partitions: (partition, JSON payload).
+fn versioned_lines(orders: usize) -> Vec<(i32, String)> {
+    let steps = ["placed", "paid", "packed", "shipped"];
+    let mut per: Vec<Vec<(usize, usize)>> = vec![Vec::new(); 4];
+    for o in 0..orders {
+        for v in 1..=4 {
+            per[(o + v) % 4].push((o, v));
+        }
+    }
+    let mut out = Vec::new();
+    for (p, evs) in per.iter_mut().enumerate() {
+        evs.sort_by_key(|&(o, v)| (std::cmp::Reverse(v), o));
+        for &(o, v) in evs.iter() {
+            let id = uuid::Uuid::from_u64_pair(340, (o * 10 + v) as u64);
+            let payload = serde_json::json!({
+                "event_id": id.to_string(), "order_id": format!("o-{o}"), "status": steps[v - 1],
+                "version": v, "occurred_at": "2026-11-20T10:00:00Z",
+            })
+            .to_string();
+            out.push((p as i32, payload));
+        }
+    }
+    out
+}
+
+/// A kcat `-J` fixture of [`versioned_lines`] on `shop.orders`.
+fn versioned_fixture(dir: &Path, orders: usize) -> PathBuf {
+    let mut offsets = [0i64; 4];
+    let lines: Vec<String> = versioned_lines(orders)
+        .into_iter()
+        .map(|(p, payload)| {
+            let o = offsets[p as usize];
+            offsets[p as usize] += 1;
+            serde_json::json!({
+                "topic": "shop.orders", "partition": p, "offset": o, "tstype": "create",
+                "ts": 1_795_996_800_000i64 + o, "key": null, "payload": payload,
+            })
+            .to_string()
+        })
+        .collect();
+    let path = dir.join("versioned.jsonl");
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
+
+/// A row projection of orders by `version` beside a counter per (day, status) and an outbox, over `topic`.
+fn counter_beside_row(dir: &Path, schema: &str, topic: &str) -> PathBuf {
+    let text = format!(
+        r#"
+[kafka]
+group-id = "orders"
+topics = ["{topic}"]
+start = "earliest"
+
+[postgres]
+schema = "{schema}"
+
+[fields]
+event_id = {{ path = "/event_id", type = "uuid" }}
+order_id = {{ path = "/order_id", type = "text" }}
+status = {{ path = "/status", type = "text" }}
+version = {{ path = "/version", type = "bigint" }}
+day = {{ path = "/occurred_at", type = "date" }}
+
+[identity]
+key = ["event_id"]
+
+[[projection]]
+kind = "row"
+table = "orders"
+key = ["order_id"]
+version = "version"
+columns = ["order_id", "status", "version"]
+
+[[projection]]
+kind = "counter"
+table = "status_counts"
+group-by = ["day", "status"]
+column = "n"
+
+[[projection]]
+kind = "outbox"
+table = "outbox"
+payload = ["event_id", "order_id", "status", "version"]
+key = ["order_id"]
+"#
+    );
+    let path = dir.join("versioned.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Issue 34: a counter (and an outbox) beside a row projection, versions arriving out of order across
+/// partitions: every boundary passes — stale records reach the counter and the outbox, so the tables do not
+/// depend on which partition's batch commits first — the batching boundary (sizes 1, 7, 5000, random cuts) and
+/// the second reference into a fresh schema included.
+#[test]
+fn prove_passes_a_counter_beside_a_row_projection_with_versions_out_of_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = counter_beside_row(dir.path(), &unique("prove_ver"), "shop.orders");
+    let r = prove::prove(&p, options(&versioned_fixture(dir.path(), 12), 4)).unwrap();
+    assert_passes(&r, &[6, 7]);
+    assert_eq!(r.records, 48);
+    // 48 events, every one claimed: landed or stale, none a duplicate.
+    let b1 = &boundary(&r, 1).note;
+    assert!(b1.starts_with("consumed 48 = landed "), "{}", r.text());
+    assert!(b1.contains(" + duplicate 0"), "{}", r.text());
+    let b10 = boundary(&r, 10);
+    assert_eq!(b10.name, "batch boundaries");
+    assert!(
+        b10.note.starts_with(
+            "batch size 1, batch size 7, batch size 5000, random cuts (chunks of 1–2, seed 42)"
+        ),
+        "{}",
+        r.text()
+    );
+    assert_eq!(b10.runs, 4);
+    assert_eq!(boundary(&r, 11).name, "again, into a fresh schema");
+    assert_eq!(boundary(&r, 12).name, "accounting");
+}
+
+/// Issue 34 item 5: a `sql` projection that records batch sizes fails the batching boundary, naming the batch
+/// size whose state differs.
+#[test]
+fn prove_fails_a_batch_dependent_projection_on_the_batching_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = unique("prove_bat");
+    let p = sql_pipeline(
+        dir.path(),
+        &schema,
+        false,
+        "CREATE TABLE IF NOT EXISTS {s}.batch_sizes (n bigint PRIMARY KEY, times int NOT NULL)",
+        "INSERT INTO {s}.batch_sizes SELECT count(*), 1 FROM landed \
+         ON CONFLICT (n) DO UPDATE SET times = batch_sizes.times + 1",
+    );
+    let r = prove::prove(&p, options(&status_fixture(dir.path(), 12), 1)).unwrap();
+    assert!(!r.passed, "{}", r.text());
+    let b = boundary(&r, 10);
+    assert_eq!(b.result, "fail", "{}", r.text());
+    assert!(b.note.starts_with("batch size "), "{}", b.note);
+    assert!(b.diff.iter().any(|d| d.table == "batch_sizes"), "{b:?}");
+}
+
+/// `prove --from-topic` on the real broker (it failed on every pipeline with `Local: Unknown group`): the
+/// fixture is the topic's records — all of them, from every partition, also when a partition holds fewer than
+/// its share — and every boundary passes.
+#[test]
+fn prove_from_topic_samples_a_live_topic_on_the_real_broker() {
+    use crate::common::{new_topic, produce, Rec};
+    let dir = tempfile::tempdir().unwrap();
+    let topic = new_topic("prove_live", 4);
+    let recs: Vec<Rec> = versioned_lines(6)
+        .into_iter()
+        .map(|(p, payload)| Rec::json(p, "k", &payload, 1_795_996_800_000))
+        .collect();
+    produce(&topic, &recs);
+    let p = counter_beside_row(dir.path(), &unique("prove_live"), &topic);
+    let mut o = options(Path::new("unused"), 2);
+    o.fixture = Fixture::Topic {
+        brokers: crate::common::brokers(),
+        topic: topic.clone(),
+        max: 1000,
+    };
+    let r = prove::prove(&p, o).unwrap();
+    assert_passes(&r, &[6, 7]);
+    assert_eq!((r.records, r.partitions), (24, 4), "{}", r.text());
+    assert!(
+        boundary(&r, 1).note.starts_with("consumed 24 = landed "),
+        "{}",
+        r.text()
+    );
+    // The CLI says the same, exit 0.
+    let args = [
+        "prove",
+        "--config",
+        p.to_str().unwrap(),
+        "--from-topic",
+        &topic,
+        "--max",
+        "8",
+        "--shuffles",
+        "1",
+        "--json",
+    ];
+    let brokers = crate::common::brokers();
+    let out = replaysafe_with(
+        &args,
+        &[("KAFKA_BROKERS", &brokers)],
+        Duration::from_secs(600),
+    );
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json["passed"], true, "{}", out.stdout);
+    // --max 8 over 4 partitions: 2 of each.
+    assert_eq!(json["records"], 8, "{}", out.stdout);
 }

@@ -25,15 +25,16 @@ pub struct DayCounts {
     pub landed: u64,
     /// Already in the ledger, or a row projection already holds that state.
     pub duplicate: u64,
-    /// Claimed, but a row projection holds a newer version (or the same version with another state).
+    /// Claimed, but a row projection holds a newer version (or the same version with another state); counters,
+    /// sums and the outbox saw it as a landed record.
     #[serde(default)]
     pub stale: u64,
     /// Dropped by `--filter` or a pipeline filter rule.
     pub filtered: u64,
     /// Dead-lettered.
     pub quarantined: u64,
-    /// Per `sum` projection column (`schema.table.column`): what the landed records added to it (decimal text;
-    /// records its `filter` skips add nothing), for `verify diff`.
+    /// Per `sum` projection column (`schema.table.column`): what the landed and stale records added to it
+    /// (decimal text; records its `filter` skips add nothing), for `verify diff`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sums: BTreeMap<String, String>,
 }
@@ -343,7 +344,7 @@ impl Progress {
         self
     }
 
-    /// Adds what one landed item added to each sum column into `c`.
+    /// Adds what one landed (or stale) item added to each sum column into `c`.
     fn add_sums(&self, item: &Item, c: &mut DayCounts) {
         let Pending::Claim { fields, passes, .. } = &item.pending else {
             return;
@@ -372,7 +373,9 @@ impl Observer for Progress {
         let mut per_day = self.per_day.lock().expect("per-day counts");
         for (i, o) in outcomes.iter().enumerate() {
             let c = per_day.entry(days.get(i).copied().flatten()).or_default();
-            if *o == Outcome::Landed && !self.sums.is_empty() {
+            // A stale record reached the sums like a landed one (only the row projections judged it).
+            let added = matches!(o, Outcome::Landed | Outcome::Stale { .. });
+            if added && !self.sums.is_empty() {
                 if let Some(item) = batch.items.get(i) {
                     self.add_sums(item, c);
                 }

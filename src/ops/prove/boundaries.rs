@@ -1,6 +1,7 @@
-//! The ten boundaries. Each returns its [`Boundary`] row; an error inside one is that boundary's failure (the
+//! The twelve boundaries. Each returns its [`Boundary`] row; an error inside one is that boundary's failure (the
 //! others still run). Boundaries 2, 5 and 6 apply on top of the reference state (schema of boundary 1); 3, 4,
-//! 7, 8 and 9 build their state from scratch on their own schema.
+//! 7, 8, 9, 10 and 11 ([`super::batching`]) build their state from scratch on their own schema; 12 checks the
+//! accounting of every run.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,14 +26,14 @@ const DIFF_ROWS: usize = 5;
 const MAX_CRASHES: usize = 100;
 
 /// What a boundary body returns: pass (`None`) or the failure, its runs and its note.
-struct Done {
+pub(super) struct Done {
     runs: u64,
     note: String,
-    failure: Option<(String, Vec<super::state::TableDiff>)>,
+    pub(super) failure: Option<(String, Vec<super::state::TableDiff>)>,
 }
 
 impl Done {
-    fn pass(runs: u64, note: impl Into<String>) -> Result<Done> {
+    pub(super) fn pass(runs: u64, note: impl Into<String>) -> Result<Done> {
         Ok(Done {
             runs,
             note: note.into(),
@@ -49,7 +50,9 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
     let n = pr.records.len();
     let crashes = n.min(MAX_CRASHES) as u64;
     if pr.opts.progress {
-        let bar = indicatif::ProgressBar::new(11 + crashes + u64::from(pr.opts.shuffles));
+        let batching = super::batching::BATCH_SIZES.len() as u64 + 1;
+        let bar =
+            indicatif::ProgressBar::new(12 + batching + crashes + u64::from(pr.opts.shuffles));
         bar.set_style(
             indicatif::ProgressStyle::with_template(
                 "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs  {msg}",
@@ -86,7 +89,7 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
         diff: Vec::new(),
     }];
     type Body = fn(&mut Prover, &Arc<Pipeline>, &Snapshot) -> Result<Done>;
-    let bodies: [(u8, &'static str, Body); 8] = [
+    let bodies: [(u8, &'static str, Body); 10] = [
         (2, "apply twice (fresh group)", apply_twice),
         (3, "crash between DB and Kafka commit", crash),
         (4, "permitted shuffles", shuffles),
@@ -95,6 +98,8 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
         (7, "expired ledger entry", expired),
         (8, "two workers, two groups at once", concurrent),
         (9, "uncertain commit", uncertain),
+        (10, "batch boundaries", super::batching::batching),
+        (11, "again, into a fresh schema", super::batching::again),
     ];
     for (number, name, body) in bodies {
         pr.check()?;
@@ -120,7 +125,7 @@ pub fn run_all(pr: &mut Prover) -> Result<Report> {
             failure: Some((pr.accounting.join("; "), Vec::new())),
         }),
     };
-    out.push(row(10, "accounting", t, accounting));
+    out.push(row(12, "accounting", t, accounting));
     Ok(Report {
         pipeline: pr.base.name.clone(),
         answers: pr.user.four_answers(),
@@ -171,7 +176,13 @@ fn row(number: u8, name: &'static str, t: Instant, done: Result<Done>) -> Bounda
 }
 
 /// Compares a state with the reference: pass, or the failure with the diff.
-fn judge(want: &Snapshot, got: &Snapshot, runs: u64, ok: String, bad: String) -> Result<Done> {
+pub(super) fn judge(
+    want: &Snapshot,
+    got: &Snapshot,
+    runs: u64,
+    ok: String,
+    bad: String,
+) -> Result<Done> {
     let d = diff(want, got, DIFF_ROWS);
     if d.is_empty() {
         return Done::pass(runs, ok);
@@ -185,7 +196,7 @@ fn judge(want: &Snapshot, got: &Snapshot, runs: u64, ok: String, bad: String) ->
 }
 
 /// `run --until-caught-up` of `p` on the scratch topic (a real consumer group).
-fn kafka_run(pr: &Prover, p: &Arc<Pipeline>) -> Result<Tally> {
+pub(super) fn kafka_run(pr: &Prover, p: &Arc<Pipeline>) -> Result<Tally> {
     let stop = pr.opts.interrupt.clone();
     let tally = kafka_run_on(
         pr.rt.handle().clone(),
@@ -229,18 +240,45 @@ fn scripted(
     crash: Option<u64>,
     fault: Option<Arc<Fault>>,
 ) -> Result<(Tally, u64)> {
+    run_scripted(pr, p, order, paced, None, crash, fault)
+}
+
+/// [`scripted`] without faults, the records handed in chunks of random sizes when `cuts` is `Some((seed,
+/// max))` ([`Scripted::with_cuts`]).
+pub(super) fn scripted_with(
+    pr: &Prover,
+    p: &Arc<Pipeline>,
+    order: Vec<Rec>,
+    paced: bool,
+    cuts: Option<(u64, usize)>,
+) -> Result<(Tally, u64)> {
+    run_scripted(pr, p, order, paced, cuts, None, None)
+}
+
+fn run_scripted(
+    pr: &Prover,
+    p: &Arc<Pipeline>,
+    order: Vec<Rec>,
+    paced: bool,
+    cuts: Option<(u64, usize)>,
+    crash: Option<u64>,
+    fault: Option<Arc<Fault>>,
+) -> Result<(Tally, u64)> {
     let mut o = Options::new(&pr.url, pr.opts.interrupt.clone());
     o.crash_after_batches = crash;
     o.fault = fault;
     o.prune_on_start = false;
     let engine = Engine::start(pr.rt.handle(), p.clone(), o)?;
-    let source = Scripted::new(
+    let mut source = Scripted::new(
         engine.shared(),
         &pr.cluster.client(),
         &p.kafka.group_id,
         order,
         paced,
     )?;
+    if let Some((seed, max)) = cuts {
+        source = source.with_cuts(seed, max);
+    }
     let delivered = source.delivered.clone();
     let tally = engine.run(source)?;
     pr.check()?;

@@ -6,8 +6,11 @@
 //!
 //! The boundaries ([`boundaries`]): 1 apply once (reference), 2 apply twice, 3 a crash between every database
 //! commit and the following Kafka commit, 4 permitted shuffles, 5 a rebuilt topic, 6 a resnapshot, 7 an expired
-//! ledger entry, 8 two workers and two groups at once, 9 an uncertain commit, 10 accounting on every run.
+//! ledger entry, 8 two workers and two groups at once, 9 an uncertain commit, 10 batch boundaries (sizes 1, 7,
+//! 5000 and random cuts), 11 the same records again into a fresh schema ([`batching`]), 12 accounting on every
+//! run.
 
+pub mod batching;
 pub mod boundaries;
 pub mod report;
 pub mod resnap;

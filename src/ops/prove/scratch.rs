@@ -85,13 +85,21 @@ pub fn read_fixture(p: &Pipeline, path: &Path) -> Result<Vec<Rec>> {
     Ok(out)
 }
 
-/// Takes up to `max` records from `topic` on `brokers` (from its beginning, partitions in turn).
+/// Takes up to `max` records from `topic` on `brokers` (from its beginning, partitions in turn: at most
+/// `⌈max / partitions⌉` of each, fewer where a partition ends first).
+///
+/// The consumer is assigned its partitions explicitly and commits nothing, but it needs a `group.id` all the
+/// same: librdkafka refuses `assign` without one (`Local: Unknown group`). It takes one of its own
+/// (`replaysafe-prove-sample-<pid>`), never the pipeline's group, which joins nothing and holds no offsets.
 ///
 /// # Errors
 /// A Kafka error; [`Error::Usage`] when the topic is missing or empty.
 pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Result<Vec<Rec>> {
     let mut config = crate::source::kafka::consumer_config(p, brokers, &[]);
-    config.remove("group.id");
+    config.set(
+        "group.id",
+        format!("replaysafe-prove-sample-{}", std::process::id()),
+    );
     config.set("enable.auto.commit", "false");
     let c: BaseConsumer = config.create()?;
     let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
@@ -114,27 +122,45 @@ pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Res
             ends.insert(*part, hi);
         }
     }
+    if ends.is_empty() {
+        return Err(Error::Usage(format!(
+            "--from-topic {topic}: the topic holds no records on {brokers}"
+        )));
+    }
     c.assign(&tpl)?;
-    let per = max.div_ceil(ends.len().max(1));
-    let mut taken: BTreeMap<i32, usize> = BTreeMap::new();
+    let per = max.div_ceil(ends.len());
+    // Per partition: records taken, and the next offset to read (a partition is done at `per` records or at
+    // its end — transaction markers leave offsets without records, so by position, not by count).
+    let mut taken: BTreeMap<i32, (usize, i64)> = BTreeMap::new();
+    let done = |taken: &BTreeMap<i32, (usize, i64)>| {
+        ends.iter().all(|(p, end)| {
+            taken
+                .get(p)
+                .is_some_and(|(n, next)| *n >= per || next >= end)
+        })
+    };
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while out.len() < max && std::time::Instant::now() < deadline {
+    while out.len() < max && !done(&taken) && std::time::Instant::now() < deadline {
         let Some(m) = c.poll(Duration::from_millis(500)) else {
-            if ends
-                .keys()
-                .all(|p| taken.get(p).copied().unwrap_or(0) >= per)
-            {
-                break;
+            // Idle: a partition whose last records are transaction markers ends there.
+            if let Ok(pos) = c.position() {
+                for e in pos.elements() {
+                    if let Offset::Offset(o) = e.offset() {
+                        let t = taken.entry(e.partition()).or_insert((0, 0));
+                        t.1 = t.1.max(o);
+                    }
+                }
             }
             continue;
         };
         let m = m?;
-        let n = taken.entry(m.partition()).or_insert(0);
-        if *n >= per || m.offset() >= ends[&m.partition()] {
+        let t = taken.entry(m.partition()).or_insert((0, 0));
+        t.1 = t.1.max(m.offset() + 1);
+        if t.0 >= per || m.offset() >= ends[&m.partition()] {
             continue;
         }
-        *n += 1;
+        t.0 += 1;
         out.push(Rec {
             tp: (topic.to_string(), m.partition()),
             offset: m.offset(),
@@ -143,12 +169,6 @@ pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Res
             value: m.payload().map(<[u8]>::to_vec),
             old_key: crate::decode::debezium::old_key_header(&m).map(<[u8]>::to_vec),
         });
-        if ends
-            .iter()
-            .all(|(p, _)| taken.get(p).copied().unwrap_or(0) >= per)
-        {
-            break;
-        }
     }
     if out.is_empty() {
         return Err(Error::Usage(format!(

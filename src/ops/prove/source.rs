@@ -85,6 +85,10 @@ pub struct Scripted {
     /// Hand a record only while nothing is in flight and fewer than `batch.max-records` are buffered: every
     /// flush then carries the records in the chosen order (one batch per flush with `max-records = 1`).
     paced: bool,
+    /// [`Scripted::with_cuts`]: the records are handed in chunks of seeded random sizes, each chunk only once the
+    /// previous one is applied (nothing buffered or in flight), so batches end at those cuts: the state of the
+    /// generator and the records left in the current chunk.
+    cuts: Option<(u64, usize, usize)>,
     ack: KafkaAck,
     /// Records handed to the engine.
     pub delivered: Arc<AtomicU64>,
@@ -108,9 +112,38 @@ impl Scripted {
             order: order.into(),
             starts: None,
             paced,
+            cuts: None,
             ack: KafkaAck::new(client, group)?,
             delivered: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Hands the records in chunks of 1 to `max` records (sizes drawn from `seed`), each chunk once the one
+    /// before is applied: with `batch.max-records` above `max` and a short linger, every batch ends at a cut
+    /// (per partition) of the chunks — batch boundaries at random places, the order of the records kept.
+    pub fn with_cuts(mut self, seed: u64, max: usize) -> Scripted {
+        self.cuts = Some((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, 0, max.max(1)));
+        self
+    }
+
+    /// Whether the current chunk of [`Scripted::with_cuts`] is used up while records of it are still buffered
+    /// or in flight (then the source waits); draws the next chunk's size when the last one is applied.
+    fn cut_pending(&mut self) -> bool {
+        let Some((x, left, max)) = self.cuts.as_mut() else {
+            return false;
+        };
+        if *left > 0 {
+            return false;
+        }
+        let core = lock(&self.core);
+        if core.in_flight() || core.buffered() > 0 {
+            return true;
+        }
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *left = 1 + (*x % *max as u64) as usize;
+        false
     }
 
     /// Takes every partition of the script over; each starts at its checkpoint, else the group's committed
@@ -161,12 +194,19 @@ impl Source for Scripted {
                 return Polled::Busy;
             }
         }
+        if self.cut_pending() {
+            std::thread::sleep(Duration::from_millis(1));
+            return Polled::Busy;
+        }
         let starts = self.starts.as_ref().expect("taken over");
         while let Some(r) = self.order.pop_front() {
             if starts.get(&r.tp).is_some_and(|s| r.offset < *s) {
                 continue;
             }
             self.delivered.fetch_add(1, Ordering::Relaxed);
+            if let Some((_, left, _)) = self.cuts.as_mut() {
+                *left -= 1;
+            }
             return Polled::Record(r.record());
         }
         Polled::Idle

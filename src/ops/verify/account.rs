@@ -28,7 +28,8 @@ pub struct Day {
     pub day: String,
     /// The column's change over the day's rows.
     pub changed: BigDecimal,
-    /// What the backfill's report says it added (counter: landed; sum: its `sums`).
+    /// What the backfill's report says it added (counter: landed + stale — a row projection's stale verdict does
+    /// not keep a record from the counter; sum: its `sums`).
     pub backfill: BigDecimal,
     /// Per other group: its new claims' part (`None`: a sum whose field the ledger does not hold), and rows.
     pub others: BTreeMap<String, (Option<BigDecimal>, i64)>,
@@ -95,7 +96,7 @@ fn changes(before: &Snapshot, after: &Snapshot) -> BTreeMap<String, BigDecimal> 
 /// Accounts every day of the two snapshots and the report: the column's change must equal what the backfill's
 /// report says it added plus what the other groups' new ledger claims of that day add (counter: one per row;
 /// sum: the field summed, when the ledger holds it); and the backfill group's new claims must be the report's
-/// landed + stale. Returns the mismatches and the table.
+/// landed + stale (both reached the counter or sum). Returns the mismatches and the table.
 pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mismatch>, String) {
     let changed = changes(before, after);
     let deltas = deltas(before, after);
@@ -124,7 +125,7 @@ pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mis
         let backfill = if is_sum {
             num(counts.sums.get(&sum_key).map_or("0", String::as_str))
         } else {
-            BigDecimal::from(counts.landed)
+            BigDecimal::from(counts.landed + counts.stale)
         };
         let empty = BTreeMap::new();
         let day_deltas = deltas.get(&d).unwrap_or(&empty);
@@ -254,12 +255,13 @@ fn judge(
         // group's total bounds nothing.
         return Some(format!(
             "UNACCOUNTED: other groups claimed {rows} row(s) of this day since the snapshot, and the projection's \
-             filter (or a row projection's stale verdict) decides which of them add to a sum"
+             filter (or a row projection finding one a redelivery of the state it holds) decides which of them add \
+             to a sum"
         ));
     }
     if !before.exact && rows != 0 {
-        // The projection's filter (or a row projection's stale verdict) decides whether a claim adds: each
-        // other claim adds between nothing and its part.
+        // The projection's filter (or a row projection finding a claim a redelivery of the state it holds: a
+        // duplicate) decides whether a claim adds: each other claim adds between nothing and its part.
         let rest = &day.changed - &day.backfill;
         let lo = day
             .others

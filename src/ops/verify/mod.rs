@@ -51,7 +51,9 @@ pub struct Snapshot {
     /// Group-by value → its partition-by day (`YYYY-MM-DD`), for per-day comparison.
     pub days: BTreeMap<String, String>,
     /// Whether every ledger claim adds exactly its part (counter: one; sum: its field): false when the
-    /// projection has a `filter` or a row projection may judge a claimed record stale.
+    /// projection has a `filter`, or a row projection may find a claimed record a redelivery of the state it
+    /// already holds at that version (a duplicate, claimed but seen by no projection). A record it judges stale
+    /// adds its part like any other claim.
     pub exact: bool,
     /// Ledger claims: day (`YYYY-MM-DD`) → consumer group → claims (rows, sum, generations).
     pub ledger: BTreeMap<String, BTreeMap<String, Claims>>,

@@ -42,12 +42,16 @@ use crate::decode::debezium::convert::Pg;
 use crate::sink::batch::{Batch, Outcome, Pending};
 use crate::sink::error::{classify, ApplyError};
 
-/// Step 3a of the batch transaction: row projections first. A claimed change that is older than the stored
-/// state (stale, conflict) or the state already stored at its version (or an unchanged snapshot read:
-/// duplicate) is taken out of `landed` (and `pg_temp.landed`), so counters and the outbox never see it. A newer
-/// version with an unchanged row state stays. A Debezium change whose delivery key was already claimed is
-/// compared with the stored state at its position only (module `redelivery`): a different state makes it a conflict.
-/// Returns the outcomes of the records taken out (and of those conflicts).
+/// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its
+/// own table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version
+/// with another state (conflict) keeps that outcome in the tally, but stays in `landed`, so every other
+/// projection (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (README
+/// "Accounting"). Only a redelivery that every row projection it reached already holds
+/// ([`RowResult::Same`]: the same state at its version, or a snapshot read of the stored state) is a duplicate,
+/// taken out of `landed` (and `pg_temp.landed`). A Debezium change whose delivery key was already claimed is
+/// compared with the stored state at its position only (module `redelivery`): a different state makes it a
+/// conflict (it never reaches the other projections: its key was claimed once). Returns the outcomes that differ
+/// from `landed`.
 ///
 /// # Errors
 /// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.
@@ -79,9 +83,17 @@ pub async fn apply_rows(
                 *e = strongest(*e, r);
             }
         }
+        for (o, r) in &best {
+            match r {
+                RowResult::Stale => overrides.insert(*o, Outcome::Stale { conflict: false }),
+                RowResult::Conflict => overrides.insert(*o, Outcome::Stale { conflict: true }),
+                RowResult::Same => overrides.insert(*o, Outcome::Duplicate),
+                RowResult::Applied | RowResult::Unchanged => None,
+            };
+        }
         let gone: Vec<i64> = best
             .iter()
-            .filter(|(_, r)| !matches!(r, RowResult::Applied | RowResult::Unchanged))
+            .filter(|(_, r)| **r == RowResult::Same)
             .map(|(o, _)| *o)
             .collect();
         if !gone.is_empty() {
@@ -93,21 +105,14 @@ pub async fn apply_rows(
             .map_err(|e| classify(e, false))?;
             for o in gone {
                 landed.remove(&o);
-                overrides.insert(
-                    o,
-                    match best[&o] {
-                        RowResult::Stale => Outcome::Stale { conflict: false },
-                        RowResult::Conflict => Outcome::Stale { conflict: true },
-                        _ => Outcome::Duplicate,
-                    },
-                );
             }
         }
     }
     Ok(overrides)
 }
 
-/// Of two row-projection results for one record, the one that decides its outcome.
+/// Of two row-projection results for one record, the one that decides its outcome: `Same` only when both are
+/// (a record is a duplicate only when every row projection it reached already holds it).
 fn strongest(a: RowResult, b: RowResult) -> RowResult {
     use RowResult::*;
     let rank = |r| match r {
