@@ -95,7 +95,10 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
         replaysafe::source::kafka::reachable(&probe, &brokers, &p.kafka.topics[0])?;
         let missing = ops::check::missing_topics(&p, &brokers, &[])?;
         let security = replaysafe::source::kafka::security_summary(&p);
-        println!("\nbroker {brokers} ({security}):");
+        println!(
+            "\nbroker {} ({security}):",
+            replaysafe::endpoint::mask_urls(&brokers)
+        );
         for t in &p.kafka.topics {
             let ok = !missing.contains(t);
             println!("{} topic {t}", if ok { "ok     " } else { "MISSING" });
@@ -684,12 +687,14 @@ fn main() {
                 .chain()
                 .find_map(|c| c.downcast_ref::<Error>())
                 .map_or(EXIT_FAILURE, Error::exit_code);
-            eprintln!("error: {e}");
+            // Record text or a server's answer in a message cannot act on the terminal.
+            let safe = |t: &str| replaysafe::printable::terminal_safe(t).into_owned();
+            eprintln!("error: {}", safe(&e.to_string()));
             // Each cause once: a wrapped error often repeats its source's text.
             let mut said = vec![e.to_string()];
             for cause in e.chain().skip(1).map(|c| c.to_string()) {
                 if !said.iter().any(|s| s.contains(&cause)) {
-                    eprintln!("  caused by: {cause}");
+                    eprintln!("  caused by: {}", safe(&cause));
                     said.push(cause);
                 }
             }
