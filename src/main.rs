@@ -640,9 +640,10 @@ fn logging(cli: &Cli) {
             return;
         }
     }
+    // Every line with URL passwords masked (librdkafka names a broker by its URL, registry URLs hold credentials).
     tracing_subscriber::fmt()
         .with_env_filter(filter())
-        .with_writer(std::io::stderr)
+        .with_writer(replaysafe::printable::MaskedStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

@@ -54,6 +54,45 @@ pub fn bounded(text: &str, max: usize) -> String {
     }
 }
 
+/// A log writer (tracing-subscriber's `MakeWriter`) to stderr that masks the password of every URL in a line
+/// ([`crate::endpoint::mask_urls`]) — replaysafe's own lines and those of librdkafka and tokio-postgres, at every
+/// level: each event is written once, masked, when its writer is dropped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MaskedStderr;
+
+/// One event's text, written masked to stderr when dropped.
+#[derive(Debug, Default)]
+pub struct MaskedLine(Vec<u8>);
+
+impl std::io::Write for MaskedLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for MaskedLine {
+    fn drop(&mut self) {
+        let text = String::from_utf8_lossy(&self.0);
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr().lock(),
+            crate::endpoint::mask_urls(&text).as_bytes(),
+        );
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for MaskedStderr {
+    type Writer = MaskedLine;
+
+    fn make_writer(&'a self) -> MaskedLine {
+        MaskedLine::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,6 +40,7 @@ mod registry_cdc;
 mod relay;
 mod review14;
 mod sasl;
+mod secrets;
 mod starts;
 mod tls;
 mod tolerance;
