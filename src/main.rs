@@ -438,14 +438,18 @@ fn rebuild(a: cli::RebuildArgs) -> anyhow::Result<()> {
 fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
     use replaysafe::ops::dead_letters as dl;
     match command {
-        cli::DeadLettersCommand::List { select, limit } => {
+        cli::DeadLettersCommand::List {
+            select,
+            limit,
+            format,
+        } => {
             let (p, url, sel) = select.resolve()?;
             let rows = dl::list(&p, &url, &sel, limit)?;
             for r in &rows {
-                println!(
-                    "{}\t{}\t{}\t{}\t{}",
-                    r.topic, r.partition, r.offset, r.reason, r.detail
-                );
+                match format {
+                    cli::ListFormat::Text => println!("{}", r.text_line()),
+                    cli::ListFormat::Json => println!("{}", r.json()),
+                }
             }
             let per_reason = dl::count(&p, &url, &sel)?;
             let total: i64 = per_reason.values().sum();

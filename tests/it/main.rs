@@ -25,6 +25,7 @@ mod file_source;
 mod hardening;
 mod health;
 mod horizon;
+mod hostile_output;
 mod keys_drift;
 mod ledger_key;
 mod lifecycle;
