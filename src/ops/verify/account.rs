@@ -325,7 +325,11 @@ fn table(
                 Some((Some(p), _)) => text(p),
                 Some((None, r)) => format!("? ({r} rows)"),
             };
-            line += &format!(" {:>w$}", cell, w = width(&crate::printable::escape_controls(g)));
+            line += &format!(
+                " {:>w$}",
+                cell,
+                w = width(&crate::printable::escape_controls(g))
+            );
         }
         let unexplained =
             explained(day).map_or_else(|| "?".to_string(), |e| text(&(&day.changed - e)));
