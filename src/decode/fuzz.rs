@@ -424,8 +424,49 @@ fn kcat_line(
     .to_string()
 }
 
+/// A hostile scalar for a typed field: a JSON number of any size and exponent (written raw), the same as a
+/// string, an RFC 3339-like timestamp with out-of-range parts, or number-like text.
+fn hostile_scalar() -> impl Strategy<Value = String> {
+    let number = "-?[0-9]{1,60}(\\.[0-9]{0,40})?([eE][-+]?[0-9]{1,22})?";
+    prop_oneof![
+        number.prop_map(|n| n.to_string()),
+        number.prop_map(|n| json!(n).to_string()),
+        "[0-9]{1,7}-[0-9]{1,3}-[0-9]{1,3}(T[0-9]{1,3}:[0-9]{1,3}:[0-9]{1,3}(\\.[0-9]{0,12})?(Z|[-+][0-9]{1,3}:[0-9]{1,3}))?"
+            .prop_map(|t| json!(t).to_string()),
+        "[-+0-9.eE_ xT:Z]{0,24}".prop_map(|t| json!(t).to_string()),
+        Just("1e9223372036854775808".to_string()),
+        Just("-9223372036854775809".to_string()),
+        Just("\"NaN\"".to_string()),
+        Just("\"-0\"".to_string()),
+    ]
+}
+
 proptest! {
     #![proptest_config(cases())]
+
+    /// Numbers, dates and timestamps of any size and shape in every typed field: a value or a named
+    /// rejection; a bigint that fits reads back exactly.
+    #[test]
+    fn hostile_typed_values_end_as_fields_or_a_named_rejection(
+        n in hostile_scalar(),
+        day in hostile_scalar(),
+        at in hostile_scalar(),
+        amount in hostile_scalar(),
+        id in "[0-9a-fA-F-]{0,40}",
+    ) {
+        let text = format!(
+            "{{\"event_id\":{},\"kind\":{n},\"n\":{n},\"day\":{day},\"at\":{at},\"flag\":{n},\
+             \"data\":{{\"amount\":{amount}}}}}",
+            json!(id)
+        );
+        let p = json_pipeline();
+        decodes_or_names(p, None, Some(text.as_bytes()))?;
+        if let Ok(Decoded::Fields { fields, .. }) = super::record(p, None, Some(text.as_bytes()), None) {
+            let i = p.fields.iter().position(|f| f.name.as_str() == "n").expect("n");
+            let raw = n.trim_matches('"').trim().to_string();
+            prop_assert_eq!(fields[i].as_ref().map(|v| v.text.clone()), raw.parse::<i64>().ok().map(|v| v.to_string()));
+        }
+    }
 
     /// Arbitrary bytes as a JSON event's value, key and Debezium key and value: a value or a named rejection.
     #[test]
