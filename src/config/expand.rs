@@ -51,7 +51,7 @@ pub fn expand_as(src: &Source, text: &str, span: Range<usize>, secrecy: Secrecy)
 pub fn secret_ranges(text: &str, secrecy: Secrecy) -> Vec<Range<usize>> {
     match secrecy {
         Secrecy::Public => Vec::new(),
-        Secrecy::Secret => vec![0..text.len()],
+        Secrecy::Secret => std::iter::once(0..text.len()).collect(),
         Secrecy::Url => {
             let mut out = Vec::new();
             if let Some(start) = text.find("://").map(|i| i + 3) {

@@ -391,9 +391,12 @@ fn envelope(op: &str, id: i64, name: &str, lsn: (u32, u32)) -> Vec<u8> {
     serde_json::to_vec(&v).expect("json")
 }
 
+/// A record's key and value bytes.
+type KeyValue = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// The real Debezium records of `tests/fixtures/debezium/` (3 kB at most each): key and value bytes.
-fn debezium_fixtures() -> &'static [(Option<Vec<u8>>, Option<Vec<u8>>)] {
-    static F: OnceLock<Vec<(Option<Vec<u8>>, Option<Vec<u8>>)>> = OnceLock::new();
+fn debezium_fixtures() -> &'static [KeyValue] {
+    static F: OnceLock<Vec<KeyValue>> = OnceLock::new();
     F.get_or_init(|| {
         let files = [
             include_str!("../../tests/fixtures/debezium/schema-on.jsonl"),

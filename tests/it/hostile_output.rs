@@ -11,6 +11,9 @@ use crate::common::*;
 /// Bytes that would clear the screen, set the terminal's title, ring the bell, forge a line and a column.
 const HOSTILE: &str = "\u{1b}[2J\u{1b}]0;owned\u{7}\nforged\tline\r\u{9b}";
 
+/// A dead letter as stored: reason, detail, key, value.
+type Stored = (String, String, Option<Vec<u8>>, Option<Vec<u8>>);
+
 #[test]
 fn dead_letters_list_escapes_control_characters_and_json_round_trips_the_bytes() {
     let (db, topic) = stage("hostout", 2);
@@ -42,7 +45,7 @@ fn dead_letters_list_escapes_control_characters_and_json_round_trips_the_bytes()
     let p = pipeline(&text, &topic, &unique("g"), &db.schema);
     let t = run_caught_up(&p.path).tally();
     assert_eq!((t.consumed, t.landed, t.quarantined), (3, 1, 2), "{t:?}");
-    let stored: Vec<(String, String, Option<Vec<u8>>, Option<Vec<u8>>)> = db
+    let stored: Vec<Stored> = db
         .query(
             "SELECT reason, detail, key, value FROM {s}.replaysafe_dead_letters ORDER BY partition",
             &[],
