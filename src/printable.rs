@@ -54,9 +54,9 @@ pub fn bounded(text: &str, max: usize) -> String {
     }
 }
 
-/// A log writer (tracing-subscriber's `MakeWriter`) to stderr that masks the password of every URL in a line
-/// ([`crate::endpoint::mask_urls`]) — replaysafe's own lines and those of librdkafka and tokio-postgres, at every
-/// level: each event is written once, masked, when its writer is dropped.
+/// A log writer (tracing-subscriber's `MakeWriter`) to stderr that writes each event as [`log_line`] makes it
+/// — replaysafe's own lines and those of librdkafka and tokio-postgres, at every level: each event is written
+/// once, when its writer is dropped.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MaskedStderr;
 
@@ -77,12 +77,20 @@ impl std::io::Write for MaskedLine {
 
 impl Drop for MaskedLine {
     fn drop(&mut self) {
-        let text = String::from_utf8_lossy(&self.0);
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr().lock(),
-            crate::endpoint::mask_urls(&text).as_bytes(),
-        );
+        let text = log_line(&String::from_utf8_lossy(&self.0));
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
     }
+}
+
+/// One formatted log event as written: the password of every URL masked ([`crate::endpoint::mask_urls`]), and
+/// its carriage returns and inner newlines escaped (`\r`, `\n`), so a record's text cannot forge a log line (the
+/// formatter escapes ESC, BEL and the C1 controls itself); one line, ending in a newline.
+pub fn log_line(event: &str) -> String {
+    let masked = crate::endpoint::mask_urls(event);
+    let body = masked.strip_suffix('\n').unwrap_or(&masked);
+    let mut out = body.replace('\r', "\\r").replace('\n', "\\n");
+    out.push('\n');
+    out
 }
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for MaskedStderr {
