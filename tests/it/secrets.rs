@@ -242,7 +242,8 @@ fn misspelled_and_java_style_secret_keys_are_refused_without_their_value() {
 }
 
 /// A `${…}` inside a password is part of the password, perhaps: the error names neither its text nor the
-/// rest of the password — in the registry's `password`, a PostgreSQL URL and a secret librdkafka property.
+/// rest of the password — in the registry's `password`, a PostgreSQL URL and a secret librdkafka property; nor
+/// does the type error of a password written as a number.
 #[test]
 fn a_reference_inside_a_password_is_not_echoed() {
     let db = Db::fresh("secbrace");
@@ -256,14 +257,24 @@ fn a_reference_inside_a_password_is_not_echoed() {
     let text = text.replacen("[postgres]\n", &format!("[postgres]\nurl = \"{url}\"\n"), 1);
     std::fs::write(&pg.path, text).expect("write");
     let prop = with_properties(&db, "\"sasl.password\" = \"RS-e${RS_SECRET_BRACE_3}f\"");
-    for (p, secrets) in [
-        (&reg, ["RS_SECRET_BRACE_1", "RS-a"]),
-        (&pg, ["RS-SECRET-BRACE-2", "RS-c"]),
-        (&prop, ["RS_SECRET_BRACE_3", "RS-e"]),
+    // A password written as a TOML number is refused by its type, not quoted.
+    let (_, number) = framed_pipeline(
+        "secbrace_n",
+        "url = \"http://127.0.0.1:1\", username = \"u\", password = 918273645",
+    );
+    for (p, secrets, says) in [
+        (&reg, ["RS_SECRET_BRACE_1", "RS-a"], "secret value"),
+        (&pg, ["RS-SECRET-BRACE-2", "RS-c"], "secret value"),
+        (&prop, ["RS_SECRET_BRACE_3", "RS-e"], "secret value"),
+        (
+            &number,
+            ["918273645", "918273645"],
+            "invalid type: integer, expected a string",
+        ),
     ] {
         let config = arg(&p.path);
         let stderr = run_clean(&["check", "--config", config], &[], 2, &secrets);
-        assert!(stderr.contains("secret value"), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
     }
 }
 
