@@ -305,13 +305,18 @@ pub enum OffsetsCommand {
 #[derive(Subcommand)]
 pub enum DeadLettersCommand {
     /// Print the unresolved dead letters of the selection (topic, partition, offset, reason, detail; tab
-    /// separated), then a count per reason on stderr.
+    /// separated, control characters escaped), then a count per reason on stderr.
     List {
         #[command(flatten)]
         select: DeadLetterSelect,
         /// At most this many rows.
         #[arg(long, default_value_t = 1000)]
         limit: i64,
+        /// `text`: one tab-separated line per dead letter, control characters and backslashes escaped (`\n`,
+        /// `\t`, `\\`, `\u{1b}`); `json`: one JSON object per line (JSON Lines) with the stored key and value in
+        /// base64.
+        #[arg(long, value_enum, default_value_t = ListFormat::Text)]
+        format: ListFormat,
     },
     /// Re-decode the stored records with the current pipeline file and apply them through the batch
     /// transaction (ledger claims, projections); the ones that land (or are duplicates, stale, filtered) are
@@ -324,6 +329,15 @@ pub enum DeadLettersCommand {
         #[arg(long)]
         group_id: Option<String>,
     },
+}
+
+/// The output of `dead-letters list`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ListFormat {
+    /// Tab-separated lines, control characters escaped (for people).
+    Text,
+    /// One JSON object per line, key and value in base64 (for scripts).
+    Json,
 }
 
 /// Which unresolved dead letters of the pipeline's generation a `dead-letters` command works on.

@@ -209,6 +209,62 @@ pub fn describe_chain(e: &tokio_postgres::Error) -> String {
     parts.join(": ")
 }
 
+/// What stands in for a password in a printed URL.
+pub const MASK: &str = "***";
+
+/// `text` with the password of every URL in it masked (`scheme://user:secret@host` → `scheme://user:***@host`),
+/// and the value of every `password=` query parameter (`?password=secret` → `?password=***`): for any message
+/// that may hold a URL — the schema registry's, a brokers list, a database URL. Over-masks rather than under:
+/// the userinfo ends at the last `@` before the next white space or quote, so a password holding an unescaped
+/// `/` or `?` is still masked.
+pub fn mask_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`' | '<' | '>'))
+            .unwrap_or(tail.len());
+        let (url, after) = tail.split_at(end);
+        out.push_str(&mask_one(url));
+        rest = after;
+    }
+    out.push_str(rest);
+    mask_password_params(&out)
+}
+
+/// One URL after its `scheme://`: the password of its userinfo masked.
+fn mask_one(url: &str) -> String {
+    let Some(at) = url.rfind('@') else {
+        return url.to_string();
+    };
+    match url[..at].find(':') {
+        Some(colon) => format!("{}{MASK}{}", &url[..=colon], &url[at..]),
+        None => url.to_string(),
+    }
+}
+
+/// `password=VALUE` (a URL's query parameter, libpq's key/value form) → `password=***`; the value ends at `&`,
+/// white space or the end.
+fn mask_password_params(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.to_ascii_lowercase().find("password=") {
+        let (head, tail) = rest.split_at(i + "password=".len());
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '&' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        if end > 0 {
+            out.push_str(MASK);
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The cause of a failed TLS connection when the broker's certificate is not trusted: not retried, like a refused
 /// password (a wrong `ssl.ca.location` does not fix itself).
 pub const KAFKA_UNTRUSTED: &str =
@@ -268,8 +324,10 @@ pub fn kafka_error(brokers: &str, reasons: &[String], gave_up: Option<Duration>)
         .unwrap_or_default();
     ConnectError {
         message: format!(
-            "cannot connect to the Kafka brokers {brokers} (from {}): {cause}{waited}{detail}",
+            "cannot connect to the Kafka brokers {} (from {}): {cause}{waited}{}",
+            mask_urls(brokers),
             origin(brokers, "KAFKA_BROKERS"),
+            mask_urls(&detail),
         ),
         transient: cause != "authentication failed"
             && cause != KAFKA_UNTRUSTED
@@ -287,6 +345,27 @@ mod tests {
         assert_eq!(pg_address(&c), "db.example:6543");
         let c: tokio_postgres::Config = "host=a,b port=1,2 password=hunter2".parse().unwrap();
         assert_eq!(pg_address(&c), "a:1,b:2");
+    }
+
+    #[test]
+    fn urls_are_masked() {
+        let m = |s: &str| mask_urls(s);
+        assert_eq!(
+            m("GET http://u:hunter2@reg:8081/x: refused"),
+            "GET http://u:***@reg:8081/x: refused"
+        );
+        assert_eq!(m("http://reg:8081/x"), "http://reg:8081/x");
+        assert_eq!(m("http://u@reg/x"), "http://u@reg/x");
+        assert_eq!(m("a https://u:p/w?d@h/ b"), "a https://u:***@h/ b");
+        assert_eq!(
+            m("postgresql://h/db?user=u&password=hunter2&sslmode=disable"),
+            "postgresql://h/db?user=u&password=***&sslmode=disable"
+        );
+        assert_eq!(
+            m("host=h password=hunter2 user=u"),
+            "host=h password=*** user=u"
+        );
+        assert_eq!(m("`sasl_ssl://u:pw@b:9092`"), "`sasl_ssl://u:***@b:9092`");
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod health;
 pub mod ident;
 pub mod metrics_http;
 pub mod ops;
+pub mod printable;
 pub mod projection;
 pub mod sink;
 pub mod source;

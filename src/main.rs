@@ -95,7 +95,10 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
         replaysafe::source::kafka::reachable(&probe, &brokers, &p.kafka.topics[0])?;
         let missing = ops::check::missing_topics(&p, &brokers, &[])?;
         let security = replaysafe::source::kafka::security_summary(&p);
-        println!("\nbroker {brokers} ({security}):");
+        println!(
+            "\nbroker {} ({security}):",
+            replaysafe::endpoint::mask_urls(&brokers)
+        );
         for t in &p.kafka.topics {
             let ok = !missing.contains(t);
             println!("{} topic {t}", if ok { "ok     " } else { "MISSING" });
@@ -435,14 +438,18 @@ fn rebuild(a: cli::RebuildArgs) -> anyhow::Result<()> {
 fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
     use replaysafe::ops::dead_letters as dl;
     match command {
-        cli::DeadLettersCommand::List { select, limit } => {
+        cli::DeadLettersCommand::List {
+            select,
+            limit,
+            format,
+        } => {
             let (p, url, sel) = select.resolve()?;
             let rows = dl::list(&p, &url, &sel, limit)?;
             for r in &rows {
-                println!(
-                    "{}\t{}\t{}\t{}\t{}",
-                    r.topic, r.partition, r.offset, r.reason, r.detail
-                );
+                match format {
+                    cli::ListFormat::Text => println!("{}", r.text_line()),
+                    cli::ListFormat::Json => println!("{}", r.json()),
+                }
             }
             let per_reason = dl::count(&p, &url, &sel)?;
             let total: i64 = per_reason.values().sum();
@@ -637,9 +644,10 @@ fn logging(cli: &Cli) {
             return;
         }
     }
+    // Every line with URL passwords masked (librdkafka names a broker by its URL, registry URLs hold credentials).
     tracing_subscriber::fmt()
         .with_env_filter(filter())
-        .with_writer(std::io::stderr)
+        .with_writer(replaysafe::printable::MaskedStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
@@ -684,12 +692,14 @@ fn main() {
                 .chain()
                 .find_map(|c| c.downcast_ref::<Error>())
                 .map_or(EXIT_FAILURE, Error::exit_code);
-            eprintln!("error: {e}");
+            // Record text or a server's answer in a message cannot act on the terminal.
+            let safe = |t: &str| replaysafe::printable::terminal_safe(t).into_owned();
+            eprintln!("error: {}", safe(&e.to_string()));
             // Each cause once: a wrapped error often repeats its source's text.
             let mut said = vec![e.to_string()];
             for cause in e.chain().skip(1).map(|c| c.to_string()) {
                 if !said.iter().any(|s| s.contains(&cause)) {
-                    eprintln!("  caused by: {cause}");
+                    eprintln!("  caused by: {}", safe(&cause));
                     said.push(cause);
                 }
             }

@@ -76,7 +76,13 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
     for (k, v) in &rk.properties {
         let key = k.get_ref().as_str();
         let value = match v.get_ref() {
-            toml::Value::String(s) => super::expand::expand(src, s, v.span())?,
+            toml::Value::String(s) => {
+                let secrecy = match shown(key) {
+                    true => super::expand::Secrecy::Public,
+                    false => super::expand::Secrecy::Secret,
+                };
+                super::expand::expand_as(src, s, v.span(), secrecy)?
+            }
             toml::Value::Integer(i) => i.to_string(),
             toml::Value::Boolean(b) => b.to_string(),
             _ => {
@@ -120,7 +126,12 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
     })?;
     Ok(KafkaPlan {
         brokers: match &rk.brokers {
-            Some(b) => Some(super::expand::expand(src, b.get_ref(), b.span())?),
+            Some(b) => Some(super::expand::expand_as(
+                src,
+                b.get_ref(),
+                b.span(),
+                super::expand::Secrecy::Url,
+            )?),
             None => None,
         },
         group_id,
@@ -157,7 +168,7 @@ fn check_isolation(value: &str) -> std::result::Result<(), String> {
 fn check_property(key: &str, value: &str) -> std::result::Result<(), String> {
     let mut c = ClientConfig::new();
     c.set(key, value);
-    let secret = is_secret(key) && !value.is_empty();
+    let secret = !shown(key) && !value.is_empty();
     let shown = if secret { "(not shown)" } else { value };
     let hide = |m: String| {
         if secret {
@@ -177,20 +188,44 @@ fn check_property(key: &str, value: &str) -> std::result::Result<(), String> {
 }
 
 /// Whether a librdkafka property holds a secret whose value is never shown in a message: passwords
-/// (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`), client secrets, private keys (`ssl.key.pem`),
-/// the JAAS and OAUTHBEARER configurations.
+/// (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`), passphrases, client secrets and credentials,
+/// private keys (`ssl.key.pem`, `sasl.oauthbearer.assertion.private.key.pem`), the JAAS and OAUTHBEARER
+/// configurations, and the Java clients' `basic.auth.user.info`.
 pub(crate) fn is_secret(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     [
         "password",
+        "passphrase",
         "secret",
+        "credential",
+        "private",
         "ssl.key.pem",
         "jaas",
         "oauthbearer.config",
         "token",
+        "user.info",
     ]
     .iter()
     .any(|s| k.contains(s))
+}
+
+/// Whether librdkafka knows the property `key` (a misspelled or Java-only key is unknown).
+fn known(key: &str) -> bool {
+    let mut c = ClientConfig::new();
+    c.set(key, "");
+    !matches!(
+        c.create_native_config(),
+        Err(KafkaError::ClientConfig(
+            rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN,
+            ..
+        ))
+    )
+}
+
+/// Whether a message may show the value of property `key`: only a property librdkafka knows that is no
+/// secret ([`is_secret`]) — a misspelled secret key (`sasl.pasword`) is unknown, its value never shown.
+pub(crate) fn shown(key: &str) -> bool {
+    known(key) && !is_secret(key)
 }
 
 /// Builds the consumer the pipeline's properties configure — the same forced settings as `run`, but no
@@ -219,10 +254,16 @@ fn check_client(
             Ok(())
         }
         Err(e) => {
-            let msg = match &e {
+            let mut msg = match &e {
                 KafkaError::ClientCreation(m) => m.clone(),
                 other => other.to_string(),
             };
+            // librdkafka may quote a value: none that may be a secret is shown.
+            for (k, v) in properties {
+                if !v.is_empty() && !shown(k) {
+                    msg = msg.replace(v.as_str(), "(not shown)");
+                }
+            }
             // librdkafka names the SASL mechanism's value, not the key (`No provider for SASL mechanism GSSAPI`).
             let named = properties
                 .iter()
@@ -313,6 +354,23 @@ mod tests {
             ("sasl.password".to_string(), "p".to_string()),
         ];
         check_client("g", &ok).unwrap();
+    }
+
+    /// A misspelled or Java-style secret key is unknown to librdkafka: its value is never shown, neither is an
+    /// invalid value of a secret property.
+    #[test]
+    fn values_of_unknown_and_secret_properties_are_not_shown() {
+        for (k, v) in [
+            ("sasl.pasword", "hunter2-a"),
+            ("basic.auth.user.info", "u:hunter2-b"),
+            ("sasl.oauthbearer.client.secrett", "hunter2-c"),
+        ] {
+            let e = check_property(k, v).unwrap_err();
+            assert!(e.contains(k) && !e.contains(v), "{e}");
+        }
+        let e = check_property("session.timeout.ms", "soon").unwrap_err();
+        assert!(e.contains("`soon`"), "a known, public value is shown: {e}");
+        assert!(shown("sasl.username") && !shown("sasl.password") && !shown("sasl.pasword"));
     }
 
     #[test]

@@ -63,10 +63,22 @@ pub fn parse(name: &str, text: &str) -> Result<Pipeline> {
         };
         Error::Config {
             location,
-            message: e.message().trim().to_string(),
+            message: without_value(e.message().trim()),
         }
     })?;
     plan::validate(&src, raw)
+}
+
+/// A TOML/serde message without the value it quotes (`invalid type: integer `123`, expected a string` →
+/// `invalid type: integer, expected a string`): the value may be a secret (a password written as a number).
+/// The location still points at it.
+fn without_value(message: &str) -> String {
+    let quoted = message.starts_with("invalid type: ") || message.starts_with("invalid value: ");
+    let (head, tail) = message.split_at(message.find(", expected").unwrap_or(message.len()));
+    match head.find(['`', '"']).filter(|_| quoted) {
+        Some(i) => format!("{}{tail}", head[..i].trim_end()),
+        None => message.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -74,6 +86,25 @@ mod tests {
     use super::*;
 
     const REFERENCE: &str = include_str!("../../reference.toml");
+
+    #[test]
+    fn type_errors_do_not_quote_the_value() {
+        assert_eq!(
+            without_value("invalid type: integer `987654321`, expected a string"),
+            "invalid type: integer, expected a string"
+        );
+        assert_eq!(
+            without_value("invalid type: string \"s3cr3t\", expected u32"),
+            "invalid type: string, expected u32"
+        );
+        let text = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[source]\nformat = \"json\"\nencoding = \"avro\"\n\
+                    schema-registry = { url = \"http://x\", username = \"u\", password = 987654321 }\n";
+        let e = parse("p.toml", text).unwrap_err().to_string();
+        assert!(
+            e.contains("invalid type: integer, expected a string") && !e.contains("987654321"),
+            "{e}"
+        );
+    }
 
     /// A Debezium pipeline with only the built-in fields needs no envelope in its document; a field of its own
     /// (or a JSON pipeline) does.

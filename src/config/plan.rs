@@ -394,7 +394,12 @@ fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
     };
     Ok(PostgresPlan {
         url: match &raw.postgres.url {
-            Some(u) => Some(super::expand::expand(src, u.get_ref(), u.span())?),
+            Some(u) => Some(super::expand::expand_as(
+                src,
+                u.get_ref(),
+                u.span(),
+                super::expand::Secrecy::Url,
+            )?),
             None => None,
         },
         connection: super::connection::connection(src, &raw.postgres)?,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::expand::expand;
+use super::expand::{expand, expand_as, Secrecy};
 use super::Source;
 use crate::error::Result;
 
@@ -71,7 +71,7 @@ pub struct RegistryPlan {
 impl std::fmt::Debug for RegistryPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryPlan")
-            .field("url", &self.url)
+            .field("url", &crate::endpoint::mask_urls(&self.url))
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "…"))
             .field("ca_file", &self.ca_file)
@@ -142,21 +142,22 @@ fn file(src: &Source, v: &Option<Spanned<String>>, key: &str) -> Result<Option<P
 }
 
 fn plan(src: &Source, r: &RawRegistry) -> Result<RegistryPlan> {
-    let url = expand(src, r.url.get_ref(), r.url.span())?;
+    let url = expand_as(src, r.url.get_ref(), r.url.span(), Secrecy::Url)?;
     let url = url.trim_end_matches('/').to_string();
     let https = url.starts_with("https://");
     if !https && !url.starts_with("http://") {
-        return Err(src.error(
-            r.url.span(),
-            format!("`url` must start with http:// or https://, not `{url}`"),
-        ));
+        return Err(src.error(r.url.span(), "`url` must start with http:// or https://"));
     }
     let username = text(src, &r.username)?.map(|(u, _)| u);
-    let password = match (text(src, &r.password)?, &r.password_file) {
+    let secret = match &r.password {
+        Some(p) => Some(expand_as(src, p.get_ref(), p.span(), Secrecy::Secret)?),
+        None => None,
+    };
+    let password = match (secret, &r.password_file) {
         (Some(_), Some(f)) => {
             return Err(src.error(f.span(), "give `password` or `password-file`, not both"))
         }
-        (Some((p, _)), None) => Some(p),
+        (Some(p), None) => Some(p),
         (None, Some(_)) => {
             let path = file(src, &r.password_file, "password-file")?.expect("given");
             let at = r.password_file.as_ref().expect("given").span();

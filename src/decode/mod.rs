@@ -5,6 +5,8 @@ pub mod avro;
 pub mod day;
 pub mod debezium;
 pub mod framed;
+#[cfg(test)]
+mod fuzz;
 pub mod json;
 pub mod registry;
 pub mod rejection;

@@ -50,6 +50,9 @@ pub enum Fetch {
 /// The client and its cache; shared by every decoding thread.
 pub struct Registry {
     plan: RegistryPlan,
+    /// The strings no message may show: the password, the URL's password (as written and percent-decoded), the
+    /// basic-authentication token.
+    secrets: Vec<String>,
     agent: Mutex<Option<ureq::Agent>>,
     cache: Mutex<HashMap<u32, Arc<Schema>>>,
 }
@@ -66,6 +69,7 @@ impl Registry {
     /// A client for `plan`; no request is made until a schema is needed.
     pub fn new(plan: RegistryPlan) -> Registry {
         Registry {
+            secrets: secrets(&plan),
             plan,
             agent: Mutex::new(None),
             cache: Mutex::new(HashMap::new()),
@@ -75,6 +79,21 @@ impl Registry {
     /// The validated settings.
     pub fn plan(&self) -> &RegistryPlan {
         &self.plan
+    }
+
+    /// `text` (a message that may hold the URL or the registry's answer) without a credential: URL passwords
+    /// masked ([`crate::endpoint::mask_urls`]), every secret of the settings replaced by `***`.
+    fn scrub(&self, text: &str) -> String {
+        let mut out = crate::endpoint::mask_urls(text);
+        for s in &self.secrets {
+            out = out.replace(s.as_str(), crate::endpoint::MASK);
+        }
+        out
+    }
+
+    /// The registry's answer for a message: at most 200 characters, control characters escaped, no credential.
+    fn short(&self, body: &str) -> String {
+        self.scrub(&crate::printable::bounded(body.trim(), 200))
     }
 
     /// The schema of `id`, from the cache or the registry.
@@ -109,7 +128,7 @@ impl Registry {
         if let Some(a) = slot.as_ref() {
             return Ok(a.clone());
         }
-        let a = agent(&self.plan).map_err(Fetch::Unavailable)?;
+        let a = agent(&self.plan).map_err(|m| Fetch::Unavailable(self.scrub(&m)))?;
         *slot = Some(a.clone());
         Ok(a)
     }
@@ -138,7 +157,8 @@ impl Registry {
                 (r.get("subject").and_then(Value::as_str), r.get("version"))
             else {
                 return Err(Fetch::Unknown(format!(
-                    "schema id {id}: a reference without subject/version: {r}"
+                    "schema id {id}: a reference without subject/version: {}",
+                    crate::printable::bounded(&r.to_string(), 200)
                 )));
             };
             let body = self.fetch(&format!("/subjects/{subject}/versions/{version}"))?;
@@ -164,16 +184,16 @@ impl Registry {
         let bound = crate::endpoint::connect_timeout();
         let mut attempt = 0u32;
         loop {
-            match self.get(&agent, &url) {
+            match self.get(&agent, &url).scrubbed(self) {
                 Attempt::Done(body) => return Ok(body),
                 Attempt::Unknown(m) => return Err(Fetch::Unknown(m)),
                 Attempt::Refused(m) => return Err(Fetch::Unavailable(m)),
                 Attempt::Retry(m) if started.elapsed() >= bound => {
-                    return Err(Fetch::Unavailable(format!(
+                    return Err(Fetch::Unavailable(self.scrub(&format!(
                         "schema registry {}: gave up after {} s (--connect-timeout): {m}",
                         self.plan.url,
                         started.elapsed().as_secs()
-                    )))
+                    ))))
                 }
                 Attempt::Retry(m) => {
                     attempt += 1;
@@ -214,19 +234,19 @@ impl Registry {
             200 => Attempt::Done(body),
             404 if not_found(&body) => Attempt::Unknown(format!(
                 "the registry has no schema with this id ({})",
-                short(&body)
+                self.short(&body)
             )),
             404 => Attempt::Refused(format!(
                 "schema registry {}: GET {url} answered HTTP 404 without the registry's \"not found\" error code                  (40401–40499): the URL does not serve the Confluent-compatible API — check [source]                  schema-registry url (Apicurio Registry: …/apis/ccompat/v7, not …/apis/registry/v2): {}",
                 self.plan.url,
-                short(&body)
+                self.short(&body)
             )),
             401 | 403 => Attempt::Refused(format!(
                 "schema registry {}: HTTP {status} (credentials refused): {}",
                 self.plan.url,
-                short(&body)
+                self.short(&body)
             )),
-            _ => Attempt::Retry(format!("GET {url}: HTTP {status}: {}", short(&body))),
+            _ => Attempt::Retry(format!("GET {url}: HTTP {status}: {}", self.short(&body))),
         }
     }
 }
@@ -248,13 +268,66 @@ enum Attempt {
     Retry(String),
 }
 
-fn short(s: &str) -> String {
-    let s = s.trim();
-    if s.chars().count() > 200 {
-        format!("{}…", s.chars().take(200).collect::<String>())
-    } else {
-        s.to_string()
+impl Attempt {
+    /// The attempt with its message scrubbed of credentials ([`Registry::scrub`]); the answer of a success is
+    /// data, kept as is.
+    fn scrubbed(self, r: &Registry) -> Attempt {
+        match self {
+            Attempt::Done(b) => Attempt::Done(b),
+            Attempt::Unknown(m) => Attempt::Unknown(r.scrub(&m)),
+            Attempt::Refused(m) => Attempt::Refused(r.scrub(&m)),
+            Attempt::Retry(m) => Attempt::Retry(r.scrub(&m)),
+        }
     }
+}
+
+/// What no message about `plan`'s registry may show: the password, the password of the URL's userinfo (as
+/// written and percent-decoded), and the `Authorization: Basic` token (`user:password` in base64).
+fn secrets(plan: &RegistryPlan) -> Vec<String> {
+    let mut out: Vec<String> = plan.password.iter().cloned().collect();
+    if let (Some(u), Some(p)) = (&plan.username, &plan.password) {
+        out.push(base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}")));
+    }
+    let authority = plan
+        .url
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.rsplit_once('@').map_or("", |(u, _)| u));
+    if let Some((user, pw)) = authority.split_once(':') {
+        out.push(pw.to_string());
+        out.push(percent_decoded(pw));
+        out.push(base64::engine::general_purpose::STANDARD.encode(format!(
+            "{}:{}",
+            percent_decoded(user),
+            percent_decoded(pw)
+        )));
+    }
+    out.retain(|s| !s.is_empty());
+    out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    out.dedup();
+    out
+}
+
+/// `%XX` escapes decoded (RFC 3986 § 2.1); an invalid escape or non-UTF-8 result is kept as written.
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_string())
 }
 
 /// An HTTP 200 answer that is not the registry's `{"schema": …}` (an HTML page of a proxy or a UI, another API):

@@ -60,9 +60,10 @@ pub fn require_topics(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -
         _ => ("topics", "do"),
     };
     Err(Error::Usage(format!(
-        "{}: {what} {names} of [kafka] topics {verb} not exist on the broker ({brokers}); nothing was created or \
+        "{}: {what} {names} of [kafka] topics {verb} not exist on the broker ({}); nothing was created or \
          consumed",
-        p.source.path
+        p.source.path,
+        crate::endpoint::mask_urls(brokers)
     )))
 }
 

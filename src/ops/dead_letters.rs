@@ -44,10 +44,61 @@ pub struct Listed {
     pub partition: i32,
     /// Offset.
     pub offset: i64,
+    /// The record's timestamp, milliseconds since the Unix epoch (none when the record had none).
+    pub timestamp_ms: Option<i64>,
     /// Reason.
     pub reason: String,
     /// Detail.
     pub detail: String,
+    /// The record's key as stored (raw bytes; none for a null key).
+    pub key: Option<Vec<u8>>,
+    /// The record's value as stored (raw bytes; none for a null value or one above `batch.max-record-bytes`).
+    pub value: Option<Vec<u8>>,
+    /// The value's size in bytes when it was not kept.
+    pub value_bytes: Option<i32>,
+    /// The value's SHA-256 when it was not kept.
+    pub value_sha256: Option<Vec<u8>>,
+}
+
+impl Listed {
+    /// The text line of `dead-letters list`: topic, partition, offset, reason and detail separated by tabs, each
+    /// with its control characters and backslashes escaped ([`crate::printable::escape_controls`]), so one dead
+    /// letter is one line and nothing of a record acts on a terminal.
+    pub fn text_line(&self) -> String {
+        use crate::printable::escape_controls as e;
+        format!(
+            "{}\t{}\t{}\t{}\t{}",
+            e(&self.topic),
+            self.partition,
+            self.offset,
+            e(&self.reason),
+            e(&self.detail)
+        )
+    }
+
+    /// The JSON object of `dead-letters list --format json` (one per line, JSON Lines): `topic`, `partition`,
+    /// `offset`, `timestamp_ms`, `reason`, `detail` (JSON strings, control characters escaped by JSON), `key`
+    /// and `value` (the stored bytes in standard base64 with padding, RFC 4648 § 4; `null` for none),
+    /// `value_bytes` and `value_sha256` (hex) for a value that was not kept, else `null`.
+    pub fn json(&self) -> serde_json::Value {
+        use base64::Engine;
+        let b64 = |b: &Option<Vec<u8>>| {
+            b.as_ref()
+                .map(|b| base64::engine::general_purpose::STANDARD.encode(b))
+        };
+        serde_json::json!({
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "timestamp_ms": self.timestamp_ms,
+            "reason": self.reason,
+            "detail": self.detail,
+            "key": b64(&self.key),
+            "value": b64(&self.value),
+            "value_bytes": self.value_bytes,
+            "value_sha256": self.value_sha256.as_ref().map(hex::encode),
+        })
+    }
 }
 
 /// What a replay did.
@@ -116,7 +167,8 @@ pub fn list(p: &Pipeline, url: &str, sel: &Selection, limit: i64) -> Result<Vec<
         // Read only: no schema work (a missing table is PostgreSQL's error).
         let client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
         let sql = format!(
-            "SELECT topic, partition, \"offset\", reason, detail FROM {} WHERE {WHERE} \
+            "SELECT topic, partition, \"offset\", reason, detail, key, value, value_bytes, value_sha256, \
+             (extract(epoch FROM record_timestamp) * 1000)::bigint FROM {} WHERE {WHERE} \
              ORDER BY topic, partition, \"offset\" LIMIT $5",
             p.table(DEAD_LETTERS)
         );
@@ -140,6 +192,11 @@ pub fn list(p: &Pipeline, url: &str, sel: &Selection, limit: i64) -> Result<Vec<
                 offset: r.get(2),
                 reason: r.get(3),
                 detail: r.get(4),
+                key: r.get(5),
+                value: r.get(6),
+                value_bytes: r.get(7),
+                value_sha256: r.get(8),
+                timestamp_ms: r.get(9),
             })
             .collect())
     })
@@ -360,4 +417,53 @@ fn batches(p: &Pipeline, page: Vec<Stored>, not_kept: &mut u64) -> Vec<Batch> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Listed;
+
+    fn hostile() -> Listed {
+        Listed {
+            topic: "t".into(),
+            partition: 0,
+            offset: 7,
+            timestamp_ms: Some(1),
+            reason: "invalid-json".into(),
+            detail: "bad \u{1b}[2J\nforged\tline\\n".into(),
+            key: Some(b"k\x1b]0;x\x07\n".to_vec()),
+            value: Some(vec![0, 0x1b, b'\n', 0xff]),
+            value_bytes: None,
+            value_sha256: None,
+        }
+    }
+
+    #[test]
+    fn the_text_line_is_one_line_without_control_characters() {
+        let line = hostile().text_line();
+        assert_eq!(
+            line,
+            "t\t0\t7\tinvalid-json\tbad \\u{1b}[2J\\nforged\\tline\\\\n"
+        );
+        assert_eq!(line.matches('\t').count(), 4);
+        assert!(!line.chars().any(|c| c.is_control() && c != '\t'));
+    }
+
+    #[test]
+    fn the_json_line_round_trips_the_bytes() {
+        use base64::Engine;
+        let l = hostile();
+        let text = l.json().to_string();
+        assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let bytes = |k: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v[k].as_str().unwrap())
+                .unwrap()
+        };
+        assert_eq!(Some(bytes("key")), l.key);
+        assert_eq!(Some(bytes("value")), l.value);
+        assert_eq!(v["detail"].as_str(), Some(l.detail.as_str()));
+        assert!(v["value_bytes"].is_null());
+    }
 }

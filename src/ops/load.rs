@@ -210,6 +210,7 @@ fn live_ends(
 ) -> std::result::Result<HashMap<String, Vec<i64>>, String> {
     let mut config = consumer_config(p, brokers, &[]);
     config.remove("group.id");
+    let brokers = crate::endpoint::mask_urls(brokers);
     let client: BaseConsumer = config
         .create()
         .map_err(|e| format!("the Kafka client: {e}"))?;

@@ -145,6 +145,7 @@ pub fn require_topic(p: &Pipeline, brokers: &str, topic: &str) -> Result<()> {
     config.remove("group.id");
     let consumer: BaseConsumer = config.create()?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let brokers = crate::endpoint::mask_urls(brokers);
     let found = md
         .topics()
         .iter()

@@ -110,7 +110,8 @@ pub fn sample_topic(p: &Pipeline, brokers: &str, topic: &str, max: usize) -> Res
         .unwrap_or_default();
     if parts.is_empty() {
         return Err(Error::Usage(format!(
-            "--from-topic {topic}: no such topic on {brokers}"
+            "--from-topic {topic}: no such topic on {}",
+            crate::endpoint::mask_urls(brokers)
         )));
     }
     let mut tpl = TopicPartitionList::new();

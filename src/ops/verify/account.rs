@@ -300,15 +300,17 @@ fn table(
         before.table,
         before.column,
         super::short(&before.pipeline),
-        before.filter.as_deref().unwrap_or("(none)"),
+        crate::printable::escape_controls(before.filter.as_deref().unwrap_or("(none)")),
         before.taken_at,
         after.taken_at,
         report.group_id
     );
     let width = |s: &str| s.len().max(12);
     let mut head = format!("{:<12} {:>12} {:>12}", "day", "changed by", "backfill");
+    // Group names come from the ledger's rows: escaped, one line per day whatever they hold.
     for g in groups {
-        head += &format!(" {:>w$}", g, w = width(g));
+        let g = crate::printable::escape_controls(g);
+        head += &format!(" {:>w$}", g, w = width(&g));
     }
     out += &format!("{head} {:>12}\n", "unexplained");
     let text = |d: &BigDecimal| d.normalized().to_plain_string();
@@ -325,7 +327,11 @@ fn table(
                 Some((Some(p), _)) => text(p),
                 Some((None, r)) => format!("? ({r} rows)"),
             };
-            line += &format!(" {:>w$}", cell, w = width(g));
+            line += &format!(
+                " {:>w$}",
+                cell,
+                w = width(&crate::printable::escape_controls(g))
+            );
         }
         let unexplained =
             explained(day).map_or_else(|| "?".to_string(), |e| text(&(&day.changed - e)));
