@@ -7,7 +7,8 @@
 //! (where a record was read: a rebuilt topic has new offsets); serial and identity columns (`id`: the order of
 //! inserts, not their content). Any other `…_at` column
 //! (`published_at`, `resolved_at`, `_deleted_at`) is compared as set or unset. Dead letters are compared as a set
-//! (a record quarantined again at a new offset is the same dead letter). Replaysafe's own bookkeeping tables
+//! (a record quarantined again at a new offset is the same dead letter). The scratch schema's name inside a value
+//! (a conflict's `table_name`) reads `<schema>` in every run. Replaysafe's own bookkeeping tables
 //! (checkpoints, sources, horizon, pruned offsets, projection record, hand-over, truncates, group starts) are not
 //! compared.
 
@@ -155,7 +156,10 @@ async fn read_table(
         .map(|r| {
             (0..r.len())
                 .map(|i| {
-                    let v: Option<String> = r.get(i);
+                    // The scratch schema's own name (a conflict's `table_name`) is spelled alike in every run.
+                    let v: Option<String> = r
+                        .get::<_, Option<String>>(i)
+                        .map(|v| v.replace(schema, "<schema>"));
                     match (&norm.generation, v) {
                         (Some((old, new)), Some(v)) => Some(v.replace(new.as_str(), old.as_str())),
                         (_, v) => v,

@@ -119,20 +119,19 @@ impl Horizon {
         )
     }
 
-    /// Why a record of event day `day` (older than [`Horizon::oldest`]) is quarantined.
+    /// Why a record of event day `day` (older than [`Horizon::oldest`]) is quarantined. The text depends on the
+    /// record, the horizon and the database's date only — not on when a prune ran — so the same records give the
+    /// same dead letters whatever the history (`prove`'s crash and batching boundaries compare them).
     pub fn refusal(&self, p: &Pipeline, day: NaiveDate) -> String {
         let oldest = self.oldest.map(|d| d.to_string()).unwrap_or_default();
         let days = p
             .ledger
             .horizon_days
             .map_or_else(|| "none".to_string(), |d| d.to_string());
-        let pruned = self
-            .pruned_below
-            .map_or_else(|| "nothing".to_string(), |d| format!("days before {d}"));
         format!(
             "event day {day} is older than the ledger horizon: the ledger recognises delivery keys of days from \
-             {oldest} only (database date {}, horizon-days {days}, pruned: {pruned}); a key of an older day may \
-             no longer be recognised, so applying it could count it twice",
+             {oldest} only (database date {}, horizon-days {days}); a key of an older day may no longer be \
+             recognised, so applying it could count it twice",
             self.today
         )
     }
