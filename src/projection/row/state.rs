@@ -16,6 +16,61 @@ pub(super) struct State {
     pub(super) values: Vec<Option<String>>,
     /// The source position of the change that wrote it (`None`: JSON events, or written before it was kept).
     pub(super) position: Option<Vec<i64>>,
+    /// Columns whose value waits for the old key's row (`_unresolved`); stored as NULL meanwhile.
+    pub(super) unresolved: Option<Unresolved>,
+}
+
+/// The new-key columns of a Debezium primary-key change (delete of the old key, create of the new one, both at
+/// one LSN) that carried unchanged-TOAST placeholders (or were absent) when the old key's delete was not applied
+/// yet: their values are the ones that delete removes. Stored in `_unresolved` as `{"key": [old key texts],
+/// "lsn": LSN, "columns": [names]}` (the columns NULL meanwhile) until that delete applies.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Unresolved {
+    /// The old key (its columns' texts, canonical).
+    pub(super) old_key: Vec<String>,
+    /// The change LSN (the last element of the source position) the old key's delete has too.
+    pub(super) lsn: i64,
+    /// Indices into the shape's columns, ascending.
+    pub(super) columns: Vec<usize>,
+}
+
+impl Unresolved {
+    /// The `_unresolved` JSON text.
+    pub(super) fn text(&self, shape: &Shape) -> String {
+        serde_json::json!({
+            "key": self.old_key,
+            "lsn": self.lsn,
+            "columns": self.columns.iter().map(|&i| shape.columns[i].name.as_str()).collect::<Vec<_>>(),
+        })
+        .to_string()
+    }
+
+    /// Parses an `_unresolved` JSON text (columns the shape no longer has are left out).
+    pub(super) fn parse(shape: &Shape, text: &str) -> Option<Unresolved> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let old_key = v
+            .get("key")?
+            .as_array()?
+            .iter()
+            .map(|k| k.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()?;
+        let lsn = v.get("lsn")?.as_i64()?;
+        let mut columns: Vec<usize> = v
+            .get("columns")?
+            .as_array()?
+            .iter()
+            .filter_map(|c| {
+                let c = c.as_str()?;
+                shape.columns.iter().position(|s| s.name.as_str() == c)
+            })
+            .collect();
+        columns.sort_unstable();
+        (!columns.is_empty()).then_some(Unresolved {
+            old_key,
+            lsn,
+            columns,
+        })
+    }
 }
 
 /// How a change compares with a stored state: by version when both have one of their own, else by source
@@ -83,14 +138,23 @@ pub(super) fn follow(c: &mut RowChange, stored: Option<&State>) {
 }
 
 /// The row state hash (`_sha256`): of the column values (all but `_extra` and the columns `new-columns = "add"`
-/// added, which are carried, never judged), or of
-/// a delete.
-pub(super) fn hash(shape: &Shape, values: &[Option<String>], deleted: bool) -> Vec<u8> {
+/// added, which are carried, never judged; a column waiting for the old key's value, `unresolved`, is neither
+/// NULL nor a value), or of a delete.
+pub(super) fn hash(
+    shape: &Shape,
+    values: &[Option<String>],
+    deleted: bool,
+    unresolved: Option<&Unresolved>,
+) -> Vec<u8> {
     let mut h = Sha256::new();
     if deleted {
         h.update(b"deleted");
     } else {
-        for (_, v) in values.iter().enumerate().filter(|(i, _)| shape.judged(*i)) {
+        for (i, v) in values.iter().enumerate().filter(|(i, _)| shape.judged(*i)) {
+            if unresolved.is_some_and(|u| u.columns.contains(&i)) {
+                h.update(b"U");
+                continue;
+            }
             match v {
                 None => h.update(b"N"),
                 Some(t) => {
@@ -168,6 +232,7 @@ mod tests {
             delivery: None,
             values: Vec::new(),
             position: Some(position),
+            unresolved: None,
         }
     }
 
