@@ -50,10 +50,7 @@ fn new_key_records() -> Vec<(Rec, Option<Vec<u8>>)> {
     let t = Table("customers");
     let row = |name: &str| json!({"id": 2, "name": name, "bio": PLACEHOLDER});
     vec![
-        (
-            t.create(1, 2, row("b"), 400),
-            Some(br#"{"id":1}"#.to_vec()),
-        ),
+        (t.create(1, 2, row("b"), 400), Some(br#"{"id":1}"#.to_vec())),
         (t.update(1, 2, row("c"), 500), None),
     ]
 }
@@ -135,7 +132,8 @@ fn pk_change_toast_placeholder_resolved_in_either_order() {
     for mode in ["table", "column"] {
         for max in [1usize, 5000] {
             for new_first in [true, false] {
-                let ctx = format!("tombstones {mode}, max-records {max}, new key first {new_first}");
+                let ctx =
+                    format!("tombstones {mode}, max-records {max}, new key first {new_first}");
                 let topic = new_topic("pkt", 2);
                 let db = Db::fresh("pkt");
                 let group = unique("g");
@@ -193,7 +191,12 @@ fn pk_change_toast_placeholder_resolved_in_either_order() {
                 let fresh = Db::fresh("pkt");
                 let p = pipeline(&text, &topic, &unique("g"), &fresh.schema);
                 let out = run_caught_up(&p.path);
-                assert_eq!(tally(&out), (7, 6, 0, 0, 1, 0), "{ctx}: replay: {}", out.stdout);
+                assert_eq!(
+                    tally(&out),
+                    (7, 6, 0, 0, 1, 0),
+                    "{ctx}: replay: {}",
+                    out.stdout
+                );
                 assert_eq!(state(&fresh, mode), state(&db, mode), "{ctx}: replay");
                 assert_eq!(counts(&fresh), (0, 0), "{ctx}: replay");
             }

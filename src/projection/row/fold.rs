@@ -295,7 +295,12 @@ async fn fold_segment(
         .chain(order.iter().zip(state.iter().cloned()))
     {
         if let Some(s) = s {
-            if let Some(&l) = s.position.as_ref().and_then(|p| p.last()).filter(|_| s.deleted) {
+            if let Some(&l) = s
+                .position
+                .as_ref()
+                .and_then(|p| p.last())
+                .filter(|_| s.deleted)
+            {
                 removed.insert((k.clone(), l), s.values.clone());
             }
             last_values.insert(k.clone(), s.values);
@@ -329,7 +334,14 @@ async fn fold_segment(
             let (incoming, waits) =
                 incoming_values(c, cur.as_ref(), &removed, &last_values, shape, proj, at);
             let result = if c.redelivered {
-                judge_redelivered(c, cur.as_ref(), (&incoming, waits.as_ref()), key, shape, &mut conflicts)
+                judge_redelivered(
+                    c,
+                    cur.as_ref(),
+                    (&incoming, waits.as_ref()),
+                    key,
+                    shape,
+                    &mut conflicts,
+                )
             } else {
                 judge(
                     c,
@@ -438,9 +450,9 @@ fn resolve_waiting(
             }
         }
         let changed = resolved
-            || before.as_ref().is_none_or(|b| {
-                b.version != s.version || b.deleted != s.deleted || b.sha != s.sha
-            });
+            || before
+                .as_ref()
+                .is_none_or(|b| b.version != s.version || b.deleted != s.deleted || b.sha != s.sha);
         if changed {
             finals.push((ei, s));
         }

@@ -236,6 +236,51 @@ mod tests {
         }
     }
 
+    /// `_unresolved` round-trips through its JSON text, and a waiting column hashes apart from NULL and from
+    /// any value (the same state never looks resolved, nor a resolved one waiting).
+    #[test]
+    fn unresolved_marker_round_trips_and_hashes_apart_from_null() {
+        use crate::ident::Ident;
+        use crate::projection::row::types::{ColumnSpec, SqlType};
+        let columns = ["id", "name", "bio"]
+            .iter()
+            .map(|n| ColumnSpec {
+                name: Ident::new(n).unwrap(),
+                ty: SqlType::parse("text").unwrap(),
+                unit: None,
+                field: None,
+            })
+            .collect();
+        let shape = Shape {
+            index: 0,
+            name: "t".into(),
+            columns,
+            key: vec![0],
+            extra: None,
+            added: 0,
+        };
+        let u = Unresolved {
+            old_key: vec!["1".into()],
+            lsn: 400,
+            columns: vec![2],
+        };
+        assert_eq!(
+            u.text(&shape),
+            r#"{"columns":["bio"],"key":["1"],"lsn":400}"#
+        );
+        assert_eq!(Unresolved::parse(&shape, &u.text(&shape)), Some(u.clone()));
+        let values = vec![Some("2".to_string()), Some("b".to_string()), None];
+        let waiting = hash(&shape, &values, false, Some(&u));
+        assert_ne!(waiting, hash(&shape, &values, false, None));
+        let mut filled = values.clone();
+        filled[2] = Some("U".into());
+        assert_ne!(waiting, hash(&shape, &filled, false, None));
+        assert_eq!(
+            hash(&shape, &[], true, Some(&u)),
+            hash(&shape, &[], true, None)
+        );
+    }
+
     /// A change as the fold judges it: decoded, then (`follows_snapshot`) completed from `stored`.
     fn judged(op: &str, sequence: &str, lsn: i64, stored: Option<&State>) -> Vec<i64> {
         let v = format!(
