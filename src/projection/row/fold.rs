@@ -261,9 +261,9 @@ async fn fold_segment(
         groups.entry(c.key.clone()).or_default().push(c);
     }
     for k in waiting {
-        if !groups.contains_key(&k) {
-            order.push(k.clone());
-            groups.insert(k, Vec::new());
+        if let std::collections::hash_map::Entry::Vacant(e) = groups.entry(k) {
+            order.push(e.key().clone());
+            e.insert(Vec::new());
         }
     }
     // Each entity's changes stay in offset order and each is judged against the state before it, exactly as if
