@@ -117,7 +117,8 @@ fn upgrade(table: &QualifiedName) -> String {
 }
 
 /// `<table><suffix>`, the table's name shortened so that the whole fits PostgreSQL's 63 bytes (names are ASCII).
-fn index_name(table: &QualifiedName, suffix: &str) -> String {
+/// An index name of `table`: its name (cut to fit PostgreSQL's 63 bytes) and `suffix`.
+pub(crate) fn index_name(table: &QualifiedName, suffix: &str) -> String {
     let name = table.name.as_str();
     format!("{}{suffix}", &name[..name.len().min(63 - suffix.len())])
 }

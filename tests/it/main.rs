@@ -14,6 +14,7 @@ mod cases_tx;
 mod cdc;
 mod cdc_evolve;
 mod cdc_order;
+mod cdc_pk;
 mod cdc_tx;
 mod cdc_tx_gaps;
 mod common;

@@ -1,7 +1,7 @@
 //! Folding a batch's row changes per entity against the stored state (read `FOR UPDATE`) and writing each entity
 //! once: the row projection's apply.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
@@ -9,7 +9,7 @@ use tokio_postgres::Transaction;
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::state::{compare, entity, follow, hash, object, version_text, State};
+use super::state::{compare, entity, follow, hash, object, version_text, State, Unresolved};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
@@ -40,7 +40,18 @@ pub async fn apply(
     super::canon::canonicalise(tx, prepared, &mut changes).await?;
     let truncates = plan.truncate == TruncatePolicy::Truncate
         && changes.iter().any(|c| c.kind == ChangeKind::Truncate);
-    lock_entities(tx, prepared, &changes, truncates).await?;
+    // New keys waiting for the values a delete of this batch removes are locked with the batch's own entities.
+    let waiting = waiting_on(tx, prepared, &changes).await?;
+    let exclusive = lock_entities(tx, prepared, &changes, &waiting, truncates).await?;
+    let locked = Locked {
+        exclusive,
+        keys: changes
+            .iter()
+            .flat_map(|c| std::iter::once(&c.key).chain(c.old_key.as_ref()))
+            .chain(&waiting)
+            .cloned()
+            .collect(),
+    };
     let mut segment: Vec<RowChange> = Vec::new();
     for c in changes {
         if c.kind == ChangeKind::Truncate {
@@ -50,6 +61,7 @@ pub async fn apply(
                 proj,
                 std::mem::take(&mut segment),
                 at,
+                &locked,
                 &mut results,
             )
             .await?;
@@ -89,8 +101,49 @@ pub async fn apply(
             segment.push(c);
         }
     }
-    fold_segment(tx, prepared, proj, segment, at, &mut results).await?;
+    fold_segment(tx, prepared, proj, segment, at, &locked, &mut results).await?;
     Ok(results)
+}
+
+/// The entities a batch locked: its changes' keys, the old keys of primary-key changes and the new keys waiting
+/// for one of its deletes (`exclusive`: the table lock covers every entity).
+struct Locked {
+    exclusive: bool,
+    keys: HashSet<Vec<String>>,
+}
+
+/// The change LSN of a change with a source position (its last element; a primary-key change's delete of the old
+/// key and create of the new key share it).
+fn lsn(c: &RowChange) -> Option<i64> {
+    c.position.as_ref().and_then(|p| p.last().copied())
+}
+
+/// The keys of the live rows whose `_unresolved` columns wait for a key that `changes` delete (at a source
+/// position), read without a lock: they are the entities the batch must lock too, and are read again under the
+/// locks ([`fold_segment`]).
+async fn waiting_on(
+    tx: &Transaction<'_>,
+    prepared: &Prepared,
+    changes: &[RowChange],
+) -> std::result::Result<Vec<Vec<String>>, ApplyError> {
+    let deleted: Vec<String> = changes
+        .iter()
+        .filter(|c| c.kind == ChangeKind::Delete && lsn(c).is_some())
+        .map(|c| serde_json::json!(c.key).to_string())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if deleted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let nk = prepared.shape.key.len();
+    Ok(tx
+        .query(&prepared.fetch_unresolved, &[&deleted])
+        .await
+        .map_err(pg_err)?
+        .iter()
+        .map(|r| (0..nk).map(|i| r.get::<_, String>(i)).collect())
+        .collect())
 }
 
 /// The stored state of each key (live row or tombstone), locked `FOR UPDATE`.
@@ -118,16 +171,20 @@ async fn fetch_states(
             .map(|i| r.get::<_, Option<String>>(5 + i))
             .collect();
         let deleted: bool = r.get(4);
+        let unresolved = r
+            .get::<_, Option<String>>(6 + shape.columns.len())
+            .and_then(|t| Unresolved::parse(shape, &t));
         state[(ord - 1) as usize] = Some(State {
             version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
             // Of the values as stored (PostgreSQL's output of each column, the form incoming values take
             // too): a `_sha256` written by an earlier version from another spelling of the same values
             // must not make the same state a conflict.
-            sha: hash(shape, &values, deleted),
+            sha: hash(shape, &values, deleted, unresolved.as_ref()),
             delivery: r.get(3),
             deleted,
             values,
             position: r.get(5 + shape.columns.len()),
+            unresolved,
         });
     }
     if let Some(ft) = &prepared.fetch_tomb {
@@ -146,7 +203,8 @@ async fn fetch_states(
                     version,
                     position,
                     deleted: true,
-                    sha: hash(shape, &[], true),
+                    sha: hash(shape, &[], true, None),
+                    unresolved: None,
                     delivery: r.get(2),
                     // The values the delete removed (for a later primary-key change's unchanged values).
                     values: shape
@@ -165,12 +223,14 @@ async fn fetch_states(
     Ok(state)
 }
 
+/// Folds one segment of a batch (no truncate inside) and writes what it ends with.
 async fn fold_segment(
     tx: &Transaction<'_>,
     prepared: &Prepared,
     proj: &ProjectionPlan,
     changes: Vec<RowChange>,
     at: &Coordinates<'_>,
+    locked: &Locked,
     results: &mut HashMap<i64, RowResult>,
 ) -> std::result::Result<(), ApplyError> {
     if changes.is_empty() {
@@ -178,6 +238,19 @@ async fn fold_segment(
     }
     let shape = &prepared.shape;
     let plan = proj.row.as_ref().expect("row");
+    // Under the locks: a new key that started waiting for one of our deletes after `waiting_on` looked (its
+    // batch held the old key's lock, now ours) is not locked; taking its lock now would break the one lock order
+    // (case C36): the batch is redone, and then locks it up front.
+    let waiting = waiting_on(tx, prepared, &changes).await?;
+    if !locked.exclusive && waiting.iter().any(|k| !locked.keys.contains(k)) {
+        tx.batch_execute(
+            "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'serialization_failure', MESSAGE = \
+             'replaysafe: a primary-key change began waiting for a key this batch deletes while it took its \
+             locks; the batch is redone'; END $$",
+        )
+        .await
+        .map_err(pg_err)?;
+    }
     // Entities in first-seen order.
     let mut order: Vec<Vec<String>> = Vec::new();
     let mut groups: HashMap<Vec<String>, Vec<RowChange>> = HashMap::new();
@@ -186,6 +259,12 @@ async fn fold_segment(
             order.push(c.key.clone());
         }
         groups.entry(c.key.clone()).or_default().push(c);
+    }
+    for k in waiting {
+        if let std::collections::hash_map::Entry::Vacant(e) = groups.entry(k) {
+            order.push(e.key().clone());
+            e.insert(Vec::new());
+        }
     }
     // Each entity's changes stay in offset order and each is judged against the state before it, exactly as if
     // the batch held one record: outcomes never depend on batch boundaries (a late older change is stale even
@@ -206,14 +285,24 @@ async fn fold_segment(
     }
     let state = fetch_states(tx, prepared, &order).await?;
     // Last known values per key (live values, or the values a delete removed): unchanged TOASTed values of a
-    // primary-key change come from the old key's.
+    // primary-key change without a source position come from the old key's. With one, from the values the old
+    // key's delete at the change's LSN removed (`removed`, by key and LSN): that delete is the primary-key change.
     let mut last_values: HashMap<Vec<String>, Vec<Option<String>>> = HashMap::new();
+    let mut removed: Removed = HashMap::new();
     for (k, s) in old_keys
         .iter()
         .zip(fetch_states(tx, prepared, &old_keys).await?)
         .chain(order.iter().zip(state.iter().cloned()))
     {
         if let Some(s) = s {
+            if let Some(&l) = s
+                .position
+                .as_ref()
+                .and_then(|p| p.last())
+                .filter(|_| s.deleted)
+            {
+                removed.insert((k.clone(), l), s.values.clone());
+            }
             last_values.insert(k.clone(), s.values);
         }
     }
@@ -230,7 +319,7 @@ async fn fold_segment(
     };
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut resnapshot = 0u64;
-    let mut finals: Vec<(usize, State)> = Vec::new();
+    let mut ends: Vec<(Option<State>, Option<State>)> = Vec::new();
     for (ei, key) in order.iter().enumerate() {
         let before = state[ei].clone();
         let mut cur = state[ei].clone();
@@ -242,14 +331,22 @@ async fn fold_segment(
             if c.snapshot && cur.is_some() && !c.redelivered {
                 resnapshot += 1;
             }
-            let incoming = incoming_values(c, cur.as_ref(), &last_values, shape, proj, at);
+            let (incoming, waits) =
+                incoming_values(c, cur.as_ref(), &removed, &last_values, shape, proj, at);
             let result = if c.redelivered {
-                judge_redelivered(c, cur.as_ref(), &incoming, key, shape, &mut conflicts)
+                judge_redelivered(
+                    c,
+                    cur.as_ref(),
+                    (&incoming, waits.as_ref()),
+                    key,
+                    shape,
+                    &mut conflicts,
+                )
             } else {
                 judge(
                     c,
                     &mut cur,
-                    incoming,
+                    (incoming, waits),
                     key,
                     prepared,
                     plan,
@@ -266,19 +363,16 @@ async fn fold_segment(
             if result == RowResult::Applied {
                 if let Some(s) = &cur {
                     last_values.insert(key.clone(), s.values.clone());
+                    if let Some(l) = lsn(c).filter(|_| c.kind == ChangeKind::Delete) {
+                        removed.insert((key.clone(), l), s.values.clone());
+                    }
                 }
             }
             results.insert(c.offset, result);
         }
-        if let Some(s) = cur {
-            let changed = before
-                .as_ref()
-                .is_none_or(|b| b.version != s.version || b.deleted != s.deleted || b.sha != s.sha);
-            if changed {
-                finals.push((ei, s));
-            }
-        }
+        ends.push((before, cur));
     }
+    let finals = resolve_waiting(ends, &order, &removed, plan, proj, at, shape);
 
     if resnapshot > 0 {
         warn_resnapshot(proj, at, resnapshot);
@@ -300,50 +394,120 @@ async fn fold_segment(
     Ok(())
 }
 
-/// The row state a change brings: a delete's is the state it removes; an unchanged-TOAST placeholder takes the
-/// stored (or last real) value, or for the new key of a primary-key change the old key's.
+/// The values deletes removed, by key and change LSN (stored tombstones and deletes the fold applied).
+type Removed = HashMap<(Vec<String>, i64), Vec<Option<String>>>;
+
+/// The states the fold ends with that are written (`ends`: each entity's state before and after, in `order`),
+/// once the columns waiting for an old key's delete ([`Unresolved`]) took the values it removed (`removed`).
+/// Columns still waiting are logged; in a table-mode tombstone (whose `_last` has no marker) they stay NULL.
+fn resolve_waiting(
+    ends: Vec<(Option<State>, Option<State>)>,
+    order: &[Vec<String>],
+    removed: &Removed,
+    plan: &RowPlan,
+    proj: &ProjectionPlan,
+    at: &Coordinates<'_>,
+    shape: &Shape,
+) -> Vec<(usize, State)> {
+    let mut finals = Vec::new();
+    for (ei, (before, cur)) in ends.into_iter().enumerate() {
+        let Some(mut s) = cur else { continue };
+        let mut resolved = false;
+        if let Some(u) = s.unresolved.take() {
+            match removed.get(&(u.old_key.clone(), u.lsn)) {
+                Some(values) => {
+                    for &i in &u.columns {
+                        s.values[i] = values[i].clone();
+                    }
+                    if !s.deleted {
+                        s.sha = hash(shape, &s.values, false, None);
+                    }
+                    resolved = true;
+                }
+                None => {
+                    let lost = s.deleted && plan.tombstones == TombstoneMode::Table;
+                    tracing::warn!(
+                        projection = %proj.name,
+                        topic = at.topic,
+                        partition = at.partition,
+                        entity = entity(shape, &order[ei]),
+                        old_key = serde_json::json!(u.old_key).to_string(),
+                        lsn = u.lsn,
+                        columns = %u.columns.iter().map(|&i| shape.columns[i].name.as_str()).collect::<Vec<_>>().join(", "),
+                        "{}",
+                        if lost {
+                            "unchanged-TOAST columns of a primary-key change deleted before the old key's delete \
+                             was applied: its tombstone's `_last` holds NULL for them"
+                        } else {
+                            "unchanged-TOAST columns of a primary-key change wait for the old key's delete (not \
+                             applied yet): NULL, marked in `_unresolved`, until it is"
+                        }
+                    );
+                    if !lost {
+                        s.unresolved = Some(u);
+                    }
+                }
+            }
+        }
+        let changed = resolved
+            || before
+                .as_ref()
+                .is_none_or(|b| b.version != s.version || b.deleted != s.deleted || b.sha != s.sha);
+        if changed {
+            finals.push((ei, s));
+        }
+    }
+    finals
+}
+
+/// The row state a change brings, and the columns of it that wait for an old key's delete: a delete's is the
+/// state it removes; an unchanged-TOAST placeholder (or an absent column) takes the stored value, or for the new
+/// key of a primary-key change the values the old key's delete at the same LSN removed (`removed`) — until that
+/// delete is applied the column waits ([`Unresolved`]).
 fn incoming_values(
     c: &RowChange,
     cur: Option<&State>,
+    removed: &Removed,
     last_values: &HashMap<Vec<String>, Vec<Option<String>>>,
     shape: &Shape,
     proj: &ProjectionPlan,
     at: &Coordinates<'_>,
-) -> Vec<Option<String>> {
-    match c.kind {
-        ChangeKind::Delete => cur
-            .as_ref()
-            .filter(|s| !s.deleted)
-            .map(|s| s.values.clone())
-            .unwrap_or_else(|| vec![None; shape.columns.len()]),
-        _ => c
-            .values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match v {
-                Pg::Text(t) => Some(t.clone()),
-                Pg::Null => None,
-                // Absent from `after` (absent = "keep"): the stored value stays; for the new key of a primary-key
-                // change the old key's; a row not stored yet gets NULL.
-                Pg::Absent => match cur.filter(|s| !s.deleted) {
-                    Some(s) => s.values[i].clone(),
-                    None => c
-                        .old_key
-                        .as_ref()
-                        .and_then(|k| last_values.get(k))
-                        .and_then(|v| v[i].clone()),
-                },
-                // Unchanged TOAST value: the stored (or last real) value carries forward; for the new
-                // key of a primary-key change, the old key's.
-                Pg::Unchanged => match cur.filter(|s| !s.deleted) {
-                    Some(s) => s.values[i].clone(),
-                    None => {
-                        let v = c
-                            .old_key
-                            .as_ref()
-                            .and_then(|k| last_values.get(k))
-                            .and_then(|v| v[i].clone());
-                        if v.is_none() {
+) -> (Vec<Option<String>>, Option<Unresolved>) {
+    let live = cur.filter(|s| !s.deleted);
+    if c.kind == ChangeKind::Delete {
+        return match live {
+            Some(s) => (s.values.clone(), s.unresolved.clone()),
+            None => (vec![None; shape.columns.len()], None),
+        };
+    }
+    // The stored value, or (a new key) the old key's.
+    let from_old = |i: usize| -> Result<Option<String>, ()> {
+        match (&c.old_key, lsn(c)) {
+            (Some(k), Some(l)) => removed.get(&(k.clone(), l)).map(|v| v[i].clone()).ok_or(()),
+            (Some(k), None) => Ok(last_values.get(k).and_then(|v| v[i].clone())),
+            (None, _) => Ok(None),
+        }
+    };
+    let mut waits: Vec<usize> = Vec::new();
+    let values = c
+        .values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Pg::Text(t) => Some(t.clone()),
+            Pg::Null => None,
+            // Absent from `after` (absent = "keep") or an unchanged TOAST value: the stored value carries
+            // forward (still waiting if it waits); for the new key of a primary-key change the old key's.
+            Pg::Absent | Pg::Unchanged => match live {
+                Some(s) => {
+                    if s.unresolved.as_ref().is_some_and(|u| u.columns.contains(&i)) {
+                        waits.push(i);
+                    }
+                    s.values[i].clone()
+                }
+                None => match from_old(i) {
+                    Ok(value) => {
+                        if value.is_none() && *v == Pg::Unchanged {
                             tracing::warn!(
                                 projection = %proj.name,
                                 topic = at.topic,
@@ -353,12 +517,31 @@ fn incoming_values(
                                 "unchanged-TOAST placeholder for a row with no stored value: written as NULL"
                             );
                         }
-                        v
+                        value
+                    }
+                    Err(()) => {
+                        waits.push(i);
+                        None
                     }
                 },
-            })
-            .collect(),
-    }
+            },
+        })
+        .collect();
+    let waits = (!waits.is_empty()).then(|| {
+        let (old_key, lsn) = match live.and_then(|s| s.unresolved.as_ref()) {
+            Some(u) => (u.old_key.clone(), u.lsn),
+            None => (
+                c.old_key.clone().expect("waits for an old key"),
+                lsn(c).expect("with a position"),
+            ),
+        };
+        Unresolved {
+            old_key,
+            lsn,
+            columns: waits,
+        }
+    });
+    (values, waits)
 }
 
 /// Judges one change against the entity's state before it (`cur`, updated when the change applies): stale,
@@ -370,7 +553,7 @@ fn incoming_values(
 fn judge(
     c: &RowChange,
     cur: &mut Option<State>,
-    incoming_values: Vec<Option<String>>,
+    (incoming_values, waits): (Vec<Option<String>>, Option<Unresolved>),
     key: &[String],
     prepared: &Prepared,
     plan: &RowPlan,
@@ -380,7 +563,7 @@ fn judge(
 ) -> std::result::Result<RowResult, ApplyError> {
     let shape = &prepared.shape;
     let deleted = c.kind == ChangeKind::Delete;
-    let sha = hash(shape, &incoming_values, deleted);
+    let sha = hash(shape, &incoming_values, deleted, waits.as_ref());
     // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
     // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
     // position — it never wins over a change it cannot be ordered against.
@@ -433,16 +616,17 @@ fn judge(
         // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
         (Some(s), _) if s.sha == sha && s.deleted == deleted => {
             // The judged columns are the same; `_extra` (never judged) takes the incoming members.
-            let values = if deleted {
-                s.values.clone()
+            let (values, unresolved) = if deleted {
+                (s.values.clone(), s.unresolved.clone())
             } else {
-                incoming_values
+                (incoming_values, waits)
             };
             *cur = Some(State {
                 version: version.clone(),
                 delivery: Some(c.delivery.clone()),
                 position: c.position.clone(),
                 values,
+                unresolved,
                 ..s.clone()
             });
             if c.snapshot {
@@ -461,6 +645,7 @@ fn judge(
                 delivery: Some(c.delivery.clone()),
                 values: incoming_values,
                 position: c.position.clone(),
+                unresolved: waits,
             });
             RowResult::Applied
         }
@@ -475,7 +660,7 @@ fn judge(
 fn judge_redelivered(
     c: &RowChange,
     cur: Option<&State>,
-    incoming: &[Option<String>],
+    (incoming, waits): (&[Option<String>], Option<&Unresolved>),
     key: &[String],
     shape: &Shape,
     conflicts: &mut Vec<Conflict>,
@@ -484,7 +669,7 @@ fn judge_redelivered(
         return RowResult::Same;
     };
     let deleted = c.kind == ChangeKind::Delete;
-    let sha = hash(shape, incoming, deleted);
+    let sha = hash(shape, incoming, deleted, waits);
     if s.sha == sha {
         return RowResult::Same;
     }

@@ -11,6 +11,8 @@
 //! - each batch first locks its entities (transaction-scoped advisory locks, in one global order), so concurrent
 //!   batches of other partitions apply one entity's changes one transaction at a time;
 //! - Debezium's unchanged-TOAST placeholder keeps the stored value (or the last real value earlier in the batch).
+//!   For a primary-key change's new key it takes the values the old key's delete at the same LSN removed; until
+//!   that delete is applied the column waits (NULL, marked in `_unresolved`), whichever partition comes first.
 
 mod canon;
 pub mod change;

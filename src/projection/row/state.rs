@@ -16,6 +16,61 @@ pub(super) struct State {
     pub(super) values: Vec<Option<String>>,
     /// The source position of the change that wrote it (`None`: JSON events, or written before it was kept).
     pub(super) position: Option<Vec<i64>>,
+    /// Columns whose value waits for the old key's row (`_unresolved`); stored as NULL meanwhile.
+    pub(super) unresolved: Option<Unresolved>,
+}
+
+/// The new-key columns of a Debezium primary-key change (delete of the old key, create of the new one, both at
+/// one LSN) that carried unchanged-TOAST placeholders (or were absent) when the old key's delete was not applied
+/// yet: their values are the ones that delete removes. Stored in `_unresolved` as `{"key": [old key texts],
+/// "lsn": LSN, "columns": [names]}` (the columns NULL meanwhile) until that delete applies.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Unresolved {
+    /// The old key (its columns' texts, canonical).
+    pub(super) old_key: Vec<String>,
+    /// The change LSN (the last element of the source position) the old key's delete has too.
+    pub(super) lsn: i64,
+    /// Indices into the shape's columns, ascending.
+    pub(super) columns: Vec<usize>,
+}
+
+impl Unresolved {
+    /// The `_unresolved` JSON text.
+    pub(super) fn text(&self, shape: &Shape) -> String {
+        serde_json::json!({
+            "key": self.old_key,
+            "lsn": self.lsn,
+            "columns": self.columns.iter().map(|&i| shape.columns[i].name.as_str()).collect::<Vec<_>>(),
+        })
+        .to_string()
+    }
+
+    /// Parses an `_unresolved` JSON text (columns the shape no longer has are left out).
+    pub(super) fn parse(shape: &Shape, text: &str) -> Option<Unresolved> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let old_key = v
+            .get("key")?
+            .as_array()?
+            .iter()
+            .map(|k| k.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()?;
+        let lsn = v.get("lsn")?.as_i64()?;
+        let mut columns: Vec<usize> = v
+            .get("columns")?
+            .as_array()?
+            .iter()
+            .filter_map(|c| {
+                let c = c.as_str()?;
+                shape.columns.iter().position(|s| s.name.as_str() == c)
+            })
+            .collect();
+        columns.sort_unstable();
+        (!columns.is_empty()).then_some(Unresolved {
+            old_key,
+            lsn,
+            columns,
+        })
+    }
 }
 
 /// How a change compares with a stored state: by version when both have one of their own, else by source
@@ -83,14 +138,23 @@ pub(super) fn follow(c: &mut RowChange, stored: Option<&State>) {
 }
 
 /// The row state hash (`_sha256`): of the column values (all but `_extra` and the columns `new-columns = "add"`
-/// added, which are carried, never judged), or of
-/// a delete.
-pub(super) fn hash(shape: &Shape, values: &[Option<String>], deleted: bool) -> Vec<u8> {
+/// added, which are carried, never judged; a column waiting for the old key's value, `unresolved`, is neither
+/// NULL nor a value), or of a delete.
+pub(super) fn hash(
+    shape: &Shape,
+    values: &[Option<String>],
+    deleted: bool,
+    unresolved: Option<&Unresolved>,
+) -> Vec<u8> {
     let mut h = Sha256::new();
     if deleted {
         h.update(b"deleted");
     } else {
-        for (_, v) in values.iter().enumerate().filter(|(i, _)| shape.judged(*i)) {
+        for (i, v) in values.iter().enumerate().filter(|(i, _)| shape.judged(*i)) {
+            if unresolved.is_some_and(|u| u.columns.contains(&i)) {
+                h.update(b"U");
+                continue;
+            }
             match v {
                 None => h.update(b"N"),
                 Some(t) => {
@@ -168,7 +232,53 @@ mod tests {
             delivery: None,
             values: Vec::new(),
             position: Some(position),
+            unresolved: None,
         }
+    }
+
+    /// `_unresolved` round-trips through its JSON text, and a waiting column hashes apart from NULL and from
+    /// any value (the same state never looks resolved, nor a resolved one waiting).
+    #[test]
+    fn unresolved_marker_round_trips_and_hashes_apart_from_null() {
+        use crate::ident::Ident;
+        use crate::projection::row::types::{ColumnSpec, SqlType};
+        let columns = ["id", "name", "bio"]
+            .iter()
+            .map(|n| ColumnSpec {
+                name: Ident::new(n).unwrap(),
+                ty: SqlType::parse("text").unwrap(),
+                unit: None,
+                field: None,
+            })
+            .collect();
+        let shape = Shape {
+            index: 0,
+            name: "t".into(),
+            columns,
+            key: vec![0],
+            extra: None,
+            added: 0,
+        };
+        let u = Unresolved {
+            old_key: vec!["1".into()],
+            lsn: 400,
+            columns: vec![2],
+        };
+        assert_eq!(
+            u.text(&shape),
+            r#"{"columns":["bio"],"key":["1"],"lsn":400}"#
+        );
+        assert_eq!(Unresolved::parse(&shape, &u.text(&shape)), Some(u.clone()));
+        let values = vec![Some("2".to_string()), Some("b".to_string()), None];
+        let waiting = hash(&shape, &values, false, Some(&u));
+        assert_ne!(waiting, hash(&shape, &values, false, None));
+        let mut filled = values.clone();
+        filled[2] = Some("U".into());
+        assert_ne!(waiting, hash(&shape, &filled, false, None));
+        assert_eq!(
+            hash(&shape, &[], true, Some(&u)),
+            hash(&shape, &[], true, None)
+        );
     }
 
     /// A change as the fold judges it: decoded, then (`follows_snapshot`) completed from `stored`.

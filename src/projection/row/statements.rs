@@ -7,7 +7,7 @@ use tokio_postgres::{Statement, Transaction};
 
 use super::change::{ChangeKind, RowChange};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::table::{Shape, CONFLICTS, TRUNCATES};
+use super::table::{Shape, CONFLICTS, TRUNCATES, UNRESOLVED};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
 use crate::ident::QualifiedName;
@@ -18,6 +18,9 @@ pub struct Prepared {
     /// The resolved shape.
     pub shape: Shape,
     pub(super) fetch_live: Statement,
+    /// `$1` old keys (JSON array texts): the live rows whose `_unresolved` waits for one of them, key column
+    /// texts then the marker. Not locked: it says which entities to lock.
+    pub(super) fetch_unresolved: Statement,
     pub(super) fetch_tomb: Option<Statement>,
     pub(super) upsert: Statement,
     pub(super) delete_live: Option<Statement>,
@@ -139,8 +142,10 @@ pub const MAX_ENTITY_LOCKS: usize = 512;
 /// Serializes this batch's entities of one projection table against every other batch transaction, before any
 /// stored state is read: the table-wide lock — exclusive when the batch applies a truncate (which touches every
 /// row) or has more than [`MAX_ENTITY_LOCKS`] distinct entities, shared otherwise — then, under the shared lock,
-/// one lock per entity the fold reads or writes (its changes' keys and the old keys of primary-key changes) in
-/// ascending id order. Locks are held until the transaction ends.
+/// one lock per entity the fold reads or writes (its changes' keys, the old keys of primary-key changes, and
+/// `waiting`: the new keys whose `_unresolved` columns wait for a key this batch deletes) in ascending
+/// id order. Locks are held until the transaction ends. Returns whether the table lock is exclusive (it then
+/// covers every entity).
 ///
 /// Row projections lock in projection order, after the ledger claims and the checkpoint row: a transaction only
 /// ever waits for a lock later in that one order than every lock it holds, so these locks add no deadlock (see
@@ -151,13 +156,15 @@ pub(super) async fn lock_entities(
     tx: &Transaction<'_>,
     prepared: &Prepared,
     changes: &[RowChange],
+    waiting: &[Vec<String>],
     truncates: bool,
-) -> std::result::Result<(), ApplyError> {
+) -> std::result::Result<bool, ApplyError> {
     let l = &prepared.lock;
     let keys: Vec<&Vec<String>> = changes
         .iter()
         .filter(|c| c.kind != ChangeKind::Truncate)
         .flat_map(|c| std::iter::once(&c.key).chain(c.old_key.as_ref()))
+        .chain(waiting)
         .collect::<std::collections::HashSet<_>>()
         .into_iter()
         .collect();
@@ -171,7 +178,7 @@ pub(super) async fn lock_entities(
         .await
         .map_err(pg_err)?;
     if exclusive || keys.is_empty() {
-        return Ok(());
+        return Ok(exclusive);
     }
     let nk = prepared.shape.key.len();
     let cols: Vec<Vec<&str>> = (0..nk)
@@ -180,7 +187,7 @@ pub(super) async fn lock_entities(
     let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
     params.push(&l.seed);
     tx.execute(&l.entities, &params).await.map_err(pg_err)?;
-    Ok(())
+    Ok(false)
 }
 
 /// Prepares a row projection's statements.
@@ -209,9 +216,20 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         "false"
     };
     let fetch_live = prep(format!(
-        "SELECT u.ord, t._version, t._sha256, t._delivery, {deleted_expr}, {}, t._position FROM unnest({kp}) \
-         WITH ORDINALITY AS u({ka}, ord) JOIN {t} t ON {kj} FOR UPDATE OF t",
+        "SELECT u.ord, t._version, t._sha256, t._delivery, {deleted_expr}, {}, t._position, t.{UNRESOLVED}::text \
+         FROM unnest({kp}) WITH ORDINALITY AS u({ka}, ord) JOIN {t} t ON {kj} FOR UPDATE OF t",
         cols_text.join(", ")
+    ))
+    .await?;
+    let key_text: Vec<String> = shape
+        .key
+        .iter()
+        .map(|&k| format!("t.{}::text", shape.columns[k].name))
+        .collect();
+    let fetch_unresolved = prep(format!(
+        "SELECT {}, t.{UNRESOLVED}::text FROM {t} t WHERE t.{UNRESOLVED} IS NOT NULL \
+         AND (t.{UNRESOLVED} -> 'key') = ANY($1::text[]::jsonb[])",
+        key_text.join(", ")
     ))
     .await?;
     let fetch_tomb = if column_mode {
@@ -276,6 +294,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         lock,
         shape,
         fetch_live,
+        fetch_unresolved,
         fetch_tomb,
         upsert,
         delete_live,
@@ -295,7 +314,7 @@ pub(super) fn pg_err(e: tokio_postgres::Error) -> ApplyError {
 pub(super) type Params<'a> = Vec<&'a (dyn ToSql + Sync)>;
 
 /// The upsert of the states a fold ends with: one `text[]` per column, then versions (text `'{a,b}'`), hashes,
-/// deliveries (, deleted flags), positions; a stored row changes only for a newer version (or position). Returns
+/// deliveries (, deleted flags), positions, `_unresolved` markers; a stored row changes only for a newer version (or position). Returns
 /// the statement and the key column names.
 fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, Vec<String>) {
     let n = shape.columns.len();
@@ -307,12 +326,14 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
         params.push(format!("${}::boolean[]", n + 4));
     }
     params.push(format!("${}::text[]", n + 4 + usize::from(column_mode)));
+    params.push(format!("${}::text[]", n + 5 + usize::from(column_mode)));
     let mut alias: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
     alias.extend(["v", "h", "d"].map(String::from));
     if column_mode {
         alias.push("del".into());
     }
     alias.push("pos".into());
+    alias.push("un".into());
     let names: Vec<String> = shape.columns.iter().map(|c| c.name.to_string()).collect();
     let mut select: Vec<String> = shape
         .columns
@@ -329,6 +350,8 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
     }
     select.push("u.pos::bigint[]".into());
     target.push("_position".into());
+    select.push("u.un::jsonb".into());
+    target.push(UNRESOLVED.into());
     let key_cols: Vec<String> = shape.key.iter().map(|&i| names[i].clone()).collect();
     let updates: Vec<String> = target
         .iter()

@@ -44,6 +44,10 @@ impl Shape {
     }
 }
 
+/// The live table's column of a row whose unchanged-TOAST values of a primary-key change wait for the old key's
+/// row (README "Debezium CDC to a table", unchanged TOAST values).
+pub const UNRESOLVED: &str = "_unresolved";
+
 /// The name of the `new-columns = "extra"` column.
 pub const EXTRA: &str = "_extra";
 
@@ -289,6 +293,18 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
     // The source position of the change that wrote each state (tables made before it was kept get the column).
     exec(format!(
         "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _position bigint[]"
+    ))
+    .await?;
+    // Primary-key changes whose new-key columns wait for the old key's values (tables made before it get it):
+    // `{"key": [old key texts], "lsn": change LSN, "columns": [names]}`, looked up by old key when its delete
+    // applies.
+    let unresolved = crate::projection::outbox::index_name(t, "_unresolved");
+    exec(format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {UNRESOLVED} jsonb"
+    ))
+    .await?;
+    exec(format!(
+        "CREATE INDEX IF NOT EXISTS \"{unresolved}\" ON {t} (({UNRESOLVED} -> 'key')) WHERE {UNRESOLVED} IS NOT NULL"
     ))
     .await?;
     if plan.new_columns == NewColumns::Extra {

@@ -41,6 +41,7 @@ pub(super) async fn write_live(
     let mut deliveries = Vec::new();
     let mut dels = Vec::new();
     let mut positions: Vec<Option<String>> = Vec::new();
+    let mut unresolved: Vec<Option<String>> = Vec::new();
     for (ei, s) in live {
         for (i, c) in cols.iter_mut().enumerate() {
             // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
@@ -55,6 +56,7 @@ pub(super) async fn write_live(
         deliveries.push(s.delivery.clone());
         dels.push(s.deleted);
         positions.push(s.position.as_deref().map(version_text));
+        unresolved.push(s.unresolved.as_ref().map(|u| u.text(shape)));
     }
     let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
     params.push(&versions);
@@ -64,6 +66,7 @@ pub(super) async fn write_live(
         params.push(&dels);
     }
     params.push(&positions);
+    params.push(&unresolved);
     tx.execute(&prepared.upsert, &params)
         .await
         .map_err(pg_err)?;

@@ -123,6 +123,29 @@ pub fn produce(topic: &str, records: &[Rec]) -> Vec<i64> {
     })
 }
 
+/// Produces records in order (each acknowledged before the next), each with a `__debezium.oldkey` header when
+/// it has one (a primary-key change's create: the old key's JSON bytes).
+pub fn produce_with_old_keys(topic: &str, records: &[(Rec, Option<Vec<u8>>)]) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let rt = runtime();
+    let producer = producer("0");
+    rt.block_on(async {
+        for (r, old) in records {
+            let mut fr = future_record(topic, r);
+            if let Some(old) = old {
+                fr = fr.headers(OwnedHeaders::new().insert(Header {
+                    key: "__debezium.oldkey",
+                    value: Some(old.as_slice()),
+                }));
+            }
+            producer
+                .send(fr, Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
+        }
+    });
+}
+
 /// Produces each record in a record batch of its own (each acknowledged before the next is sent): with a
 /// pipeline's small `max.partition.fetch.bytes`, every fetch then brings a few records of *each* partition.
 pub fn produce_singly(topic: &str, records: &[Rec]) {
