@@ -5,6 +5,7 @@ mod backfill;
 mod batches;
 mod break11;
 mod break13;
+mod break34;
 mod breakit;
 mod canonical;
 mod cases;
