@@ -606,7 +606,7 @@ fn row_and_outbox_projections_run_under_a_dml_only_role() {
 fn plant_overloads(role: &Role) {
     let r = role.name.clone();
     let mut plant = format!(
-        "ALTER ROLE \"{r}\" SUPERUSER; CREATE SCHEMA \"{r}\" AUTHORIZATION \"{r}\"; \
+        "ALTER ROLE \"{r}\" SUPERUSER; SET ROLE \"{r}\"; CREATE SCHEMA \"{r}\"; \
          CREATE TABLE \"{r}\".calls (f text NOT NULL);"
     );
     let overloads = [
@@ -648,6 +648,9 @@ fn plant_overloads(role: &Role) {
              INSERT INTO \"{r}\".calls VALUES ('{f}({args})'); {body} END $f$;"
         );
     }
+    // Everything planted is the role's own, so that `DROP OWNED` at the end drops it (a superuser role with
+    // objects owned by another one could not be dropped and stayed on the cluster).
+    plant += "RESET ROLE;";
     role.sql(&plant);
 }
 
