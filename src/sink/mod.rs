@@ -118,9 +118,22 @@ pub async fn connect_with(url: &str, timeouts: &Timeouts) -> Result<Client> {
         Some(tls) => connect_on(&config, url, tls).await?,
         None => connect_on(&config, url, tokio_postgres::NoTls).await?,
     };
-    client.batch_execute(SESSION_SETTINGS).await?;
-    client.batch_execute(&timeouts.settings()).await?;
+    pin(&client, timeouts).await?;
     Ok(client)
+}
+
+/// Pins [`SESSION_SETTINGS`] and `timeouts` ([`Timeouts::settings`]) on the session of `c`: when it connects
+/// ([`connect_with`]), and again after SQL of the operator's that may have changed them (a `sql` projection's
+/// `setup` holding `SET search_path …` would otherwise leave replaysafe's own statements of that session
+/// resolving built-ins on the role's default path; [`schema::init`]). Inside a transaction the settings take
+/// effect at once and stay after it commits.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn pin(c: &impl tokio_postgres::GenericClient, timeouts: &Timeouts) -> Result<()> {
+    c.batch_execute(SESSION_SETTINGS).await?;
+    c.batch_execute(&timeouts.settings()).await?;
+    Ok(())
 }
 
 /// Connects with `tls` and drives the connection in the background.

@@ -84,6 +84,8 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             tx.batch_execute(stmt).await.map_err(|e| {
                 schema_error(&format!("setup of projection `{}`", proj.name), stmt, e)
             })?;
+            // The operator's SQL may have set what every session pins (`SET search_path`, `datestyle` …).
+            super::pin(&tx, &p.postgres.timeouts).await?;
         }
     }
     for (i, proj) in p.projections.iter().enumerate() {

@@ -600,25 +600,13 @@ fn row_and_outbox_projections_run_under_a_dml_only_role() {
     assert_eq!(role.owned(), 0);
 }
 
-/// Issue 35.1 (CVE-2018-1058's class): a role that may CREATE in a schema on the default `search_path`
-/// (`"$user", public`) plants overloads that PostgreSQL prefers to `pg_catalog`'s polymorphic built-ins. Every
-/// replaysafe session pins `search_path = pg_catalog, pg_temp`, so none of them runs — not in `init` run by a
-/// superuser, not in the batch transactions, not in `verify`'s or `check --database`'s reads.
-#[test]
-fn overloads_planted_on_the_default_search_path_never_run() {
-    let (db, topic) = stage("planted", 3);
-    let group = unique("g");
-    let p = pipeline(PIPE, &topic, &group, &db.schema);
-    let today = db_today(&db);
-    let evs = events(today, 30);
-    let recs: Vec<Rec> = evs.iter().map(|e| e.0.clone()).collect();
-    produce(&topic, &recs);
-
-    // A superuser whose own schema ("$user", first on the default search_path) holds the planted functions.
-    let role = Role::new();
+/// Makes `role` a superuser whose own schema (`"$user"`, first on the default search_path) holds overloads of
+/// `unnest`, `to_json` and `format` that PostgreSQL prefers to `pg_catalog`'s; each call of one adds a row to
+/// `"<role>".calls`.
+fn plant_overloads(role: &Role) {
     let r = role.name.clone();
     let mut plant = format!(
-        "ALTER ROLE \"{r}\" SUPERUSER; CREATE SCHEMA \"{r}\" AUTHORIZATION \"{r}\"; \
+        "ALTER ROLE \"{r}\" SUPERUSER; SET ROLE \"{r}\"; CREATE SCHEMA \"{r}\"; \
          CREATE TABLE \"{r}\".calls (f text NOT NULL);"
     );
     let overloads = [
@@ -660,7 +648,30 @@ fn overloads_planted_on_the_default_search_path_never_run() {
              INSERT INTO \"{r}\".calls VALUES ('{f}({args})'); {body} END $f$;"
         );
     }
+    // Everything planted is the role's own, so that `DROP OWNED` at the end drops it (a superuser role with
+    // objects owned by another one could not be dropped and stayed on the cluster).
+    plant += "RESET ROLE;";
     role.sql(&plant);
+}
+
+/// Issue 35.1 (CVE-2018-1058's class): a role that may CREATE in a schema on the default `search_path`
+/// (`"$user", public`) plants overloads that PostgreSQL prefers to `pg_catalog`'s polymorphic built-ins. Every
+/// replaysafe session pins `search_path = pg_catalog, pg_temp`, so none of them runs — not in `init` run by a
+/// superuser, not in the batch transactions, not in `verify`'s or `check --database`'s reads.
+#[test]
+fn overloads_planted_on_the_default_search_path_never_run() {
+    let (db, topic) = stage("planted", 3);
+    let group = unique("g");
+    let p = pipeline(PIPE, &topic, &group, &db.schema);
+    let today = db_today(&db);
+    let evs = events(today, 30);
+    let recs: Vec<Rec> = evs.iter().map(|e| e.0.clone()).collect();
+    produce(&topic, &recs);
+
+    // A superuser whose own schema ("$user", first on the default search_path) holds the planted functions.
+    let role = Role::new();
+    let r = role.name.clone();
+    plant_overloads(&role);
 
     // The trap is live: a session of the role on the default search_path calls the planted unnest.
     let rt = runtime();
@@ -720,6 +731,53 @@ fn overloads_planted_on_the_default_search_path_never_run() {
     assert_eq!(counts(&db), expected_counts(&evs));
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 30);
     drop(victim);
+}
+
+/// Found by H7 (issue 35.1's class): a `sql` projection's `setup` is the operator's SQL, run in `init`'s session
+/// (and `run`'s start-up session when it manages the schema). A `SET search_path` there — a common first line of
+/// a DDL script — used to stay in force for the rest of that session, so replaysafe's own statements after it
+/// (as a superuser here) could call the overloads planted on the default path. Every pinned session setting is
+/// pinned again after each setup statement: nothing planted runs, and the projection's rows are exact.
+#[test]
+fn a_setup_that_sets_search_path_does_not_unpin_the_session() {
+    let (db, topic) = stage("setuppath", 3);
+    let group = unique("g");
+    let extra = r#"
+[[projection]]
+name = "seen"
+kind = "sql"
+setup = '''SET search_path = "$user", public; SET datestyle = 'SQL, DMY';
+  CREATE TABLE IF NOT EXISTS {schema}.seen (event_id uuid PRIMARY KEY, day date NOT NULL)'''
+sql = '''INSERT INTO {schema}.seen (event_id, day) SELECT event_id, day FROM landed
+  ON CONFLICT (event_id) DO NOTHING'''
+"#;
+    let p = pipeline(&format!("{PIPE}{extra}"), &topic, &group, &db.schema);
+    let today = db_today(&db);
+    let evs = events(today, 30);
+    let recs: Vec<Rec> = evs.iter().map(|e| e.0.clone()).collect();
+    produce(&topic, &recs);
+    let role = Role::new();
+    let r = role.name.clone();
+    plant_overloads(&role);
+    let config = arg(&p.path);
+    role.replaysafe(&["init", "--config", config, "--days", "1"])
+        .assert_ok();
+    // `run` manages the schema too: its start-up session runs the setup again.
+    let out = role.replaysafe(&["run", "--config", config, "--until-caught-up"]);
+    out.assert_ok();
+    assert!(
+        out.stdout
+            .contains("consumed 30 = landed 30 + duplicate 0 + filtered 0 + quarantined 0"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let calls = db.query(&format!("SELECT f FROM \"{r}\".calls ORDER BY f"), &[]);
+    let calls: Vec<String> = calls.iter().map(|row| row.get(0)).collect();
+    assert_eq!(calls, Vec::<String>::new(), "planted functions ran");
+    assert_eq!(counts(&db), expected_counts(&evs));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.seen"), 30);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 30);
 }
 
 /// Issue 35.5: `check --database` lists a missing SELECT on the projection record table (it used to exit 1 with

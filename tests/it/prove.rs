@@ -140,6 +140,11 @@ fn prove_passes_on_the_outbox_example() {
 /// Order status events keyed by event id (an order's changes spread over the 3 partitions): `orders` orders,
 /// each with a `placed`, a `paid` and (every other one) a `shipped` event.
 fn status_fixture(dir: &Path, orders: usize) -> PathBuf {
+    status_fixture_with(dir, orders, &|step| step.to_string())
+}
+
+/// [`status_fixture`] with each status written as `status(step)`.
+fn status_fixture_with(dir: &Path, orders: usize, status: &dyn Fn(&str) -> String) -> PathBuf {
     let mut lines = Vec::new();
     let mut offsets = [0i64; 3];
     let mut k = 0usize;
@@ -150,10 +155,12 @@ fn status_fixture(dir: &Path, orders: usize) -> PathBuf {
             }
             let p = (k * 7 + o) % 3;
             k += 1;
-            let payload = format!(
-                r#"{{"event_id":"{}","order_id":"o-{o}","status":"{step}"}}"#,
-                uuid::Uuid::from_u64_pair(9, k as u64)
-            );
+            let payload = serde_json::json!({
+                "event_id": uuid::Uuid::from_u64_pair(9, k as u64).to_string(),
+                "order_id": format!("o-{o}"),
+                "status": status(step),
+            })
+            .to_string();
             lines.push(serde_json::json!({
                 "topic": "shop.orders", "partition": p, "offset": offsets[p], "tstype": "create",
                 "ts": 1_795_996_800_000i64 + k as i64, "key": null, "payload": payload,
@@ -242,6 +249,59 @@ fn prove_fails_on_a_last_writer_sql_projection_in_the_shuffles() {
     assert!(
         text.contains("FAILED: ") && text.contains("4 permitted shuffles"),
         "{text}"
+    );
+}
+
+/// Issue 35.4 (found by H7): the rows a failing boundary shows are record content (`--from-topic` samples a
+/// live topic). Statuses holding a terminal title sequence, a bell, a carriage return and a newline that forges
+/// a report line are escaped in the text report (no control byte reaches stdout, no forged line); the JSON
+/// report keeps the exact values.
+#[test]
+fn prove_report_escapes_control_characters_of_the_rows_it_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = unique("prove_hostile");
+    let p = sql_pipeline(
+        dir.path(),
+        &schema,
+        false,
+        "CREATE TABLE IF NOT EXISTS {s}.order_status (order_id text PRIMARY KEY, status text NOT NULL)",
+        "INSERT INTO {s}.order_status (order_id, status) SELECT DISTINCT ON (order_id) order_id, status FROM landed \
+         ORDER BY order_id, _offset DESC ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status",
+    );
+    let hostile =
+        |step: &str| format!("{step}\u{1b}]0;owned\u{7}\r\n     got       order_id=forged");
+    let fixture = status_fixture_with(dir.path(), 12, &hostile);
+    let r = prove::prove(&p, options(&fixture, 20)).unwrap();
+    assert!(!r.passed, "{}", r.text());
+    let b = boundary(&r, 4);
+    assert_eq!(b.result, "fail", "{}", r.text());
+    let d = b
+        .diff
+        .iter()
+        .find(|d| d.table == "order_status")
+        .expect("order_status differs");
+    assert!(
+        d.got.iter().any(|g| g.contains("\u{1b}]0;owned\u{7}\r\n")),
+        "the report keeps the exact values: {d:?}"
+    );
+    let text = r.text();
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "a control byte reached the text report:\n{text:?}"
+    );
+    assert!(
+        !text.contains("\n     got       order_id=forged"),
+        "a value forged a line:\n{text}"
+    );
+    assert!(
+        text.contains("\\u{1b}]0;owned\\u{7}\\r\\n     got       order_id=forged"),
+        "{text}"
+    );
+    let json = serde_json::to_string(&r).unwrap();
+    let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        back.to_string().contains("\\u001b]0;owned\\u0007\\r\\n"),
+        "{json}"
     );
 }
 

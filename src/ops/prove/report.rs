@@ -57,8 +57,12 @@ pub struct Report {
 }
 
 impl Report {
-    /// The text report.
+    /// The text report. Row values (record content: `--from-topic` samples a live topic), the tables' names and
+    /// the notes (which may quote a record or a server) have their control characters escaped
+    /// ([`crate::printable::escape_controls`]): a value can neither act on the terminal nor forge a line of the
+    /// report. The JSON form (`--json`) keeps them exactly.
     pub fn text(&self) -> String {
+        use crate::printable::escape_controls as e;
         let mut out = format!(
             "replaysafe prove — {}\n\n{}\n",
             self.pipeline,
@@ -80,7 +84,7 @@ impl Report {
                 b.result.to_uppercase(),
                 b.runs,
                 b.ms as f64 / 1000.0,
-                b.note
+                e(&b.note)
             ));
         }
         for b in self.boundaries.iter().filter(|b| !b.diff.is_empty()) {
@@ -91,13 +95,15 @@ impl Report {
             for d in &b.diff {
                 out.push_str(&format!(
                     "   table {} ({} rows expected, {} got)\n",
-                    d.table, d.counts.0, d.counts.1
+                    e(&d.table),
+                    d.counts.0,
+                    d.counts.1
                 ));
                 for r in &d.expected {
-                    out.push_str(&format!("     expected  {r}\n"));
+                    out.push_str(&format!("     expected  {}\n", e(r)));
                 }
                 for r in &d.got {
-                    out.push_str(&format!("     got       {r}\n"));
+                    out.push_str(&format!("     got       {}\n", e(r)));
                 }
             }
         }
