@@ -147,10 +147,10 @@ pub enum Command {
         #[command(subcommand)]
         command: LedgerCommand,
     },
-    /// Prove that replay is harmless for your pipeline on a fixture of its records: ten boundaries (apply once,
-    /// apply twice, a crash between every database and Kafka commit, permitted shuffles, a rebuilt topic, a
-    /// resnapshot, an expired ledger entry, two workers and two groups at once, an uncertain commit,
-    /// accounting), each on a scratch schema of your database (dropped unless --keep) and a scratch topic on
+    /// Prove that replay is harmless for your pipeline on a fixture of its records: twelve boundaries (apply
+    /// once, apply twice, a crash between every database and Kafka commit, permitted shuffles, a rebuilt topic, a
+    /// resnapshot, an expired ledger entry, two workers and two groups at once, an uncertain commit, batch
+    /// boundaries, again into a fresh schema, accounting), each on a scratch schema of your database (dropped unless --keep) and a scratch topic on
     /// librdkafka's embedded mock cluster (or --brokers), the final state compared with the first. Exit 0 when
     /// every boundary passes, 6 when one fails (the diff is printed), 2 for bad usage.
     Prove {

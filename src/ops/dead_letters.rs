@@ -79,7 +79,8 @@ impl Listed {
     /// The JSON object of `dead-letters list --format json` (one per line, JSON Lines): `topic`, `partition`,
     /// `offset`, `timestamp_ms`, `reason`, `detail` (JSON strings, control characters escaped by JSON), `key`
     /// and `value` (the stored bytes in standard base64 with padding, RFC 4648 § 4; `null` for none),
-    /// `value_bytes` and `value_sha256` (hex) for a value that was not kept, else `null`.
+    /// `value_bytes` and `value_sha256` (hex): the size and digest of the value as it arrived, whether or not its
+    /// bytes were kept (`null` for a record without a value).
     pub fn json(&self) -> serde_json::Value {
         use base64::Engine;
         let b64 = |b: &Option<Vec<u8>>| {
