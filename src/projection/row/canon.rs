@@ -83,10 +83,20 @@ async fn attempt(
 ) -> std::result::Result<std::result::Result<Vec<tokio_postgres::Row>, String>, ApplyError> {
     let data = arrays(&prepared.shape, changes);
     let params: Params = data.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    in_savepoint(tx, &prepared.canon, &params).await
+}
+
+/// Runs `sql` in a savepoint: released on success, rolled back on a refused value (leaving the batch
+/// transaction usable). `Ok(Err(message))`: PostgreSQL refused a value ([`refused`]).
+async fn in_savepoint<T: ?Sized + tokio_postgres::ToStatement + Sync>(
+    tx: &Transaction<'_>,
+    sql: &T,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<std::result::Result<Vec<tokio_postgres::Row>, String>, ApplyError> {
     tx.batch_execute("SAVEPOINT replaysafe_canon")
         .await
         .map_err(pg_err)?;
-    match tx.query(&prepared.canon, &params).await {
+    match tx.query(sql, params).await {
         Ok(rows) => {
             tx.batch_execute("RELEASE SAVEPOINT replaysafe_canon")
                 .await
@@ -200,38 +210,19 @@ async fn culprit(
         let ty = &shape.columns[i].ty.sql;
         let single = format!("SELECT $1::text::{ty}::text");
         let param: [&(dyn ToSql + Sync); 1] = [&text];
-        tx.batch_execute("SAVEPOINT replaysafe_canon")
-            .await
-            .map_err(pg_err)?;
-        match tx.query(single.as_str(), &param).await {
-            Ok(_) => tx
-                .batch_execute("RELEASE SAVEPOINT replaysafe_canon")
-                .await
-                .map_err(pg_err)?,
-            Err(e) if refused(&e) => {
-                tx.batch_execute(
-                    "ROLLBACK TO SAVEPOINT replaysafe_canon; RELEASE SAVEPOINT replaysafe_canon",
-                )
-                .await
-                .map_err(pg_err)?;
-                let msg = e
-                    .as_db_error()
-                    .map(|d| d.message().to_string())
-                    .unwrap_or_else(|| e.to_string());
-                return Ok(ApplyError::Record {
-                    offset: c.offset,
-                    rejection: Rejection {
-                        reason: Reason::InvalidField,
-                        detail: format!(
-                            "row projection `{}`: {what} `{}` ({ty}): the value `{}` cannot be stored: {msg}",
-                            shape.name,
-                            shape.columns[i].name.as_str(),
-                            short(text)
-                        ),
-                    },
-                });
-            }
-            Err(e) => return Err(pg_err(e)),
+        if let Err(msg) = in_savepoint(tx, single.as_str(), &param).await? {
+            return Ok(ApplyError::Record {
+                offset: c.offset,
+                rejection: Rejection {
+                    reason: Reason::InvalidField,
+                    detail: format!(
+                        "row projection `{}`: {what} `{}` ({ty}): the value `{}` cannot be stored: {msg}",
+                        shape.name,
+                        shape.columns[i].name.as_str(),
+                        short(text)
+                    ),
+                },
+            });
         }
     }
     // Refused as a whole but no single value alone: report the change rather than loop.
