@@ -692,8 +692,12 @@ fn main() {
                 .chain()
                 .find_map(|c| c.downcast_ref::<Error>())
                 .map_or(EXIT_FAILURE, Error::exit_code);
-            // Record text or a server's answer in a message cannot act on the terminal.
-            let safe = |t: &str| replaysafe::printable::terminal_safe(t).into_owned();
+            // Record text or a server's answer in a message cannot act on the terminal, and a URL's password
+            // never shows (as in every log line).
+            let safe = |t: &str| {
+                replaysafe::printable::terminal_safe(&replaysafe::endpoint::mask_urls(t))
+                    .into_owned()
+            };
             eprintln!("error: {}", safe(&e.to_string()));
             // Each cause once: a wrapped error often repeats its source's text.
             let mut said = vec![e.to_string()];
