@@ -5,6 +5,7 @@
 
 use crate::cases::{case_topic, load, ORDERS};
 use crate::common::*;
+use crate::core::{SEED, counts, seed_events};
 
 /// [`ORDERS`] plus the fields and projections C35 and C39 name: `customers` (display_name as text) and
 /// `order_facts` (total, external_ref, points as numeric).
@@ -182,4 +183,99 @@ fn c39_numbers_beyond_f64_and_i64_keep_their_digits() {
             .as_deref(),
         Some("0.3")
     );
+}
+
+/// A value with a NUL character inside a uuid/date/numeric string is quarantined (its detail escaped), and
+/// the partition moves on — it used to make the dead-letter insert itself fail on every restart.
+#[test]
+fn nul_characters_in_typed_fields_are_quarantined() {
+    let (db, topic) = stage("nul", 1);
+    let good = r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3301","customer_id":"c","amount":"1","occurred_at":"2024-04-25T00:00:00Z"}"#;
+    let recs: Vec<Rec> = [
+        r#"{"event_id":"\u0000","customer_id":"c","amount":"1","occurred_at":"2024-04-25"}"#,
+        r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3302","customer_id":"c","amount":"1","occurred_at":"2024-04-25\u0000"}"#,
+        r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3303","customer_id":"c","amount":"12\u00005","occurred_at":"2024-04-25"}"#,
+        r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3304","customer_id":"c\u0000","amount":"1","occurred_at":"2024-04-25"}"#,
+        r#"{"event_id":"3f2504e0-4f89-11d3-9a0c-0305e82c3305","customer_id":"c","amount":"1_000","occurred_at":"2024-04-25"}"#,
+        good,
+    ]
+    .iter()
+    .map(|v| Rec::json(0, "k", v, 1_714_003_200_000))
+    .collect();
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("g"), &db.schema);
+    let t = run_caught_up(&p.path).tally();
+    assert_eq!((t.landed, t.quarantined), (1, 5), "{t:?}");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE reason = 'invalid-field'"),
+        5
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE detail LIKE '%\\u0000%'"),
+        3
+    );
+    assert_eq!(counts(&db).values().sum::<i64>(), 1);
+}
+
+/// Issue 35.3: a record whose group-by text is longer than a B-tree index row may be (~2.7 kB; SQLSTATE 54000)
+/// used to stop `run` at its offset on every restart, the valid records behind it waiting for good. A value
+/// PostgreSQL rejects for any record-specific reason is quarantined as `rejected-by-database` and the partition
+/// goes on (batch sizes 1 and 200).
+#[test]
+fn a_group_by_text_too_long_for_an_index_is_quarantined_and_the_rest_applies() {
+    for max in [1, 200] {
+        let (db, topic) = stage("longkey", 2);
+        let (mut recs, mut truth) = seed_events(40, 2);
+        // 3,000 characters that do not compress (PostgreSQL compresses index tuples before it checks the size).
+        let mut h = 0x9e37_79b9_7f4a_7c15u64;
+        let long: String = (0..375)
+            .map(|_| {
+                h ^= h << 13;
+                h ^= h >> 7;
+                h ^= h << 17;
+                format!("{:08x}", h as u32)
+            })
+            .collect();
+        let bad = format!(
+            r#"{{"event_id":"{}","customer_id":"{long}","amount":"1","occurred_at":"2024-04-25T10:00:00Z"}}"#,
+            uuid::Uuid::new_v4()
+        );
+        recs.insert(5, Rec::json(1, "long", &bad, 1_714_039_200_000));
+        let (after, more) = seed_events(10, 2);
+        recs.extend(after);
+        for (k, n) in more {
+            *truth.entry(k).or_insert(0) += n;
+        }
+        produce(&topic, &recs);
+        let text = SEED.replace("max-records = 200", &format!("max-records = {max}"));
+        let group = unique("g");
+        let p = pipeline(&text, &topic, &group, &db.schema);
+        let t = run_caught_up(&p.path).tally();
+        assert_eq!(
+            (t.landed, t.quarantined),
+            (50, 1),
+            "max-records {max}: {t:?}"
+        );
+        assert_eq!(counts(&db), truth, "max-records {max}");
+        let dead = db.query(
+            "SELECT reason, detail, length(value) FROM {s}.replaysafe_dead_letters",
+            &[],
+        );
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].get::<_, &str>(0), "rejected-by-database");
+        assert!(
+            dead[0].get::<_, &str>(1).contains("index row"),
+            "{}",
+            dead[0].get::<_, &str>(1)
+        );
+        assert_eq!(dead[0].get::<_, i32>(2) as usize, bad.len());
+        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 50);
+        let per_partition: i64 = (0..2)
+            .map(|i| db.checkpoint(&group, &topic, i).unwrap())
+            .sum();
+        assert_eq!(
+            per_partition, 51,
+            "max-records {max}: checkpoints at the ends"
+        );
+    }
 }

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::cases::orders_pipeline;
 use crate::common::*;
+use crate::secrets::PIPE;
 
 /// The dump lines of C43 (each record's note holds the exact kcat line) for `topic`, `$HEX(e9)` as the raw
 /// byte 0xE9.
@@ -232,4 +233,60 @@ columns = { f1 = "text", f2 = "integer" }
         out.stdout
     );
     assert_undecodable(&db);
+}
+
+/// kcat lines with both `payload_error` and `key_error`, or `key_error` alone: every error kcat reported is in
+/// the dead letter under the member's own name (the detail said `value_error`, a member kcat never writes, and
+/// dropped the key's error when both were set).
+#[test]
+fn kcat_payload_and_key_errors_are_all_kept_under_their_names() {
+    let db = Db::fresh("b11_kcat");
+    // Never created: the load is not checked against a live end.
+    let topic = unique("b11.kcat");
+    let p = pipeline(PIPE, &topic, &unique("g"), &db.schema);
+    let ev = r#""{\"event_id\":\"e1\",\"day\":\"2026-11-29\"}""#;
+    let file = p.dir.path().join("dump.jsonl");
+    std::fs::write(
+        &file,
+        format!(
+            "{{\"topic\":\"{topic}\",\"partition\":0,\"offset\":0,\"key\":null,\"payload\":null,\
+             \"payload_error\":\"val err\",\"key_error\":\"key err\"}}\n\
+             {{\"topic\":\"{topic}\",\"partition\":0,\"offset\":1,\"key\":\"k\",\"payload\":{ev},\
+             \"key_error\":\"bad key\"}}\n\
+             {{\"topic\":\"{topic}\",\"partition\":0,\"offset\":2,\"key\":\"k\",\"payload\":{ev},\
+             \"payload_error\":null,\"key_error\":null}}\n"
+        ),
+    )
+    .unwrap();
+    let out = replaysafe(&["load", "--config", arg(&p.path), arg(&file)]);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.quarantined),
+        (3, 1, 2),
+        "{}",
+        out.stdout
+    );
+    let dl = db.query(
+        "SELECT \"offset\", reason, detail FROM {s}.replaysafe_dead_letters ORDER BY 1",
+        &[],
+    );
+    let dl: Vec<(i64, String, String)> =
+        dl.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(dl.len(), 2, "{dl:?}");
+    assert!(dl.iter().all(|d| d.1 == "undecodable-value"), "{dl:?}");
+    assert!(
+        dl[0]
+            .2
+            .contains("kcat's payload_error in the dump): val err")
+            && dl[0].2.contains("kcat's key_error in the dump): key err"),
+        "{dl:?}"
+    );
+    assert!(
+        dl[1].2.contains("kcat's key_error in the dump): bad key"),
+        "{dl:?}"
+    );
+    assert!(!dl.iter().any(|d| d.2.contains("value_error")), "{dl:?}");
+    assert_eq!(db.i64("SELECT n FROM {s}.per_day"), 1);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1);
 }

@@ -14,6 +14,7 @@ use replaysafe::sink::{
 };
 
 use crate::common::*;
+use crate::core::{SEED, counts};
 
 /// One counter per (day, customer); the ledger keeps `{horizon}` days.
 const HZ: &str = concat!(
@@ -723,4 +724,205 @@ fn load_decides_the_durable_horizon_per_record() {
     assert_eq!(pruned_below(&db), Some(days_ago(5)));
     assert_eq!(dead_letters(&db).len(), 1);
     assert_eq!(dead_letters(&db)[0].2, "beyond-horizon");
+}
+
+const P: &str = concat!(
+    header!(),
+    r#"[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+
+[identity]
+key = ["event_id"]
+partition-by = "day"
+
+[ledger]
+horizon-days = {horizon}
+
+[[projection]]
+kind = "counter"
+table = "daily_counts"
+group-by = ["day"]
+column = "n"
+"#
+);
+
+fn day(ago: u64) -> NaiveDate {
+    Utc::now()
+        .date_naive()
+        .checked_sub_days(Days::new(ago))
+        .unwrap()
+}
+
+pub fn ev(n: u32, partition: i32, ago: u64) -> Rec {
+    let v = format!(
+        r#"{{"event_id":"5b0e4c1a-1d2e-4f60-8a7b-{n:012}","occurred_at":"{}"}}"#,
+        day(ago)
+    );
+    Rec::json(
+        partition,
+        &format!("k{n}"),
+        &v,
+        Utc::now().timestamp_millis(),
+    )
+}
+
+/// Events of 10 and 1 days ago on two partitions; a prune to a 5-day horizon drops the old day. A fresh group
+/// is refused (exit 2) and its message names what to set: the group's `next_offset` in
+/// `replaysafe_checkpoints` (its refused run wrote those rows at offset 0, and they win over Kafka's offsets).
+/// Set as the message says, the rerun reads only the kept records: every one a duplicate, no count changes.
+#[test]
+fn refused_fresh_group_follows_the_message_above_the_pruned_offsets() {
+    let (db, topic) = stage("n13_prune", 2);
+    let recs: Vec<Rec> = (0..8)
+        .map(|n| ev(n, (n % 2) as i32, if n < 4 { 10 } else { 1 }))
+        .collect();
+    produce(&topic, &recs);
+    let text = |h: u32| P.replace("{horizon}", &h.to_string());
+    let prod = pipeline(&text(30), &topic, &unique("prod"), &db.schema);
+    assert_eq!(run_caught_up(&prod.path).tally().landed, 8);
+    let short = pipeline(&text(5), &topic, &unique("prod2"), &db.schema);
+    replaysafe(&["ledger", "prune", "--config", arg(&short.path)]).assert_ok();
+    let counts0 = db.strings("SELECT day::text || '=' || n FROM {s}.daily_counts ORDER BY day");
+    assert_eq!(
+        counts0,
+        vec![format!("{}=4", day(10)), format!("{}=4", day(1))]
+    );
+    // Each partition held the old day's records at offsets 0 and 1.
+    let pruned = db
+        .strings("SELECT partition || ':' || pruned_through FROM {s}.replaysafe_pruned ORDER BY 1");
+    assert_eq!(pruned, vec!["0:1", "1:1"]);
+
+    let fresh_group = unique("fresh");
+    let fresh = pipeline(&text(5), &topic, &fresh_group, &db.schema);
+    let out = try_run(&fresh.path);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("set its next_offset in replaysafe_checkpoints to at least that"),
+        "the refusal says how a run gets above the pruned offsets: {}",
+        out.stderr
+    );
+    // As the message says: the group's checkpoint rows (written by the refused run) set above the pruned offsets.
+    db.execute(&format!(
+        "UPDATE {{s}}.replaysafe_checkpoints c SET next_offset = p.pruned_through + 1 \
+         FROM {{s}}.replaysafe_pruned p WHERE c.consumer_group = '{fresh_group}' \
+         AND c.topic = p.topic AND c.partition = p.partition"
+    ));
+    let t = run_caught_up(&fresh.path).tally();
+    assert_eq!((t.consumed, t.landed, t.duplicate), (4, 0, 4));
+    let counts1 = db.strings("SELECT day::text || '=' || n FROM {s}.daily_counts ORDER BY day");
+    assert_eq!(counts1, counts0, "nothing counted again");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+}
+
+/// Issue 35.3: event days far in the future are bounded by `[ledger] future-days` (default 7): a record of a
+/// later day is quarantined as `future-day` naming the day and the bound, and creates no ledger partition (1,500
+/// such records created 1,500 partitions); under `--no-ddl` it no longer stops the run for good.
+#[test]
+fn event_days_beyond_future_days_are_quarantined_without_a_partition() {
+    let (db, topic) = stage("future", 2);
+    let today = chrono::Utc::now().date_naive();
+    let event = |n: u32, day: chrono::NaiveDate| {
+        Rec::json(
+            (n % 2) as i32,
+            "c",
+            &format!(
+                r#"{{"event_id":"{}","customer_id":"c","amount":"1","occurred_at":"{day}T10:00:00Z"}}"#,
+                uuid::Uuid::from_u128(u128::from(n) + 0xf0f0_0000)
+            ),
+            chrono::Utc::now().timestamp_millis(),
+        )
+    };
+    let in3 = today + chrono::Days::new(3);
+    let far: Vec<Rec> = (0..40)
+        .map(|n| event(n, today + chrono::Days::new(400 + u64::from(n))))
+        .collect();
+    let mut recs = vec![event(100, today), event(101, in3)];
+    recs.extend(far);
+    recs.push(event(
+        102,
+        chrono::NaiveDate::from_ymd_opt(2099, 1, 1).unwrap(),
+    ));
+    produce(&topic, &recs);
+    let p = pipeline(SEED, &topic, &unique("g"), &db.schema);
+    let t = run_caught_up(&p.path).tally();
+    assert_eq!((t.landed, t.quarantined), (2, 41), "{t:?}");
+    let partitions = db.i64(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = '{s}.replaysafe_ledger'::regclass",
+    );
+    assert_eq!(partitions, 2, "today and today + 3 only");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE reason = 'future-day'"),
+        41
+    );
+    let detail = db
+        .text("SELECT detail FROM {s}.replaysafe_dead_letters WHERE detail LIKE '%2099-01-01%'")
+        .unwrap();
+    assert!(
+        detail.contains("event day 2099-01-01") && detail.contains("future-days = 7"),
+        "{detail}"
+    );
+    assert_eq!(counts(&db).values().sum::<i64>(), 2);
+
+    // Without DDL (init made the partitions): a day of 2099 is quarantined, not a stop.
+    let (db2, topic2) = stage("future_noddl", 2);
+    produce(
+        &topic2,
+        &[
+            event(200, today),
+            event(201, chrono::NaiveDate::from_ymd_opt(2099, 6, 1).unwrap()),
+            event(202, today),
+        ],
+    );
+    let p2 = pipeline(SEED, &topic2, &unique("g"), &db2.schema);
+    replaysafe(&["init", "--config", arg(&p2.path), "--days", "1"]).assert_ok();
+    let out = replaysafe(&[
+        "run",
+        "--config",
+        arg(&p2.path),
+        "--until-caught-up",
+        "--no-ddl",
+    ]);
+    out.assert_ok();
+    let t = out.tally();
+    assert_eq!((t.landed, t.quarantined), (2, 1), "{t:?}");
+    assert_eq!(
+        db2.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE reason = 'future-day'"),
+        1
+    );
+}
+
+/// `[ledger] future-days` is checked with `file:line`: out of range, or without `partition-by`.
+#[test]
+fn future_days_is_checked_in_the_file() {
+    let db = Db::fresh("future_cfg");
+    let topic = unique("t");
+    for (text, want) in [
+        (
+            SEED.replacen(
+                "[[projection]]",
+                "[ledger]\nfuture-days = 400\n\n[[projection]]",
+                1,
+            ),
+            "`future-days` must be between 0 and 366",
+        ),
+        (
+            SEED.replace("partition-by = \"day\"\n", "").replacen(
+                "[[projection]]",
+                "[ledger]\nfuture-days = 3\n\n[[projection]]",
+                1,
+            ),
+            "`future-days` needs `identity.partition-by`",
+        ),
+    ] {
+        let p = pipeline(&text, &topic, "g", &db.schema);
+        let out = replaysafe(&["check", "--config", arg(&p.path)]);
+        assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+        assert!(out.stderr.contains(want), "{}", out.stderr);
+        assert!(out.stderr.contains("pipeline.toml:"), "{}", out.stderr);
+    }
 }

@@ -329,3 +329,97 @@ fn a_fenced_run_takes_its_partition_back_and_counts_the_fenced_batch() {
     );
     assert_eq!(committed(&group, &topic, 2), vec![Some(20); 2]);
 }
+
+/// `load --take-over` of a dump of the live topic, started at the same moment as two workers of the pipeline
+/// (and then again while they run): the workers and the load fence each other back and forth; at the end every
+/// event counts once, the workers hold and apply every partition (new events after the load are applied, no
+/// partition left idle), and the checkpoints equal the topic's end.
+#[test]
+fn load_take_over_racing_two_workers_counts_once_and_leaves_no_partition_idle() {
+    use crate::core::{counts, seed_events, SEED};
+    use crate::file_source::kcat_line;
+    let (db, topic) = stage("bkload", 4);
+    let group = unique("prod");
+    let text = format!(
+        "{SEED}[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
+    );
+    let text = text.replace("max-records = 200", "max-records = 7");
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    let (recs, _) = seed_events(1200, 4);
+    let offsets = produce(&topic, &recs[..800]);
+    let file = p.dir.path().join("dump.json");
+    let lines: Vec<String> = recs[..800]
+        .iter()
+        .zip(&offsets)
+        .map(|(r, o)| kcat_line(&topic, r.partition, *o, r))
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let load = |name: &str| {
+        spawn(
+            &["load", "--config", arg(&p.path), "--take-over", arg(&file)],
+            &[],
+            p.dir.path(),
+            name,
+        )
+    };
+    let mut l1 = load("l1");
+    let mut w1 = spawn_run(&p, &[], "w1");
+    let mut w2 = spawn_run(&p, &[], "w2");
+    std::thread::sleep(Duration::from_millis(1500));
+    // The second load while the workers apply new events (their batches meet its fences).
+    let late = recs[800..].to_vec();
+    let producer = {
+        let topic = topic.clone();
+        std::thread::spawn(move || {
+            for chunk in late.chunks(10) {
+                produce(&topic, chunk);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut l2 = load("l2");
+    for l in [&mut l1, &mut l2] {
+        wait_until(Duration::from_secs(120), "a load to end", || {
+            l.try_wait().unwrap().is_some()
+        });
+    }
+    for name in ["l1", "l2", "w1", "w2"] {
+        let err = std::fs::read_to_string(p.dir.path().join(format!("{name}.err"))).unwrap();
+        let fenced = err.lines().filter(|l| l.contains("fenced")).count();
+        eprintln!(
+            "{name}: {fenced} fenced lines; last: {:?}",
+            err.lines().last()
+        );
+    }
+    producer.join().unwrap();
+    let ends = |db: &Db| {
+        db.i64(&format!(
+            "SELECT coalesce(sum(next_offset), 0)::bigint FROM {{s}}.replaysafe_checkpoints \
+             WHERE consumer_group = '{group}'"
+        ))
+    };
+    wait_until(
+        Duration::from_secs(240),
+        "every event applied by the workers",
+        || ends(&db) == 1200,
+    );
+    assert_eq!(terminate(&mut w1), Some(0));
+    assert_eq!(terminate(&mut w2), Some(0));
+    let mut want = BTreeMap::new();
+    for r in &recs {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_ref().unwrap()).unwrap();
+        let day = v["occurred_at"].as_str().unwrap()[..10].to_string();
+        let cust = v["customer_id"].as_str().unwrap().to_string();
+        *want.entry((day, cust)).or_insert(0i64) += 1;
+    }
+    assert_eq!(counts(&db), want);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 1200);
+    assert_eq!(
+        committed(&group, &topic, 4)
+            .iter()
+            .map(|c| c.unwrap_or(0))
+            .sum::<i64>(),
+        1200
+    );
+}

@@ -1,5 +1,5 @@
 //! Operator friction (issue 16): connection errors that name the address, its origin and the cause within
-//! `--connect-timeout`; `/metrics` of an idle instance listing every README series; backfill loose ends.
+//! `--connect-timeout`; `/metrics` of an idle instance listing every series of docs/operations.md; backfill loose ends.
 
 use std::time::Duration;
 
@@ -274,21 +274,22 @@ column = "n"
 "#
 );
 
-/// The series names of README's metrics table (rows starting with "| `replaysafe_" in "Metrics and health").
+/// The series names of the metrics table of docs/operations.md (rows starting with "| `replaysafe_" in
+/// "Metrics and health").
 fn readme_series() -> Vec<String> {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/operations.md");
     let section = readme
-        .split("### Metrics and health")
+        .split("## Metrics and health")
         .nth(1)
         .and_then(|s| s.split("\n#").next())
-        .expect("README has a section \"Metrics and health\"");
+        .expect("docs/operations.md has a section \"Metrics and health\"");
     let names: Vec<String> = section
         .lines()
         .filter_map(|l| l.trim().strip_prefix("| `replaysafe_"))
         .filter_map(|rest| rest.split('`').next())
         .map(|n| format!("replaysafe_{n}"))
         .collect();
-    assert!(names.len() >= 9, "README's metrics table parsed: {names:?}");
+    assert!(names.len() >= 9, "the metrics table of docs/operations.md parsed: {names:?}");
     names
 }
 
@@ -304,7 +305,7 @@ fn assert_every_series(body: &str, topic: &str) {
     for name in readme_series() {
         assert!(
             body.lines().any(|l| l.starts_with(&name)),
-            "README lists {name}; /metrics of an idle instance lacks it:\n{body}"
+            "docs/operations.md lists {name}; /metrics of an idle instance lacks it:\n{body}"
         );
     }
     assert!(
@@ -324,7 +325,7 @@ fn assert_every_series(body: &str, topic: &str) {
     assert!(body.contains(&format!("replaysafe_consumer_lag{{topic=\"{topic}\"")));
 }
 
-/// An idle fresh instance (an empty topic) serves every series README lists — at zero — and a histogram with
+/// An idle fresh instance (an empty topic) serves every series docs/operations.md lists — at zero — and a histogram with
 /// `_bucket` lines for the flush time; so does the same instance restarted (nothing applied in between).
 #[test]
 fn metrics_of_an_idle_instance_list_every_readme_series() {
@@ -509,4 +510,14 @@ fn backfill_interrupted_and_resumed_reports_agree_and_leave_no_group() {
     let stops: Vec<Option<i64>> = (0..3).map(|_| Some(300)).collect();
     assert_eq!(committed(&kept, &topic, 3), stops);
     assert!(group_listed(&kept));
+}
+
+/// A topic that does not exist is a clear error (exit 2), not a silent wait.
+#[test]
+fn a_missing_topic_exits_2() {
+    let db = Db::fresh("notopic");
+    let p = pipeline(SEED, &unique("no_such_topic"), &unique("g"), &db.schema);
+    let out = try_run_with(&p.path, &[], Duration::from_secs(60));
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("does not exist"), "{}", out.stderr);
 }

@@ -1,4 +1,4 @@
-//! Issue 16.1: changing the projections of a running pipeline (README "Change a running pipeline"). A projection
+//! Issue 16.1: changing the projections of a running pipeline (docs/replay.md "Change a running pipeline"). A projection
 //! added while production runs and events keep arriving ends exact (counters and sums against the truth computed
 //! from the produced events, duplicates across partitions included), the old projections unchanged; workers still
 //! running the old file stop without committing; a build interrupted midway resumes and ends exact; a table fed
@@ -10,6 +10,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use crate::common::*;
+use crate::core::{SEED, seed_events};
 
 const BASE: &str = concat!(
     header!(),
@@ -516,7 +517,8 @@ fn a_projection_changed_in_place_is_refused_and_the_advised_path_is_exact() {
         totals_then
     );
 
-    // Its table dropped (README: "drop it yourself"), a worker restarted with the older file that still has it
+    // Its table dropped (docs/replay.md "Change a running pipeline": "drop it yourself when nothing reads it"),
+    // a worker restarted with the older file that still has it
     // is refused: it must not silently feed the removed projection again (nor stop the current workers).
     db.execute("DROP TABLE {s}.totals");
     let record_then = record();
@@ -671,4 +673,39 @@ fn a_ledger_without_claims_takes_any_change() {
         Some("amount > 0.0")
     );
     assert_eq!(state(&db, "totals").as_deref(), Some("active"));
+}
+
+/// A second pipeline with other projections on the same ledger is refused (it used to find every event
+/// already claimed and leave its projections empty).
+#[test]
+fn a_ledger_is_not_shared_by_pipelines_with_other_projections() {
+    let (db, topic) = stage("shared", 1);
+    let (recs, _) = seed_events(50, 1);
+    produce(&topic, &recs);
+    let p1 = pipeline(SEED, &topic, &unique("g"), &db.schema);
+    run_caught_up(&p1.path);
+    let other = SEED.replace("table = \"daily_counts\"", "table = \"other_counts\"");
+    let p2 = pipeline(&other, &topic, &unique("g"), &db.schema);
+    let out = try_run(&p2.path);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("own [ledger] table"), "{}", out.stderr);
+    // Its own ledger over the first pipeline's `daily_totals` is refused: that table would count every event
+    // twice (issue 16.1); nothing is created.
+    let own = other.replace(
+        "[identity]",
+        "[ledger]\ntable = \"other_ledger\"\n\n[identity]",
+    );
+    let out = try_run(&pipeline(&own, &topic, &unique("g"), &db.schema).path);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("is fed by ledger"), "{}", out.stderr);
+    assert_eq!(
+        db.text("SELECT to_regclass('{s}.other_ledger')::text"),
+        None
+    );
+    // With its own ledger and tables it counts everything; the first pipeline's tables are unchanged.
+    let own = own.replace("\"daily_totals\"", "\"other_totals\"");
+    let p3 = pipeline(&own, &topic, &unique("g"), &db.schema);
+    assert_eq!(run_caught_up(&p3.path).tally().landed, 50);
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.other_counts"), 50);
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 50);
 }

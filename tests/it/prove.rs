@@ -82,7 +82,7 @@ fn prove_passes_on_the_counters_example() {
         "{}",
         r.text()
     );
-    // The ledger's pruned offsets refuse the replay before anything is committed (README "The ledger's
+    // The ledger's pruned offsets refuse the replay before anything is committed (docs/replay.md "The ledger's
     // lifecycle"); without them every claimed record would be quarantined as beyond-horizon.
     let b7 = &boundary(&r, 7).note;
     assert!(
@@ -869,7 +869,7 @@ fn prove_passes_conflicts_and_beyond_horizon_dead_letters() {
     };
     // Order o-100 at version 1 twice, with two statuses, on one partition (the order every permitted delivery
     // keeps): a conflict row naming the table. Across partitions which state is stored first still depends on
-    // the arrival order (README "What arrival order still decides").
+    // the arrival order (docs/guarantees.md "The four answers").
     lines.push((0, extra(1, "o-100", "placed", 1, today)));
     lines.push((0, extra(3, "o-100", "cancelled", 1, today)));
     lines.push((

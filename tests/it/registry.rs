@@ -4,6 +4,11 @@
 
 use crate::cases::{case_topic, load, ORDERS};
 use crate::common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// The dead letters as (offset, reason, detail, value).
 pub fn dead_letters(db: &Db) -> Vec<(i64, String, String, Option<Vec<u8>>)> {
@@ -415,5 +420,482 @@ fn json_schema_values_through_the_registry_land() {
     assert_eq!(
         paid, "12.50",
         "C41 record 601 applied through JSON Schema framing"
+    );
+}
+
+/// Avro's zig-zag varint of `n` (a long, a length, a block count).
+fn varint(n: i64) -> Vec<u8> {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    let mut out = Vec::new();
+    loop {
+        let b = (z & 0x7f) as u8;
+        z >>= 7;
+        if z == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// A frame of a few bytes whose Avro body declares a map of 500 million entries (or a 400 MB string) must be
+/// quarantined as `schema-registry`, never make the process reserve gigabytes (the Avro decoder reserves the
+/// declared count before reading an entry: without a bound the worker aborts on the failed allocation). The good
+/// record after it lands; the accounting adds up; a replay under another group adds no second dead letter.
+#[test]
+fn avro_declared_lengths_cannot_allocate_beyond_the_record() {
+    let db = Db::fresh("r14bomb");
+    let topic = new_topic("r14bomb", 1);
+    let bomb_schema = r#"{"type":"record","name":"Bomb","namespace":"r14","fields":[
+        {"name":"m","type":{"type":"map","values":"long"}},{"name":"s","type":"string"}]}"#;
+    let bomb = register(&format!("{topic}-bomb"), "AVRO", bomb_schema);
+    let id = register(&format!("{topic}-value"), "AVRO", ORDER_AVRO);
+    let schema = apache_avro::Schema::parse_str(ORDER_AVRO).unwrap();
+    let placed = order_avro(&schema, 1, "OrderPlaced", "o-1", 1, Some("c-1"), None);
+    let mut string_bomb = varint(0); // an empty map, then a string of 400 MB that is not there
+    string_bomb.extend(varint(400_000_000));
+    let rec = |value: Vec<u8>| Rec {
+        partition: 0,
+        key: Some(b"o-1".to_vec()),
+        value: Some(value),
+        timestamp_ms: None,
+    };
+    produce(
+        &topic,
+        &[
+            rec(frame(bomb, &varint(500_000_000))),
+            rec(frame(bomb, &string_bomb)),
+            rec(frame(id, &placed)),
+        ],
+    );
+    let group = unique("g");
+    let p = orders(&topic, &group, &db, &avro_source(&registry_url()));
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.filtered, t.quarantined),
+        (3, 1, 0, 0, 2)
+    );
+    let dl = dead_letters(&db);
+    assert_eq!(dl.len(), 2, "{dl:?}");
+    for (i, (offset, reason, detail, _)) in dl.iter().enumerate() {
+        assert_eq!((*offset, reason.as_str()), (i as i64, "schema-registry"));
+        assert!(
+            detail.contains(&format!("schema id {bomb}"))
+                && detail.contains("does not match its schema"),
+            "{detail}"
+        );
+    }
+    assert_eq!(
+        db.text("SELECT status FROM {s}.orders WHERE order_id = 'o-1'"),
+        Some("PLACED".to_string())
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
+    let again =
+        run_caught_up(&orders(&topic, &unique("g2"), &db, &avro_source(&registry_url())).path);
+    let a = again.tally();
+    assert_eq!((a.landed, a.duplicate, a.quarantined), (0, 1, 2));
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        2
+    );
+}
+
+/// A one-request-per-connection HTTP proxy to the registry that the test controls: the first `ok_first`
+/// requests are forwarded, then every request fails (alternately HTTP 503 and a connection closed without an
+/// answer) for `down` after the first failure, then requests are forwarded again. Returns its base URL and the
+/// count of failed requests.
+fn flaky_registry(ok_first: u32, down: Duration) -> (String, Arc<AtomicU32>) {
+    let upstream = registry_url();
+    let rest = upstream.trim_start_matches("http://");
+    let (hostport, path) = rest.split_once('/').expect("registry URL with a path");
+    let hostport = hostport.to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let failed = Arc::new(AtomicU32::new(0));
+    let f = failed.clone();
+    std::thread::spawn(move || {
+        let mut served = 0u32;
+        let mut down_since: Option<Instant> = None;
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let head = read_head(&mut c);
+            let is_down = served >= ok_first && down_since.is_none_or(|t| t.elapsed() < down);
+            if is_down {
+                down_since.get_or_insert_with(Instant::now);
+                let n = f.fetch_add(1, Ordering::SeqCst);
+                if n % 2 == 0 {
+                    let _ = c.write_all(
+                        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nConnection: close\r\n\r\ndown",
+                    );
+                }
+                continue;
+            }
+            served += 1;
+            forward(&hostport, &head, &mut c);
+        }
+    });
+    (format!("http://127.0.0.1:{port}/{path}"), failed)
+}
+
+/// The request head (up to the blank line); GETs carry no body.
+fn read_head(c: &mut TcpStream) -> String {
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match c.read(&mut byte) {
+            Ok(1) => buf.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Sends `head` upstream with `Connection: close` and copies the answer back.
+fn forward(hostport: &str, head: &str, c: &mut TcpStream) {
+    let Ok(mut up) = TcpStream::connect(hostport) else {
+        return;
+    };
+    let mut lines: Vec<&str> = head
+        .lines()
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect();
+    lines.push("Connection: close");
+    let req = format!("{}\r\n\r\n", lines.join("\r\n"));
+    if up.write_all(req.as_bytes()).is_ok() {
+        up.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = Vec::new();
+        let _ = up.read_to_end(&mut answer);
+        let _ = c.write_all(&answer);
+    }
+}
+
+/// The registry fails mid-run (HTTP 503 and dropped connections for 3 s, after the first schema was fetched):
+/// the record whose schema id is new waits on the registry, retried with backoff within `--connect-timeout`, and
+/// lands when the registry answers again — no dead letter, every record landed, the checkpoint at the end.
+#[test]
+fn registry_failing_mid_run_is_retried_not_dead_lettered() {
+    let db = Db::fresh("r14flaky");
+    let topic = new_topic("r14flaky", 2);
+    let id = register(&format!("{topic}-value"), "AVRO", ORDER_AVRO);
+    let v2 = ORDER_AVRO.replacen(
+        r#""name":"OrderEvent","#,
+        r#""name":"OrderEvent","doc":"v2","#,
+        1,
+    );
+    let id2 = register(&format!("{topic}-value"), "AVRO", &v2);
+    assert_ne!(id, id2, "a second schema id");
+    let schema = apache_avro::Schema::parse_str(ORDER_AVRO).unwrap();
+    let rec = |partition: i32, key: &str, value: Vec<u8>| Rec {
+        partition,
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(value),
+        timestamp_ms: None,
+    };
+    let placed = order_avro(&schema, 1, "OrderPlaced", "o-1", 1, Some("c-1"), None);
+    let shipped = order_avro(&schema, 2, "OrderShipped", "o-1", 2, None, None);
+    let other = order_avro(&schema, 3, "OrderPlaced", "o-2", 1, Some("c-2"), None);
+    produce(
+        &topic,
+        &[
+            rec(0, "o-1", frame(id, &placed)),
+            rec(0, "o-1", frame(id2, &shipped)),
+            rec(1, "o-2", frame(id2, &other)),
+        ],
+    );
+    let (url, failed) = flaky_registry(1, Duration::from_secs(3));
+    let group = unique("g");
+    let p = orders(&topic, &group, &db, &avro_source(&url));
+    let config = p.path.to_str().unwrap().to_string();
+    let out = replaysafe_with(
+        &[
+            "run",
+            "--config",
+            &config,
+            "--until-caught-up",
+            "--connect-timeout",
+            "60",
+        ],
+        &[],
+        Duration::from_secs(180),
+    );
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert!(failed.load(Ordering::SeqCst) >= 2, "the registry failed");
+    assert!(
+        out.stderr.contains("schema registry unavailable, retrying"),
+        "{}",
+        out.stderr
+    );
+    let t = out.tally();
+    assert_eq!((t.consumed, t.landed, t.quarantined), (3, 3, 0));
+    assert!(dead_letters(&db).is_empty(), "{:?}", dead_letters(&db));
+    assert_eq!(
+        db.column::<String>("SELECT order_id || ' ' || status FROM {s}.orders ORDER BY order_id"),
+        vec!["o-1 SHIPPED".to_string(), "o-2 PLACED".to_string()]
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(1));
+}
+
+/// A newcomer's wrong registry URL (Apicurio's native `/apis/registry/v2`, the one the Connect converters take)
+/// answers 404 for every id: that is the configuration's fault, not the records' — the run stops (exit 1)
+/// naming the URL, no dead letter, the checkpoint before the record; with the right URL the rerun lands it.
+#[test]
+fn a_registry_url_that_is_not_the_confluent_api_stops_instead_of_dead_lettering() {
+    let db = Db::fresh("r14url");
+    let topic = new_topic("r14url", 1);
+    let id = register(&format!("{topic}-value"), "AVRO", ORDER_AVRO);
+    let schema = apache_avro::Schema::parse_str(ORDER_AVRO).unwrap();
+    let placed = order_avro(&schema, 1, "OrderPlaced", "o-1", 1, Some("c-1"), None);
+    produce(
+        &topic,
+        &[Rec {
+            partition: 0,
+            key: Some(b"o-1".to_vec()),
+            value: Some(frame(id, &placed)),
+            timestamp_ms: None,
+        }],
+    );
+    let group = unique("g");
+    let wrong = registry_url().replace("/apis/ccompat/v7", "/apis/registry/v2");
+    let out = try_run(&orders(&topic, &group, &db, &avro_source(&wrong)).path);
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("does not serve the Confluent-compatible API")
+            && out.stderr.contains("offset 0"),
+        "{}",
+        out.stderr
+    );
+    assert!(dead_letters(&db).is_empty(), "{:?}", dead_letters(&db));
+    assert!(db.checkpoint(&group, &topic, 0).unwrap_or(0) == 0);
+    let t = run_caught_up(&orders(&topic, &group, &db, &avro_source(&registry_url())).path).tally();
+    assert_eq!((t.consumed, t.landed, t.quarantined), (1, 1, 0));
+    assert_eq!(
+        db.text("SELECT status FROM {s}.orders WHERE order_id = 'o-1'"),
+        Some("PLACED".to_string())
+    );
+}
+
+/// A server that answers every request with HTTP 200 and an HTML page (a proxy's login page, a UI).
+fn html_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            read_head(&mut c);
+            let body = "<html><body>Sign in</body></html>";
+            let _ = c.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    format!("http://127.0.0.1:{port}/apis/ccompat/v7")
+}
+
+/// A registry URL that answers 200 with something other than the registry's JSON (an HTML page) is the
+/// configuration's fault: the run stops (exit 1) naming it, no dead letter, the checkpoint before the record.
+#[test]
+fn a_registry_url_answering_html_stops_instead_of_dead_lettering() {
+    let db = Db::fresh("r14html");
+    let topic = new_topic("r14html", 1);
+    let schema = apache_avro::Schema::parse_str(ORDER_AVRO).unwrap();
+    let placed = order_avro(&schema, 1, "OrderPlaced", "o-1", 1, Some("c-1"), None);
+    produce(
+        &topic,
+        &[Rec {
+            partition: 0,
+            key: Some(b"o-1".to_vec()),
+            value: Some(frame(1, &placed)),
+            timestamp_ms: None,
+        }],
+    );
+    let group = unique("g");
+    let out = try_run(&orders(&topic, &group, &db, &avro_source(&html_server())).path);
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("is not the Confluent-compatible API's (answer is not JSON")
+            && out.stderr.contains("offset 0"),
+        "{}",
+        out.stderr
+    );
+    assert!(dead_letters(&db).is_empty(), "{:?}", dead_letters(&db));
+    assert!(db.checkpoint(&group, &topic, 0).unwrap_or(0) == 0);
+}
+
+/// A schemaless Debezium change of `public.accounts`, as a JSON Schema converter writes it (the payload alone).
+fn dbz_change(op: &str, before: serde_json::Value, after: serde_json::Value, lsn: i64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "before": before, "after": after, "op": op, "ts_ms": 1_760_000_000_000i64 + lsn,
+        "source": {"connector": "postgresql", "name": "pg", "db": "app", "schema": "public", "table": "accounts",
+            "snapshot": "false", "txId": lsn / 10, "lsn": lsn, "ts_ms": 1_760_000_000_000i64 + lsn,
+            "sequence": format!("[\"{}\",\"{lsn}\"]", lsn - 5)},
+    }))
+    .unwrap()
+}
+
+/// JSON Schema framed Debezium keys and values with nulls, over two partitions: an explicit null is a NULL, an
+/// absent member keeps the stored value, a delete leaves a tombstone, the Kafka tombstone (null value) is
+/// filtered; a key that is not framed is quarantined naming it; a replay under another group lands nothing.
+#[test]
+fn json_schema_debezium_values_with_nulls() {
+    use serde_json::json;
+    let db = Db::fresh("r14js");
+    let topic = new_topic("r14js", 2);
+    let id = register(
+        &format!("{topic}-value"),
+        "JSON",
+        r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"object"}"#,
+    );
+    let kid = register(
+        &format!("{topic}-key"),
+        "JSON",
+        r#"{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"id":{"type":"integer"}}}"#,
+    );
+    let rec = |partition: i32, key: i64, value: Option<Vec<u8>>| Rec {
+        partition,
+        key: Some(frame(kid, format!("{{\"id\":{key}}}").as_bytes())),
+        value: value.map(|v| frame(id, &v)),
+        timestamp_ms: None,
+    };
+    let null = serde_json::Value::Null;
+    let mut plain_key = rec(
+        1,
+        9,
+        Some(dbz_change(
+            "c",
+            null.clone(),
+            json!({"id": 9, "owner": "n"}),
+            400,
+        )),
+    );
+    plain_key.key = Some(br#"{"id":9}"#.to_vec());
+    produce(
+        &topic,
+        &[
+            rec(
+                0,
+                1,
+                Some(dbz_change(
+                    "c",
+                    null.clone(),
+                    json!({"id": 1, "owner": null, "balance": "1.50"}),
+                    100,
+                )),
+            ),
+            rec(
+                1,
+                2,
+                Some(dbz_change(
+                    "c",
+                    null.clone(),
+                    json!({"id": 2, "owner": "two", "balance": null}),
+                    110,
+                )),
+            ),
+            rec(
+                0,
+                1,
+                Some(dbz_change(
+                    "u",
+                    null.clone(),
+                    json!({"id": 1, "owner": "one", "balance": "2.00"}),
+                    200,
+                )),
+            ),
+            rec(
+                1,
+                2,
+                Some(dbz_change(
+                    "u",
+                    null.clone(),
+                    json!({"id": 2, "owner": null, "balance": "3.00"}),
+                    210,
+                )),
+            ),
+            rec(
+                0,
+                1,
+                Some(dbz_change(
+                    "u",
+                    null.clone(),
+                    json!({"id": 1, "balance": null}),
+                    300,
+                )),
+            ),
+            rec(
+                1,
+                3,
+                Some(dbz_change(
+                    "c",
+                    null.clone(),
+                    json!({"id": 3, "owner": "three", "balance": "0.00"}),
+                    310,
+                )),
+            ),
+            rec(
+                1,
+                3,
+                Some(dbz_change(
+                    "d",
+                    json!({"id": 3, "owner": null, "balance": null}),
+                    null.clone(),
+                    320,
+                )),
+            ),
+            rec(1, 3, None),
+            plain_key,
+        ],
+    );
+    let text = format!(
+        "{DEBEZIUM_HEADER}encoding = \"json-schema\"\nschema-registry = {{ url = \"{}\" }}\ndecimal-handling = \"string\"\n\
+         [[projection]]\nkind = \"row\"\ntable = \"accounts\"\nsource-table = \"public.accounts\"\nkey = [\"id\"]\n\
+         columns = {{ id = \"bigint\", owner = \"text\", balance = \"numeric(12,2)\" }}\n",
+        registry_url()
+    );
+    let group = unique("g");
+    let out = run_caught_up(&pipeline(&text, &topic, &group, &db.schema).path);
+    let t = out.tally();
+    assert_eq!(
+        (t.consumed, t.landed, t.duplicate, t.filtered, t.quarantined),
+        (9, 7, 0, 1, 1),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        db.column::<String>(
+            "SELECT concat_ws(' | ', id, coalesce(owner, 'NULL'), coalesce(balance::text, 'NULL')) FROM {s}.accounts ORDER BY id"
+        ),
+        vec!["1 | one | NULL", "2 | NULL | 3.00"]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.accounts_tombstones WHERE id = 3"),
+        1
+    );
+    let dl = dead_letters(&db);
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0].1, "schema-registry");
+    assert!(
+        dl[0].2.contains("the key is not schema-registry framed"),
+        "{dl:?}"
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(6));
+    let again = run_caught_up(&pipeline(&text, &topic, &unique("g2"), &db.schema).path).tally();
+    assert_eq!(
+        (again.landed, again.duplicate, again.quarantined),
+        (0, 7, 1)
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        1
     );
 }

@@ -1,4 +1,4 @@
-//! The outbox relay (`replaysafe outbox relay`, `run --relay`; README "Outbox relay") against the real broker:
+//! The outbox relay (`replaysafe outbox relay`, `run --relay`; docs/reference.md "Outbox relay") against the real broker:
 //! every outbox row published once per event across replays, a republished topic and crashes of the consumer;
 //! a relay killed between the broker's acknowledgement and the mark republishes exactly those messages with
 //! the same delivery header; two relays publish each row once, each key in order; case C33 (transactions
@@ -12,6 +12,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::common::*;
+use crate::horizon::ev;
 
 /// JSON events of entities (`entity`, `version`), one outbox keyed by entity, relayed to `{out}`.
 pub(crate) const EVENTS: &str = concat!(
@@ -765,4 +766,192 @@ fn an_outbox_table_without_published_at_is_upgraded_and_relayed() {
     let msgs = read_topic(&out);
     assert_eq!(msgs.len(), 7);
     assert_topic_matches(&db, &msgs, |_| 1);
+}
+
+/// Chaos on the relay: `run --relay` (outbox batch-size 1) and `outbox relay` (batch-size 5000) on one outbox
+/// while records keep arriving (entities spread over 3 partitions), each SIGKILLed and restarted at pseudo-random
+/// points; then the rest is consumed and relayed. Every event is one outbox row, every row is published and on
+/// the topic at least once (a kill between acknowledgement and mark republishes it) with its key, bytes and
+/// delivery header, each key's rows first appear in version order, and nothing else is on the topic.
+#[test]
+fn relay_and_run_relay_killed_at_random_while_rows_arrive() {
+    use crate::relay::{events, events_pipeline, read_topic};
+    use std::collections::{HashMap, HashSet};
+    let (db, topic) = stage("b13_chaos", 3);
+    let out = unique("b13out");
+    create_topic(&out, 2, &[]);
+    let group = unique("g");
+    let one = events_pipeline(&topic, &group, &db, &out, 1);
+    let big = events_pipeline(&topic, &group, &db, &out, 5000);
+    let run_args = ["run", "--config", arg(&one.path), "--relay"];
+    let relay_args = ["outbox", "relay", "--config", arg(&big.path)];
+    let mut seed: u64 = 0x5eed_1313;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut runner = spawn(&run_args, &[], one.dir.path(), "run0");
+    let mut relay = spawn(&relay_args, &[], big.dir.path(), "relay0");
+    let mut all = Vec::new();
+    for round in 0..12u32 {
+        let recs = events(6, 4, 3, 0x1300 + round);
+        produce(&topic, &recs);
+        all.extend(recs);
+        std::thread::sleep(Duration::from_millis(200 + rnd(1200)));
+        if rnd(2) == 0 {
+            runner.kill().unwrap();
+            runner.wait().unwrap();
+            runner = spawn(&run_args, &[], one.dir.path(), &format!("run{round}"));
+        } else {
+            relay.kill().unwrap();
+            relay.wait().unwrap();
+            relay = spawn(&relay_args, &[], big.dir.path(), &format!("relay{round}"));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(rnd(1500)));
+    for c in [&mut runner, &mut relay] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    let t = run_caught_up(&one.path).tally();
+    assert_eq!(t.quarantined + t.filtered, 0);
+    let done = replaysafe_with(
+        &[
+            "outbox",
+            "relay",
+            "--config",
+            arg(&big.path),
+            "--until-empty",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    done.assert_ok();
+    // The events are 12 rounds × 6 entities × 4 versions, but versions repeat per round (the event ids differ).
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), all.len() as i64);
+    assert_eq!(
+        db.i64("SELECT count(DISTINCT delivery_key) FROM {s}.outbox"),
+        all.len() as i64
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"),
+        0
+    );
+    assert_eq!(
+        db.i64("SELECT sum(n)::bigint FROM {s}.daily"),
+        all.len() as i64
+    );
+    let rows: HashMap<String, (Option<String>, String, i64)> = db
+        .query(
+            "SELECT delivery_key, message_key, payload::text, id FROM {s}.outbox",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+        .collect();
+    let msgs = read_topic(&out);
+    let mut seen = HashSet::new();
+    let mut last_id: HashMap<Option<String>, i64> = HashMap::new();
+    for m in &msgs {
+        let d = m.delivery.clone().expect("delivery header");
+        let (key, value, id) = rows
+            .get(&d)
+            .unwrap_or_else(|| panic!("{m:?} is no outbox row"));
+        assert_eq!((&m.key, &m.value), (key, value));
+        if seen.insert(d) {
+            let before = last_id.insert(key.clone(), *id);
+            assert!(
+                before.is_none_or(|b| b < *id),
+                "key {key:?}: row {id} first seen after {before:?}"
+            );
+        }
+    }
+    assert_eq!(seen.len(), rows.len(), "every row on the topic");
+    eprintln!("{} rows, {} messages", rows.len(), msgs.len());
+}
+
+/// `outbox relay --until-empty` when the broker refuses every message (the topic's `max.message.bytes` below
+/// them): it used to retry forever; it stops after [`STALLED_ROUNDS`] rounds that
+/// published nothing, exits 1 naming the rows left, and leaves them unpublished (none marked, none on the topic).
+#[test]
+fn relay_until_empty_stops_when_the_broker_refuses_every_row() {
+    use crate::relay::{events, events_pipeline, read_topic};
+    let (db, topic) = stage("b13_big", 2);
+    let out = unique("b13small");
+    create_topic(&out, 2, &[("max.message.bytes", "16")]);
+    produce(&topic, &events(3, 2, 2, 0x1313));
+    let p = events_pipeline(&topic, &unique("g"), &db, &out, 5000);
+    run_caught_up(&p.path);
+    let done = replaysafe_with(
+        &["outbox", "relay", "--config", arg(&p.path), "--until-empty"],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert_eq!(done.code, Some(1), "{}\n{}", done.stdout, done.stderr);
+    assert!(
+        done.stderr.contains("6 rows left unpublished"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL"),
+        6
+    );
+    assert_eq!(read_topic(&out), vec![]);
+}
+
+/// `outbox relay --metrics-addr` alone (no `run` beside it): `/readyz` answers 200 `ready: outbox relay` once
+/// the database probe succeeded — it used to say `no partitions assigned` forever (and `/healthz` failed after
+/// 60 s, the engine loop never turning), so a liveness/readiness probe would restart or shun every relay. The
+/// rows are published meanwhile and the readiness holds after the relay emptied the outbox.
+#[test]
+fn a_standalone_relay_is_ready_without_partitions() {
+    let (db, topic) = stage("n13_relay", 2);
+    let out = new_topic("n13_relay_out", 2);
+    let text = concat!(
+        header!(),
+        r#"[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+
+[identity]
+key = ["event_id"]
+
+[[projection]]
+kind = "outbox"
+table = "outbox"
+key = ["event_id"]
+"#
+    );
+    let text = format!("{text}\n[outbox]\ntopic = \"{out}\"\n");
+    let p = pipeline(&text, &topic, &unique("relay"), &db.schema);
+    let recs: Vec<Rec> = (0..6).map(|n| ev(100 + n, (n % 2) as i32, 1)).collect();
+    produce(&topic, &recs);
+    assert_eq!(run_caught_up(&p.path).tally().landed, 6);
+    let addr = crate::health::free_addr();
+    let args = [
+        "outbox",
+        "relay",
+        "--config",
+        arg(&p.path),
+        "--metrics-addr",
+        &addr,
+    ];
+    let mut relay = spawn(&args, &[], p.dir.path(), "relay");
+    let body = crate::health::wait_for(&addr, "/readyz", "the relay ready", |c, _| c == 200);
+    assert_eq!(body, "ready: outbox relay\n");
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "every row published",
+        || db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL") == 0,
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 6);
+    assert_eq!(crate::health::get(&addr, "/readyz").map(|r| r.0), Some(200));
+    assert_eq!(
+        crate::health::get(&addr, "/healthz").map(|r| r.0),
+        Some(200)
+    );
+    assert_eq!(terminate(&mut relay), Some(0));
 }

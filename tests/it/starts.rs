@@ -1,10 +1,11 @@
 //! Where a partition starts without a checkpoint in its generation: partitions added to a running group, and a
-//! changed `[identity] generation` on the same topic or a recreated one (README "Where a partition starts").
+//! changed `[identity] generation` on the same topic or a recreated one (docs/guarantees.md "Where a partition starts").
 
 use std::time::Duration;
 
 use crate::common::*;
 use crate::core::{counts, seed_events, SEED};
+use crate::projection_builds::BASE;
 
 fn ledger(db: &Db) -> i64 {
     db.i64("SELECT count(*) FROM {s}.replaysafe_ledger")
@@ -451,4 +452,86 @@ fn a_running_member_commits_checkpoints_kafka_has_behind() {
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(5));
     assert_eq!(db.checkpoint(&group, &topic, 1), Some(5));
     assert_eq!(ledger(&db), 10);
+}
+
+/// Another writer (`load --take-over`, here the fence bumped by hand) takes a partition over between the
+/// worker's take-over and the write of its start (a partition without a checkpoint, positioned from `start`):
+/// the worker pauses it and takes it back once the group confirms the assignment — it does not exit, and every
+/// event lands once.
+#[test]
+fn a_fence_bumped_while_the_start_is_written_is_taken_back_not_fatal() {
+    let (db, topic) = stage("bkstart", 1);
+    let group = unique("g");
+    let text = format!(
+        "{BASE}[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n"
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    let recs: Vec<Rec> = (0..40)
+        .map(|i| {
+            let v = format!(r#"{{"id":"e{i}","cust":"c","day":"2026-07-01"}}"#);
+            Rec::json(0, "k", &v, 1_782_864_000_000)
+        })
+        .collect();
+    produce(&topic, &recs[..20]);
+    let mut w = spawn(
+        &["run", "--config", arg(&p.path)],
+        &[("REPLAYSAFE_FAILPOINTS", "before-write-start=1*sleep(4000)")],
+        p.dir.path(),
+        "w",
+    );
+    wait_until(Duration::from_secs(60), "the take-over's row", || {
+        db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_checkpoints WHERE consumer_group = '{group}'"
+        )) == 1
+    });
+    db.execute("UPDATE {s}.replaysafe_checkpoints SET fence = fence + 1");
+    produce(&topic, &recs[20..]);
+    let next = || {
+        db.i64(&format!(
+            "SELECT coalesce(max(next_offset), -1) FROM {{s}}.replaysafe_checkpoints \
+             WHERE consumer_group = '{group}'"
+        ))
+    };
+    let mut exited = None;
+    wait_until(Duration::from_secs(120), "every event applied", || {
+        exited = w.try_wait().unwrap();
+        exited.is_some() || next() == 40
+    });
+    let err = std::fs::read_to_string(p.dir.path().join("w.err")).unwrap();
+    assert!(exited.is_none(), "the worker exited: {err}");
+    assert_eq!(terminate(&mut w), Some(0));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 40);
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 40);
+}
+
+/// A topic recreated under a new stream generation starts from its own positions: checkpoints are kept per
+/// generation (it used to resume at the old topic's offset and skip the new records).
+#[test]
+fn a_new_generation_does_not_reuse_the_old_topics_checkpoints() {
+    let (db, topic) = stage("gen", 1);
+    let (first, _) = seed_events(100, 1);
+    produce(&topic, &first);
+    let group = unique("g");
+    let g1 = SEED.replace(
+        "key = [\"event_id\"]",
+        "key = [\"event_id\"]\ngeneration = \"g1\"",
+    );
+    let p1 = pipeline(&g1, &topic, &group, &db.schema);
+    assert_eq!(run_caught_up(&p1.path).tally().landed, 100);
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    let (second, _) = seed_events(150, 1);
+    produce(&topic, &second);
+    let p2 = pipeline(&g1.replace("\"g1\"", "\"g2\""), &topic, &group, &db.schema);
+    let t = run_caught_up(&p2.path).tally();
+    assert_eq!(
+        (t.consumed, t.landed),
+        (150, 150),
+        "every record of the new topic is read"
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger WHERE generation = 'g2'"),
+        150
+    );
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use crate::core::{counts, seed_events, SEED};
+use crate::projection_builds::{BASE, PARTITIONS, ev};
 
 /// The seed pipeline with the `customer_id` pointer misspelled, one batch per partition (the records are
 /// produced before the run and all read within the 5 s linger, so each partition's first batch holds all of
@@ -436,4 +437,155 @@ fn a_high_share_of_one_reason_stops_by_the_window_rule() {
         out.stderr
     );
     assert_nothing_applied(&db, &group, &topic, 2, "window rule");
+}
+
+/// The tolerance's stop point depends on the records only: the same partition read with batches of 1, 7 and
+/// 5,000 records stops at the same offset with the same message (the window rule: two of every three records
+/// missing a field), nothing at or past that offset is committed, and a rerun stops there again.
+#[test]
+fn the_tolerance_stops_at_the_same_record_whatever_the_batch_size() {
+    let topic = new_topic("bktol", 1);
+    let recs: Vec<Rec> = (0..1500)
+        .map(|i| {
+            let v = if i >= 50 && i % 3 != 0 {
+                format!(r#"{{"id":"e{i}","day":"2026-07-01"}}"#)
+            } else {
+                format!(r#"{{"id":"e{i}","cust":"c{}","day":"2026-07-01"}}"#, i % 4)
+            };
+            Rec::json(0, "k", &v, 1_782_864_000_000)
+        })
+        .collect();
+    produce(&topic, &recs);
+    let mut stops = Vec::new();
+    for size in [1, 7, 5000] {
+        let db = Db::fresh("bktol");
+        let text = BASE.replace("max-records = 20", &format!("max-records = {size}"));
+        let p = pipeline(&text, &topic, &unique("g"), &db.schema);
+        let limit = Duration::from_secs(300);
+        let out = try_run_with(&p.path, &[], limit);
+        assert_eq!(out.code, Some(5), "{size}: {}", out.stderr);
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("caused by:") && l.contains("quarantined as"))
+            .unwrap_or_default()
+            .to_string();
+        let at = line
+            .split("offsets ")
+            .nth(1)
+            .and_then(|s| s.split(':').next())
+            .unwrap_or_default()
+            .to_string();
+        let checkpoint =
+            db.i64("SELECT coalesce(max(next_offset), 0) FROM {s}.replaysafe_checkpoints");
+        let past = db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_dead_letters WHERE \"offset\" >= {checkpoint}"
+        ));
+        let landed_past = db.i64(&format!(
+            "SELECT count(*) FROM {{s}}.replaysafe_ledger WHERE \"offset\" >= {checkpoint}"
+        ));
+        assert_eq!(
+            (past, landed_past),
+            (0, 0),
+            "{size}: committed past the checkpoint"
+        );
+        // Every offset below the checkpoint is landed or quarantined: nothing skipped over.
+        let accounted = db.i64(
+            "SELECT (SELECT count(*) FROM {s}.replaysafe_ledger) \
+             + (SELECT count(*) FROM {s}.replaysafe_dead_letters)",
+        );
+        assert_eq!(
+            accounted, checkpoint,
+            "{size}: records below the checkpoint never applied"
+        );
+        assert!(
+            line.contains(&format!("stays at offset {checkpoint}")),
+            "{size}: {line}"
+        );
+        eprintln!("size {size}: checkpoint {checkpoint}, first stop: {line}");
+        let again = try_run_with(&p.path, &[], limit);
+        for l in again
+            .stderr
+            .lines()
+            .filter(|l| l.contains("assigned") || l.contains("caused by"))
+        {
+            eprintln!("  rerun: {l}");
+        }
+        assert_eq!(again.code, Some(5), "{size} rerun: {}", again.stderr);
+        assert!(again.stderr.contains(&at), "{size} rerun: {}", again.stderr);
+        stops.push((size, at, line.len()));
+    }
+    eprintln!("{stops:?}");
+    assert!(
+        stops.iter().all(|s| s.1 == stops[0].1 && !s.1.is_empty()),
+        "{stops:?}"
+    );
+}
+
+/// Two `dead-letters replay` at once, while `run` runs with new events: every dead letter is resolved once,
+/// the projection counts each record once, and the two replay lines add up to at least the dead letters.
+#[test]
+fn two_concurrent_dead_letter_replays_beside_run_count_once() {
+    let (db, topic) = stage("bkreplay2", PARTITIONS);
+    let group = unique("g");
+    let text = BASE.replace(
+        "[[projection]]",
+        "[errors]\ntolerance = \"all\"\n[[projection]]",
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    db.execute("ALTER TABLE {s}.daily_counts ADD CONSTRAINT no_bad CHECK (cust <> 'bad')");
+    let recs: Vec<Rec> = (0..600)
+        .map(|i| ev(i, if i % 3 == 0 { "bad" } else { "good" }))
+        .collect();
+    produce(&topic, &recs[..300]);
+    run_caught_up(&p.path);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_at IS NULL"),
+        100
+    );
+    db.execute("ALTER TABLE {s}.daily_counts DROP CONSTRAINT no_bad");
+    let mut w = spawn_run(&p, &[], "w");
+    produce(&topic, &recs[300..]);
+    let replay = |name: &str| {
+        spawn(
+            &["dead-letters", "replay", "--config", arg(&p.path)],
+            &[],
+            p.dir.path(),
+            name,
+        )
+    };
+    let mut a = replay("ra");
+    let mut b = replay("rb");
+    for (c, name) in [(&mut a, "ra"), (&mut b, "rb")] {
+        wait_until(Duration::from_secs(120), "a replay to end", || {
+            c.try_wait().unwrap().is_some()
+        });
+        let out = std::fs::read_to_string(p.dir.path().join(format!("{name}.out"))).unwrap();
+        eprintln!("{name}: {out}");
+    }
+    wait_until(Duration::from_secs(120), "run caught up", || {
+        db.i64(&format!(
+            "SELECT coalesce(sum(next_offset), 0)::bigint FROM {{s}}.replaysafe_checkpoints \
+             WHERE consumer_group = '{group}'"
+        )) == 600
+    });
+    assert_eq!(terminate(&mut w), Some(0));
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_at IS NULL"),
+        0
+    );
+    assert_eq!(
+        db.i64(
+            "SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_by LIKE 'replay:%'"
+        ),
+        0,
+        "a dead letter landed by one replay was marked a duplicate by the other"
+    );
+    assert_eq!(db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts"), 600);
+    assert_eq!(
+        db.i64("SELECT sum(n)::bigint FROM {s}.daily_counts WHERE cust = 'bad'"),
+        200
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 600);
 }
