@@ -67,7 +67,7 @@ PARTITIONS = 12
 CUSTOMERS = 400
 DAYS = [dt.date(2026, 11, 20) + dt.timedelta(days=i) for i in range(6)]
 HARNESS_APP = "chaos-harness"
-# The ledger names its (topic, partition, group) by `_source_id` (README "Tables"): the ids of one partition.
+# The ledger names its (topic, partition, group) by `_source_id` (docs/reference.md "Tables"): the ids of one partition.
 SOURCES = "SELECT id FROM {s}.replaysafe_sources WHERE topic = %s AND partition = %s"
 
 

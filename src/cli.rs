@@ -57,10 +57,10 @@ pub enum Command {
         shutdown_timeout: u64,
         /// Issue no DDL (as `[postgres] manage-schema = false`): the tables and the ledger's day partitions must
         /// exist (`init` by their owner); a batch needing a missing partition stops uncommitted, naming it; no
-        /// prune (the owner's `init` prunes). README "Privileges".
+        /// prune (the owner's `init` prunes). docs/operations.md "Privileges".
         #[arg(long)]
         no_ddl: bool,
-        /// Also relay the pipeline's outbox to `[outbox] topic` in this process (README "Outbox relay"); with
+        /// Also relay the pipeline's outbox to `[outbox] topic` in this process (docs/reference.md "Outbox relay"); with
         /// --until-caught-up the rows left are published before the exit (within --shutdown-timeout).
         #[arg(long)]
         relay: bool,
@@ -113,7 +113,7 @@ pub enum Command {
               value_parser = clap::value_parser!(u32).range(0..=366))]
         days: u32,
     },
-    /// The outbox relay (README "Outbox relay").
+    /// The outbox relay (docs/reference.md "Outbox relay").
     Outbox {
         #[command(subcommand)]
         command: OutboxCommand,
@@ -380,7 +380,7 @@ impl DeadLetterSelect {
     }
 }
 
-/// `replaysafe projection …` (README "Change a running pipeline").
+/// `replaysafe projection …` (docs/replay.md "Change a running pipeline").
 #[derive(Subcommand)]
 pub enum ProjectionCommand {
     /// Apply the records the ledger claimed before an added projection's hand-over point to that projection

@@ -47,7 +47,7 @@ pub enum Error {
     #[error("schema mismatch: {0}")]
     Schema(String),
     /// The connection's role may not do what was asked (create or alter the pipeline's objects); the message
-    /// says how to split DDL (`init` by the owner) from the runtime role (README "Privileges").
+    /// says how to split DDL (`init` by the owner) from the runtime role (docs/operations.md "Privileges").
     #[error("insufficient privilege: {0}")]
     Privilege(String),
     /// A partition has no checkpoint and no committed offset, and `kafka.start` is not set.

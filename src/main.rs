@@ -1,5 +1,5 @@
 //! The `replaysafe` binary: parses the command line ([`cli`]), sets up logging, dispatches to the command,
-//! maps errors to exit codes (see README "Exit codes") and prints the error chain.
+//! maps errors to exit codes (see docs/operations.md "Exit codes") and prints the error chain.
 
 mod cli;
 
@@ -302,7 +302,7 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Exit code of `prove` when a boundary failed (README "Exit codes").
+/// Exit code of `prove` when a boundary failed (docs/operations.md "Exit codes").
 const EXIT_PROVE_FAILED: i32 = 6;
 
 fn prove(
@@ -472,7 +472,7 @@ fn dead_letters(command: cli::DeadLettersCommand) -> anyhow::Result<()> {
     }
 }
 
-/// `ledger stats` / `ledger prune` (README "The ledger's lifecycle").
+/// `ledger stats` / `ledger prune` (docs/replay.md "The ledger's lifecycle").
 fn ledger(command: LedgerCommand) -> anyhow::Result<()> {
     let (config, json) = match &command {
         LedgerCommand::Stats { config, json } | LedgerCommand::Prune { config, json, .. } => {

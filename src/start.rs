@@ -1,5 +1,5 @@
 //! Where an assigned partition starts when PostgreSQL holds no checkpoint for it in this stream generation
-//! (README "Where a partition starts").
+//! (docs/guarantees.md "Where a partition starts").
 //!
 //! In order:
 //! 1. **Another generation's checkpoint** of the same group (the file's `[identity] generation` changed, or

@@ -418,7 +418,7 @@ fn session_free_text(f: &FieldPlan) -> String {
 /// Canonical text, independent of session settings: text as is; uuid lower-case hyphenated; bigint and numeric
 /// in PostgreSQL's output (numeric keeps its scale); boolean `true`/`false`; date `YYYY-MM-DD`; timestamptz
 /// `YYYY-MM-DDTHH:MI:SS.ffffffZ` in UTC (always six fraction digits); jsonb PostgreSQL's jsonb text. This
-/// encoding is part of replaysafe's interface (README "Tables"): changing it would re-key every consumer.
+/// encoding is part of replaysafe's interface (docs/reference.md "Tables"): changing it would re-key every consumer.
 pub fn message_key_sql(fields: &[FieldPlan], key: &[usize]) -> String {
     let parts: Vec<String> = key
         .iter()

@@ -99,7 +99,7 @@ pub struct PostgresPlan {
     /// `manage-schema` (default true): `run`, `load`, `backfill` and `rebuild` create missing tables and ledger
     /// day partitions and prune expired partitions. `false` (or `run --no-ddl`): they issue no DDL — the tables
     /// and partitions must exist (`replaysafe init` by their owner), a missing partition stops the batch uncommitted
-    /// (README "Privileges").
+    /// (docs/operations.md "Privileges").
     pub manage_schema: bool,
 }
 

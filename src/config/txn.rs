@@ -1,5 +1,5 @@
 //! `[source] transactions`, `transaction-timeout-ms`, `transaction-buffer-bytes`: Debezium source transactions
-//! applied atomically (opt-in; README "Source transactions").
+//! applied atomically (opt-in; docs/cdc.md "Source transactions").
 
 use std::time::Duration;
 

@@ -206,7 +206,7 @@ async fn acquire_once(
             );
             next = None;
         }
-        // The partition's fenced-batches series exists from its take-over on (README "Metrics and health").
+        // The partition's fenced-batches series exists from its take-over on (docs/operations.md "Metrics and health").
         fenced_counter(&(topic.clone(), *partition)).increment(0);
         out.push(Acquired {
             tp: (topic.clone(), *partition),

@@ -110,7 +110,7 @@ async fn attempts(
 /// retry claimed nothing new although that attempt did, the earlier attempt committed (a source transaction's
 /// claims commit all together or not at all) — its outcomes are the truth, counted once; otherwise the retry's.
 fn resolve(unknown: Option<Vec<Outcome>>, retry: Vec<Outcome>) -> Vec<Outcome> {
-    // A stale record is claimed too (and reached every projection but the row ones: README "Accounting").
+    // A stale record is claimed too (and reached every projection but the row ones: docs/reference.md "Accounting").
     let claimed = |o: &Outcome| matches!(o, Outcome::Landed | Outcome::Stale { .. });
     match unknown {
         Some(u)

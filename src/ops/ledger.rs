@@ -1,4 +1,4 @@
-//! `replaysafe ledger stats` and `replaysafe ledger prune` (README "The ledger's lifecycle").
+//! `replaysafe ledger stats` and `replaysafe ledger prune` (docs/replay.md "The ledger's lifecycle").
 
 use chrono::NaiveDate;
 use serde_json::{json, Value};

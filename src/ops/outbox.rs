@@ -1,5 +1,5 @@
 //! `replaysafe outbox relay` and `run --relay`: publishes the rows of a `kind = "outbox"` table to Kafka with
-//! the idempotent producer (README "Outbox relay").
+//! the idempotent producer (docs/reference.md "Outbox relay").
 //!
 //! One *round* is one PostgreSQL transaction:
 //! 1. lock, with `FOR UPDATE SKIP LOCKED`, up to `[outbox] batch-size` rows that are not yet published

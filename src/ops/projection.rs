@@ -1,5 +1,5 @@
 //! `replaysafe projection build | remove`: the two steps of changing the projections of a running pipeline
-//! (README "Change a running pipeline"). Adding is done by a start (`init`/`run`) with a file that has the new
+//! (docs/replay.md "Change a running pipeline"). Adding is done by a start (`init`/`run`) with a file that has the new
 //! projection: it is recorded `building` with its hand-over point ([`crate::sink::projset`]); `build` applies
 //! the records the ledger claimed before that point to it alone and makes it `active`; `remove` records a
 //! projection deleted from the file as removed (its table left as it is).

@@ -88,7 +88,7 @@ pub fn rebuild(
         verify::prepare(&mut client, &pipeline).await?;
         Ok::<_, Error>(client)
     })?;
-    // A projection being built (README "Change a running pipeline") would race the window's delete.
+    // A projection being built (docs/replay.md "Change a running pipeline") would race the window's delete.
     if let Some(rec) = rt.block_on(crate::sink::projset::load(&client, &pipeline))? {
         if let Some((name, _)) = rec
             .entries
@@ -116,7 +116,7 @@ pub fn rebuild(
             opts.group_id
         )));
     }
-    // Days the ledger no longer remembers (the durable horizon, README answer 4): their records would be
+    // Days the ledger no longer remembers (the durable horizon, README "The four answers", 4): their records would be
     // quarantined as beyond-horizon after the window was zeroed.
     let horizon = rt.block_on(ledger::current_horizon(&client, &pipeline))?;
     if let Some(oldest) = horizon.and_then(|h| h.oldest).filter(|o| opts.from < *o) {

@@ -310,7 +310,7 @@ fn tolerance_message(
 /// their delivery key): a duplicate, stale or filtered record is resolved with `resolved_by` saying so
 /// (`replay: duplicate`, `replay: stale`, `replay: conflict`, `replay: filtered by <rule>`); a record
 /// quarantined again stays unresolved with its new `reason` and `detail`. A stale record reached the other
-/// projections (README "Accounting"), so [`resolve_statement`] resolved it in this transaction already: its
+/// projections (docs/reference.md "Accounting"), so [`resolve_statement`] resolved it in this transaction already: its
 /// `resolved_by` is replaced here (`resolved_at = now()`, the transaction's start, marks this transaction's).
 ///
 /// # Errors

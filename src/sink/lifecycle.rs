@@ -107,7 +107,7 @@ pub fn below_message(
          longer recognise those records as duplicates and replaying them could count them again. Refused; nothing \
          of it was committed. Replay from offset {} on (backfill: a later --from; run: with the group stopped, set \
          its next_offset in replaysafe_checkpoints to at least that), or rebuild the \
-         days from {below} on (README \"The ledger's lifecycle\")",
+         days from {below} on (docs/replay.md \"The ledger's lifecycle\")",
         p.ledger.table,
         through + 1
     )

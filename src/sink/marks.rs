@@ -69,7 +69,7 @@ pub async fn check(
                 "projection `{name}`: table {table} is fed by ledger {other} (its table comment says so), and this \
                  pipeline's ledger is {ours}: a table fed by two ledgers counts every record both claim twice. Give \
                  this projection a table of its own (a new name in `table`); to add it to the running pipeline of \
-                 ledger {other}, see README \"Change a running pipeline\""
+                 ledger {other}, see docs/replay.md \"Change a running pipeline\""
             )));
         }
         if rows && ledger_has_rows && added.iter().any(|a| a == name) {

@@ -1,5 +1,5 @@
 //! What a role needs to run a pipeline, checked without writing (`replaysafe check --database`), and the
-//! message given when a role may not do the DDL it was asked to do (README "Privileges").
+//! message given when a role may not do the DDL it was asked to do (docs/operations.md "Privileges").
 //!
 //! The runtime needs, for the role in the connection string: `USAGE` on each schema the pipeline's tables live
 //! in; `SELECT, INSERT, UPDATE, DELETE` on every table it reads or writes (replaysafe's own tables and the
@@ -83,7 +83,7 @@ pub(crate) async fn missing_tables(c: &impl GenericClient, p: &Pipeline) -> Resu
 /// What to do when a role may not do the DDL: said after every refusal.
 pub const SPLIT_DDL: &str = "run `replaysafe init --config FILE` once as the owner of the schema and tables (it \
     creates them and the ledger's day partitions ahead, `--days N`), then start this role with `[postgres] manage-schema = \
-    false` (every command) or `run --no-ddl`, which issue no DDL; README \"Privileges\" lists the grants";
+    false` (every command) or `run --no-ddl`, which issue no DDL; docs/operations.md \"Privileges\" lists the grants";
 
 /// Turns a refusal for lack of privilege (SQLSTATE 42501: "permission denied for …", "must be owner of …") met
 /// while creating or altering the pipeline's objects into [`Error::Privilege`] saying how to split DDL from the
@@ -112,7 +112,7 @@ pub fn explain_missing(e: Error) -> Error {
         Error::Postgres(pg) if pg.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
             Error::Privilege(format!(
                 "{}: the role of the connection lacks a privilege the pipeline needs; `replaysafe check --config \
-                 FILE --database` lists every one with the GRANT that gives it (README \"Privileges\")",
+                 FILE --database` lists every one with the GRANT that gives it (docs/operations.md \"Privileges\")",
                 super::describe(pg)
             ))
         }

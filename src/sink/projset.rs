@@ -182,7 +182,7 @@ pub const CHANGE_PATH: &str = "A projection's definition cannot change in place:
     table; start one worker with that file (init or run records it and its hand-over point), restart the others \
     with it, and build its history with `replaysafe projection build --config FILE --projection NEW`; once built, \
     delete the old entry from the file and run `replaysafe projection remove --config FILE --projection OLD` \
-    (README \"Change a running pipeline\")";
+    (docs/replay.md \"Change a running pipeline\")";
 
 /// Refuses a pipeline whose projections changed or lost one (see [`CHANGE_PATH`]), or that has a projection
 /// recorded as removed again (an older file looks the same, and must not silently feed it again); added ones
@@ -201,7 +201,7 @@ pub fn refuse_changes(p: &Pipeline, d: &Diff) -> Result<()> {
         return Err(Error::Schema(format!(
             "ledger {ledger} records projection `{name}` as removed (`replaysafe projection remove`{when}), and \
              this file has it again. If this process runs an older pipeline file, start it with the current one. \
-             To add such a projection back, give it a new `name` and a new table, then build it (README \"Change \
+             To add such a projection back, give it a new `name` and a new table, then build it (docs/replay.md \"Change \
              a running pipeline\"): a removed name is not fed again, as an older file would otherwise resume \
              feeding it unnoticed"
         )));

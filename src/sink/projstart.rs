@@ -70,7 +70,7 @@ pub async fn legacy(client: &impl GenericClient, p: &Pipeline) -> Result<Option<
             "ledger {table} already holds delivery keys claimed for a different set of projections than this \
              pipeline's [{}] (recorded by replaysafe before format 2 as a digest of names and kinds, so which ones \
              differ cannot be said): start it once with the pipeline file it ran with, which records them in full; \
-             then add, change or remove projections as README \"Change a running pipeline\" says",
+             then add, change or remove projections as docs/replay.md \"Change a running pipeline\" says",
             names.join(", ")
         )));
     }

@@ -43,7 +43,7 @@ pub fn backfill(
     shutdown: Arc<AtomicBool>,
 ) -> Result<Report> {
     let (plans, retention, stop) = plan(&pipeline, brokers, database_url, opts)?;
-    // Kafka keeping records longer than the ledger remembers them: warned (README "The ledger's lifecycle").
+    // Kafka keeping records longer than the ledger remembers them: warned (docs/replay.md "The ledger's lifecycle").
     crate::ops::ledger::warn_retention(&pipeline, brokers);
     let mut report = Report {
         group_id: opts.group_id.clone(),

@@ -545,7 +545,7 @@ fn rebuilt(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<
 /// snapshot read (`op = r`) of its current state at a new source position above every position of the fixture,
 /// appended after the topic's end on the entity's partition; nothing for deleted entities. Applied on top of the
 /// reference under a fresh group: every read is of a row already stored in that state, so it must be a
-/// `duplicate` (README "Snapshots") and the state identical — projections, tombstones, conflicts, outbox, dead
+/// `duplicate` (docs/cdc.md "Snapshots") and the state identical — projections, tombstones, conflicts, outbox, dead
 /// letters — but for the bookkeeping such a read advances: the row's `_version`, `_position`, `_delivery`, and
 /// its claim in the ledger.
 fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<Done> {
@@ -559,7 +559,7 @@ fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Resu
     pr.tick("6 resnapshot");
     let got = pr.snapshot(&p, &Norm::default())?;
     // A newer snapshot read of the same state is a duplicate that leaves its claim in the ledger, and the row
-    // takes its version, delivery and position (README "Snapshots", `duplicate`): those are left out; every
+    // takes its version, delivery and position (docs/cdc.md "Snapshots", `duplicate`): those are left out; every
     // reference ledger row must still be there, and at most one more per read.
     let ledger = p.ledger.table.name.as_str();
     let (lost, more) = missing_rows(reference, &got, ledger);
@@ -673,7 +673,7 @@ fn expired(pr: &mut Prover, _p0: &Arc<Pipeline>, _reference: &Snapshot) -> Resul
                 "the replay past the horizon changed the projections".into(),
             );
         }
-        // The pruned offsets (README "The ledger's lifecycle"): a replay reaching offsets whose ledger rows a
+        // The pruned offsets (docs/replay.md "The ledger's lifecycle"): a replay reaching offsets whose ledger rows a
         // prune dropped is refused before anything is committed — the declared policy as well.
         Err(Error::BelowHorizon(why)) => {
             pr.tick("7 expired");

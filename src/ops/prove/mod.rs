@@ -71,7 +71,7 @@ pub struct ProveOptions {
     pub interrupt: Arc<AtomicBool>,
 }
 
-/// The error of an interrupted `prove` (exit 1, README "Exit codes").
+/// The error of an interrupted `prove` (exit 1, docs/operations.md "Exit codes").
 pub fn interrupted() -> Error {
     Error::Other(
         "interrupted (SIGINT/SIGTERM): no boundary was judged further; scratch state removed"

@@ -1,5 +1,5 @@
 //! `new-columns = "add"`: a member of a Debezium change's `after` that no column of the row projection maps is
-//! added to the projection's table before the batch (README "Schema evolution mid-stream").
+//! added to the projection's table before the batch (docs/cdc.md "Schema evolution mid-stream").
 //!
 //! The step runs before the batch transaction, in a transaction of its own that is idempotent (`ADD COLUMN IF
 //! NOT EXISTS`; the catalog is read first, so a column another worker added is only picked up) and bounded by the

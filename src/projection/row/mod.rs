@@ -1,7 +1,7 @@
 //! `[[projection]] kind = "row"`: a version-guarded row-state table. In the batch transaction: the changes a batch newly claimed are grouped per entity, ordered
 //! by version, folded against the stored state (read `FOR UPDATE`), and written once per entity.
 //!
-//! Rules (README "Debezium CDC to a table"):
+//! Rules (docs/cdc.md "Debezium CDC to a table"):
 //! - an upsert applies only when its version is strictly newer than the stored one (live row or tombstone);
 //! - a delete leaves a tombstone `(key, _version, _deleted_at)` so an older write can never resurrect the row;
 //! - an equal version with the same row state is a duplicate; with a different state it is a conflict, recorded in
@@ -47,7 +47,7 @@ use crate::sink::error::{classify, ApplyError};
 /// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its
 /// own table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version
 /// with another state (conflict) keeps that outcome in the tally, but stays in `landed`, so every other
-/// projection (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (README
+/// projection (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (docs/reference.md
 /// "Accounting"). Only a redelivery that every row projection it reached already holds
 /// ([`RowResult::Same`]: the same state at its version, or a snapshot read of the stored state) is a duplicate,
 /// taken out of `landed` (and `pg_temp.landed`). A Debezium change whose delivery key was already claimed is
@@ -178,7 +178,7 @@ fn drift_stop(batch: &Batch, offset: i64, projection: &str, what: &str) -> Apply
     ApplyError::Fatal(crate::error::Error::Schema(format!(
         "schema drift at {}/{} offset {offset}: {what}; row projection `{projection}` has schema-drift = \"strict\", \
          so the partition stops here and nothing of this batch was committed. Set schema-drift = \"lenient\" \
-         (absent and new-columns then decide) and restart, or change the projection (README \"Change a running \
+         (absent and new-columns then decide) and restart, or change the projection (docs/replay.md \"Change a running \
          pipeline\")",
         batch.topic, batch.partition
     )))

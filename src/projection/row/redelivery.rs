@@ -1,6 +1,6 @@
 //! Ledger duplicates of Debezium changes judged by the row projections.
 //!
-//! A Debezium delivery key is the change's source position, table and key (README "Debezium CDC to a table",
+//! A Debezium delivery key is the change's source position, table and key (docs/cdc.md "Debezium CDC to a table",
 //! *Delivery key*), so a second record at the same position and key is a ledger `duplicate` before any row
 //! projection sees it. Most are redeliveries of the same change; one with a *different* row state is a conflict
 //! (as for an equal version column): recorded in `replaysafe_conflicts` and counted as a conflict

@@ -87,7 +87,7 @@ fn hash64(text: &str) -> i64 {
     i64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
-/// The entity-lock statements of a row projection table (README "The four answers", 2).
+/// The entity-lock statements of a row projection table (docs/guarantees.md "The four answers", 2).
 ///
 /// An entity's lock id is `hashtextextended` (PostgreSQL's 64-bit text hash) of its key values cast to the key
 /// columns' types and back to text — the form PostgreSQL compares, so `{ABC…}` and `abc…` of a uuid key, or
@@ -149,7 +149,7 @@ pub const MAX_ENTITY_LOCKS: usize = 512;
 ///
 /// Row projections lock in projection order, after the ledger claims and the checkpoint row: a transaction only
 /// ever waits for a lock later in that one order than every lock it holds, so these locks add no deadlock (see
-/// README "The four answers", 2). The row statements that follow (state reads `FOR UPDATE`, upserts, tombstones,
+/// docs/guarantees.md "The four answers", 2). The row statements that follow (state reads `FOR UPDATE`, upserts, tombstones,
 /// conflicts, truncates) touch only rows of entities locked here (or the whole table under the exclusive lock),
 /// so no other replaysafe batch holds any of their row locks and their own row order needs no sort (case C36).
 pub(super) async fn lock_entities(

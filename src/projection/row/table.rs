@@ -45,7 +45,7 @@ impl Shape {
 }
 
 /// The live table's column of a row whose unchanged-TOAST values of a primary-key change wait for the old key's
-/// row (README "Debezium CDC to a table", unchanged TOAST values).
+/// row (docs/cdc.md "Debezium CDC to a table", unchanged TOAST values).
 pub const UNRESOLVED: &str = "_unresolved";
 
 /// The name of the `new-columns = "extra"` column.
