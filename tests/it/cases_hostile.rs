@@ -5,7 +5,7 @@
 
 use crate::cases::{case_topic, load, ORDERS};
 use crate::common::*;
-use crate::core::{SEED, counts, seed_events};
+use crate::core::{counts, seed_events, SEED};
 
 /// [`ORDERS`] plus the fields and projections C35 and C39 name: `customers` (display_name as text) and
 /// `order_facts` (total, external_ref, points as numeric).

@@ -14,7 +14,12 @@ fn pages() -> Vec<String> {
     let mut out = vec!["README.md".to_string(), "ARCHITECTURE.md".to_string()];
     let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
         .expect("a docs/ folder")
-        .map(|e| e.expect("a docs/ entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("a docs/ entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|n| n.ends_with(".md"))
         .map(|n| format!("docs/{n}"))
         .collect();
@@ -54,7 +59,10 @@ fn anchor(heading: &str) -> String {
 /// Whether `name` names `heading`: the whole heading, or its part before `: ` or ` (`
 /// (`"Bounded waits"` names "Bounded waits: PostgreSQL timeouts and shutdown").
 fn names(name: &str, heading: &str) -> bool {
-    heading == name || heading.strip_prefix(name).is_some_and(|rest| rest.starts_with(": ") || rest.starts_with(" ("))
+    heading == name
+        || heading
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with(": ") || rest.starts_with(" ("))
 }
 
 /// The text with Rust string continuations (`\` + newline + indentation) and comment continuations (a newline,
@@ -76,8 +84,16 @@ fn joined(text: &str) -> String {
                     break;
                 }
             }
-            out.push(if next.len() != trimmed.len() { ' ' } else { '\n' });
-            rest = if next.len() != trimmed.len() { next } else { after };
+            out.push(if next.len() != trimmed.len() {
+                ' '
+            } else {
+                '\n'
+            });
+            rest = if next.len() != trimmed.len() {
+                next
+            } else {
+                after
+            };
         } else {
             out.push_str(c);
             rest = after;
@@ -96,10 +112,15 @@ fn references(text: &str) -> Vec<(String, String)> {
     while let Some(i) = text[at..].find(['R', 'd']).map(|i| i + at) {
         at = i + 1;
         let rest = &text[i..];
-        let page = if rest.starts_with("README") && !text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '/') {
+        let page = if rest.starts_with("README")
+            && !text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '/')
+        {
             "README.md".to_string()
         } else if let Some(tail) = rest.strip_prefix("docs/") {
-            let stem: String = tail.chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_')).collect();
+            let stem: String = tail
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+                .collect();
             if stem.is_empty() || !tail[stem.len()..].starts_with(".md") {
                 continue;
             }
@@ -111,10 +132,14 @@ fn references(text: &str) -> Vec<(String, String)> {
         if page == "README.md" && after.starts_with(".md") {
             after = &after[3..];
         }
-        let after = after.strip_prefix("'s").or_else(|| after.strip_prefix(',')).unwrap_or(after);
-        let heading = after
-            .strip_prefix(" \"")
-            .and_then(|q| q.find('"').map(|end| q[..end].split_whitespace().collect::<Vec<_>>().join(" ")));
+        let after = after
+            .strip_prefix("'s")
+            .or_else(|| after.strip_prefix(','))
+            .unwrap_or(after);
+        let heading = after.strip_prefix(" \"").and_then(|q| {
+            q.find('"')
+                .map(|end| q[..end].split_whitespace().collect::<Vec<_>>().join(" "))
+        });
         match heading {
             Some(h) => out.push((page, h)),
             None if page != "README.md" => out.push((page, String::new())),
@@ -127,21 +152,39 @@ fn references(text: &str) -> Vec<(String, String)> {
 /// The files whose text may name the docs: sources, scripts, tests, examples, benches and the reference files.
 fn scanned() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
         for e in entries {
             let p = e.expect("a directory entry").path();
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             if p.is_dir() {
-                if !matches!(name.as_str(), "fixtures" | "results" | "runs" | "target" | "lib") {
+                if !matches!(
+                    name.as_str(),
+                    "fixtures" | "results" | "runs" | "target" | "lib"
+                ) {
                     walk(&p, out);
                 }
-            } else if !name.contains('.') || [".rs", ".toml", ".py", ".sh"].iter().any(|x| name.ends_with(x)) {
+            } else if !name.contains('.')
+                || [".rs", ".toml", ".py", ".sh"]
+                    .iter()
+                    .any(|x| name.ends_with(x))
+            {
                 out.push(p);
             }
         }
     }
-    let mut out = vec![root().join("reference.toml"), root().join("reference-debezium.toml"), root().join("ARCHITECTURE.md")];
-    for d in ["src", "scripts", "tests", "examples", "benches", "bench", ".ci"] {
+    let mut out = vec![
+        root().join("reference.toml"),
+        root().join("reference-debezium.toml"),
+        root().join("ARCHITECTURE.md"),
+    ];
+    for d in [
+        "src", "scripts", "tests", "examples", "benches", "bench", ".ci",
+    ] {
         walk(&root().join(d), &mut out);
     }
     out.sort();
@@ -162,8 +205,14 @@ fn every_readme_and_docs_reference_in_the_code_names_an_existing_heading() {
         if file.ends_with("tests/it/doc_refs.rs") {
             continue; // this checker's own comments show the forms it reads
         }
-        let Ok(text) = std::fs::read_to_string(&file) else { continue };
-        let shown = file.strip_prefix(root()).unwrap_or(&file).display().to_string();
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let shown = file
+            .strip_prefix(root())
+            .unwrap_or(&file)
+            .display()
+            .to_string();
         for (page, heading) in references(&text) {
             seen += 1;
             match headings.get(&page) {
@@ -177,8 +226,15 @@ fn every_readme_and_docs_reference_in_the_code_names_an_existing_heading() {
             }
         }
     }
-    assert!(seen >= 50, "only {seen} references found: is the scan still reading the sources?");
-    assert!(wrong.is_empty(), "references to missing pages or headings:\n{}", wrong.into_iter().collect::<Vec<_>>().join("\n"));
+    assert!(
+        seen >= 50,
+        "only {seen} references found: is the scan still reading the sources?"
+    );
+    assert!(
+        wrong.is_empty(),
+        "references to missing pages or headings:\n{}",
+        wrong.into_iter().collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[test]
@@ -188,7 +244,10 @@ fn every_link_between_the_docs_pages_resolves() {
         .iter()
         .map(|p| {
             let text = std::fs::read_to_string(root().join(p)).expect("a page");
-            (p.clone(), headings(&text).iter().map(|h| anchor(h)).collect())
+            (
+                p.clone(),
+                headings(&text).iter().map(|h| anchor(h)).collect(),
+            )
         })
         .collect();
     let mut wrong = Vec::new();
@@ -197,17 +256,26 @@ fn every_link_between_the_docs_pages_resolves() {
         let dir = Path::new(page).parent().unwrap_or(Path::new(""));
         for (n, line) in text.lines().enumerate() {
             for part in line.split("](").skip(1) {
-                let Some(target) = part.split(')').next() else { continue };
+                let Some(target) = part.split(')').next() else {
+                    continue;
+                };
                 if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
                     continue;
                 }
                 let (file, frag) = target.split_once('#').unwrap_or((target, ""));
-                let path = if file.is_empty() { PathBuf::from(page) } else { normalize(&dir.join(file)) };
+                let path = if file.is_empty() {
+                    PathBuf::from(page)
+                } else {
+                    normalize(&dir.join(file))
+                };
                 let key = path.display().to_string();
                 if !root().join(&path).exists() {
                     wrong.push(format!("{page}:{}: {target}: no file {key}", n + 1));
                 } else if !frag.is_empty() && anchors.get(&key).is_some_and(|a| !a.contains(frag)) {
-                    wrong.push(format!("{page}:{}: {target}: no heading #{frag} in {key}", n + 1));
+                    wrong.push(format!(
+                        "{page}:{}: {target}: no heading #{frag} in {key}",
+                        n + 1
+                    ));
                 }
             }
         }

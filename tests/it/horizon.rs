@@ -14,7 +14,7 @@ use replaysafe::sink::{
 };
 
 use crate::common::*;
-use crate::core::{SEED, counts};
+use crate::core::{counts, SEED};
 
 /// One counter per (day, customer); the ledger keeps `{horizon}` days.
 const HZ: &str = concat!(

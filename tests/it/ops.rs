@@ -289,7 +289,10 @@ fn readme_series() -> Vec<String> {
         .filter_map(|rest| rest.split('`').next())
         .map(|n| format!("replaysafe_{n}"))
         .collect();
-    assert!(names.len() >= 9, "the metrics table of docs/operations.md parsed: {names:?}");
+    assert!(
+        names.len() >= 9,
+        "the metrics table of docs/operations.md parsed: {names:?}"
+    );
     names
 }
 

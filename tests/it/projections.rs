@@ -10,7 +10,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use crate::common::*;
-use crate::core::{SEED, seed_events};
+use crate::core::{seed_events, SEED};
 
 const BASE: &str = concat!(
     header!(),

@@ -2,8 +2,8 @@
 //! where its checkpoint is, a checkpoint moved back below a pruned offset is refused, and `ledger prune` of a
 //! pipeline never initialised names `init`.
 
-use chrono::{Days, NaiveDate, Utc};
 use crate::common::*;
+use chrono::{Days, NaiveDate, Utc};
 
 /// A counter per day; the ledger keeps `{horizon}` days.
 const LC: &str = concat!(

@@ -6,8 +6,8 @@ use crate::cases::{case_topic, load, ORDERS};
 use crate::common::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The dead letters as (offset, reason, detail, value).

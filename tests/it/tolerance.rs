@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use crate::core::{counts, seed_events, SEED};
-use crate::projection_builds::{BASE, PARTITIONS, ev};
+use crate::projection_builds::{ev, BASE, PARTITIONS};
 
 /// The seed pipeline with the `customer_id` pointer misspelled, one batch per partition (the records are
 /// produced before the run and all read within the 5 s linger, so each partition's first batch holds all of
