@@ -435,7 +435,7 @@ pub(super) async fn check_ledger(client: &Client, p: &Pipeline) -> Result<()> {
                     "ledger {} column `{name}` is {t}, the pipeline expects {ty} (field `{name}`'s type changed?): \
                      the delivery keys and columns already claimed hold the old type's values, so a key would no \
                      longer be recognised or a column mix both. Change the field's type back, or give the pipeline \
-                     its own [ledger] table, new projection tables and a new [kafka] group-id (docs/reference.md \
+                     its own [ledger] table, new projection tables and a new [kafka] group-id (docs/replay.md \
                      \"Changing a field type or a projection\")",
                     p.ledger.table
                 )))
