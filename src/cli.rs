@@ -60,8 +60,8 @@ pub enum Command {
         /// prune (the owner's `init` prunes). docs/operations.md "Privileges".
         #[arg(long)]
         no_ddl: bool,
-        /// Also relay the pipeline's outbox to `[outbox] topic` in this process (docs/reference.md "Outbox relay"); with
-        /// --until-caught-up the rows left are published before the exit (within --shutdown-timeout).
+        /// Also relay the pipeline's outbox to `[outbox] topic` in this process (docs/reference.md "Outbox relay");
+        /// with --until-caught-up the rows left are published before the exit (within --shutdown-timeout).
         #[arg(long)]
         relay: bool,
     },

@@ -2,9 +2,9 @@
 //! `metrics-exporter-prometheus`), `/healthz` and `/readyz` ([`crate::health`]: the rules and the reasons a
 //! 503 gives). Plain HTTP/1.1 (hyper), one small response per request; any other path is 404.
 //!
-//! The series, their types and labels are the table of docs/operations.md "Metrics and health" (a test parses it and scrapes an
-//! idle instance): every series is registered at zero on start ([`register`]) with the labels known then, so an
-//! idle or restarted instance serves them all; `replaysafe_flush_seconds` is a histogram with
+//! The series, their types and labels are the table of docs/operations.md "Metrics and health" (a test parses it
+//! and scrapes an idle instance): every series is registered at zero on start ([`register`]) with the labels known
+//! then, so an idle or restarted instance serves them all; `replaysafe_flush_seconds` is a histogram with
 //! [`FLUSH_BUCKETS`] (without buckets the exporter would render a summary).
 
 use std::convert::Infallible;

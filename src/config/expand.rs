@@ -1,5 +1,5 @@
-//! `${NAME}` expansion: keys that may carry a secret or a deployment-specific value take it from the
-//! environment, so no secret has to sit in the pipeline file (docs/operations.md "Connecting to production", "Secrets").
+//! `${NAME}` expansion: keys that may carry a secret or a deployment-specific value take it from the environment,
+//! so no secret has to sit in the pipeline file (docs/operations.md "Connecting to production", "Secrets").
 //!
 //! Expanded keys (and no others: SQL, CEL and identifiers are never expanded): `[postgres]` `url`, `sslmode`,
 //! `sslrootcert`, `sslcert`, `sslkey`, `password-file`; `[kafka]` `brokers`; every string value of

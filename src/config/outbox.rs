@@ -1,6 +1,6 @@
-//! `[outbox]`: the outbox relay's settings (`replaysafe outbox relay`, `run --relay`; docs/reference.md "Outbox relay"): the
-//! topic it publishes to, how many rows one round takes, how long it waits for the broker's acknowledgement,
-//! how often it looks for new rows, and how long published rows are kept (`ledger prune`).
+//! `[outbox]`: the outbox relay's settings (`replaysafe outbox relay`, `run --relay`; docs/reference.md "Outbox
+//! relay"): the topic it publishes to, how many rows one round takes, how long it waits for the broker's
+//! acknowledgement, how often it looks for new rows, and how long published rows are kept (`ledger prune`).
 
 use std::time::Duration;
 

@@ -85,7 +85,8 @@ pub fn run_timed(
     crate::source::kafka::reachable(&config, &opts.brokers, &pipeline.kafka.topics[0])?;
     // A misspelled topic is refused before the database is touched (nothing created).
     crate::ops::check::require_topics(&pipeline, &opts.brokers, &opts.extra_properties)?;
-    // Kafka keeping records longer than the ledger remembers them is warned about (docs/replay.md "The ledger's lifecycle").
+    // Kafka keeping records longer than the ledger remembers them is warned about (docs/replay.md "The ledger's
+    // lifecycle").
     crate::ops::ledger::warn_retention(&pipeline, &opts.brokers);
     let engine = Engine::start(&rt, pipeline.clone(), o)?;
     if let Some(state) = &opts.state {

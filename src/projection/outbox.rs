@@ -46,11 +46,11 @@ pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
         .collect::<Vec<_>>()
         .join(", ");
     let where_pass = &ctx.where_pass;
-    // Lock order (case C36): rows stay in offset order (docs/reference.md "Outbox relay": a relay sees one batch's ids in offset order).
-    // That cannot deadlock: `landed` holds only keys this transaction claimed in the ledger (in key order, see
-    // `sink::ledger::claim`), and the outbox's unique `delivery_key` is that same identity (generation, key
-    // fields, partition-by day) — another batch inserting the same outbox key would first have waited on our
-    // ledger claim. (Two pipelines with different ledgers sharing one outbox table are not covered.)
+    // Lock order (case C36): rows stay in offset order (docs/reference.md "Outbox relay": a relay sees one batch's
+    // ids in offset order). That cannot deadlock: `landed` holds only keys this transaction claimed in the ledger
+    // (in key order, see `sink::ledger::claim`), and the outbox's unique `delivery_key` is that same identity
+    // (generation, key fields, partition-by day) — another batch inserting the same outbox key would first have
+    // waited on our ledger claim. (Two pipelines with different ledgers sharing one outbox table are not covered.)
     let statement = format!(
         "INSERT INTO {table} (delivery_key, source_topic, source_partition, source_offset, message_key, payload) \
          SELECT {dk}, _topic, _partition, _offset, {message_key}, jsonb_build_object({obj}) \
@@ -141,8 +141,8 @@ pub fn tables(p: &crate::config::Pipeline) -> Vec<(String, QualifiedName)> {
 }
 
 /// Deletes (or with `dry_run` only counts) the published rows of every outbox table of the pipeline whose
-/// `published_at` is older than `[outbox] keep-days` days before the database's `now()`; unpublished rows are
-/// never touched, whatever their age. For `replaysafe ledger prune` (docs/reference.md "Outbox relay"). Returns the count
+/// `published_at` is older than `[outbox] keep-days` days before the database's `now()`; unpublished rows are never
+/// touched, whatever their age. For `replaysafe ledger prune` (docs/reference.md "Outbox relay"). Returns the count
 /// per table (qualified name), in file order; a table that does not exist counts 0.
 ///
 /// # Errors

@@ -328,8 +328,8 @@ fn assert_every_series(body: &str, topic: &str) {
     assert!(body.contains(&format!("replaysafe_consumer_lag{{topic=\"{topic}\"")));
 }
 
-/// An idle fresh instance (an empty topic) serves every series docs/operations.md lists — at zero — and a histogram with
-/// `_bucket` lines for the flush time; so does the same instance restarted (nothing applied in between).
+/// An idle fresh instance (an empty topic) serves every series docs/operations.md lists — at zero — and a histogram
+/// with `_bucket` lines for the flush time; so does the same instance restarted (nothing applied in between).
 #[test]
 fn metrics_of_an_idle_instance_list_every_readme_series() {
     let (db, topic) = stage("metrics_idle", 2);

@@ -1,9 +1,9 @@
-//! Issue 16.1: changing the projections of a running pipeline (docs/replay.md "Change a running pipeline"). A projection
-//! added while production runs and events keep arriving ends exact (counters and sums against the truth computed
-//! from the produced events, duplicates across partitions included), the old projections unchanged; workers still
-//! running the old file stop without committing; a build interrupted midway resumes and ends exact; a table fed
-//! by two ledgers, a projection changed in place and one dropped from the file are refused before anything is
-//! created, and following each message's advice never counts anything twice.
+//! Issue 16.1: changing the projections of a running pipeline (docs/replay.md "Change a running pipeline"). A
+//! projection added while production runs and events keep arriving ends exact (counters and sums against the truth
+//! computed from the produced events, duplicates across partitions included), the old projections unchanged;
+//! workers still running the old file stop without committing; a build interrupted midway resumes and ends exact; a
+//! table fed by two ledgers, a projection changed in place and one dropped from the file are refused before
+//! anything is created, and following each message's advice never counts anything twice.
 
 use std::collections::BTreeMap;
 use std::process::Child;

@@ -1,7 +1,7 @@
-//! The outbox relay (`replaysafe outbox relay`, `run --relay`; docs/reference.md "Outbox relay") against the real broker:
-//! every outbox row published once per event across replays, a republished topic and crashes of the consumer;
-//! a relay killed between the broker's acknowledgement and the mark republishes exactly those messages with
-//! the same delivery header; two relays publish each row once, each key in order; case C33 (transactions
+//! The outbox relay (`replaysafe outbox relay`, `run --relay`; docs/reference.md "Outbox relay") against the real
+//! broker: every outbox row published once per event across replays, a republished topic and crashes of the
+//! consumer; a relay killed between the broker's acknowledgement and the mark republishes exactly those messages
+//! with the same delivery header; two relays publish each row once, each key in order; case C33 (transactions
 //! committing out of id order never skip a row); `purge_published`.
 
 use std::collections::HashMap;

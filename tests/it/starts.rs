@@ -1,5 +1,6 @@
 //! Where a partition starts without a checkpoint in its generation: partitions added to a running group, and a
-//! changed `[identity] generation` on the same topic or a recreated one (docs/guarantees.md "Where a partition starts").
+//! changed `[identity] generation` on the same topic or a recreated one (docs/guarantees.md "Where a partition
+//! starts").
 
 use std::time::Duration;
 

@@ -283,7 +283,8 @@ pub fn plan(
             tp.0, tp.1
         )));
     }
-    // Offsets whose ledger rows a prune dropped (docs/replay.md "The ledger's lifecycle"): refused before anything runs.
+    // Offsets whose ledger rows a prune dropped (docs/replay.md "The ledger's lifecycle"): refused before anything
+    // runs.
     let windows: Vec<(String, i32, i64, i64)> = plans
         .iter()
         .map(|x| (x.topic.clone(), x.partition, x.start_offset, x.stop_offset))

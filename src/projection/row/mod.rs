@@ -44,16 +44,15 @@ use crate::decode::debezium::convert::Pg;
 use crate::sink::batch::{Batch, Outcome, Pending};
 use crate::sink::error::{classify, ApplyError};
 
-/// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its
-/// own table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version
-/// with another state (conflict) keeps that outcome in the tally, but stays in `landed`, so every other
-/// projection (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (docs/reference.md
-/// "Accounting"). Only a redelivery that every row projection it reached already holds
-/// ([`RowResult::Same`]: the same state at its version, or a snapshot read of the stored state) is a duplicate,
-/// taken out of `landed` (and `pg_temp.landed`). A Debezium change whose delivery key was already claimed is
-/// compared with the stored state at its position only (module `redelivery`): a different state makes it a
-/// conflict (it never reaches the other projections: its key was claimed once). Returns the outcomes that differ
-/// from `landed`.
+/// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its own
+/// table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version with
+/// another state (conflict) keeps that outcome in the tally, but stays in `landed`, so every other projection
+/// (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (docs/reference.md
+/// "Accounting"). Only a redelivery that every row projection it reached already holds ([`RowResult::Same`]: the
+/// same state at its version, or a snapshot read of the stored state) is a duplicate, taken out of `landed` (and
+/// `pg_temp.landed`). A Debezium change whose delivery key was already claimed is compared with the stored state at
+/// its position only (module `redelivery`): a different state makes it a conflict (it never reaches the other
+/// projections: its key was claimed once). Returns the outcomes that differ from `landed`.
 ///
 /// # Errors
 /// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.

@@ -149,9 +149,10 @@ pub const MAX_ENTITY_LOCKS: usize = 512;
 ///
 /// Row projections lock in projection order, after the ledger claims and the checkpoint row: a transaction only
 /// ever waits for a lock later in that one order than every lock it holds, so these locks add no deadlock (see
-/// docs/guarantees.md "The four answers", 2). The row statements that follow (state reads `FOR UPDATE`, upserts, tombstones,
-/// conflicts, truncates) touch only rows of entities locked here (or the whole table under the exclusive lock),
-/// so no other replaysafe batch holds any of their row locks and their own row order needs no sort (case C36).
+/// docs/guarantees.md "The four answers", 2). The row statements that follow (state reads `FOR UPDATE`, upserts,
+/// tombstones, conflicts, truncates) touch only rows of entities locked here (or the whole table under the
+/// exclusive lock), so no other replaysafe batch holds any of their row locks and their own row order needs no sort
+/// (case C36).
 pub(super) async fn lock_entities(
     tx: &Transaction<'_>,
     prepared: &Prepared,
