@@ -169,7 +169,7 @@ fn scanned() -> Vec<PathBuf> {
                     walk(&p, out);
                 }
             } else if !name.contains('.')
-                || [".rs", ".toml", ".py", ".sh"]
+                || [".rs", ".toml", ".py", ".sh", ".xml"]
                     .iter()
                     .any(|x| name.ends_with(x))
             {
@@ -183,7 +183,17 @@ fn scanned() -> Vec<PathBuf> {
         root().join("ARCHITECTURE.md"),
     ];
     for d in [
-        "src", "scripts", "tests", "examples", "benches", "bench", ".ci",
+        "src",
+        "scripts",
+        "tests",
+        "examples",
+        "benches",
+        "bench",
+        ".ci",
+        "kafka",
+        "debezium",
+        "debezium-jdbc",
+        "registry",
     ] {
         walk(&root().join(d), &mut out);
     }
