@@ -43,6 +43,7 @@ mod prove;
 mod registry;
 mod registry_cdc;
 mod relay;
+mod replay_order;
 mod review14;
 mod sasl;
 mod secrets;
