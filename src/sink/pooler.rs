@@ -1,0 +1,176 @@
+//! Connection poolers between replaysafe and PostgreSQL (issue 40 item 1, case C45; README "Behind a connection
+//! pooler").
+//!
+//! replaysafe keeps state on each session: the statements a batch needs, prepared once per connection (named,
+//! server-side), the temporary table `landed`, and its pinned settings ([`super::SESSION_SETTINGS`], the
+//! timeouts). A pooler in *session* mode (PgBouncer `pool_mode = session`) gives a client one server session
+//! for its whole connection and resets it (`server_reset_query`, `DISCARD ALL`) before the next client: to
+//! replaysafe that is a direct connection. A pooler in *transaction* or *statement* mode hands the server
+//! session to another client after every transaction: the prepared statements and `landed` are then missing
+//! (SQLSTATE 26000, 42P01) or collide with another client's (42P05), and the pinned settings apply to other
+//! clients. replaysafe does not run that way: [`refuse_transaction_pooling`] finds such a pooler at the first
+//! connection of a process to a URL, before any setting is made, and refuses with the way out.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::error::{Error, Result};
+
+/// How long the probe's second look at its first connection's backend may take: a direct session answers a
+/// `SELECT` at once; a transaction pooler whose servers are all busy makes it wait (and that is an answer).
+pub const PROBE_WAIT: Duration = Duration::from_secs(3);
+
+/// URLs whose connections were already probed by this process.
+static PROBED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// What one probe saw: the backend pid of connection A, of connection B inside an open transaction, then of A
+/// again (`None`: A found no server within [`PROBE_WAIT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// A's backend before B's transaction.
+    pub first: i32,
+    /// B's backend, its transaction open.
+    pub other: i32,
+    /// A's backend while B's transaction is open.
+    pub again: Option<i32>,
+}
+
+impl Probe {
+    /// Whether two transactions of one connection ran on different server sessions (or one connection was
+    /// given the server session of another): never so for a direct connection or a session pooler.
+    pub fn pooled(&self) -> bool {
+        self.other == self.first || self.again != Some(self.first)
+    }
+}
+
+/// Refuses a connection pooler in transaction or statement mode in front of `url`, once per process and URL:
+/// two connections without any setting (`connect(config)`), A reads its backend pid, B opens a transaction and
+/// reads its own, A reads its own again — A's session moved (or B got it) only behind such a pooler ([`Probe`]).
+///
+/// # Errors
+/// [`Error::Usage`] (exit 2) naming the address and the way out (session pooling or a direct connection); a
+/// connection error as [`super::connect_with`].
+pub(super) async fn refuse_transaction_pooling<F, Fut>(
+    url: &str,
+    address: &str,
+    connect: F,
+) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Client>>,
+{
+    if !first_time(url) {
+        return Ok(());
+    }
+    let (a, b) = (connect().await?, connect().await?);
+    let probe = match probe(&a, &b).await {
+        Ok(p) => p,
+        // PgBouncer in statement mode refuses transaction blocks.
+        Err(e) if e.to_string().contains("transaction blocks not allowed") => {
+            return Err(refusal(address, "statement pooling refused a transaction block"));
+        }
+        Err(e) => return Err(e),
+    };
+    if probe.pooled() {
+        let seen = match probe.again {
+            Some(again) => format!(
+                "one connection's statements ran on server sessions (backend pids) {} and {again}, another \
+                 connection's transaction on {}",
+                probe.first, probe.other
+            ),
+            None => format!(
+                "one connection found no server session within {}s while another connection's transaction \
+                 was open",
+                PROBE_WAIT.as_secs()
+            ),
+        };
+        return Err(refusal(address, &seen));
+    }
+    Ok(())
+}
+
+/// Whether `url` is probed for the first time by this process (and notes it).
+fn first_time(url: &str) -> bool {
+    let mut guard = PROBED.lock().unwrap_or_else(|e| e.into_inner());
+    guard.get_or_insert_with(HashSet::new).insert(url.to_string())
+}
+
+/// The probe's three reads (simple-protocol queries: no prepared statement, one round trip each).
+async fn probe(a: &Client, b: &Client) -> Result<Probe> {
+    let first = backend(a).await?;
+    b.batch_execute("BEGIN").await?;
+    let other = backend(b).await?;
+    let again = match tokio::time::timeout(PROBE_WAIT, backend(a)).await {
+        Ok(r) => Some(r?),
+        Err(_) => None,
+    };
+    b.batch_execute("ROLLBACK").await?;
+    Ok(Probe {
+        first,
+        other,
+        again,
+    })
+}
+
+/// `pg_backend_pid()` of the server session that answers `c`'s next statement.
+async fn backend(c: &Client) -> Result<i32> {
+    let rows = c
+        .simple_query("SELECT pg_catalog.pg_backend_pid()")
+        .await?;
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        })
+        .ok_or_else(|| Error::Other("pg_backend_pid() returned no row".into()))
+}
+
+fn refusal(address: &str, seen: &str) -> Error {
+    Error::Usage(format!(
+        "PostgreSQL at {address} is behind a connection pooler in transaction or statement pooling mode ({seen}). \
+         replaysafe keeps state on its session — prepared statements, the temporary table `landed`, its pinned \
+         settings (search_path, timeouts) — which such a pooler hands to other clients between transactions. \
+         Connect through a session pool (PgBouncer `pool_mode = session`) or to PostgreSQL directly (README \
+         \"Behind a connection pooler\")"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Probe;
+
+    #[test]
+    fn a_session_that_stays_and_is_not_shared_is_not_pooled() {
+        let direct = Probe {
+            first: 10,
+            other: 11,
+            again: Some(10),
+        };
+        assert!(!direct.pooled());
+        for pooled in [
+            // B was given A's server session (PgBouncer reuses the last released server first).
+            Probe {
+                first: 10,
+                other: 10,
+                again: Some(11),
+            },
+            // A's next statement ran elsewhere.
+            Probe {
+                first: 10,
+                other: 11,
+                again: Some(12),
+            },
+            // A found no free server while B's transaction was open.
+            Probe {
+                first: 10,
+                other: 11,
+                again: None,
+            },
+        ] {
+            assert!(pooled.pooled(), "{pooled:?}");
+        }
+    }
+}
