@@ -42,6 +42,7 @@ mod projections;
 mod prove;
 mod registry;
 mod registry_cdc;
+mod pooler;
 mod relay;
 mod replay_order;
 mod review14;
