@@ -70,7 +70,10 @@ where
         Ok(p) => p,
         // PgBouncer in statement mode refuses transaction blocks.
         Err(e) if e.to_string().contains("transaction blocks not allowed") => {
-            return Err(refusal(address, "statement pooling refused a transaction block"));
+            return Err(refusal(
+                address,
+                "statement pooling refused a transaction block",
+            ));
         }
         Err(e) => return Err(e),
     };
@@ -95,7 +98,9 @@ where
 /// Whether `url` is probed for the first time by this process (and notes it).
 fn first_time(url: &str) -> bool {
     let mut guard = PROBED.lock().unwrap_or_else(|e| e.into_inner());
-    guard.get_or_insert_with(HashSet::new).insert(url.to_string())
+    guard
+        .get_or_insert_with(HashSet::new)
+        .insert(url.to_string())
 }
 
 /// The probe's three reads (simple-protocol queries: no prepared statement, one round trip each).
@@ -117,9 +122,7 @@ async fn probe(a: &Client, b: &Client) -> Result<Probe> {
 
 /// `pg_backend_pid()` of the server session that answers `c`'s next statement.
 async fn backend(c: &Client) -> Result<i32> {
-    let rows = c
-        .simple_query("SELECT pg_catalog.pg_backend_pid()")
-        .await?;
+    let rows = c.simple_query("SELECT pg_catalog.pg_backend_pid()").await?;
     rows.iter()
         .find_map(|m| match m {
             SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::common::{
-    arg, committed, pipeline, produce, replaysafe_with, runtime, stage, unique, Bouncer,
+    arg, committed, pg_client, pipeline, produce, replaysafe_with, runtime, stage, unique, Bouncer,
     Db, Rec, HEADER,
 };
 
@@ -64,7 +64,13 @@ fn pool_settings(url: &str, clients: usize) -> Vec<String> {
             .expect("a plain client through PgBouncer");
         rt.spawn(conn);
         let mut one = Vec::new();
-        for s in ["statement_timeout", "lock_timeout", "search_path", "TimeZone", "extra_float_digits"] {
+        for s in [
+            "statement_timeout",
+            "lock_timeout",
+            "search_path",
+            "TimeZone",
+            "extra_float_digits",
+        ] {
             let rows = rt.block_on(c.simple_query(&format!("SHOW {s}"))).unwrap();
             if let Some(tokio_postgres::SimpleQueryMessage::Row(r)) = rows.first() {
                 one.push(format!("{s}={}", r.get(0).unwrap_or("")));
@@ -108,14 +114,152 @@ fn two_workers_through_a_session_pooler_apply_c45_exactly_and_leave_no_setting_i
     let mut consumed = 0;
     for w in workers {
         let out = w.join().unwrap();
-        assert_eq!(out.code, Some(0), "{}\n{}\n{}", out.stdout, out.stderr, bouncer.log());
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{}\n{}\n{}",
+            out.stdout,
+            out.stderr,
+            bouncer.log()
+        );
         let t = out.tally();
         assert_eq!(t.quarantined, 0, "{}", out.stdout);
         consumed += t.landed;
     }
     assert_eq!(consumed, 3, "each order landed once over both workers");
     assert_final_state(&db, &group, &topic);
-    assert_eq!(pool_settings(&bouncer.url, 8), server_defaults(), "{}", bouncer.log());
+    // The other commands through the same pool: they work, and change nothing here.
+    let cfg = arg(&p.path);
+    let others: [&[&str]; 5] = [
+        &["init", "--config", cfg, "--days", "2"],
+        &["check", "--config", cfg, "--database"],
+        &["ledger", "prune", "--config", cfg],
+        &["dead-letters", "replay", "--config", cfg],
+        &[
+            "backfill",
+            "--config",
+            cfg,
+            "--from",
+            "2026-11-20",
+            "--to",
+            "2026-11-21",
+            "--group-id",
+            "c45bf",
+        ],
+    ];
+    for args in others {
+        let out = replaysafe_with(args, &envs, Duration::from_secs(60));
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{args:?}\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    assert_final_state(&db, &group, &topic);
+    assert_eq!(
+        pool_settings(&bouncer.url, 8),
+        server_defaults(),
+        "{}",
+        bouncer.log()
+    );
+}
+
+/// C45's second phase through the session pooler: a test session holds partition 0's checkpoint row; the
+/// worker's wait for it ends after `lock_timeout` (the waiting session goes, and comes back: retried), and
+/// once the row is released o-43 lands exactly once.
+#[test]
+fn a_worker_through_a_session_pooler_waits_for_a_held_checkpoint_row_no_longer_than_lock_timeout() {
+    let bouncer = Bouncer::start("session", 8);
+    let (db, topic) = stage("c45lock", 2);
+    let group = unique("g");
+    let text = c45_pipeline().replace("lock-timeout-ms = 5000", "lock-timeout-ms = 1000");
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    produce(&topic, &c45_records());
+    let envs = [("DATABASE_URL", bouncer.url.as_str())];
+    let args = ["run", "--config", arg(&p.path), "--until-caught-up"];
+    let out = replaysafe_with(&args, &envs, Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+
+    let rt = runtime();
+    let holder = pg_client(&rt);
+    rt.block_on(holder.batch_execute(&format!(
+        "BEGIN; SELECT 1 FROM \"{}\".replaysafe_checkpoints WHERE topic = '{topic}' AND partition = 0 FOR UPDATE",
+        db.schema
+    )))
+    .unwrap();
+    let me: i32 = rt
+        .block_on(holder.query_one("SELECT pg_catalog.pg_backend_pid()", &[]))
+        .unwrap()
+        .get(0);
+    let body = serde_json::json!({
+        "event_id": "c45e0000-0000-4000-8000-000000000043", "entity_id": "o-43", "version": 1,
+        "occurred_at": "2026-11-20T00:00:43Z", "data": {"customer_id": "c-4", "total": "43.00"},
+    });
+    produce(
+        &topic,
+        &[Rec::json(0, "o-43", &body.to_string(), 1_795_000_000_000)],
+    );
+    let worker = {
+        let envs: Vec<(String, String)> = envs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        std::thread::spawn(move || {
+            let envs: Vec<(&str, &str)> =
+                envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            replaysafe_with(&args, &envs, Duration::from_secs(60))
+        })
+    };
+    // Waiting sessions blocked by the holder: seen, then gone (lock_timeout), then back (the retry).
+    let waiting = || -> i64 { rt.block_on(db_count(&holder, me)) };
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let w = waiting() > 0;
+        if seen.last() != Some(&w) {
+            seen.push(w);
+        }
+        if seen.starts_with(&[true, false, true]) || seen.starts_with(&[false, true, false, true]) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rt.block_on(holder.batch_execute("COMMIT")).unwrap();
+    let out = worker.join().unwrap();
+    assert!(
+        seen.windows(3).any(|w| w == [true, false, true]),
+        "the wait ended and was retried: {seen:?}\n{}",
+        out.stderr
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.tally().landed, 1, "{}", out.stdout);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.orders WHERE entity_id = 'o-43' AND version = 1"),
+        1
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 4);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
+    assert_eq!(committed(&group, &topic, 2), vec![Some(3), Some(1)]);
+}
+
+/// How many sessions wait for a lock `holder` (backend pid) holds.
+async fn db_count(c: &tokio_postgres::Client, holder: i32) -> i64 {
+    // A second client: `c` is inside the holding transaction, which may run queries meanwhile.
+    c.query_one(
+        "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE $1 = ANY(pg_catalog.pg_blocking_pids(pid))",
+        &[&holder],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }
 
 fn assert_final_state(db: &Db, group: &str, topic: &str) {
@@ -124,7 +268,10 @@ fn assert_final_state(db: &Db, group: &str, topic: &str) {
         ["o-40 c-4 40.00 v1", "o-41 c-4 41.00 v1", "o-42 c-4 42.00 v1"]
     );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
     assert_eq!(db.checkpoint(group, topic, 0), Some(2));
     assert_eq!(db.checkpoint(group, topic, 1), Some(1));
     assert_eq!(committed(group, topic, 2), vec![Some(2), Some(1)]);
@@ -153,22 +300,58 @@ fn every_command_refuses_a_transaction_or_statement_pooler_before_anything_reach
         &["check", "--config", cfg, "--database"],
         &["ledger", "prune", "--config", cfg],
         &["dead-letters", "replay", "--config", cfg],
-        &["backfill", "--config", cfg, "--from", "2026-11-20", "--to", "2026-11-21", "--group-id", "c45bf"],
-        &["rebuild", "--config", arg(&daily.path), "--from", "2026-11-20", "--to", "2026-11-21", "--group-id", "c45rb", "--i-paused-other-writers"],
+        &[
+            "backfill",
+            "--config",
+            cfg,
+            "--from",
+            "2026-11-20",
+            "--to",
+            "2026-11-21",
+            "--group-id",
+            "c45bf",
+        ],
+        &[
+            "rebuild",
+            "--config",
+            arg(&daily.path),
+            "--from",
+            "2026-11-20",
+            "--to",
+            "2026-11-21",
+            "--group-id",
+            "c45rb",
+            "--i-paused-other-writers",
+        ],
     ];
     for (mode, pool) in [("transaction", 2), ("statement", 2)] {
         let bouncer = Bouncer::start(mode, pool);
         for args in commands {
-            let out = replaysafe_with(args, &[("DATABASE_URL", &bouncer.url)], Duration::from_secs(60));
-            assert_eq!(out.code, Some(2), "{mode} {args:?}\n{}\n{}", out.stdout, out.stderr);
+            let out = replaysafe_with(
+                args,
+                &[("DATABASE_URL", &bouncer.url)],
+                Duration::from_secs(60),
+            );
+            assert_eq!(
+                out.code,
+                Some(2),
+                "{mode} {args:?}\n{}\n{}",
+                out.stdout,
+                out.stderr
+            );
             assert!(
-                out.stderr.contains("is behind a connection pooler in transaction or statement pooling mode")
-                    && out.stderr.contains("pool_mode = session"),
+                out.stderr.contains(
+                    "is behind a connection pooler in transaction or statement pooling mode"
+                ) && out.stderr.contains("pool_mode = session"),
                 "{mode} {args:?}: {}",
                 out.stderr
             );
         }
-        assert_eq!(pool_settings(&bouncer.url, pool as usize), server_defaults(), "{mode}");
+        assert_eq!(
+            pool_settings(&bouncer.url, pool as usize),
+            server_defaults(),
+            "{mode}"
+        );
     }
     assert_eq!(
         db.i64(&format!(
