@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 /// `SELECT` at once; a transaction pooler whose servers are all busy makes it wait (and that is an answer).
 pub const PROBE_WAIT: Duration = Duration::from_secs(3);
 
-/// URLs whose connections were already probed by this process.
+/// URLs this process probed and found without a transaction pooler.
 static PROBED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 /// What one probe saw: the backend pid of connection A, of connection B inside an open transaction, then of A
@@ -62,7 +62,7 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Client>>,
 {
-    if !first_time(url) {
+    if probed(url) {
         return Ok(());
     }
     let (a, b) = (connect().await?, connect().await?);
@@ -92,15 +92,19 @@ where
         };
         return Err(refusal(address, &seen));
     }
+    // Noted only once answered: a server down at the first attempt is probed again at the next.
+    PROBED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashSet::new)
+        .insert(url.to_string());
     Ok(())
 }
 
-/// Whether `url` is probed for the first time by this process (and notes it).
-fn first_time(url: &str) -> bool {
-    let mut guard = PROBED.lock().unwrap_or_else(|e| e.into_inner());
-    guard
-        .get_or_insert_with(HashSet::new)
-        .insert(url.to_string())
+/// Whether this process already probed `url`.
+fn probed(url: &str) -> bool {
+    let guard = PROBED.lock().unwrap_or_else(|e| e.into_inner());
+    guard.as_ref().is_some_and(|s| s.contains(url))
 }
 
 /// The probe's three reads (simple-protocol queries: no prepared statement, one round trip each).

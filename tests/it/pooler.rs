@@ -366,3 +366,75 @@ fn every_command_refuses_a_transaction_or_statement_pooler_before_anything_reach
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
     assert_final_state(&db, &group, &topic);
 }
+
+/// A Debezium pipeline through the session pooler (pool of 16: two workers of 4 connections and more, entities on both partitions): rows,
+/// tombstones, ledger and checkpoints exact, and no setting left in the pool.
+#[test]
+fn two_debezium_workers_through_a_session_pooler_apply_changes_exactly() {
+    use crate::common::{Table, DEBEZIUM_HEADER};
+    let bouncer = Bouncer::start("session", 16);
+    let (db, topic) = stage("c45dbz", 2);
+    let group = unique("g");
+    let text = format!(
+        r#"{DEBEZIUM_HEADER}[[projection]]
+kind = "row"
+table = "customers"
+key = ["id"]
+columns = {{ id = "bigint", name = "text", version = "bigint" }}
+version = "version"
+"#
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let row =
+        |id: i64, name: &str, v: i64| serde_json::json!({"id": id, "name": name, "version": v});
+    let t = Table("customers");
+    produce(
+        &topic,
+        &[
+            t.create(0, 1, row(1, "a", 1), 100),
+            t.create(1, 2, row(2, "b", 1), 110),
+            t.update(0, 1, row(1, "a2", 2), 120),
+            t.delete(1, 2, row(2, "b", 1), 130),
+            t.create(1, 3, row(3, "c", 1), 140),
+        ],
+    );
+    let envs = [("DATABASE_URL", bouncer.url.clone())];
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (envs, cfg) = (envs.clone(), p.path.clone());
+            std::thread::spawn(move || {
+                let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                replaysafe_with(
+                    &["run", "--config", arg(&cfg), "--until-caught-up"],
+                    &envs,
+                    Duration::from_secs(90),
+                )
+            })
+        })
+        .collect();
+    let mut landed = 0;
+    for w in workers {
+        let out = w.join().unwrap();
+        assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+        landed += out.tally().landed;
+    }
+    assert_eq!(landed, 5);
+    assert_eq!(
+        db.strings("SELECT id || ' ' || name || ' v' || version FROM {s}.customers ORDER BY id"),
+        ["1 a2 v2", "3 c v1"]
+    );
+    assert_eq!(
+        db.strings("SELECT id::text FROM {s}.customers_tombstones"),
+        ["2"]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5);
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
+    assert_eq!(db.checkpoint(&group, &topic, 1), Some(3));
+    assert_eq!(committed(&group, &topic, 2), vec![Some(2), Some(3)]);
+    assert_eq!(
+        pool_settings(&bouncer.url, 16),
+        server_defaults(),
+        "{}",
+        bouncer.log()
+    );
+}
