@@ -362,7 +362,7 @@ fn every_command_refuses_a_transaction_or_statement_pooler_before_anything_reach
         "nothing created"
     );
     // Directly, the same pipeline applies C45 exactly.
-    let out = replaysafe_with(&commands[0], &[], Duration::from_secs(90));
+    let out = replaysafe_with(commands[0], &[], Duration::from_secs(90));
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
     assert_final_state(&db, &group, &topic);
 }
