@@ -186,6 +186,26 @@ fn replays_dead_letters_in_offset_order_and_keeps_superseded_ones(max_records: u
         "superseded: superseded: customer_id, total not applied",
     );
 
+    let listed = replaysafe(&[
+        "dead-letters",
+        "list",
+        "--config",
+        arg(&p.path),
+        "--reason",
+        "superseded",
+    ]);
+    listed.assert_ok();
+    assert_eq!(
+        listed
+            .stdout
+            .lines()
+            .map(|l| l.split('\t').take(4).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>(),
+        [format!("{topic} 0 0 superseded")],
+        "{}",
+        listed.stderr
+    );
+
     // A second replay changes nothing: the superseded record is a ledger duplicate, still unresolved.
     let second = replay();
     second.assert_ok();
