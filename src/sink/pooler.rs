@@ -19,30 +19,35 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::error::{Error, Result};
 
-/// How long the probe's second look at its first connection's backend may take: a direct session answers a
-/// `SELECT` at once; a transaction pooler whose servers are all busy makes it wait (and that is an answer).
-pub const PROBE_WAIT: Duration = Duration::from_secs(3);
+/// How long the probe's second look at its first connection's backend waits before the other connection's
+/// transaction ends: a direct session answers a `SELECT` at once; behind a transaction pooler whose servers are
+/// all busy it waits for one (the other connection holds one of them).
+pub const PROBE_HOLD: Duration = Duration::from_secs(2);
+
+/// The longest the probe's second look may take in all ([`PROBE_HOLD`] included): a server slower than that to
+/// answer a `SELECT` is an error naming it.
+pub const PROBE_WAIT: Duration = Duration::from_secs(30);
 
 /// URLs this process probed and found without a transaction pooler.
 static PROBED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 /// What one probe saw: the backend pid of connection A, of connection B inside an open transaction, then of A
-/// again (`None`: A found no server within [`PROBE_WAIT`]).
+/// again (while B's transaction is open, or once it ended when A found no server within [`PROBE_HOLD`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Probe {
     /// A's backend before B's transaction.
     pub first: i32,
     /// B's backend, its transaction open.
     pub other: i32,
-    /// A's backend while B's transaction is open.
-    pub again: Option<i32>,
+    /// A's backend again.
+    pub again: i32,
 }
 
 impl Probe {
     /// Whether two transactions of one connection ran on different server sessions (or one connection was
     /// given the server session of another): never so for a direct connection or a session pooler.
     pub fn pooled(&self) -> bool {
-        self.other == self.first || self.again != Some(self.first)
+        self.other == self.first || self.again != self.first
     }
 }
 
@@ -78,18 +83,11 @@ where
         Err(e) => return Err(e),
     };
     if probe.pooled() {
-        let seen = match probe.again {
-            Some(again) => format!(
-                "one connection's statements ran on server sessions (backend pids) {} and {again}, another \
-                 connection's transaction on {}",
-                probe.first, probe.other
-            ),
-            None => format!(
-                "one connection found no server session within {}s while another connection's transaction \
-                 was open",
-                PROBE_WAIT.as_secs()
-            ),
-        };
+        let seen = format!(
+            "one connection's statements ran on server sessions (backend pids) {} and {}, another connection's \
+             transaction on {}",
+            probe.first, probe.again, probe.other
+        );
         return Err(refusal(address, &seen));
     }
     // Noted only once answered: a server down at the first attempt is probed again at the next.
@@ -112,11 +110,22 @@ async fn probe(a: &Client, b: &Client) -> Result<Probe> {
     let first = backend(a).await?;
     b.batch_execute("BEGIN").await?;
     let other = backend(b).await?;
-    let again = match tokio::time::timeout(PROBE_WAIT, backend(a)).await {
-        Ok(r) => Some(r?),
-        Err(_) => None,
-    };
+    let look = backend(a);
+    tokio::pin!(look);
+    let held = tokio::time::timeout(PROBE_HOLD, &mut look).await;
     b.batch_execute("ROLLBACK").await?;
+    let again = match held {
+        Ok(r) => r?,
+        Err(_) => tokio::time::timeout(PROBE_WAIT - PROBE_HOLD, look)
+            .await
+            .map_err(|_| {
+                Error::Other(format!(
+                    "PostgreSQL did not answer `SELECT pg_backend_pid()` within {}s (the connection-pooler \
+                     probe, README \"Behind a connection pooler\")",
+                    PROBE_WAIT.as_secs()
+                ))
+            })??,
+    };
     Ok(Probe {
         first,
         other,
@@ -154,7 +163,7 @@ mod tests {
         let direct = Probe {
             first: 10,
             other: 11,
-            again: Some(10),
+            again: 10,
         };
         assert!(!direct.pooled());
         for pooled in [
@@ -162,19 +171,13 @@ mod tests {
             Probe {
                 first: 10,
                 other: 10,
-                again: Some(11),
+                again: 11,
             },
             // A's next statement ran elsewhere.
             Probe {
                 first: 10,
                 other: 11,
-                again: Some(12),
-            },
-            // A found no free server while B's transaction was open.
-            Probe {
-                first: 10,
-                other: 11,
-                again: None,
+                again: 12,
             },
         ] {
             assert!(pooled.pooled(), "{pooled:?}");
