@@ -131,9 +131,10 @@ pub async fn apply_batch(
                     )));
                 }
                 tokio::time::sleep(backoff(attempt)).await;
-                if !sink.is_closed() && (commit_sent || sink::is_read_only(&error)) {
+                if !sink.is_closed() && (commit_sent || sink::error::needs_new_session(&error)) {
                     // The server may still be finishing, or this session reached a read-only server (a failover
-                    // the pool has not followed, case C37): a fresh connection gives a clean session.
+                    // the pool has not followed, case C37), or lost its prepared statements (a transaction pooler,
+                    // case C45): a fresh connection gives a clean session.
                     let _ = sink.reconnect().await;
                 }
             }

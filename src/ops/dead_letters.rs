@@ -147,7 +147,10 @@ fn check(sel: &Selection) -> Result<()> {
         return Err(Error::Usage("--partition needs --topic".into()));
     }
     // A misspelled reason would select nothing and look like "no dead letters".
-    let names = crate::decode::rejection::Reason::ALL.map(|r| r.as_str());
+    let mut names = crate::decode::rejection::Reason::ALL
+        .map(|r| r.as_str())
+        .to_vec();
+    names.push(crate::sink::dead_letters::SUPERSEDED);
     if let Some(r) = sel.reason.as_deref().filter(|r| !names.contains(r)) {
         return Err(Error::Usage(format!(
             "--reason `{r}` is not a quarantine reason; one of: {}",

@@ -47,6 +47,19 @@ pub const READ_ONLY: &str = "25006";
 /// idle past `postgres.idle-in-transaction-timeout-ms` (nothing of it committed). Retried on a new connection.
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 
+/// SQLSTATEs of a session that lost its prepared statements or met another client's: 26000
+/// `invalid_sql_statement_name` ("prepared statement \"s3\" does not exist") and 42P05
+/// `duplicate_prepared_statement` — what a connection pooler in transaction mode produces (case C45; such a pooler
+/// is refused at start-up, [`super::pooler`], these are for one that changes mode under a running process).
+/// Never a record's fault: retried on a new connection ([`needs_new_session`]), never dead-lettered.
+pub const SESSION_LOST: [&str; 2] = ["26000", "42P05"];
+
+/// Whether the retry of an error needs a new connection: [`READ_ONLY`] or [`SESSION_LOST`].
+pub fn needs_new_session(e: &tokio_postgres::Error) -> bool {
+    e.code()
+        .is_some_and(|c| c.code() == READ_ONLY || SESSION_LOST.contains(&c.code()))
+}
+
 /// Whether a SQLSTATE means "try again" (PostgreSQL manual, Appendix A "Error Codes"): classes 08 connection,
 /// 40 rollback (deadlock, serialization), 53 resources, 55 lock not available, 57 operator intervention
 /// (shutdown, terminated, 57014 statement timeout), [`READ_ONLY`] and [`IDLE_IN_TRANSACTION_TIMEOUT`]. The one
@@ -56,6 +69,7 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 pub fn retryable(code: &str) -> bool {
     code == READ_ONLY
         || code == IDLE_IN_TRANSACTION_TIMEOUT
+        || SESSION_LOST.contains(&code)
         || matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57"))
 }
 
@@ -148,6 +162,12 @@ mod tests {
             "40P01", "40001", "57P01", "08006", "55P03", "53300", READ_ONLY, "57014", "25P03",
         ] {
             assert!(retryable(code), "{code}");
+        }
+        // What PgBouncer answers: 08P01 ("server conn crashed?", query_wait_timeout, "pgbouncer cannot connect to
+        // server"), 53300 ("no more connections allowed"), 57P01 (RECONNECT/shutdown), and a transaction pooler's
+        // lost or colliding prepared statements (26000, 42P05): retried, never a record's fault.
+        for code in ["08P01", "53300", "57P01", "26000", "42P05"] {
+            assert!(retryable(code) && !rejects_a_value(code), "{code}");
         }
         // Unique violation, bad value, undefined table, syntax, another class-25 state (no active transaction).
         for code in ["23505", "22P02", "42P01", "42601", "25001"] {

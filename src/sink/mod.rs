@@ -10,6 +10,7 @@ pub mod error;
 pub mod ledger;
 pub mod lifecycle;
 pub mod marks;
+pub mod pooler;
 pub mod privileges;
 pub mod projset;
 pub mod projstart;
@@ -107,19 +108,33 @@ pub async fn connect(url: &str) -> Result<Client> {
 /// `sslcert`, `sslkey`) come from the URL as libpq spells them or from `[postgres]` ([`conninfo`]).
 /// A connection that fails names the address (`host:port`, never the password), where the URL came from and
 /// the cause ([`crate::endpoint`]); one attempt waits at most `connect_timeout` of the URL, else
-/// [`crate::endpoint::ATTEMPT_TIMEOUT`] (bounded by `--connect-timeout`).
+/// [`crate::endpoint::ATTEMPT_TIMEOUT`] (bounded by `--connect-timeout`). [`Error::Usage`] behind a connection
+/// pooler in transaction or statement mode, found by the process's first connection to `url`
+/// ([`pooler::refuse_transaction_pooling`]).
 pub async fn connect_with(url: &str, timeouts: &Timeouts) -> Result<Client> {
     let (mut config, security) = conninfo::resolve(url)?;
     if config.get_connect_timeout().is_none() {
         let bound = crate::endpoint::ATTEMPT_TIMEOUT.min(crate::endpoint::connect_timeout());
         config.connect_timeout(bound.max(std::time::Duration::from_secs(1)));
     }
-    let client = match tls::connector(&security)? {
-        Some(tls) => connect_on(&config, url, tls).await?,
-        None => connect_on(&config, url, tokio_postgres::NoTls).await?,
-    };
+    // Before any setting is pinned: a transaction pooler would hand it to other clients (case C45).
+    let raw = || connect_unpinned(&config, &security, url);
+    pooler::refuse_transaction_pooling(url, &crate::endpoint::pg_address(&config), raw).await?;
+    let client = raw().await?;
     pin(&client, timeouts).await?;
     Ok(client)
+}
+
+/// One connection as [`connect_with`] makes it, nothing pinned yet.
+async fn connect_unpinned(
+    config: &tokio_postgres::Config,
+    security: &conninfo::Security,
+    url: &str,
+) -> Result<Client> {
+    match tls::connector(security)? {
+        Some(tls) => connect_on(config, url, tls).await,
+        None => connect_on(config, url, tokio_postgres::NoTls).await,
+    }
 }
 
 /// Pins [`SESSION_SETTINGS`] and `timeouts` ([`Timeouts::settings`]) on the session of `c`: when it connects

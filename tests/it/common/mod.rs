@@ -7,12 +7,14 @@ mod cli;
 mod envelopes;
 mod headers;
 mod kafka;
+mod pooler;
 mod process;
 
 pub use cli::*;
 pub use envelopes::*;
 pub use headers::*;
 pub use kafka::*;
+pub use pooler::*;
 pub use process::*;
 
 use std::path::PathBuf;
