@@ -121,7 +121,7 @@ async fn probe(a: &Client, b: &Client) -> Result<Probe> {
             .map_err(|_| {
                 Error::Other(format!(
                     "PostgreSQL did not answer `SELECT pg_backend_pid()` within {}s (the connection-pooler \
-                     probe, README \"Behind a connection pooler\")",
+                     probe, docs/operations.md \"Behind a connection pooler\")",
                     PROBE_WAIT.as_secs()
                 ))
             })??,
@@ -149,7 +149,7 @@ fn refusal(address: &str, seen: &str) -> Error {
         "PostgreSQL at {address} is behind a connection pooler in transaction or statement pooling mode ({seen}). \
          replaysafe keeps state on its session — prepared statements, the temporary table `landed`, its pinned \
          settings (search_path, timeouts) — which such a pooler hands to other clients between transactions. \
-         Connect through a session pool (PgBouncer `pool_mode = session`) or to PostgreSQL directly (README \
+         Connect through a session pool (PgBouncer `pool_mode = session`) or to PostgreSQL directly (docs/operations.md \
          \"Behind a connection pooler\")"
     ))
 }

@@ -74,8 +74,6 @@ mod privileges;
 mod projection_builds;
 // Changing the projections of a running pipeline: add, build, remove, a ledger shared by other pipelines.
 mod projections;
-// C45: PostgreSQL behind PgBouncer — session pooling works, transaction/statement pooling is refused.
-mod pooler;
 // `replaysafe prove` on every example pipeline and on deliberately unsafe ones.
 mod prove;
 // Workers and replays around a prune: a lagging worker resumes, a checkpoint below a pruned offset is refused.
@@ -84,10 +82,10 @@ mod pruned_replays;
 mod registry;
 // Real Debezium output through a registry-aware converter (Avro), edge values and a retype.
 mod registry_cdc;
-// C50: dead-letter replay in offset order; a superseded stale event stays unresolved.
-mod replay_order;
 // The outbox relay: published once per event across replays, crashes, refusals, readiness.
 mod relay;
+// C50: dead-letter replay in offset order; a superseded stale event stays unresolved.
+mod replay_order;
 // Kafka over SASL_SSL through the test broker's listener; wrong password and CA named.
 mod sasl;
 // No secret reaches the output: URLs, registry credentials, properties, client keys.
