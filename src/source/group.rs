@@ -872,7 +872,7 @@ impl Source for Group {
                 ))
             }
             Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
-                Polled::Failed(Error::Other(format!("fatal Kafka consumer error: {code}")))
+                Polled::Failed(fatal(consumer, &ctx.pipeline, code))
             }
             Some(Err(e)) => {
                 tracing::warn!("kafka: {e}");
@@ -958,6 +958,40 @@ impl Source for Group {
             );
         }
     }
+}
+
+/// The error of a fatal consumer error (`code`, usually librdkafka's `_FATAL`; the underlying one is asked of the
+/// client). A static member fenced for its `group.instance.id` — `FENCED_INSTANCE_ID` (classic protocol: the
+/// member already in the group is fenced when another process joins with the same id) or
+/// `UNRELEASED_INSTANCE_ID` (KIP-848: the joining one) — is named with the id's value and what to change.
+fn fatal(consumer: &GroupConsumer, pipeline: &Pipeline, code: RDKafkaErrorCode) -> Error {
+    let (code, reason) = consumer
+        .client()
+        .fatal_error()
+        .unwrap_or((code, code.to_string()));
+    let instance = pipeline
+        .kafka
+        .properties
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "group.instance.id")
+        .map(|(_, v)| v.as_str());
+    match (code, instance) {
+        (RDKafkaErrorCode::FencedInstanceId | RDKafkaErrorCode::UnreleasedInstanceId, Some(id)) => {
+            Error::Other(instance_fenced(&pipeline.kafka.group_id, id, &reason))
+        }
+        _ => Error::Other(format!("fatal Kafka consumer error: {code}: {reason}")),
+    }
+}
+
+/// The message of a static member fenced because another process uses its `group.instance.id` (`id`).
+pub fn instance_fenced(group: &str, id: &str, reason: &str) -> String {
+    format!(
+        "consumer group {group}: Kafka fenced this member because another process joined with the same \
+         `group.instance.id` = `{id}` ({reason}); every worker of a group needs its own value: set \
+         \"group.instance.id\" in [kafka.properties] to a value unique to this worker (e.g. \"${{HOSTNAME}}\"), or \
+         stop the other process using `{id}`; exiting — what was applied is in the PostgreSQL checkpoints"
+    )
 }
 
 /// The consumer configuration of `run` ([`consumer_config`]), with the prefetch bound per partition: `run` polls
