@@ -191,8 +191,11 @@ impl ConsumerContext for Ctx {
                     Err(e) => {
                         tracing::error!("cannot take over partitions: {e}");
                         core.fatal.get_or_insert(e);
-                        // Assign nothing we could not position.
-                        let _ = consumer.unassign();
+                        // Assign nothing we could not position (an incremental assignment: the partitions held
+                        // before are kept, the run stops with the error).
+                        if !cooperative {
+                            let _ = consumer.unassign();
+                        }
                         return;
                     }
                 };
@@ -254,7 +257,18 @@ impl ConsumerContext for Ctx {
             other => {
                 tracing::error!("rebalance error: {other:?}");
                 *lock_pending(self) = Pending::default();
-                let _ = consumer.unassign();
+                // Under the cooperative protocols (cooperative-sticky, KIP-848) librdkafka refuses `unassign`
+                // ("Changes to the current assignment must be made using incremental_assign() or
+                // incremental_unassign()"): the whole assignment is given up incrementally instead.
+                let r = match cooperative {
+                    true => consumer
+                        .assignment()
+                        .and_then(|all| consumer.incremental_unassign(&all)),
+                    false => consumer.unassign(),
+                };
+                if let Err(e) = r {
+                    tracing::warn!("unassign after a rebalance error: {e}");
+                }
             }
         }
     }
