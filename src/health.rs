@@ -387,7 +387,10 @@ mod tests {
         };
         assert_eq!(
             judge_ready(&idle),
-            Err("no partitions assigned (no assignment since 2026-12-02T06:45:10Z, 42 s ago)".into())
+            Err(
+                "no partitions assigned (no assignment since 2026-12-02T06:45:10Z, 42 s ago)"
+                    .into()
+            )
         );
         let stuck = Snapshot {
             group: Some("the group coordinator has not answered for 61 s".into()),

@@ -201,7 +201,11 @@ fn check_rebalance(properties: &[(String, String)]) -> std::result::Result<(), (
         }
     };
     if consumer {
-        for key in ["partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms"] {
+        for key in [
+            "partition.assignment.strategy",
+            "session.timeout.ms",
+            "heartbeat.interval.ms",
+        ] {
             if let Some(i) = last(key) {
                 let instead = match key {
                     "partition.assignment.strategy" => "the broker assigns partitions; choose its assignor with \
@@ -233,7 +237,9 @@ fn check_rebalance(properties: &[(String, String)]) -> std::result::Result<(), (
     let eager = names.iter().any(|n| EAGER.contains(&n.as_str()));
     let why = match (unknown, cooperative && eager, names.is_empty()) {
         (Some(n), _, _) => format!("`{n}` is not an assignor replaysafe supports"),
-        (None, true, _) => "eager and cooperative assignors cannot be mixed in one group".to_string(),
+        (None, true, _) => {
+            "eager and cooperative assignors cannot be mixed in one group".to_string()
+        }
         (None, false, true) => "it names no assignor".to_string(),
         (None, false, false) => return Ok(()),
     };
@@ -503,7 +509,10 @@ mod tests {
     #[test]
     fn rebalance_strategies_supported_and_refused() {
         let props = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
         };
         for ok in [
             props(&[]),
@@ -511,30 +520,61 @@ mod tests {
             props(&[("partition.assignment.strategy", "roundrobin")]),
             props(&[("partition.assignment.strategy", "range,roundrobin")]),
             props(&[("partition.assignment.strategy", "cooperative-sticky")]),
-            props(&[("group.protocol", "classic"), ("partition.assignment.strategy", "cooperative-sticky")]),
+            props(&[
+                ("group.protocol", "classic"),
+                ("partition.assignment.strategy", "cooperative-sticky"),
+            ]),
             props(&[("group.protocol", "consumer")]),
-            props(&[("group.protocol", "consumer"), ("group.remote.assignor", "range")]),
+            props(&[
+                ("group.protocol", "consumer"),
+                ("group.remote.assignor", "range"),
+            ]),
         ] {
             check_rebalance(&ok).unwrap();
             check_client("g", &ok).unwrap_or_else(|(_, m)| panic!("{ok:?}: {m}"));
         }
         let refused = [
-            (props(&[("partition.assignment.strategy", "range,cooperative-sticky")]), 0, "cannot be mixed"),
-            (props(&[("partition.assignment.strategy", "sticky")]), 0, "`sticky` is not an assignor"),
-            (props(&[("partition.assignment.strategy", " , ")]), 0, "names no assignor"),
-            (props(&[("group.protocol", "next")]), 0, "`group.protocol` = `next` is not supported"),
             (
-                props(&[("group.protocol", "consumer"), ("partition.assignment.strategy", "cooperative-sticky")]),
+                props(&[("partition.assignment.strategy", "range,cooperative-sticky")]),
+                0,
+                "cannot be mixed",
+            ),
+            (
+                props(&[("partition.assignment.strategy", "sticky")]),
+                0,
+                "`sticky` is not an assignor",
+            ),
+            (
+                props(&[("partition.assignment.strategy", " , ")]),
+                0,
+                "names no assignor",
+            ),
+            (
+                props(&[("group.protocol", "next")]),
+                0,
+                "`group.protocol` = `next` is not supported",
+            ),
+            (
+                props(&[
+                    ("group.protocol", "consumer"),
+                    ("partition.assignment.strategy", "cooperative-sticky"),
+                ]),
                 1,
                 "`group.remote.assignor`",
             ),
             (
-                props(&[("session.timeout.ms", "6000"), ("group.protocol", "consumer")]),
+                props(&[
+                    ("session.timeout.ms", "6000"),
+                    ("group.protocol", "consumer"),
+                ]),
                 0,
                 "`group.consumer.session.timeout.ms`",
             ),
             (
-                props(&[("group.protocol", "consumer"), ("heartbeat.interval.ms", "1000")]),
+                props(&[
+                    ("group.protocol", "consumer"),
+                    ("heartbeat.interval.ms", "1000"),
+                ]),
                 1,
                 "`group.consumer.heartbeat.interval.ms`",
             ),

@@ -160,11 +160,15 @@ impl ConsumerContext for Ctx {
         result: rdkafka::error::KafkaResult<()>,
         offsets: &TopicPartitionList,
     ) {
-        // An asynchronous offset commit failed (librdkafka logs COMMITFAIL): commit the checkpoints again later.
+        // An asynchronous offset commit failed (librdkafka logs COMMITFAIL) — e.g. REBALANCE_IN_PROGRESS or
+        // ILLEGAL_GENERATION during a rebalance (case C48): never fatal, never retried at once (a commit loop
+        // would keep the group rebalancing); the checkpoints still held are committed again at most once per
+        // RECOMMIT_EVERY, and the next batch's commit supersedes it anyway.
         if let Err(e) = result {
-            tracing::debug!(
+            tracing::info!(
                 partitions = offsets.count(),
-                "kafka offset commit failed, to be retried: {e}"
+                "kafka offset commit rejected, superseded by a later one (the PostgreSQL checkpoint is \
+                 authoritative): {e}"
             );
             self.recommit.ask();
         }
@@ -179,6 +183,16 @@ impl ConsumerContext for Ctx {
         let cooperative = matches!(
             consumer.rebalance_protocol(),
             RebalanceProtocol::Cooperative
+        );
+        tracing::info!(
+            protocol = if cooperative { "incremental" } else { "eager" },
+            partitions = tpl.count(),
+            "rebalance: {}",
+            match err {
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => "assign",
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => "revoke",
+                _ => "error",
+            }
         );
         let mut core = lock(&self.core);
         self.reassigned.store(true, Ordering::Relaxed);

@@ -363,7 +363,14 @@ mod tests {
     }
 
     /// [`stats`] with the coordinator's response count `rx` and `assigned` partitions.
-    fn stats_rx(state: &str, join: &str, broker_state: &str, secs: i64, rx: i64, assigned: i64) -> Vec<u8> {
+    fn stats_rx(
+        state: &str,
+        join: &str,
+        broker_state: &str,
+        secs: i64,
+        rx: i64,
+        assigned: i64,
+    ) -> Vec<u8> {
         let ts = secs * 1_000_000;
         format!(
             r#"{{"name":"c#consumer-1","type":"consumer","ts":{ts},
@@ -544,7 +551,10 @@ mod tests {
         m.observe(&stats_rx("up", "steady", "UP", 310, 7, 2));
         assert!(m.overdue("g").is_none());
         m.observe(&stats_rx("up", "steady", "UP", 327, 7, 2));
-        let e = m.overdue("g").expect("17 s after Kafka came back").to_string();
+        let e = m
+            .overdue("g")
+            .expect("17 s after Kafka came back")
+            .to_string();
         assert!(e.contains("(2 partitions assigned)"), "{e}");
     }
 

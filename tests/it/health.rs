@@ -229,7 +229,8 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
             let idle = |r: &Option<(u16, String)>| {
                 r.as_ref().is_some_and(|(c, t)| {
                     *c == 503
-                        && t.trim().starts_with("not ready: no partitions assigned (no assignment since ")
+                        && t.trim()
+                            .starts_with("not ready: no partitions assigned (no assignment since ")
                         && !t.contains('\n')
                 })
             };

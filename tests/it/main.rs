@@ -40,6 +40,7 @@ mod ops;
 mod privileges;
 mod projections;
 mod prove;
+mod rebalance;
 mod registry;
 mod registry_cdc;
 mod relay;

@@ -1,0 +1,267 @@
+//! Rebalances under each supported strategy (issue 37 item 3, case C48) and two processes sharing one
+//! `group.instance.id` (item 5): three workers joining and leaving one group while records arrive, entities
+//! spread over the partitions, batch sizes 5000, 1 and 200. The end state is exact under eager (`range`),
+//! cooperative (`cooperative-sticky`) and KIP-848 (`group.protocol = consumer`) rebalancing; under the two
+//! incremental ones a member keeps the partitions not revoked — they are never assigned (re-sought) again.
+
+use std::time::Duration;
+
+use crate::common::*;
+use crate::core::{counts, seed_events, SEED};
+
+const PARTITIONS: i32 = 6;
+const EVENTS: usize = 3000;
+
+/// The pipeline of member `name` with `max-records = max` and `properties` (TOML lines of `[kafka.properties]`).
+fn member(dir: &std::path::Path, base: &Pipeline, name: &str, max: usize) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(&base.path)
+        .unwrap()
+        .replace("max-records = 200", &format!("max-records = {max}"));
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The "partition assigned" log lines of a member's stderr, as partition numbers in order.
+fn assigned(dir: &std::path::Path, name: &str) -> Vec<i32> {
+    let log = std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap_or_default();
+    log.lines()
+        .filter(|l| l.contains("partition assigned"))
+        .filter_map(|l| {
+            let rest = l.split("partition=").nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Whether every partition's checkpoint is past its last produced record.
+fn at_end(db: &Db, group: &str, topic: &str, last: &[Option<i64>]) -> bool {
+    (0..PARTITIONS).all(|p| db.checkpoint(group, topic, p) == last[p as usize].map(|l| l + 1))
+}
+
+/// Three workers join one after another while records arrive, the first leaves, a fourth joins, the second
+/// leaves; the two left catch up. Returns the first member's assigned partitions (log order) for the caller's
+/// strategy-specific check.
+fn join_and_leave(prefix: &str, properties: &str) -> Vec<i32> {
+    let (db, topic) = stage(prefix, PARTITIONS);
+    let (recs, truth) = seed_events(EVENTS, PARTITIONS);
+    let group = unique("g");
+    let text = format!("{SEED}\n[kafka.properties]\n{properties}\n");
+    let base = pipeline(&text, &topic, &group, &db.schema);
+    let dir = base.dir.path();
+    // Batch commits of the members with large batches take 300 ms more (failpoint): a rebalance finds batches in
+    // flight and offset commits overlap it.
+    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=sleep(300)")];
+    let start = |name: &str, max: usize| {
+        let path = member(dir, &base, name, max);
+        let envs: &[(&str, &str)] = if max > 1 { &slow } else { &[] };
+        spawn(&["run", "--config", arg(&path)], envs, dir, name)
+    };
+    let joined = |name: &str| {
+        wait_until(
+            Duration::from_secs(90),
+            &format!("{name} is assigned partitions"),
+            || !assigned(dir, name).is_empty(),
+        )
+    };
+    let quarter = EVENTS / 4;
+    let mut offsets = produce(&topic, &recs[..quarter]);
+    let mut a = start("a", 5000);
+    joined("a");
+    offsets.extend(produce(&topic, &recs[quarter..2 * quarter]));
+    let mut b = start("b", 1);
+    joined("b");
+    let mut c = start("c", 200);
+    joined("c");
+    offsets.extend(produce(&topic, &recs[2 * quarter..3 * quarter]));
+    assert_eq!(terminate(&mut a), Some(0), "a leaves cleanly on SIGTERM");
+    let mut d = start("d", 5000);
+    joined("d");
+    offsets.extend(produce(&topic, &recs[3 * quarter..]));
+    assert_eq!(terminate(&mut b), Some(0), "b leaves cleanly on SIGTERM");
+    let last: Vec<Option<i64>> = (0..PARTITIONS)
+        .map(|p| {
+            recs.iter()
+                .zip(&offsets)
+                .filter(|(r, _)| r.partition == p)
+                .map(|(_, o)| *o)
+                .max()
+        })
+        .collect();
+    // No partition stalled: every checkpoint reaches its partition's end with c and d alone.
+    wait_until(
+        Duration::from_secs(120),
+        "every partition applied to its end",
+        || at_end(&db, &group, &topic, &last),
+    );
+    assert_eq!(terminate(&mut c), Some(0));
+    assert_eq!(terminate(&mut d), Some(0));
+    assert_eq!(counts(&db), truth, "the counter, each event once");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        EVENTS as i64
+    );
+    assert_eq!(
+        db.i64("SELECT count(*)::bigint FROM {s}.daily_totals"),
+        truth.len() as i64,
+        "one sum row per counter row"
+    );
+    assert!(at_end(&db, &group, &topic, &last));
+    // Every process's accounting line adds up (checked by `tally`); together they landed every event once.
+    let mut landed = 0;
+    for name in ["a", "b", "c", "d"] {
+        let out = Out {
+            code: Some(0),
+            stdout: std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap(),
+            stderr: String::new(),
+        };
+        landed += out.tally().landed;
+    }
+    assert_eq!(landed, EVENTS as u64, "landed over the four processes");
+    let committed = committed(&group, &topic, PARTITIONS);
+    for p in 0..PARTITIONS {
+        assert_eq!(
+            committed[p as usize],
+            db.checkpoint(&group, &topic, p),
+            "committed offset = checkpoint, partition {p}"
+        );
+    }
+    for name in ["b", "c", "d"] {
+        assert!(!assigned(dir, name).is_empty(), "{name} took part");
+    }
+    // Commits rejected during a rebalance are superseded by later ones, never retried into more rebalances:
+    // the first member serves its first assignment, two joins (eager: revoke + assign each; incremental:
+    // revoke, assign, and the assign of the rejoin that follows) and its own leave — a loop would show dozens.
+    let log = std::fs::read_to_string(dir.join("a.err")).unwrap();
+    let callbacks = log.matches("rebalance: ").count();
+    let failed: usize = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| {
+            let log = std::fs::read_to_string(dir.join(format!("{n}.err"))).unwrap();
+            log.matches("offset commit failed").count()
+                + log.matches("offset commit rejected").count()
+        })
+        .sum();
+    eprintln!("a: {callbacks} rebalance callbacks; {failed} failed offset commits in all");
+    assert!(
+        (3..=12).contains(&callbacks),
+        "a served {callbacks} rebalance callbacks"
+    );
+    assigned(dir, "a")
+}
+
+/// Whether some partition was assigned (positioned at its checkpoint) twice to one member.
+fn reassigned(parts: &[i32]) -> bool {
+    let mut seen = std::collections::BTreeSet::new();
+    parts.iter().any(|p| !seen.insert(*p))
+}
+
+/// Eager `range`: every join revokes every partition of every member and assigns again — the first member's
+/// partitions are positioned again at each join (the check the incremental tests rely on sees it).
+#[test]
+fn three_workers_join_and_leave_under_eager_range() {
+    let a = join_and_leave(
+        "rebal_range",
+        "\"partition.assignment.strategy\" = \"range\"\n\"session.timeout.ms\" = \"10000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"",
+    );
+    assert!(
+        reassigned(&a),
+        "eager: a's partitions assigned again at each join: {a:?}"
+    );
+}
+
+/// `cooperative-sticky` (case C48): a join revokes only the partitions that move; the first member keeps the
+/// others running — never assigned or positioned again (no re-seek, no buffer dropped) — and the end state is
+/// exact.
+#[test]
+fn three_workers_join_and_leave_under_cooperative_sticky() {
+    let a = join_and_leave(
+        "rebal_coop",
+        "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n\"session.timeout.ms\" = \"10000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"",
+    );
+    assert!(
+        !reassigned(&a) && a.len() == PARTITIONS as usize,
+        "cooperative: a got each partition once and kept what was not revoked: {a:?}"
+    );
+}
+
+/// KIP-848 (`group.protocol = consumer`, the 4.x broker's own assignor): incremental like cooperative-sticky.
+#[test]
+fn three_workers_join_and_leave_under_the_consumer_protocol() {
+    let a = join_and_leave("rebal_kip848", "\"group.protocol\" = \"consumer\"");
+    assert!(
+        !reassigned(&a) && a.len() == PARTITIONS as usize,
+        "KIP-848: a got each partition once and kept what was not revoked: {a:?}"
+    );
+}
+
+/// Two processes with one `group.instance.id` (static membership, KIP-345): Kafka fences one (classic protocol:
+/// the member already in the group), which exits 1 naming the id's value and what to change; the other goes on
+/// and applies everything.
+#[test]
+fn a_second_process_with_the_same_instance_id_fences_one_that_names_it() {
+    let (db, topic) = stage("instance", 2);
+    let (recs, truth) = seed_events(400, 2);
+    let group = unique("g");
+    let id = unique("worker");
+    let text = format!(
+        "{SEED}\n[kafka.properties]\n\"group.instance.id\" = \"{id}\"\n\"session.timeout.ms\" = \"10000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"\n"
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let dir = p.dir.path();
+    let mut offsets = produce(&topic, &recs[..200]);
+    let mut a = spawn_run(&p, &[], "a");
+    wait_until(Duration::from_secs(90), "a is assigned partitions", || {
+        !assigned(dir, "a").is_empty()
+    });
+    let mut b = spawn_run(&p, &[], "b");
+    let mut fenced = None;
+    wait_until(Duration::from_secs(60), "one of the two exits", || {
+        for (name, child) in [("a", &mut a), ("b", &mut b)] {
+            if let Some(status) = child.try_wait().unwrap() {
+                fenced = Some((name, status.code()));
+                return true;
+            }
+        }
+        false
+    });
+    let (name, code) = fenced.unwrap();
+    assert_eq!(code, Some(1), "the fenced process {name} exits 1");
+    let err = std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap();
+    assert!(
+        err.contains(&format!("`group.instance.id` = `{id}`"))
+            && err.contains(
+                "set \"group.instance.id\" in [kafka.properties] to a value unique to this worker"
+            ),
+        "{err}"
+    );
+    let mut survivor = if name == "a" { b } else { a };
+    offsets.extend(produce(&topic, &recs[200..]));
+    let last: Vec<Option<i64>> = (0..2)
+        .map(|part| {
+            recs.iter()
+                .zip(&offsets)
+                .filter(|(r, _)| r.partition == part)
+                .map(|(_, o)| *o)
+                .max()
+        })
+        .collect();
+    wait_until(
+        Duration::from_secs(90),
+        "the survivor applies everything",
+        || {
+            (0..2).all(|part| {
+                db.checkpoint(&group, &topic, part) == last[part as usize].map(|l| l + 1)
+            })
+        },
+    );
+    assert_eq!(terminate(&mut survivor), Some(0));
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 400);
+}
