@@ -265,3 +265,68 @@ fn a_second_process_with_the_same_instance_id_fences_one_that_names_it() {
     assert_eq!(counts(&db), truth);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 400);
 }
+
+/// The membership bound covers a member that believes it is in the group but whose group coordinator answers
+/// nothing (librdkafka#3082, #2944; the failpoint `coordinator-silent` hides the coordinator's responses from
+/// the watchdog): while it holds no partition it says so on `/readyz` ("no assignment since …"), and it exits 1
+/// once `max.poll.interval.ms + session.timeout.ms` (12 s here) has passed, naming the state and its assignment
+/// (the eager assignor may give it the one partition or not). The two other members, whose coordinator answers
+/// their heartbeats — one of them idle as long —, stay; the partition's owner applies everything.
+#[test]
+fn a_member_whose_coordinator_never_answers_exits_within_the_bound() {
+    let (db, topic) = stage("coordsilent", 1);
+    let (recs, truth) = seed_events(300, 1);
+    let group = unique("g");
+    let text = format!(
+        "{SEED}\n[kafka.properties]\n\"session.timeout.ms\" = \"6000\"\n\"max.poll.interval.ms\" = \"6000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"\n\"statistics.interval.ms\" = \"1000\"\n"
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let dir = p.dir.path();
+    let mut offsets = produce(&topic, &recs[..100]);
+    let mut owner = spawn_run(&p, &[], "owner");
+    wait_until(Duration::from_secs(90), "the owner is assigned", || {
+        !assigned(dir, "owner").is_empty()
+    });
+    let mut idle = spawn_run(&p, &[], "idle");
+    let addr = crate::health::free_addr();
+    let head = ["run", "--config", arg(&p.path), "--metrics-addr", &addr];
+    let silent = [("REPLAYSAFE_FAILPOINTS", "coordinator-silent=return")];
+    let mut stuck = spawn(&head, &silent, dir, "stuck");
+    let mut said = None;
+    wait_until(Duration::from_secs(60), "/readyz of the stuck member", || {
+        said = crate::health::get(&addr, "/readyz").filter(|(c, t)| *c == 503 && t.contains("no assignment"));
+        said.is_some()
+    });
+    let text = said.unwrap().1;
+    assert!(
+        text.starts_with("not ready: no partitions assigned (no assignment since 20"),
+        "{text}"
+    );
+    let started = std::time::Instant::now();
+    wait_until(Duration::from_secs(60), "the stuck member exits", || {
+        stuck.try_wait().unwrap().is_some()
+    });
+    assert_eq!(stuck.wait().unwrap().code(), Some(1), "the documented exit code");
+    let err = std::fs::read_to_string(dir.join("stuck.err")).unwrap();
+    assert!(
+        err.contains("the group coordinator has answered none of this member's requests for")
+            && err.contains(" partitions assigned) while the brokers answer")
+            && err.contains("session.timeout.ms = 12.0 s"),
+        "{err}"
+    );
+    eprintln!("stuck member exited {:?} after /readyz first named it", started.elapsed());
+    // The members whose coordinator answers are still running (one of them idle all along).
+    assert!(idle.try_wait().unwrap().is_none(), "a healthy member stays");
+    assert!(owner.try_wait().unwrap().is_none(), "a healthy member stays");
+    offsets.extend(produce(&topic, &recs[100..]));
+    let last = offsets.iter().max().copied();
+    wait_until(Duration::from_secs(60), "the owner applies everything", || {
+        db.checkpoint(&group, &topic, 0) == last.map(|l| l + 1)
+    });
+    assert_eq!(terminate(&mut idle), Some(0));
+    assert_eq!(terminate(&mut owner), Some(0));
+    assert_eq!(counts(&db), truth);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 300);
+    assert_eq!(committed(&group, &topic, 1)[0], db.checkpoint(&group, &topic, 0));
+}
