@@ -16,8 +16,14 @@
 //!   rebalance that follows gives the partition up (its pending entry is dropped at the revocation). Neither
 //!   within `max.poll.interval.ms`: the run fails (exit 1) and leaves the group — it never idles holding it;
 //! - a member that is not a steady member of its group (librdkafka's `cgrp` statistics) for longer than
-//!   `max.poll.interval.ms + session.timeout.ms` — a group coordinator that never answers again — fails the run
-//!   (exit 1) instead of idling without partitions ([`crate::source::membership`]);
+//!   `max.poll.interval.ms + session.timeout.ms`, or whose group coordinator has answered none of its requests
+//!   for as long — a group coordinator that never answers again — fails the run (exit 1) instead of idling
+//!   without partitions ([`crate::source::membership`]);
+//! - eager (`range`, `roundrobin`) and incremental (`cooperative-sticky`, `group.protocol = consumer`)
+//!   rebalancing share these callbacks: an incremental revoke lists only the partitions that move, the kept
+//!   ones stay held and positioned (nothing is taken over or sought again), and the assign that follows lists
+//!   only the new ones (`incremental_assign` / `incremental_unassign`); a fatal `group.instance.id` fence is
+//!   named with the id ([`instance_fenced`]);
 //! - its positions ([`Source::positions`]) let the engine step an idle checkpoint over transaction markers; a
 //!   thread keeps the `replaysafe_consumer_lag` gauge ([`crate::source::lag`]);
 //! - with `until_caught_up` it is finished once every assigned partition's position is at its high watermark
