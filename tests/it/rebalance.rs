@@ -294,10 +294,15 @@ fn a_member_whose_coordinator_never_answers_exits_within_the_bound() {
     let silent = [("REPLAYSAFE_FAILPOINTS", "coordinator-silent=return")];
     let mut stuck = spawn(&head, &silent, dir, "stuck");
     let mut said = None;
-    wait_until(Duration::from_secs(60), "/readyz of the stuck member", || {
-        said = crate::health::get(&addr, "/readyz").filter(|(c, t)| *c == 503 && t.contains("no assignment"));
-        said.is_some()
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "/readyz of the stuck member",
+        || {
+            said = crate::health::get(&addr, "/readyz")
+                .filter(|(c, t)| *c == 503 && t.contains("no assignment"));
+            said.is_some()
+        },
+    );
     let text = said.unwrap().1;
     assert!(
         text.starts_with("not ready: no partitions assigned (no assignment since 20"),
@@ -307,7 +312,11 @@ fn a_member_whose_coordinator_never_answers_exits_within_the_bound() {
     wait_until(Duration::from_secs(60), "the stuck member exits", || {
         stuck.try_wait().unwrap().is_some()
     });
-    assert_eq!(stuck.wait().unwrap().code(), Some(1), "the documented exit code");
+    assert_eq!(
+        stuck.wait().unwrap().code(),
+        Some(1),
+        "the documented exit code"
+    );
     let err = std::fs::read_to_string(dir.join("stuck.err")).unwrap();
     assert!(
         err.contains("the group coordinator has answered none of this member's requests for")
@@ -315,18 +324,29 @@ fn a_member_whose_coordinator_never_answers_exits_within_the_bound() {
             && err.contains("session.timeout.ms = 12.0 s"),
         "{err}"
     );
-    eprintln!("stuck member exited {:?} after /readyz first named it", started.elapsed());
+    eprintln!(
+        "stuck member exited {:?} after /readyz first named it",
+        started.elapsed()
+    );
     // The members whose coordinator answers are still running (one of them idle all along).
     assert!(idle.try_wait().unwrap().is_none(), "a healthy member stays");
-    assert!(owner.try_wait().unwrap().is_none(), "a healthy member stays");
+    assert!(
+        owner.try_wait().unwrap().is_none(),
+        "a healthy member stays"
+    );
     offsets.extend(produce(&topic, &recs[100..]));
     let last = offsets.iter().max().copied();
-    wait_until(Duration::from_secs(60), "the owner applies everything", || {
-        db.checkpoint(&group, &topic, 0) == last.map(|l| l + 1)
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "the owner applies everything",
+        || db.checkpoint(&group, &topic, 0) == last.map(|l| l + 1),
+    );
     assert_eq!(terminate(&mut idle), Some(0));
     assert_eq!(terminate(&mut owner), Some(0));
     assert_eq!(counts(&db), truth);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 300);
-    assert_eq!(committed(&group, &topic, 1)[0], db.checkpoint(&group, &topic, 0));
+    assert_eq!(
+        committed(&group, &topic, 1)[0],
+        db.checkpoint(&group, &topic, 0)
+    );
 }
