@@ -28,8 +28,9 @@
 //!   watched too: librdkafka's logical broker `GroupCoordinator` carries every group request (heartbeats every
 //!   `heartbeat.interval.ms`, or the broker's `group.consumer.heartbeat.interval.ms` under KIP-848) and counts
 //!   the responses it received (`rx`). A coordinator that has answered nothing for longer than the bound while
-//!   a broker is up fails the run the same way, whatever the join state; an idle member with no partitions whose
-//!   heartbeats are answered stays (it is steady, `/readyz` says "no assignment since …");
+//!   a broker is up fails the run the same way (counted while the member is steady; an unsteady one is bounded
+//!   by the rule above); an idle member with no partitions whose heartbeats are answered stays (it is steady,
+//!   `/readyz` says "no assignment since …");
 //! - the bound is `max.poll.interval.ms + session.timeout.ms` (defaults 300 s + 45 s). A healthy rebalance ends
 //!   within the group's rebalance timeout, which is the members' `max.poll.interval.ms` (librdkafka sends it in
 //!   JoinGroup and times the request out 3 s after it, `rdkafka_request.c`), plus a session for a member that
@@ -161,7 +162,8 @@ impl Membership {
     }
 
     /// Follows the coordinator connection's responses (`rx`; `None`: no coordinator connection yet) at `ts`;
-    /// `counts`: a broker is up (or refuses our credentials). Returns for how long it has been silent.
+    /// `counts`: a broker is up (or refuses our credentials) and the member is steady. Returns for how long it
+    /// has been silent.
     fn watch_coordinator(&self, ts: i64, rx: Option<u64>, assigned: i64, counts: bool) -> Duration {
         let mut silent = self.silence();
         let Some(rx) = rx else {
@@ -236,7 +238,9 @@ impl Membership {
             true => Some(0),
             false => brokers.get(COORDINATOR).map(|b| b.rx),
         };
-        let quiet = self.watch_coordinator(ts, rx, g.assignment_size, counts);
+        // The silence rule is for a member that believes it is in the group; an unsteady one is bounded by its
+        // stretch (a coordinator holding a JoinGroup back while the group waits for a peer answers nothing too).
+        let quiet = self.watch_coordinator(ts, rx, g.assignment_size, counts && steady);
         let mut stretch = self.stretch();
         if steady {
             *stretch = None;
@@ -566,6 +570,19 @@ mod tests {
             .expect("17 s after Kafka came back")
             .to_string();
         assert!(e.contains("(2 partitions assigned)"), "{e}");
+        // Unsteady (a JoinGroup held back while the group waits for a peer): the unsteady rule alone, with its
+        // own message.
+        let m = short(&[]);
+        m.observe(&stats_rx("up", "steady", "UP", 0, 7, 0));
+        m.observe(&stats_rx("up", "wait-join", "UP", 10, 7, 0));
+        m.observe(&stats_rx("up", "wait-join", "UP", 20, 7, 0));
+        assert!(m.overdue("g").is_none(), "unsteady for 10 s only");
+        m.observe(&stats_rx("up", "wait-join", "UP", 27, 7, 0));
+        let e = m.overdue("g").expect("unsteady for 17 s").to_string();
+        assert!(
+            e.contains("has not been a steady group member for 17.0 s"),
+            "{e}"
+        );
     }
 
     #[test]
