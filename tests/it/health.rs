@@ -231,7 +231,7 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
                     *c == 503
                         && t.trim()
                             .starts_with("not ready: no partitions assigned (no assignment since ")
-                        && !t.contains('\n')
+                        && !t.trim().contains('\n')
                 })
             };
             let ok = |r: &Option<(u16, String)>| r.as_ref().is_some_and(|(c, _)| *c == 200);
