@@ -396,3 +396,170 @@ fn a_member_whose_coordinator_never_answers_exits_within_the_bound() {
         db.checkpoint(&group, &topic, 0)
     );
 }
+
+/// Case C48's pipeline: the order events counted per customer, a row per order (version-guarded), the ledger.
+const C48: &str = concat!(
+    header!(),
+    r#"[batch]
+max-records = 5000
+linger-ms = 300
+
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+entity_id = { path = "/entity_id", type = "text" }
+version = { path = "/version", type = "bigint" }
+customer_id = { path = "/data/customer_id", type = "text" }
+total = { path = "/data/total", type = "numeric" }
+
+[identity]
+key = ["event_id"]
+
+[[projection]]
+kind = "counter"
+table = "processed"
+group-by = ["customer_id"]
+column = "n"
+
+[[projection]]
+kind = "row"
+table = "orders"
+key = ["entity_id"]
+version = "version"
+columns = ["entity_id", "total"]
+
+[kafka.properties]
+"partition.assignment.strategy" = "cooperative-sticky"
+"session.timeout.ms" = "10000"
+"heartbeat.interval.ms" = "1000"
+"#
+);
+
+/// One of case C48's order events (`o-<n>`, total `<n>.00`) on `partition`.
+fn c48_event(partition: i32, n: u32) -> Rec {
+    let value = format!(
+        r#"{{"event_id":"c48e0000-0000-4000-8000-{n:012}","event_type":"OrderPlaced","entity_id":"o-{n}","version":1,"occurred_at":"2024-04-25T00:00:{n:02}Z","data":{{"customer_id":"c-48","total":"{n}.00"}}}}"#
+    );
+    Rec::json(
+        partition,
+        &format!("o-{n}"),
+        &value,
+        1_714_003_200_000 + i64::from(n) * 1000,
+    )
+}
+
+/// Case C48 (cooperative-sticky revokes only some partitions): W1 owns both partitions and is committing one
+/// batch over both (each batch commit takes 2 s more, failpoint) when W2 joins; the rebalance moves one
+/// partition. W1 keeps the other running — never assigned or positioned again — and applies the record that
+/// arrives on it afterwards (o-12); the moved one is applied once, by W1 before the move or by W2 after it
+/// (never both, never neither). Every event once; checkpoints and committed offsets at the ends; W1 serves at
+/// most its first assignment and two rebalances' callbacks after W2 joins (no commit loop).
+#[test]
+fn c48_a_cooperative_revoke_of_one_partition_leaves_the_other_running() {
+    let (db, topic) = stage("c48", 2);
+    let group = unique("g");
+    let p = pipeline(C48, &topic, &group, &db.schema);
+    let dir = p.dir.path();
+    produce(
+        &topic,
+        &[
+            c48_event(0, 10),
+            c48_event(0, 11),
+            c48_event(1, 20),
+            c48_event(1, 21),
+        ],
+    );
+    let head = ["run", "--config", arg(&p.path)];
+    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=sleep(2000)")];
+    let mut w1 = spawn(&head, &slow, dir, "w1");
+    wait_until(Duration::from_secs(90), "W1 holds both partitions", || {
+        assigned(dir, "w1").len() == 2
+    });
+    let mut w2 = spawn(&head, &[], dir, "w2");
+    wait_until(Duration::from_secs(90), "W2 is given one partition", || {
+        !assigned(dir, "w2").is_empty()
+    });
+    let moved = assigned(dir, "w2")[0];
+    let kept = 1 - moved;
+    // After the rebalance, a record on the partition W1 kept (the case's p0@12).
+    let n = if kept == 0 { 12 } else { 22 };
+    produce(&topic, &[c48_event(kept, n)]);
+    wait_until(
+        Duration::from_secs(60),
+        "both partitions applied to their ends",
+        || {
+            db.checkpoint(&group, &topic, kept) == Some(3)
+                && db.checkpoint(&group, &topic, moved) == Some(2)
+        },
+    );
+    assert_eq!(terminate(&mut w2), Some(0));
+    assert_eq!(terminate(&mut w1), Some(0));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5);
+    assert_eq!(
+        db.i64("SELECT n FROM {s}.processed WHERE customer_id = 'c-48'"),
+        5,
+        "each event counted once"
+    );
+    let mut want = vec![
+        ("o-10".to_string(), "10.00".to_string()),
+        ("o-11".into(), "11.00".into()),
+        ("o-20".into(), "20.00".into()),
+        ("o-21".into(), "21.00".into()),
+        (format!("o-{n}"), format!("{n}.00")),
+    ];
+    want.sort();
+    let got: Vec<(String, String)> = db
+        .query(
+            "SELECT entity_id, total::text FROM {s}.orders ORDER BY 1",
+            &[],
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(got, want);
+    let committed = committed(&group, &topic, 2);
+    assert_eq!(
+        committed[kept as usize],
+        Some(3),
+        "committed offset of the kept partition"
+    );
+    assert_eq!(
+        committed[moved as usize],
+        Some(2),
+        "committed offset of the moved partition"
+    );
+    // W1 positioned each partition once: the kept one was never taken over or sought again.
+    let w1_parts = assigned(dir, "w1");
+    assert_eq!(
+        w1_parts.iter().filter(|p| **p == kept).count(),
+        1,
+        "{w1_parts:?}"
+    );
+    assert_eq!(
+        assigned(dir, "w2"),
+        vec![moved],
+        "W2 got only the moved partition"
+    );
+    // The two outcomes for the moved partition: W1's batch committed before the move (W2 finds nothing new, or
+    // counts a redelivery as duplicate), or W2 applied it. Over both processes: 5 landed, the rest duplicates.
+    let tally = |name: &str| {
+        Out {
+            code: Some(0),
+            stdout: std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap(),
+            stderr: String::new(),
+        }
+        .tally()
+    };
+    let (t1, t2) = (tally("w1"), tally("w2"));
+    assert_eq!(t1.landed + t2.landed, 5, "W1 {t1:?}, W2 {t2:?}");
+    assert!(
+        t1.landed >= 1,
+        "W1 applied the kept partition's new record: {t1:?}"
+    );
+    let log = std::fs::read_to_string(dir.join("w1.err")).unwrap();
+    let callbacks = log.matches("rebalance: ").count();
+    // First assign; W2's join: revoke one, assign none, the rejoin's assign; the leave on SIGTERM: revoke.
+    assert!(
+        callbacks <= 6,
+        "W1 served {callbacks} rebalance callbacks:\n{log}"
+    );
+}
