@@ -1021,7 +1021,7 @@ fn fatal(consumer: &GroupConsumer, pipeline: &Pipeline, code: RDKafkaErrorCode) 
 /// The message of a static member fenced because another process uses its `group.instance.id` (`id`).
 pub fn instance_fenced(group: &str, id: &str, reason: &str) -> String {
     format!(
-        "consumer group {group}: Kafka fenced this member because another process joined with the same \
+        "consumer group {group}: Kafka fenced this member because another process uses the same \
          `group.instance.id` = `{id}` ({reason}); every worker of a group needs its own value: set \
          \"group.instance.id\" in [kafka.properties] to a value unique to this worker (e.g. \"${{HOSTNAME}}\"), or \
          stop the other process using `{id}`; exiting — what was applied is in the PostgreSQL checkpoints"

@@ -246,19 +246,28 @@ fn three_workers_join_and_leave_under_the_consumer_protocol() {
     );
 }
 
-/// Two processes with one `group.instance.id` (static membership, KIP-345): Kafka fences one (classic protocol:
-/// the member already in the group), which exits 1 naming the id's value and what to change; the other goes on
-/// and applies everything.
+/// Two processes with one `group.instance.id` (static membership, KIP-345), classic protocol: Kafka fences the
+/// member already in the group, which exits 1 naming the id's value and what to change; the other goes on and
+/// applies everything.
 #[test]
 fn a_second_process_with_the_same_instance_id_fences_one_that_names_it() {
+    shared_instance_id("\"session.timeout.ms\" = \"10000\"\n\"heartbeat.interval.ms\" = \"1000\"");
+}
+
+/// The same under KIP-848 (`group.protocol = consumer`): the joining process is fenced
+/// (`UNRELEASED_INSTANCE_ID`), with the same message.
+#[test]
+fn a_second_process_with_the_same_instance_id_under_kip848_is_fenced_and_names_it() {
+    shared_instance_id("\"group.protocol\" = \"consumer\"");
+}
+
+fn shared_instance_id(properties: &str) {
     let (db, topic) = stage("instance", 2);
     let (recs, truth) = seed_events(400, 2);
     let group = unique("g");
     let id = unique("worker");
-    let text = format!(
-        "{SEED}\n[kafka.properties]\n\"group.instance.id\" = \"{id}\"\n\"session.timeout.ms\" = \"10000\"\n\
-         \"heartbeat.interval.ms\" = \"1000\"\n"
-    );
+    let text =
+        format!("{SEED}\n[kafka.properties]\n\"group.instance.id\" = \"{id}\"\n{properties}\n");
     let p = pipeline(&text, &topic, &group, &db.schema);
     let dir = p.dir.path();
     let mut offsets = produce(&topic, &recs[..200]);
