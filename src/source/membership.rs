@@ -284,13 +284,17 @@ impl Membership {
     /// the bound while Kafka answers.
     pub fn overdue(&self, group: &str) -> Option<Error> {
         let bound = self.bound?;
-        let stretch = self.stretch();
-        let Some(waited) = stretch.as_ref().and_then(|u| u.overdue) else {
-            drop(stretch);
-            return self.silent_overdue(group, bound);
-        };
-        let u = stretch.as_ref()?;
+        let unsteady = self
+            .stretch()
+            .as_ref()
+            .and_then(|u| Some((u.overdue?, u.state.clone(), u.join_state.clone())));
+        let silent = self
+            .silence()
+            .as_ref()
+            .and_then(|s| Some((s.overdue?, s.assigned)));
         if let Some(reason) = self.refusal() {
+            // Refused credentials silence the coordinator too: the refusal is the reason to name.
+            let waited = unsteady.as_ref().map(|u| u.0).max(silent.map(|s| s.0))?;
             return Some(Error::Other(format!(
                 "consumer group {group}: Kafka has refused this client's credentials for {:.1} s ({reason}), \
                  longer than max.poll.interval.ms + session.timeout.ms = {:.1} s: check the sasl.* keys of \
@@ -300,38 +304,35 @@ impl Membership {
                 bound.as_secs_f64()
             )));
         }
+        let Some((waited, state, join_state)) = unsteady else {
+            let (waited, assigned) = silent?;
+            return Some(silent_error(group, waited, assigned, bound));
+        };
         Some(Error::Other(format!(
             "consumer group {group}: this member has not been a steady group member for {:.1} s (librdkafka group \
-             state `{}`, join state `{}`) while the brokers answer, longer than max.poll.interval.ms + \
+             state `{state}`, join state `{join_state}`) while the brokers answer, longer than max.poll.interval.ms + \
              session.timeout.ms = {:.1} s: the group coordinator does not answer this member or a rebalance never \
              completes (a librdkafka client can stay stuck after a broker restart, confluentinc/librdkafka#3082; or \
              a member of the group with a longer max.poll.interval.ms stopped polling); exiting so that a restart \
              joins the group afresh — what was applied is in the PostgreSQL checkpoints",
             waited.as_secs_f64(),
-            u.state,
-            u.join_state,
             bound.as_secs_f64()
         )))
     }
 }
 
-impl Membership {
-    /// The error of a coordinator silent for longer than `bound`, if a sample found one.
-    fn silent_overdue(&self, group: &str, bound: Duration) -> Option<Error> {
-        let silent = self.silence();
-        let s = silent.as_ref()?;
-        let waited = s.overdue?;
-        Some(Error::Other(format!(
-            "consumer group {group}: the group coordinator has answered none of this member's requests for {:.1} s \
-             ({} partitions assigned) while the brokers answer, longer than max.poll.interval.ms + \
-             session.timeout.ms = {:.1} s: a group coordinator that never came back after a broker restart \
-             (confluentinc/librdkafka#3082, #2944); exiting so that a restart joins the group afresh — what was \
-             applied is in the PostgreSQL checkpoints",
-            waited.as_secs_f64(),
-            s.assigned,
-            bound.as_secs_f64()
-        )))
-    }
+/// The error of a member whose group coordinator answered none of its requests for `waited` (> `bound`) while it
+/// held `assigned` partitions.
+fn silent_error(group: &str, waited: Duration, assigned: i64, bound: Duration) -> Error {
+    Error::Other(format!(
+        "consumer group {group}: the group coordinator has answered none of this member's requests for {:.1} s \
+         ({assigned} partitions assigned) while the brokers answer, longer than max.poll.interval.ms + \
+         session.timeout.ms = {:.1} s: a group coordinator that never came back after a broker restart \
+         (confluentinc/librdkafka#3082, #2944); exiting so that a restart joins the group afresh — what was \
+         applied is in the PostgreSQL checkpoints",
+        waited.as_secs_f64(),
+        bound.as_secs_f64()
+    ))
 }
 
 /// Test builds (`REPLAYSAFE_FAILPOINTS=coordinator-silent=return`): the coordinator's responses are not seen, as
@@ -521,6 +522,19 @@ mod tests {
         let e = m
             .overdue("g")
             .expect("refused for longer than the bound")
+            .to_string();
+        assert!(
+            e.contains("refused this client's credentials for 17.0 s"),
+            "{e}"
+        );
+        // Steady while refused (the session not timed out yet): the silent coordinator is named as the refusal.
+        let m = short(&[]);
+        m.refused("SASL authentication error");
+        m.observe(&stats_rx("up", "steady", "DOWN", 0, 7, 1));
+        m.observe(&stats_rx("up", "steady", "DOWN", 17, 7, 1));
+        let e = m
+            .overdue("g")
+            .expect("refused and silent for 17 s")
             .to_string();
         assert!(
             e.contains("refused this client's credentials for 17.0 s"),
