@@ -584,6 +584,17 @@ mod tests {
             assert_eq!(i, at, "{m}");
             assert!(m.contains(says), "{m}");
         }
+        // In a pipeline file: exit 2 naming file:line of the key.
+        let text = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[kafka.properties]\n\"group.protocol\" = \"consumer\"\n\
+                    \"partition.assignment.strategy\" = \"range\"\n\
+                    [fields]\nevent_id = { path = \"/event_id\", type = \"uuid\" }\n[identity]\nkey = [\"event_id\"]\n";
+        let e = crate::config::parse("p.toml", text).unwrap_err();
+        assert_eq!(e.exit_code(), crate::error::EXIT_CONFIG);
+        let e = e.to_string();
+        assert!(
+            e.starts_with("p.toml:6:") && e.contains("`partition.assignment.strategy` is not used"),
+            "{e}"
+        );
     }
 
     #[test]
