@@ -23,7 +23,9 @@ Scenarios (time shares of --minutes by WEIGHTS): kills (SIGKILL + restart >= 30 
 an audit trigger records any checkpoint that moved backwards), postgres (24 pg_terminate_backend, every other one
 of a backend executing COMMIT — a deferred trigger makes COMMIT take 20 ms so it can be caught: an uncertain
 commit —, pg_ctl restart twice, 10 s default_transaction_read_only), broker (stopped 5 s, restarted on its
-ports), storm (workers joining/leaving every 2–5 s), two-groups (the replay under a second group id into the
+ports), broker-restarts (the broker restarted three times in a row, 2 s down each; then every worker must either
+recover — a member holding partitions of its stable group — or exit 1 naming its consumer group, within the
+membership bound of 70 s + 20 s: issue 37 item 4, librdkafka#3082), storm (workers joining/leaving every 2–5 s), two-groups (the replay under a second group id into the
 same tables), c36 (8 customers on one day, batches of 20–50, 4 connections per worker: batches of different
 partitions update the same aggregate rows at once; the 40P01 count is reported), lost-commit (a partition's
 newest batch and its checkpoint advance rolled back behind the running worker).
@@ -62,7 +64,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "replaysafe")
+BIN = os.environ.get("CHAOS_BIN") or os.path.join(ROOT, "target", "release", "replaysafe")
+# The membership bound of the workers (src/source/membership.rs): max.poll.interval.ms + session.timeout.ms of
+# PIPELINE, in s.
+MEMBERSHIP_BOUND_S = 70
+# The messages of a worker that gave up on its consumer group (the membership bound).
+GAVE_UP = ("has not been a steady group member", "the group coordinator has answered none")
 PARTITIONS = 12
 CUSTOMERS = 400
 DAYS = [dt.date(2026, 11, 20) + dt.timedelta(days=i) for i in range(6)]
@@ -617,6 +624,7 @@ class Scenario:
         self.workers, self.producer, self.cdc_producer = [], None, None
         self.groups = [self.group]
         self.crashed = []  # worker processes that had exited by themselves when the faults ended
+        self.checks_failed = []  # a scenario's own checks that failed (they fail the scenario)
 
     def config(self, group, max_records, connections=2):
         path = os.path.join(self.logdir, f"{group}.{max_records}.toml")
@@ -679,7 +687,8 @@ class Scenario:
         for w in self.workers:
             if w.proc is not None and not w.alive() and not w.stopped:
                 with open(w.logs[-1], errors="replace") as f:
-                    gave_up = "has not been a steady group member" in f.read()
+                    text = f.read()
+                    gave_up = any(m in text for m in GAVE_UP)
                 why = " (not a steady group member)" if gave_up else ""
                 log(f"{w.name} had exited (rc {w.proc.returncode}){why}; restarted")
                 self.crashed.append(f"{os.path.basename(w.logs[-1])}: rc {w.proc.returncode}{why}")
@@ -772,6 +781,41 @@ class Scenario:
                 "tombstones": len(tomb), "deleted": len(deleted), "rows_wrong": rows_wrong,
                 "tombstones_wrong": len(deleted - tomb), "dead_letters_wrong": len(dls ^ self.cdc_truth.poison),
                 "poison": len(self.cdc_truth.poison), "ledger_rows": ledger, "checkpoint_regressions": audit}
+
+    def recovered_or_gave_up(self, bound_s):
+        """Waits (at most bound_s) until every worker has either recovered — its group is stable and has as many
+        members holding partitions as it has running workers — or exited 1 naming its consumer group (GAVE_UP).
+        Returns how long that took, or records in checks_failed what was not so at the bound."""
+        t0 = time.monotonic()
+        admin = AdminClient({"bootstrap.servers": self.brokers})
+        groups = {self.group: [w for w in self.workers if "-cdc" not in w.name],
+                  self.cdc_group: [w for w in self.workers if "-cdc" in w.name]}
+        while True:
+            wrong = []
+            for w in self.workers:
+                if w.proc is not None and not w.alive() and not w.stopped:
+                    with open(w.logs[-1], errors="replace") as f:
+                        text = f.read()
+                    if w.proc.returncode != 1 or not any(m in text for m in GAVE_UP):
+                        wrong.append(f"{w.name} exited {w.proc.returncode} without giving up on its group")
+            for g, members in groups.items():
+                running = sum(1 for w in members if w.alive())
+                try:
+                    d = admin.describe_consumer_groups([g], request_timeout=10)[g].result()
+                    holding = sum(1 for m in d.members if m.assignment and m.assignment.topic_partitions)
+                    state = str(d.state)
+                except Exception as e:  # the broker still loading the group: not recovered yet
+                    holding, state = -1, repr(e)
+                if running and not ("STABLE" in state and holding == running):
+                    wrong.append(f"group {g}: {running} workers running, {holding} members holding partitions, "
+                                 f"state {state}")
+            took = time.monotonic() - t0
+            if not wrong:
+                return took
+            if took > bound_s:
+                self.checks_failed.extend(wrong)
+                return took
+            time.sleep(1)
 
     def offsets_match(self):
         """Kafka committed offsets equal the checkpoints within 10 s of quiet, for every group of the scenario."""
@@ -901,6 +945,18 @@ def sc_broker(ctx, f, secs):
     time.sleep(max(0.0, secs * 2 / 3 - 5))
 
 
+def sc_broker_restarts(ctx, f, secs):
+    """The broker restarted three times in a row (2 s down, 3 s up between); then every worker recovers or exits 1
+    naming its consumer group within the membership bound (plus 20 s: a statistics interval, a rebalance)."""
+    time.sleep(min(10.0, secs / 4))
+    for _ in range(3):
+        f.broker_restart(down_s=2)
+        time.sleep(3)
+    took = ctx.recovered_or_gave_up(MEMBERSHIP_BOUND_S + 20)
+    f.note("recovered_within_s", round(took))
+    log(f"broker-restarts: every worker recovered or gave up {took:.1f} s after the last restart")
+
+
 def sc_storm(ctx, f, secs):
     """Workers joining and leaving (SIGTERM, sometimes SIGKILL) every 2-5 s."""
     extra = []
@@ -940,6 +996,7 @@ def sc_lost_commit(ctx, f, secs):
 
 SCENARIOS = {
     "kills": sc_kills, "zombie": sc_zombie, "postgres": sc_postgres, "broker": sc_broker,
+    "broker-restarts": sc_broker_restarts,
     "storm": sc_storm, "two-groups": sc_two_groups, "c36": sc_c36, "lost-commit": sc_lost_commit,
 }
 # Shares of --minutes: kills needs time for >= 30 kills, the storm a minute at 5 minutes, postgres its restarts.
@@ -956,7 +1013,7 @@ def required_faults(name, minutes):
     return {
         "kills": {"sigkill": 30 if minutes >= 5 else 10}, "zombie": {"zombie_sigstop": 1},
         "postgres": {"pg_terminate": 20, "pg_terminate_after_commit": 1, "pg_restart": 2, "pg_read_only": 1},
-        "broker": {"broker_restart": 1}, "storm": {"worker_joined": 2, "worker_left": 1},
+        "broker": {"broker_restart": 1}, "broker-restarts": {"broker_restart": 3}, "storm": {"worker_joined": 2, "worker_left": 1},
         "two-groups": {"second_group": 1}, "c36": {}, "lost-commit": {"lost_commit": 1},
     }[name]
 
@@ -988,6 +1045,7 @@ def run_scenario(name, args, run_id, rng, secs):
     cdc = v["cdc"]
     ok_exits = all(rc == 0 for rc in exits.values())
     accounting = (v["ledger_rows"] == v["unique_events"] and v["dead_letters_wrong"] == 0 and not bad_lines
+                  and not ctx.checks_failed
                   and ok_exits and not offsets and v["checkpoint_regressions"] == 0 and total[0] == sum(total[1:])
                   and cdc["rows_wrong"] == 0 and cdc["tombstones_wrong"] == 0 and cdc["dead_letters_wrong"] == 0
                   and cdc["checkpoint_regressions"] == 0)
@@ -1002,7 +1060,7 @@ def run_scenario(name, args, run_id, rng, secs):
         "details": dict(v, json_events=ctx.truth.sent, faults_missing=missing, workers_exited_early=ctx.crashed, exits=exits, accounting_lines_wrong=bad_lines,
                         accounting_total=dict(zip(("consumed", "landed", "duplicate", "stale", "filtered",
                                                    "quarantined"), total)),
-                        offsets_not_committed=offsets, sqlstates_in_logs=sqlstates(ctx.logdir),
+                        offsets_not_committed=offsets, checks_failed=ctx.checks_failed, sqlstates_in_logs=sqlstates(ctx.logdir),
                         produce_failed=ctx.truth.failed + ctx.cdc_truth.failed, fault_s=round(secs, 1),
                         worker_starts=sum(w.starts for w in ctx.workers), logs=ctx.logdir, schema=ctx.schema),
     }

@@ -13,7 +13,10 @@
 //! - **ready** (`/readyz` 200) when all of:
 //!   1. alive;
 //!   2. the worker holds at least one partition (a group member without partitions — more workers than
-//!      partitions, or before the first assignment — is not ready: it does no work);
+//!      partitions, or before the first assignment — is not ready: it does no work); the line says since when
+//!      (`no partitions assigned (no assignment since <UTC time>, N s ago)`) and, when the group membership is
+//!      not steady or the group coordinator does not answer, what librdkafka's group handler reports
+//!      ([`group_trouble`], from `source/membership.rs`);
 //!   3. the last database probe succeeded and is at most [`PROBE_STALE`] old. The probe (every
 //!      [`PROBE_EVERY`], bounded by [`PROBE_TIMEOUT`]) runs `UPDATE <checkpoints> SET fence = fence WHERE false`:
 //!      it touches no row and takes no row lock, yet PostgreSQL checks the session can write — it fails on a
@@ -66,6 +69,10 @@ struct State {
     relay_only: AtomicBool,
     /// Kafka refuses the client's credentials: librdkafka's reason.
     kafka_refused: Mutex<Option<String>>,
+    /// Since when the worker has held no partition (set by the first [`beat`] that reports none).
+    unassigned: Mutex<Option<(Instant, chrono::DateTime<chrono::Utc>)>>,
+    /// What the group membership watchdog reports while the member is not steady or its coordinator is silent.
+    group: Mutex<Option<String>>,
 }
 
 fn state() -> &'static State {
@@ -79,6 +86,8 @@ fn state() -> &'static State {
         probe: Mutex::new(None),
         relay_only: AtomicBool::new(false),
         kafka_refused: Mutex::new(None),
+        unassigned: Mutex::new(None),
+        group: Mutex::new(None),
     })
 }
 
@@ -114,7 +123,20 @@ pub fn beat(held: Option<usize>) {
     s.beat_ms.store(ms, Ordering::Relaxed);
     if let Some(n) = held {
         s.held.store(n, Ordering::Relaxed);
+        let mut since = lock(&s.unassigned);
+        match n {
+            0 => {
+                since.get_or_insert_with(|| (Instant::now(), chrono::Utc::now()));
+            }
+            _ => *since = None,
+        }
     }
+}
+
+/// The group membership watchdog's view (`Some`: the member is not a steady group member, or its group
+/// coordinator has not answered for a while — librdkafka's group and join state in words), or `None`.
+pub fn group_trouble(text: Option<String>) {
+    *lock(&state().group) = text;
 }
 
 /// A batch of `tp` was fenced: the partition is paused until it is taken over again or given up.
@@ -172,6 +194,10 @@ pub struct Snapshot {
     pub relay_only: bool,
     /// Kafka refuses the client's credentials: the reason.
     pub kafka_refused: Option<String>,
+    /// No partition held: for how long, and since when (UTC, RFC 3339).
+    pub unassigned: Option<(Duration, String)>,
+    /// The group membership watchdog's view ([`group_trouble`]).
+    pub group: Option<String>,
 }
 
 fn snapshot() -> Snapshot {
@@ -189,6 +215,13 @@ fn snapshot() -> Snapshot {
             .map(|(at, e)| (at.elapsed(), e.clone())),
         relay_only: s.relay_only.load(Ordering::Relaxed),
         kafka_refused: lock(&s.kafka_refused).clone(),
+        unassigned: lock(&s.unassigned).as_ref().map(|(at, utc)| {
+            (
+                at.elapsed(),
+                utc.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            )
+        }),
+        group: lock(&s.group).clone(),
     }
 }
 
@@ -233,7 +266,17 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
         why.push(e);
     }
     if s.held == 0 && !s.relay_only {
-        why.push("no partitions assigned".to_string());
+        let mut line = "no partitions assigned".to_string();
+        if let Some((age, at)) = &s.unassigned {
+            line.push_str(&format!(
+                " (no assignment since {at}, {} s ago)",
+                age.as_secs()
+            ));
+        }
+        if let Some(g) = &s.group {
+            line.push_str(&format!("; {g}"));
+        }
+        why.push(line);
     }
     match &s.probe {
         None => why.push("database not checked yet".to_string()),
@@ -329,7 +372,47 @@ mod tests {
             failing: None,
             relay_only: false,
             kafka_refused: None,
+            unassigned: None,
+            group: None,
         }
+    }
+
+    /// A worker without partitions says since when, and what the group handler reports when it is in trouble.
+    #[test]
+    fn no_assignment_says_since_when_and_why() {
+        let idle = Snapshot {
+            held: 0,
+            unassigned: Some((Duration::from_secs(42), "2026-12-02T06:45:10Z".into())),
+            ..ready_state()
+        };
+        assert_eq!(
+            judge_ready(&idle),
+            Err(
+                "no partitions assigned (no assignment since 2026-12-02T06:45:10Z, 42 s ago)"
+                    .into()
+            )
+        );
+        let stuck = Snapshot {
+            group: Some("the group coordinator has not answered for 61 s".into()),
+            ..idle
+        };
+        assert_eq!(
+            judge_ready(&stuck),
+            Err("no partitions assigned (no assignment since 2026-12-02T06:45:10Z, 42 s ago); the group \
+                 coordinator has not answered for 61 s"
+                .into())
+        );
+    }
+
+    /// [`beat`] starts the clock at the first report of no partition and stops it at the next held one.
+    #[test]
+    fn the_unassigned_clock_starts_at_the_first_empty_beat() {
+        beat(Some(0));
+        let first = snapshot().unassigned.expect("set").1;
+        beat(Some(0));
+        assert_eq!(snapshot().unassigned.expect("kept").1, first);
+        beat(Some(3));
+        assert!(snapshot().unassigned.is_none());
     }
 
     #[test]

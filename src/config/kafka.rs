@@ -116,6 +116,14 @@ pub(crate) fn kafka(src: &Source, raw: &RawPipeline) -> Result<KafkaPlan> {
             }
         }
     }
+    check_rebalance(&properties).map_err(|(i, m)| {
+        let span = rk
+            .properties
+            .keys()
+            .find(|k| k.get_ref() == &properties[i].0)
+            .map_or(raw.kafka.span(), |k| k.span());
+        src.error(span, m)
+    })?;
     check_client(&group_id, &properties).map_err(|(i, m)| {
         let span = rk
             .properties
@@ -157,6 +165,91 @@ fn check_isolation(value: &str) -> std::result::Result<(), String> {
         "`isolation.level` = `{value}` is refused: replaysafe reads with `read_committed` only — with \
          `read_uncommitted` the records of aborted producer transactions would reach the ledger and claim their \
          event ids before the committed retry; remove the key (read_committed is always set)"
+    ))
+}
+
+/// The eager assignors replaysafe supports under the classic group protocol (librdkafka's default
+/// `partition.assignment.strategy` is `range,roundrobin`, and replaysafe keeps it).
+const EAGER: [&str; 2] = ["range", "roundrobin"];
+
+/// The consumer group protocols and assignors replaysafe supports (README "Rebalance strategies"):
+/// `group.protocol` `classic` (the default) with `partition.assignment.strategy` made of the eager `range` /
+/// `roundrobin` or of `cooperative-sticky` alone (incremental rebalancing: only the partitions that move are
+/// revoked), or `consumer` (KIP-848, Kafka 4.0+ brokers, librdkafka 2.12+; always incremental; the broker's
+/// assignor, `group.remote.assignor` to choose one, and the broker's `group.consumer.session.timeout.ms` /
+/// `group.consumer.heartbeat.interval.ms`). A list mixing eager and cooperative assignors is refused (a group
+/// cannot rebalance with both; librdkafka refuses it as well), and so are the classic protocol's keys under
+/// `consumer` (librdkafka refuses them when the consumer is created).
+///
+/// # Errors
+/// The index in `properties` of the key at fault and the message naming it, its value and what to set.
+fn check_rebalance(properties: &[(String, String)]) -> std::result::Result<(), (usize, String)> {
+    let last = |key: &str| properties.iter().rposition(|(k, _)| k == key);
+    let protocol = last("group.protocol");
+    let consumer = match protocol.map(|i| properties[i].1.trim().to_ascii_lowercase()) {
+        None => false,
+        Some(p) if p == "classic" => false,
+        Some(p) if p == "consumer" => true,
+        Some(other) => {
+            return Err((
+                protocol.unwrap_or_default(),
+                format!(
+                    "`group.protocol` = `{other}` is not supported: `classic` (the default) or `consumer` (KIP-848, \
+                     Kafka 4.0+ brokers)"
+                ),
+            ))
+        }
+    };
+    if consumer {
+        for key in [
+            "partition.assignment.strategy",
+            "session.timeout.ms",
+            "heartbeat.interval.ms",
+        ] {
+            if let Some(i) = last(key) {
+                let instead = match key {
+                    "partition.assignment.strategy" => "the broker assigns partitions; choose its assignor with \
+                                                        `group.remote.assignor` (`uniform` or `range`)",
+                    "session.timeout.ms" => "the broker's `group.consumer.session.timeout.ms` applies",
+                    _ => "the broker's `group.consumer.heartbeat.interval.ms` applies",
+                };
+                return Err((
+                    i,
+                    format!("`{key}` is not used with `group.protocol` = `consumer` (KIP-848): {instead}; remove it"),
+                ));
+            }
+        }
+        return Ok(());
+    }
+    let Some(i) = last("partition.assignment.strategy") else {
+        return Ok(());
+    };
+    let value = &properties[i].1;
+    let names: Vec<String> = value
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let unknown = names
+        .iter()
+        .find(|n| !EAGER.contains(&n.as_str()) && n.as_str() != "cooperative-sticky");
+    let cooperative = names.iter().any(|n| n == "cooperative-sticky");
+    let eager = names.iter().any(|n| EAGER.contains(&n.as_str()));
+    let why = match (unknown, cooperative && eager, names.is_empty()) {
+        (Some(n), _, _) => format!("`{n}` is not an assignor replaysafe supports"),
+        (None, true, _) => {
+            "eager and cooperative assignors cannot be mixed in one group".to_string()
+        }
+        (None, false, true) => "it names no assignor".to_string(),
+        (None, false, false) => return Ok(()),
+    };
+    Err((
+        i,
+        format!(
+            "`partition.assignment.strategy` = `{value}` is refused: {why}; use `range`, `roundrobin` or both \
+             (eager, the default `range,roundrobin`), or `cooperative-sticky` alone (incremental), or \
+             `group.protocol` = `consumer` (README \"Rebalance strategies\")"
+        ),
     ))
 }
 
@@ -409,6 +502,99 @@ mod tests {
         );
         let ok = text.replace("read_uncommitted", "read_committed");
         crate::config::parse("p.toml", &ok).unwrap();
+    }
+
+    /// The supported protocols and assignors pass (and librdkafka builds a consumer with them); the others are
+    /// refused naming the key, the value and what to use instead.
+    #[test]
+    fn rebalance_strategies_supported_and_refused() {
+        let props = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        for ok in [
+            props(&[]),
+            props(&[("partition.assignment.strategy", "range")]),
+            props(&[("partition.assignment.strategy", "roundrobin")]),
+            props(&[("partition.assignment.strategy", "range,roundrobin")]),
+            props(&[("partition.assignment.strategy", "cooperative-sticky")]),
+            props(&[
+                ("group.protocol", "classic"),
+                ("partition.assignment.strategy", "cooperative-sticky"),
+            ]),
+            props(&[("group.protocol", "consumer")]),
+            props(&[
+                ("group.protocol", "consumer"),
+                ("group.remote.assignor", "range"),
+            ]),
+        ] {
+            check_rebalance(&ok).unwrap();
+            check_client("g", &ok).unwrap_or_else(|(_, m)| panic!("{ok:?}: {m}"));
+        }
+        let refused = [
+            (
+                props(&[("partition.assignment.strategy", "range,cooperative-sticky")]),
+                0,
+                "cannot be mixed",
+            ),
+            (
+                props(&[("partition.assignment.strategy", "sticky")]),
+                0,
+                "`sticky` is not an assignor",
+            ),
+            (
+                props(&[("partition.assignment.strategy", " , ")]),
+                0,
+                "names no assignor",
+            ),
+            (
+                props(&[("group.protocol", "next")]),
+                0,
+                "`group.protocol` = `next` is not supported",
+            ),
+            (
+                props(&[
+                    ("group.protocol", "consumer"),
+                    ("partition.assignment.strategy", "cooperative-sticky"),
+                ]),
+                1,
+                "`group.remote.assignor`",
+            ),
+            (
+                props(&[
+                    ("session.timeout.ms", "6000"),
+                    ("group.protocol", "consumer"),
+                ]),
+                0,
+                "`group.consumer.session.timeout.ms`",
+            ),
+            (
+                props(&[
+                    ("group.protocol", "consumer"),
+                    ("heartbeat.interval.ms", "1000"),
+                ]),
+                1,
+                "`group.consumer.heartbeat.interval.ms`",
+            ),
+        ];
+        for (p, at, says) in refused {
+            let (i, m) = check_rebalance(&p).unwrap_err();
+            assert_eq!(i, at, "{m}");
+            assert!(m.contains(says), "{m}");
+        }
+        // In a pipeline file: exit 2 naming file:line of the key.
+        let text = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[kafka.properties]\n\"group.protocol\" = \"consumer\"\n\
+                    \"partition.assignment.strategy\" = \"range\"\n\
+                    [fields]\nevent_id = { path = \"/event_id\", type = \"uuid\" }\n[identity]\nkey = [\"event_id\"]\n";
+        let e = crate::config::parse("p.toml", text).unwrap_err();
+        assert_eq!(e.exit_code(), crate::error::EXIT_CONFIG);
+        let e = e.to_string();
+        assert!(
+            e.starts_with("p.toml:6:") && e.contains("`partition.assignment.strategy` is not used"),
+            "{e}"
+        );
     }
 
     #[test]

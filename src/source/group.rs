@@ -16,8 +16,14 @@
 //!   rebalance that follows gives the partition up (its pending entry is dropped at the revocation). Neither
 //!   within `max.poll.interval.ms`: the run fails (exit 1) and leaves the group — it never idles holding it;
 //! - a member that is not a steady member of its group (librdkafka's `cgrp` statistics) for longer than
-//!   `max.poll.interval.ms + session.timeout.ms` — a group coordinator that never answers again — fails the run
-//!   (exit 1) instead of idling without partitions ([`crate::source::membership`]);
+//!   `max.poll.interval.ms + session.timeout.ms`, or whose group coordinator has answered none of its requests
+//!   for as long — a group coordinator that never answers again — fails the run (exit 1) instead of idling
+//!   without partitions ([`crate::source::membership`]);
+//! - eager (`range`, `roundrobin`) and incremental (`cooperative-sticky`, `group.protocol = consumer`)
+//!   rebalancing share these callbacks: an incremental revoke lists only the partitions that move, the kept
+//!   ones stay held and positioned (nothing is taken over or sought again), and the assign that follows lists
+//!   only the new ones (`incremental_assign` / `incremental_unassign`); a fatal `group.instance.id` fence is
+//!   named with the id ([`instance_fenced`]);
 //! - its positions ([`Source::positions`]) let the engine step an idle checkpoint over transaction markers; a
 //!   thread keeps the `replaysafe_consumer_lag` gauge ([`crate::source::lag`]);
 //! - with `until_caught_up` it is finished once every assigned partition's position is at its high watermark
@@ -160,11 +166,15 @@ impl ConsumerContext for Ctx {
         result: rdkafka::error::KafkaResult<()>,
         offsets: &TopicPartitionList,
     ) {
-        // An asynchronous offset commit failed (librdkafka logs COMMITFAIL): commit the checkpoints again later.
+        // An asynchronous offset commit failed (librdkafka logs COMMITFAIL) — e.g. REBALANCE_IN_PROGRESS or
+        // ILLEGAL_GENERATION during a rebalance (case C48): never fatal, never retried at once (a commit loop
+        // would keep the group rebalancing); the checkpoints still held are committed again at most once per
+        // RECOMMIT_EVERY, and the next batch's commit supersedes it anyway.
         if let Err(e) = result {
-            tracing::debug!(
+            tracing::info!(
                 partitions = offsets.count(),
-                "kafka offset commit failed, to be retried: {e}"
+                "kafka offset commit rejected, superseded by a later one (the PostgreSQL checkpoint is \
+                 authoritative): {e}"
             );
             self.recommit.ask();
         }
@@ -180,6 +190,16 @@ impl ConsumerContext for Ctx {
             consumer.rebalance_protocol(),
             RebalanceProtocol::Cooperative
         );
+        tracing::info!(
+            protocol = if cooperative { "incremental" } else { "eager" },
+            partitions = tpl.count(),
+            "rebalance: {}",
+            match err {
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => "assign",
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => "revoke",
+                _ => "error",
+            }
+        );
         let mut core = lock(&self.core);
         self.reassigned.store(true, Ordering::Relaxed);
         match err {
@@ -191,8 +211,11 @@ impl ConsumerContext for Ctx {
                     Err(e) => {
                         tracing::error!("cannot take over partitions: {e}");
                         core.fatal.get_or_insert(e);
-                        // Assign nothing we could not position.
-                        let _ = consumer.unassign();
+                        // Assign nothing we could not position (an incremental assignment: the partitions held
+                        // before are kept, the run stops with the error).
+                        if !cooperative {
+                            let _ = consumer.unassign();
+                        }
                         return;
                     }
                 };
@@ -254,7 +277,18 @@ impl ConsumerContext for Ctx {
             other => {
                 tracing::error!("rebalance error: {other:?}");
                 *lock_pending(self) = Pending::default();
-                let _ = consumer.unassign();
+                // Under the cooperative protocols (cooperative-sticky, KIP-848) librdkafka refuses `unassign`
+                // ("Changes to the current assignment must be made using incremental_assign() or
+                // incremental_unassign()"): the whole assignment is given up incrementally instead.
+                let r = match cooperative {
+                    true => consumer
+                        .assignment()
+                        .and_then(|all| consumer.incremental_unassign(&all)),
+                    false => consumer.unassign(),
+                };
+                if let Err(e) = r {
+                    tracing::warn!("unassign after a rebalance error: {e}");
+                }
             }
         }
     }
@@ -872,7 +906,7 @@ impl Source for Group {
                 ))
             }
             Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
-                Polled::Failed(Error::Other(format!("fatal Kafka consumer error: {code}")))
+                Polled::Failed(fatal(consumer, &ctx.pipeline, code))
             }
             Some(Err(e)) => {
                 tracing::warn!("kafka: {e}");
@@ -958,6 +992,40 @@ impl Source for Group {
             );
         }
     }
+}
+
+/// The error of a fatal consumer error (`code`, usually librdkafka's `_FATAL`; the underlying one is asked of the
+/// client). A static member fenced for its `group.instance.id` — `FENCED_INSTANCE_ID` (classic protocol: the
+/// member already in the group is fenced when another process joins with the same id) or
+/// `UNRELEASED_INSTANCE_ID` (KIP-848: the joining one) — is named with the id's value and what to change.
+fn fatal(consumer: &GroupConsumer, pipeline: &Pipeline, code: RDKafkaErrorCode) -> Error {
+    let (code, reason) = consumer
+        .client()
+        .fatal_error()
+        .unwrap_or((code, code.to_string()));
+    let instance = pipeline
+        .kafka
+        .properties
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "group.instance.id")
+        .map(|(_, v)| v.as_str());
+    match (code, instance) {
+        (RDKafkaErrorCode::FencedInstanceId | RDKafkaErrorCode::UnreleasedInstanceId, Some(id)) => {
+            Error::Other(instance_fenced(&pipeline.kafka.group_id, id, &reason))
+        }
+        _ => Error::Other(format!("fatal Kafka consumer error: {code}: {reason}")),
+    }
+}
+
+/// The message of a static member fenced because another process uses its `group.instance.id` (`id`).
+pub fn instance_fenced(group: &str, id: &str, reason: &str) -> String {
+    format!(
+        "consumer group {group}: Kafka fenced this member because another process uses the same \
+         `group.instance.id` = `{id}` ({reason}); every worker of a group needs its own value: set \
+         \"group.instance.id\" in [kafka.properties] to a value unique to this worker (e.g. \"${{HOSTNAME}}\"), or \
+         stop the other process using `{id}`; exiting — what was applied is in the PostgreSQL checkpoints"
+    )
 }
 
 /// The consumer configuration of `run` ([`consumer_config`]), with the prefetch bound per partition: `run` polls

@@ -21,6 +21,16 @@
 //!   samples' own clock (`ts`), and only time while at least one broker connection is `UP` counts: a Kafka outage
 //!   that every member sees is waited out (librdkafka reconnects by itself) and the stretch starts again when a
 //!   broker is back — what is bounded is a member stuck while Kafka answers;
+//! - a member can also look steady while its group coordinator answers nothing: under the KIP-848 protocol a
+//!   member keeps its join state (`steady`, or `init` without partitions) while its heartbeats time out — the
+//!   session is the broker's to enforce — and under the classic protocol a JoinGroup or heartbeat can go
+//!   unanswered (`REQTMOUT`) with the member believing it is in the group. So the coordinator connection is
+//!   watched too: librdkafka's logical broker `GroupCoordinator` carries every group request (heartbeats every
+//!   `heartbeat.interval.ms`, or the broker's `group.consumer.heartbeat.interval.ms` under KIP-848) and counts
+//!   the responses it received (`rx`). A coordinator that has answered nothing for longer than the bound while
+//!   a broker is up fails the run the same way (counted while the member is steady; an unsteady one is bounded
+//!   by the rule above); an idle member with no partitions whose heartbeats are answered stays (it is steady,
+//!   `/readyz` says "no assignment since …");
 //! - the bound is `max.poll.interval.ms + session.timeout.ms` (defaults 300 s + 45 s). A healthy rebalance ends
 //!   within the group's rebalance timeout, which is the members' `max.poll.interval.ms` (librdkafka sends it in
 //!   JoinGroup and times the request out 3 s after it, `rdkafka_request.c`), plus a session for a member that
@@ -53,7 +63,13 @@ struct Stats {
 struct Cgrp {
     state: String,
     join_state: String,
+    /// Partitions currently assigned to this member.
+    #[serde(default)]
+    assignment_size: i64,
 }
+
+/// The name of librdkafka's logical broker connection to the group coordinator (STATISTICS.md, `brokers`).
+const COORDINATOR: &str = "GroupCoordinator";
 
 #[derive(Deserialize)]
 struct Broker {
@@ -61,6 +77,9 @@ struct Broker {
     /// -1 for the bootstrap and logical (coordinator) connections.
     #[serde(default = "unknown_node")]
     nodeid: i32,
+    /// Responses received on this connection, in all.
+    #[serde(default)]
+    rx: u64,
 }
 
 fn unknown_node() -> i32 {
@@ -78,6 +97,17 @@ struct Unsteady {
     overdue: Option<Duration>,
 }
 
+/// The current stretch without a response from the group coordinator.
+#[derive(Debug)]
+struct Silent {
+    /// The document time (`ts`, µs) since when the coordinator's `rx` has not moved while Kafka answered.
+    since: i64,
+    rx: u64,
+    assigned: i64,
+    /// Set by the sample that found the stretch longer than the bound.
+    overdue: Option<Duration>,
+}
+
 /// The watchdog of one group member: fed by the statistics callback and the rebalance callback, asked by the
 /// poll loop.
 #[derive(Debug)]
@@ -87,6 +117,7 @@ pub struct Membership {
     /// `group.protocol = consumer` (KIP-848).
     kip848: bool,
     unsteady: Mutex<Option<Unsteady>>,
+    silent: Mutex<Option<Silent>>,
     /// librdkafka's reason when Kafka refused this client's credentials since a broker last answered
     /// ([`Membership::refused`]): that time counts toward the bound (it is no outage every member sees).
     refused: Mutex<Option<String>>,
@@ -112,6 +143,7 @@ impl Membership {
             bound: stats_on.then_some(bound),
             kip848,
             unsteady: Mutex::new(None),
+            silent: Mutex::new(None),
             refused: Mutex::new(None),
         }
     }
@@ -123,6 +155,41 @@ impl Membership {
 
     fn stretch(&self) -> std::sync::MutexGuard<'_, Option<Unsteady>> {
         self.unsteady.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn silence(&self) -> std::sync::MutexGuard<'_, Option<Silent>> {
+        self.silent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Follows the coordinator connection's responses (`rx`; `None`: no coordinator connection yet) at `ts`;
+    /// `counts`: a broker is up (or refuses our credentials) and the member is steady. Returns for how long it
+    /// has been silent.
+    fn watch_coordinator(&self, ts: i64, rx: Option<u64>, assigned: i64, counts: bool) -> Duration {
+        let mut silent = self.silence();
+        let Some(rx) = rx else {
+            *silent = None;
+            return Duration::ZERO;
+        };
+        match silent.as_mut() {
+            Some(s) if counts && s.rx == rx => {
+                s.assigned = assigned;
+                let waited = Duration::from_micros(ts.saturating_sub(s.since).max(0) as u64);
+                if self.bound.is_some_and(|b| waited > b) {
+                    s.overdue = Some(waited);
+                }
+                waited
+            }
+            // A response arrived, or no broker is up (an outage every member sees): the stretch starts again.
+            _ => {
+                *silent = Some(Silent {
+                    since: ts,
+                    rx,
+                    assigned,
+                    overdue: None,
+                });
+                Duration::ZERO
+            }
+        }
     }
 
     /// Kafka refused this client's credentials (librdkafka's `error_cb` with `_AUTHENTICATION`: a rotated or
@@ -167,9 +234,18 @@ impl Membership {
         }
         // Time counts while Kafka answers, or while it refuses our credentials.
         let counts = kafka_answers || self.refusal().is_some();
+        let rx = match coordinator_silent() {
+            true => Some(0),
+            false => brokers.get(COORDINATOR).map(|b| b.rx),
+        };
+        // The silence rule is for a member that believes it is in the group; an unsteady one is bounded by its
+        // stretch (a coordinator holding a JoinGroup back while the group waits for a peer answers nothing too).
+        let quiet = self.watch_coordinator(ts, rx, g.assignment_size, counts && steady);
         let mut stretch = self.stretch();
         if steady {
             *stretch = None;
+            drop(stretch);
+            crate::health::group_trouble(trouble(quiet, None, &g));
             return;
         }
         match stretch.as_mut() {
@@ -194,18 +270,31 @@ impl Membership {
             }
         }
         if let Some(u) = stretch.as_mut() {
-            u.state = g.state;
-            u.join_state = g.join_state;
+            u.state = g.state.clone();
+            u.join_state = g.join_state.clone();
         }
+        let unsteady = stretch
+            .as_ref()
+            .map(|u| Duration::from_micros(ts.saturating_sub(u.since).max(0) as u64));
+        drop(stretch);
+        crate::health::group_trouble(trouble(quiet, unsteady, &g));
     }
 
-    /// `Some` error once a sample found the member unsteady for longer than the bound while Kafka answers.
+    /// `Some` error once a sample found the member unsteady, or its group coordinator silent, for longer than
+    /// the bound while Kafka answers.
     pub fn overdue(&self, group: &str) -> Option<Error> {
         let bound = self.bound?;
-        let stretch = self.stretch();
-        let u = stretch.as_ref()?;
-        let waited = u.overdue?;
+        let unsteady = self
+            .stretch()
+            .as_ref()
+            .and_then(|u| Some((u.overdue?, u.state.clone(), u.join_state.clone())));
+        let silent = self
+            .silence()
+            .as_ref()
+            .and_then(|s| Some((s.overdue?, s.assigned)));
         if let Some(reason) = self.refusal() {
+            // Refused credentials silence the coordinator too: the refusal is the reason to name.
+            let waited = unsteady.as_ref().map(|u| u.0).max(silent.map(|s| s.0))?;
             return Some(Error::Other(format!(
                 "consumer group {group}: Kafka has refused this client's credentials for {:.1} s ({reason}), \
                  longer than max.poll.interval.ms + session.timeout.ms = {:.1} s: check the sasl.* keys of \
@@ -215,37 +304,97 @@ impl Membership {
                 bound.as_secs_f64()
             )));
         }
+        let Some((waited, state, join_state)) = unsteady else {
+            let (waited, assigned) = silent?;
+            return Some(silent_error(group, waited, assigned, bound));
+        };
         Some(Error::Other(format!(
             "consumer group {group}: this member has not been a steady group member for {:.1} s (librdkafka group \
-             state `{}`, join state `{}`) while the brokers answer, longer than max.poll.interval.ms + \
+             state `{state}`, join state `{join_state}`) while the brokers answer, longer than max.poll.interval.ms + \
              session.timeout.ms = {:.1} s: the group coordinator does not answer this member or a rebalance never \
              completes (a librdkafka client can stay stuck after a broker restart, confluentinc/librdkafka#3082; or \
              a member of the group with a longer max.poll.interval.ms stopped polling); exiting so that a restart \
              joins the group afresh — what was applied is in the PostgreSQL checkpoints",
             waited.as_secs_f64(),
-            u.state,
-            u.join_state,
             bound.as_secs_f64()
         )))
     }
 }
+
+/// The error of a member whose group coordinator answered none of its requests for `waited` (> `bound`) while it
+/// held `assigned` partitions.
+fn silent_error(group: &str, waited: Duration, assigned: i64, bound: Duration) -> Error {
+    Error::Other(format!(
+        "consumer group {group}: the group coordinator has answered none of this member's requests for {:.1} s \
+         ({assigned} partitions assigned) while the brokers answer, longer than max.poll.interval.ms + \
+         session.timeout.ms = {:.1} s: a group coordinator that never came back after a broker restart \
+         (confluentinc/librdkafka#3082, #2944); exiting so that a restart joins the group afresh — what was \
+         applied is in the PostgreSQL checkpoints",
+        waited.as_secs_f64(),
+        bound.as_secs_f64()
+    ))
+}
+
+/// Test builds (`REPLAYSAFE_FAILPOINTS=coordinator-silent=return`): the coordinator's responses are not seen, as
+/// from a coordinator that never answers again (librdkafka#3082), while the brokers and the group go on.
+fn coordinator_silent() -> bool {
+    fail::fail_point!("coordinator-silent", |_| true);
+    false
+}
+
+/// What `/readyz` says about the group membership: `None` while it is steady and the coordinator answered within
+/// the last [`QUIET_SHOWN`].
+fn trouble(quiet: Duration, unsteady: Option<Duration>, g: &Cgrp) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(u) = unsteady {
+        parts.push(format!(
+            "not a steady group member for {} s (librdkafka group state `{}`, join state `{}`)",
+            u.as_secs(),
+            g.state,
+            g.join_state
+        ));
+    }
+    if quiet > QUIET_SHOWN {
+        parts.push(format!(
+            "the group coordinator has not answered for {} s",
+            quiet.as_secs()
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// A coordinator silent for longer than this is named by `/readyz` (heartbeats are answered every few seconds).
+const QUIET_SHOWN: Duration = Duration::from_secs(15);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A statistics document as librdkafka 2.12 writes it (trimmed), made at `secs` on its clock: one broker
-    /// connection (`nodeid` 1) in `broker_state`, the bootstrap and coordinator connections beside it.
+    /// connection (`nodeid` 1) in `broker_state`, the bootstrap and coordinator connections beside it; the
+    /// coordinator has answered `secs` requests so far (it answers between any two samples).
     fn stats(state: &str, join: &str, broker_state: &str, secs: i64) -> Vec<u8> {
+        stats_rx(state, join, broker_state, secs, secs, 0)
+    }
+
+    /// [`stats`] with the coordinator's response count `rx` and `assigned` partitions.
+    fn stats_rx(
+        state: &str,
+        join: &str,
+        broker_state: &str,
+        secs: i64,
+        rx: i64,
+        assigned: i64,
+    ) -> Vec<u8> {
         let ts = secs * 1_000_000;
         format!(
             r#"{{"name":"c#consumer-1","type":"consumer","ts":{ts},
                "brokers":{{"127.0.0.1:9092/bootstrap":{{"name":"127.0.0.1:9092/bootstrap","nodeid":-1,"state":"UP"}},
-                 "GroupCoordinator":{{"name":"GroupCoordinator","nodeid":-1,"state":"UP"}},
+                 "GroupCoordinator":{{"name":"GroupCoordinator","nodeid":-1,"state":"UP","rx":{rx}}},
                  "127.0.0.1:9092/1":{{"name":"127.0.0.1:9092/1","nodeid":1,"state":"{broker_state}"}}}},
                "topics":{{}},
                "cgrp":{{"state":"{state}","stateage":1,"join_state":"{join}","rebalance_age":2,
-               "rebalance_cnt":1,"rebalance_reason":"","assignment_size":0}}}}"#
+               "rebalance_cnt":1,"rebalance_reason":"","assignment_size":{assigned}}}}}"#
         )
         .into_bytes()
     }
@@ -378,6 +527,19 @@ mod tests {
             e.contains("refused this client's credentials for 17.0 s"),
             "{e}"
         );
+        // Steady while refused (the session not timed out yet): the silent coordinator is named as the refusal.
+        let m = short(&[]);
+        m.refused("SASL authentication error");
+        m.observe(&stats_rx("up", "steady", "DOWN", 0, 7, 1));
+        m.observe(&stats_rx("up", "steady", "DOWN", 17, 7, 1));
+        let e = m
+            .overdue("g")
+            .expect("refused and silent for 17 s")
+            .to_string();
+        assert!(
+            e.contains("refused this client's credentials for 17.0 s"),
+            "{e}"
+        );
         // A broker answers again (new credentials): the refusal is over, an outage is waited out again.
         let m = short(&[]);
         m.refused("SASL authentication error");
@@ -386,6 +548,55 @@ mod tests {
         m.observe(&stats("query-coord", "init", "DOWN", 10));
         m.observe(&stats("query-coord", "init", "DOWN", 40));
         assert!(m.overdue("g").is_none(), "a plain outage again");
+    }
+
+    /// The state of librdkafka#3082 / #2944: the member believes it is in the group (steady, or KIP-848's `init`
+    /// without partitions) but its coordinator answers nothing (`REQTMOUT GroupCoordinator`): bounded like an
+    /// unsteady member, named with its assignment; a response starts the clock again, an outage is waited out.
+    #[test]
+    fn a_steady_member_whose_coordinator_answers_nothing_is_bounded() {
+        for (protocol, join) in [("classic", "steady"), ("consumer", "init")] {
+            let m = short(&[("group.protocol", protocol)]);
+            m.observe(&stats_rx("up", join, "UP", 0, 7, 0));
+            m.observe(&stats_rx("up", join, "UP", 16, 7, 0));
+            assert!(m.overdue("g").is_none(), "{protocol}: at the bound");
+            m.observe(&stats_rx("up", join, "UP", 17, 7, 0));
+            let e = m.overdue("g").expect("silent for 17 s > 16 s").to_string();
+            assert!(
+                e.contains("consumer group g: the group coordinator has answered none")
+                    && e.contains("for 17.0 s (0 partitions assigned)")
+                    && e.contains("= 16.0 s"),
+                "{e}"
+            );
+            // One response: the member is fine again.
+            m.observe(&stats_rx("up", join, "UP", 18, 8, 0));
+            assert!(m.overdue("g").is_none());
+        }
+        // No broker up: an outage every member sees, not counted.
+        let m = short(&[]);
+        m.observe(&stats_rx("up", "steady", "DOWN", 0, 7, 2));
+        m.observe(&stats_rx("up", "steady", "DOWN", 300, 7, 2));
+        m.observe(&stats_rx("up", "steady", "UP", 310, 7, 2));
+        assert!(m.overdue("g").is_none());
+        m.observe(&stats_rx("up", "steady", "UP", 327, 7, 2));
+        let e = m
+            .overdue("g")
+            .expect("17 s after Kafka came back")
+            .to_string();
+        assert!(e.contains("(2 partitions assigned)"), "{e}");
+        // Unsteady (a JoinGroup held back while the group waits for a peer): the unsteady rule alone, with its
+        // own message.
+        let m = short(&[]);
+        m.observe(&stats_rx("up", "steady", "UP", 0, 7, 0));
+        m.observe(&stats_rx("up", "wait-join", "UP", 10, 7, 0));
+        m.observe(&stats_rx("up", "wait-join", "UP", 20, 7, 0));
+        assert!(m.overdue("g").is_none(), "unsteady for 10 s only");
+        m.observe(&stats_rx("up", "wait-join", "UP", 27, 7, 0));
+        let e = m.overdue("g").expect("unsteady for 17 s").to_string();
+        assert!(
+            e.contains("has not been a steady group member for 17.0 s"),
+            "{e}"
+        );
     }
 
     #[test]

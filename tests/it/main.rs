@@ -78,6 +78,8 @@ mod projections;
 mod prove;
 // Workers and replays around a prune: a lagging worker resumes, a checkpoint below a pruned offset is refused.
 mod pruned_replays;
+// C48 and issue 37: eager, cooperative-sticky and KIP-848 rebalances; a silent coordinator; a shared instance id.
+mod rebalance;
 // Schema-registry framed records (Avro, JSON Schema), hostile frames, a failing or wrong registry.
 mod registry;
 // Real Debezium output through a registry-aware converter (Avro), edge values and a retype.
