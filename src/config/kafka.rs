@@ -172,7 +172,7 @@ fn check_isolation(value: &str) -> std::result::Result<(), String> {
 /// `partition.assignment.strategy` is `range,roundrobin`, and replaysafe keeps it).
 const EAGER: [&str; 2] = ["range", "roundrobin"];
 
-/// The consumer group protocols and assignors replaysafe supports (README "Rebalance strategies"):
+/// The consumer group protocols and assignors replaysafe supports (docs/operations.md "Rebalance strategies"):
 /// `group.protocol` `classic` (the default) with `partition.assignment.strategy` made of the eager `range` /
 /// `roundrobin` or of `cooperative-sticky` alone (incremental rebalancing: only the partitions that move are
 /// revoked), or `consumer` (KIP-848, Kafka 4.0+ brokers, librdkafka 2.12+; always incremental; the broker's
@@ -248,7 +248,7 @@ fn check_rebalance(properties: &[(String, String)]) -> std::result::Result<(), (
         format!(
             "`partition.assignment.strategy` = `{value}` is refused: {why}; use `range`, `roundrobin` or both \
              (eager, the default `range,roundrobin`), or `cooperative-sticky` alone (incremental), or \
-             `group.protocol` = `consumer` (README \"Rebalance strategies\")"
+             `group.protocol` = `consumer` (docs/operations.md \"Rebalance strategies\")"
         ),
     ))
 }
