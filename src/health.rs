@@ -23,7 +23,9 @@
 //!      taken over again (the group coordinator confirmed it is still ours, or it is assigned again) or revoked;
 //!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`];
 //!   6. Kafka does not refuse the client's credentials (a SASL authentication failure since the last time a
-//!      broker answered: a rotated password).
+//!      broker answered: a rotated password);
+//!   7. the schema registry is not being retried (`[source] schema-registry`: a schema fetch found it
+//!      unavailable and has not succeeded since).
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
 //!
@@ -66,6 +68,8 @@ struct State {
     relay_only: AtomicBool,
     /// Kafka refuses the client's credentials: librdkafka's reason.
     kafka_refused: Mutex<Option<String>>,
+    /// The schema registry is being retried: its last error.
+    registry: Mutex<Option<String>>,
 }
 
 fn state() -> &'static State {
@@ -79,6 +83,7 @@ fn state() -> &'static State {
         probe: Mutex::new(None),
         relay_only: AtomicBool::new(false),
         kafka_refused: Mutex::new(None),
+        registry: Mutex::new(None),
     })
 }
 
@@ -151,6 +156,12 @@ pub fn kafka_refused(reason: Option<&str>) {
     *lock(&state().kafka_refused) = reason.map(str::to_string);
 }
 
+/// A schema fetch is retried because the registry is unavailable (`Some`: the error, already scrubbed of
+/// secrets), or a fetch got an answer (`None`).
+pub fn registry_unavailable(error: Option<&str>) {
+    *lock(&state().registry) = error.map(str::to_string);
+}
+
 fn probed(error: Option<String>) {
     *lock(&state().probe) = Some((Instant::now(), error));
 }
@@ -172,6 +183,8 @@ pub struct Snapshot {
     pub relay_only: bool,
     /// Kafka refuses the client's credentials: the reason.
     pub kafka_refused: Option<String>,
+    /// The schema registry is being retried: its last error.
+    pub registry: Option<String>,
 }
 
 fn snapshot() -> Snapshot {
@@ -189,6 +202,7 @@ fn snapshot() -> Snapshot {
             .map(|(at, e)| (at.elapsed(), e.clone())),
         relay_only: s.relay_only.load(Ordering::Relaxed),
         kafka_refused: lock(&s.kafka_refused).clone(),
+        registry: lock(&s.registry).clone(),
     }
 }
 
@@ -257,6 +271,9 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
         why.push(format!(
             "Kafka refuses this client's credentials ({reason}): check the sasl.* keys of [kafka.properties]"
         ));
+    }
+    if let Some(e) = &s.registry {
+        why.push(format!("schema registry unavailable, retrying: {e}"));
     }
     if why.is_empty() && s.relay_only {
         Ok("ready: outbox relay".into())
@@ -329,7 +346,21 @@ mod tests {
             failing: None,
             relay_only: false,
             kafka_refused: None,
+            registry: None,
         }
+    }
+
+    #[test]
+    fn registry_retries_are_not_ready() {
+        let retrying = Snapshot {
+            registry: Some("connection refused".into()),
+            ..ready_state()
+        };
+        let why = judge_ready(&retrying).unwrap_err();
+        assert!(
+            why.contains("schema registry unavailable, retrying: connection refused"),
+            "{why}"
+        );
     }
 
     #[test]
