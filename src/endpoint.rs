@@ -45,7 +45,11 @@ pub fn gave_up(waited: Duration) -> String {
             format!("{:.1}", d.as_secs_f64())
         }
     };
-    format!("gave up after {} s (--connect-timeout {})", waited.as_secs(), secs(bound))
+    format!(
+        "gave up after {} s (--connect-timeout {})",
+        waited.as_secs(),
+        secs(bound)
+    )
 }
 
 /// Records where a resolved setting (a database URL, a brokers list) came from, e.g. `DATABASE_URL

@@ -170,8 +170,9 @@ async fn quarantine(
             format!("no record alone; the transaction as a whole: {message}"),
         ),
     };
-    let detail =
-        format!("source transaction {id} quarantined whole ({n} records, nothing applied): {culprit}");
+    let detail = format!(
+        "source transaction {id} quarantined whole ({n} records, nothing applied): {culprit}"
+    );
     tracing::warn!(transaction = %id, records = n, "{detail}");
     let mut q = parts.to_vec();
     // The changes; the END (filtered) and records a decoder already quarantined keep their outcome.
@@ -210,7 +211,10 @@ async fn culprit(sink: &mut Sink, parts: &[Batch]) -> Result<Option<(Reason, Str
                     )))
                 }
                 Err(ApplyError::Record { rejection, .. }) => {
-                    return Ok(Some((rejection.reason, format!("{at}: {}", rejection.detail))))
+                    return Ok(Some((
+                        rejection.reason,
+                        format!("{at}: {}", rejection.detail),
+                    )))
                 }
                 Err(ApplyError::Fatal(e)) => return Err(e),
                 Err(other) => {

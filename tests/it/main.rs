@@ -18,6 +18,7 @@ mod cdc_order;
 mod cdc_pk;
 mod cdc_tx;
 mod cdc_tx_gaps;
+mod cdc_tx_round2;
 mod common;
 mod config_errors;
 mod connect;

@@ -94,7 +94,9 @@ pub fn meta(value: Option<&[u8]>) -> Meta {
     let Some(id) = tx.and_then(|t| s(t.get("id"))).map(|i| tx_key(&i)) else {
         return Meta::Other;
     };
-    let order = tx.and_then(|t| t.get("total_order")).and_then(Value::as_u64);
+    let order = tx
+        .and_then(|t| t.get("total_order"))
+        .and_then(Value::as_u64);
     let src = m.get("source");
     let f = |k: &str| src.and_then(|x| x.get(k)).and_then(Value::as_str);
     let mut collections = Vec::new();

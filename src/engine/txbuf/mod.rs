@@ -323,7 +323,8 @@ impl TxBuf {
 
     /// Whether a transaction is complete, replayed, to be checked, timed out, or the buffer is over its bytes.
     pub fn due(&self, now: Instant) -> bool {
-        self.bytes > self.plan.buffer_bytes || self.open.values().any(|o| self.why(o, now).is_some())
+        self.bytes > self.plan.buffer_bytes
+            || self.open.values().any(|o| self.why(o, now).is_some())
     }
 
     /// At the end of the input (`--until-caught-up` caught up, a backfill's stop offsets, the end of a load's
@@ -335,7 +336,9 @@ impl TxBuf {
         let mut n = 0;
         for o in self.open.values_mut() {
             o.check_now = !o.checked;
-            if o.began_ms.is_some_and(|b| now_ms.saturating_sub(b) >= timeout) {
+            if o.began_ms
+                .is_some_and(|b| now_ms.saturating_sub(b) >= timeout)
+            {
                 o.expired = true;
                 n += 1;
             }
@@ -377,7 +380,10 @@ impl TxBuf {
                 let o = self.open.get_mut(&id).expect("open transaction");
                 o.checked = true;
                 o.check_now = false;
-                let copies = o.records.iter().map(|((tp, _), (it, _))| (tp.clone(), it.clone()));
+                let copies = o
+                    .records
+                    .iter()
+                    .map(|((tp, _), (it, _))| (tp.clone(), it.clone()));
                 ready.push(Ready {
                     id,
                     why,
@@ -578,13 +584,12 @@ impl TxBuf {
 /// The source transaction id of a transaction's parts (its first change's or END's, read as `pipeline` decodes
 /// values, as [`tx_key`] keys it).
 pub fn tx_id(pipeline: &Pipeline, parts: &[Batch]) -> Option<String> {
-    parts
-        .iter()
-        .flat_map(|b| b.items.iter())
-        .find_map(|it| match read(pipeline, it.value.as_deref()) {
+    parts.iter().flat_map(|b| b.items.iter()).find_map(|it| {
+        match read(pipeline, it.value.as_deref()) {
             Meta::Change { id, .. } | Meta::End { id, .. } => Some(id),
             _ => None,
-        })
+        }
+    })
 }
 
 /// One batch per partition, offsets ascending.
