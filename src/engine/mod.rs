@@ -350,6 +350,9 @@ impl Engine {
                 return Err(e);
             }
             let now = Instant::now();
+            if let Some(t) = lock(&self.core).tx.as_mut() {
+                t.idle(idle_turns >= 3);
+            }
             crate::health::beat(Some(lock(&self.core).parts.len()));
             self.maybe_flush(source, now)?;
             if idle_turns >= 3 {

@@ -42,8 +42,9 @@ pub enum Why {
     Check,
 }
 
-/// How long an incomplete transaction waits before its changes are checked against the ledger (once): at most
-/// this, and at most a quarter of `transaction-timeout-ms`.
+/// How long a transaction without its END waits, once reading is idle, before its changes are checked against the
+/// ledger (once): this, or a quarter of `transaction-timeout-ms` if less. Every transaction still incomplete is
+/// checked before it times out, and at the end of the input.
 pub const CHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// What a held change counts as: the distinct change it is (`ident`) and the collections END counts it under.
@@ -152,6 +153,8 @@ pub struct TxBuf {
     /// Transactions taken for applying, not settled yet: when they were first seen and their END, for
     /// [`TxBuf::requeue`].
     applying: HashMap<String, (Instant, Option<End>)>,
+    /// The last polls returned nothing ([`TxBuf::idle`]).
+    idle: bool,
 }
 
 /// An END's `event_count` and per-collection counts.
@@ -199,7 +202,14 @@ impl TxBuf {
             closed: HashSet::new(),
             closed_order: VecDeque::new(),
             applying: HashMap::new(),
+            idle: false,
         }
+    }
+
+    /// Whether the source's last polls returned nothing (reading has paused): an END not read by then is not
+    /// about to come from what Kafka holds.
+    pub fn idle(&mut self, idle: bool) {
+        self.idle = idle;
     }
 
     /// Whether END's count of collection `c` is waited for: a row projection reads it, or a change of it was
@@ -315,7 +325,9 @@ impl TxBuf {
             return Some(Why::Replayed);
         }
         let late = o.expired || age >= self.plan.timeout;
-        if !o.checked && (late || o.check_now || age >= CHECK_AFTER.min(self.plan.timeout / 4)) {
+        // Its END not read although reading has paused (idle): possibly read again after a restart.
+        let stalled = o.end.is_none() && self.idle && age >= CHECK_AFTER.min(self.plan.timeout / 4);
+        if !o.checked && (late || o.check_now || stalled) {
             return Some(Why::Check);
         }
         late.then_some(Why::Timeout)
