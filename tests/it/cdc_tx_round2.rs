@@ -199,17 +199,19 @@ fn partial(db: &Db) -> i64 {
 /// Item 1: `"atomic"` holds transactions under every value encoding the project reads. Transactions 1 and 2
 /// complete (lines produced before their orders, so a per-record apply would show lines without their order),
 /// transaction 3 open (its order and one line, no END): no commit ever shows a partial transaction, the open one
-/// is counted `buffered` and its partitions' checkpoints stay before its records.
+/// is counted `buffered` and its partitions' checkpoints stay before its records. Batches of 1 and 5000 records.
 #[test]
 fn atomic_mode_holds_transactions_under_every_value_encoding() {
-    for enc in [Enc::Json, Enc::JsonWithSchema, Enc::Avro, Enc::JsonSchema] {
+    let encs = [Enc::Json, Enc::JsonWithSchema, Enc::Avro, Enc::JsonSchema];
+    for (enc, batch) in encs.iter().flat_map(|e| [(*e, 1), (*e, 5000)]) {
         let base = topics();
         let c = Codecs::new(enc, &base);
         let group = unique("cdctx-enc");
-        let (db, p) = staged(
+        let (db, p) = staged_with(
             &format!("{ATOMIC}\ntransaction-timeout-ms = 600000\n{}", c.source()),
             &base,
             &group,
+            batch,
         );
         let (t1, t2, t3) = (tx(1, 3), tx(2, 2), tx(3, 2));
         let ls: Vec<Rec> = [
@@ -233,15 +235,15 @@ fn atomic_mode_holds_transactions_under_every_value_encoding() {
         assert_eq!(
             partial(&db),
             0,
-            "{enc:?}: no commit shows a partial transaction"
+            "{enc:?} batch {batch}: no commit shows a partial transaction"
         );
         assert!(
             db.i64("SELECT count(*) FROM {s}.checks") > 0,
-            "{enc:?}: the watcher ran"
+            "{enc:?} batch {batch}: the watcher ran"
         );
         let (o, l) = expected(&[(1, 3), (2, 2)]);
-        assert_eq!(orders(&db), o, "{enc:?}: {}", out.stderr);
-        assert_eq!(lines(&db), l, "{enc:?}");
+        assert_eq!(orders(&db), o, "{enc:?} batch {batch}: {}", out.stderr);
+        assert_eq!(lines(&db), l, "{enc:?} batch {batch}");
         let t = out.tally();
         assert_eq!(
             (
@@ -252,36 +254,36 @@ fn atomic_mode_holds_transactions_under_every_value_encoding() {
                 out.buffered()
             ),
             (14, 7, 5, 0, 2),
-            "{enc:?}: {:?}",
+            "{enc:?} batch {batch}: {:?}",
             out.tally_line()
         );
         assert_eq!(
             db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
             7,
-            "{enc:?}"
+            "{enc:?} batch {batch}"
         );
         // Order 3 at orders/1 offset 1 (after order 1), line 30 at lines/0 offset 0 (lines produced reversed).
         assert_eq!(
             db.checkpoint(&group, &format!("{base}.orders"), 1)
                 .unwrap_or(0),
             1,
-            "{enc:?}"
+            "{enc:?} batch {batch}"
         );
         assert_eq!(
             db.checkpoint(&group, &format!("{base}.lines"), 0)
                 .unwrap_or(0),
             0,
-            "{enc:?}"
+            "{enc:?} batch {batch}"
         );
         assert_eq!(
             db.checkpoint(&group, &format!("{base}.orders"), 0),
             Some(1),
-            "{enc:?}"
+            "{enc:?} batch {batch}"
         );
         assert_eq!(
             db.checkpoint(&group, &format!("{base}.tx"), 0),
             Some(5),
-            "{enc:?}"
+            "{enc:?} batch {batch}"
         );
     }
 }
