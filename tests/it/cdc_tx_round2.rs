@@ -709,3 +709,69 @@ fn readyz_is_not_ready_while_the_registry_is_retried() {
         0
     );
 }
+
+/// Item 3 for `backfill`: at its stop, a transaction whose END lies beyond the window and that began longer than
+/// `transaction-timeout-ms` ago is applied as it is (warning), a complete one whole — nothing held forever.
+#[test]
+fn backfill_applies_at_its_stop_a_transaction_older_than_the_timeout() {
+    let base = topics();
+    let group = unique("cdctx-bf");
+    let (db, p) = staged(
+        &format!("{ATOMIC}\ntransaction-timeout-ms = 5000"),
+        &base,
+        &group,
+    );
+    let from = chrono::Utc::now() - chrono::Duration::seconds(120);
+    let ts = from.timestamp_millis() + 1_000;
+    let at = |mut r: Rec| {
+        r.timestamp_ms = Some(ts);
+        r
+    };
+    let (done, open) = (tx(1, 2), tx(2, 2));
+    let ls: Vec<Rec> = [done.lines.clone(), vec![open.lines[0].clone()]].concat();
+    produce(
+        &format!("{base}.lines"),
+        &ls.into_iter().map(at).collect::<Vec<_>>(),
+    );
+    produce(
+        &format!("{base}.orders"),
+        &[at(done.order.clone()), at(open.order.clone())],
+    );
+    produce(
+        &format!("{base}.tx"),
+        &[
+            at(done.begin.clone()),
+            at(done.end.clone()),
+            at(open.begin.clone()),
+        ],
+    );
+    let to = chrono::Utc::now().to_rfc3339();
+    let out = backfill(
+        &p,
+        &from.to_rfc3339(),
+        ("--to", &to),
+        &unique("cdctx-bfg"),
+        &[],
+    );
+    out.assert_ok();
+    assert_eq!(orders(&db), vec![(1, 2), (2, 2)], "{}", out.stderr);
+    assert_eq!(lines(&db), vec![(10, 1), (11, 1), (20, 2)]);
+    assert_eq!(
+        db.column::<i64>("SELECT DISTINCT order_id FROM {s}.partial"),
+        vec![2],
+        "only transaction 2, applied as it is, shows partial"
+    );
+    assert_eq!(
+        out.stderr.matches("applied as it is (incomplete)").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5);
+    let report: Value = serde_json::from_str(&out.stdout).expect("the report");
+    assert_eq!(
+        report["accounting"],
+        "consumed 8 = landed 5 + duplicate 0 + filtered 3 + quarantined 0 [filtered cdc-transaction-metadata: 3]",
+        "nothing buffered at the stop: {report}"
+    );
+}
