@@ -362,6 +362,21 @@ impl TxBuf {
     /// byte limit (their offsets stay held until [`TxBuf::settled`]) — and copies of those to check against the
     /// ledger (they stay open).
     pub fn ready(&mut self, now: Instant) -> Vec<Ready> {
+        let mut ready = Vec::new();
+        for (id, why) in self.choose(now) {
+            if why == Why::Check {
+                ready.push(self.copy_for_check(id));
+            } else if let Some(r) = self.take_for_applying(id, why) {
+                ready.push(r);
+            }
+        }
+        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        ready
+    }
+
+    /// The transactions due now ([`TxBuf::why`]), then the oldest others while the buffer would stay over its
+    /// bytes (a check takes nothing out of the buffer).
+    fn choose(&self, now: Instant) -> Vec<(String, Why)> {
         let mut out: Vec<(String, Why)> = Vec::new();
         for (id, o) in &self.open {
             if let Some(why) = self.why(o, now) {
@@ -386,53 +401,54 @@ impl TxBuf {
             bytes -= o.bytes;
             out.push((id.clone(), Why::Memory));
         }
-        let mut ready = Vec::new();
-        for (id, why) in out {
-            if why == Why::Check {
-                let o = self.open.get_mut(&id).expect("open transaction");
-                o.checked = true;
-                o.check_now = false;
-                let copies = o
-                    .records
-                    .iter()
-                    .map(|((tp, _), (it, _))| (tp.clone(), it.clone()));
-                ready.push(Ready {
-                    id,
-                    why,
-                    parts: parts(copies),
-                });
-                continue;
-            }
-            let o = self.open.remove(&id).expect("open transaction");
-            self.bytes -= o.bytes;
-            self.close(&id);
-            if o.records.is_empty() && o.end_item.is_none() {
-                continue;
-            }
-            self.applying.insert(id.clone(), (o.first, o.end.clone()));
-            if matches!(why, Why::Timeout | Why::Memory) {
-                tracing::warn!(transaction = %id, records = o.records.len(), ?why, end_seen = o.end.is_some(),
-                    "source transaction applied as it is (incomplete): its END or some of its changes did not arrive in time");
-                let reason = if why == Why::Timeout {
-                    "timeout"
-                } else {
-                    "memory"
-                };
-                metrics::counter!("replaysafe_transactions_incomplete_total", "reason" => reason)
-                    .increment(1);
-            } else if why == Why::Replayed {
-                tracing::info!(transaction = %id, records = o.records.len(),
-                    "source transaction read again, every change already claimed: applied without waiting for its END");
-            }
-            let records = o.records.into_iter().map(|((tp, _), (it, _))| (tp, it));
-            ready.push(Ready {
-                id,
-                why,
-                parts: parts(records.chain(o.end_item)),
-            });
+        out
+    }
+
+    /// A copy of open transaction `id`'s changes for a [`Why::Check`] probe; it stays open, checked.
+    fn copy_for_check(&mut self, id: String) -> Ready {
+        let o = self.open.get_mut(&id).expect("open transaction");
+        o.checked = true;
+        o.check_now = false;
+        let copies = o
+            .records
+            .iter()
+            .map(|((tp, _), (it, _))| (tp.clone(), it.clone()));
+        Ready {
+            id,
+            why: Why::Check,
+            parts: parts(copies),
         }
-        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
-        ready
+    }
+
+    /// Open transaction `id` taken out for applying (`why`), its id closed; `None` when it holds nothing.
+    fn take_for_applying(&mut self, id: String, why: Why) -> Option<Ready> {
+        let o = self.open.remove(&id).expect("open transaction");
+        self.bytes -= o.bytes;
+        self.close(&id);
+        if o.records.is_empty() && o.end_item.is_none() {
+            return None;
+        }
+        self.applying.insert(id.clone(), (o.first, o.end.clone()));
+        if matches!(why, Why::Timeout | Why::Memory) {
+            tracing::warn!(transaction = %id, records = o.records.len(), ?why, end_seen = o.end.is_some(),
+                "source transaction applied as it is (incomplete): its END or some of its changes did not arrive in time");
+            let reason = if why == Why::Timeout {
+                "timeout"
+            } else {
+                "memory"
+            };
+            metrics::counter!("replaysafe_transactions_incomplete_total", "reason" => reason)
+                .increment(1);
+        } else if why == Why::Replayed {
+            tracing::info!(transaction = %id, records = o.records.len(),
+                "source transaction read again, every change already claimed: applied without waiting for its END");
+        }
+        let records = o.records.into_iter().map(|((tp, _), (it, _))| (tp, it));
+        Some(Ready {
+            id,
+            why,
+            parts: parts(records.chain(o.end_item)),
+        })
     }
 
     /// The result of a [`Why::Check`] probe of a transaction's changes: when it ran and every change it had was
