@@ -32,6 +32,26 @@ pub fn connect_timeout() -> Duration {
     Duration::from_millis(CONNECT_TIMEOUT_MS.load(Ordering::Relaxed))
 }
 
+/// The end of a start-up error once `--connect-timeout` has passed: how long was waited, and the option's value
+/// (the wait runs past it by the last attempt's own bound, e.g. a connection attempt that was under way), e.g.
+/// `gave up after 17 s (--connect-timeout 15)`.
+pub fn gave_up(waited: Duration) -> String {
+    let bound = connect_timeout();
+    let secs = |d: Duration| {
+        let ms = d.as_millis();
+        if ms % 1000 == 0 {
+            format!("{}", ms / 1000)
+        } else {
+            format!("{:.1}", d.as_secs_f64())
+        }
+    };
+    format!(
+        "gave up after {} s (--connect-timeout {})",
+        waited.as_secs(),
+        secs(bound)
+    )
+}
+
 /// Records where a resolved setting (a database URL, a brokers list) came from, e.g. `DATABASE_URL
 /// (environment)` or `[postgres] url in pipeline.toml:12:7`.
 pub fn note_origin(value: &str, origin: impl Into<String>) {
@@ -320,7 +340,7 @@ pub fn kafka_error(brokers: &str, reasons: &[String], gave_up: Option<Duration>)
         .map(|r| format!(" — {r}"))
         .unwrap_or_default();
     let waited = gave_up
-        .map(|d| format!(", gave up after {} s (--connect-timeout)", d.as_secs()))
+        .map(|d| format!(", {}", self::gave_up(d)))
         .unwrap_or_default();
     ConnectError {
         message: format!(

@@ -26,7 +26,9 @@
 //!      taken over again (the group coordinator confirmed it is still ours, or it is assigned again) or revoked;
 //!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`];
 //!   6. Kafka does not refuse the client's credentials (a SASL authentication failure since the last time a
-//!      broker answered: a rotated password).
+//!      broker answered: a rotated password);
+//!   7. the schema registry is not being retried (`[source] schema-registry`: a schema fetch found it
+//!      unavailable and has not succeeded since).
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
 //!
@@ -73,6 +75,8 @@ struct State {
     unassigned: Mutex<Option<(Instant, chrono::DateTime<chrono::Utc>)>>,
     /// What the group membership watchdog reports while the member is not steady or its coordinator is silent.
     group: Mutex<Option<String>>,
+    /// The schema registry is being retried: its last error.
+    registry: Mutex<Option<String>>,
 }
 
 fn state() -> &'static State {
@@ -88,6 +92,7 @@ fn state() -> &'static State {
         kafka_refused: Mutex::new(None),
         unassigned: Mutex::new(None),
         group: Mutex::new(None),
+        registry: Mutex::new(None),
     })
 }
 
@@ -173,6 +178,12 @@ pub fn kafka_refused(reason: Option<&str>) {
     *lock(&state().kafka_refused) = reason.map(str::to_string);
 }
 
+/// A schema fetch is retried because the registry is unavailable (`Some`: the error, already scrubbed of
+/// secrets), or a fetch got an answer (`None`).
+pub fn registry_unavailable(error: Option<&str>) {
+    *lock(&state().registry) = error.map(str::to_string);
+}
+
 fn probed(error: Option<String>) {
     *lock(&state().probe) = Some((Instant::now(), error));
 }
@@ -198,6 +209,8 @@ pub struct Snapshot {
     pub unassigned: Option<(Duration, String)>,
     /// The group membership watchdog's view ([`group_trouble`]).
     pub group: Option<String>,
+    /// The schema registry is being retried: its last error.
+    pub registry: Option<String>,
 }
 
 fn snapshot() -> Snapshot {
@@ -222,6 +235,7 @@ fn snapshot() -> Snapshot {
             )
         }),
         group: lock(&s.group).clone(),
+        registry: lock(&s.registry).clone(),
     }
 }
 
@@ -301,6 +315,9 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
             "Kafka refuses this client's credentials ({reason}): check the sasl.* keys of [kafka.properties]"
         ));
     }
+    if let Some(e) = &s.registry {
+        why.push(format!("schema registry unavailable, retrying: {e}"));
+    }
     if why.is_empty() && s.relay_only {
         Ok("ready: outbox relay".into())
     } else if why.is_empty() {
@@ -374,6 +391,7 @@ mod tests {
             kafka_refused: None,
             unassigned: None,
             group: None,
+            registry: None,
         }
     }
 
@@ -413,6 +431,19 @@ mod tests {
         assert_eq!(snapshot().unassigned.expect("kept").1, first);
         beat(Some(3));
         assert!(snapshot().unassigned.is_none());
+    }
+
+    #[test]
+    fn registry_retries_are_not_ready() {
+        let retrying = Snapshot {
+            registry: Some("connection refused".into()),
+            ..ready_state()
+        };
+        let why = judge_ready(&retrying).unwrap_err();
+        assert!(
+            why.contains("schema registry unavailable, retrying: connection refused"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -82,15 +82,22 @@ pub fn unframe<'a>(
                 .map_err(|m| reject(format!("schema id {id} ({part}): {m}")))
         }
         (Encoding::JsonSchema, Schema::Json) => Ok(Some(Cow::Borrowed(body))),
-        (enc, s) => Err(reject(format!(
-            "schema id {id} ({part}) is a {} schema, but the pipeline's encoding is \"{}\"",
-            match s {
+        (enc, s) => {
+            let kind = match s {
                 Schema::Avro { .. } => "AVRO",
                 Schema::Json => "JSON",
                 Schema::Other(t) => t.as_str(),
-            },
-            enc.as_str()
-        ))),
+            };
+            let article = if kind.starts_with(['A', 'E', 'I', 'O', 'U']) {
+                "an"
+            } else {
+                "a"
+            };
+            Err(reject(format!(
+                "schema id {id} ({part}) is {article} {kind} schema, but the pipeline's encoding is \"{}\"",
+                enc.as_str()
+            )))
+        }
     }
 }
 

@@ -184,15 +184,19 @@ impl Registry {
         let bound = crate::endpoint::connect_timeout();
         let mut attempt = 0u32;
         loop {
-            match self.get(&agent, &url).scrubbed(self) {
+            let attempt_result = self.get(&agent, &url).scrubbed(self);
+            if matches!(attempt_result, Attempt::Done(_) | Attempt::Unknown(_)) {
+                crate::health::registry_unavailable(None);
+            }
+            match attempt_result {
                 Attempt::Done(body) => return Ok(body),
                 Attempt::Unknown(m) => return Err(Fetch::Unknown(m)),
                 Attempt::Refused(m) => return Err(Fetch::Unavailable(m)),
                 Attempt::Retry(m) if started.elapsed() >= bound => {
                     return Err(Fetch::Unavailable(self.scrub(&format!(
-                        "schema registry {}: gave up after {} s (--connect-timeout): {m}",
+                        "schema registry {}: {}: {m}",
                         self.plan.url,
-                        started.elapsed().as_secs()
+                        crate::endpoint::gave_up(started.elapsed())
                     ))))
                 }
                 Attempt::Retry(m) => {
@@ -200,6 +204,7 @@ impl Registry {
                     metrics::counter!("replaysafe_registry_retries_total").increment(1);
                     tracing::warn!(attempt, "schema registry unavailable, retrying: {m}");
                     crate::health::beat(None);
+                    crate::health::registry_unavailable(Some(&m));
                     let pause = Duration::from_millis(100 * 2u64.pow(attempt.min(6)));
                     std::thread::sleep(pause.min(bound.saturating_sub(started.elapsed())));
                 }

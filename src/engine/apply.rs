@@ -259,8 +259,8 @@ where
             Ok(v) => return Ok(v),
             Err(e) if is_transient(&e) && left.is_some_and(|l| l.is_zero()) => {
                 return Err(Error::Other(format!(
-                    "{what}: gave up after {} s (--connect-timeout): {e}",
-                    started.elapsed().as_secs()
+                    "{what}: {}: {e}",
+                    crate::endpoint::gave_up(started.elapsed())
                 )));
             }
             Err(e) if is_transient(&e) && !give_up() => {

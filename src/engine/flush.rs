@@ -48,6 +48,9 @@ pub struct Cut {
     /// `[source] transactions = "atomic"`: the parts of one source transaction, applied in one transaction
     /// without checkpoint steps (`batch` is then an empty placeholder); `None` for a partition's batch.
     pub tx: Option<Vec<Batch>>,
+    /// With `tx`: not applied — its changes are tried in a rolled-back transaction to see whether all are
+    /// already claimed ([`crate::engine::txbuf::Why::Check`]).
+    pub check: bool,
 }
 
 type Results = (Vec<Sink>, Vec<(Cut, Result<Applied>)>);
@@ -155,6 +158,7 @@ pub fn cut_bounded(
                 },
                 days: chunk_days,
                 tx: None,
+                check: false,
             });
             expected = Some(end);
         }
@@ -219,6 +223,7 @@ pub fn step(tp: &Tp, fence: i64, from: Option<i64>, to: i64) -> Cut {
         },
         days: Vec::new(),
         tx: None,
+        check: false,
     }
 }
 
@@ -234,6 +239,7 @@ pub fn launch(
     let n = sinks.len();
     let records = cuts
         .iter()
+        .filter(|c| !c.check)
         .map(|c| c.batch.items.len() + c.tx.iter().flatten().map(|b| b.items.len()).sum::<usize>())
         .sum();
     let mut lanes: Vec<Vec<Cut>> = (0..n).map(|_| Vec::new()).collect();
@@ -284,6 +290,7 @@ async fn apply_lane(
             continue;
         }
         let r = match &c.tx {
+            Some(parts) if c.check => Ok(crate::engine::txapply::check(sink, parts).await),
             Some(parts) => crate::engine::apply::apply_transaction(sink, parts, give_up).await,
             None => apply_batch(sink, &c.batch, give_up).await,
         };

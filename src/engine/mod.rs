@@ -239,7 +239,10 @@ impl Engine {
             observer: opts.observer.take(),
             first_record: None,
             last_commit: None,
-            tx: pipeline.transactions.clone().map(txbuf::TxBuf::new),
+            tx: pipeline
+                .transactions
+                .clone()
+                .map(|t| txbuf::TxBuf::new(t, pipeline.clone())),
         };
         Ok(Engine {
             core: Arc::new(Mutex::new(core)),
@@ -324,7 +327,7 @@ impl Engine {
                 let interrupted = source.interrupted();
                 if interrupted.is_none() || source.flush_on_error() {
                     tracing::info!("shutting down: applying buffered records");
-                    self.finish(source)?;
+                    self.finish(source, false)?;
                 }
                 return interrupted.map_or(Ok(()), Err);
             }
@@ -337,7 +340,7 @@ impl Engine {
                 Polled::Busy => {}
                 Polled::Failed(e) => {
                     if source.flush_on_error() {
-                        self.finish(source)?;
+                        self.finish(source, false)?;
                     }
                     return Err(e);
                 }
@@ -347,6 +350,9 @@ impl Engine {
                 return Err(e);
             }
             let now = Instant::now();
+            if let Some(t) = lock(&self.core).tx.as_mut() {
+                t.idle(idle_turns >= 3);
+            }
             crate::health::beat(Some(lock(&self.core).parts.len()));
             self.maybe_flush(source, now)?;
             if idle_turns >= 3 {
@@ -366,7 +372,7 @@ impl Engine {
                 now,
             );
             if source.finished(idle_turns) {
-                return self.finish(source);
+                return self.finish(source, true);
             }
         }
     }
@@ -514,12 +520,30 @@ impl Engine {
         }
     }
 
-    /// Applies everything buffered and acknowledges every checkpoint held.
-    fn finish(&self, source: &impl Source) -> Result<()> {
+    /// Applies everything buffered and acknowledges every checkpoint held. `at_end`: everything the source will
+    /// deliver was read (caught up, every stop offset reached, the end of a file) — open source transactions are
+    /// checked against the ledger, and those that began `transaction-timeout-ms` ago or longer (their records'
+    /// timestamps) are applied as they are ([`txbuf::TxBuf::at_end`]); on a shutdown they stay open.
+    fn finish(&self, source: &impl Source, at_end: bool) -> Result<()> {
         let mut core = lock(&self.core);
         // What a report from outside reads if this flush waits on the database past --shutdown-timeout.
         core.publish();
-        let r = core.flush(source.ack(), |_, _| true, CommitMode::Sync);
+        let mut rounds = 1;
+        if at_end {
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            if let Some(t) = core.tx.as_mut() {
+                t.at_end(now_ms);
+                // A check, then what it or the age decided, then the partitions' records after them.
+                rounds = 3;
+            }
+        }
+        let mut r = Ok(());
+        for _ in 0..rounds {
+            r = core.flush(source.ack(), |_, _| true, CommitMode::Sync);
+            if r.is_err() || core.crashed {
+                break;
+            }
+        }
         core.commit_checkpoints(source.ack());
         if let Some((txs, records)) = core.tx.as_ref().map(txbuf::TxBuf::open_counts) {
             // Records after a held one stay buffered too (their partition's batches end before it).

@@ -271,6 +271,13 @@ impl Core {
         // Partitions fenced or rewound in this flush: their later batches were skipped on purpose.
         let mut handled: Vec<Tp> = Vec::new();
         for (cut, r) in results {
+            if let (Some(parts), true) = (&cut.tx, cut.check) {
+                // A probe: nothing written, the transaction stays open.
+                if let Some(t) = self.tx.as_mut() {
+                    t.checked(parts, &r);
+                }
+                continue;
+            }
             if let Some(parts) = &cut.tx {
                 if let Err(e) = self.settle_transaction(ack, parts, r) {
                     first_err.get_or_insert(e);

@@ -1,8 +1,9 @@
 //! Applying one source transaction (`[source] transactions = "atomic"`, [`crate::engine::txbuf`]) with the retry
 //! rules of the design: connection trouble is retried with backoff through the same path with the same keys; a
 //! lost COMMIT reply is "unknown" and resolved by the retry's claims (all already held → the first attempt
-//! committed, its outcomes count); a value PostgreSQL rejects quarantines the WHOLE transaction — every record a
-//! dead letter naming the transaction and the failing record, nothing of it applied — and the run goes on.
+//! committed, its outcomes count); a value PostgreSQL rejects (or replaysafe refuses) quarantines the WHOLE
+//! transaction — every record a dead letter naming the transaction and the failing record, under the reason a
+//! per-record batch gives that record, nothing of it applied — and the run goes on.
 
 use crate::decode::{Reason, Rejection};
 use crate::engine::apply::{backoff, Applied};
@@ -13,8 +14,9 @@ use crate::sink::{self, ApplyError, Batch, Outcome, Pending, Sink};
 enum Tried {
     /// Committed (outcomes of all parts, in part order) or fenced.
     Done(Applied),
-    /// PostgreSQL rejected a value: the message.
-    Rejected(String),
+    /// PostgreSQL rejected a value (`rejected-by-database`) or replaysafe refused one (e.g. `invalid-field`, a
+    /// value its column's type refuses): the reason and the message.
+    Rejected(Reason, String),
 }
 
 /// Applies the parts of one source transaction in one transaction ([`Sink::apply_transaction`]: each part under
@@ -29,17 +31,31 @@ pub async fn apply_transaction(
     parts: &[Batch],
     give_up: &(dyn Fn() -> bool + Sync),
 ) -> Result<Applied> {
-    let message = match attempts(sink, parts, give_up).await? {
+    let (reason, message) = match attempts(sink, parts, give_up).await? {
         Tried::Done(a) => return Ok(a),
-        Tried::Rejected(m) => m,
+        Tried::Rejected(r, m) => (r, m),
     };
-    let q = quarantine(sink, parts, &message).await?;
+    let q = quarantine(sink, parts, reason, &message).await?;
     match attempts(sink, &q, give_up).await? {
         Tried::Done(a) => Ok(a),
-        Tried::Rejected(m) => Err(Error::Other(format!(
+        Tried::Rejected(_, m) => Err(Error::Other(format!(
             "the dead letters of source transaction {} were rejected: {m}",
-            tx_id(parts)
+            tx_id(sink, parts)
         ))),
+    }
+}
+
+/// Tries the changes of an open source transaction in a rolled-back transaction ([`Sink::probe_transaction`]):
+/// [`Applied::Committed`] with the outcomes they would have (nothing written; a `duplicate` = already claimed),
+/// or [`Applied::Skipped`] when the probe failed (the transaction just stays open; its application reports a
+/// real failure).
+pub async fn check(sink: &mut Sink, parts: &[Batch]) -> Applied {
+    match sink.probe_transaction(parts).await {
+        Ok(o) => Applied::Committed(o.concat()),
+        Err(e) => {
+            tracing::debug!(transaction = %tx_id(sink, parts), "source transaction check not conclusive: {e:?}");
+            Applied::Skipped
+        }
     }
 }
 
@@ -75,16 +91,21 @@ async fn attempts(
                     }
                     (sink::describe(&error), commit_sent)
                 }
-                Err(ApplyError::Data(e)) => return Ok(Tried::Rejected(db_message(&e))),
+                Err(ApplyError::Data(e)) => {
+                    return Ok(Tried::Rejected(
+                        Reason::RejectedByDatabase,
+                        format!("PostgreSQL rejected {}", db_message(&e)),
+                    ))
+                }
                 Err(ApplyError::Record { offset, rejection }) => {
-                    return Ok(Tried::Rejected(format!(
-                        "record at offset {offset}: {}",
-                        rejection.detail
-                    )))
+                    return Ok(Tried::Rejected(
+                        rejection.reason,
+                        format!("record at offset {offset}: {}", rejection.detail),
+                    ))
                 }
                 Err(ApplyError::Fatal(e)) => return Err(e),
                 Err(ApplyError::Fenced { next_offset, fence }) => {
-                    tracing::warn!(transaction = %tx_id(parts), fence, ?next_offset,
+                    tracing::warn!(transaction = %tx_id(sink, parts), fence, ?next_offset,
                         "a partition of the source transaction is owned by another consumer now (fenced); not applied");
                     return Ok(Tried::Done(Applied::Fenced));
                 }
@@ -92,7 +113,7 @@ async fn attempts(
         };
         attempt += 1;
         metrics::counter!("replaysafe_db_retries_total").increment(1);
-        tracing::warn!(attempt, commit_sent, transaction = %tx_id(parts), "database error, retrying the source transaction: {detail}");
+        tracing::warn!(attempt, commit_sent, transaction = %tx_id(sink, parts), "database error, retrying the source transaction: {detail}");
         crate::health::retrying(&detail);
         if give_up() {
             return Err(Error::Other(format!(
@@ -125,10 +146,16 @@ fn resolve(unknown: Option<Vec<Outcome>>, retry: Vec<Outcome>) -> Vec<Outcome> {
     }
 }
 
-/// The parts with every record quarantined (`rejected-by-database`), the detail naming the transaction and the
-/// record PostgreSQL rejects alone ([`Sink::probe`]), or saying only the whole transaction fails.
-async fn quarantine(sink: &mut Sink, parts: &[Batch], message: &str) -> Result<Vec<Batch>> {
-    let id = tx_id(parts);
+/// The parts with every record quarantined, the detail naming the transaction and the record rejected alone
+/// ([`Sink::probe`]) — under that record's reason (`rejected-by-database`, or the reason replaysafe refuses its
+/// value with, as a per-record batch would record it) —, or saying only the whole transaction fails (`reason`).
+async fn quarantine(
+    sink: &mut Sink,
+    parts: &[Batch],
+    reason: Reason,
+    message: &str,
+) -> Result<Vec<Batch>> {
+    let id = tx_id(sink, parts);
     let claims = |b: &Batch| {
         b.items
             .iter()
@@ -136,12 +163,15 @@ async fn quarantine(sink: &mut Sink, parts: &[Batch], message: &str) -> Result<V
             .count()
     };
     let n: usize = parts.iter().map(claims).sum();
-    let culprit = match culprit(sink, parts).await? {
+    let (reason, culprit) = match culprit(sink, parts).await? {
         Some(c) => c,
-        None => format!("no record alone; the transaction as a whole: {message}"),
+        None => (
+            reason,
+            format!("no record alone; the transaction as a whole: {message}"),
+        ),
     };
     let detail = format!(
-        "source transaction {id} quarantined whole ({n} records, nothing applied): PostgreSQL rejected {culprit}"
+        "source transaction {id} quarantined whole ({n} records, nothing applied): {culprit}"
     );
     tracing::warn!(transaction = %id, records = n, "{detail}");
     let mut q = parts.to_vec();
@@ -151,16 +181,17 @@ async fn quarantine(sink: &mut Sink, parts: &[Batch], message: &str) -> Result<V
             continue;
         }
         it.pending = Pending::Quarantine(Rejection {
-            reason: Reason::RejectedByDatabase,
+            reason,
             detail: detail.clone(),
         });
     }
     Ok(q)
 }
 
-/// The first record PostgreSQL rejects alone (each claim tried in a rolled-back transaction): `topic/partition
-/// offset N: message`.
-async fn culprit(sink: &mut Sink, parts: &[Batch]) -> Result<Option<String>> {
+/// The first record rejected alone (each claim tried in a rolled-back transaction): its reason and `PostgreSQL
+/// rejected topic/partition offset N: message` (or `topic/partition offset N: detail` for a value replaysafe
+/// refuses).
+async fn culprit(sink: &mut Sink, parts: &[Batch]) -> Result<Option<(Reason, String)>> {
     for b in parts {
         for it in &b.items {
             if !matches!(it.pending, Pending::Claim { .. }) {
@@ -173,9 +204,17 @@ async fn culprit(sink: &mut Sink, parts: &[Batch]) -> Result<Option<String>> {
             let at = format!("{}/{} offset {}", b.topic, b.partition, it.offset);
             match sink.probe(&single).await {
                 Ok(()) => {}
-                Err(ApplyError::Data(e)) => return Ok(Some(format!("{at}: {}", db_message(&e)))),
+                Err(ApplyError::Data(e)) => {
+                    return Ok(Some((
+                        Reason::RejectedByDatabase,
+                        format!("PostgreSQL rejected {at}: {}", db_message(&e)),
+                    )))
+                }
                 Err(ApplyError::Record { rejection, .. }) => {
-                    return Ok(Some(format!("{at}: {}", rejection.detail)))
+                    return Ok(Some((
+                        rejection.reason,
+                        format!("{at}: {}", rejection.detail),
+                    )))
                 }
                 Err(ApplyError::Fatal(e)) => return Err(e),
                 Err(other) => {
@@ -210,8 +249,8 @@ fn db_message(e: &tokio_postgres::Error) -> String {
 }
 
 /// The source transaction id of the parts, for messages.
-fn tx_id(parts: &[Batch]) -> String {
-    crate::engine::txbuf::tx_id(parts).unwrap_or_else(|| "?".into())
+fn tx_id(sink: &Sink, parts: &[Batch]) -> String {
+    crate::engine::txbuf::tx_id(sink.pipeline(), parts).unwrap_or_else(|| "?".into())
 }
 
 #[cfg(test)]

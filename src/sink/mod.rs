@@ -395,6 +395,23 @@ impl Sink {
         self.apply_several(batches, Mode::Transaction).await
     }
 
+    /// The pipeline this sink applies.
+    pub fn pipeline(&self) -> &Arc<Pipeline> {
+        &self.pipeline
+    }
+
+    /// Tries a source transaction's parts in a transaction that is rolled back: the outcomes they would have
+    /// (a `duplicate` for a change whose delivery key is already claimed), nothing written.
+    ///
+    /// # Errors
+    /// As [`Sink::apply`].
+    pub async fn probe_transaction(
+        &mut self,
+        batches: &[Batch],
+    ) -> std::result::Result<Vec<Vec<Outcome>>, ApplyError> {
+        self.apply_several(batches, Mode::Probe).await
+    }
+
     /// Tries `batch` (one record of a source transaction PostgreSQL rejected) in a transaction that is rolled
     /// back: `Ok` when it alone applies, the rejection otherwise. Names the record that fails a transaction.
     ///

@@ -49,8 +49,21 @@ pub(crate) fn topics() -> String {
 /// `replaysafe init`, then the deferred constraint triggers writing every commit's partial orders into
 /// `partial (order_id, want, have)` and counting checks in `checks`.
 pub(crate) fn staged(mode: &str, base: &str, group: &str) -> (Db, Pipeline) {
+    staged_with(mode, base, group, 1)
+}
+
+/// [`staged`] with `batch.max-records = max_records`.
+pub(crate) fn staged_with(
+    mode: &str,
+    base: &str,
+    group: &str,
+    max_records: usize,
+) -> (Db, Pipeline) {
     let db = Db::fresh("cdctx");
-    let text = PIPELINE.replace("TXMODE", mode);
+    let text = PIPELINE.replace("TXMODE", mode).replace(
+        "max-records = 1\n",
+        &format!("max-records = {max_records}\n"),
+    );
     let p = pipeline(&text, base, group, &db.schema);
     replaysafe(&["init", "--config", p.path.to_str().unwrap()]).assert_ok();
     db.execute(

@@ -30,6 +30,8 @@ mod cdc_pk;
 mod cdc_tx;
 // The gaps of atomic source transactions: rejected values, fences, lost COMMIT replies, open transactions.
 mod cdc_tx_gaps;
+// Issue 36: atomic source transactions under every encoding, redeliveries, batch runs, restarts, unread tables.
+mod cdc_tx_round2;
 // Shared scaffolding: pipelines, databases, topics, command helpers, Debezium envelopes, Kafka clients.
 mod common;
 // Bad pipeline files: exit 2 with `file:line:column`, nothing consumed.

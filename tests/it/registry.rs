@@ -401,7 +401,7 @@ fn json_schema_values_through_the_registry_land() {
     assert!(
         dl[0]
             .2
-            .contains(&format!("schema id {avro_id} (value) is a AVRO schema")),
+            .contains(&format!("schema id {avro_id} (value) is an AVRO schema")),
         "{dl:?}"
     );
     let order = db.query(

@@ -1,16 +1,22 @@
 //! Reading Debezium's transaction metadata from a record value: a change's `transaction` block, the
 //! transaction topic's BEGIN and END events. Shapes: <https://debezium.io/documentation/reference/stable/connectors/postgresql.html#postgresql-transaction-metadata>.
+//! Read from the decoded value ([`read`]): a schema-registry frame (`[source] encoding = "avro"` or
+//! `"json-schema"`) is unwrapped first, as the change decoder does.
 
 use serde_json::Value;
+
+use crate::config::Pipeline;
 
 /// What a record says about source transactions.
 #[derive(Debug, PartialEq)]
 pub enum Meta {
     /// A change event of transaction `id`; `collections`: the names END may count it under (`schema.table`,
-    /// `db.table`, `db.schema.table`).
+    /// `db.table`, `db.schema.table`); `order`: its `transaction.total_order` (the event's position among all
+    /// events of the transaction, 1-based), when given.
     Change {
         id: String,
         collections: Vec<String>,
+        order: Option<u64>,
     },
     /// The transaction topic's BEGIN event.
     Begin { id: String },
@@ -36,7 +42,21 @@ pub fn tx_key(id: &str) -> String {
     }
 }
 
-/// Reads the transaction metadata of a Debezium value (schemas on or off); ids as [`tx_key`]s.
+/// Reads the transaction metadata of a record value as the pipeline decodes it: a schema-registry frame is
+/// converted first ([`crate::decode::framed::unframe`]: Avro → the JSON converter's `{schema, payload}` form,
+/// JSON Schema → its JSON body), then [`meta`]. A value that cannot be unwrapped is [`Meta::Other`] (the change
+/// decoder quarantines it, per record).
+pub fn read(pipeline: &Pipeline, value: Option<&[u8]>) -> Meta {
+    if pipeline.registry.is_none() {
+        return meta(value);
+    }
+    match crate::decode::framed::unframe(pipeline, value, "value") {
+        Ok(v) => meta(v.as_deref()),
+        Err(_) => Meta::Other,
+    }
+}
+
+/// Reads the transaction metadata of a Debezium value in JSON (schemas on or off); ids as [`tx_key`]s.
 pub fn meta(value: Option<&[u8]>) -> Meta {
     let Some(Ok(Value::Object(mut m))) = value.map(serde_json::from_slice::<Value>) else {
         return Meta::Other;
@@ -70,13 +90,13 @@ pub fn meta(value: Option<&[u8]>) -> Meta {
         }
         _ => {}
     }
-    let Some(id) = m
-        .get("transaction")
-        .and_then(|t| s(t.get("id")))
-        .map(|i| tx_key(&i))
-    else {
+    let tx = m.get("transaction");
+    let Some(id) = tx.and_then(|t| s(t.get("id"))).map(|i| tx_key(&i)) else {
         return Meta::Other;
     };
+    let order = tx
+        .and_then(|t| t.get("total_order"))
+        .and_then(Value::as_u64);
     let src = m.get("source");
     let f = |k: &str| src.and_then(|x| x.get(k)).and_then(Value::as_str);
     let mut collections = Vec::new();
@@ -91,5 +111,9 @@ pub fn meta(value: Option<&[u8]>) -> Meta {
             collections.push(format!("{db}.{t}"));
         }
     }
-    Meta::Change { id, collections }
+    Meta::Change {
+        id,
+        collections,
+        order,
+    }
 }

@@ -7,6 +7,19 @@ use serde_json::json;
 use super::*;
 use crate::sink::Pending;
 
+/// A Debezium pipeline whose row projections read `public.orders` and `public.lines`.
+fn pipeline() -> Arc<Pipeline> {
+    let text = "[kafka]\ngroup-id = \"g\"\ntopics = [\"t\"]\n[source]\nformat = \"debezium\"\n\
+        transactions = \"atomic\"\n[[projection]]\nkind = \"row\"\ntable = \"orders\"\n\
+        source-table = \"public.orders\"\nkey = [\"id\"]\ncolumns = { id = \"bigint\" }\n\
+        [[projection]]\nkind = \"row\"\ntable = \"lines\"\nkey = [\"id\"]\ncolumns = { id = \"bigint\" }\n";
+    Arc::new(crate::config::parse("p.toml", text).expect("pipeline"))
+}
+
+fn buf(ms: u64, bytes: usize) -> TxBuf {
+    TxBuf::new(plan(ms, bytes), pipeline())
+}
+
 fn plan(ms: u64, bytes: usize) -> TxPlan {
     TxPlan {
         timeout: Duration::from_millis(ms),
@@ -25,8 +38,13 @@ fn item(offset: i64, v: serde_json::Value) -> Item {
 }
 
 fn change(tx: &str, table: &str) -> serde_json::Value {
+    change_n(tx, table, 1)
+}
+
+/// A change of `tx`, its `total_order` `n`.
+fn change_n(tx: &str, table: &str, n: u64) -> serde_json::Value {
     json!({"op": "c", "after": {"id": 1}, "source": {"db": "app", "schema": "public", "table": table},
-        "transaction": {"id": tx, "total_order": 1, "data_collection_order": 1}})
+        "transaction": {"id": tx, "total_order": n, "data_collection_order": n}})
 }
 
 fn end(tx: &str, orders: u64, lines: u64) -> serde_json::Value {
@@ -49,7 +67,8 @@ fn meta_reads_changes_begin_end_with_and_without_schemas() {
                 "public.orders".into(),
                 "app.public.orders".into(),
                 "app.orders".into()
-            ]
+            ],
+            order: Some(1),
         }
     );
     let wrapped =
@@ -90,19 +109,22 @@ fn postgres_ids_are_keyed_by_txid_others_kept_whole() {
 
 #[test]
 fn complete_whatever_the_order_and_bounds_hold_until_settled() {
-    let mut t = TxBuf::new(plan(60_000, 1 << 20));
+    let mut t = buf(60_000, 1 << 20);
     let (o, l) = (tp("orders", 0), tp("lines", 1));
     // END first, then a line, a non-transaction record, the order, the last line.
     assert!(t.take(&tp("tx", 0), 1, item(0, end("a", 1, 2))).is_none());
-    assert!(t.take(&l, 1, item(5, change("a", "lines"))).is_none());
+    assert!(t.take(&l, 1, item(5, change_n("a", "lines", 2))).is_none());
     assert!(t
         .take(&l, 1, item(6, json!({"op": "c", "source": {}})))
         .is_some());
-    assert!(t.take(&o, 1, item(3, change("a", "orders"))).is_none());
+    assert!(t.take(&o, 1, item(3, change_n("a", "orders", 1))).is_none());
     assert!(!t.due(Instant::now()));
     assert_eq!(t.bound(&l, 1), Some(5));
     assert_eq!(t.bound(&o, 1), Some(3));
-    assert!(t.take(&l, 1, item(7, change("a", "lines"))).is_none());
+    // Line 2 delivered again (a connector restart re-emits it): the same change, not the last line.
+    assert!(t.take(&l, 1, item(9, change_n("a", "lines", 2))).is_none());
+    assert!(!t.due(Instant::now()), "a change twice is one change");
+    assert!(t.take(&l, 1, item(7, change_n("a", "lines", 3))).is_none());
     assert!(t.due(Instant::now()));
     let ready = t.ready(Instant::now());
     assert_eq!(ready.len(), 1);
@@ -115,7 +137,7 @@ fn complete_whatever_the_order_and_bounds_hold_until_settled() {
     assert_eq!(
         shape,
         vec![
-            ("lines".into(), vec![5, 7]),
+            ("lines".into(), vec![5, 7, 9]),
             ("orders".into(), vec![3]),
             ("tx".into(), vec![0])
         ]
@@ -135,12 +157,16 @@ fn complete_whatever_the_order_and_bounds_hold_until_settled() {
 
 #[test]
 fn timeout_and_memory_apply_incomplete_transactions_as_they_are() {
-    let mut t = TxBuf::new(plan(50, 1 << 20));
+    let mut t = buf(50, 1 << 20);
     let start = Instant::now();
     t.take(&tp("lines", 0), 1, item(0, change("a", "lines")));
     assert!(t.ready(start).is_empty());
     let late = start + Duration::from_millis(60);
     assert!(t.due(late));
+    // Checked against the ledger first (once): a copy, the transaction stays open.
+    let r = t.ready(late);
+    assert_eq!((r.len(), r[0].why), (1, Why::Check));
+    t.checked(&r[0].parts, &Ok(Applied::Skipped));
     let r = t.ready(late);
     assert_eq!((r.len(), r[0].why), (1, Why::Timeout));
     // Its late change and END are applied per record, not held for another timeout.
@@ -160,7 +186,7 @@ fn timeout_and_memory_apply_incomplete_transactions_as_they_are() {
     assert!(t.open.is_empty());
 
     let size = change("b", "lines").to_string().len();
-    let mut t = TxBuf::new(plan(60_000, size * 2));
+    let mut t = buf(60_000, size * 2);
     t.take(&tp("lines", 0), 1, item(0, change("b", "lines")));
     t.take(&tp("lines", 0), 1, item(1, change("c", "lines")));
     assert!(!t.due(Instant::now()));
@@ -181,12 +207,57 @@ fn timeout_and_memory_apply_incomplete_transactions_as_they_are() {
 
 #[test]
 fn a_record_read_again_replaces_its_copy() {
-    let mut t = TxBuf::new(plan(60_000, 1 << 20));
+    let mut t = buf(60_000, 1 << 20);
     let l = tp("lines", 0);
     t.take(&tp("tx", 0), 1, item(0, end("a", 0, 2)));
-    t.take(&l, 1, item(4, change("a", "lines")));
-    t.take(&l, 1, item(4, change("a", "lines")));
+    t.take(&l, 1, item(4, change_n("a", "lines", 1)));
+    t.take(&l, 1, item(4, change_n("a", "lines", 1)));
     assert!(!t.due(Instant::now()), "one line twice is not two lines");
-    t.take(&l, 1, item(5, change("a", "lines")));
+    t.take(&l, 1, item(5, change_n("a", "lines", 2)));
     assert_eq!(t.ready(Instant::now())[0].parts[0].items.len(), 2);
+}
+
+#[test]
+fn counts_of_collections_the_pipeline_does_not_read_are_not_waited_for() {
+    let mut t = buf(60_000, 1 << 20);
+    // END counts an audit table no projection reads and no change of which comes here.
+    let e = json!({"status": "END", "id": "a", "event_count": 3, "data_collections": [
+        {"data_collection": "public.orders", "event_count": 1},
+        {"data_collection": "public.audit", "event_count": 2}]});
+    t.take(&tp("tx", 0), 1, item(0, e));
+    assert!(!t.due(Instant::now()));
+    t.take(&tp("orders", 0), 1, item(0, change_n("a", "orders", 1)));
+    let r = t.ready(Instant::now());
+    assert_eq!((r.len(), r[0].why), (1, Why::Complete));
+    // Once a change of a collection was read, its count is waited for.
+    t.take(&tp("audit", 0), 1, item(0, change_n("b", "audit", 1)));
+    let e = json!({"status": "END", "id": "c", "event_count": 2, "data_collections": [
+        {"data_collection": "public.orders", "event_count": 1},
+        {"data_collection": "public.audit", "event_count": 1}]});
+    t.take(&tp("tx", 0), 1, item(1, e));
+    t.take(&tp("orders", 0), 1, item(1, change_n("c", "orders", 1)));
+    assert!(!t.ready(Instant::now()).iter().any(|r| r.id == "c"));
+}
+
+#[test]
+fn at_the_end_of_the_input_old_transactions_are_checked_then_applied() {
+    let mut t = buf(60_000, 1 << 20);
+    let mut old = item(0, change_n("a", "lines", 1));
+    old.timestamp_ms = Some(1_000);
+    t.take(&tp("lines", 0), 1, old);
+    let mut young = item(1, change_n("b", "lines", 1));
+    young.timestamp_ms = Some(100_000);
+    t.take(&tp("lines", 0), 1, young);
+    assert!(!t.due(Instant::now()));
+    assert_eq!(t.at_end(70_000), 1, "a began 69 s before, b not yet");
+    let r = t.ready(Instant::now());
+    assert!(r.iter().all(|x| x.why == Why::Check) && r.len() == 2);
+    let (a, b): (Vec<&Ready>, Vec<&Ready>) = r.iter().partition(|x| x.id == "a");
+    t.checked(&a[0].parts, &Ok(Applied::Committed(vec![Outcome::Landed])));
+    t.checked(&b[0].parts, &Ok(Applied::Committed(vec![Outcome::Landed])));
+    let r = t.ready(Instant::now());
+    assert_eq!(
+        r.iter().map(|x| (x.id.as_str(), x.why)).collect::<Vec<_>>(),
+        vec![("a", Why::Timeout)]
+    );
 }
