@@ -99,9 +99,20 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
             "\nbroker {} ({security}):",
             replaysafe::endpoint::mask_urls(&brokers)
         );
+        let ids = ops::check::log_ids(&p, &brokers, &missing)?;
+        let shown = |v: Option<&str>| v.unwrap_or("(not answered)").to_string();
+        println!(
+            "cluster id {} (recorded beside each checkpoint)",
+            shown(ids.cluster.as_deref())
+        );
         for t in &p.kafka.topics {
             let ok = !missing.contains(t);
-            println!("{} topic {t}", if ok { "ok     " } else { "MISSING" });
+            let id = if ok {
+                format!(" (topic id {})", shown(ids.topic(t)))
+            } else {
+                String::new()
+            };
+            println!("{} topic {t}{id}", if ok { "ok     " } else { "MISSING" });
         }
         if !missing.is_empty() {
             failed.push(format!("topic(s) {} do not exist", missing.join(", ")));

@@ -35,6 +35,7 @@ mod ledger_key;
 mod lifecycle;
 mod load_safety;
 mod lock_order;
+mod log_identity;
 mod newcomer13;
 mod ops;
 mod privileges;
