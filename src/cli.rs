@@ -301,7 +301,7 @@ pub enum OffsetsCommand {
         brokers: Option<String>,
     },
     /// Start the group's partitions explicitly on the log the brokers serve now (after a topic was re-created,
-    /// or a failover to another cluster: `run` exits 6): each checkpoint is replaced (the old one kept in
+    /// or a failover to another cluster: `run` exits 7): each checkpoint is replaced (the old one kept in
     /// replaysafe_checkpoints_retired) with the chosen offset and the broker's topic id and cluster id.
     Start {
         /// The pipeline file (its topics, group and database).

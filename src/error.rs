@@ -25,7 +25,7 @@ pub const EXIT_TOLERANCE: i32 = 5;
 /// cluster (a failover to a MirrorMaker 2 replica): the stored offset means nothing there. Nothing was consumed;
 /// the message names the topic, both ids and the stored offset, and the ways forward (README "A recreated topic,
 /// another cluster").
-pub const EXIT_LOG_CHANGED: i32 = 6;
+pub const EXIT_LOG_CHANGED: i32 = 7;
 
 /// Everything that can go wrong in replaysafe.
 #[derive(Debug, thiserror::Error)]

@@ -260,7 +260,9 @@ fn by_log_ids(
     if let (Some(was), Some(now)) = (&old.ids.1, &u.ids.1) {
         if was != now {
             return Err(Error::LogChanged(format!(
-                "{at}: generation `{g}`'s checkpoint {} was written on cluster {was}, but these brokers are cluster                  {now} (a failover to a replica?): its offsets mean nothing here, so nothing was consumed (exit 6).                  Decide where this log starts with `replaysafe offsets start` (README \"A recreated topic, another \
+                "{at}: generation `{g}`'s checkpoint {} was written on cluster {was}, but these brokers are cluster \
+                 {now} (a failover to a replica?): its offsets mean nothing here, so nothing was consumed (exit 7). \
+                 Decide where this log starts with `replaysafe offsets start` (README \"A recreated topic, another \
                  cluster\")",
                 old.next_offset
             )));
@@ -514,6 +516,28 @@ mod tests {
         // The committed offset comes first.
         let s = without_generation_change(&u(1, 0, 5, Some(2)), "g", 1, None).unwrap();
         assert_eq!(s.offset, 2);
+    }
+
+    /// Cases C46, C47: recorded ids decide a generation change without reading a record back.
+    #[test]
+    fn log_ids_decide_a_generation_change() {
+        let never = |_: i64, _: Option<i64>, _: &[u8]| -> Result<ReadBack> { panic!("not read") };
+        let with = |topic: &str, cluster: &str| OldCheckpoint {
+            ids: (Some(topic.into()), Some(cluster.into())),
+            ..old(7, Some(6))
+        };
+        let mut now = u(0, 0, 10, None);
+        now.ids = (Some("B".into()), Some("C1".into()));
+        let s = after_generation_change(&now, "g", "g2", Some(&with("A", "C1")), never).unwrap();
+        assert_eq!(s.offset, 0, "another topic id: recreated, {s:?}");
+        let s = after_generation_change(&now, "g", "g2", Some(&with("B", "C1")), never).unwrap();
+        assert_eq!(s.offset, 7, "the same topic id: continue, {s:?}");
+        let e = after_generation_change(&now, "g", "g2", Some(&with("B", "C0")), never).unwrap_err();
+        assert!(matches!(e, Error::LogChanged(_)), "another cluster: refused, {e}");
+        // Not recorded: the fingerprint decides.
+        let diff = |_, _, _: &[u8]| Ok(ReadBack::Different);
+        let s = after_generation_change(&now, "g", "g2", Some(&old(7, Some(6))), diff).unwrap();
+        assert_eq!(s.offset, 0);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `replaysafe offsets start`: the operator's explicit start of a group's partitions on the log the brokers serve
 //! now — after a topic was deleted and re-created under the same name (case C46) or a failover to a MirrorMaker 2
-//! replica (case C47), which `run` refuses (exit 6, `source::identity`). Each partition's checkpoint is replaced
+//! replica (case C47), which `run` refuses (exit 7, `source::identity`). Each partition's checkpoint is replaced
 //! in one transaction: the old row is copied to `replaysafe_checkpoints_retired`, the fence is bumped (a running
 //! owner's next batch fails and takes the partition over again), and the row gets the new next offset, the
 //! broker's topic id and cluster id and — when those differ from the stored ones — a new incarnation tag, so the

@@ -2,7 +2,7 @@
 //! beside each checkpoint, compared with the broker's at every take-over before the stored offset is used. A
 //! topic deleted and re-created under the same name (another topic id) or another cluster (a failover to a
 //! MirrorMaker 2 replica) holds other records at the same offsets: the stored offset would skip the records
-//! below it, so the partition is refused ([`Error::LogChanged`], exit 6) until the operator decides — `offsets
+//! below it, so the partition is refused ([`Error::LogChanged`], exit 7) until the operator decides — `offsets
 //! start` (an explicit start on this log) or a new `[identity] generation` (README "A recreated topic, another
 //! cluster"). A checkpoint without ids (written by an earlier version, or just created) is not refused: the
 //! broker's ids are recorded in it ([`record`]).
@@ -62,7 +62,7 @@ pub fn check(p: &Pipeline, group: &str, a: &Acquired, now: &LogIds) -> Result<()
     Err(Error::LogChanged(format!(
         "{topic}/{partition}: the checkpoint of group `{group}` (generation `{generation}`, next offset {next}) was \
          written on {why}. Offset {next} of this log is not where the group stopped, so nothing was consumed \
-         (exit 6). Decide where this log starts: `replaysafe offsets start -c {file} --topic {topic} --partition \
+         (exit 7). Decide where this log starts: `replaysafe offsets start -c {file} --topic {topic} --partition \
          {partition}` with --from-earliest, --from-time TIME, --from-offset N or --from-mm2 SOURCE-ALIAS (the \
          replaced checkpoint is kept in {retired}; the ledger recognises every record already applied by its \
          delivery key), or give the pipeline a new [identity] generation (README \"A recreated topic, another \

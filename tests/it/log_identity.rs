@@ -1,6 +1,6 @@
 //! Issue 37.1–2, cases C46 and C47: a checkpoint's offset belongs to one log — a topic id (KIP-516) on one
 //! cluster. A topic deleted and re-created under the same name, or a failover to a MirrorMaker 2 replica, is
-//! refused at assignment (exit 6) until the operator starts the partition explicitly (`offsets start`) or
+//! refused at assignment (exit 7) until the operator starts the partition explicitly (`offsets start`) or
 //! changes the generation; then every re-read record is recognised by its delivery key (README "A recreated
 //! topic, another cluster").
 
@@ -164,7 +164,7 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
     assert_ne!(a, b, "a re-created topic has another topic id");
 
     let refused = try_run(&p.path);
-    assert_eq!(refused.code, Some(6), "{}\n{}", refused.stdout, refused.stderr);
+    assert_eq!(refused.code, Some(7), "{}\n{}", refused.stdout, refused.stderr);
     for part in [format!("{topic}/0"), a.clone(), b.clone(), "next offset 4".to_string(), "offsets start".into()] {
         assert!(refused.stderr.contains(&part), "`{part}` in:\n{}", refused.stderr);
     }
@@ -220,6 +220,54 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
     assert_eq!(committed(&group, &topic, 1), vec![Some(6)]);
 }
 
+/// Case C46's last sentence: a worker that keeps running while its topic is deleted and re-created ends the same
+/// way — the re-created partition's assignment is refused (exit 7), nothing of the new log is applied.
+#[test]
+fn a_running_worker_stops_when_its_topic_is_recreated() {
+    let (db, topic) = stage("recreated_live", 1);
+    let group = unique("g");
+    let text = ORDERS.replace(
+        "[batch]",
+        "[kafka.properties]\n\"topic.metadata.refresh.interval.ms\" = \"500\"\n[batch]",
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    let id = |n: u32| format!("c46e0000-0000-4000-8000-000000002{n}");
+    produce(&topic, &[event(&id(460), "OrderPlaced", "o-460", 1, t0), event(&id(461), "OrderPlaced", "o-461", 1, t0 + 1)]);
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(Duration::from_secs(60), "the old log applied", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && db.checkpoint(&group, &topic, 0) == Some(2)
+    });
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[
+            event(&id(470), "OrderPlaced", "o-470", 1, t0 + 10),
+            event(&id(471), "OrderPlaced", "o-471", 1, t0 + 11),
+            event(&id(472), "OrderPlaced", "o-472", 1, t0 + 12),
+        ],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = terminate(&mut child);
+            let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
+            panic!("the worker kept running after the re-creation:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
+    assert_eq!(code, Some(7), "{err}");
+    assert!(err.contains("re-created"), "{err}");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2, "nothing of the new log applied");
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
+}
+
 /// Case C46 under the other way forward: a new `[identity] generation` on the re-created topic starts it at its
 /// beginning (the ids differ: no read-back needed), with its own delivery keys, checkpoint and dead letters;
 /// generation 1's checkpoint stays as it was.
@@ -250,7 +298,7 @@ fn a_new_generation_reads_a_recreated_topic_from_its_beginning() {
             event(&id(475), "OrderShipped", "o-470", 2, t0 + 13),
         ],
     );
-    assert_eq!(try_run(&p.path).code, Some(6), "refused under the same generation");
+    assert_eq!(try_run(&p.path).code, Some(7), "refused under the same generation");
     let text = ORDERS.replace("key = [\"event_id\"]", "key = [\"event_id\"]\ngeneration = \"g2\"");
     let g2 = pipeline(&text, &topic, &group, &db.schema);
     let out = run_caught_up(&g2.path);
@@ -373,7 +421,7 @@ fn a_failover_to_another_cluster_is_refused_until_started_from_mm2s_translation(
     assert_ne!(primary_cluster, dr_cluster);
 
     let refused = try_run_with(&p.path, &[("KAFKA_BROKERS", &dr)], Duration::from_secs(120));
-    assert_eq!(refused.code, Some(6), "{}\n{}", refused.stdout, refused.stderr);
+    assert_eq!(refused.code, Some(7), "{}\n{}", refused.stdout, refused.stderr);
     for part in [primary_cluster.as_str(), dr_cluster.as_str(), "next offset 5", "another cluster"] {
         assert!(refused.stderr.contains(part), "`{part}` in:\n{}", refused.stderr);
     }
