@@ -218,6 +218,11 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
         "the replaced checkpoint is kept"
     );
     assert_eq!(committed(&group, &topic, 1), vec![Some(6)]);
+    // A replay cannot tell the two logs' dead letters at offset 2 apart: refused, nothing resolved.
+    let replay = replaysafe(&["dead-letters", "replay", "--config", arg(&p.path)]);
+    assert_eq!(replay.code, Some(2), "{}", replay.stderr);
+    assert!(replay.stderr.contains("two logs"), "{}", replay.stderr);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_at IS NULL"), 2);
 }
 
 /// Case C46's last sentence: a worker that keeps running while its topic is deleted and re-created ends the same
@@ -392,6 +397,30 @@ fn committed_on(brokers: &str, group: &str, topic: &str) -> Option<i64> {
 /// 0); `offsets start --from-mm2 primary` starts there: replica offset 0 is a duplicate by event id, 1–5 apply once.
 #[test]
 fn a_failover_to_another_cluster_is_refused_until_started_from_mm2s_translation() {
+    fail_over(Way::Mm2);
+}
+
+/// Case C47, started from a time instead: the primary's last applied record's timestamp (replica offset 0).
+#[test]
+fn a_failover_started_from_a_time_reads_each_record_once() {
+    fail_over(Way::Time);
+}
+
+/// Case C47, started from a given offset of the replica.
+#[test]
+fn a_failover_started_from_an_offset_reads_each_record_once() {
+    fail_over(Way::Offset);
+}
+
+/// How the operator starts the replica's partition in [`fail_over`].
+enum Way {
+    Mm2,
+    Time,
+    Offset,
+}
+
+/// Case C47 on two clusters, started the `way` given (see the first test's docs).
+fn fail_over(way: Way) {
     let dr = dr_brokers();
     let (db, topic) = stage("failover", 1);
     let group = unique("g");
@@ -427,17 +456,28 @@ fn a_failover_to_another_cluster_is_refused_until_started_from_mm2s_translation(
     }
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5, "nothing consumed");
 
-    // MirrorMaker 2's checkpoint of the group: upstream 5 → downstream 0.
-    let (k, v) = replaysafe::ops::start_at::checkpoint_record(
-        &group,
-        &topic,
-        0,
-        replaysafe::ops::start_at::Mm2Checkpoint { upstream: 5, downstream: 0 },
-    );
-    create_on(&dr, "primary.checkpoints.internal");
-    produce_on(&dr, "primary.checkpoints.internal", &[(k, v, t0 + 300_000)]);
-    let line = offsets_start(&p, &dr, &["--from-mm2", "primary"]);
-    assert!(line.contains("starts at offset 0") && line.contains("upstream offset 5"), "{line}");
+    let line = match way {
+        Way::Mm2 => {
+            // MirrorMaker 2's checkpoint of the group: upstream 5 → downstream 0 (emulated: the record
+            // MirrorCheckpointConnector writes, in the source alias's checkpoints topic on the target).
+            let (k, v) = replaysafe::ops::start_at::checkpoint_record(
+                &group,
+                &topic,
+                0,
+                replaysafe::ops::start_at::Mm2Checkpoint { upstream: 5, downstream: 0 },
+            );
+            let alias = unique("primary");
+            let checkpoints = format!("{alias}.checkpoints.internal");
+            create_on(&dr, &checkpoints);
+            produce_on(&dr, &checkpoints, &[(k, v, t0 + 300_000)]);
+            let line = offsets_start(&p, &dr, &["--from-mm2", &alias]);
+            assert!(line.contains("upstream offset 5"), "{line}");
+            line
+        }
+        Way::Time => offsets_start(&p, &dr, &["--from-time", "2024-04-25T00:01:39Z"]),
+        Way::Offset => offsets_start(&p, &dr, &["--topic", &topic, "--partition", "0", "--from-offset", "0"]),
+    };
+    assert!(line.contains("starts at offset 0") && line.contains(&dr_cluster), "{line}");
 
     let after = try_run_with(&p.path, &[("KAFKA_BROKERS", &dr)], Duration::from_secs(120));
     let t = after.assert_ok().tally();
