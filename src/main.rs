@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use cli::{
-    brokers, database_url, parse_time, read_json, write_json, Cli, Command, LedgerCommand, OffsetsCommand, StartFrom,
-    VerifyCommand,
+    brokers, database_url, parse_time, read_json, write_json, Cli, Command, LedgerCommand,
+    OffsetsCommand, StartFrom, VerifyCommand,
 };
 use replaysafe::error::{Error, EXIT_FAILURE, EXIT_OK, EXIT_SHUTDOWN_TIMEOUT};
 use replaysafe::ops::{self, backfill::Report};
@@ -619,9 +619,16 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             let p = config::load(&config)?;
             let from = match from {
                 f if f.from_earliest => ops::start_at::From::Earliest,
-                StartFrom { from_time: Some(t), .. } => ops::start_at::From::Time(parse_time(&t)?),
-                StartFrom { from_offset: Some(n), .. } => ops::start_at::From::Offset(n),
-                StartFrom { from_mm2: Some(a), .. } => ops::start_at::From::Mm2(a),
+                StartFrom {
+                    from_time: Some(t), ..
+                } => ops::start_at::From::Time(parse_time(&t)?),
+                StartFrom {
+                    from_offset: Some(n),
+                    ..
+                } => ops::start_at::From::Offset(n),
+                StartFrom {
+                    from_mm2: Some(a), ..
+                } => ops::start_at::From::Mm2(a),
                 _ => unreachable!("clap requires one of the --from-* options"),
             };
             let opts = ops::start_at::StartOptions {

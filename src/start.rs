@@ -532,8 +532,12 @@ mod tests {
         assert_eq!(s.offset, 0, "another topic id: recreated, {s:?}");
         let s = after_generation_change(&now, "g", "g2", Some(&with("B", "C1")), never).unwrap();
         assert_eq!(s.offset, 7, "the same topic id: continue, {s:?}");
-        let e = after_generation_change(&now, "g", "g2", Some(&with("B", "C0")), never).unwrap_err();
-        assert!(matches!(e, Error::LogChanged(_)), "another cluster: refused, {e}");
+        let e =
+            after_generation_change(&now, "g", "g2", Some(&with("B", "C0")), never).unwrap_err();
+        assert!(
+            matches!(e, Error::LogChanged(_)),
+            "another cluster: refused, {e}"
+        );
         // Not recorded: the fingerprint decides.
         let diff = |_, _, _: &[u8]| Ok(ReadBack::Different);
         let s = after_generation_change(&now, "g", "g2", Some(&old(7, Some(6))), diff).unwrap();

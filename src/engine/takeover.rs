@@ -290,7 +290,15 @@ pub async fn record_log_ids(
         .client()
         .execute(
             &checkpoint::record_log_ids(p),
-            &[&group, topic, partition, &generation, &fence, &ids.0, &ids.1],
+            &[
+                &group,
+                topic,
+                partition,
+                &generation,
+                &fence,
+                &ids.0,
+                &ids.1,
+            ],
         )
         .await?)
 }

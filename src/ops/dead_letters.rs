@@ -346,14 +346,24 @@ async fn refuse_two_logs(client: &Client, p: &Pipeline, sel: &Selection) -> Resu
         p.table(DEAD_LETTERS)
     );
     let rows = client
-        .query(&sql, &[&generation(p), &sel.reason, &sel.topic, &sel.partition])
+        .query(
+            &sql,
+            &[&generation(p), &sel.reason, &sel.topic, &sel.partition],
+        )
         .await?;
     if rows.is_empty() {
         return Ok(());
     }
     let at: Vec<String> = rows
         .iter()
-        .map(|r| format!("{}/{}@{}", r.get::<_, String>(0), r.get::<_, i32>(1), r.get::<_, i64>(2)))
+        .map(|r| {
+            format!(
+                "{}/{}@{}",
+                r.get::<_, String>(0),
+                r.get::<_, i32>(1),
+                r.get::<_, i64>(2)
+            )
+        })
         .collect();
     Err(Error::Usage(format!(
         "the selection holds unresolved dead letters of two logs at the same offset ({}; their `log` column \

@@ -77,7 +77,10 @@ pub fn start(
     opts: &StartOptions,
 ) -> Result<Vec<Moved>> {
     let probe = kafka::consumer_config(p, brokers, &[]);
-    let topic0 = opts.topic.clone().unwrap_or_else(|| p.kafka.topics[0].clone());
+    let topic0 = opts
+        .topic
+        .clone()
+        .unwrap_or_else(|| p.kafka.topics[0].clone());
     kafka::reachable(&probe, brokers, &topic0)?;
     let consumer: BaseConsumer = probe.clone().set("group.id", &opts.group).create()?;
     let parts = selected(p, &consumer, opts)?;
@@ -103,7 +106,11 @@ pub fn start(
 }
 
 /// The partitions `opts` selects, refused when a named one does not exist.
-fn selected(p: &Pipeline, consumer: &BaseConsumer, opts: &StartOptions) -> Result<Vec<(String, i32)>> {
+fn selected(
+    p: &Pipeline,
+    consumer: &BaseConsumer,
+    opts: &StartOptions,
+) -> Result<Vec<(String, i32)>> {
     if opts.partition.is_some() && opts.topic.is_none() {
         return Err(Error::Usage("--partition needs --topic".into()));
     }
@@ -145,7 +152,9 @@ fn positions(
 ) -> Result<BTreeMap<(String, i32), (i64, String)>> {
     let mut out = BTreeMap::new();
     let by_time = match &opts.from {
-        From::Time(ms) => Some(crate::ops::backfill::plan::lookup_times(consumer, parts, *ms)?),
+        From::Time(ms) => Some(crate::ops::backfill::plan::lookup_times(
+            consumer, parts, *ms,
+        )?),
         _ => None,
     };
     let mm2 = match &opts.from {
@@ -201,7 +210,10 @@ async fn replace(
     ids: &LogIds,
 ) -> Result<Moved> {
     let generation = p.identity.generation.clone().unwrap_or_default();
-    let (t, r) = (p.table(checkpoint::CHECKPOINTS), p.table(checkpoint::RETIRED));
+    let (t, r) = (
+        p.table(checkpoint::CHECKPOINTS),
+        p.table(checkpoint::RETIRED),
+    );
     let (topic, partition) = (&tp.0, tp.1);
     let (topic_id, cluster_id) = (ids.topic(topic), ids.cluster.as_deref());
     let tx = client.transaction().await?;
@@ -215,8 +227,12 @@ async fn replace(
             &[&group, &generation, topic, &partition],
         )
         .await?;
-    let (was, old_topic, old_cluster, old_log): (Option<i64>, Option<String>, Option<String>, String) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let (was, old_topic, old_cluster, old_log): (
+        Option<i64>,
+        Option<String>,
+        Option<String>,
+        String,
+    ) = (row.get(0), row.get(1), row.get(2), row.get(3));
     let other_log = matches!((&old_topic, topic_id), (Some(a), Some(b)) if a != b)
         || matches!((&old_cluster, cluster_id), (Some(a), Some(b)) if a != b);
     let log = if other_log {
@@ -297,7 +313,9 @@ pub fn mm2_offsets(
 ) -> Result<BTreeMap<(String, i32), Mm2Checkpoint>> {
     let topic = format!("{alias}.checkpoints.internal");
     let parts = kafka::partitions(consumer, std::slice::from_ref(&topic)).map_err(|e| match e {
-        Error::Other(m) => Error::Usage(format!("{m} (MirrorMaker 2's checkpoints of source alias `{alias}`)")),
+        Error::Other(m) => Error::Usage(format!(
+            "{m} (MirrorMaker 2's checkpoints of source alias `{alias}`)"
+        )),
         other => other,
     })?;
     read_checkpoints(consumer, &topic, &parts, group)
@@ -342,7 +360,10 @@ fn read_checkpoints(
                         }
                     }
                 }
-                if ends.get(&m.partition()).is_some_and(|end| m.offset() + 1 >= *end) {
+                if ends
+                    .get(&m.partition())
+                    .is_some_and(|end| m.offset() + 1 >= *end)
+                {
                     ends.remove(&m.partition());
                 }
             }
@@ -365,7 +386,15 @@ pub fn parse_checkpoint(key: &[u8], value: &[u8]) -> Option<(String, String, i32
         return None;
     }
     let (upstream, downstream) = (v.i64()?, v.i64()?);
-    Some((group, topic, partition, Mm2Checkpoint { upstream, downstream }))
+    Some((
+        group,
+        topic,
+        partition,
+        Mm2Checkpoint {
+            upstream,
+            downstream,
+        },
+    ))
 }
 
 /// Big-endian reads of Kafka's protocol types.
@@ -396,7 +425,12 @@ impl Reader<'_> {
 
 /// A MirrorMaker 2 checkpoint record's key and value (the inverse of [`parse_checkpoint`]; tests and fixtures
 /// that emulate MirrorMaker 2).
-pub fn checkpoint_record(group: &str, topic: &str, partition: i32, c: Mm2Checkpoint) -> (Vec<u8>, Vec<u8>) {
+pub fn checkpoint_record(
+    group: &str,
+    topic: &str,
+    partition: i32,
+    c: Mm2Checkpoint,
+) -> (Vec<u8>, Vec<u8>) {
     let string = |s: &str, out: &mut Vec<u8>| {
         out.extend(i16::try_from(s.len()).unwrap_or(i16::MAX).to_be_bytes());
         out.extend(s.as_bytes());
@@ -419,9 +453,15 @@ mod tests {
 
     #[test]
     fn a_checkpoint_record_reads_back() {
-        let c = Mm2Checkpoint { upstream: 1000, downstream: 995 };
+        let c = Mm2Checkpoint {
+            upstream: 1000,
+            downstream: 995,
+        };
         let (k, v) = checkpoint_record("g", "shop.order-events", 3, c);
-        assert_eq!(parse_checkpoint(&k, &v), Some(("g".into(), "shop.order-events".into(), 3, c)));
+        assert_eq!(
+            parse_checkpoint(&k, &v),
+            Some(("g".into(), "shop.order-events".into(), 3, c))
+        );
         assert_eq!(parse_checkpoint(&k[..k.len() - 1], &v), None);
         let mut v1 = v.clone();
         v1[1] = 1;

@@ -400,11 +400,17 @@ impl Ctx {
         for a in &acquired {
             crate::source::identity::check(&p, &group, a, &ids)?;
         }
-        let unrecorded: Vec<_> = acquired.iter().map(crate::source::identity::recordable).collect();
+        let unrecorded: Vec<_> = acquired
+            .iter()
+            .map(crate::source::identity::recordable)
+            .collect();
         let mut resolved: Vec<(Tp, i64, i64)> = Vec::new();
         let mut starts = Vec::new();
         let mut fenced = Vec::new();
-        for Acquired { tp, next, fence, .. } in acquired {
+        for Acquired {
+            tp, next, fence, ..
+        } in acquired
+        {
             let (topic, partition) = (&tp.0, tp.1);
             let (low, high) = watermarks(&self.side, topic, partition, Duration::from_secs(10))?;
             let (start, from) = match next {

@@ -20,7 +20,8 @@ pub fn difference(
     topic: &str,
     now: &LogIds,
 ) -> Option<String> {
-    let cluster_differs = matches!((stored.1, now.cluster.as_deref()), (Some(a), Some(b)) if a != b);
+    let cluster_differs =
+        matches!((stored.1, now.cluster.as_deref()), (Some(a), Some(b)) if a != b);
     let topic_differs = matches!((stored.0, now.topic(topic)), (Some(a), Some(b)) if a != b);
     let shown = |v: Option<&str>| v.map_or("(not recorded)".to_string(), str::to_string);
     let ids = format!(
@@ -78,7 +79,12 @@ pub fn check(p: &Pipeline, group: &str, a: &Acquired, now: &LogIds) -> Result<()
 ///
 /// # Errors
 /// A database error.
-pub fn record(core: &mut Core, group: &str, acquired: &[(Tp, i64, (bool, bool))], now: &LogIds) -> Result<()> {
+pub fn record(
+    core: &mut Core,
+    group: &str,
+    acquired: &[(Tp, i64, (bool, bool))],
+    now: &LogIds,
+) -> Result<()> {
     let p = core.pipeline.clone();
     let rt = core.runtime();
     for (tp, fence, (has_topic, has_cluster)) in acquired {
@@ -148,6 +154,9 @@ mod tests {
         assert_eq!(difference((None, None), "t", &now), None);
         assert_eq!(difference((Some("A"), None), "u", &now), None);
         // A broker that did not say: nothing known differs.
-        assert_eq!(difference((Some("A"), Some("C0")), "t", &LogIds::default()), None);
+        assert_eq!(
+            difference((Some("A"), Some("C0")), "t", &LogIds::default()),
+            None
+        );
     }
 }

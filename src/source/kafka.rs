@@ -325,7 +325,10 @@ pub const LOG_IDS_TIMEOUT: Duration = Duration::from_secs(30);
 /// # Errors
 /// [`Error::Other`] when DescribeTopics fails or a topic's description carries an error (naming the topic and
 /// librdkafka's message).
-pub fn log_ids<C: ConsumerContext>(consumer: &BaseConsumer<C>, topics: &[String]) -> Result<LogIds> {
+pub fn log_ids<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topics: &[String],
+) -> Result<LogIds> {
     let cluster = consumer.client().fetch_cluster_id(LOG_IDS_TIMEOUT);
     let topics = describe_topic_ids(consumer.client().native_ptr(), topics, LOG_IDS_TIMEOUT)?;
     Ok(LogIds { cluster, topics })
@@ -353,7 +356,10 @@ fn describe_topic_ids(
     }
     let names: Vec<CString> = topics
         .iter()
-        .map(|t| CString::new(t.as_str()).map_err(|_| Error::Other(format!("topic name {t:?} holds a NUL"))))
+        .map(|t| {
+            CString::new(t.as_str())
+                .map_err(|_| Error::Other(format!("topic name {t:?} holds a NUL")))
+        })
         .collect::<Result<_>>()?;
     let mut ptrs: Vec<*const std::os::raw::c_char> = names.iter().map(|n| n.as_ptr()).collect();
     let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
@@ -361,7 +367,10 @@ fn describe_topic_ids(
     // event, which is destroyed last; the collection, options and queue are destroyed on every path.
     unsafe {
         let coll = rd::rd_kafka_TopicCollection_of_topic_names(ptrs.as_mut_ptr(), ptrs.len());
-        let opts = rd::rd_kafka_AdminOptions_new(rk, rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS);
+        let opts = rd::rd_kafka_AdminOptions_new(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+        );
         let mut errstr = [0 as std::os::raw::c_char; 256];
         rd::rd_kafka_AdminOptions_set_request_timeout(opts, ms, errstr.as_mut_ptr(), errstr.len());
         let queue = rd::rd_kafka_queue_new(rk);
@@ -377,10 +386,16 @@ fn describe_topic_ids(
             )));
         }
         let text = |p: *const std::os::raw::c_char| {
-            if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
         };
         let result = (|| {
-            if rd::rd_kafka_event_error(event) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            if rd::rd_kafka_event_error(event)
+                != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            {
                 return Err(Error::Other(format!(
                     "describing topics {topics:?} (their topic ids): {}",
                     text(rd::rd_kafka_event_error_string(event))

@@ -92,13 +92,21 @@ fn ids_of(p: &Pipeline, brokers: &str, topic: &str) -> (String, String) {
     let topic_id = out
         .stdout
         .lines()
-        .find_map(|l| l.split_once(&marker).map(|(_, r)| r.trim_end_matches(')').to_string()))
+        .find_map(|l| {
+            l.split_once(&marker)
+                .map(|(_, r)| r.trim_end_matches(')').to_string())
+        })
         .unwrap_or_else(|| panic!("no topic id of {topic} in:\n{}", out.stdout));
     (cluster, topic_id)
 }
 
 /// The checkpoint of `group` on partition 0 of `topic`: `(next_offset, topic_id, cluster_id, log)`.
-fn checkpoint_row(db: &Db, group: &str, topic: &str, generation: &str) -> (i64, String, String, String) {
+fn checkpoint_row(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    generation: &str,
+) -> (i64, String, String, String) {
     let rows = db.query(
         "SELECT next_offset, topic_id, cluster_id, log FROM {s}.replaysafe_checkpoints WHERE consumer_group = $1 \
          AND topic = $2 AND partition = 0 AND generation = $3",
@@ -144,7 +152,10 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
     let first = run_caught_up(&p.path).tally();
     assert_eq!((first.landed, first.quarantined), (3, 1), "{first:?}");
     let (cluster, a) = ids_of(&p, &brokers, &topic);
-    assert_eq!(checkpoint_row(&db, &group, &topic, ""), (4, a.clone(), cluster.clone(), String::new()));
+    assert_eq!(
+        checkpoint_row(&db, &group, &topic, ""),
+        (4, a.clone(), cluster.clone(), String::new())
+    );
 
     delete_topic(&topic);
     create_topic(&topic, 1, &[]);
@@ -154,7 +165,12 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
         &[
             event(&id(463), "OrderPlaced", "o-463", 1, t1),
             event(&id(470), "OrderPlaced", "o-470", 1, t1 + 1),
-            Rec::json(0, "o-472", r#"{"event_id": "c46e0000-0000-4000-8000-000000000472", "event_type": "OrderPlaced", "entity_id": "o-47"#, t1 + 2),
+            Rec::json(
+                0,
+                "o-472",
+                r#"{"event_id": "c46e0000-0000-4000-8000-000000000472", "event_type": "OrderPlaced", "entity_id": "o-47"#,
+                t1 + 2,
+            ),
             event(&id(473), "OrderPlaced", "o-473", 1, t1 + 3),
             event(&id(474), "OrderPlaced", "o-474", 1, t1 + 4),
             event(&id(475), "OrderShipped", "o-470", 2, t1 + 5),
@@ -164,24 +180,51 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
     assert_ne!(a, b, "a re-created topic has another topic id");
 
     let refused = try_run(&p.path);
-    assert_eq!(refused.code, Some(7), "{}\n{}", refused.stdout, refused.stderr);
-    for part in [format!("{topic}/0"), a.clone(), b.clone(), "next offset 4".to_string(), "offsets start".into()] {
-        assert!(refused.stderr.contains(&part), "`{part}` in:\n{}", refused.stderr);
+    assert_eq!(
+        refused.code,
+        Some(7),
+        "{}\n{}",
+        refused.stdout,
+        refused.stderr
+    );
+    for part in [
+        format!("{topic}/0"),
+        a.clone(),
+        b.clone(),
+        "next offset 4".to_string(),
+        "offsets start".into(),
+    ] {
+        assert!(
+            refused.stderr.contains(&part),
+            "`{part}` in:\n{}",
+            refused.stderr
+        );
     }
     // Nothing consumed: the checkpoint still names the old log.
     assert_eq!(checkpoint_row(&db, &group, &topic, "").0, 4);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3);
 
     let line = offsets_start(&p, &brokers, &["--from-earliest"]);
-    assert!(line.contains("starts at offset 0") && line.contains(&b), "{line}");
+    assert!(
+        line.contains("starts at offset 0") && line.contains(&b),
+        "{line}"
+    );
     let second = run_caught_up(&p.path).tally();
     assert_eq!(
-        (second.consumed, second.landed, second.duplicate, second.quarantined),
+        (
+            second.consumed,
+            second.landed,
+            second.duplicate,
+            second.quarantined
+        ),
         (6, 4, 1, 1),
         "{second:?}"
     );
     let orders: Vec<(String, String, i64)> = db
-        .query("SELECT entity_id, event_type, version FROM {s}.orders ORDER BY entity_id", &[])
+        .query(
+            "SELECT entity_id, event_type, version FROM {s}.orders ORDER BY entity_id",
+            &[],
+        )
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
@@ -205,7 +248,10 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
         db.strings("SELECT log FROM {s}.replaysafe_dead_letters WHERE partition = 0 AND \"offset\" = 2 ORDER BY log"),
         vec![String::new(), tag.clone()]
     );
-    assert_eq!(checkpoint_row(&db, &group, &topic, ""), (6, b, cluster, tag));
+    assert_eq!(
+        checkpoint_row(&db, &group, &topic, ""),
+        (6, b, cluster, tag)
+    );
     assert_eq!(
         db.query(
             "SELECT next_offset, topic_id FROM {s}.replaysafe_checkpoints_retired WHERE consumer_group = $1",
@@ -222,7 +268,10 @@ fn a_recreated_topic_is_refused_until_started_explicitly() {
     let replay = replaysafe(&["dead-letters", "replay", "--config", arg(&p.path)]);
     assert_eq!(replay.code, Some(2), "{}", replay.stderr);
     assert!(replay.stderr.contains("two logs"), "{}", replay.stderr);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_at IS NULL"), 2);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters WHERE resolved_at IS NULL"),
+        2
+    );
 }
 
 /// Case C46's last sentence: a worker that keeps running while its topic is deleted and re-created ends the same
@@ -238,7 +287,13 @@ fn a_running_worker_stops_when_its_topic_is_recreated() {
     let p = pipeline(&text, &topic, &group, &db.schema);
     let t0 = 1_714_003_200_000;
     let id = |n: u32| format!("c46e0000-0000-4000-8000-000000002{n}");
-    produce(&topic, &[event(&id(460), "OrderPlaced", "o-460", 1, t0), event(&id(461), "OrderPlaced", "o-461", 1, t0 + 1)]);
+    produce(
+        &topic,
+        &[
+            event(&id(460), "OrderPlaced", "o-460", 1, t0),
+            event(&id(461), "OrderPlaced", "o-461", 1, t0 + 1),
+        ],
+    );
     let mut child = spawn_run(&p, &[], "run");
     wait_until(Duration::from_secs(60), "the old log applied", || {
         db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
@@ -269,7 +324,11 @@ fn a_running_worker_stops_when_its_topic_is_recreated() {
     let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
     assert_eq!(code, Some(7), "{err}");
     assert!(err.contains("re-created"), "{err}");
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2, "nothing of the new log applied");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        2,
+        "nothing of the new log applied"
+    );
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
 }
 
@@ -303,20 +362,35 @@ fn a_new_generation_reads_a_recreated_topic_from_its_beginning() {
             event(&id(475), "OrderShipped", "o-470", 2, t0 + 13),
         ],
     );
-    assert_eq!(try_run(&p.path).code, Some(7), "refused under the same generation");
-    let text = ORDERS.replace("key = [\"event_id\"]", "key = [\"event_id\"]\ngeneration = \"g2\"");
+    assert_eq!(
+        try_run(&p.path).code,
+        Some(7),
+        "refused under the same generation"
+    );
+    let text = ORDERS.replace(
+        "key = [\"event_id\"]",
+        "key = [\"event_id\"]\ngeneration = \"g2\"",
+    );
     let g2 = pipeline(&text, &topic, &group, &db.schema);
     let out = run_caught_up(&g2.path);
     assert!(out.stderr.contains("topic recreated"), "{}", out.stderr);
     let t = out.tally();
     // o-463's same state under new delivery keys: a same-state redelivery of the row projection.
-    assert_eq!((t.consumed, t.landed + t.duplicate, t.quarantined), (4, 3, 1), "{t:?}");
+    assert_eq!(
+        (t.consumed, t.landed + t.duplicate, t.quarantined),
+        (4, 3, 1),
+        "{t:?}"
+    );
     assert_eq!(
         db.i64("SELECT version FROM {s}.orders WHERE entity_id = 'o-470'"),
         2
     );
     assert_eq!(checkpoint_row(&db, &group, &topic, "g2").0, 4);
-    assert_eq!(checkpoint_row(&db, &group, &topic, "").0, 3, "generation 1's checkpoint is kept");
+    assert_eq!(
+        checkpoint_row(&db, &group, &topic, "").0,
+        3,
+        "generation 1's checkpoint is kept"
+    );
     assert_eq!(
         db.strings("SELECT generation FROM {s}.replaysafe_dead_letters WHERE \"offset\" = 1 ORDER BY generation"),
         vec![String::new(), "g2".to_string()]
@@ -340,7 +414,11 @@ fn dr_brokers() -> String {
         .output()
         .expect("scripts/kafka-start");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "second broker: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "second broker: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     stdout
         .lines()
         .rev()
@@ -359,18 +437,32 @@ fn client(brokers: &str) -> ClientConfig {
 fn create_on(brokers: &str, topic: &str) {
     let admin: AdminClient<DefaultClientContext> = client(brokers).create().unwrap();
     let t = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("retention.ms", "-1");
-    for r in runtime().block_on(admin.create_topics([&t], &AdminOptions::new())).unwrap() {
+    for r in runtime()
+        .block_on(admin.create_topics([&t], &AdminOptions::new()))
+        .unwrap()
+    {
         r.unwrap();
     }
 }
 
 /// Produces `(key, value, timestamp)` records to partition 0 of `topic` on `brokers`, in order.
 fn produce_on(brokers: &str, topic: &str, records: &[(Vec<u8>, Vec<u8>, i64)]) {
-    let producer: FutureProducer = client(brokers).set("acks", "all").set("enable.idempotence", "true").create().unwrap();
+    let producer: FutureProducer = client(brokers)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
     runtime().block_on(async {
         for (k, v, ts) in records {
             producer
-                .send(FutureRecord::to(topic).partition(0).key(k).payload(v).timestamp(*ts), Duration::from_secs(30))
+                .send(
+                    FutureRecord::to(topic)
+                        .partition(0)
+                        .key(k)
+                        .payload(v)
+                        .timestamp(*ts),
+                    Duration::from_secs(30),
+                )
                 .await
                 .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
         }
@@ -382,7 +474,12 @@ fn committed_on(brokers: &str, group: &str, topic: &str) -> Option<i64> {
     let c: BaseConsumer = client(brokers).set("group.id", group).create().unwrap();
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, 0);
-    match c.committed_offsets(tpl, Duration::from_secs(20)).unwrap().elements()[0].offset() {
+    match c
+        .committed_offsets(tpl, Duration::from_secs(20))
+        .unwrap()
+        .elements()[0]
+        .offset()
+    {
         Offset::Offset(o) => Some(o),
         _ => None,
     }
@@ -428,33 +525,81 @@ fn fail_over(way: Way) {
     let primary = brokers();
     let t0 = 1_714_003_299_000;
     let id = |n: u32| format!("c47e0000-0000-4000-8000-00000000{n:04}");
-    let fillers: Vec<Rec> = (1..=4).map(|n| event(&id(n), "AccountCredited", &format!("b-{n}"), 1, t0 - 10 + i64::from(n))).collect();
+    let fillers: Vec<Rec> = (1..=4)
+        .map(|n| {
+            event(
+                &id(n),
+                "AccountCredited",
+                &format!("b-{n}"),
+                1,
+                t0 - 10 + i64::from(n),
+            )
+        })
+        .collect();
     let e999 = event(&id(999), "AccountCredited", "a-47", 1, t0);
     let e1000 = event(&id(1000), "AccountCredited", "a-47", 2, t0 + 1000);
-    produce(&topic, &[&fillers[..], &[e999.clone()]].concat());
+    produce(
+        &topic,
+        &[&fillers[..], std::slice::from_ref(&e999)].concat(),
+    );
     let before = run_caught_up(&p.path).tally();
     assert_eq!(before.landed, 5);
-    produce(&topic, &[e1000.clone()]);
+    produce(&topic, std::slice::from_ref(&e1000));
     let (primary_cluster, _) = ids_of(&p, &primary, &topic);
 
     // The replica: the mirrored records from primary offset 4 on, then four events produced after the failover.
     create_on(&dr, &topic);
-    let news: Vec<Rec> = (2001..=2004).map(|n| event(&id(n), "AccountCredited", "a-47", i64::from(n) - 1998, t0 + 200_000 + i64::from(n))).collect();
+    let news: Vec<Rec> = (2001..=2004)
+        .map(|n| {
+            event(
+                &id(n),
+                "AccountCredited",
+                "a-47",
+                i64::from(n) - 1998,
+                t0 + 200_000 + i64::from(n),
+            )
+        })
+        .collect();
     let copied: Vec<(Vec<u8>, Vec<u8>, i64)> = [e999, e1000]
         .iter()
         .chain(&news)
-        .map(|r| (r.key.clone().unwrap(), r.value.clone().unwrap(), r.timestamp_ms.unwrap()))
+        .map(|r| {
+            (
+                r.key.clone().unwrap(),
+                r.value.clone().unwrap(),
+                r.timestamp_ms.unwrap(),
+            )
+        })
         .collect();
     produce_on(&dr, &topic, &copied);
     let (dr_cluster, _) = ids_of(&p, &dr, &topic);
     assert_ne!(primary_cluster, dr_cluster);
 
     let refused = try_run_with(&p.path, &[("KAFKA_BROKERS", &dr)], Duration::from_secs(120));
-    assert_eq!(refused.code, Some(7), "{}\n{}", refused.stdout, refused.stderr);
-    for part in [primary_cluster.as_str(), dr_cluster.as_str(), "next offset 5", "another cluster"] {
-        assert!(refused.stderr.contains(part), "`{part}` in:\n{}", refused.stderr);
+    assert_eq!(
+        refused.code,
+        Some(7),
+        "{}\n{}",
+        refused.stdout,
+        refused.stderr
+    );
+    for part in [
+        primary_cluster.as_str(),
+        dr_cluster.as_str(),
+        "next offset 5",
+        "another cluster",
+    ] {
+        assert!(
+            refused.stderr.contains(part),
+            "`{part}` in:\n{}",
+            refused.stderr
+        );
     }
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5, "nothing consumed");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        5,
+        "nothing consumed"
+    );
 
     let line = match way {
         Way::Mm2 => {
@@ -464,7 +609,10 @@ fn fail_over(way: Way) {
                 &group,
                 &topic,
                 0,
-                replaysafe::ops::start_at::Mm2Checkpoint { upstream: 5, downstream: 0 },
+                replaysafe::ops::start_at::Mm2Checkpoint {
+                    upstream: 5,
+                    downstream: 0,
+                },
             );
             let alias = unique("primary");
             let checkpoints = format!("{alias}.checkpoints.internal");
@@ -475,20 +623,31 @@ fn fail_over(way: Way) {
             line
         }
         Way::Time => offsets_start(&p, &dr, &["--from-time", "2024-04-25T00:01:39Z"]),
-        Way::Offset => offsets_start(&p, &dr, &["--topic", &topic, "--partition", "0", "--from-offset", "0"]),
+        Way::Offset => offsets_start(
+            &p,
+            &dr,
+            &["--topic", &topic, "--partition", "0", "--from-offset", "0"],
+        ),
     };
-    assert!(line.contains("starts at offset 0") && line.contains(&dr_cluster), "{line}");
+    assert!(
+        line.contains("starts at offset 0") && line.contains(&dr_cluster),
+        "{line}"
+    );
 
     let after = try_run_with(&p.path, &[("KAFKA_BROKERS", &dr)], Duration::from_secs(120));
     let t = after.assert_ok().tally();
     assert_eq!((t.consumed, t.landed, t.duplicate), (6, 5, 1), "{t:?}");
     assert_eq!(
-        db.text("SELECT balance::text FROM {s}.balances WHERE entity_id = 'a-47'").as_deref(),
+        db.text("SELECT balance::text FROM {s}.balances WHERE entity_id = 'a-47'")
+            .as_deref(),
         Some("6.00")
     );
     let mut ids: Vec<String> = db.strings("SELECT event_id::text FROM {s}.replaysafe_ledger");
     ids.sort();
-    let mut want: Vec<String> = [1, 2, 3, 4, 999, 1000, 2001, 2002, 2003, 2004].iter().map(|n| id(*n)).collect();
+    let mut want: Vec<String> = [1, 2, 3, 4, 999, 1000, 2001, 2002, 2003, 2004]
+        .iter()
+        .map(|n| id(*n))
+        .collect();
     want.sort();
     assert_eq!(ids, want, "each event once in the ledger");
     let (next, _, cluster, _) = checkpoint_row(&db, &group, &topic, "");
