@@ -332,6 +332,103 @@ fn a_running_worker_stops_when_its_topic_is_recreated() {
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
 }
 
+/// Tables of an earlier version (no `topic_id`, `cluster_id`, `log`; dead letters unique by generation and
+/// coordinates) are migrated by the next `run`: its checkpoints are not refused for lacking ids, the broker's ids
+/// are recorded at the take-over, the old dead letters get the tag `''` under the new unique key.
+#[test]
+fn checkpoints_of_an_earlier_version_get_the_ids_at_their_next_take_over() {
+    let (db, topic) = stage("ids_migrate", 1);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    let id = |n: u32| format!("c46e0000-0000-4000-8000-000000003{n}");
+    produce(
+        &topic,
+        &[
+            event(&id(460), "OrderPlaced", "o-460", 1, t0),
+            Rec::json(0, "o-462", "{", t0 + 1),
+        ],
+    );
+    run_caught_up(&p.path);
+    db.execute(
+        "ALTER TABLE {s}.replaysafe_checkpoints DROP COLUMN topic_id, DROP COLUMN cluster_id, DROP COLUMN log; \
+         DROP TABLE {s}.replaysafe_checkpoints_retired; \
+         ALTER TABLE {s}.replaysafe_dead_letters DROP COLUMN log; \
+         ALTER TABLE {s}.replaysafe_dead_letters ADD UNIQUE (generation, topic, partition, \"offset\")",
+    );
+    produce(
+        &topic,
+        &[
+            event(&id(461), "OrderPlaced", "o-461", 1, t0 + 2),
+            Rec::json(0, "o-463", "{", t0 + 3),
+        ],
+    );
+    let t = run_caught_up(&p.path).tally();
+    assert_eq!((t.consumed, t.landed, t.quarantined), (2, 1, 1), "{t:?}");
+    let (cluster, topic_id) = ids_of(&p, &brokers(), &topic);
+    assert_eq!(
+        checkpoint_row(&db, &group, &topic, ""),
+        (4, topic_id, cluster, String::new())
+    );
+    assert_eq!(
+        db.strings(
+            "SELECT log || '@' || \"offset\" FROM {s}.replaysafe_dead_letters ORDER BY \"offset\""
+        ),
+        vec!["@1".to_string(), "@3".to_string()]
+    );
+    let unique_keys = db.strings(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = '{s}.replaysafe_dead_letters'::regclass \
+         AND contype = 'u'",
+    );
+    assert_eq!(
+        unique_keys,
+        vec!["UNIQUE (generation, log, topic, partition, \"offset\")".to_string()]
+    );
+}
+
+/// A backfill's own checkpoints belong to one log too: rerun on the re-created topic under the same backfill
+/// group, it is refused at its take-over (exit 7) instead of resuming at the old log's offset.
+#[test]
+fn a_backfill_rerun_on_a_recreated_topic_is_refused() {
+    let (db, topic) = stage("recreated_bf", 1);
+    let p = pipeline(ORDERS, &topic, &unique("g"), &db.schema);
+    let t0 = 1_714_003_200_000;
+    let id = |n: u32| format!("c46e0000-0000-4000-8000-000000004{n}");
+    let bf = unique("bf");
+    let stop = ("--to", "2024-04-26T00:00:00Z");
+    produce(
+        &topic,
+        &[
+            event(&id(460), "OrderPlaced", "o-460", 1, t0),
+            event(&id(461), "OrderPlaced", "o-461", 1, t0 + 1),
+        ],
+    );
+    backfill(&p, "2024-04-25", stop, &bf, &[]).assert_ok();
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[
+            event(&id(470), "OrderPlaced", "o-470", 1, t0 + 10),
+            event(&id(471), "OrderPlaced", "o-471", 1, t0 + 11),
+            event(&id(472), "OrderPlaced", "o-472", 1, t0 + 12),
+        ],
+    );
+    let out = backfill(&p, "2024-04-25", stop, &bf, &[]);
+    assert_eq!(out.code, Some(7), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("re-created") && out.stderr.contains("next offset 2"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        2,
+        "nothing of the new log applied"
+    );
+    assert_eq!(db.checkpoint(&bf, &topic, 0), Some(2));
+}
+
 /// Case C46 under the other way forward: a new `[identity] generation` on the re-created topic starts it at its
 /// beginning (the ids differ: no read-back needed), with its own delivery keys, checkpoint and dead letters;
 /// generation 1's checkpoint stays as it was.
