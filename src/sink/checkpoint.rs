@@ -42,7 +42,8 @@ pub fn create_checkpoints(p: &Pipeline) -> String {
 
 /// The migration of a checkpoint table of an earlier version (run by every `init`/`run` under the DDL lock):
 /// `topic_id`, `cluster_id` and `log` added when missing — existing rows get no ids, recorded at their next
-/// take-over ([`record_log_ids`]), never refused for lacking them —, and [`RETIRED`] created when missing.
+/// take-over ([`record_log_ids`]), never refused for lacking them —, and [`RETIRED`] created when missing (only
+/// then: a runtime role without CREATE on the schema runs this at every start).
 pub fn upgrade_checkpoints(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
     let r = p.table(RETIRED);
@@ -50,11 +51,12 @@ pub fn upgrade_checkpoints(p: &Pipeline) -> String {
         "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = '{t}'::regclass \
          AND attname = 'log' AND NOT attisdropped) THEN \
          ALTER TABLE {t} ADD COLUMN IF NOT EXISTS topic_id text, ADD COLUMN IF NOT EXISTS cluster_id text, \
-         ADD COLUMN IF NOT EXISTS log text NOT NULL DEFAULT ''; END IF; END $$; \
-         CREATE TABLE IF NOT EXISTS {r} (consumer_group text NOT NULL, generation text NOT NULL, topic text NOT NULL, \
+         ADD COLUMN IF NOT EXISTS log text NOT NULL DEFAULT ''; END IF; \
+         IF pg_catalog.to_regclass('{r}') IS NULL THEN \
+         CREATE TABLE {r} (consumer_group text NOT NULL, generation text NOT NULL, topic text NOT NULL, \
          partition integer NOT NULL, next_offset bigint, topic_id text, cluster_id text, log text NOT NULL, \
          last_offset bigint, updated_at timestamptz NOT NULL, retired_at timestamptz NOT NULL DEFAULT now(), \
-         retired_by text NOT NULL)"
+         retired_by text NOT NULL); END IF; END $$"
     )
 }
 
