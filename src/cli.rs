@@ -300,6 +300,47 @@ pub enum OffsetsCommand {
         #[arg(long)]
         brokers: Option<String>,
     },
+    /// Start the group's partitions explicitly on the log the brokers serve now (after a topic was re-created,
+    /// or a failover to another cluster: `run` exits 7): each checkpoint is replaced (the old one kept in
+    /// replaysafe_checkpoints_retired) with the chosen offset and the broker's topic id and cluster id.
+    Start {
+        /// The pipeline file (its topics, group and database).
+        #[arg(short, long)]
+        config: PathBuf,
+        /// Only this topic (default: every topic of the pipeline).
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only this partition (with --topic).
+        #[arg(long)]
+        partition: Option<i32>,
+        #[command(flatten)]
+        from: StartFrom,
+        /// The group whose checkpoints move (default: the pipeline's group-id).
+        #[arg(long)]
+        group: Option<String>,
+        /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+        #[arg(long)]
+        brokers: Option<String>,
+    },
+}
+
+/// `offsets start`'s choice of position (exactly one).
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct StartFrom {
+    /// From each partition's log start.
+    #[arg(long)]
+    pub from_earliest: bool,
+    /// From the first record at or after this time (RFC 3339 or YYYY-MM-DD), by Kafka's timestamp index.
+    #[arg(long)]
+    pub from_time: Option<String>,
+    /// From this offset (one partition: with --topic and --partition).
+    #[arg(long)]
+    pub from_offset: Option<i64>,
+    /// From MirrorMaker 2's translated offsets of the group, read from `<ALIAS>.checkpoints.internal` on these
+    /// brokers (ALIAS: the source cluster's alias in the MirrorMaker 2 configuration).
+    #[arg(long, value_name = "ALIAS")]
+    pub from_mm2: Option<String>,
 }
 
 #[derive(Subcommand)]

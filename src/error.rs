@@ -20,6 +20,12 @@ pub const EXIT_SHUTDOWN_TIMEOUT: i32 = 4;
 /// a partition's records were quarantined for one reason beyond the thresholds. Nothing of the batch that
 /// crossed them was committed; fix the pipeline file (or the data) and rerun.
 pub const EXIT_TOLERANCE: i32 = 5;
+/// Exit code when a partition's checkpoint was written on another log than the one the broker now serves: the
+/// topic was deleted and re-created under the same name (another topic id, KIP-516), or the brokers are another
+/// cluster (a failover to a MirrorMaker 2 replica): the stored offset means nothing there. Nothing was consumed;
+/// the message names the topic, both ids and the stored offset, and the ways forward (docs/guarantees.md "A recreated topic,
+/// another cluster").
+pub const EXIT_LOG_CHANGED: i32 = 7;
 
 /// Everything that can go wrong in replaysafe.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +77,10 @@ pub enum Error {
     /// Names the partition and the offset range; nothing of the refused batch is committed. Exit code 2.
     #[error("{0}")]
     BelowHorizon(String),
+    /// A checkpoint written on another log (another topic id or cluster id) than the broker's (see
+    /// [`EXIT_LOG_CHANGED`]).
+    #[error("{0}")]
+    LogChanged(String),
     /// Anything else, with context.
     #[error("{0}")]
     Other(String),
@@ -88,6 +98,7 @@ impl Error {
             | Error::BelowHorizon(_) => EXIT_CONFIG,
             Error::NoStartPosition(_) => EXIT_NO_START_POSITION,
             Error::Tolerance(_) => EXIT_TOLERANCE,
+            Error::LogChanged(_) => EXIT_LOG_CHANGED,
             _ => EXIT_FAILURE,
         }
     }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use cli::{
-    brokers, database_url, read_json, write_json, Cli, Command, LedgerCommand, OffsetsCommand,
-    VerifyCommand,
+    brokers, database_url, parse_time, read_json, write_json, Cli, Command, LedgerCommand,
+    OffsetsCommand, StartFrom, VerifyCommand,
 };
 use replaysafe::error::{Error, EXIT_FAILURE, EXIT_OK, EXIT_SHUTDOWN_TIMEOUT};
 use replaysafe::ops::{self, backfill::Report};
@@ -99,9 +99,20 @@ fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
             "\nbroker {} ({security}):",
             replaysafe::endpoint::mask_urls(&brokers)
         );
+        let ids = ops::check::log_ids(&p, &brokers, &missing)?;
+        let shown = |v: Option<&str>| v.unwrap_or("(not answered)").to_string();
+        println!(
+            "cluster id {} (recorded beside each checkpoint)",
+            shown(ids.cluster.as_deref())
+        );
         for t in &p.kafka.topics {
             let ok = !missing.contains(t);
-            println!("{} topic {t}", if ok { "ok     " } else { "MISSING" });
+            let id = if ok {
+                format!(" (topic id {})", shown(ids.topic(t)))
+            } else {
+                String::new()
+            };
+            println!("{} topic {t}{id}", if ok { "ok     " } else { "MISSING" });
         }
         if !missing.is_empty() {
             failed.push(format!("topic(s) {} do not exist", missing.join(", ")));
@@ -593,6 +604,43 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             let p = config::load(&config)?;
             let snap = ops::offsets::snapshot(&p, &brokers(&p, flag)?, &database_url(&p)?, &group)?;
             write_json(&snap, output.as_ref())
+        }
+        Command::Offsets {
+            command:
+                OffsetsCommand::Start {
+                    config,
+                    topic,
+                    partition,
+                    from,
+                    group,
+                    brokers: flag,
+                },
+        } => {
+            let p = config::load(&config)?;
+            let from = match from {
+                f if f.from_earliest => ops::start_at::From::Earliest,
+                StartFrom {
+                    from_time: Some(t), ..
+                } => ops::start_at::From::Time(parse_time(&t)?),
+                StartFrom {
+                    from_offset: Some(n),
+                    ..
+                } => ops::start_at::From::Offset(n),
+                StartFrom {
+                    from_mm2: Some(a), ..
+                } => ops::start_at::From::Mm2(a),
+                _ => unreachable!("clap requires one of the --from-* options"),
+            };
+            let opts = ops::start_at::StartOptions {
+                group: group.unwrap_or_else(|| p.kafka.group_id.clone()),
+                topic,
+                partition,
+                from,
+            };
+            for m in ops::start_at::start(&p, &brokers(&p, flag)?, &database_url(&p)?, &opts)? {
+                println!("{}", m.line);
+            }
+            Ok(())
         }
         Command::Projection { command } => projection(command),
         Command::Outbox { command } => outbox(command),

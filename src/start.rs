@@ -69,6 +69,8 @@ pub struct Unpositioned {
     pub committed: Option<i64>,
     /// The checkpoint table, schema-qualified (for the statements a refusal suggests).
     pub checkpoints: String,
+    /// The broker's `(topic id, cluster id)` of the partition's log (`None`: not answered).
+    pub ids: (Option<String>, Option<String>),
 }
 
 /// Where a partition starts (next offset to read) and why, for the log.
@@ -92,6 +94,8 @@ pub struct OldCheckpoint {
     /// Without `last`: the checkpoint holds a resolved start position and that generation applied no record of
     /// the partition ([`NOTHING_APPLIED`]) — as opposed to a checkpoint of an earlier replaysafe.
     pub applied_nothing: bool,
+    /// `(topic id, cluster id)` of the log that checkpoint was written on (`None`: not recorded).
+    pub ids: (Option<String>, Option<String>),
 }
 
 /// `last_offset` of a checkpoint whose start was resolved and under which no record was applied yet.
@@ -151,6 +155,9 @@ pub fn after_generation_change(
             part = u.partition,
         ))
     };
+    if let Some(decided) = by_log_ids(u, old, &at, recreated)? {
+        return Ok(decided);
+    }
     if old.next_offset > u.high {
         return Ok(recreated(format!(
             "its log ends at {} below generation `{g}`'s checkpoint {}",
@@ -236,6 +243,48 @@ pub fn after_generation_change(
     }
 }
 
+/// After a generation change, what the log ids decide when both sides have them (cases C46, C47): another
+/// cluster → refused ([`Error::LogChanged`]: the old generation's offsets mean nothing here); another topic id →
+/// recreated; the same topic id on the same cluster → the same topic, from the old checkpoint. `None`: the ids
+/// do not decide (not recorded), the fingerprint does.
+///
+/// # Errors
+/// [`Error::LogChanged`].
+fn by_log_ids(
+    u: &Unpositioned,
+    old: &OldCheckpoint,
+    at: &str,
+    recreated: impl FnOnce(String) -> Start,
+) -> Result<Option<Start>> {
+    let g = &old.generation;
+    if let (Some(was), Some(now)) = (&old.ids.1, &u.ids.1) {
+        if was != now {
+            return Err(Error::LogChanged(format!(
+                "{at}: generation `{g}`'s checkpoint {} was written on cluster {was}, but these brokers are cluster \
+                 {now} (a failover to a replica?): its offsets mean nothing here, so nothing was consumed (exit 7). \
+                 Decide where this log starts with `replaysafe offsets start` (docs/guarantees.md \"A recreated topic, another \
+                 cluster\")",
+                old.next_offset
+            )));
+        }
+    }
+    let (Some(was), Some(now)) = (&old.ids.0, &u.ids.0) else {
+        return Ok(None);
+    };
+    if was != now {
+        return Ok(Some(recreated(format!(
+            "its topic id is {now}, generation `{g}`'s checkpoint was written on topic id {was}"
+        ))));
+    }
+    Ok(Some(Start {
+        offset: old.next_offset,
+        from: format!(
+            "generation change: topic unchanged (topic id {now}, as generation `{g}`'s checkpoint recorded), so \
+             from generation `{g}`'s checkpoint"
+        ),
+    }))
+}
+
 /// Reads the record at `offset` back and compares it with a stored fingerprint, waiting at most
 /// [`READ_BACK_TIMEOUT`]. `config` is the pipeline's consumer configuration: the partition is assigned by hand
 /// (librdkafka needs a `group.id` for that, but joins no group and, with auto-commit off, commits nothing).
@@ -295,7 +344,7 @@ pub async fn old_checkpoints(
         .query(
             &format!(
                 "SELECT DISTINCT ON (partition) partition, generation, next_offset, last_offset, last_timestamp, \
-                 last_sha256 FROM {} WHERE consumer_group = $1 AND topic = $2 AND generation <> $3 \
+                 last_sha256, topic_id, cluster_id FROM {} WHERE consumer_group = $1 AND topic = $2 AND generation <> $3 \
                  AND next_offset IS NOT NULL ORDER BY partition, updated_at DESC",
                 p.table(checkpoint::CHECKPOINTS)
             ),
@@ -317,6 +366,7 @@ pub async fn old_checkpoints(
                     next_offset: r.get(2),
                     applied_nothing: last.is_none() && offset == Some(NOTHING_APPLIED),
                     last,
+                    ids: (r.get(6), r.get(7)),
                 },
             )
         })
@@ -437,6 +487,7 @@ mod tests {
             high,
             committed,
             checkpoints: "s.replaysafe_checkpoints".into(),
+            ids: (None, None),
         }
     }
 
@@ -446,6 +497,7 @@ mod tests {
             next_offset: next,
             last: last.map(|o| (o, Some(1), vec![1])),
             applied_nothing: false,
+            ids: (None, None),
         }
     }
 
@@ -464,6 +516,32 @@ mod tests {
         // The committed offset comes first.
         let s = without_generation_change(&u(1, 0, 5, Some(2)), "g", 1, None).unwrap();
         assert_eq!(s.offset, 2);
+    }
+
+    /// Cases C46, C47: recorded ids decide a generation change without reading a record back.
+    #[test]
+    fn log_ids_decide_a_generation_change() {
+        let never = |_: i64, _: Option<i64>, _: &[u8]| -> Result<ReadBack> { panic!("not read") };
+        let with = |topic: &str, cluster: &str| OldCheckpoint {
+            ids: (Some(topic.into()), Some(cluster.into())),
+            ..old(7, Some(6))
+        };
+        let mut now = u(0, 0, 10, None);
+        now.ids = (Some("B".into()), Some("C1".into()));
+        let s = after_generation_change(&now, "g", "g2", Some(&with("A", "C1")), never).unwrap();
+        assert_eq!(s.offset, 0, "another topic id: recreated, {s:?}");
+        let s = after_generation_change(&now, "g", "g2", Some(&with("B", "C1")), never).unwrap();
+        assert_eq!(s.offset, 7, "the same topic id: continue, {s:?}");
+        let e =
+            after_generation_change(&now, "g", "g2", Some(&with("B", "C0")), never).unwrap_err();
+        assert!(
+            matches!(e, Error::LogChanged(_)),
+            "another cluster: refused, {e}"
+        );
+        // Not recorded: the fingerprint decides.
+        let diff = |_, _, _: &[u8]| Ok(ReadBack::Different);
+        let s = after_generation_change(&now, "g", "g2", Some(&old(7, Some(6))), diff).unwrap();
+        assert_eq!(s.offset, 0);
     }
 
     #[test]

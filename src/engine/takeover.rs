@@ -17,6 +17,9 @@ pub struct Acquired {
     pub next: Option<i64>,
     /// Our fence (the bumped one): every batch's checkpoint compare-and-set carries it.
     pub fence: i64,
+    /// The ids of the log the checkpoint was written on, `(topic id, cluster id)` (`None`: not recorded yet),
+    /// compared with the broker's by `source::identity::check` before the checkpoint is used.
+    pub stored_ids: (Option<String>, Option<String>),
 }
 
 /// Takes over the checkpoint rows of `tps` for `group` (creating them when missing), retrying transient
@@ -212,6 +215,7 @@ async fn acquire_once(
             tp: (topic.clone(), *partition),
             next,
             fence: row.get::<_, i64>(1),
+            stored_ids: (row.get(2), row.get(3)),
         });
     }
     Ok(out)
@@ -266,4 +270,35 @@ pub(super) fn fenced_counter(tp: &Tp) -> metrics::Counter {
         "topic" => tp.0.clone(),
         "partition" => tp.1.to_string()
     )
+}
+
+/// Records the broker's log ids in the checkpoint of `tp` we hold (`fence`) where none are stored
+/// ([`checkpoint::record_log_ids`]); `ids` is `(topic id, cluster id)`. Returns the rows updated.
+///
+/// # Errors
+/// A database error.
+pub async fn record_log_ids(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    (topic, partition): &Tp,
+    fence: i64,
+    ids: (Option<&str>, Option<&str>),
+) -> Result<u64> {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    Ok(sink
+        .client()
+        .execute(
+            &checkpoint::record_log_ids(p),
+            &[
+                &group,
+                topic,
+                partition,
+                &generation,
+                &fence,
+                &ids.0,
+                &ids.1,
+            ],
+        )
+        .await?)
 }

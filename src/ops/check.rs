@@ -41,6 +41,29 @@ pub fn missing_topics(
     Ok(missing)
 }
 
+/// The cluster id and the topic ids (KIP-516) of the pipeline's topics but `missing`, as `run` records them
+/// beside each checkpoint ([`crate::source::kafka::log_ids`]), for `check --connect`.
+///
+/// # Errors
+/// [`Error::Kafka`] / [`Error::Other`] when the broker cannot be asked.
+pub fn log_ids(
+    p: &Pipeline,
+    brokers: &str,
+    missing: &[String],
+) -> Result<crate::source::kafka::LogIds> {
+    let mut config = crate::source::kafka::consumer_config(p, brokers, &[]);
+    config.remove("group.id");
+    let consumer: BaseConsumer = config.create()?;
+    let topics: Vec<String> = p
+        .kafka
+        .topics
+        .iter()
+        .filter(|t| !missing.contains(t))
+        .cloned()
+        .collect();
+    crate::source::kafka::log_ids(&consumer, &topics)
+}
+
 /// Refuses, before anything is created, a pipeline whose topics the broker does not have.
 ///
 /// # Errors

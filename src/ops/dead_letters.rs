@@ -255,6 +255,7 @@ pub fn replay(
         let mut sink = Sink::open(pipeline.clone(), url).await?.replaying();
         // After the sink read the record's version: a projection added later fails the first batch instead.
         refuse_while_building(&client, &pipeline).await?;
+        refuse_two_logs(&client, &pipeline, sel).await?;
         if let Some(g) = group {
             sink = sink.with_group(g);
         }
@@ -334,6 +335,48 @@ async fn refuse_while_building(client: &Client, p: &Pipeline) -> Result<()> {
 /// A dead letter read back: topic, partition, the record as an item (its value `None` when not kept), and
 /// whether the value was kept.
 type Stored = (String, i32, Item, bool);
+
+/// Refuses a selection holding dead letters of two logs at one offset (a topic re-created, or another cluster,
+/// then `offsets start`: their `log` tags differ, docs/guarantees.md "A recreated topic, another cluster"): a replay settles
+/// dead letters by topic, partition and offset and cannot tell the two apart.
+///
+/// # Errors
+/// [`Error::Usage`] naming up to three such offsets; a database error.
+async fn refuse_two_logs(client: &Client, p: &Pipeline, sel: &Selection) -> Result<()> {
+    let sql = format!(
+        "SELECT topic, partition, \"offset\" FROM {} WHERE {WHERE} GROUP BY topic, partition, \"offset\" \
+         HAVING count(DISTINCT log) > 1 ORDER BY 1, 2, 3 LIMIT 3",
+        p.table(DEAD_LETTERS)
+    );
+    let rows = client
+        .query(
+            &sql,
+            &[&generation(p), &sel.reason, &sel.topic, &sel.partition],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let at: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{}@{}",
+                r.get::<_, String>(0),
+                r.get::<_, i32>(1),
+                r.get::<_, i64>(2)
+            )
+        })
+        .collect();
+    Err(Error::Usage(format!(
+        "the selection holds unresolved dead letters of two logs at the same offset ({}; their `log` column \
+         differs: a re-created topic or another cluster); a replay cannot tell them apart: resolve the old log's \
+         rows by hand (UPDATE {} SET resolved_at = now(), resolved_by = '…' WHERE id = …) or narrow the selection; \
+         nothing was replayed",
+        at.join(", "),
+        p.table(DEAD_LETTERS)
+    )))
+}
 
 /// The next page of the selection after `after` (topic, partition, offset), in that order.
 async fn read_page(

@@ -13,4 +13,5 @@ pub mod projection;
 pub mod prove;
 pub mod rebuild;
 pub mod run;
+pub mod start_at;
 pub mod verify;

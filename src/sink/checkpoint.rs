@@ -17,17 +17,63 @@ pub const CHECKPOINTS: &str = "replaysafe_checkpoints";
 /// the topic is the same one or was recreated. The `ALTER` adds the fingerprint to tables of earlier versions, only
 /// when missing: its ACCESS EXCLUSIVE lock would otherwise wait for every open batch transaction (a frozen owner's
 /// too) at each start.
+///
+/// The log the offsets belong to (case C46, C47): `topic_id` (KIP-516) and `cluster_id` as the broker answered
+/// them when the partition was taken over (NULL in rows of earlier versions until their next take-over records
+/// them), and `log`, the incarnation tag of the dead letters (`''` for the log a checkpoint began on;
+/// `<cluster id>/<topic id>` once `offsets start` moved it onto another log): dead letters are unique per tag, so
+/// the records of two incarnations at one offset are two rows. Added to older tables only when missing, as above.
+/// The checkpoints `offsets start` replaced are kept in [`RETIRED`].
 pub fn create_checkpoints(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
     format!(
         "CREATE TABLE IF NOT EXISTS {t} (consumer_group text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \
          generation text NOT NULL DEFAULT '', next_offset bigint, fence bigint NOT NULL DEFAULT 0, \
          updated_at timestamptz NOT NULL DEFAULT now(), last_offset bigint, last_timestamp bigint, last_sha256 bytea, \
+         topic_id text, cluster_id text, log text NOT NULL DEFAULT '', \
          PRIMARY KEY (consumer_group, generation, topic, partition)); \
          DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{t}'::regclass \
          AND attname = 'last_sha256' AND NOT attisdropped) THEN \
          ALTER TABLE {t} ADD COLUMN IF NOT EXISTS last_offset bigint, ADD COLUMN IF NOT EXISTS last_timestamp bigint, \
-         ADD COLUMN IF NOT EXISTS last_sha256 bytea; END IF; END $$"
+         ADD COLUMN IF NOT EXISTS last_sha256 bytea; END IF; END $$; {}",
+        upgrade_checkpoints(p)
+    )
+}
+
+/// The migration of a checkpoint table of an earlier version (run by every `init`/`run` under the DDL lock):
+/// `topic_id`, `cluster_id` and `log` added when missing — existing rows get no ids, recorded at their next
+/// take-over ([`record_log_ids`]), never refused for lacking them —, and [`RETIRED`] created when missing (only
+/// then: a runtime role without CREATE on the schema runs this at every start).
+pub fn upgrade_checkpoints(p: &Pipeline) -> String {
+    let t = p.table(CHECKPOINTS);
+    let r = p.table(RETIRED);
+    format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = '{t}'::regclass \
+         AND attname = 'log' AND NOT attisdropped) THEN \
+         ALTER TABLE {t} ADD COLUMN IF NOT EXISTS topic_id text, ADD COLUMN IF NOT EXISTS cluster_id text, \
+         ADD COLUMN IF NOT EXISTS log text NOT NULL DEFAULT ''; END IF; \
+         IF pg_catalog.to_regclass('{r}') IS NULL THEN \
+         CREATE TABLE {r} (consumer_group text NOT NULL, generation text NOT NULL, topic text NOT NULL, \
+         partition integer NOT NULL, next_offset bigint, topic_id text, cluster_id text, log text NOT NULL, \
+         last_offset bigint, updated_at timestamptz NOT NULL, retired_at timestamptz NOT NULL DEFAULT now(), \
+         retired_by text NOT NULL); END IF; END $$"
+    )
+}
+
+/// Name of the table keeping the checkpoints `offsets start` replaced (in the pipeline schema), for audit:
+/// `(consumer_group, generation, topic, partition, next_offset, topic_id, cluster_id, log, last_offset,
+/// updated_at)` as they stood, `retired_at`, and `retired_by` (the start that replaced them, in words).
+pub const RETIRED: &str = "replaysafe_checkpoints_retired";
+
+/// Records the log ids of a checkpoint taken over by `fence` where they are missing (rows of earlier versions,
+/// rows just created). Parameters: `$1` group, `$2` topic, `$3` partition, `$4` generation, `$5` fence,
+/// `$6` topic id, `$7` cluster id. A stored id is never overwritten here (that is `offsets start`'s).
+pub fn record_log_ids(p: &Pipeline) -> String {
+    format!(
+        "UPDATE {} SET topic_id = coalesce(topic_id, $6), cluster_id = coalesce(cluster_id, $7) \
+         WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4 AND fence = $5 \
+         AND (topic_id IS NULL OR cluster_id IS NULL)",
+        p.table(CHECKPOINTS)
     )
 }
 
@@ -80,14 +126,15 @@ pub fn newer_generation(p: &Pipeline) -> String {
 
 /// Takes ownership of a partition: creates its checkpoint row if missing and bumps the fence, so that any
 /// previous owner's in-flight batch fails its compare-and-set. Parameters: `$1` group, `$2` topic,
-/// `$3` partition, `$4` generation ('' for none). Returns `(next_offset, fence)`. Checkpoints are kept per
-/// stream generation: a recreated topic under a new generation starts from its own positions.
+/// `$3` partition, `$4` generation ('' for none). Returns `(next_offset, fence, topic_id, cluster_id)`: the ids of
+/// the log the checkpoint was written on (NULL: not recorded yet). Checkpoints are kept per stream generation: a
+/// recreated topic under a new generation starts from its own positions.
 pub fn acquire_checkpoint(p: &Pipeline) -> String {
     let t = p.table(CHECKPOINTS);
     format!(
         "INSERT INTO {t} AS c (consumer_group, generation, topic, partition, next_offset, fence) \
          VALUES ($1, $4, $2, $3, NULL, 1) ON CONFLICT (consumer_group, generation, topic, partition) \
-         DO UPDATE SET fence = c.fence + 1, updated_at = now() RETURNING next_offset, fence"
+         DO UPDATE SET fence = c.fence + 1, updated_at = now() RETURNING next_offset, fence, topic_id, cluster_id"
     )
 }
 

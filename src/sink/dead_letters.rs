@@ -13,14 +13,17 @@ use crate::decode::Rejection;
 /// Name of the dead-letter table (in the pipeline schema).
 pub const DEAD_LETTERS: &str = "replaysafe_dead_letters";
 
-/// `CREATE TABLE` for dead letters: one row per quarantined record, unique by generation and coordinates.
+/// `CREATE TABLE` for dead letters: one row per quarantined record, unique by generation, the log's incarnation
+/// tag (`log`, the checkpoint's: `''` until `offsets start` moved the partition onto another topic id or
+/// cluster, case C46/C47) and coordinates.
 pub fn create_dead_letters(p: &Pipeline) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, generation text NOT NULL DEFAULT '', \
+         log text NOT NULL DEFAULT '', \
          topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, record_timestamp timestamptz, \
          key bytea, value bytea, value_bytes integer, value_sha256 bytea, reason text NOT NULL, detail text NOT NULL, \
          consumer_group text NOT NULL, quarantined_at timestamptz NOT NULL DEFAULT now(), \
-         resolved_at timestamptz, resolved_by text, UNIQUE (generation, topic, partition, \"offset\"))",
+         resolved_at timestamptz, resolved_by text, UNIQUE (generation, log, topic, partition, \"offset\"))",
         p.table(DEAD_LETTERS)
     )
 }
@@ -33,9 +36,35 @@ pub fn upgrade_dead_letters(p: &Pipeline) -> String {
     )
 }
 
+/// Adds the incarnation tag `log` (`''` for every existing row) to a dead-letter table created before it, and
+/// moves its unique key to `(generation, log, topic, partition, offset)`, only when the column is missing (the
+/// ALTER's ACCESS EXCLUSIVE lock; the new unique index is built once).
+pub fn upgrade_dead_letters_log(p: &Pipeline) -> String {
+    let t = p.table(DEAD_LETTERS);
+    format!(
+        "DO $$ DECLARE c text; BEGIN IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = '{t}'::regclass \
+         AND attname = 'log' AND NOT attisdropped) THEN \
+         ALTER TABLE {t} ADD COLUMN log text NOT NULL DEFAULT ''; \
+         FOR c IN SELECT conname FROM pg_catalog.pg_constraint WHERE conrelid = '{t}'::regclass AND contype = 'u' LOOP \
+         EXECUTE pg_catalog.format('ALTER TABLE {t} DROP CONSTRAINT %I', c); END LOOP; \
+         ALTER TABLE {t} ADD UNIQUE (generation, log, topic, partition, \"offset\"); END IF; END $$"
+    )
+}
+
+/// The incarnation tag of the partition's checkpoint (`$1` generation, `$2` topic, `$3` partition, `$4` group),
+/// as a scalar sub-select of the batch statements.
+fn log_of_checkpoint(p: &Pipeline, group: &str) -> String {
+    format!(
+        "coalesce((SELECT c.log FROM {} c WHERE c.consumer_group = {group} AND c.generation = $1 AND c.topic = $2 \
+         AND c.partition = $3), '')",
+        p.table(super::checkpoint::CHECKPOINTS)
+    )
+}
+
 /// Marks the dead letters of records this batch landed as resolved: `resolved_at = now()`, `resolved_by` = the
 /// delivery key that applied them (as the outbox's `delivery_key` spells it). Parameters: `$1` generation,
-/// `$2` topic, `$3` partition, `$4` and `$5` the batch's first and last offset. Run in the batch transaction
+/// `$2` topic, `$3` partition, `$4` and `$5` the batch's first and last offset, `$6` the consumer group (whose
+/// checkpoint's incarnation tag `log` the dead letters must carry). Run in the batch transaction
 /// after the projections, only when something landed; the offset range keeps it to one index range scan of
 /// the dead letters' unique key.
 pub fn resolve_statement(p: &Pipeline) -> String {
@@ -48,26 +77,29 @@ pub fn resolve_statement(p: &Pipeline) -> String {
         "UPDATE {} d SET resolved_at = now(), resolved_by = l.dk \
          FROM (SELECT _offset, {dk} AS dk FROM pg_temp.landed) l \
          WHERE d.generation = $1 AND d.topic = $2 AND d.partition = $3 AND d.\"offset\" BETWEEN $4 AND $5 \
-         AND d.\"offset\" = l._offset AND d.resolved_at IS NULL",
-        p.table(DEAD_LETTERS)
+         AND d.\"offset\" = l._offset AND d.resolved_at IS NULL AND d.log = {log}",
+        p.table(DEAD_LETTERS),
+        log = log_of_checkpoint(p, "$6")
     )
 }
 
 /// Dead-letter insert. Parameters: `$1` generation, `$2` topic, `$3` partition, `$4` consumer group, `$5`
 /// offsets (int8[]), `$6` timestamps ms (int8[]), `$7` keys (bytea[]), `$8` values (bytea[]), `$9` value sizes
-/// (int4[]), `$10` value SHA-256 (bytea[]), `$11` reasons (text[]), `$12` details (text[]).
+/// (int4[]), `$10` value SHA-256 (bytea[]), `$11` reasons (text[]), `$12` details (text[]). The incarnation tag
+/// `log` is the group's checkpoint's (case C46/C47: two logs' records at one offset are two rows).
 ///
 /// Rows are inserted in offset order (`ORDER BY u.o`), the unique key's order within one partition: two
 /// consumer groups quarantining the same records take those keys in one order (case C36).
 pub fn insert_dead_letters(p: &Pipeline) -> String {
     format!(
-        "INSERT INTO {} (generation, topic, partition, \"offset\", record_timestamp, key, value, value_bytes, \
+        "INSERT INTO {} (generation, log, topic, partition, \"offset\", record_timestamp, key, value, value_bytes, \
          value_sha256, reason, detail, consumer_group) \
-         SELECT $1, $2, $3, u.o, CASE WHEN u.ts IS NULL THEN NULL ELSE to_timestamp(u.ts / 1000.0) END, u.k, u.v, u.n, \
+         SELECT $1, {log}, $2, $3, u.o, CASE WHEN u.ts IS NULL THEN NULL ELSE to_timestamp(u.ts / 1000.0) END, u.k, u.v, u.n, \
          u.h, u.r, u.d, $4 FROM unnest($5::bigint[], $6::bigint[], $7::bytea[], $8::bytea[], $9::int[], $10::bytea[], \
          $11::text[], $12::text[]) AS u(o, ts, k, v, n, h, r, d) ORDER BY u.o \
-         ON CONFLICT (generation, topic, partition, \"offset\") DO NOTHING",
-        p.table(DEAD_LETTERS)
+         ON CONFLICT (generation, log, topic, partition, \"offset\") DO NOTHING",
+        p.table(DEAD_LETTERS),
+        log = log_of_checkpoint(p, "$4")
     )
 }
 
@@ -94,6 +126,7 @@ pub(super) async fn resolve_landed(
     tx: &tokio_postgres::Transaction<'_>,
     stmt: &Statement,
     batch: &Batch,
+    group: &str,
     generation: &str,
 ) -> std::result::Result<(), ApplyError> {
     let (Some(first), Some(last)) = (batch.items.first(), batch.items.last()) else {
@@ -107,6 +140,7 @@ pub(super) async fn resolve_landed(
             &batch.partition,
             &first.offset,
             &last.offset,
+            &group,
         ],
     )
     .await

@@ -519,7 +519,8 @@ impl Sink {
 
             // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
             if !landed.is_empty() && self.build.is_none() {
-                dead_letters::resolve_landed(&tx, &prepared.resolve, batch, &generation).await?;
+                dead_letters::resolve_landed(&tx, &prepared.resolve, batch, group, &generation)
+                    .await?;
             }
 
             // 4. Dead letters (a build writes none: production wrote them).

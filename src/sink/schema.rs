@@ -71,6 +71,10 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
         tx.batch_execute(&dead_letters::upgrade_dead_letters(p))
             .await?;
     }
+    tx.batch_execute(&dead_letters::upgrade_dead_letters_log(p))
+        .await?;
+    tx.batch_execute(&checkpoint::upgrade_checkpoints(p))
+        .await?;
     tx.execute(
         &format!(
             "INSERT INTO {} (ledger) VALUES ($1) ON CONFLICT (ledger) DO NOTHING",

@@ -45,13 +45,18 @@ pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
         .query_one(
             &format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
-                 AND attname = 'resolved_by' AND NOT attisdropped), \
+                 AND attname = 'resolved_by' AND NOT attisdropped) \
+                 AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                 AND attname = 'log' AND NOT attisdropped) \
+                 AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($3) \
+                 AND attname = 'log' AND NOT attisdropped), \
                  EXISTS (SELECT 1 FROM {} WHERE ledger = $2)",
                 p.table(ledger::HORIZON)
             ),
             &[
                 &p.table(dead_letters::DEAD_LETTERS).to_string(),
                 &p.ledger.table.to_string(),
+                &p.table(super::checkpoint::CHECKPOINTS).to_string(),
             ],
         )
         .await?;
@@ -63,8 +68,9 @@ pub async fn verify(client: &mut Client, p: &Pipeline) -> Result<()> {
                 format!("the horizon row of ledger {}", p.ledger.table)
             } else {
                 format!(
-                    "{} (resolved_at, resolved_by)",
-                    p.table(dead_letters::DEAD_LETTERS)
+                    "{} (resolved_at, resolved_by, log) or {} (topic_id, cluster_id, log)",
+                    p.table(dead_letters::DEAD_LETTERS),
+                    p.table(super::checkpoint::CHECKPOINTS)
                 )
             }
         )));

@@ -13,6 +13,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::engine::takeover;
 use crate::engine::{lock, Ack, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
+use crate::source::identity;
 use crate::source::kafka::{consumer_config, kafka_commit, record};
 
 /// One partition to read: `[start, stop)`.
@@ -91,6 +92,7 @@ impl Assign {
     ///
     /// # Errors
     /// [`Error::Other`] when a checkpoint lies below what retention left (the records after it are gone);
+    /// [`Error::LogChanged`] when a checkpoint was written on another topic id or cluster ([`identity`]);
     /// database and Kafka errors.
     pub fn open(
         core: Shared,
@@ -118,6 +120,12 @@ impl Assign {
             let tps: Vec<Tp> = ranges.iter().map(|r| r.tp.clone()).collect();
             let acquired = core.take_over(&ack, group, &tps, false)?;
             let pipeline = core.pipeline.clone();
+            // The log each checkpoint was written on, before its offset is used (cases C46, C47).
+            let ids = identity::broker_ids(&ack.consumer, &acquired)?;
+            for a in &acquired {
+                identity::check(&pipeline, group, a, &ids)?;
+            }
+            let unrecorded: Vec<_> = acquired.iter().map(identity::recordable).collect();
             let rt = core.runtime();
             for (range, a) in ranges.into_iter().zip(acquired) {
                 let resume = match a.next {
@@ -145,6 +153,7 @@ impl Assign {
                     range,
                 });
             }
+            identity::record(&mut core, group, &unrecorded, &ids)?;
         }
         let mut tpl = TopicPartitionList::new();
         for p in parts.iter().filter(|p| !p.done) {

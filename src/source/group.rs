@@ -429,10 +429,22 @@ impl Ctx {
         let p = self.pipeline.clone();
         let group = p.kafka.group_id.clone();
         let committed = committed_offsets(consumer, &acquired)?;
+        // The log each checkpoint was written on, before its offset is used (cases C46, C47).
+        let ids = crate::source::identity::broker_ids(&self.side, &acquired)?;
+        for a in &acquired {
+            crate::source::identity::check(&p, &group, a, &ids)?;
+        }
+        let unrecorded: Vec<_> = acquired
+            .iter()
+            .map(crate::source::identity::recordable)
+            .collect();
         let mut resolved: Vec<(Tp, i64, i64)> = Vec::new();
         let mut starts = Vec::new();
         let mut fenced = Vec::new();
-        for Acquired { tp, next, fence } in acquired {
+        for Acquired {
+            tp, next, fence, ..
+        } in acquired
+        {
             let (topic, partition) = (&tp.0, tp.1);
             let (low, high) = watermarks(&self.side, topic, partition, Duration::from_secs(10))?;
             let (start, from) = match next {
@@ -445,6 +457,7 @@ impl Ctx {
                         low,
                         high,
                         checkpoints: p.table(checkpoint::CHECKPOINTS).to_string(),
+                        ids: (ids.topic(topic).map(str::to_string), ids.cluster.clone()),
                     };
                     let s = self.unpositioned_start(core, &u, &committed)?;
                     (s.offset, s.from)
@@ -502,6 +515,7 @@ impl Ctx {
                 fenced.push((tp.clone(), *start));
             }
         }
+        crate::source::identity::record(core, &group, &unrecorded, &ids)?;
         Ok((starts, fenced))
     }
 

@@ -295,6 +295,148 @@ fn retriable(e: &KafkaError) -> bool {
     )
 }
 
+/// Which log a partition's offsets belong to: the cluster's id and each topic's id (KIP-516), as the broker
+/// answers them. A checkpoint keeps both (`replaysafe_checkpoints.cluster_id`, `topic_id`): the same offset on
+/// another cluster (a MirrorMaker 2 replica) or on a topic deleted and re-created under the same name is another
+/// record (docs/guarantees.md "A recreated topic, another cluster").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogIds {
+    /// The cluster id (`rd_kafka_clusterid`, Kafka's `cluster.id`: 22 characters of URL-safe base64); `None`
+    /// when the broker did not say in time.
+    pub cluster: Option<String>,
+    /// Topic name → topic id (KIP-516, base64 as `kafka-topics --describe` prints `TopicId`); a topic missing
+    /// here was not described (it does not exist, or the broker predates topic ids).
+    pub topics: std::collections::BTreeMap<String, String>,
+}
+
+impl LogIds {
+    /// The topic's id, if known.
+    pub fn topic(&self, topic: &str) -> Option<&str> {
+        self.topics.get(topic).map(String::as_str)
+    }
+}
+
+/// How long [`log_ids`] waits for the cluster id and for the topics' description.
+pub const LOG_IDS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The cluster id and the ids of `topics`, asked of the brokers `consumer` talks to, each answer within
+/// [`LOG_IDS_TIMEOUT`].
+///
+/// # Errors
+/// [`Error::Other`] when DescribeTopics fails or a topic's description carries an error (naming the topic and
+/// librdkafka's message).
+pub fn log_ids<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topics: &[String],
+) -> Result<LogIds> {
+    let cluster = consumer.client().fetch_cluster_id(LOG_IDS_TIMEOUT);
+    let topics = describe_topic_ids(consumer.client().native_ptr(), topics, LOG_IDS_TIMEOUT)?;
+    Ok(LogIds { cluster, topics })
+}
+
+/// Topic name → topic id through librdkafka's `rd_kafka_DescribeTopics` (librdkafka ≥ 2.3; KIP-516 ids from
+/// the broker's Metadata v12 answer), which the `rdkafka` crate (0.39) does not bind safely: the raw binding of
+/// `rdkafka-sys`, every object it allocates destroyed before returning. `rk` is a live client handle (any
+/// client type may run admin requests); the answer is awaited on a private queue for at most `timeout`.
+/// A topic the broker does not know is left out of the map.
+///
+/// # Errors
+/// [`Error::Other`]: the request failed or timed out, or a described topic carries an error other than
+/// UNKNOWN_TOPIC_OR_PART.
+fn describe_topic_ids(
+    rk: *mut rdkafka::bindings::rd_kafka_t,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    use rdkafka::bindings as rd;
+    use std::ffi::{CStr, CString};
+    let mut out = std::collections::BTreeMap::new();
+    if topics.is_empty() {
+        return Ok(out);
+    }
+    let names: Vec<CString> = topics
+        .iter()
+        .map(|t| {
+            CString::new(t.as_str())
+                .map_err(|_| Error::Other(format!("topic name {t:?} holds a NUL")))
+        })
+        .collect::<Result<_>>()?;
+    let mut ptrs: Vec<*const std::os::raw::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `rk` outlives this call (the caller holds its client); every pointer read below belongs to the
+    // event, which is destroyed last; the collection, options and queue are destroyed on every path.
+    unsafe {
+        let coll = rd::rd_kafka_TopicCollection_of_topic_names(ptrs.as_mut_ptr(), ptrs.len());
+        let opts = rd::rd_kafka_AdminOptions_new(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+        );
+        let mut errstr = [0 as std::os::raw::c_char; 256];
+        rd::rd_kafka_AdminOptions_set_request_timeout(opts, ms, errstr.as_mut_ptr(), errstr.len());
+        let queue = rd::rd_kafka_queue_new(rk);
+        rd::rd_kafka_DescribeTopics(rk, coll, opts, queue);
+        let event = rd::rd_kafka_queue_poll(queue, ms.saturating_add(1000));
+        rd::rd_kafka_TopicCollection_destroy(coll);
+        rd::rd_kafka_AdminOptions_destroy(opts);
+        rd::rd_kafka_queue_destroy(queue);
+        if event.is_null() {
+            return Err(Error::Other(format!(
+                "describing topics {topics:?} (their topic ids) took longer than {} s",
+                timeout.as_secs()
+            )));
+        }
+        let text = |p: *const std::os::raw::c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        let result = (|| {
+            if rd::rd_kafka_event_error(event)
+                != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            {
+                return Err(Error::Other(format!(
+                    "describing topics {topics:?} (their topic ids): {}",
+                    text(rd::rd_kafka_event_error_string(event))
+                )));
+            }
+            let res = rd::rd_kafka_event_DescribeTopics_result(event);
+            let mut n = 0usize;
+            let descs = rd::rd_kafka_DescribeTopics_result_topics(res, &mut n);
+            for i in 0..n {
+                let d = *descs.add(i);
+                let name = text(rd::rd_kafka_TopicDescription_name(d));
+                let err = rd::rd_kafka_TopicDescription_error(d);
+                if !err.is_null() {
+                    let code = rd::rd_kafka_error_code(err);
+                    if code == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART
+                        || code == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                    {
+                        continue;
+                    }
+                    return Err(Error::Other(format!(
+                        "describing topic `{name}` (its topic id): {}",
+                        text(rd::rd_kafka_error_string(err))
+                    )));
+                }
+                let id = rd::rd_kafka_TopicDescription_topic_id(d);
+                if !id.is_null() {
+                    let b64 = text(rd::rd_kafka_Uuid_base64str(id));
+                    // The all-zero id: a broker without topic ids.
+                    if !b64.is_empty() && b64 != "AAAAAAAAAAAAAAAAAAAAAA" {
+                        out.insert(name, b64);
+                    }
+                }
+            }
+            Ok(())
+        })();
+        rd::rd_kafka_event_destroy(event);
+        result?;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,8 @@ mod lifecycle;
 mod load_safety;
 // C36: batches updating the same aggregate rows in opposite orders wait instead of deadlocking.
 mod lock_order;
+// C46, C47: topic id and cluster id beside each checkpoint; a recreated topic, a failover, `offsets start`.
+mod log_identity;
 // Operator friction: connection errors, `/metrics` of an idle instance, missing topics, backfill loose ends.
 mod ops;
 // C45: PostgreSQL behind PgBouncer — session pooling works, transaction/statement pooling is refused.

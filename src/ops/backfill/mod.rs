@@ -6,7 +6,7 @@
 //! checkpoint rows of the backfill's own group id make a second run of the same backfill a no-op.
 
 pub mod options;
-mod plan;
+pub(crate) mod plan;
 pub mod report;
 mod scan;
 
