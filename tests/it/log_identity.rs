@@ -1,7 +1,7 @@
 //! Issue 37.1–2, cases C46 and C47: a checkpoint's offset belongs to one log — a topic id (KIP-516) on one
 //! cluster. A topic deleted and re-created under the same name, or a failover to a MirrorMaker 2 replica, is
 //! refused at assignment (exit 7) until the operator starts the partition explicitly (`offsets start`) or
-//! changes the generation; then every re-read record is recognised by its delivery key (README "A recreated
+//! changes the generation; then every re-read record is recognised by its delivery key (docs/guarantees.md "A recreated
 //! topic, another cluster").
 
 use std::path::PathBuf;
