@@ -35,6 +35,12 @@ pub struct Shape {
     /// `new-columns = "add"`: how many of `columns` (the last ones) are source columns added to the table
     /// (marked [`super::evolve::MARK`] in the catalog). Carried, never judged, like `_extra`.
     pub added: usize,
+    /// Generated columns of the table (`GENERATED ALWAYS AS (…) STORED`): never written (PostgreSQL computes
+    /// them); a member of `after` with such a name is neither a new column nor `_extra`.
+    pub generated: Vec<String>,
+    /// `GENERATED ALWAYS AS IDENTITY` columns of the table: inserted with `OVERRIDING SYSTEM VALUE` (the
+    /// source's value is the row's identity), never updated.
+    pub identity: Vec<String>,
 }
 
 impl Shape {
@@ -51,14 +57,42 @@ pub const UNRESOLVED: &str = "_unresolved";
 /// The name of the `new-columns = "extra"` column.
 pub const EXTRA: &str = "_extra";
 
-async fn catalog_columns(
+/// A column of an existing table as the catalog describes it.
+#[derive(Debug, Clone)]
+pub struct CatalogColumn {
+    /// Its name.
+    pub name: String,
+    /// Its type as `format_type()` spells it in this session (qualified and quoted as needed).
+    pub sql: String,
+    /// The type its values are read as (see [`SqlType::catalog`]): an enum's `text`, a domain's base type (with
+    /// `[]` for arrays of them); the type itself otherwise.
+    pub base: String,
+    /// `GENERATED ALWAYS AS (…) STORED` (`pg_attribute.attgenerated`): computed by PostgreSQL, never written.
+    pub generated: bool,
+    /// `GENERATED ALWAYS AS IDENTITY` (`pg_attribute.attidentity = 'a'`): written with `OVERRIDING SYSTEM VALUE`.
+    pub identity_always: bool,
+}
+
+/// The columns of `table` from the catalog (`None`: no such table), in column order.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn catalog_columns(
     c: &impl GenericClient,
     table: &QualifiedName,
-) -> Result<Option<Vec<(String, String)>>> {
+) -> Result<Option<Vec<CatalogColumn>>> {
     let rows = c
         .query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
-             JOIN pg_class r ON r.oid = a.attrelid JOIN pg_namespace n ON n.oid = r.relnamespace \
+            "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod), \
+             CASE e.typtype WHEN 'e' THEN 'text' \
+               WHEN 'd' THEN pg_catalog.format_type(e.typbasetype, e.typtypmod) END \
+               || CASE WHEN e.oid <> t.oid THEN '[]' ELSE '' END, \
+             a.attgenerated <> '', a.attidentity = 'a' \
+             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class r ON r.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace \
+             JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+             JOIN pg_catalog.pg_type e ON e.oid = CASE WHEN t.typcategory = 'A' AND t.typelem <> 0 \
+               THEN t.typelem ELSE t.oid END \
              WHERE n.nspname = $1 AND r.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             &[&table.schema.as_str(), &table.name.as_str()],
         )
@@ -66,7 +100,20 @@ async fn catalog_columns(
     if rows.is_empty() {
         return Ok(None);
     }
-    Ok(Some(rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+    Ok(Some(
+        rows.iter()
+            .map(|r| {
+                let sql: String = r.get(1);
+                CatalogColumn {
+                    name: r.get(0),
+                    base: r.get::<_, Option<String>>(2).unwrap_or_else(|| sql.clone()),
+                    sql,
+                    generated: r.get(3),
+                    identity_always: r.get(4),
+                }
+            })
+            .collect(),
+    ))
 }
 
 async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec<String>> {
@@ -91,21 +138,30 @@ async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec
 pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<Shape> {
     let proj = &p.projections[index];
     let plan = proj.row.as_ref().expect("row projection");
+    let catalog = catalog_columns(c, &plan.table).await?;
+    let (generated, identity) = write_rules(&proj.name, plan, catalog.as_deref())?;
     let mut columns: Vec<ColumnSpec> = match &plan.columns {
         Some(cols) => cols.clone(),
         None => {
-            let found = catalog_columns(c, &plan.table).await?.ok_or_else(|| {
+            let found = catalog.ok_or_else(|| {
                 Error::Schema(format!(
                     "row projection `{}`: table {} does not exist; create it (the source table's DDL) or declare `columns`",
                     proj.name, plan.table
                 ))
             })?;
             let mut out = Vec::new();
-            for (name, ty) in found {
-                if name.starts_with('_') {
+            for CatalogColumn {
+                name,
+                sql,
+                base,
+                generated,
+                ..
+            } in found
+            {
+                if name.starts_with('_') || generated {
                     continue;
                 }
-                let ty = SqlType::parse(&ty).map_err(|m| {
+                let ty = SqlType::catalog(&sql, &base).map_err(|m| {
                     Error::Schema(format!(
                         "row projection `{}`: column {name} of {}: {m}",
                         proj.name, plan.table
@@ -180,7 +236,45 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
         key,
         extra,
         added,
+        generated,
+        identity,
     })
+}
+
+/// The generated columns of the existing table (left out of every write; members of `after` named like them
+/// are not new columns) and its `GENERATED ALWAYS AS IDENTITY` columns (written with `OVERRIDING SYSTEM VALUE`,
+/// never updated) — both empty when the table does not exist yet.
+///
+/// # Errors
+/// [`Error::Schema`] when `columns` declares a generated column: PostgreSQL computes it and refuses a written
+/// value (SQLSTATE 428C9).
+fn write_rules(
+    projection: &str,
+    plan: &super::plan::RowPlan,
+    catalog: Option<&[CatalogColumn]>,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let cols = catalog.unwrap_or(&[]);
+    let generated: Vec<String> = cols.iter().filter(|c| c.generated).map(|c| c.name.clone()).collect();
+    if let Some(g) = plan
+        .columns
+        .iter()
+        .flatten()
+        .find(|d| generated.iter().any(|g| g == d.name.as_str()))
+    {
+        return Err(Error::Schema(format!(
+            "row projection `{projection}`: column `{}` of {} is GENERATED ALWAYS AS (…) STORED: PostgreSQL \
+             computes it and refuses a written value (SQLSTATE 428C9); leave it out of `columns` (the source's \
+             value is then ignored)",
+            g.name.as_str(),
+            plan.table
+        )));
+    }
+    let identity = cols
+        .iter()
+        .filter(|c| c.identity_always)
+        .map(|c| c.name.clone())
+        .collect();
+    Ok((generated, identity))
 }
 
 /// `new-columns = "add"`: moves the table's columns marked [`super::evolve::MARK`] to the end of `columns` (adding
