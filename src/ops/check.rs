@@ -78,6 +78,32 @@ pub fn database(p: &Pipeline, url: &str, days: u32) -> Result<Vec<Finding>> {
         .map_err(|e| Error::Other(format!("tokio runtime: {e}")))?;
     rt.block_on(async {
         let mut client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
-        privileges::check_database(&mut client, p, days).await
+        let mut out = privileges::check_database(&mut client, p, days).await?;
+        out.extend(crate::sink::schema::destination_findings(&mut client, p).await?);
+        Ok(out)
     })
+}
+
+/// What `check` warns about from the pipeline file alone: interval columns declared in a row projection's
+/// `columns` while `[source] interval-handling` is `numeric` (the default, as Debezium's).
+pub fn warnings(p: &Pipeline) -> Vec<String> {
+    if p.format != crate::config::Format::Debezium
+        || p.interval_handling != crate::config::IntervalHandling::Numeric
+    {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for proj in &p.projections {
+        for c in proj.row.iter().flat_map(|r| r.columns.iter().flatten()) {
+            if c.ty.kind == crate::projection::row::Kind::Interval {
+                out.push(format!(
+                    "row projection `{}`: interval column `{}`: {}",
+                    proj.name,
+                    c.name.as_str(),
+                    crate::projection::row::table::NUMERIC_INTERVAL
+                ));
+            }
+        }
+    }
+    out
 }

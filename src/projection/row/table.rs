@@ -241,6 +241,64 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
     })
 }
 
+/// What `check --database` says about row projection `index`'s destination table (`(ok, text)` each, before
+/// any batch): a table that does not exist while `columns` is not declared, or a shape [`resolve`] refuses (a
+/// column type replaysafe cannot write, a declared generated column), is not ok; generated columns left out of
+/// the write, identity columns written with `OVERRIDING SYSTEM VALUE`, enum and domain columns and (with
+/// `[source] interval-handling = "numeric"`) interval columns are noted.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn column_notes(
+    c: &impl GenericClient,
+    p: &Pipeline,
+    index: usize,
+) -> Result<Vec<(bool, String)>> {
+    let plan = p.projections[index].row.as_ref().expect("row projection");
+    let Some(catalog) = catalog_columns(c, &plan.table).await? else {
+        return Ok(match plan.columns {
+            Some(_) => Vec::new(),
+            None => vec![(
+                false,
+                format!(
+                    "table {} does not exist and `columns` is not declared: create it (the source table's DDL)",
+                    plan.table
+                ),
+            )],
+        });
+    };
+    let shape = match resolve(c, p, index).await {
+        Ok(s) => s,
+        Err(Error::Schema(m)) => return Ok(vec![(false, m)]),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for col in &catalog {
+        let name = &col.name;
+        if col.generated {
+            out.push((true, format!("column `{name}` of {} is generated: left out of every write (PostgreSQL computes it; the source's value is ignored)", plan.table)));
+        } else if col.identity_always && shape.columns.iter().any(|c| c.name.as_str() == name) {
+            out.push((true, format!("column `{name}` of {} is GENERATED ALWAYS AS IDENTITY: inserted with OVERRIDING SYSTEM VALUE (the source's value), never updated", plan.table)));
+        } else if col.base != col.sql && shape.columns.iter().any(|c| c.name.as_str() == name) {
+            out.push((true, format!("column `{name}` of {} is {} (an enum or domain), written from {}: a value the type refuses is quarantined (invalid-field) naming the column", plan.table, col.sql, col.base)));
+        }
+    }
+    if p.interval_handling == crate::config::IntervalHandling::Numeric {
+        for c in shape.columns.iter().filter(|c| c.ty.kind == super::Kind::Interval) {
+            out.push((true, format!("warning: interval column `{}`: {}", c.name.as_str(), NUMERIC_INTERVAL)));
+        }
+    }
+    Ok(out)
+}
+
+/// `check`'s warning about interval columns under `[source] interval-handling = "numeric"` (Debezium PostgreSQL
+/// connector documentation, `interval.handling.mode`: `numeric` "represents intervals using approximate number
+/// of microseconds").
+pub const NUMERIC_INTERVAL: &str = "Debezium's numeric interval (interval.handling.mode = numeric, the default) is \
+     approximate for months and years (a month = 30.4375 days, a year = 365.25 days): the microseconds it carries \
+     are stored exactly (`1 mon` lands as 730:30:00); set interval.handling.mode = string on the connector and \
+     [source] interval-handling = \"string\" to keep months and years exactly";
+
 /// The generated columns of the existing table (left out of every write; members of `after` named like them
 /// are not new columns) and its `GENERATED ALWAYS AS IDENTITY` columns (written with `OVERRIDING SYSTEM VALUE`,
 /// never updated) — both empty when the table does not exist yet.
