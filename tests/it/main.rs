@@ -15,6 +15,7 @@ mod cases_tx;
 mod cdc;
 mod cdc_evolve;
 mod cdc_order;
+mod cdc_pgtypes;
 mod cdc_pk;
 mod cdc_tx;
 mod cdc_tx_gaps;

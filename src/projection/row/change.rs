@@ -340,12 +340,19 @@ pub fn keyless_stop(
     batch: &crate::sink::batch::Batch,
     offset: i64,
 ) -> Option<crate::sink::error::ApplyError> {
-    if change.key.is_some() || change.op == Op::Truncate || plan.keyless == super::Keyless::Key {
+    if change.key.is_some() || change.op == Op::Truncate || plan.keyless == super::plan::Keyless::Key {
         return None;
     }
     Some(crate::sink::error::ApplyError::Fatal(
         crate::error::Error::Schema(format!(
-            "keyless source table at {}/{} offset {offset}: the change of {} has a null Kafka key (a table              without a primary key), so row projection `{projection}` cannot tell its rows apart — identical              rows would merge and a delete would remove every copy; the partition stops here and nothing of              this batch was committed. Give the table a key: a primary key at the source, or              `message.key.columns = \"<db>.{}:<unique columns>\"` on the Debezium connector (then replay the              topic); or, when the projection's `key` columns are unique at the source and the topic has one              partition, set keyless = \"key\" on the projection and restart (README \"Tables without a              primary key\")",
+            "keyless source table at {}/{} offset {offset}: the change of {} has a null Kafka key (a table \
+             without a primary key), so row projection `{projection}` cannot tell its rows apart — identical \
+             rows would merge and a delete would remove every copy; the partition stops here and nothing of \
+             this batch was committed. Give the table a key: a primary key at the source, or \
+             `message.key.columns = \"{}:<unique columns>\"` on the Debezium connector (then replay the \
+             topic); or, when the projection's `key` columns are unique at the source and the topic has one \
+             partition, set keyless = \"key\" on the projection and restart (README \"Tables without a \
+             primary key\")",
             batch.topic, batch.partition, change.table, change.table
         )),
     ))

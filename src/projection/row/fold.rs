@@ -329,7 +329,7 @@ async fn fold_segment(
             if c.follows_snapshot {
                 follow(c, cur.as_ref());
             }
-            if c.unpositioned {
+            if c.unpositioned && !c.redelivered {
                 let by_position = !matches!(plan.version, VersionPlan::Column(_));
                 place(c, cur.as_ref(), by_position);
             }
