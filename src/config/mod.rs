@@ -154,6 +154,8 @@ mod tests {
             "absent",
             "new-columns",
             "schema-drift",
+            "keyless",
+            "interval-handling",
             "transactions",
             "transaction-timeout-ms",
             "transaction-buffer-bytes",

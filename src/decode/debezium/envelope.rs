@@ -712,4 +712,51 @@ mod tests {
             Ok(Record::Skip("cdc-heartbeat"))
         ));
     }
+
+    /// C51: an incremental-snapshot read without lsn, txId and sequence (Debezium 2.x, DBZ-4329) is a read
+    /// placed later by the row projection — position `[0, 0]`, `_position` its emission time — in both parses;
+    /// one with a position (Debezium 3.6.1) keeps it; a streamed change without a position is still refused.
+    #[test]
+    fn incremental_reads_without_a_position_are_reads() {
+        let v = |snapshot: &str, op: &str, seq: &str, lsn: &str| {
+            format!(
+                r#"{{"before":null,"after":{{"id":1}},"source":{{"db":"app","schema":"public","table":"t",
+                "ts_ms":5,"snapshot":"{snapshot}","sequence":{seq},"lsn":{lsn},"txId":null}},"op":"{op}",
+                "ts_ms":1714003272010}}"#
+            )
+        };
+        for doc in [Doc::Full, Doc::BuiltIns] {
+            let text = v("incremental", "r", "null", "null");
+            let Record::Change(c, d) =
+                decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc).unwrap()
+            else {
+                panic!("not a change")
+            };
+            assert!(c.incremental && c.unpositioned, "{doc:?}");
+            assert_eq!(c.position, [0, 0]);
+            assert_eq!(d["_position"], "incremental/1714003272010");
+            assert_eq!(d["_snapshot"], true);
+            let text = v("incremental", "r", r#""[\"28758576\",\"28758576\"]""#, "28758576");
+            let Record::Change(c, _) =
+                decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc).unwrap()
+            else {
+                panic!("not a change")
+            };
+            assert!(c.incremental && !c.unpositioned, "{doc:?}");
+            assert_eq!(c.position, [28_758_576, 28_758_576]);
+            let text = v("true", "r", r#""[null,\"100\"]""#, "100");
+            let Record::Change(c, _) =
+                decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc).unwrap()
+            else {
+                panic!("not a change")
+            };
+            assert!(!c.incremental && !c.unpositioned, "{doc:?}");
+            for (snapshot, op) in [("false", "u"), ("true", "r")] {
+                let text = v(snapshot, op, "null", "null");
+                let e = decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc)
+                    .unwrap_err();
+                assert!(e.detail.contains("no source position"), "{snapshot} {doc:?}");
+            }
+        }
+    }
 }

@@ -236,4 +236,21 @@ mod tests {
             assert!(SqlType::parse(bad).is_err(), "{bad}");
         }
     }
+
+    /// Catalog types: an enum is written as its own (qualified, quoted) type from text, a domain from its base
+    /// type, arrays of them as arrays; a base replaysafe cannot convert is refused.
+    #[test]
+    fn catalog_types_keep_their_name_and_take_the_base_kind() {
+        let t = SqlType::catalog("\"S\".product_status", "text").unwrap();
+        assert_eq!(
+            (t.sql.as_str(), t.kind, t.array),
+            ("\"S\".product_status", Kind::Text, false)
+        );
+        let t = SqlType::catalog("s.cents", "numeric(12,2)").unwrap();
+        assert_eq!((t.kind, t.scale), (Kind::Numeric, Some(2)));
+        let t = SqlType::catalog("s.product_status[]", "text[]").unwrap();
+        assert_eq!((t.kind, t.array, t.sql.as_str()), (Kind::Text, true, "s.product_status[]"));
+        assert_eq!(SqlType::catalog("jsonb", "jsonb").unwrap().kind, Kind::Json);
+        assert!(SqlType::catalog("s.shape", "geometry").is_err());
+    }
 }
