@@ -332,7 +332,9 @@ fn extra(shape: &Shape, after: &crate::decode::debezium::Row) -> Pg {
 /// source table, topic/partition/offset and the fixes; nothing of the batch is committed, the checkpoint stays
 /// before it. Such rows cannot be told apart (identical rows would merge into one, a delete matched on its
 /// `before` image would remove every copy) and a null key spreads one row's changes over partitions. `None` when
-/// the change has a key or the projection has `keyless = "key"`.
+/// the change has a key, or the projection has `keyless = "key"` and the change is on partition 0 (a keyless
+/// change on another partition means the topic has several: null keys give no per-row order across them, so
+/// `keyless = "key"` stops there too).
 pub fn keyless_stop(
     plan: &RowPlan,
     projection: &str,
@@ -340,8 +342,23 @@ pub fn keyless_stop(
     batch: &crate::sink::batch::Batch,
     offset: i64,
 ) -> Option<crate::sink::error::ApplyError> {
-    if change.key.is_some() || change.op == Op::Truncate || plan.keyless == super::plan::Keyless::Key {
+    if change.key.is_some() || change.op == Op::Truncate {
         return None;
+    }
+    if plan.keyless == super::plan::Keyless::Key {
+        if batch.partition == 0 {
+            return None;
+        }
+        return Some(crate::sink::error::ApplyError::Fatal(
+            crate::error::Error::Schema(format!(
+                "keyless source table at {}/{} offset {offset}: the change of {} has a null Kafka key on \
+                 partition {}: row projection `{projection}` has keyless = \"key\", which needs a topic of \
+                 one partition (null keys spread one row's changes over partitions, in no order); nothing of \
+                 this batch was committed. Give the table a key on the connector (`message.key.columns = \
+                 \"{}:<unique columns>\"`) and replay the topic (README \"Tables without a primary key\")",
+                batch.topic, batch.partition, change.table, batch.partition, change.table
+            )),
+        ));
     }
     Some(crate::sink::error::ApplyError::Fatal(
         crate::error::Error::Schema(format!(
