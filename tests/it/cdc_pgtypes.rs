@@ -13,7 +13,8 @@ fn committed0(group: &str, topic: &str) -> Option<i64> {
 
 /// C55's destination: an enum, jsonb, a text array, a domain, a `GENERATED ALWAYS AS IDENTITY` key and a
 /// generated column the source carries as an ordinary one.
-const PRODUCTS_DDL: &str = "CREATE TYPE {s}.product_status AS ENUM ('draft', 'active', 'retired'); \
+const PRODUCTS_DDL: &str =
+    "CREATE TYPE {s}.product_status AS ENUM ('draft', 'active', 'retired'); \
      CREATE DOMAIN {s}.cents AS integer CHECK (VALUE >= 0); \
      CREATE TABLE {s}.products (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, sku uuid, \
      status {s}.product_status, attrs jsonb, tags text[], qty int, unit_cents {s}.cents, \
@@ -217,7 +218,9 @@ columns = { id = "bigint", status = "text", total_cents = "integer" }
     assert_eq!(check.code, Some(2), "{}\n{}", check.stdout, check.stderr);
     assert!(
         check.stdout.contains("column `status` of")
-            && check.stdout.contains("product_status, but `columns` of projection"),
+            && check
+                .stdout
+                .contains("product_status, but `columns` of projection"),
         "{}",
         check.stdout
     );
@@ -282,10 +285,18 @@ fn c54_intervals_keep_microseconds_and_iso_months() {
             db.i64("SELECT count(*) FROM {s}.plans WHERE id = 2 AND period = interval '1 day 02:03:04.500001'"),
             1
         );
-        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+            0
+        );
         assert_eq!(committed0(&group, &topic), Some(map[&(0, last)] + 1));
         // A replay under a new group: duplicates, the same rows.
-        let again = pipeline(&PLANS.replace("MODE", mode), &topic, &unique("g"), &db.schema);
+        let again = pipeline(
+            &PLANS.replace("MODE", mode),
+            &topic,
+            &unique("g"),
+            &db.schema,
+        );
         let t = run_caught_up(&again.path).assert_ok().tally();
         assert_eq!((t.landed, t.duplicate), (0, rows));
         assert_eq!(
@@ -361,7 +372,10 @@ fn c51_incremental_snapshot_reads_between_streamed_changes() {
             .get::<_, Vec<i64>>(0),
             vec![75000036, 75000100]
         );
-        assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+            0
+        );
         // 72, 73 and 77 are three claims (their identity is the read's own emission, not a null position).
         assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 7);
         assert_eq!(committed0(&group, &topic), Some(map[&(0, 77)] + 1));
@@ -427,7 +441,12 @@ fn c51_incremental_read_never_resurrects_and_never_lowers() {
     let out = run_caught_up(&p.path);
     out.assert_ok();
     let t = out.tally();
-    assert_eq!((t.consumed, t.landed, out.stale()), (4, 3, 1), "{}", out.stdout);
+    assert_eq!(
+        (t.consumed, t.landed, out.stale()),
+        (4, 3, 1),
+        "{}",
+        out.stdout
+    );
     assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts"), 0);
     assert_eq!(
         db.strings("SELECT _last->>'balance' FROM {s}.accounts_tombstones WHERE id = 1"),
@@ -472,7 +491,10 @@ fn c52_keyless_source_is_refused_naming_the_table() {
     }
     assert_eq!(db.i64("SELECT count(*) FROM {s}.audit_events"), 0);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
     // The checkpoint stays before the first keyless change.
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(map[&(0, 5)]));
     assert_eq!(committed0(&group, &topic), None);

@@ -426,7 +426,10 @@ fn source_position(env: &Map<String, Value>, incremental: bool) -> Result<Source
         },
         _ => None,
     };
-    let change_lsn = seq.as_ref().and_then(|s| s.get(1).copied().flatten()).or(lsn);
+    let change_lsn = seq
+        .as_ref()
+        .and_then(|s| s.get(1).copied().flatten())
+        .or(lsn);
     let unpositioned = match (change_lsn, incremental) {
         (Some(_), _) => None,
         (None, true) => Some(env.get("ts_ms").and_then(parse_i64).ok_or_else(|| {
@@ -736,7 +739,12 @@ mod tests {
             assert_eq!(c.position, [0, 0]);
             assert_eq!(d["_position"], "incremental/1714003272010");
             assert_eq!(d["_snapshot"], true);
-            let text = v("incremental", "r", r#""[\"28758576\",\"28758576\"]""#, "28758576");
+            let text = v(
+                "incremental",
+                "r",
+                r#""[\"28758576\",\"28758576\"]""#,
+                "28758576",
+            );
             let Record::Change(c, _) =
                 decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc).unwrap()
             else {
@@ -755,7 +763,10 @@ mod tests {
                 let text = v(snapshot, op, "null", "null");
                 let e = decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc)
                     .unwrap_err();
-                assert!(e.detail.contains("no source position"), "{snapshot} {doc:?}");
+                assert!(
+                    e.detail.contains("no source position"),
+                    "{snapshot} {doc:?}"
+                );
             }
         }
     }

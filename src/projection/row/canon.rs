@@ -124,7 +124,9 @@ async fn in_savepoint<T: ?Sized + tokio_postgres::ToStatement + Sync>(
 /// 23502 (its `NOT NULL`): the cast is a plain `SELECT`, so these come from the domain alone.
 fn refused(e: &tokio_postgres::Error) -> bool {
     e.code().is_some_and(|c: &SqlState| {
-        c.code().starts_with("22") || *c == SqlState::CHECK_VIOLATION || *c == SqlState::NOT_NULL_VIOLATION
+        c.code().starts_with("22")
+            || *c == SqlState::CHECK_VIOLATION
+            || *c == SqlState::NOT_NULL_VIOLATION
     })
 }
 

@@ -9,9 +9,7 @@ use tokio_postgres::Transaction;
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::state::{
-    compare, entity, follow, hash, object, place, version_text, State, Unresolved,
-};
+use super::state::{compare, entity, follow, hash, object, place, version_text, State, Unresolved};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
@@ -582,9 +580,8 @@ fn judge(
     use std::cmp::Ordering::{Equal, Less};
     // An incremental-snapshot read without a position, placed at the stored state (`state::place`): newer
     // than a different stored row (applied at its version), never over a tombstone.
-    let placed_newer = c.unpositioned
-        && !by_column
-        && cur.as_ref().is_some_and(|s| !s.deleted && s.sha != sha);
+    let placed_newer =
+        c.unpositioned && !by_column && cur.as_ref().is_some_and(|s| !s.deleted && s.sha != sha);
     Ok(match (&*cur, order) {
         (Some(s), _) if c.unpositioned && s.deleted => RowResult::Stale,
         // Older than the newest truncate (by source position): that truncate removed it. A read without a

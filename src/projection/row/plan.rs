@@ -230,10 +230,9 @@ pub(crate) fn compile(
 fn keyless(src: &Source, json: bool, rp: &RawProjection) -> Result<Keyless> {
     match rp.keyless.as_ref().map(|t| (t, t.get_ref().as_str())) {
         None => Ok(Keyless::Refuse),
-        Some((t, _)) if json => Err(src.error(
-            t.span(),
-            "`keyless` applies to Debezium row projections",
-        )),
+        Some((t, _)) if json => {
+            Err(src.error(t.span(), "`keyless` applies to Debezium row projections"))
+        }
         Some((_, "refuse")) => Ok(Keyless::Refuse),
         Some((_, "key")) => Ok(Keyless::Key),
         Some((t, other)) => Err(src.error(

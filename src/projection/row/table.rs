@@ -284,8 +284,19 @@ pub async fn column_notes(
         }
     }
     if p.interval_handling == crate::config::IntervalHandling::Numeric {
-        for c in shape.columns.iter().filter(|c| c.ty.kind == super::Kind::Interval) {
-            out.push((true, format!("warning: interval column `{}`: {}", c.name.as_str(), NUMERIC_INTERVAL)));
+        for c in shape
+            .columns
+            .iter()
+            .filter(|c| c.ty.kind == super::Kind::Interval)
+        {
+            out.push((
+                true,
+                format!(
+                    "warning: interval column `{}`: {}",
+                    c.name.as_str(),
+                    NUMERIC_INTERVAL
+                ),
+            ));
         }
     }
     Ok(out)
@@ -312,7 +323,11 @@ fn write_rules(
     catalog: Option<&[CatalogColumn]>,
 ) -> Result<(Vec<String>, Vec<String>)> {
     let cols = catalog.unwrap_or(&[]);
-    let generated: Vec<String> = cols.iter().filter(|c| c.generated).map(|c| c.name.clone()).collect();
+    let generated: Vec<String> = cols
+        .iter()
+        .filter(|c| c.generated)
+        .map(|c| c.name.clone())
+        .collect();
     if let Some(g) = plan
         .columns
         .iter()

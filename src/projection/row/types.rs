@@ -249,7 +249,10 @@ mod tests {
         let t = SqlType::catalog("s.cents", "numeric(12,2)").unwrap();
         assert_eq!((t.kind, t.scale), (Kind::Numeric, Some(2)));
         let t = SqlType::catalog("s.product_status[]", "text[]").unwrap();
-        assert_eq!((t.kind, t.array, t.sql.as_str()), (Kind::Text, true, "s.product_status[]"));
+        assert_eq!(
+            (t.kind, t.array, t.sql.as_str()),
+            (Kind::Text, true, "s.product_status[]")
+        );
         assert_eq!(SqlType::catalog("jsonb", "jsonb").unwrap().kind, Kind::Json);
         assert!(SqlType::catalog("s.shape", "geometry").is_err());
     }
