@@ -92,6 +92,8 @@ pub struct Change {
     pub unpositioned: bool,
     /// The Debezium key (unwrapped), when the record had one.
     pub key: Option<Row>,
+    /// The record has no Kafka key at all (null): Debezium's change of a table without a primary key (DBZ-916).
+    pub null_key: bool,
     /// `before` (deletes and REPLICA IDENTITY FULL updates).
     pub before: Option<Row>,
     /// `after` (creates, updates, reads).
@@ -281,6 +283,7 @@ pub fn decode_with(
             incremental,
             unpositioned: at.unpositioned.is_some(),
             key: key_row,
+            null_key: key.is_none(),
             before,
             after,
             old_key: match old_key.and_then(|k| schema::parse(k).ok()) {

@@ -342,7 +342,7 @@ pub fn keyless_stop(
     batch: &crate::sink::batch::Batch,
     offset: i64,
 ) -> Option<crate::sink::error::ApplyError> {
-    if change.key.is_some() || change.op == Op::Truncate {
+    if !change.null_key || change.op == Op::Truncate {
         return None;
     }
     if plan.keyless == super::plan::Keyless::Key {
