@@ -521,3 +521,83 @@ fn c52_keyless_source_is_refused_naming_the_table() {
     );
     assert_eq!(committed0(&group, &topic), Some(2));
 }
+
+/// C52, `keyless = "key"` on a topic of several partitions: a keyless change on a partition other than 0 stops
+/// the run (exit 2) — null keys give no per-row order across partitions; nothing of that batch is committed.
+#[test]
+fn c52_keyless_key_mode_refuses_a_second_partition() {
+    let db = Db::fresh("c52p");
+    let topic = new_topic("c52p", 2);
+    let records = crate::cases::load("C52", None);
+    let mut one = records[0].rec.clone();
+    one.partition = 1;
+    produce(&topic, &[one]);
+    let group = unique("g");
+    let p = pipeline(
+        &AUDIT.replace("KEYLESS", "keyless = \"key\"\n"),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("keyless source table at {topic}/1 offset 0"))
+            && out.stderr.contains("needs a topic of one partition"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.audit_events"), 0);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(committed(&group, &topic, 2), vec![None, None]);
+}
+
+/// C55, a domain's `CHECK` refusing a value (SQLSTATE 23514, not class 22) quarantines that record naming the
+/// column, like any value its column's type refuses; the rest of the batch applies, nothing is retried.
+#[test]
+fn c55_domain_check_violation_is_dead_lettered() {
+    let db = Db::fresh("c55d");
+    db.execute(PRODUCTS_DDL);
+    let topic = new_topic("c55d", 1);
+    let t = Table("products");
+    let row = |id: i64, unit: i64| {
+        serde_json::json!({"id": id, "sku": null, "status": "draft", "attrs": null, "tags": null,
+                           "qty": 1, "unit_cents": unit, "total_cents": 0})
+    };
+    produce(
+        &topic,
+        &[
+            t.create(0, 1, row(1, 100), 100),
+            t.create(0, 2, row(2, -5), 200),
+            t.create(0, 3, row(3, 7), 300),
+        ],
+    );
+    let group = unique("g");
+    let p = pipeline(
+        &PRODUCTS.replace("MAXREC", "5000"),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    let out = run_caught_up(&p.path);
+    out.assert_ok();
+    let tally = out.tally();
+    assert_eq!((tally.consumed, tally.landed, tally.quarantined), (3, 2, 1));
+    assert_eq!(
+        db.strings("SELECT id || '=' || total_cents FROM {s}.products ORDER BY id"),
+        vec!["1=100", "3=7"]
+    );
+    let dl = db.query(
+        "SELECT \"offset\", detail FROM {s}.replaysafe_dead_letters",
+        &[],
+    );
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0].get::<_, i64>(0), 1);
+    let detail: String = dl[0].get(1);
+    assert!(
+        detail.contains("column `unit_cents`") && detail.contains("cents"),
+        "{detail}"
+    );
+    assert_eq!(committed0(&group, &topic), Some(3));
+}
