@@ -686,4 +686,42 @@ columns = { id = "bigint" }
             .to_string();
         assert!(e.contains("applies to Debezium"), "{e}");
     }
+
+    /// `keyless` and `[source] interval-handling`: defaults, values, refusals naming `file:line`.
+    #[test]
+    fn keyless_and_interval_handling_are_validated() {
+        let p = crate::config::parse("p.toml", DBZ).unwrap();
+        assert_eq!(
+            p.projections[0].row.as_ref().unwrap().keyless,
+            super::Keyless::Refuse
+        );
+        assert_eq!(
+            p.interval_handling,
+            crate::config::IntervalHandling::Numeric
+        );
+        let p = crate::config::parse("p.toml", &format!("{DBZ}keyless = \"key\"\n")).unwrap();
+        assert_eq!(
+            p.projections[0].row.as_ref().unwrap().keyless,
+            super::Keyless::Key
+        );
+        let with = DBZ.replace(
+            "format = \"debezium\"",
+            "format = \"debezium\"\ninterval-handling = \"string\"",
+        );
+        let p = crate::config::parse("p.toml", &with).unwrap();
+        assert_eq!(p.interval_handling, crate::config::IntervalHandling::String);
+        for text in [
+            format!("{DBZ}keyless = \"multiset\"\n"),
+            DBZ.replace(
+                "format = \"debezium\"",
+                "format = \"debezium\"\ninterval-handling = \"iso\"",
+            ),
+        ] {
+            let e = crate::config::parse("p.toml", &text)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("p.toml:") && e.contains("must be"), "{e}");
+        }
+    }
 }
