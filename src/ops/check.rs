@@ -67,7 +67,9 @@ pub fn require_topics(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -
     )))
 }
 
-/// `check --database`: connects and runs [`privileges::check_database`] (a read-only transaction).
+/// `check --database`: connects and runs [`privileges::check_database`] (a read-only transaction) and
+/// [`crate::sink::schema::destination_findings`] (the projections' destination columns; not checked, and said
+/// so, when the role lacks a privilege it needs).
 ///
 /// # Errors
 /// [`Error::Postgres`] when it cannot connect or query.
@@ -79,7 +81,23 @@ pub fn database(p: &Pipeline, url: &str, days: u32) -> Result<Vec<Finding>> {
     rt.block_on(async {
         let mut client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
         let mut out = privileges::check_database(&mut client, p, days).await?;
-        out.extend(crate::sink::schema::destination_findings(&mut client, p).await?);
+        // The destination's columns (a privilege the role lacks for it is named above, and again here).
+        match crate::sink::schema::destination_findings(&mut client, p).await {
+            Ok(found) => out.extend(found),
+            Err(Error::Postgres(e))
+                if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+            {
+                out.push(Finding {
+                    ok: false,
+                    what: format!(
+                        "destination column types not checked: {}",
+                        e.as_db_error()
+                            .map_or_else(|| e.to_string(), |d| d.message().to_string())
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        }
         Ok(out)
     })
 }
