@@ -75,6 +75,9 @@ fn signals_with_deadline(
 fn check(a: cli::CheckArgs) -> anyhow::Result<()> {
     let p = config::load(&a.config)?;
     println!("{}: valid\n\n{}", a.config.display(), p.four_answers());
+    for w in ops::check::warnings(&p) {
+        println!("\nwarning: {w}");
+    }
     if let Ok(url) = database_url(&p) {
         // How the database is reached (TLS, where the password comes from), never a secret.
         println!("\n{}", replaysafe::sink::conninfo::summary(&url)?);

@@ -39,6 +39,19 @@ pub enum DecimalHandling {
     Double,
 }
 
+/// `[source] interval-handling`: the connector's `interval.handling.mode` (Debezium PostgreSQL connector
+/// documentation, "Basic types" / `interval.handling.mode`). Values are read the same way under both (a JSON
+/// number is `io.debezium.time.MicroDuration` microseconds, a string an ISO 8601 duration); the mode tells
+/// `check` whether interval columns receive the approximate numeric form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntervalHandling {
+    /// `numeric` (Debezium's default): microseconds, with a month counted as 30.4375 days and a year as 365.25
+    /// days — the months and years of the source value are not kept.
+    Numeric,
+    /// `string`: an ISO 8601 duration (`P1Y2M3DT4H5M6.78S`), exact.
+    String,
+}
+
 /// Built-in fields of Debezium pipelines: `(name, type)`, read from the decoded envelope.
 pub const CDC_FIELDS: [(&str, FieldType); 6] = [
     ("_source", FieldType::Text),

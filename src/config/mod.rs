@@ -17,7 +17,7 @@ pub mod txn;
 
 pub use connection::{ConnectionPlan, SslMode};
 pub use errors::{ErrorsPlan, Tolerance};
-pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format};
+pub use fields::{DecimalHandling, EpochUnit, FieldPlan, FieldType, Format, IntervalHandling};
 pub use kafka::{KafkaPlan, StartPolicy};
 pub use outbox::OutboxPlan;
 pub use plan::{
@@ -154,6 +154,8 @@ mod tests {
             "absent",
             "new-columns",
             "schema-drift",
+            "keyless",
+            "interval-handling",
             "transactions",
             "transaction-timeout-ms",
             "transaction-buffer-bytes",

@@ -40,6 +40,8 @@ pub struct Pipeline {
     pub format: Format,
     /// Debezium without schemas: how `numeric` values are encoded.
     pub decimal_handling: DecimalHandling,
+    /// Debezium: the connector's `interval.handling.mode` as `[source] interval-handling` says it.
+    pub interval_handling: super::IntervalHandling,
     /// `[source] encoding`: plain JSON, or schema-registry framed Avro / JSON.
     pub encoding: super::Encoding,
     /// `[source] schema-registry`: the client (with its schema cache) when the encoding needs one.
@@ -331,6 +333,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     )? as usize;
 
     let (format, decimal_handling) = source(src, &raw)?;
+    let interval_handling = interval_handling(src, &raw, format)?;
     let transactions = super::txn::plan(src, raw.source.as_ref().map(|s| s.get_ref()), format)?;
     if transactions.is_some() && !kafka.topics.iter().any(|t| t.contains("transaction")) {
         tracing::warn!(
@@ -365,6 +368,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
     Ok(Pipeline {
         format,
         decimal_handling,
+        interval_handling,
         encoding,
         registry: registry.map(|r| std::sync::Arc::new(crate::decode::registry::Registry::new(r))),
         source: src.clone(),
@@ -427,6 +431,35 @@ fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
             .as_ref()
             .is_none_or(|m| *m.get_ref()),
     })
+}
+
+/// `[source] interval-handling` (Debezium only): `numeric` (default, as the connector's) or `string`.
+fn interval_handling(
+    src: &Source,
+    raw: &RawPipeline,
+    format: Format,
+) -> Result<super::IntervalHandling> {
+    let Some(i) = raw
+        .source
+        .as_ref()
+        .and_then(|s| s.get_ref().interval_handling.as_ref())
+    else {
+        return Ok(super::IntervalHandling::Numeric);
+    };
+    if format != Format::Debezium {
+        return Err(src.error(
+            i.span(),
+            "`interval-handling` applies to format = \"debezium\"",
+        ));
+    }
+    match i.get_ref().as_str() {
+        "numeric" => Ok(super::IntervalHandling::Numeric),
+        "string" => Ok(super::IntervalHandling::String),
+        other => Err(src.error(
+            i.span(),
+            format!("`interval-handling` must be \"numeric\" or \"string\", not `{other}`"),
+        )),
+    }
 }
 
 /// `[source]`: the format and (Debezium) the decimal handling.

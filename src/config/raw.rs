@@ -35,6 +35,7 @@ pub struct RawPipeline {
 pub struct RawSource {
     pub format: Spanned<String>,
     pub decimal_handling: Option<Spanned<String>>,
+    pub interval_handling: Option<Spanned<String>>,
     pub encoding: Option<Spanned<String>>,
     pub schema_registry: Option<Spanned<super::registry::RawRegistry>>,
     pub transactions: Option<Spanned<String>>,
@@ -149,4 +150,5 @@ pub struct RawProjection {
     pub absent: Option<Spanned<String>>,
     pub new_columns: Option<Spanned<String>>,
     pub schema_drift: Option<Spanned<String>>,
+    pub keyless: Option<Spanned<String>>,
 }

@@ -90,7 +90,9 @@ pub fn require_topics(p: &Pipeline, brokers: &str, extra: &[(String, String)]) -
     )))
 }
 
-/// `check --database`: connects and runs [`privileges::check_database`] (a read-only transaction).
+/// `check --database`: connects and runs [`privileges::check_database`] (a read-only transaction) and
+/// [`crate::sink::schema::destination_findings`] (the projections' destination columns; not checked, and said
+/// so, when the role lacks a privilege it needs).
 ///
 /// # Errors
 /// [`Error::Postgres`] when it cannot connect or query.
@@ -101,6 +103,48 @@ pub fn database(p: &Pipeline, url: &str, days: u32) -> Result<Vec<Finding>> {
         .map_err(|e| Error::Other(format!("tokio runtime: {e}")))?;
     rt.block_on(async {
         let mut client = crate::sink::connect_with(url, &p.postgres.timeouts).await?;
-        privileges::check_database(&mut client, p, days).await
+        let mut out = privileges::check_database(&mut client, p, days).await?;
+        // The destination's columns (a privilege the role lacks for it is named above, and again here).
+        match crate::sink::schema::destination_findings(&mut client, p).await {
+            Ok(found) => out.extend(found),
+            Err(Error::Postgres(e))
+                if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+            {
+                out.push(Finding {
+                    ok: false,
+                    what: format!(
+                        "destination column types not checked: {}",
+                        e.as_db_error()
+                            .map_or_else(|| e.to_string(), |d| d.message().to_string())
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(out)
     })
+}
+
+/// What `check` warns about from the pipeline file alone: interval columns declared in a row projection's
+/// `columns` while `[source] interval-handling` is `numeric` (the default, as Debezium's).
+pub fn warnings(p: &Pipeline) -> Vec<String> {
+    if p.format != crate::config::Format::Debezium
+        || p.interval_handling != crate::config::IntervalHandling::Numeric
+    {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for proj in &p.projections {
+        for c in proj.row.iter().flat_map(|r| r.columns.iter().flatten()) {
+            if c.ty.kind == crate::projection::row::Kind::Interval {
+                out.push(format!(
+                    "row projection `{}`: interval column `{}`: {}",
+                    proj.name,
+                    c.name.as_str(),
+                    crate::projection::row::table::NUMERIC_INTERVAL
+                ));
+            }
+        }
+    }
+    out
 }

@@ -283,6 +283,36 @@ struct TypedColumn<'a> {
     or_bigint: bool,
 }
 
+/// `check --database`: the row projections' destination columns ([`crate::projection::row::table::column_notes`])
+/// and the declared column types against the existing tables ([`check_column_types`]: an enum, jsonb or domain
+/// column declared with another type is named), as findings — before any batch.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn destination_findings(
+    client: &mut Client,
+    p: &Pipeline,
+) -> Result<Vec<super::privileges::Finding>> {
+    let mut out = Vec::new();
+    for (i, proj) in p.projections.iter().enumerate() {
+        if proj.row.is_none() {
+            continue;
+        }
+        for (ok, what) in crate::projection::row::table::column_notes(&*client, p, i).await? {
+            out.push(super::privileges::Finding {
+                ok,
+                what: format!("row projection `{}`: {what}", proj.name),
+            });
+        }
+    }
+    match check_column_types(client, p).await {
+        Ok(()) => {}
+        Err(Error::Schema(what)) => out.push(super::privileges::Finding { ok: false, what }),
+        Err(e) => return Err(e),
+    }
+    Ok(out)
+}
+
 /// Checks that every projection column holding a field's values (counter/sum group-by columns, row projection
 /// columns, sum targets: `numeric`, or `bigint` for a bigint field) has the type the pipeline writes: PostgreSQL would otherwise cast new values into the old type, so
 /// `'007'` (text) and `7` (bigint) would become two groups of one entity, silently.

@@ -24,6 +24,8 @@ mod cdc;
 mod cdc_evolve;
 // CDC rows ordered by source position: tombstones, conflicts, dead letters, batch sizes 1 and 5000.
 mod cdc_order;
+// C51, C52, C54, C55: typed destination columns, intervals, incremental snapshots, keyless tables.
+mod cdc_pgtypes;
 // Primary-key changes whose new-key image holds unchanged-TOAST placeholders, over two partitions.
 mod cdc_pk;
 // Debezium source transactions applied atomically (`[source] transactions = "atomic"`).

@@ -382,6 +382,28 @@ fn scalar(
     }
 }
 
+/// Logs once per column name that an interval column receives Debezium's numeric interval
+/// (`interval.handling.mode = numeric`, the default: `io.debezium.time.MicroDuration`, microseconds with a month
+/// counted as 30.4375 days and a year as 365.25 days — Debezium PostgreSQL connector documentation, "Basic types"):
+/// the microseconds are stored exactly, but months and years of the source value are not recoverable.
+fn warn_numeric_interval(column: &str) {
+    static WARNED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    let mut w = WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if w.insert(column.to_string()) {
+        tracing::warn!(
+            column,
+            "interval column receives Debezium's numeric interval (interval.handling.mode = numeric): stored as \
+             the exact microseconds it carries, but a source month arrives as 30.4375 days and a year as 365.25 \
+             days (`1 mon` lands as 730:30:00); set interval.handling.mode = string on the connector (and \
+             [source] interval-handling = \"string\") to keep months and years exactly"
+        );
+    }
+}
+
 /// Converts a cell of a Debezium row image for column `col`.
 ///
 /// # Errors
@@ -395,6 +417,9 @@ pub fn to_pg(cell: &Cell, col: &ColumnSpec, dec: DecimalHandling) -> Result<Pg, 
     }
     let unit = col.unit.unwrap_or_else(|| default_unit(&col.ty));
     let schema = cell.schema.as_deref();
+    if col.ty.kind == Kind::Interval && cell.value.is_number() {
+        warn_numeric_interval(col.name.as_str());
+    }
     let text = if col.ty.array {
         let items = cell
             .value

@@ -79,8 +79,21 @@ pub struct Change {
     /// such a transaction `[null, L]` with L < S, the next one `[end of its commit, …]`. The row projection
     /// orders it after the entity's stored state ([`crate::projection::row`]'s fold).
     pub follows_snapshot: bool,
+    /// A read of an incremental snapshot (`source.snapshot = "incremental"`, Debezium's signal-driven chunks
+    /// read while streaming goes on): observed state like every read, but not an initial or repeated snapshot
+    /// (no resnapshot warning), and never covering a whole table (nothing is removed for rows it lacks).
+    pub incremental: bool,
+    /// An incremental-snapshot read without a source position: Debezium 2.x leaves `source.lsn`, `txId`, `xmin`
+    /// and `sequence` null on them (DBZ-4329). [`Change::position`] is then `[0, 0]`, and the row projection
+    /// places the read at the entity's stored state (Debezium's chunk window drops every key changed while the
+    /// chunk was read, so a read is at least as new as every earlier record of its key in the partition): it
+    /// never lowers a stored version and never recreates a tombstoned row. Its `_position` is
+    /// `incremental/<envelope ts_ms>`.
+    pub unpositioned: bool,
     /// The Debezium key (unwrapped), when the record had one.
     pub key: Option<Row>,
+    /// The record has no Kafka key at all (null): Debezium's change of a table without a primary key (DBZ-916).
+    pub null_key: bool,
     /// `before` (deletes and REPLICA IDENTITY FULL updates).
     pub before: Option<Row>,
     /// `after` (creates, updates, reads).
@@ -189,9 +202,10 @@ pub fn decode_with(
         Parsed::Skip(rule) => return Ok(Record::Skip(rule)),
         Parsed::Envelope { env, schema, op } => (env, schema, op),
     };
-    let at = source_position(&env)?;
-    let (commit_lsn, change_lsn) = (at.commit_lsn, at.change_lsn);
     let snapshot = op == Op::Read;
+    let incremental = snapshot && snapshot_kind(&env) == Some("incremental");
+    let at = source_position(&env, incremental)?;
+    let (commit_lsn, change_lsn) = (at.commit_lsn, at.change_lsn);
 
     // The key: unwrapped the same way (a connector may switch schemas.enable mid-topic).
     let key_json = key.and_then(|k| schema::parse(k).ok());
@@ -234,9 +248,10 @@ pub fn decode_with(
     }
 
     let source_id = format!("{}.{}.{}", at.db, at.schema, at.table);
-    let position = match at.tx {
-        Some(t) => format!("{commit_lsn}/{change_lsn}/{t}"),
-        None => format!("{commit_lsn}/{change_lsn}"),
+    let position = match (at.unpositioned, at.tx) {
+        (Some(ts), _) => format!("incremental/{ts}"),
+        (None, Some(t)) => format!("{commit_lsn}/{change_lsn}/{t}"),
+        (None, None) => format!("{commit_lsn}/{change_lsn}"),
     };
     // The envelope itself becomes the document `[fields]` read (moved, not copied: 3 KB per record with schema).
     let mut doc_map = match doc {
@@ -265,7 +280,10 @@ pub fn decode_with(
             table: format!("{}.{}", at.schema, at.table),
             position: pos,
             follows_snapshot: !snapshot && at.commit_null && op != Op::Truncate,
+            incremental,
+            unpositioned: at.unpositioned.is_some(),
             key: key_row,
+            null_key: key.is_none(),
             before,
             after,
             old_key: match old_key.and_then(|k| schema::parse(k).ok()) {
@@ -367,10 +385,23 @@ struct SourceAt {
     tx: Option<i64>,
     /// The UTC day of `ts_ms`.
     day: chrono::NaiveDate,
+    /// An incremental-snapshot read without `lsn` and `sequence`: the envelope's `ts_ms` (when the connector
+    /// emitted it), its identity; the LSNs are then 0.
+    unpositioned: Option<i64>,
 }
 
-/// The change's source position and day, from its `source` block.
-fn source_position(env: &Map<String, Value>) -> Result<SourceAt, Rejection> {
+/// `source.snapshot`: `true`, `first`, `first_in_data_collection`, `last_in_data_collection`, `last`
+/// (initial and blocking snapshots), `incremental`, or `false` (streaming); Debezium PostgreSQL connector
+/// documentation, "source" metadata. Absent on older connectors.
+fn snapshot_kind(env: &Map<String, Value>) -> Option<&str> {
+    env.get("source")
+        .and_then(|s| s.get("snapshot"))
+        .and_then(Value::as_str)
+}
+
+/// The change's source position and day, from its `source` block. `incremental`: an incremental-snapshot read,
+/// which may carry no position at all (then [`SourceAt::unpositioned`]).
+fn source_position(env: &Map<String, Value>, incremental: bool) -> Result<SourceAt, Rejection> {
     let source = env
         .get("source")
         .and_then(Value::as_object)
@@ -401,10 +432,19 @@ fn source_position(env: &Map<String, Value>) -> Result<SourceAt, Rejection> {
     let change_lsn = seq
         .as_ref()
         .and_then(|s| s.get(1).copied().flatten())
-        .or(lsn)
-        .ok_or_else(|| {
-            reject("no source position: `source.sequence` and `source.lsn` are both missing")
-        })?;
+        .or(lsn);
+    let unpositioned = match (change_lsn, incremental) {
+        (Some(_), _) => None,
+        (None, true) => Some(env.get("ts_ms").and_then(parse_i64).ok_or_else(|| {
+            reject("an incremental-snapshot read without a source position and without `ts_ms`")
+        })?),
+        (None, false) => {
+            return Err(reject(
+                "no source position: `source.sequence` and `source.lsn` are both missing",
+            ))
+        }
+    };
+    let change_lsn = change_lsn.unwrap_or(0);
     let commit = seq.as_ref().and_then(|s| s.first().copied().flatten());
     let commit_lsn = commit.unwrap_or(change_lsn);
     let tx = source.get("txId").and_then(parse_i64);
@@ -426,6 +466,7 @@ fn source_position(env: &Map<String, Value>) -> Result<SourceAt, Rejection> {
         change_lsn,
         tx,
         day,
+        unpositioned,
     })
 }
 
@@ -676,5 +717,60 @@ mod tests {
             decode(None, Some(br#"{"ts_ms":1}"#), None),
             Ok(Record::Skip("cdc-heartbeat"))
         ));
+    }
+
+    /// C51: an incremental-snapshot read without lsn, txId and sequence (Debezium 2.x, DBZ-4329) is a read
+    /// placed later by the row projection — position `[0, 0]`, `_position` its emission time — in both parses;
+    /// one with a position (Debezium 3.6.1) keeps it; a streamed change without a position is still refused.
+    #[test]
+    fn incremental_reads_without_a_position_are_reads() {
+        let v = |snapshot: &str, op: &str, seq: &str, lsn: &str| {
+            format!(
+                r#"{{"before":null,"after":{{"id":1}},"source":{{"db":"app","schema":"public","table":"t",
+                "ts_ms":5,"snapshot":"{snapshot}","sequence":{seq},"lsn":{lsn},"txId":null}},"op":"{op}",
+                "ts_ms":1714003272010}}"#
+            )
+        };
+        for doc in [Doc::Full, Doc::BuiltIns] {
+            let text = v("incremental", "r", "null", "null");
+            let Record::Change(c, d) =
+                decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc).unwrap()
+            else {
+                panic!("not a change")
+            };
+            assert!(c.incremental && c.unpositioned, "{doc:?}");
+            assert_eq!(c.position, [0, 0]);
+            assert_eq!(d["_position"], "incremental/1714003272010");
+            assert_eq!(d["_snapshot"], true);
+            let text = v(
+                "incremental",
+                "r",
+                r#""[\"28758576\",\"28758576\"]""#,
+                "28758576",
+            );
+            let Record::Change(c, _) =
+                decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc).unwrap()
+            else {
+                panic!("not a change")
+            };
+            assert!(c.incremental && !c.unpositioned, "{doc:?}");
+            assert_eq!(c.position, [28_758_576, 28_758_576]);
+            let text = v("true", "r", r#""[null,\"100\"]""#, "100");
+            let Record::Change(c, _) =
+                decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc).unwrap()
+            else {
+                panic!("not a change")
+            };
+            assert!(!c.incremental && !c.unpositioned, "{doc:?}");
+            for (snapshot, op) in [("false", "u"), ("true", "r")] {
+                let text = v(snapshot, op, "null", "null");
+                let e = decode_with(Some(br#"{"id":1}"#), Some(text.as_bytes()), None, doc)
+                    .unwrap_err();
+                assert!(
+                    e.detail.contains("no source position"),
+                    "{snapshot} {doc:?}"
+                );
+            }
+        }
     }
 }

@@ -24,7 +24,9 @@ use super::schema;
 /// Envelope members kept: what `envelope::classify`, `source_position` and the row images read.
 const ENVELOPE: &[&str] = &["before", "after", "source", "op", "ts_ms", "status", "id"];
 /// `source` members kept: what `envelope::source_position` reads.
-const SOURCE: &[&str] = &["db", "schema", "table", "lsn", "sequence", "txId", "ts_ms"];
+const SOURCE: &[&str] = &[
+    "db", "schema", "table", "lsn", "sequence", "txId", "ts_ms", "snapshot",
+];
 
 /// The prefix of the member names serde_json gives a meaning of its own under its `arbitrary_precision` and
 /// `raw_value` features (`$serde_json::private::Number`, `…::RawValue`): an object holding one is left to the

@@ -120,10 +120,14 @@ async fn in_savepoint<T: ?Sized + tokio_postgres::ToStatement + Sync>(
 }
 
 /// Whether PostgreSQL refused a value for its type: SQLSTATE class 22 (data exception: invalid input syntax,
-/// out of range, …).
+/// out of range, an enum label the type lacks, …), or — a domain column — 23514 (the domain's `CHECK`) or
+/// 23502 (its `NOT NULL`): the cast is a plain `SELECT`, so these come from the domain alone.
 fn refused(e: &tokio_postgres::Error) -> bool {
-    e.code()
-        .is_some_and(|c: &SqlState| c.code().starts_with("22"))
+    e.code().is_some_and(|c: &SqlState| {
+        c.code().starts_with("22")
+            || *c == SqlState::CHECK_VIOLATION
+            || *c == SqlState::NOT_NULL_VIOLATION
+    })
 }
 
 /// Replaces every value `changes` bring (keys, old keys, column texts) by PostgreSQL's output of it as its
@@ -267,6 +271,8 @@ mod tests {
             key: vec![0],
             extra: None,
             added: 0,
+            generated: Vec::new(),
+            identity: Vec::new(),
         };
         assert_eq!(
             canon_sql(&shape),

@@ -34,6 +34,13 @@ pub struct RowChange {
     /// [`crate::decode::debezium::Change::follows_snapshot`]): its position is completed from the stored state
     /// in the fold ([`super::state::follow`]).
     pub follows_snapshot: bool,
+    /// A read of an incremental snapshot ([`crate::decode::debezium::Change::incremental`]): not counted as a
+    /// resnapshot.
+    pub incremental: bool,
+    /// An incremental-snapshot read without a source position
+    /// ([`crate::decode::debezium::Change::unpositioned`]): placed at the stored state by the fold
+    /// ([`super::state::place`]); `position` is `None` until then.
+    pub unpositioned: bool,
     /// A Debezium change whose delivery key was already claimed (a ledger `duplicate`): only compared with a
     /// stored state at its position, never applied ([`super::redelivery`]).
     pub redelivered: bool,
@@ -169,6 +176,8 @@ pub fn from_change(
                     snapshot: false,
                     position: Some(change.position.to_vec()),
                     follows_snapshot: change.follows_snapshot,
+                    incremental: false,
+                    unpositioned: false,
                     redelivered: false,
                 });
             }
@@ -223,8 +232,10 @@ pub fn from_change(
         delivery,
         old_key,
         snapshot: change.op == Op::Read,
-        position: Some(change.position.to_vec()),
+        position: (!change.unpositioned).then(|| change.position.to_vec()),
         follows_snapshot: change.follows_snapshot,
+        incremental: change.incremental,
+        unpositioned: change.unpositioned,
         redelivered: false,
     })
 }
@@ -273,7 +284,10 @@ pub fn drift(
         return None;
     }
     let has = |name: &str| after.iter().any(|(n, _)| n == name);
-    let mapped = |name: &str| shape.columns.iter().any(|c| c.name.as_str() == name);
+    let mapped = |name: &str| {
+        shape.columns.iter().any(|c| c.name.as_str() == name)
+            || shape.generated.iter().any(|g| g == name)
+    };
     for (i, c) in shape.columns.iter().enumerate() {
         if shape.extra != Some(i) && !has(c.name.as_str()) {
             return Some(format!(
@@ -302,6 +316,7 @@ fn extra(shape: &Shape, after: &crate::decode::debezium::Row) -> Pg {
                 .iter()
                 .enumerate()
                 .any(|(i, c)| shape.extra != Some(i) && c.name.as_str() == n)
+                && !shape.generated.iter().any(|g| g == n)
         })
         .map(|(n, c)| (n.clone(), c.value.clone()))
         .collect();
@@ -310,6 +325,54 @@ fn extra(shape: &Shape, after: &crate::decode::debezium::Row) -> Pg {
     } else {
         Pg::Text(serde_json::Value::Object(m).to_string())
     }
+}
+
+/// `keyless = "refuse"` (the default): a change (not a truncate) without a Kafka key — its source table has no
+/// primary key, and Debezium sends a null key (DBZ-916) — stops the partition: exit 2, the error naming the
+/// source table, topic/partition/offset and the fixes; nothing of the batch is committed, the checkpoint stays
+/// before it. Such rows cannot be told apart (identical rows would merge into one, a delete matched on its
+/// `before` image would remove every copy) and a null key spreads one row's changes over partitions. `None` when
+/// the change has a key, or the projection has `keyless = "key"` and the change is on partition 0 (a keyless
+/// change on another partition means the topic has several: null keys give no per-row order across them, so
+/// `keyless = "key"` stops there too).
+pub fn keyless_stop(
+    plan: &RowPlan,
+    projection: &str,
+    change: &Change,
+    batch: &crate::sink::batch::Batch,
+    offset: i64,
+) -> Option<crate::sink::error::ApplyError> {
+    if !change.null_key || change.op == Op::Truncate {
+        return None;
+    }
+    if plan.keyless == super::plan::Keyless::Key {
+        if batch.partition == 0 {
+            return None;
+        }
+        return Some(crate::sink::error::ApplyError::Fatal(
+            crate::error::Error::Schema(format!(
+                "keyless source table at {}/{} offset {offset}: the change of {} has a null Kafka key on \
+                 partition {}: row projection `{projection}` has keyless = \"key\", which needs a topic of \
+                 one partition (null keys spread one row's changes over partitions, in no order); nothing of \
+                 this batch was committed. Give the table a key on the connector (`message.key.columns = \
+                 \"{}:<unique columns>\"`) and replay the topic (docs/cdc.md \"Tables without a primary key\")",
+                batch.topic, batch.partition, change.table, batch.partition, change.table
+            )),
+        ));
+    }
+    Some(crate::sink::error::ApplyError::Fatal(
+        crate::error::Error::Schema(format!(
+            "keyless source table at {}/{} offset {offset}: the change of {} has a null Kafka key (a table \
+             without a primary key), so row projection `{projection}` cannot tell its rows apart — identical \
+             rows would merge and a delete would remove every copy; the partition stops here and nothing of \
+             this batch was committed. Give the table a key: a primary key at the source, or \
+             `message.key.columns = \"{}:<unique columns>\"` on the Debezium connector (then replay the \
+             topic); or, when the projection's `key` columns are unique at the source and the topic has one \
+             partition, set keyless = \"key\" on the projection and restart (docs/cdc.md \"Tables without a \
+             primary key\")",
+            batch.topic, batch.partition, change.table, change.table
+        )),
+    ))
 }
 
 /// Where the batch is: for the conflicts table.
@@ -356,6 +419,8 @@ mod tests {
             key: vec![0],
             extra,
             added: 0,
+            generated: Vec::new(),
+            identity: Vec::new(),
         }
     }
 

@@ -123,7 +123,10 @@ fn unmapped(p: &Pipeline, rp: &Prepared, batch: &Batch) -> Vec<(String, Option<&
             continue;
         }
         for (name, cell) in ch.after.iter().flatten() {
-            if rp.shape.columns.iter().any(|c| c.name.as_str() == name) || refused(name).is_some() {
+            if rp.shape.columns.iter().any(|c| c.name.as_str() == name)
+                || rp.shape.generated.iter().any(|g| g == name)
+                || refused(name).is_some()
+            {
                 continue;
             }
             let ty = pg_type(cell);

@@ -9,7 +9,7 @@ use tokio_postgres::Transaction;
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::state::{compare, entity, follow, hash, object, version_text, State, Unresolved};
+use super::state::{compare, entity, follow, hash, object, place, version_text, State, Unresolved};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
@@ -327,8 +327,12 @@ async fn fold_segment(
             if c.follows_snapshot {
                 follow(c, cur.as_ref());
             }
+            if c.unpositioned && !c.redelivered {
+                let by_position = !matches!(plan.version, VersionPlan::Column(_));
+                place(c, cur.as_ref(), by_position);
+            }
             let c = &*c;
-            if c.snapshot && cur.is_some() && !c.redelivered {
+            if c.snapshot && cur.is_some() && !c.redelivered && !c.incremental {
                 resnapshot += 1;
             }
             let (incoming, waits) =
@@ -574,10 +578,16 @@ fn judge(
         .as_ref()
         .map(|s| compare(version, c.position.as_ref(), s, prepared.reloads));
     use std::cmp::Ordering::{Equal, Less};
+    // An incremental-snapshot read without a position, placed at the stored state (`state::place`): newer
+    // than a different stored row (applied at its version), never over a tombstone.
+    let placed_newer =
+        c.unpositioned && !by_column && cur.as_ref().is_some_and(|s| !s.deleted && s.sha != sha);
     Ok(match (&*cur, order) {
-        // Older than the newest truncate (by source position): that truncate removed it.
-        _ if watermark
-            .is_some_and(|w| c.position.as_ref().is_some_and(|p| p < w)) =>
+        (Some(s), _) if c.unpositioned && s.deleted => RowResult::Stale,
+        // Older than the newest truncate (by source position): that truncate removed it. A read without a
+        // position is not ordered against it (it comes after it in the partition).
+        _ if !c.unpositioned
+            && watermark.is_some_and(|w| c.position.as_ref().is_some_and(|p| p < w)) =>
         {
             RowResult::Stale
         }
@@ -604,7 +614,7 @@ fn judge(
         // version of its own: a write at it is another state at the same version, a conflict below.)
         (Some(s), Some(Some(Equal))) if s.deleted && !deleted && by_column => RowResult::Stale,
         // Equal version (but an inclusive delete of the stored row, which applies).
-        (Some(s), Some(Some(Equal))) if s.deleted || !inclusive => {
+        (Some(s), Some(Some(Equal))) if (s.deleted || !inclusive) && !placed_newer => {
             if s.sha == sha {
                 RowResult::Same
             } else {

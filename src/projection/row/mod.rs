@@ -30,7 +30,7 @@ pub use change::{
     from_change, leave_filter, matches, ChangeKind, Coordinates, RowChange, RowResult,
 };
 pub use fold::apply;
-pub use plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
+pub use plan::{Keyless, RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
 pub use statements::{prepare, Prepared, MAX_ENTITY_LOCKS};
 pub use table::{create_conflicts, resolve, setup, Shape, CONFLICTS, TRUNCATES};
 pub use types::{ColumnSpec, Kind, SqlType, Unit};
@@ -233,6 +233,9 @@ pub(super) fn row_changes(
                 if !matches(plan, &plan.table, ch) {
                     continue;
                 }
+                if let Some(stop) = change::keyless_stop(plan, &proj.name, ch, batch, it.offset) {
+                    return Err(stop);
+                }
                 if let Some(what) = ch
                     .after
                     .as_ref()
@@ -297,6 +300,8 @@ pub(super) fn row_changes(
                     snapshot: false,
                     position: None,
                     follows_snapshot: false,
+                    incremental: false,
+                    unpositioned: false,
                     redelivered: false,
                 });
             }

@@ -77,6 +77,20 @@ pub enum SchemaDrift {
     Strict,
 }
 
+/// What a Debezium row projection does with a change that has no Kafka key (a source table without a primary
+/// key: Debezium sends a null key, DBZ-916), `keyless`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keyless {
+    /// `refuse` (default): the partition stops at the first such change (exit 2, topic/partition/offset and the
+    /// source table named, nothing of the batch committed): its rows cannot be told apart (identical rows would
+    /// merge, a delete would remove every copy) and a null key spreads one row's changes over partitions.
+    Refuse,
+    /// `key`: the projection's `key` columns, taken from the row image, identify the row — the operator vouches
+    /// that they are unique at the source and that the topic has one partition (null keys give no per-row
+    /// order across partitions).
+    Key,
+}
+
 /// A compiled `kind = "row"` projection.
 pub struct RowPlan {
     /// The projection table.
@@ -104,6 +118,8 @@ pub struct RowPlan {
     pub new_columns: NewColumns,
     /// Debezium: whether a change that does not match the columns stops the partition.
     pub schema_drift: SchemaDrift,
+    /// Debezium: what a change without a Kafka key does.
+    pub keyless: Keyless,
 }
 
 impl std::fmt::Debug for RowPlan {
@@ -192,6 +208,7 @@ pub(crate) fn compile(
     let source_table = source_table(src, json, rp)?;
     let (absent, new_columns) = evolution(src, json, rp)?;
     let schema_drift = drift(src, json, rp)?;
+    let keyless = keyless(src, json, rp)?;
     Ok(RowPlan {
         table,
         tombstone_table,
@@ -205,7 +222,24 @@ pub(crate) fn compile(
         absent,
         new_columns,
         schema_drift,
+        keyless,
     })
+}
+
+/// `keyless` (refuse or key): Debezium only.
+fn keyless(src: &Source, json: bool, rp: &RawProjection) -> Result<Keyless> {
+    match rp.keyless.as_ref().map(|t| (t, t.get_ref().as_str())) {
+        None => Ok(Keyless::Refuse),
+        Some((t, _)) if json => {
+            Err(src.error(t.span(), "`keyless` applies to Debezium row projections"))
+        }
+        Some((_, "refuse")) => Ok(Keyless::Refuse),
+        Some((_, "key")) => Ok(Keyless::Key),
+        Some((t, other)) => Err(src.error(
+            t.span(),
+            format!("`keyless` must be \"refuse\" or \"key\", not `{other}`"),
+        )),
+    }
 }
 
 /// `schema-drift` (lenient or strict): Debezium only.
@@ -501,6 +535,7 @@ pub(crate) const KEYS: &[&str] = &[
     "absent",
     "new-columns",
     "schema-drift",
+    "keyless",
 ];
 
 /// Checks a row projection's `table` and compiles the rest of its keys ([`compile`]).
@@ -650,5 +685,43 @@ columns = { id = "bigint" }
             .unwrap()
             .to_string();
         assert!(e.contains("applies to Debezium"), "{e}");
+    }
+
+    /// `keyless` and `[source] interval-handling`: defaults, values, refusals naming `file:line`.
+    #[test]
+    fn keyless_and_interval_handling_are_validated() {
+        let p = crate::config::parse("p.toml", DBZ).unwrap();
+        assert_eq!(
+            p.projections[0].row.as_ref().unwrap().keyless,
+            super::Keyless::Refuse
+        );
+        assert_eq!(
+            p.interval_handling,
+            crate::config::IntervalHandling::Numeric
+        );
+        let p = crate::config::parse("p.toml", &format!("{DBZ}keyless = \"key\"\n")).unwrap();
+        assert_eq!(
+            p.projections[0].row.as_ref().unwrap().keyless,
+            super::Keyless::Key
+        );
+        let with = DBZ.replace(
+            "format = \"debezium\"",
+            "format = \"debezium\"\ninterval-handling = \"string\"",
+        );
+        let p = crate::config::parse("p.toml", &with).unwrap();
+        assert_eq!(p.interval_handling, crate::config::IntervalHandling::String);
+        for text in [
+            format!("{DBZ}keyless = \"multiset\"\n"),
+            DBZ.replace(
+                "format = \"debezium\"",
+                "format = \"debezium\"\ninterval-handling = \"iso\"",
+            ),
+        ] {
+            let e = crate::config::parse("p.toml", &text)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("p.toml:") && e.contains("must be"), "{e}");
+        }
     }
 }

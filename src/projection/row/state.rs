@@ -137,6 +137,30 @@ pub(super) fn follow(c: &mut RowChange, stored: Option<&State>) {
     }
 }
 
+/// Places an incremental-snapshot read that carries no source position ([`RowChange::unpositioned`]) against
+/// the entity's stored state `stored`: at the stored position (and, when the version is the source position —
+/// `by_position` —, the stored version), so it never lowers them; with nothing stored at `[0, 0]`, below every
+/// streamed change. The fold then applies it when its row state differs (it is newer: Debezium's chunk window
+/// drops every key changed while the chunk was read, DBLog's watermark algorithm, so a read is at least as new as
+/// every earlier record of its key in the partition), keeps the stored row when it is the same, and never applies
+/// it over a tombstone (the delete was produced before the read's chunk window closed and wins).
+pub(super) fn place(c: &mut RowChange, stored: Option<&State>, by_position: bool) {
+    match stored {
+        Some(s) => {
+            c.position = s.position.clone();
+            if by_position {
+                c.version = s.version.clone();
+            }
+        }
+        None => {
+            c.position = Some(vec![0, 0]);
+            if by_position {
+                c.version = vec![0, 0];
+            }
+        }
+    }
+}
+
 /// The row state hash (`_sha256`): of the column values (all but `_extra` and the columns `new-columns = "add"`
 /// added, which are carried, never judged; a column waiting for the old key's value, `unresolved`, is neither
 /// NULL nor a value), or of a delete.
@@ -258,6 +282,8 @@ mod tests {
             key: vec![0],
             extra: None,
             added: 0,
+            generated: Vec::new(),
+            identity: Vec::new(),
         };
         let u = Unresolved {
             old_key: vec!["1".into()],
@@ -303,6 +329,8 @@ mod tests {
             snapshot: false,
             position: Some(pos),
             follows_snapshot: ch.follows_snapshot,
+            incremental: false,
+            unpositioned: false,
             redelivered: false,
         };
         if c.follows_snapshot {

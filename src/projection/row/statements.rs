@@ -354,13 +354,26 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
     select.push("u.un::jsonb".into());
     target.push(UNRESOLVED.into());
     let key_cols: Vec<String> = shape.key.iter().map(|&i| names[i].clone()).collect();
+    // A `GENERATED ALWAYS AS IDENTITY` column takes the source's value (the row's identity there) and is never
+    // updated (PostgreSQL refuses both otherwise, SQLSTATE 428C9).
+    let identity: Vec<String> = shape
+        .columns
+        .iter()
+        .filter(|c| shape.identity.iter().any(|i| i == c.name.as_str()))
+        .map(|c| c.name.to_string())
+        .collect();
     let updates: Vec<String> = target
         .iter()
-        .filter(|c| !key_cols.contains(c))
+        .filter(|c| !key_cols.contains(c) && !identity.contains(c))
         .map(|c| format!("{c} = EXCLUDED.{c}"))
         .collect();
+    let overriding = if identity.is_empty() {
+        ""
+    } else {
+        " OVERRIDING SYSTEM VALUE"
+    };
     let sql = format!(
-        "INSERT INTO {t} AS t ({}) SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
+        "INSERT INTO {t} AS t ({}){overriding} SELECT {} FROM unnest({}) AS u({}) ON CONFLICT ({}) DO UPDATE SET {} \
          WHERE t._version <= EXCLUDED._version OR cardinality(EXCLUDED._version) = 0 \
          OR EXCLUDED._position > t._position",
         target.join(", "),

@@ -35,6 +35,12 @@ pub struct Shape {
     /// `new-columns = "add"`: how many of `columns` (the last ones) are source columns added to the table
     /// (marked [`super::evolve::MARK`] in the catalog). Carried, never judged, like `_extra`.
     pub added: usize,
+    /// Generated columns of the table (`GENERATED ALWAYS AS (…) STORED`): never written (PostgreSQL computes
+    /// them); a member of `after` with such a name is neither a new column nor `_extra`.
+    pub generated: Vec<String>,
+    /// `GENERATED ALWAYS AS IDENTITY` columns of the table: inserted with `OVERRIDING SYSTEM VALUE` (the
+    /// source's value is the row's identity), never updated.
+    pub identity: Vec<String>,
 }
 
 impl Shape {
@@ -51,14 +57,42 @@ pub const UNRESOLVED: &str = "_unresolved";
 /// The name of the `new-columns = "extra"` column.
 pub const EXTRA: &str = "_extra";
 
-async fn catalog_columns(
+/// A column of an existing table as the catalog describes it.
+#[derive(Debug, Clone)]
+pub struct CatalogColumn {
+    /// Its name.
+    pub name: String,
+    /// Its type as `format_type()` spells it in this session (qualified and quoted as needed).
+    pub sql: String,
+    /// The type its values are read as (see [`SqlType::catalog`]): an enum's `text`, a domain's base type (with
+    /// `[]` for arrays of them); the type itself otherwise.
+    pub base: String,
+    /// `GENERATED ALWAYS AS (…) STORED` (`pg_attribute.attgenerated`): computed by PostgreSQL, never written.
+    pub generated: bool,
+    /// `GENERATED ALWAYS AS IDENTITY` (`pg_attribute.attidentity = 'a'`): written with `OVERRIDING SYSTEM VALUE`.
+    pub identity_always: bool,
+}
+
+/// The columns of `table` from the catalog (`None`: no such table), in column order.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn catalog_columns(
     c: &impl GenericClient,
     table: &QualifiedName,
-) -> Result<Option<Vec<(String, String)>>> {
+) -> Result<Option<Vec<CatalogColumn>>> {
     let rows = c
         .query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
-             JOIN pg_class r ON r.oid = a.attrelid JOIN pg_namespace n ON n.oid = r.relnamespace \
+            "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod), \
+             CASE e.typtype WHEN 'e' THEN 'text' \
+               WHEN 'd' THEN pg_catalog.format_type(e.typbasetype, e.typtypmod) END \
+               || CASE WHEN e.oid <> t.oid THEN '[]' ELSE '' END, \
+             a.attgenerated <> '', a.attidentity = 'a' \
+             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class r ON r.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace \
+             JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+             JOIN pg_catalog.pg_type e ON e.oid = CASE WHEN t.typcategory = 'A' AND t.typelem <> 0 \
+               THEN t.typelem ELSE t.oid END \
              WHERE n.nspname = $1 AND r.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             &[&table.schema.as_str(), &table.name.as_str()],
         )
@@ -66,7 +100,20 @@ async fn catalog_columns(
     if rows.is_empty() {
         return Ok(None);
     }
-    Ok(Some(rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+    Ok(Some(
+        rows.iter()
+            .map(|r| {
+                let sql: String = r.get(1);
+                CatalogColumn {
+                    name: r.get(0),
+                    base: r.get::<_, Option<String>>(2).unwrap_or_else(|| sql.clone()),
+                    sql,
+                    generated: r.get(3),
+                    identity_always: r.get(4),
+                }
+            })
+            .collect(),
+    ))
 }
 
 async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec<String>> {
@@ -91,21 +138,30 @@ async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec
 pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<Shape> {
     let proj = &p.projections[index];
     let plan = proj.row.as_ref().expect("row projection");
+    let catalog = catalog_columns(c, &plan.table).await?;
+    let (generated, identity) = write_rules(&proj.name, plan, catalog.as_deref())?;
     let mut columns: Vec<ColumnSpec> = match &plan.columns {
         Some(cols) => cols.clone(),
         None => {
-            let found = catalog_columns(c, &plan.table).await?.ok_or_else(|| {
+            let found = catalog.ok_or_else(|| {
                 Error::Schema(format!(
                     "row projection `{}`: table {} does not exist; create it (the source table's DDL) or declare `columns`",
                     proj.name, plan.table
                 ))
             })?;
             let mut out = Vec::new();
-            for (name, ty) in found {
-                if name.starts_with('_') {
+            for CatalogColumn {
+                name,
+                sql,
+                base,
+                generated,
+                ..
+            } in found
+            {
+                if name.starts_with('_') || generated {
                     continue;
                 }
-                let ty = SqlType::parse(&ty).map_err(|m| {
+                let ty = SqlType::catalog(&sql, &base).map_err(|m| {
                     Error::Schema(format!(
                         "row projection `{}`: column {name} of {}: {m}",
                         proj.name, plan.table
@@ -180,7 +236,118 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
         key,
         extra,
         added,
+        generated,
+        identity,
     })
+}
+
+/// What `check --database` says about row projection `index`'s destination table (`(ok, text)` each, before
+/// any batch): a table that does not exist while `columns` is not declared, or a shape [`resolve`] refuses (a
+/// column type replaysafe cannot write, a declared generated column), is not ok; generated columns left out of
+/// the write, identity columns written with `OVERRIDING SYSTEM VALUE`, enum and domain columns and (with
+/// `[source] interval-handling = "numeric"`) interval columns are noted.
+///
+/// # Errors
+/// [`Error::Postgres`].
+pub async fn column_notes(
+    c: &impl GenericClient,
+    p: &Pipeline,
+    index: usize,
+) -> Result<Vec<(bool, String)>> {
+    let plan = p.projections[index].row.as_ref().expect("row projection");
+    let Some(catalog) = catalog_columns(c, &plan.table).await? else {
+        return Ok(match plan.columns {
+            Some(_) => Vec::new(),
+            None => vec![(
+                false,
+                format!(
+                    "table {} does not exist and `columns` is not declared: create it (the source table's DDL)",
+                    plan.table
+                ),
+            )],
+        });
+    };
+    let shape = match resolve(c, p, index).await {
+        Ok(s) => s,
+        Err(Error::Schema(m)) => return Ok(vec![(false, m)]),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for col in &catalog {
+        let name = &col.name;
+        if col.generated {
+            out.push((true, format!("column `{name}` of {} is generated: left out of every write (PostgreSQL computes it; the source's value is ignored)", plan.table)));
+        } else if col.identity_always && shape.columns.iter().any(|c| c.name.as_str() == name) {
+            out.push((true, format!("column `{name}` of {} is GENERATED ALWAYS AS IDENTITY: inserted with OVERRIDING SYSTEM VALUE (the source's value), never updated", plan.table)));
+        } else if col.base != col.sql && shape.columns.iter().any(|c| c.name.as_str() == name) {
+            out.push((true, format!("column `{name}` of {} is {} (an enum or domain), written from {}: a value the type refuses is quarantined (invalid-field) naming the column", plan.table, col.sql, col.base)));
+        }
+    }
+    if p.interval_handling == crate::config::IntervalHandling::Numeric {
+        for c in shape
+            .columns
+            .iter()
+            .filter(|c| c.ty.kind == super::Kind::Interval)
+        {
+            out.push((
+                true,
+                format!(
+                    "warning: interval column `{}`: {}",
+                    c.name.as_str(),
+                    NUMERIC_INTERVAL
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// `check`'s warning about interval columns under `[source] interval-handling = "numeric"` (Debezium PostgreSQL
+/// connector documentation, `interval.handling.mode`: `numeric` "represents intervals using approximate number
+/// of microseconds").
+pub const NUMERIC_INTERVAL: &str = "Debezium's numeric interval (interval.handling.mode = numeric, the default) is \
+     approximate for months and years (a month = 30.4375 days, a year = 365.25 days): the microseconds it carries \
+     are stored exactly (`1 mon` lands as 730:30:00); set interval.handling.mode = string on the connector and \
+     [source] interval-handling = \"string\" to keep months and years exactly";
+
+/// The generated columns of the existing table (left out of every write; members of `after` named like them
+/// are not new columns) and its `GENERATED ALWAYS AS IDENTITY` columns (written with `OVERRIDING SYSTEM VALUE`,
+/// never updated) — both empty when the table does not exist yet.
+///
+/// # Errors
+/// [`Error::Schema`] when `columns` declares a generated column: PostgreSQL computes it and refuses a written
+/// value (SQLSTATE 428C9).
+fn write_rules(
+    projection: &str,
+    plan: &super::plan::RowPlan,
+    catalog: Option<&[CatalogColumn]>,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let cols = catalog.unwrap_or(&[]);
+    let generated: Vec<String> = cols
+        .iter()
+        .filter(|c| c.generated)
+        .map(|c| c.name.clone())
+        .collect();
+    if let Some(g) = plan
+        .columns
+        .iter()
+        .flatten()
+        .find(|d| generated.iter().any(|g| g == d.name.as_str()))
+    {
+        return Err(Error::Schema(format!(
+            "row projection `{projection}`: column `{}` of {} is GENERATED ALWAYS AS (…) STORED: PostgreSQL \
+             computes it and refuses a written value (SQLSTATE 428C9); leave it out of `columns` (the source's \
+             value is then ignored)",
+            g.name.as_str(),
+            plan.table
+        )));
+    }
+    let identity = cols
+        .iter()
+        .filter(|c| c.identity_always)
+        .map(|c| c.name.clone())
+        .collect();
+    Ok((generated, identity))
 }
 
 /// `new-columns = "add"`: moves the table's columns marked [`super::evolve::MARK`] to the end of `columns` (adding

@@ -151,6 +151,24 @@ impl SqlType {
     }
 }
 
+impl SqlType {
+    /// A column type read from the catalog: `sql` is `format_type()`'s spelling of the column's type (quoted and
+    /// schema-qualified by PostgreSQL itself as the session's `search_path` needs: used as is in casts), `base`
+    /// the type whose input the values take — the column's own type, an enum's `text` (an enum's labels are
+    /// text; PostgreSQL casts text to the enum and refuses a label it lacks, SQLSTATE 22P02), a domain's base
+    /// type (its constraints are checked by the cast, SQLSTATE 23514) — with `[]` for arrays.
+    ///
+    /// # Errors
+    /// As [`SqlType::parse`] for `base`.
+    pub fn catalog(sql: &str, base: &str) -> std::result::Result<SqlType, String> {
+        let mut t = SqlType::parse(base)?;
+        if sql != base {
+            t.sql = sql.to_string();
+        }
+        Ok(t)
+    }
+}
+
 /// Unit of an integer temporal value in a schemaless Debezium message (with schemas the Connect schema name
 /// says it: `io.debezium.time.MicroTimestamp` is µs, `Timestamp` ms, `NanoTimestamp` ns, `Date` days).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,5 +235,25 @@ mod tests {
         ] {
             assert!(SqlType::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Catalog types: an enum is written as its own (qualified, quoted) type from text, a domain from its base
+    /// type, arrays of them as arrays; a base replaysafe cannot convert is refused.
+    #[test]
+    fn catalog_types_keep_their_name_and_take_the_base_kind() {
+        let t = SqlType::catalog("\"S\".product_status", "text").unwrap();
+        assert_eq!(
+            (t.sql.as_str(), t.kind, t.array),
+            ("\"S\".product_status", Kind::Text, false)
+        );
+        let t = SqlType::catalog("s.cents", "numeric(12,2)").unwrap();
+        assert_eq!((t.kind, t.scale), (Kind::Numeric, Some(2)));
+        let t = SqlType::catalog("s.product_status[]", "text[]").unwrap();
+        assert_eq!(
+            (t.kind, t.array, t.sql.as_str()),
+            (Kind::Text, true, "s.product_status[]")
+        );
+        assert_eq!(SqlType::catalog("jsonb", "jsonb").unwrap().kind, Kind::Json);
+        assert!(SqlType::catalog("s.shape", "geometry").is_err());
     }
 }
