@@ -18,6 +18,7 @@ mod canon;
 pub mod change;
 pub mod evolve;
 pub mod fold;
+pub mod history;
 pub mod plan;
 mod redelivery;
 pub mod state;
@@ -68,10 +69,12 @@ pub async fn apply_rows(
     let mut overrides: HashMap<i64, Outcome> = HashMap::new();
     if !rows.is_empty() && (!landed.is_empty() || redelivery::any(batch, landed)) {
         let mut best: HashMap<i64, RowResult> = HashMap::new();
+        let days = event_days(p, batch);
         let at = Coordinates {
             topic: &batch.topic,
             partition: batch.partition,
             group,
+            days: &days,
         };
         warn_unmatched_tables(p, batch);
         for rp in rows {
@@ -111,6 +114,24 @@ pub async fn apply_rows(
         }
     }
     Ok(overrides)
+}
+
+/// The event day (`partition-by`) of each claim of `batch`, by offset: what the row projections' history keeps
+/// for the prune ([`history`]).
+fn event_days(p: &Pipeline, batch: &Batch) -> HashMap<i64, chrono::NaiveDate> {
+    if p.identity.partition_by.is_none() {
+        return HashMap::new();
+    }
+    batch
+        .items
+        .iter()
+        .filter_map(|it| match &it.pending {
+            Pending::Claim { fields, .. } => {
+                crate::decode::partition_day(p, fields).map(|d| (it.offset, d))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Of two row-projection results for one record, the one that decides its outcome: `Same` only when both are
