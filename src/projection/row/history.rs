@@ -33,8 +33,9 @@ use crate::sink::error::ApplyError;
 pub const VERSIONS: &str = "replaysafe_row_versions";
 
 /// `CREATE TABLE` for [`VERSIONS`]: per row projection (`projection`), entity (`entity`, the key as the conflicts
-/// table writes it), `version`, `deleted` (a delete under a version column) and state hash (`sha256`, as
-/// `_sha256`): the row object (`state`, NULL for a delete), the delivery key and `topic`/`partition`/`offset` of
+/// table writes it), `version`, `deleted` (a delete under a version column), `position` (the source position when
+/// it orders the change: a version column under `truncate = "truncate"`, or a change without a version of its
+/// own; `{}` otherwise) and state hash (`sha256`, as `_sha256`): the row object (`state`, NULL for a delete), the delivery key and `topic`/`partition`/`offset` of
 /// the first change that brought it, and its event `day` (NULL without `partition-by`: never pruned), with an
 /// index for the prune.
 pub fn create_versions(p: &Pipeline) -> String {
@@ -42,19 +43,20 @@ pub fn create_versions(p: &Pipeline) -> String {
     let index = crate::projection::outbox::index_name(&t, "_day");
     format!(
         "CREATE TABLE IF NOT EXISTS {t} (projection text NOT NULL, entity text NOT NULL, version bigint[] NOT NULL, \
-         deleted boolean NOT NULL, sha256 bytea NOT NULL, state text, delivery text NOT NULL, topic text NOT NULL, \
-         partition integer NOT NULL, \"offset\" bigint NOT NULL, day date, \
-         PRIMARY KEY (projection, entity, version, deleted, sha256)); \
+         deleted boolean NOT NULL, position bigint[] NOT NULL, sha256 bytea NOT NULL, state text, \
+         delivery text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, day date, \
+         PRIMARY KEY (projection, entity, version, deleted, position, sha256)); \
          CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (day) WHERE day IS NOT NULL"
     )
 }
 
-/// `$1` projection, `$2` entities, `$3` versions (text `'{a,b}'`): the claimed states of those slots.
+/// `$1` projection, `$2` entities, `$3` versions, `$4` slot positions (texts `'{a,b}'`): the claimed states of
+/// those slots.
 pub(super) fn fetch_sql(p: &Pipeline) -> String {
     format!(
-        "SELECT h.entity, h.version, h.deleted, h.sha256, h.state, h.delivery, h.topic, h.partition, h.\"offset\" \
-         FROM unnest($2::text[], $3::text[]) AS u(e, v) JOIN {} h ON h.projection = $1 \
-         AND h.entity = u.e AND h.version = u.v::bigint[]",
+        "SELECT h.entity, h.version, h.deleted, h.sha256, h.state, h.delivery, h.topic, h.partition, h.\"offset\", \
+         h.position FROM unnest($2::text[], $3::text[], $4::text[]) AS u(e, v, pos) JOIN {} h \
+         ON h.projection = $1 AND h.entity = u.e AND h.version = u.v::bigint[] AND h.position = u.pos::bigint[]",
         p.table(VERSIONS)
     )
 }
@@ -63,27 +65,30 @@ pub(super) fn fetch_sql(p: &Pipeline) -> String {
 pub(super) fn insert_sql(p: &Pipeline) -> String {
     format!(
         "INSERT INTO {} (projection, entity, version, deleted, sha256, state, delivery, topic, partition, \"offset\", \
-         day) SELECT $1, u.e, u.v::bigint[], u.d, u.h, u.s, u.dl, u.t, u.p, u.o, u.day FROM unnest(\
-         $2::text[], $3::text[], $4::boolean[], $5::bytea[], $6::text[], $7::text[], $8::text[], $9::integer[], \
-         $10::bigint[], $11::date[]) AS u(e, v, d, h, s, dl, t, p, o, day) ON CONFLICT DO NOTHING",
+         day, position) SELECT $1, u.e, u.v::bigint[], u.d, u.h, u.s, u.dl, u.t, u.p, u.o, u.day, u.pos::bigint[] \
+         FROM unnest($2::text[], $3::text[], $4::boolean[], $5::bytea[], $6::text[], $7::text[], $8::text[], \
+         $9::integer[], $10::bigint[], $11::date[], $12::text[]) AS u(e, v, d, h, s, dl, t, p, o, day, pos) \
+         ON CONFLICT DO NOTHING",
         p.table(VERSIONS)
     )
 }
 
-/// `$1` projection, then per slot whose winner changed: entity, version, winner's delivery, hash, object — the
-/// conflict rows recorded before name the new winner as `stored`.
+/// `$1` projection, then per slot whose winner changed: entity, version, winner's delivery, hash, object, the
+/// former winner's hash — the conflict rows recorded before (naming the former winner) name the new one as
+/// `stored`.
 pub(super) fn rewin_sql(p: &Pipeline) -> String {
     format!(
         "UPDATE {} c SET stored_delivery = u.sd, stored_sha256 = u.sh, stored = u.s::jsonb \
-         FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[]) AS u(e, v, sd, sh, s) \
-         WHERE c.projection = $1 AND c.entity = u.e::jsonb AND c.version = u.v::bigint[] \
-         AND c.incoming_sha256 IS DISTINCT FROM u.sh",
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::bytea[]) \
+         AS u(e, v, sd, sh, s, old) WHERE c.projection = $1 AND c.entity = u.e::jsonb AND c.version = u.v::bigint[] \
+         AND c.stored_sha256 = u.old",
         p.table(CONFLICTS)
     )
 }
 
-/// `(entity text, version, deleted under a version column)`: where a change's state is claimed.
-type Slot = (String, Vec<i64>, bool);
+/// `(entity text, version, deleted under a version column, source position when it orders the change — else
+/// empty)`: where a change's state is claimed.
+type Slot = (String, Vec<i64>, bool, Vec<i64>);
 
 /// One claimed state of a slot.
 #[derive(Debug, Clone)]
@@ -120,11 +125,23 @@ pub(super) enum Seen {
 pub(super) struct History {
     seen: HashMap<Slot, Vec<Entry>>,
     added: Vec<(Slot, Entry, Option<NaiveDate>)>,
-    /// Slots whose winner this batch changed.
-    rewon: HashSet<Slot>,
+    /// Slots whose winner this batch changed, with their winner's hash before this batch.
+    rewon: HashMap<Slot, Vec<u8>>,
     /// Losing states to record as conflicts (the winner is taken at the end).
     losers: Vec<(Slot, Entry)>,
     by_column: bool,
+    /// A version column under `truncate = "truncate"` ([`Prepared`]'s `reloads`): the source position orders too.
+    reloads: bool,
+}
+
+/// The source position that is part of change `c`'s slot: when it orders the change (`reloads`, or no version
+/// of its own), else none.
+fn slot_position(c: &RowChange, reloads: bool) -> Vec<i64> {
+    if reloads || c.version.is_empty() {
+        c.position.clone().unwrap_or_default()
+    } else {
+        Vec::new()
+    }
 }
 
 impl History {
@@ -140,19 +157,33 @@ impl History {
         changes: &[&RowChange],
     ) -> Result<History, ApplyError> {
         let shape = &prepared.shape;
-        let slots: HashSet<(String, String)> = changes
+        let reloads = prepared.reloads;
+        let slots: HashSet<(String, String, String)> = changes
             .iter()
-            .map(|c| (entity(shape, &c.key), version_text(&c.version)))
+            .map(|c| {
+                (
+                    entity(shape, &c.key),
+                    version_text(&c.version),
+                    version_text(&slot_position(c, reloads)),
+                )
+            })
             .collect();
-        let (es, vs): (Vec<String>, Vec<String>) = slots.into_iter().unzip();
+        let mut es = Vec::new();
+        let mut vs = Vec::new();
+        let mut ps = Vec::new();
+        for (e, v, p) in slots {
+            es.push(e);
+            vs.push(v);
+            ps.push(p);
+        }
         let mut seen: HashMap<Slot, Vec<Entry>> = HashMap::new();
         if !es.is_empty() {
             for r in tx
-                .query(&prepared.history.fetch, &[&projection, &es, &vs])
+                .query(&prepared.history.fetch, &[&projection, &es, &vs, &ps])
                 .await
                 .map_err(pg_err)?
             {
-                let slot: Slot = (r.get(0), r.get(1), r.get(2));
+                let slot: Slot = (r.get(0), r.get(1), r.get(2), r.get(9));
                 let state: Option<String> = r.get(4);
                 seen.entry(slot).or_default().push(Entry {
                     sha: r.get(3),
@@ -168,9 +199,10 @@ impl History {
         Ok(History {
             seen,
             added: Vec::new(),
-            rewon: HashSet::new(),
+            rewon: HashMap::new(),
             losers: Vec::new(),
             by_column,
+            reloads,
         })
     }
 
@@ -192,6 +224,7 @@ impl History {
             entity(shape, key),
             c.version.clone(),
             deleted && self.by_column,
+            slot_position(c, self.reloads),
         );
         let e = Entry {
             sha: hash(shape, incoming, deleted, waits),
@@ -218,8 +251,10 @@ impl History {
         };
         let wins = rank(&e) < rank(&w);
         if wins {
-            self.losers.push((slot.clone(), w));
-            self.rewon.insert(slot);
+            self.rewon
+                .entry(slot.clone())
+                .or_insert_with(|| w.sha.clone());
+            self.losers.push((slot, w));
         } else {
             self.losers.push((slot, e));
         }
@@ -278,15 +313,30 @@ impl History {
             let p: Vec<i32> = a.iter().map(|(_, x, _)| x.partition).collect();
             let o: Vec<i64> = a.iter().map(|(_, x, _)| x.offset).collect();
             let day: Vec<Option<NaiveDate>> = a.iter().map(|(_, _, d)| *d).collect();
+            let pos: Vec<String> = a.iter().map(|(s, _, _)| version_text(&s.3)).collect();
             tx.execute(
                 &prepared.history.insert,
-                &[&projection, &e, &v, &d, &h, &st, &dl, &t, &p, &o, &day],
+                &[
+                    &projection,
+                    &e,
+                    &v,
+                    &d,
+                    &h,
+                    &st,
+                    &dl,
+                    &t,
+                    &p,
+                    &o,
+                    &day,
+                    &pos,
+                ],
             )
             .await
             .map_err(pg_err)?;
         }
         if !self.rewon.is_empty() {
-            let slots: Vec<&Slot> = self.rewon.iter().collect();
+            let slots: Vec<&Slot> = self.rewon.keys().collect();
+            let old: Vec<&[u8]> = slots.iter().map(|s| self.rewon[*s].as_slice()).collect();
             let ws: Vec<&Entry> = slots.iter().map(|s| self.winner(s)).collect();
             let e: Vec<&str> = slots.iter().map(|s| s.0.as_str()).collect();
             let v: Vec<String> = slots.iter().map(|s| version_text(&s.1)).collect();
@@ -298,7 +348,7 @@ impl History {
                 .collect();
             tx.execute(
                 &prepared.history.rewin,
-                &[&projection, &e, &v, &sd, &sh, &so],
+                &[&projection, &e, &v, &sd, &sh, &so, &old],
             )
             .await
             .map_err(pg_err)?;

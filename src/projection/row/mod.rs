@@ -5,7 +5,8 @@
 //! - an upsert applies only when its version is strictly newer than the stored one (live row or tombstone);
 //! - a delete leaves a tombstone `(key, _version, _deleted_at)` so an older write can never resurrect the row;
 //! - an equal version with the same row state is a duplicate; with a different state it is a conflict, recorded in
-//!   `replaysafe_conflicts`, and the stored row is left unchanged;
+//!   `replaysafe_conflicts`, the row holding the version's one winner — judged by what the projection claimed at
+//!   that version (`history`), stored now or not, so the outcome does not depend on arrival order;
 //! - a strictly newer version with the same row state only moves the stored version: the record is landed (a
 //!   snapshot read of an unchanged row is a duplicate);
 //! - each batch first locks its entities (transaction-scoped advisory locks, in one global order), so concurrent
@@ -51,10 +52,10 @@ use crate::sink::error::{classify, ApplyError};
 /// projection (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (README
 /// "Accounting"). Only a redelivery that every row projection it reached already holds
 /// ([`RowResult::Same`]: the same state at its version, or a snapshot read of the stored state) is a duplicate,
-/// taken out of `landed` (and `pg_temp.landed`). A Debezium change whose delivery key was already claimed is
-/// compared with the stored state at its position only (module `redelivery`): a different state makes it a
-/// conflict (it never reaches the other projections: its key was claimed once). Returns the outcomes that differ
-/// from `landed`.
+/// taken out of `landed` (and `pg_temp.landed`); "holds" is what the projection claimed at that version
+/// ([`history`]), whatever it stores now. A Debezium change whose delivery key was already claimed is judged the
+/// same way (module `redelivery`): a different state makes it a conflict (it never reaches the other projections:
+/// its key was claimed once). Returns the outcomes that differ from `landed`.
 ///
 /// # Errors
 /// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.
