@@ -246,7 +246,7 @@ mod tests {
         // A claimed conflict that committed: a duplicate in the retry.
         assert_eq!(
             resolve(Some(vec![conflict.clone()]), vec![Outcome::Duplicate]),
-            [conflict.clone()]
+            std::slice::from_ref(&conflict)
         );
         // Not committed: the retry decides the same.
         assert_eq!(
