@@ -723,6 +723,7 @@ pub const OWN_TABLES: &[&str] = &[
     "replaysafe_pruned",
     "replaysafe_conflicts",
     "replaysafe_truncates",
+    "replaysafe_row_versions",
 ];
 
 /// What of replaysafe's own a table name in the pipeline's schema would be: one of [`OWN_TABLES`], the ledger,

@@ -66,6 +66,7 @@ impl Pruner {
                         ?pruned,
                         tombstones = ?r.tombstones,
                         conflicts = r.conflicts,
+                        row_versions = r.row_versions,
                         "dropped ledger partitions older than the horizon; pruned offsets recorded"
                     )
                 }

@@ -128,15 +128,17 @@ async fn attempts(
 }
 
 /// The outcomes to count after a retry: when an earlier attempt's COMMIT reply was lost (`unknown`) and the
-/// retry claimed nothing new although that attempt did, the earlier attempt committed (a source transaction's
-/// claims commit all together or not at all) — its outcomes are the truth, counted once; otherwise the retry's.
+/// retry claimed nothing new, the earlier attempt committed (a source transaction's claims commit all together or
+/// not at all) — its outcomes are the truth, counted once; otherwise the retry's. "Claimed nothing new": no
+/// record of the retry is `landed` or `stale` without a conflict. A conflict says nothing either way: a
+/// redelivery at a stored source position with another state (module `projection::row::redelivery`) is a
+/// conflict in every attempt without claiming anything, and a claimed conflict of an attempt that did not commit
+/// is a conflict in the retry too — then both attempts' outcomes are the same and either is the truth.
 fn resolve(unknown: Option<Vec<Outcome>>, retry: Vec<Outcome>) -> Vec<Outcome> {
     // A stale record is claimed too (and reached every projection but the row ones: docs/reference.md "Accounting").
-    let claimed = |o: &Outcome| matches!(o, Outcome::Landed | Outcome::Stale { .. });
+    let fresh = |o: &Outcome| matches!(o, Outcome::Landed | Outcome::Stale { conflict: false });
     match unknown {
-        Some(u)
-            if u.len() == retry.len() && u.iter().any(claimed) && !retry.iter().any(claimed) =>
-        {
+        Some(u) if u.len() == retry.len() && u != retry && !retry.iter().any(fresh) => {
             tracing::info!(
                 "source transaction: commit outcome was unknown; its claims show it committed"
             );
@@ -271,6 +273,26 @@ mod tests {
             resolve(Some(first.clone()), first.clone())[..],
             [Outcome::Landed, Outcome::Landed]
         ));
+        // A redelivery conflict (its key claimed before the transaction) is a conflict in the retry too: it claims
+        // nothing, so the first attempt committed.
+        let conflict = Outcome::Stale { conflict: true };
+        assert_eq!(
+            resolve(
+                Some(vec![Outcome::Landed, conflict.clone()]),
+                vec![Outcome::Duplicate, conflict.clone()]
+            ),
+            [Outcome::Landed, conflict.clone()]
+        );
+        // A claimed conflict that committed: a duplicate in the retry.
+        assert_eq!(
+            resolve(Some(vec![conflict.clone()]), vec![Outcome::Duplicate]),
+            std::slice::from_ref(&conflict)
+        );
+        // Not committed: the retry decides the same.
+        assert_eq!(
+            resolve(Some(vec![conflict.clone()]), vec![conflict.clone()]),
+            [conflict]
+        );
         // No lost reply: the retry's outcomes.
         assert!(matches!(
             resolve(None, dup)[..],

@@ -393,8 +393,9 @@ pub fn prune_text(p: &Pipeline, r: &PruneReport) -> String {
         out.push_str(&format!("{verb} {n} tombstones of {t}\n"));
     }
     out.push_str(&format!(
-        "{verb} {} conflicts; {} partitions {}\n",
+        "{verb} {} conflicts, {} claimed row versions; {} partitions {}\n",
         r.conflicts,
+        r.row_versions,
         r.dropped.len(),
         if r.dry_run { "to drop" } else { "dropped" }
     ));
@@ -427,6 +428,7 @@ pub fn prune_json(r: &PruneReport) -> Value {
         })).collect::<Vec<_>>(),
         "tombstones": r.tombstones.iter().map(|(t, n)| json!({"table": t, "purged": n})).collect::<Vec<_>>(),
         "conflicts": r.conflicts,
+        "row_versions": r.row_versions,
         "outbox": r.outbox.iter().map(|(t, n)| json!({"table": t, "purged": n})).collect::<Vec<_>>(),
     })
 }

@@ -156,6 +156,9 @@ pub struct PruneReport {
     pub tombstones: Vec<(String, i64)>,
     /// `replaysafe_conflicts` rows purged (detected before the pruned-below day).
     pub conflicts: i64,
+    /// `replaysafe_row_versions` rows purged (claimed states of event days before the pruned-below day: the row
+    /// projections forget them with the ledger's day partitions).
+    pub row_versions: i64,
     /// Published outbox rows purged per outbox table (published more than `[outbox] keep-days` ago;
     /// `crate::projection::outbox::purge_published`). Done with or without a horizon.
     pub outbox: Vec<(String, u64)>,
@@ -225,6 +228,7 @@ pub async fn prune_with(
         fold(&mut report, scan_expired(&tx, p, below).await?);
         report.tombstones = purge_tombstones(&tx, p, below, true).await?;
         report.conflicts = purge_conflicts(&tx, p, below, true).await?;
+        report.row_versions = purge_row_versions(&tx, p, below, true).await?;
         report.outbox = outbox::purge_published(&tx, p, true).await?;
         tx.rollback().await?;
         return Ok(report);
@@ -285,6 +289,7 @@ pub async fn prune_with(
     }
     report.tombstones = purge_tombstones(&tx, p, below, false).await?;
     report.conflicts = purge_conflicts(&tx, p, below, false).await?;
+    report.row_versions = purge_row_versions(&tx, p, below, false).await?;
     // [outbox] keep-days: published outbox rows older than it (never an unpublished one).
     report.outbox = outbox::purge_published(&tx, p, false).await?;
     tx.commit().await?;
@@ -485,6 +490,42 @@ async fn purge_conflicts(
     let table = p.table(crate::projection::row::CONFLICTS).to_string();
     let names: Vec<String> = p.projections.iter().map(|x| x.name.clone()).collect();
     count_or_delete(tx, &table, "detected_at", below, dry_run, Some(&names)).await
+}
+
+/// `replaysafe_row_versions` rows of this pipeline's row projections of event days before `below` (the days whose
+/// ledger partitions go): counted, and deleted unless `dry_run`; 0 when the table does not exist.
+async fn purge_row_versions(
+    tx: &Transaction<'_>,
+    p: &Pipeline,
+    below: NaiveDate,
+    dry_run: bool,
+) -> Result<i64> {
+    let names: Vec<String> = p
+        .projections
+        .iter()
+        .filter(|x| x.row.is_some())
+        .map(|x| x.name.clone())
+        .collect();
+    if names.is_empty() {
+        return Ok(0);
+    }
+    let table = p
+        .table(crate::projection::row::history::VERSIONS)
+        .to_string();
+    let exists: Option<String> = tx
+        .query_one("SELECT pg_catalog.to_regclass($1)::text", &[&table])
+        .await?
+        .get(0);
+    if exists.is_none() {
+        return Ok(0);
+    }
+    let cond = "day < $1 AND projection = ANY($2)";
+    if dry_run {
+        let sql = format!("SELECT pg_catalog.count(*)::bigint FROM {table} WHERE {cond}");
+        return Ok(tx.query_one(&sql, &[&below, &names]).await?.get(0));
+    }
+    let sql = format!("DELETE FROM {table} WHERE {cond}");
+    Ok(tx.execute(&sql, &[&below, &names]).await? as i64)
 }
 
 /// Counts (dry run) or deletes the rows of `table` whose `column` (timestamptz) is before `below` 00:00 UTC —

@@ -54,6 +54,10 @@ pub fn pipeline_tables(p: &Pipeline) -> Vec<String> {
                 out.push(r.tombstone_table.to_string());
             }
             out.push(p.table(CONFLICTS).to_string());
+            out.push(
+                p.table(crate::projection::row::history::VERSIONS)
+                    .to_string(),
+            );
             out.push(p.table(TRUNCATES).to_string());
         } else if proj.settings.get("kind").map(String::as_str) == Some("outbox") {
             if let Some(t) = proj.settings.get("table") {

@@ -603,9 +603,10 @@ mod tests {
             crate::sink::lifecycle::PRUNED,
             crate::projection::row::CONFLICTS,
             crate::projection::row::TRUNCATES,
+            crate::projection::row::history::VERSIONS,
         ] {
             assert!(OWN_TABLES.contains(&t), "{t}");
         }
-        assert_eq!(OWN_TABLES.len(), 10);
+        assert_eq!(OWN_TABLES.len(), 11);
     }
 }

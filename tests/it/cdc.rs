@@ -238,8 +238,9 @@ payload = ["event_id", "event_type", "entity_id", "version"]
 "#
 );
 
-/// C31: two events claim version 5 of one order with different payloads: the first applied keeps it, the second
-/// is a conflict row (both deliveries, both hashes), the verbatim re-send a duplicate; a full replay is identical.
+/// C31: two events claim version 5 of one order with different payloads: the version's winner (the smaller state
+/// hash: `ON_HOLD`, which arrived second) is the row, the other state a conflict row naming it as stored (both
+/// deliveries, both hashes), the verbatim re-send a duplicate; a full replay is identical.
 #[test]
 fn c31_equal_version_different_payload_is_a_conflict() {
     let db = Db::fresh("c31");
@@ -257,7 +258,7 @@ fn c31_equal_version_different_payload_is_a_conflict() {
             "SELECT status, version FROM {s}.orders WHERE entity_id = 'o-3003'",
             &[],
         );
-        assert_eq!(o[0].get::<_, String>(0), "PACKED");
+        assert_eq!(o[0].get::<_, String>(0), "ON_HOLD");
         assert_eq!(o[0].get::<_, i64>(1), 5);
         let c = db.query(
             "SELECT entity->>'entity_id', version, stored_delivery, incoming_delivery, stored_sha256 <> incoming_sha256, \
@@ -269,13 +270,13 @@ fn c31_equal_version_different_payload_is_a_conflict() {
         assert_eq!(c[0].get::<_, Vec<i64>>(1), vec![5]);
         assert!(c[0]
             .get::<_, String>(2)
-            .contains("b3000000-0000-4000-8000-000000000700"));
+            .contains("b3000000-0000-4000-8000-000000000701"));
         assert!(c[0]
             .get::<_, String>(3)
-            .contains("b3000000-0000-4000-8000-000000000701"));
+            .contains("b3000000-0000-4000-8000-000000000700"));
         assert!(c[0].get::<_, bool>(4));
-        assert_eq!(c[0].get::<_, String>(5), "ON_HOLD");
-        assert_eq!(c[0].get::<_, String>(6), "PACKED");
+        assert_eq!(c[0].get::<_, String>(5), "PACKED");
+        assert_eq!(c[0].get::<_, String>(6), "ON_HOLD");
     };
     check(&db);
     assert_eq!(committed(&group, &topic, 2)[1], Some(map[&(1, 702)] + 1));

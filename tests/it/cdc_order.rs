@@ -165,15 +165,14 @@ fn key_only_delete_is_ordered_by_source_position() {
                 "{ctx}"
             );
 
-            // The same topic under a new generation and group: every record is claimed again and judged against
-            // the stored state — nothing changes.
+            // The same topic under a new generation and group: every record is claimed again, and the row
+            // projection already claimed each one's state at its version (stored now or not): all duplicates,
+            // nothing changes.
             let again =
                 run_caught_up(&customers(&db, &topic, &unique("g"), "g2", max, mode, "").path);
-            // Stale: id 1's create v1 and key-only delete, id 2's create and update, id 3's older insert.
-            // Duplicate (the state already stored): id 1's v2, id 2's delete, id 3's delete.
             assert_eq!(
                 tally_of(&again),
-                (8, 0, 3, 5, 0, 0),
+                (8, 0, 8, 0, 0, 0),
                 "{ctx}: {}",
                 again.stdout
             );
@@ -429,11 +428,12 @@ fn truncate_then_reload_under_a_version_column() {
             let out = run_caught_up(&pl.path);
             assert_eq!(tally_of(&out), (1, 0, 0, 1, 0, 0), "{ctx}: {}", out.stdout);
 
-            // The whole topic again under a new generation: the pre-truncate rows are stale, the truncate finds
-            // nothing older than itself, the reloaded rows are duplicates.
+            // The whole topic again under a new generation: the truncate finds nothing older than itself; every
+            // other change's state was claimed at its version and position before (those the truncate removed
+            // too): duplicates.
             let again = truncating(&db, &topic, &unique("g"), "g2", max, mode);
             let out = run_caught_up(&again.path);
-            assert_eq!(tally_of(&out), (9, 1, 4, 4, 0, 0), "{ctx}: {}", out.stdout);
+            assert_eq!(tally_of(&out), (9, 1, 8, 0, 0, 0), "{ctx}: {}", out.stdout);
             assert_eq!(
                 customers_state(&db, mode),
                 (expected.clone(), vec![]),
@@ -561,11 +561,12 @@ fn truncate_arriving_after_its_reload_from_another_partition() {
             9,
             "{ctx}"
         );
-        // The whole topic again under a new generation: the changes before the truncate are stale (its
-        // watermark), the truncate finds nothing older than itself, the reloaded rows are duplicates.
+        // The whole topic again under a new generation: the truncate finds nothing older than itself; every
+        // other change's state was claimed at its version and position before (those the truncate removed too):
+        // duplicates.
         let again = truncating(db, &topic, &unique("g"), "g2", *max, mode);
         let out = run_caught_up(&again.path);
-        assert_eq!(tally_of(&out), (9, 1, 3, 5, 0, 0), "{ctx}: {}", out.stdout);
+        assert_eq!(tally_of(&out), (9, 1, 8, 0, 0, 0), "{ctx}: {}", out.stdout);
         assert_eq!(customers_state(db, mode).0, expected, "{ctx}");
         assert_eq!(
             db.i64("SELECT count(*) FROM {s}.replaysafe_conflicts"),
@@ -766,11 +767,13 @@ fn random_cdc_stream_with_truncates_matches_the_serial_oracle() {
 }
 
 /// Issue 34 item 3b: two records at one source position (the Debezium delivery key: position, table, key) with
-/// different row data. The second is a ledger duplicate, but its state differs from the stored row at that
-/// position: a conflict in `replaysafe_conflicts`, counted `stale` (conflict), the stored row kept, never in the
-/// outbox or the counter. An identical second record stays a duplicate, and so does one whose entity has moved on
-/// to a newer position since (its first state is no longer stored: it cannot be judged). Entities on two
-/// partitions, batch sizes 1 and 5000, each into a fresh schema: the same tables.
+/// different row data. The second is a ledger duplicate, but its state differs from the state claimed at that
+/// position: a conflict in `replaysafe_conflicts`, counted `stale` (conflict), never in the outbox or the counter;
+/// the row holds the position's winner (a delete, else the smaller state hash: here `B!` over `b`, the delete of
+/// 4 over `alive?`), each losing state one conflict row naming it `stored`. An identical second record stays a
+/// duplicate; one whose entity has moved on to a newer position since is judged the same way (id 3's `m3`: a
+/// second conflict at `[84, 120]`). Entities on two partitions, batch sizes 1 and 5000, each into a fresh schema:
+/// the same tables.
 #[test]
 fn equal_position_different_state_is_a_conflict() {
     let topic = new_topic("eqpos", 2);
@@ -828,18 +831,18 @@ group-by = ["_day"]
         let out = run_caught_up(&p.path);
         assert_eq!(
             tally_of(&out),
-            (13, 8, 2, 3, 0, 0),
+            (13, 8, 1, 4, 0, 0),
             "batch size {max}: {}",
             out.stdout
         );
         assert!(
-            out.tally_line().unwrap().contains("[stale: 3 conflict(s)]"),
+            out.tally_line().unwrap().contains("[stale: 4 conflict(s)]"),
             "{}",
             out.stdout
         );
         let rows: Vec<String> =
             db.column("SELECT id::text || ' ' || name FROM {s}.people ORDER BY id");
-        assert_eq!(rows, ["1 b", "2 y", "3 n"], "batch size {max}");
+        assert_eq!(rows, ["1 B!", "2 y", "3 n"], "batch size {max}");
         let tombs: Vec<(i64, Vec<i64>)> = db
             .query(
                 "SELECT id, _version FROM {s}.people_tombstones ORDER BY id",
@@ -852,7 +855,7 @@ group-by = ["_day"]
         let conflicts: Conflicts = db
             .query(
                 "SELECT entity->>'id', version, stored->>'name', incoming->>'name' FROM {s}.replaysafe_conflicts \
-                 ORDER BY entity->>'id'",
+                 ORDER BY entity->>'id', incoming->>'name'",
                 &[],
             )
             .iter()
@@ -864,14 +867,20 @@ group-by = ["_day"]
                 (
                     "1".into(),
                     vec![164, 200],
-                    Some("b".into()),
-                    Some("B!".into())
+                    Some("B!".into()),
+                    Some("b".into())
                 ),
                 (
                     "3".into(),
                     vec![84, 120],
                     Some("m".into()),
                     Some("m2".into())
+                ),
+                (
+                    "3".into(),
+                    vec![84, 120],
+                    Some("m".into()),
+                    Some("m3".into())
                 ),
                 ("4".into(), vec![194, 230], None, Some("alive?".into())),
             ],

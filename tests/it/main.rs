@@ -6,8 +6,6 @@
 mod backfill;
 // `batch.max-bytes`: a partition batch holds at most that many bytes (and `max-records` records).
 mod batches;
-// Issue 34: a row projection's verdict on a version it no longer stores (ignored until fixed).
-mod break34;
 // One form per value a row projection stores or compares, whatever the batching, replay and encoding.
 mod canonical;
 // The handed failure cases (`tests/fixtures/cases/`), each run through the binary against its `expected`.
@@ -94,6 +92,8 @@ mod registry_cdc;
 mod relay;
 // C50: dead-letter replay in offset order; a superseded stale event stays unresolved.
 mod replay_order;
+// A row projection judges a change at (entity, version) the same whatever arrived before it (issue 34).
+mod row_order;
 // Kafka over SASL_SSL through the test broker's listener; wrong password and CA named.
 mod sasl;
 // No secret reaches the output: URLs, registry credentials, properties, client keys.

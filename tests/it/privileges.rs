@@ -565,6 +565,7 @@ fn row_and_outbox_projections_run_under_a_dml_only_role() {
         "customers_tombstones",
         "replaysafe_conflicts",
         "replaysafe_truncates",
+        "replaysafe_row_versions",
         "outbox_id_seq",
     ] {
         assert!(out.stdout.contains(t), "{t}: {}", out.stdout);

@@ -897,3 +897,51 @@ fn prove_passes_conflicts_and_beyond_horizon_dead_letters() {
     assert!(b1.contains("conflict"), "{}", r.text());
     assert!(b1.contains("quarantined 1"), "{}", r.text());
 }
+
+/// The two shapes of issue 34's follow-up in one fixture, each beside versions arriving out of order: order o-200's
+/// v1 twice with the same state under two event ids (one partition: which copy is first is fixed) with its v2 on
+/// another partition, and order o-201's v1 with two states on two partitions, its v2 on a third. The row
+/// projection remembers what it claimed per version, so the copy is a duplicate and the two states a conflict
+/// (one row, the same winner) in every order the boundaries try: every boundary passes.
+#[test]
+fn prove_passes_same_state_copies_and_equal_version_conflicts_across_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = counter_beside_row(dir.path(), &unique("prove_mem"), "shop.orders");
+    let ev = |n: u64, order: &str, status: &str, version: u64| {
+        serde_json::json!({
+            "event_id": uuid::Uuid::from_u64_pair(342, n).to_string(), "order_id": order, "status": status,
+            "version": version, "occurred_at": "2026-11-20T10:00:00Z",
+        })
+        .to_string()
+    };
+    let mut lines = versioned_lines(2);
+    lines.extend([
+        (1, ev(3, "o-200", "paid", 2)),
+        (0, ev(1, "o-200", "placed", 1)),
+        (0, ev(2, "o-200", "placed", 1)),
+        (3, ev(6, "o-201", "paid", 2)),
+        (1, ev(4, "o-201", "placed", 1)),
+        (2, ev(5, "o-201", "cancelled", 1)),
+    ]);
+    let mut offsets = [0i64; 4];
+    let kcat: Vec<String> = lines
+        .into_iter()
+        .map(|(p, payload)| {
+            let o = offsets[p as usize];
+            offsets[p as usize] += 1;
+            serde_json::json!({
+                "topic": "shop.orders", "partition": p, "offset": o, "tstype": "create",
+                "ts": 1_795_996_800_000i64 + o, "key": null, "payload": payload,
+            })
+            .to_string()
+        })
+        .collect();
+    let fixture = dir.path().join("memory.jsonl");
+    std::fs::write(&fixture, kcat.join("\n")).unwrap();
+    let r = prove::prove(&p, options(&fixture, 4)).unwrap();
+    assert_passes(&r, &[6, 7]);
+    assert_eq!(r.records, 14);
+    let b1 = &boundary(&r, 1).note;
+    assert!(b1.contains(" + duplicate 1"), "{}", r.text());
+    assert!(b1.contains("1 conflict"), "{}", r.text());
+}

@@ -9,7 +9,8 @@
 //! (`published_at`, `resolved_at`, `_deleted_at`) is compared as set or unset. Dead letters are compared as a set
 //! (a record quarantined again at a new offset is the same dead letter). The scratch schema's name inside a value
 //! (a conflict's `table_name`) reads `<schema>` in every run. Replaysafe's own bookkeeping tables
-//! (checkpoints, sources, horizon, pruned offsets, projection record, hand-over, truncates, group starts) are not
+//! (checkpoints, sources, horizon, pruned offsets, projection record, hand-over, truncates, group starts, the row
+//! projections' claimed versions — which copy of a same-state duplicate came first is where, not what) are not
 //! compared.
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use tokio_postgres::Client;
 use crate::error::Result;
 
 /// Tables never compared: where and when, not what.
-const BOOKKEEPING: [&str; 8] = [
+const BOOKKEEPING: [&str; 9] = [
     "replaysafe_checkpoints",
     "replaysafe_sources",
     "replaysafe_horizon",
@@ -28,6 +29,7 @@ const BOOKKEEPING: [&str; 8] = [
     "replaysafe_projection_handover",
     "replaysafe_projection_set",
     "replaysafe_truncates",
+    "replaysafe_row_versions",
 ];
 
 /// Columns never compared.

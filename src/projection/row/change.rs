@@ -383,6 +383,8 @@ pub struct Coordinates<'a> {
     pub partition: i32,
     /// Consumer group.
     pub group: &'a str,
+    /// The event day (`partition-by`) of each record of the batch by offset; empty without `partition-by`.
+    pub days: &'a std::collections::HashMap<i64, chrono::NaiveDate>,
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use tokio_postgres::Transaction;
 
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
+use super::history::{History, Seen};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
 use super::state::{compare, entity, follow, hash, object, place, version_text, State, Unresolved};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
@@ -284,6 +285,10 @@ async fn fold_segment(
         }
     }
     let state = fetch_states(tx, prepared, &order).await?;
+    // What this projection claimed at the batch's (entity, version) slots, under the same locks.
+    let by_column = matches!(plan.version, VersionPlan::Column(_));
+    let all: Vec<&RowChange> = groups.values().flatten().collect();
+    let mut history = History::fetch(tx, prepared, &proj.name, by_column, &all).await?;
     // Last known values per key (live values, or the values a delete removed): unchanged TOASTed values of a
     // primary-key change without a source position come from the old key's. With one, from the values the old
     // key's delete at the change's LSN removed (`removed`, by key and LSN): that delete is the primary-key change.
@@ -337,17 +342,23 @@ async fn fold_segment(
             }
             let (incoming, waits) =
                 incoming_values(c, cur.as_ref(), &removed, &last_values, shape, proj, at);
-            let result = if c.redelivered {
-                judge_redelivered(
+            let result = match history.judge(c, key, &incoming, waits.as_ref(), shape, at) {
+                Seen::Same => RowResult::Same,
+                Seen::Conflict { wins } => {
+                    if wins {
+                        take_winner(c, &mut cur, &incoming, waits, shape, by_column);
+                    }
+                    RowResult::Conflict
+                }
+                Seen::Fresh if c.redelivered => judge_redelivered(
                     c,
                     cur.as_ref(),
                     (&incoming, waits.as_ref()),
                     key,
                     shape,
                     &mut conflicts,
-                )
-            } else {
-                judge(
+                ),
+                Seen::Fresh => judge(
                     c,
                     &mut cur,
                     (incoming, waits),
@@ -357,12 +368,12 @@ async fn fold_segment(
                     proj,
                     watermark.as_ref(),
                     &mut conflicts,
-                )?
+                )?,
             };
             if result == RowResult::Conflict {
                 metrics::counter!("replaysafe_conflicts_total", "projection" => proj.name.clone())
                     .increment(1);
-                tracing::warn!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, "conflict: equal version, different row state; stored row kept");
+                tracing::warn!(projection = %proj.name, topic = at.topic, partition = at.partition, offset = c.offset, "conflict: equal version, different row state (recorded in replaysafe_conflicts; the version's winner is the same in every order)");
             }
             if result == RowResult::Applied {
                 if let Some(s) = &cur {
@@ -392,6 +403,8 @@ async fn fold_segment(
     if !dead.is_empty() {
         write_dead(tx, prepared, &order, &dead).await?;
     }
+    history.write(tx, prepared, &proj.name).await?;
+    conflicts.extend(history.conflicts());
     if !conflicts.is_empty() {
         write_conflicts(tx, prepared, plan, proj, at, &conflicts).await?;
     }
@@ -662,6 +675,32 @@ fn judge(
     })
 }
 
+/// A change whose state is its version's winner (module `history`): when the entity's state is at that version
+/// (under a version column: and is a delete as it is, or a write as it is), the state becomes the change's.
+fn take_winner(
+    c: &RowChange,
+    cur: &mut Option<State>,
+    incoming: &[Option<String>],
+    waits: Option<Unresolved>,
+    shape: &Shape,
+    by_column: bool,
+) {
+    let deleted = c.kind == ChangeKind::Delete;
+    let Some(s) = cur.as_ref() else { return };
+    if s.version != c.version || (by_column && s.deleted != deleted) {
+        return;
+    }
+    *cur = Some(State {
+        version: c.version.clone(),
+        deleted,
+        sha: hash(shape, incoming, deleted, waits.as_ref()),
+        delivery: Some(c.delivery.clone()),
+        values: incoming.to_vec(),
+        position: c.position.clone(),
+        unresolved: waits,
+    });
+}
+
 /// A ledger duplicate ([`RowChange::redelivered`]: its delivery key, the source position with table and key, was
 /// already claimed): when the stored state is still at its source position, a different row state is a conflict
 /// (recorded in `conflicts`), the same state a duplicate. When the stored state is at another position (it moved
@@ -714,6 +753,7 @@ fn conflict(
             object(shape, incoming)
         },
         offset: c.offset,
+        source: None,
     }
 }
 

@@ -5,7 +5,8 @@
 //! - an upsert applies only when its version is strictly newer than the stored one (live row or tombstone);
 //! - a delete leaves a tombstone `(key, _version, _deleted_at)` so an older write can never resurrect the row;
 //! - an equal version with the same row state is a duplicate; with a different state it is a conflict, recorded in
-//!   `replaysafe_conflicts`, and the stored row is left unchanged;
+//!   `replaysafe_conflicts`, the row holding the version's one winner — judged by what the projection claimed at
+//!   that version (`history`), stored now or not, so the outcome does not depend on arrival order;
 //! - a strictly newer version with the same row state only moves the stored version: the record is landed (a
 //!   snapshot read of an unchanged row is a duplicate);
 //! - each batch first locks its entities (transaction-scoped advisory locks, in one global order), so concurrent
@@ -18,6 +19,7 @@ mod canon;
 pub mod change;
 pub mod evolve;
 pub mod fold;
+pub mod history;
 pub mod plan;
 mod redelivery;
 pub mod state;
@@ -44,15 +46,16 @@ use crate::decode::debezium::convert::Pg;
 use crate::sink::batch::{Batch, Outcome, Pending};
 use crate::sink::error::{classify, ApplyError};
 
-/// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its own
-/// table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version with
-/// another state (conflict) keeps that outcome in the tally, but stays in `landed`, so every other projection
-/// (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (docs/reference.md
-/// "Accounting"). Only a redelivery that every row projection it reached already holds ([`RowResult::Same`]: the
-/// same state at its version, or a snapshot read of the stored state) is a duplicate, taken out of `landed` (and
-/// `pg_temp.landed`). A Debezium change whose delivery key was already claimed is compared with the stored state at
-/// its position only (module `redelivery`): a different state makes it a conflict (it never reaches the other
-/// projections: its key was claimed once). Returns the outcomes that differ from `landed`.
+/// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its
+/// own table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version
+/// with another state (conflict) keeps that outcome in the tally, but stays in `landed`, so every other
+/// projection (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (docs/reference.md
+/// "Accounting"). Only a redelivery that every row projection it reached already holds
+/// ([`RowResult::Same`]: the same state at its version, or a snapshot read of the stored state) is a duplicate,
+/// taken out of `landed` (and `pg_temp.landed`); "holds" is what the projection claimed at that version
+/// ([`history`]), whatever it stores now. A Debezium change whose delivery key was already claimed is judged the
+/// same way (module `redelivery`): a different state makes it a conflict (it never reaches the other projections:
+/// its key was claimed once). Returns the outcomes that differ from `landed`.
 ///
 /// # Errors
 /// As [`classify`]; [`ApplyError::Record`] for a value a row projection cannot convert.
@@ -67,10 +70,12 @@ pub async fn apply_rows(
     let mut overrides: HashMap<i64, Outcome> = HashMap::new();
     if !rows.is_empty() && (!landed.is_empty() || redelivery::any(batch, landed)) {
         let mut best: HashMap<i64, RowResult> = HashMap::new();
+        let days = event_days(p, batch);
         let at = Coordinates {
             topic: &batch.topic,
             partition: batch.partition,
             group,
+            days: &days,
         };
         warn_unmatched_tables(p, batch);
         for rp in rows {
@@ -110,6 +115,24 @@ pub async fn apply_rows(
         }
     }
     Ok(overrides)
+}
+
+/// The event day (`partition-by`) of each claim of `batch`, by offset: what the row projections' history keeps
+/// for the prune ([`history`]).
+fn event_days(p: &Pipeline, batch: &Batch) -> HashMap<i64, chrono::NaiveDate> {
+    if p.identity.partition_by.is_none() {
+        return HashMap::new();
+    }
+    batch
+        .items
+        .iter()
+        .filter_map(|it| match &it.pending {
+            Pending::Claim { fields, .. } => {
+                crate::decode::partition_day(p, fields).map(|d| (it.offset, d))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Of two row-projection results for one record, the one that decides its outcome: `Same` only when both are

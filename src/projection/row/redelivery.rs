@@ -7,9 +7,11 @@
 //! ([`Outcome::Stale`] `{ conflict: true }`), the stored row kept. Its delivery key was claimed by the first
 //! record, so it never reaches counters, sums, sql projections or the outbox.
 //!
-//! It can only be judged while the stored row (or tombstone) is still at that position: then the states are
-//! compared. When the stored state has moved on (a newer change applied since) or there is none, the first
-//! record's state is no longer stored and the record stays a `duplicate`.
+//! It is judged first by what the projection claimed at its version (module `history`: the first record's state
+//! is there whatever is stored now — the same state is a duplicate, another a conflict with the version's one
+//! winner). Only when that history has nothing for the version (pruned with the ledger's day, or claimed before
+//! it was kept) is it compared with the stored row (or tombstone) while that is still at its position; when the
+//! stored state has moved on or there is none, the record stays a `duplicate`.
 
 use std::collections::{HashMap, HashSet};
 

@@ -37,6 +37,8 @@ pub struct Prepared {
     pub(super) mark_truncate: Statement,
     pub(super) watermark: Option<Statement>,
     pub(super) lock: Locks,
+    /// The claimed states per (entity, version) ([`super::history`]).
+    pub(super) history: super::history::Statements,
     /// Every value a batch brings, cast to its column's type and printed back ([`super::canon`]).
     pub(super) canon: Statement,
 }
@@ -288,8 +290,14 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     };
     let lock = prepare_locks(c, &shape, t).await?;
     let canon = prep(super::canon::canon_sql(&shape)).await?;
+    let history = super::history::Statements {
+        fetch: prep(super::history::fetch_sql(p)).await?,
+        insert: prep(super::history::insert_sql(p)).await?,
+        rewin: prep(super::history::rewin_sql(p)).await?,
+    };
     Ok(Prepared {
         canon,
+        history,
         mark_truncate,
         watermark,
         lock,
@@ -429,15 +437,16 @@ fn tombstone_sql(
     )
 }
 
-/// The insert of a fold's conflicts into the conflicts table. Parameters: `$1` projection, `$2` table, `$3` topic,
-/// `$4` partition, `$5` group, then one array per conflict column.
+/// The insert of a fold's conflicts into the conflicts table. Parameters: `$1` projection, `$2` table, `$3`
+/// topics, `$4` partitions (one per conflict: where its incoming state came from), `$5` group, then one array per
+/// conflict column.
 fn conflict_sql(p: &Pipeline) -> String {
     format!(
         "INSERT INTO {} (projection, table_name, entity, version, stored_delivery, incoming_delivery, stored_sha256, \
          incoming_sha256, stored, incoming, topic, partition, \"offset\", consumer_group) \
-         SELECT $1, $2, u.e::jsonb, u.v::bigint[], u.sd, u.id, u.sh, u.ih, u.s::jsonb, u.i::jsonb, $3, $4, u.o, $5 \
+         SELECT $1, $2, u.e::jsonb, u.v::bigint[], u.sd, u.id, u.sh, u.ih, u.s::jsonb, u.i::jsonb, u.t, u.p, u.o, $5 \
          FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[], $12::text[], \
-         $13::text[], $14::bigint[]) AS u(e, v, sd, id, sh, ih, s, i, o) \
+         $13::text[], $14::bigint[], $3::text[], $4::integer[]) AS u(e, v, sd, id, sh, ih, s, i, o, t, p) \
          ON CONFLICT (projection, entity, version, incoming_sha256) DO NOTHING",
         p.table(CONFLICTS)
     )

@@ -515,6 +515,7 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
         .await?;
     }
     exec(create_conflicts(p)).await?;
+    exec(super::history::create_versions(p)).await?;
     exec(format!(
         "CREATE TABLE IF NOT EXISTS {} (projection text NOT NULL, version bigint[] NOT NULL, topic text NOT NULL, \
          partition integer NOT NULL, \"offset\" bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), \

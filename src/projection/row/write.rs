@@ -21,6 +21,8 @@ pub(super) struct Conflict {
     pub(super) stored: String,
     pub(super) incoming: String,
     pub(super) offset: i64,
+    /// The topic and partition of the record that brought `incoming`; `None`: the batch's.
+    pub(super) source: Option<(String, i32)>,
 }
 
 /// The live rows (and column-mode tombstones) the fold ends with, in one upsert; table-mode tombstones of
@@ -141,24 +143,19 @@ pub(super) async fn write_conflicts(
     let s: Vec<&str> = conflicts.iter().map(|c| c.stored.as_str()).collect();
     let i: Vec<&str> = conflicts.iter().map(|c| c.incoming.as_str()).collect();
     let o: Vec<i64> = conflicts.iter().map(|c| c.offset).collect();
+    let tp: Vec<&str> = conflicts
+        .iter()
+        .map(|c| c.source.as_ref().map_or(at.topic, |(t, _)| t.as_str()))
+        .collect();
+    let pt: Vec<i32> = conflicts
+        .iter()
+        .map(|c| c.source.as_ref().map_or(at.partition, |(_, p)| *p))
+        .collect();
     let table = plan.table.to_string();
     tx.execute(
         &prepared.conflict,
         &[
-            &proj.name,
-            &table,
-            &at.topic,
-            &at.partition,
-            &at.group,
-            &e,
-            &v,
-            &sd,
-            &id,
-            &sh,
-            &ih,
-            &s,
-            &i,
-            &o,
+            &proj.name, &table, &tp, &pt, &at.group, &e, &v, &sd, &id, &sh, &ih, &s, &i, &o,
         ],
     )
     .await
