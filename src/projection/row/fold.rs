@@ -342,7 +342,14 @@ async fn fold_segment(
             }
             let (incoming, waits) =
                 incoming_values(c, cur.as_ref(), &removed, &last_values, shape, proj, at);
-            let result = match history.judge(c, key, &incoming, waits.as_ref(), shape, at) {
+            // An incremental-snapshot read has no version of its own (placed at the stored one above): it is no
+            // claim at that version, so the history neither judges nor keeps it.
+            let seen = if c.unpositioned {
+                Seen::Fresh
+            } else {
+                history.judge(c, key, &incoming, waits.as_ref(), shape, at)
+            };
+            let result = match seen {
                 Seen::Same => RowResult::Same,
                 Seen::Conflict { wins } => {
                     if wins {
