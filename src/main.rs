@@ -531,9 +531,13 @@ fn verify(command: VerifyCommand) -> anyhow::Result<()> {
             let out = ops::verify::diff(&before, &report)?;
             print!("{}", out.table);
             if out.days.is_empty() && out.rows.is_empty() {
+                let rows = match out.rows_exact {
+                    true => "and every row ",
+                    false => "(each row within its day's claims: see the rows line) ",
+                };
                 println!(
-                    "verified: every day and every row changed by exactly what the backfill landed and the other \
-                     groups claimed"
+                    "verified: every day {rows}changed by exactly what the backfill landed and the other groups \
+                     claimed"
                 );
                 Ok(())
             } else {

@@ -31,6 +31,9 @@ pub struct Outcome {
     pub rows: Vec<super::RowMismatch>,
     /// The per-day summary table, then the rows that differ.
     pub table: String,
+    /// Whether each row was accounted against the claims of its own key (the ledger holds every group-by
+    /// field); false: only within its day's claims.
+    pub rows_exact: bool,
 }
 
 /// One day of the table: the change, the backfill's part, each other group's part.
@@ -183,6 +186,7 @@ pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> Outcome 
         days: mismatches,
         rows: row_mismatches,
         table,
+        rows_exact: before.ledger_lacks.is_empty(),
     }
 }
 

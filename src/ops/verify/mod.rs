@@ -360,30 +360,29 @@ async fn whole_days(
         return Ok(());
     };
     let list: Vec<&String> = days.iter().collect();
-    let left_out = "AND NOT pg_catalog.coalesce";
     let table_sql = format!(
         "SELECT {day}::text, pg_catalog.count(*)::bigint FROM {} WHERE {day}::text = ANY($1::text[]) \
-         {left_out}(({f}), false) GROUP BY 1 ORDER BY 1 LIMIT 1",
+         AND (({f})) IS NOT TRUE GROUP BY 1 ORDER BY 1 LIMIT 1",
         t.table,
         day = t.day
     );
     let ledger_sql = format!(
         "SELECT {day}::text, pg_catalog.count(*)::bigint FROM {} l WHERE {day} BETWEEN $1::text::{ty} AND \
-         $2::text::{ty} {left_out}(({f}), false) GROUP BY 1 ORDER BY 1",
+         $2::text::{ty} AND (({f})) IS NOT TRUE GROUP BY 1 ORDER BY 1",
         sink::ledger::ledger_rows(p),
         day = t.day,
         ty = t.day_type
     );
     let first = tx.query(&table_sql, &[&list]).await?.first().map(|r| {
         let (d, n): (String, i64) = (r.get(0), r.get(1));
-        (d, format!("{n} row(s) of {}", t.table))
+        (d, format!("{n} row(s) of {}", t.qualified))
     });
     let first = match first {
         Some(x) => Some(x),
         None => tx.query(&ledger_sql, &[lo, hi]).await?.iter().find_map(|r| {
             let (d, n): (String, i64) = (r.get(0), r.get(1));
             days.contains(&d)
-                .then(|| (d, format!("{n} ledger claim(s) of {}", t.ledger)))
+                .then(|| (d, format!("{n} ledger claim(s)")))
         }),
     };
     match first {
@@ -392,11 +391,11 @@ async fn whole_days(
             "--where `{}` selects part of day {day} ({what} of that day left out): verify accounts whole days — a \
          backfill's report counts every record of a day, and the ledger's claims per day are compared with \
          it — so a condition on another column than the day field ({}) would make every day disagree; name \
-         only the day field, e.g. --where \"{} between '…' and '…'\" (the rows of each day are compared \
-         one by one anyway)",
+         only the day field, e.g. --where \"{} between '…' and '…'\" (each row of those days is compared \
+         anyway)",
             crate::printable::escape_controls(f),
-            t.day,
-            t.day
+            t.day.trim_matches('"'),
+            t.day.trim_matches('"')
         ))),
     }
 }
