@@ -1331,14 +1331,18 @@ fn backfill_refuses_a_window_empty_by_record_time_over_offsets_that_hold_records
     let report = p.dir.path().join("report.json");
     let out = run(&from, &["-o", arg(&report)]);
     out.assert_ok();
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let read: i64 = r["partitions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|x| x["stop_offset"].as_i64().unwrap() - x["start_offset"].as_i64().unwrap())
         .sum();
-    assert!(read >= 2, "each partition reads at least its last record: {r}");
+    assert!(
+        read >= 2,
+        "each partition reads at least its last record: {r}"
+    );
     let notes = r["retention"].to_string();
     for part in 0..2 {
         assert!(

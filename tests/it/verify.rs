@@ -365,9 +365,7 @@ fn verify_diff_finds_double_counts_and_refuses_what_cannot_be_compared() {
     let now = crate::core::counts(&db);
     let unchanged = now
         .iter()
-        .find(|((d, c), n)| {
-            snap["rows"][format!("{d}|{c}")].as_str() == Some(&n.to_string())
-        })
+        .find(|((d, c), n)| snap["rows"][format!("{d}|{c}")].as_str() == Some(&n.to_string()))
         .map(|(k, _)| k.clone())
         .expect("a row no refund reached");
     let (day, from) = unchanged;
@@ -395,7 +393,11 @@ fn verify_diff_finds_double_counts_and_refuses_what_cannot_be_compared() {
     move_one(-1);
     let v = verify_diff(&f("n.json"), &f("report.json"));
     v.assert_ok();
-    assert!(v.stdout.contains("each row within its day's claims"), "{}", v.stdout);
+    assert!(
+        v.stdout.contains("each row within its day's claims"),
+        "{}",
+        v.stdout
+    );
 
     // Production lands late events; the ledger does not hold `amount`: the counter accounts for them, the sum
     // cannot.
@@ -595,10 +597,16 @@ fn verify_diff_names_the_rows_of_a_move_between_customers_of_one_day() {
     let dir = p.dir.path();
     let f = |n: &str| dir.join(n);
     offsets_snapshot(&p, &prod, &f("stop.json")).assert_ok();
-    let part = verify_snapshot(&p, "daily_counts", Some("customer_id = 'c-1'"), &f("c1.json"));
+    let part = verify_snapshot(
+        &p,
+        "daily_counts",
+        Some("customer_id = 'c-1'"),
+        &f("c1.json"),
+    );
     assert_eq!(part.code, Some(2), "{}", both(&part));
     assert!(
-        part.stderr.contains("selects part of day 2024-04-25") && part.stderr.contains("day between"),
+        part.stderr.contains("selects part of day 2024-04-25")
+            && part.stderr.contains("day between"),
         "{}",
         part.stderr
     );
@@ -632,14 +640,17 @@ fn verify_diff_names_the_rows_of_a_move_between_customers_of_one_day() {
     );
     out.assert_ok();
     let ledger = || db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
-    wait_until(Duration::from_secs(120), "production lands the late events", || {
-        ledger() == 600 + 24
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "production lands the late events",
+        || ledger() == 600 + 24,
+    );
     for snap in ["n.json", "t.json"] {
         let v = verify_diff(&f(snap), &f("report.json"));
         v.assert_ok();
         assert!(
-            v.stdout.contains("against the ledger claims of its own key; 0 differ"),
+            v.stdout
+                .contains("against the ledger claims of its own key; 0 differ"),
             "{}",
             v.stdout
         );
@@ -672,9 +683,20 @@ fn verify_diff_names_the_rows_of_a_move_between_customers_of_one_day() {
             "{}",
             v.stdout
         );
-        let c1 = v.stdout.lines().find(|l| l.starts_with("2024-04-27|c-1")).unwrap();
-        assert!(c1.contains(&format!(" {by} ")) && c1.contains("MISMATCH"), "{c1}");
-        assert!(line(&v, "2024-04-27 ").contains("netting out"), "{}", v.stdout);
+        let c1 = v
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("2024-04-27|c-1"))
+            .unwrap();
+        assert!(
+            c1.contains(&format!(" {by} ")) && c1.contains("MISMATCH"),
+            "{c1}"
+        );
+        assert!(
+            line(&v, "2024-04-27 ").contains("netting out"),
+            "{}",
+            v.stdout
+        );
         assert_eq!(table(&v.stdout)["2024-04-27"]["unexplained"], "0");
         assert!(
             v.stderr.contains("1 day(s) and 2 row(s)") && v.stderr.contains("2024-04-27|c-2"),

@@ -193,9 +193,7 @@ pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> Outcome 
 /// `Some(reason)` when rows of `day` differ although the day's total is explained: they net out.
 fn rows_differ(rows: &[super::RowMismatch], day: &str) -> Option<String> {
     let n = rows.iter().filter(|r| r.day == day).count();
-    (n > 0).then(|| {
-        format!("MISMATCH: {n} row(s) of this day differ, netting out (listed below)")
-    })
+    (n > 0).then(|| format!("MISMATCH: {n} row(s) of this day differ, netting out (listed below)"))
 }
 
 /// `Some(reason)` when the backfill's claims of `day` are under a stream generation that none of the day's
@@ -435,9 +433,7 @@ mod tests {
             &[("a", D, "15")],
             &[(D, "prod", 12, None), (D, "bf", 3, None)],
         );
-        let Outcome {
-            days: m, table, ..
-        } = account(&before, &after, &report(3, "0"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(3, "0"));
         assert!(m.is_empty(), "{table}");
         assert!(table.contains("prod"), "{table}");
         // One increment more than the claims explain.
@@ -469,9 +465,7 @@ mod tests {
             &[("a", D, "-3.75")],
             &[(D, "prod", 2, Some("3.0")), (D, "bf", 1, Some("-5.25"))],
         );
-        let Outcome {
-            days: m, table, ..
-        } = account(&before, &after, &report(1, "-5.25"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(1, "-5.25"));
         assert!(m[0].reason.starts_with("UNACCOUNTED"), "{table}");
         // Without other groups' claims it is exact again.
         let before = snap("sum", false, &[("a", D, "1.5")], &[(D, "prod", 1, None)]);
@@ -481,7 +475,9 @@ mod tests {
             &[("a", D, "-3.75")],
             &[(D, "prod", 1, None), (D, "bf", 1, None)],
         );
-        assert!(account(&before, &after, &report(1, "-5.25")).days.is_empty());
+        assert!(account(&before, &after, &report(1, "-5.25"))
+            .days
+            .is_empty());
     }
 
     #[test]
@@ -517,7 +513,9 @@ mod tests {
             &[("a", D, "-2.25")],
             &[(D, "prod", 2, Some("3.0")), (D, "bf", 1, Some("-5.25"))],
         );
-        assert!(account(&before, &after, &report(1, "-5.25")).days.is_empty());
+        assert!(account(&before, &after, &report(1, "-5.25"))
+            .days
+            .is_empty());
         let before = snap("sum", true, &[("a", D, "1.5")], &[(D, "prod", 1, None)]);
         let after = snap(
             "sum",
@@ -525,9 +523,7 @@ mod tests {
             &[("a", D, "-2.25")],
             &[(D, "prod", 2, None), (D, "bf", 1, None)],
         );
-        let Outcome {
-            days: m, table, ..
-        } = account(&before, &after, &report(1, "-5.25"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(1, "-5.25"));
         assert!(m[0].reason.starts_with("UNACCOUNTED"), "{table}");
         assert!(table.contains("? (1 rows)"), "{table}");
     }
@@ -562,9 +558,7 @@ mod tests {
             &[("a", D, "13")],
             &[(D, "prod@a", 10, None), (D, "bf@b", 3, None)],
         );
-        let Outcome {
-            days: m, table, ..
-        } = account(&before, &after, &report(3, "0"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(3, "0"));
         assert!(m[0].reason.contains("generation 'b'"), "{table}");
         let after = snap(
             "counter",

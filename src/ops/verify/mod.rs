@@ -238,7 +238,11 @@ pub fn snapshot(
     }
     if let (Some(out), Some(rows)) = (snap.row_claims.as_mut(), read.row_claims) {
         for r in rows {
-            let c = out.entry(r.get(0)).or_default().entry(r.get(1)).or_default();
+            let c = out
+                .entry(r.get(0))
+                .or_default()
+                .entry(r.get(1))
+                .or_default();
             c.rows = r.get(2);
             c.sum = t.ledger_sum.as_ref().map(|_| r.get(3));
         }
@@ -379,11 +383,15 @@ async fn whole_days(
     });
     let first = match first {
         Some(x) => Some(x),
-        None => tx.query(&ledger_sql, &[lo, hi]).await?.iter().find_map(|r| {
-            let (d, n): (String, i64) = (r.get(0), r.get(1));
-            days.contains(&d)
-                .then(|| (d, format!("{n} ledger claim(s)")))
-        }),
+        None => tx
+            .query(&ledger_sql, &[lo, hi])
+            .await?
+            .iter()
+            .find_map(|r| {
+                let (d, n): (String, i64) = (r.get(0), r.get(1));
+                days.contains(&d)
+                    .then(|| (d, format!("{n} ledger claim(s)")))
+            }),
     };
     match first {
         None => Ok(()),
@@ -441,7 +449,10 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot> {
         .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
     let format = v.get("format").and_then(serde_json::Value::as_u64);
     if format != Some(u64::from(SNAPSHOT_FORMAT)) {
-        let what = match (format, v.get("pipeline").is_some() && v.get("ledger").is_some()) {
+        let what = match (
+            format,
+            v.get("pipeline").is_some() && v.get("ledger").is_some(),
+        ) {
             (None, false) => "no pipeline fingerprint, no ledger claims".to_string(),
             (None, true) => "format 1: ledger claims per day only, none per row".to_string(),
             (Some(n), _) => format!("format {n}, this version reads format {SNAPSHOT_FORMAT}"),

@@ -41,9 +41,7 @@ pub(super) fn check(
         // A key claimed (or no longer claimed) without a row: an exact projection lost it.
         let extra: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
         keys.extend(extra.into_iter().filter(|k| {
-            !before.rows.contains_key(*k)
-                && !after.rows.contains_key(*k)
-                && a.get(*k) != b.get(*k)
+            !before.rows.contains_key(*k) && !after.rows.contains_key(*k) && a.get(*k) != b.get(*k)
         }));
     }
     for k in keys {
@@ -87,9 +85,7 @@ fn added(
             let rows = ca.map_or(0, |c| c.rows) - cb.map_or(0, |c| c.rows);
             let sum = |c: Option<&Claims>| c.and_then(|c| c.sum.as_deref()).map(num);
             let held = ca.or(cb).is_some_and(|c| c.sum.is_some());
-            let part = held.then(|| {
-                sum(ca).unwrap_or_default() - sum(cb).unwrap_or_default()
-            });
+            let part = held.then(|| sum(ca).unwrap_or_default() - sum(cb).unwrap_or_default());
             (rows, part)
         })
         .filter(|(rows, part)| *rows != 0 || part.as_ref().is_some_and(|p| !p.is_zero()))
@@ -197,7 +193,12 @@ pub(super) fn table(before: &Snapshot, after: &Snapshot, rows: &[RowMismatch]) -
         return out;
     }
     let esc = crate::printable::escape_controls;
-    let w = rows.iter().map(|r| esc(&r.key).len()).max().unwrap_or(0).max(12);
+    let w = rows
+        .iter()
+        .map(|r| esc(&r.key).len())
+        .max()
+        .unwrap_or(0)
+        .max(12);
     out += &format!("{:<w$} {:>12} {:>12}\n", "row", "changed by", "explained");
     for r in rows.iter().take(100) {
         out += &format!(
@@ -272,16 +273,21 @@ mod tests {
         let m = check(&before, &moved, &BTreeMap::new());
         assert_eq!(m.len(), 2, "no claims: both rows named");
         let mut d = BTreeMap::new();
-        d.entry("2024-04-25".to_string()).or_insert_with(BTreeMap::new).insert(
-            "bf".to_string(),
-            Claims {
-                rows: 1,
-                sum: None,
-                generations: Vec::new(),
-            },
-        );
+        d.entry("2024-04-25".to_string())
+            .or_insert_with(BTreeMap::new)
+            .insert(
+                "bf".to_string(),
+                Claims {
+                    rows: 1,
+                    sum: None,
+                    generations: Vec::new(),
+                },
+            );
         let m = check(&before, &moved, &d);
         assert_eq!(m.len(), 1, "{m:?}");
-        assert_eq!((m[0].key.as_str(), m[0].explained.as_str()), ("d|b", "0..1"));
+        assert_eq!(
+            (m[0].key.as_str(), m[0].explained.as_str()),
+            ("d|b", "0..1")
+        );
     }
 }
