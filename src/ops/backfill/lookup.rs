@@ -18,14 +18,21 @@ use crate::ops::backfill::options::PartitionPlan;
 /// How long reading one record's timestamp may wait for the broker.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One note per partition whose time-based start skips offsets of the log (`low`: its log start offset): the
-/// range skipped and why. `start_from` `time` / `end-at-lookup` only.
-pub(crate) fn notes(plans: &[PartitionPlan], lows: &[i64], from: &str) -> Vec<String> {
+/// One note per partition whose time-based start skips offsets of the log (`lows`: log start offsets; `stops`:
+/// the stop offsets before they were raised to the start): the range skipped and why. A partition that reads
+/// nothing although offsets below its stop hold records is said so first (and logged as a warning by
+/// [`super::plan`]). Time-based starts only (`time`, `end-at-lookup`).
+pub(crate) fn notes(
+    plans: &[PartitionPlan],
+    lows: &[i64],
+    stops: &[i64],
+    from: &str,
+) -> Vec<String> {
     plans
         .iter()
-        .zip(lows)
-        .filter(|(p, low)| p.start_offset > **low && p.start_from != "ledger")
-        .map(|(p, low)| {
+        .zip(lows.iter().zip(stops))
+        .filter(|(p, (low, _))| p.start_offset > **low && p.start_from != "ledger")
+        .map(|(p, (low, stop))| {
             let why = match p.start_from.as_str() {
                 "end-at-lookup" => "no record of the partition carries a timestamp at or after --from".into(),
                 _ => format!(
@@ -33,8 +40,12 @@ pub(crate) fn notes(plans: &[PartitionPlan], lows: &[i64], from: &str) -> Vec<St
                     p.start_offset
                 ),
             };
+            let none = match stop > low && p.start_offset >= *stop {
+                true => format!("nothing of this partition read although offsets {low}..{stop} lie below its stop; "),
+                false => String::new(),
+            };
             format!(
-                "{}/{}: offsets {low}..{} ({} record(s) at most) not read: {why} ({from}; Kafka's time lookup \
+                "{}/{}: {none}offsets {low}..{} ({} record(s) at most) not read: {why} ({from}; Kafka's time lookup \
                  trusts the producers' record timestamps)",
                 p.topic,
                 p.partition,
@@ -128,4 +139,42 @@ fn last_timestamp(
     }
     let _ = consumer.unassign();
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(start: i64, stop: i64, from: &str) -> PartitionPlan {
+        PartitionPlan {
+            topic: "t".into(),
+            partition: 0,
+            start_offset: start,
+            stop_offset: stop,
+            start_from: from.into(),
+        }
+    }
+
+    #[test]
+    fn notes_name_what_the_time_lookup_skipped_and_a_partition_that_reads_nothing() {
+        let n = notes(&[plan(5, 9, "time")], &[2], &[9], "F");
+        assert_eq!(n.len(), 1);
+        assert!(n[0].starts_with(
+            "t/0: offsets 2..5 (3 record(s) at most) not read: offset 5 is the first"
+        ));
+        let n = notes(&[plan(9, 9, "end-at-lookup")], &[0], &[7], "F");
+        assert!(
+            n[0].contains("nothing of this partition read although offsets 0..7"),
+            "{n:?}"
+        );
+        assert!(n[0].contains("no record of the partition carries"), "{n:?}");
+        // From the log start, or a rebuild's ledger start: nothing skipped to note.
+        assert!(notes(
+            &[plan(0, 9, "time"), plan(3, 9, "ledger")],
+            &[0, 0],
+            &[9, 9],
+            "F"
+        )
+        .is_empty());
+    }
 }

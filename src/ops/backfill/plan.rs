@@ -291,8 +291,11 @@ pub fn plan(
     if opts.cover.is_empty() {
         let from = chrono::DateTime::from_timestamp_millis(opts.from_ms)
             .map_or_else(|| opts.from_ms.to_string(), |t| t.to_rfc3339());
-        for note in super::lookup::notes(&plans, &lows, &from) {
-            tracing::info!("{note}");
+        for note in super::lookup::notes(&plans, &lows, &raw_stops, &from) {
+            match note.contains("nothing of this partition read") {
+                true => tracing::warn!("{note}"),
+                false => tracing::info!("{note}"),
+            }
             retention.push(note);
         }
         if !matches!(opts.stop, StopSpec::Time(_)) {
