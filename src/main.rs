@@ -542,19 +542,35 @@ fn verify(command: VerifyCommand) -> anyhow::Result<()> {
         VerifyCommand::Diff { before, expect } => {
             let before = ops::verify::read_snapshot(&before)?;
             let report: Report = read_json(&expect)?;
-            let (mismatches, table) = ops::verify::diff(&before, &report)?;
-            print!("{table}");
-            if mismatches.is_empty() {
+            let out = ops::verify::diff(&before, &report)?;
+            print!("{}", out.table);
+            if out.days.is_empty() && out.rows.is_empty() {
+                let rows = match out.rows_exact {
+                    true => "and every row ",
+                    false => "(each row within its day's claims: see the rows line) ",
+                };
                 println!(
-                    "verified: every day changed by exactly what the backfill landed and the other groups claimed"
+                    "verified: every day {rows}changed by exactly what the backfill landed and the other groups \
+                     claimed"
                 );
                 Ok(())
             } else {
-                let days: Vec<&str> = mismatches.iter().map(|m| m.day.as_str()).collect();
+                let days: Vec<&str> = out.days.iter().map(|m| m.day.as_str()).collect();
+                let rows: Vec<String> = out
+                    .rows
+                    .iter()
+                    .take(10)
+                    .map(|m| replaysafe::printable::escape_controls(&m.key).into_owned())
+                    .collect();
+                let more = out.rows.len().saturating_sub(10);
                 Err(anyhow::anyhow!(
-                    "{} day(s) not explained by the backfill report and the other groups' ledger claims: {}",
-                    mismatches.len(),
-                    days.join(", ")
+                    "{} day(s) and {} row(s) not explained by the backfill report and the other groups' ledger \
+                     claims: days {}; rows {}{}",
+                    out.days.len(),
+                    out.rows.len(),
+                    days.join(", "),
+                    if rows.is_empty() { "(none)".to_string() } else { rows.join(", ") },
+                    if more > 0 { format!(" and {more} more") } else { String::new() }
                 ))
             }
         }

@@ -1275,3 +1275,90 @@ fn rebuild_refuses_ledger_rows_it_cannot_reread() {
     );
     assert_eq!((counts(&db), ledger_rows(&db)), (counts0, ledger0));
 }
+
+/// Issue 41 item 8: the producers stamp records with the event's time (2024-04-25 … 30) and the operator gives
+/// the incident's wall-clock start as `--from`: Kafka's time lookup finds no record at or after it, so the window
+/// would read nothing although the offsets below the stop file hold every record. The backfill (and its dry run)
+/// exits 1 naming the offsets and the `--from` that reads from there, having applied nothing; the rerun with that
+/// `--from` succeeds, and its report notes per partition which offsets were not read and why.
+#[test]
+fn backfill_refuses_a_window_empty_by_record_time_over_offsets_that_hold_records() {
+    let (db, topic) = stage("bf_ts", 2);
+    let (recs, _) = seed_events(120, 2);
+    produce(&topic, &recs);
+    let prod = unique("prod");
+    let buggy = SEED.replace(
+        "[identity]",
+        "[[filter]]\nname = \"no-refunds\"\ndrop-if = \"amount < 0.0\"\n\n[identity]",
+    );
+    let filtered = run_text(&buggy, &topic, &prod, &db).tally().filtered as i64;
+    assert!(filtered > 0);
+    let p = pipeline(SEED, &topic, &prod, &db.schema);
+    let stop = p.dir.path().join("stop.json");
+    offsets_snapshot(&p, &prod, &stop).assert_ok();
+    let ledger = || db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
+    let before = (ledger(), counts(&db));
+    let bf = unique("bf");
+    let run = |from: &str, extra: &[&str]| {
+        backfill(
+            &p,
+            from,
+            ("--to-offsets", arg(&stop)),
+            &bf,
+            &[&["--filter", "amount < 0"], extra].concat(),
+        )
+    };
+    for extra in [&["--dry-run"][..], &[]] {
+        let out = run("2024-05-02T00:00:00Z", extra);
+        assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr.contains("holds no record by record time")
+                && out.stderr.contains(&format!("{topic}/0 offsets 0..60"))
+                && out.stderr.contains("Nothing was applied"),
+            "{}",
+            out.stderr
+        );
+    }
+    assert_eq!((ledger(), counts(&db)), before, "nothing applied");
+    let out = run("2024-05-02T00:00:00Z", &[]);
+    let from = out
+        .stderr
+        .split("rerun with --from ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("a --from to rerun with")
+        .to_string();
+    let report = p.dir.path().join("report.json");
+    let out = run(&from, &["-o", arg(&report)]);
+    out.assert_ok();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let read: i64 = r["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["stop_offset"].as_i64().unwrap() - x["start_offset"].as_i64().unwrap())
+        .sum();
+    assert!(
+        read >= 2,
+        "each partition reads at least its last record: {r}"
+    );
+    let notes = r["retention"].to_string();
+    for part in 0..2 {
+        assert!(
+            notes.contains(&format!("{topic}/{part}: offsets 0..")) && notes.contains("not read"),
+            "{r}"
+        );
+    }
+    let landed: i64 = r["per_day"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|d| d["landed"].as_i64().unwrap())
+        .sum();
+    assert_eq!(ledger(), before.0 + landed, "{r}");
+    assert_eq!(
+        counts(&db).values().sum::<i64>(),
+        before.1.values().sum::<i64>() + landed
+    );
+}

@@ -5,6 +5,7 @@
 //! `--from` (ListOffsets by timestamp, `offsets_for_times`) and stops before its stop offset (exclusive). The
 //! checkpoint rows of the backfill's own group id make a second run of the same backfill a no-op.
 
+mod lookup;
 pub mod options;
 pub(crate) mod plan;
 pub mod report;

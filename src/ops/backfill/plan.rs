@@ -215,6 +215,8 @@ pub fn plan(
     )?;
     let mut plans = Vec::new();
     let mut retention = Vec::new();
+    // Per plan: the log start offset and the stop before it was raised to the start (the lookup's notes).
+    let (mut lows, mut raw_stops) = (Vec::new(), Vec::new());
     for tp in &parts {
         let (low, high) = marks[tp];
         let (start, start_from) = match starts.get(tp) {
@@ -268,6 +270,8 @@ pub fn plan(
                 tp.0, tp.1
             )));
         }
+        lows.push(low);
+        raw_stops.push(stop);
         plans.push(PartitionPlan {
             topic: tp.0.clone(),
             partition: tp.1,
@@ -282,6 +286,21 @@ pub fn plan(
              before deleting anything",
             tp.0, tp.1
         )));
+    }
+    // What the time lookup skipped, and a window empty by time over offsets that hold records (issue 41 item 8).
+    if opts.cover.is_empty() {
+        let from = chrono::DateTime::from_timestamp_millis(opts.from_ms)
+            .map_or_else(|| opts.from_ms.to_string(), |t| t.to_rfc3339());
+        for note in super::lookup::notes(&plans, &lows, &raw_stops, &from) {
+            match note.contains("nothing of this partition read") {
+                true => tracing::warn!("{note}"),
+                false => tracing::info!("{note}"),
+            }
+            retention.push(note);
+        }
+        if !matches!(opts.stop, StopSpec::Time(_)) {
+            super::lookup::refuse_empty(&consumer, &plans, &lows, &raw_stops)?;
+        }
     }
     // Offsets whose ledger rows a prune dropped (docs/replay.md "The ledger's lifecycle"): refused before anything
     // runs.

@@ -1,5 +1,6 @@
 //! `verify diff`'s accounting: per day, the projection's change against the backfill's report and the other
-//! consumer groups' claims in the ledger between the two snapshots; the printed table.
+//! consumer groups' claims in the ledger between the two snapshots, then every row ([`super::rows`]); the printed
+//! table.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,6 +20,20 @@ pub struct Mismatch {
     pub explained: String,
     /// Why it is a mismatch.
     pub reason: String,
+}
+
+/// What `verify diff` found: the days and the rows their claims do not explain, and the printed table.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Days not explained (a day with a row that differs is one, even when its rows net out).
+    pub days: Vec<Mismatch>,
+    /// Rows not explained.
+    pub rows: Vec<super::RowMismatch>,
+    /// The per-day summary table, then the rows that differ.
+    pub table: String,
+    /// Whether each row was accounted against the claims of its own key (the ledger holds every group-by
+    /// field); false: only within its day's claims.
+    pub rows_exact: bool,
 }
 
 /// One day of the table: the change, the backfill's part, each other group's part.
@@ -96,10 +111,12 @@ fn changes(before: &Snapshot, after: &Snapshot) -> BTreeMap<String, BigDecimal> 
 /// Accounts every day of the two snapshots and the report: the column's change must equal what the backfill's
 /// report says it added plus what the other groups' new ledger claims of that day add (counter: one per row;
 /// sum: the field summed, when the ledger holds it); and the backfill group's new claims must be the report's
-/// landed + stale (both reached the counter or sum). Returns the mismatches and the table.
-pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mismatch>, String) {
+/// landed + stale (both reached the counter or sum); and every row must be explained by its claims
+/// ([`super::rows`]: a day whose rows net out but differ is a mismatch too).
+pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> Outcome {
     let changed = changes(before, after);
     let deltas = deltas(before, after);
+    let row_mismatches = super::rows::check(before, after, &deltas);
     let bf = &report.group_id;
     let mut days: BTreeSet<String> = changed.keys().cloned().collect();
     days.extend(
@@ -149,7 +166,8 @@ pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mis
         };
         let claimed = day_deltas.get(bf).map_or(0, |c| c.rows);
         let reason = other_generation(after, &d, bf)
-            .or_else(|| judge(&day, before, after, claimed, &counts));
+            .or_else(|| judge(&day, before, after, claimed, &counts))
+            .or_else(|| rows_differ(&row_mismatches, &d));
         if let Some(reason) = &reason {
             mismatches.push(Mismatch {
                 day: d,
@@ -162,7 +180,20 @@ pub fn account(before: &Snapshot, after: &Snapshot, report: &Report) -> (Vec<Mis
         }
         rows.push((day, reason));
     }
-    (mismatches, table(before, after, report, &groups, &rows))
+    let mut table = table(before, after, report, &groups, &rows);
+    table += &super::rows::table(before, after, &row_mismatches);
+    Outcome {
+        days: mismatches,
+        rows: row_mismatches,
+        table,
+        rows_exact: before.ledger_lacks.is_empty(),
+    }
+}
+
+/// `Some(reason)` when rows of `day` differ although the day's total is explained: they net out.
+fn rows_differ(rows: &[super::RowMismatch], day: &str) -> Option<String> {
+    let n = rows.iter().filter(|r| r.day == day).count();
+    (n > 0).then(|| format!("MISMATCH: {n} row(s) of this day differ, netting out (listed below)"))
 }
 
 /// `Some(reason)` when the backfill's claims of `day` are under a stream generation that none of the day's
@@ -357,7 +388,8 @@ mod tests {
     ) -> Snapshot {
         let mut s: Snapshot = serde_json::from_value(serde_json::json!({
             "config": "p.toml", "pipeline": "f", "table": "t", "qualified": "s.t", "column": "n", "kind": kind,
-            "filter": null, "taken_at": "", "rows": {}, "days": {}, "exact": exact, "ledger": {}
+            "filter": null, "taken_at": "", "rows": {}, "days": {}, "exact": exact, "ledger": {},
+            "ledger_lacks": ["customer_id"]
         }))
         .unwrap();
         for (k, d, v) in rows {
@@ -401,7 +433,7 @@ mod tests {
             &[("a", D, "15")],
             &[(D, "prod", 12, None), (D, "bf", 3, None)],
         );
-        let (m, table) = account(&before, &after, &report(3, "0"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(3, "0"));
         assert!(m.is_empty(), "{table}");
         assert!(table.contains("prod"), "{table}");
         // One increment more than the claims explain.
@@ -411,7 +443,7 @@ mod tests {
             &[("a", D, "16")],
             &[(D, "prod", 12, None), (D, "bf", 3, None)],
         );
-        let (m, _) = account(&before, &after, &report(3, "0"));
+        let Outcome { days: m, .. } = account(&before, &after, &report(3, "0"));
         assert_eq!(m.len(), 1);
         assert_eq!(
             (m[0].changed_by.as_str(), m[0].explained.as_str()),
@@ -433,7 +465,7 @@ mod tests {
             &[("a", D, "-3.75")],
             &[(D, "prod", 2, Some("3.0")), (D, "bf", 1, Some("-5.25"))],
         );
-        let (m, table) = account(&before, &after, &report(1, "-5.25"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(1, "-5.25"));
         assert!(m[0].reason.starts_with("UNACCOUNTED"), "{table}");
         // Without other groups' claims it is exact again.
         let before = snap("sum", false, &[("a", D, "1.5")], &[(D, "prod", 1, None)]);
@@ -443,7 +475,9 @@ mod tests {
             &[("a", D, "-3.75")],
             &[(D, "prod", 1, None), (D, "bf", 1, None)],
         );
-        assert!(account(&before, &after, &report(1, "-5.25")).0.is_empty());
+        assert!(account(&before, &after, &report(1, "-5.25"))
+            .days
+            .is_empty());
     }
 
     #[test]
@@ -455,14 +489,14 @@ mod tests {
             &[("a", D, "14")],
             &[(D, "prod", 2, None), (D, "bf", 3, None)],
         );
-        assert!(account(&before, &ok, &report(3, "0")).0.is_empty());
+        assert!(account(&before, &ok, &report(3, "0")).days.is_empty());
         let over = snap(
             "counter",
             false,
             &[("a", D, "16")],
             &[(D, "prod", 2, None), (D, "bf", 3, None)],
         );
-        assert_eq!(account(&before, &over, &report(3, "0")).0.len(), 1);
+        assert_eq!(account(&before, &over, &report(3, "0")).days.len(), 1);
     }
 
     #[test]
@@ -479,7 +513,9 @@ mod tests {
             &[("a", D, "-2.25")],
             &[(D, "prod", 2, Some("3.0")), (D, "bf", 1, Some("-5.25"))],
         );
-        assert!(account(&before, &after, &report(1, "-5.25")).0.is_empty());
+        assert!(account(&before, &after, &report(1, "-5.25"))
+            .days
+            .is_empty());
         let before = snap("sum", true, &[("a", D, "1.5")], &[(D, "prod", 1, None)]);
         let after = snap(
             "sum",
@@ -487,7 +523,7 @@ mod tests {
             &[("a", D, "-2.25")],
             &[(D, "prod", 2, None), (D, "bf", 1, None)],
         );
-        let (m, table) = account(&before, &after, &report(1, "-5.25"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(1, "-5.25"));
         assert!(m[0].reason.starts_with("UNACCOUNTED"), "{table}");
         assert!(table.contains("? (1 rows)"), "{table}");
     }
@@ -496,7 +532,7 @@ mod tests {
     fn backfill_claims_must_be_its_report() {
         let before = snap("counter", true, &[("a", D, "13")], &[(D, "bf", 3, None)]);
         let after = before.clone();
-        let (m, _) = account(&before, &after, &report(3, "0"));
+        let Outcome { days: m, .. } = account(&before, &after, &report(3, "0"));
         assert!(
             m[0].reason.contains("snapshot taken after the backfill"),
             "{m:?}"
@@ -504,7 +540,7 @@ mod tests {
         // More claims than the report: a resumed backfill's report against a snapshot before its first session.
         let before = snap("counter", true, &[("a", D, "10")], &[]);
         let after = snap("counter", true, &[("a", D, "15")], &[(D, "bf", 5, None)]);
-        let (m, _) = account(&before, &after, &report(3, "0"));
+        let Outcome { days: m, .. } = account(&before, &after, &report(3, "0"));
         assert!(m[0].reason.contains("resumed backfill"), "{m:?}");
     }
 
@@ -522,7 +558,7 @@ mod tests {
             &[("a", D, "13")],
             &[(D, "prod@a", 10, None), (D, "bf@b", 3, None)],
         );
-        let (m, table) = account(&before, &after, &report(3, "0"));
+        let Outcome { days: m, table, .. } = account(&before, &after, &report(3, "0"));
         assert!(m[0].reason.contains("generation 'b'"), "{table}");
         let after = snap(
             "counter",
@@ -530,6 +566,6 @@ mod tests {
             &[("a", D, "13")],
             &[(D, "prod@a", 10, None), (D, "bf@a", 3, None)],
         );
-        assert!(account(&before, &after, &report(3, "0")).0.is_empty());
+        assert!(account(&before, &after, &report(3, "0")).days.is_empty());
     }
 }

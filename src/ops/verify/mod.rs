@@ -6,9 +6,12 @@
 //! ledger holds it). Every projection change is committed in the transaction of the ledger claims it derives
 //! from, so between two snapshots the ledger says exactly which group claimed how many rows of each day — no
 //! clock or process memory is involved. `verify diff` takes the second snapshot and accounts each day's change
-//! for the backfill's report and for the other groups' new claims ([`account`]).
+//! for the backfill's report and for the other groups' new claims ([`account`]), then every projection row
+//! (every group-by key) for the claims of its key when the ledger holds the group-by fields, else within what
+//! its day's claims allow ([`rows`]).
 
 mod account;
+mod rows;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,11 +28,19 @@ use crate::ops::fingerprint::pipeline_fingerprint;
 use crate::projection::ProjectionKind;
 use crate::sink;
 
-pub use account::{account, Day, Mismatch};
+pub use account::{account, Day, Mismatch, Outcome};
+pub use rows::RowMismatch;
+
+/// The snapshot file's format: 2 adds the per-row ledger claims (`row_claims`, `ledger_lacks`). A file of
+/// another format is refused by [`read_snapshot`].
+pub const SNAPSHOT_FORMAT: u32 = 2;
 
 /// A snapshot of one counter or sum projection column's rows and of the ledger's claims per day and group.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Snapshot {
+    /// [`SNAPSHOT_FORMAT`] when written.
+    #[serde(default)]
+    pub format: u32,
     /// The pipeline file (absolute), re-read by `verify diff`.
     pub config: PathBuf,
     /// The pipeline's fingerprint ([`pipeline_fingerprint`]).
@@ -57,6 +68,14 @@ pub struct Snapshot {
     pub exact: bool,
     /// Ledger claims: day (`YYYY-MM-DD`) → consumer group → claims (rows, sum, generations).
     pub ledger: BTreeMap<String, BTreeMap<String, Claims>>,
+    /// Ledger claims per projection row: group-by key (as in `rows`) → consumer group → claims (rows, sum;
+    /// no generations). `None` when the ledger does not hold every group-by field (`ledger_lacks`).
+    #[serde(default)]
+    pub row_claims: Option<BTreeMap<String, BTreeMap<String, Claims>>>,
+    /// The group-by fields the ledger does not hold (not key, partition-by or `[ledger] columns` fields): rows
+    /// are then accounted within their day's claims only.
+    #[serde(default)]
+    pub ledger_lacks: Vec<String>,
 }
 
 /// The ledger rows one consumer group holds for one day.
@@ -86,6 +105,10 @@ struct Target {
     ledger_sum: Option<String>,
     /// See [`Snapshot::exact`].
     exact: bool,
+    /// See [`Snapshot::ledger_lacks`].
+    ledger_lacks: Vec<String>,
+    /// The partition-by field's SQL type.
+    day_type: &'static str,
 }
 
 /// Finds the counter or sum projection writing `table` and its value `column` (needed when it has several).
@@ -127,8 +150,9 @@ fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
             names.join(", ")
         ))
     })?;
+    let held = sink::ledger::ledger_field_columns(p);
     let ledger_sum = agg.value_fields[i]
-        .filter(|f| sink::ledger::ledger_field_columns(p).contains(f))
+        .filter(|f| held.contains(f))
         .map(|f| p.fields[f].name.to_string());
     Ok(Target {
         table: agg.table.to_string(),
@@ -145,6 +169,13 @@ fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
         ledger_sum,
         exact: proj.filter.is_none()
             && !p.projections.iter().any(|x| x.kind == ProjectionKind::Row),
+        ledger_lacks: agg
+            .group_by
+            .iter()
+            .filter(|i| !held.contains(i))
+            .map(|&i| p.fields[i].name.as_str().to_string())
+            .collect(),
+        day_type: p.fields[day].ty.sql(),
     })
 }
 
@@ -168,8 +199,9 @@ pub fn snapshot(
         .enable_all()
         .build()
         .map_err(|e| Error::Other(e.to_string()))?;
-    let (taken_at, rows, claims) = rt.block_on(read(&p, &url, &t, filter))?;
+    let read = rt.block_on(read(&p, &url, &t, filter))?;
     let mut snap = Snapshot {
+        format: SNAPSHOT_FORMAT,
         config: std::fs::canonicalize(config_path).unwrap_or_else(|_| config_path.to_path_buf()),
         pipeline: pipeline_fingerprint(&p),
         table: table.to_string(),
@@ -177,18 +209,20 @@ pub fn snapshot(
         column: t.column.clone(),
         kind: format!("{:?}", t.kind).to_lowercase(),
         filter: filter.map(str::to_string),
-        taken_at,
+        taken_at: read.taken_at,
         rows: BTreeMap::new(),
         days: BTreeMap::new(),
         exact: t.exact,
         ledger: BTreeMap::new(),
+        row_claims: read.row_claims.as_ref().map(|_| BTreeMap::new()),
+        ledger_lacks: t.ledger_lacks.clone(),
     };
-    for r in rows {
+    for r in read.rows {
         let k: String = r.get(0);
         snap.days.insert(k.clone(), r.get(1));
         snap.rows.insert(k, r.get(2));
     }
-    for r in claims {
+    for r in read.claims {
         let c = snap
             .ledger
             .entry(r.get(0))
@@ -202,25 +236,45 @@ pub fn snapshot(
         }
         c.generations.push(r.get(2));
     }
+    if let (Some(out), Some(rows)) = (snap.row_claims.as_mut(), read.row_claims) {
+        for r in rows {
+            let c = out
+                .entry(r.get(0))
+                .or_default()
+                .entry(r.get(1))
+                .or_default();
+            c.rows = r.get(2);
+            c.sum = t.ledger_sum.as_ref().map(|_| r.get(3));
+        }
+    }
     Ok(snap)
 }
 
 type Rows = Vec<tokio_postgres::Row>;
 
-/// Reads the projection rows and the ledger's claims per day and group in one MVCC snapshot; returns the
-/// database's clock (transaction start) too.
-async fn read(
-    p: &Pipeline,
-    url: &str,
-    t: &Target,
-    filter: Option<&str>,
-) -> Result<(String, Rows, Rows)> {
-    let key = t
-        .group_by
+/// What [`read`] returns: the database's clock at the transaction's start, the projection rows (key, day,
+/// value), the ledger's claims per day, group and generation, and per row key and group (when the ledger holds
+/// the group-by fields).
+struct Read {
+    taken_at: String,
+    rows: Rows,
+    claims: Rows,
+    row_claims: Option<Rows>,
+}
+
+/// The row key of the projection table and the ledger: the group-by columns as text, joined with `|`.
+fn row_key(t: &Target) -> String {
+    t.group_by
         .iter()
         .map(|g| format!("{g}::text"))
         .collect::<Vec<_>>()
-        .join(" || '|' || ");
+        .join(" || '|' || ")
+}
+
+/// Reads the projection rows and the ledger's claims per day and group (and per row key) in one MVCC snapshot,
+/// after checking that `filter` selects whole days ([`whole_days`]).
+async fn read(p: &Pipeline, url: &str, t: &Target, filter: Option<&str>) -> Result<Read> {
+    let key = row_key(t);
     let cond = filter.map(|f| format!(" WHERE {f}")).unwrap_or_default();
     let rows_sql = format!(
         "SELECT {key}, {}::text, {}::text FROM {}{cond}",
@@ -261,8 +315,97 @@ async fn read(
         .query(&ledger_sql, &[])
         .await
         .map_err(|e| where_error(e, filter, Some(&t.ledger)))?;
+    if let Some(f) = filter {
+        whole_days(&tx, p, t, f, &rows, &claims).await?;
+    }
+    let row_claims = match t.ledger_lacks.is_empty() {
+        true => Some(
+            tx.query(
+                &format!(
+                    "SELECT {key}, consumer_group, count(*)::bigint{sum} FROM {} l{cond} GROUP BY 1, 2",
+                    sink::ledger::ledger_rows(p)
+                ),
+                &[],
+            )
+            .await?,
+        ),
+        false => None,
+    };
     tx.rollback().await?;
-    Ok((taken_at, rows, claims))
+    Ok(Read {
+        taken_at,
+        rows,
+        claims,
+        row_claims,
+    })
+}
+
+/// Refuses a `--where` that selects part of a day — in the projection table or in the ledger — (issue 41 item
+/// 6): a backfill's report counts whole days and production's claims are accounted per day, so a condition on
+/// another column (`customer_id = …`) would make every day's claims disagree with the report. The days
+/// selected (by a projection row or a ledger claim) are read again without the condition.
+///
+/// # Errors
+/// [`Error::Usage`] naming the first partly selected day and the rows left out.
+async fn whole_days(
+    tx: &tokio_postgres::Transaction<'_>,
+    p: &Pipeline,
+    t: &Target,
+    f: &str,
+    rows: &Rows,
+    claims: &Rows,
+) -> Result<()> {
+    let days: std::collections::BTreeSet<String> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(1))
+        .chain(claims.iter().map(|r| r.get::<_, String>(0)))
+        .collect();
+    let (Some(lo), Some(hi)) = (days.first(), days.last()) else {
+        return Ok(());
+    };
+    let list: Vec<&String> = days.iter().collect();
+    let table_sql = format!(
+        "SELECT {day}::text, pg_catalog.count(*)::bigint FROM {} WHERE {day}::text = ANY($1::text[]) \
+         AND (({f})) IS NOT TRUE GROUP BY 1 ORDER BY 1 LIMIT 1",
+        t.table,
+        day = t.day
+    );
+    let ledger_sql = format!(
+        "SELECT {day}::text, pg_catalog.count(*)::bigint FROM {} l WHERE {day} BETWEEN $1::text::{ty} AND \
+         $2::text::{ty} AND (({f})) IS NOT TRUE GROUP BY 1 ORDER BY 1",
+        sink::ledger::ledger_rows(p),
+        day = t.day,
+        ty = t.day_type
+    );
+    let first = tx.query(&table_sql, &[&list]).await?.first().map(|r| {
+        let (d, n): (String, i64) = (r.get(0), r.get(1));
+        (d, format!("{n} row(s) of {}", t.qualified))
+    });
+    let first = match first {
+        Some(x) => Some(x),
+        None => tx
+            .query(&ledger_sql, &[lo, hi])
+            .await?
+            .iter()
+            .find_map(|r| {
+                let (d, n): (String, i64) = (r.get(0), r.get(1));
+                days.contains(&d)
+                    .then(|| (d, format!("{n} ledger claim(s)")))
+            }),
+    };
+    match first {
+        None => Ok(()),
+        Some((day, what)) => Err(Error::Usage(format!(
+            "--where `{}` selects part of day {day} ({what} of that day left out): verify accounts whole days — a \
+         backfill's report counts every record of a day, and the ledger's claims per day are compared with \
+         it — so a condition on another column than the day field ({}) would make every day disagree; name \
+         only the day field, e.g. --where \"{} between '…' and '…'\" (each row of those days is compared \
+         anyway)",
+            crate::printable::escape_controls(f),
+            t.day.trim_matches('"'),
+            t.day.trim_matches('"')
+        ))),
+    }
 }
 
 /// A `--where` that PostgreSQL rejects as written (SQLSTATE class 42: unknown column, syntax; class 22: a bad
@@ -294,20 +437,29 @@ fn database_url(p: &Pipeline) -> Result<String> {
     Ok(url)
 }
 
-/// Reads a snapshot file; one without a pipeline fingerprint or ledger claims (written by an earlier version) is
-/// refused.
+/// Reads a snapshot file; one of another [`SNAPSHOT_FORMAT`] (an earlier version's: without per-row ledger
+/// claims, or without a pipeline fingerprint or ledger claims at all) is refused.
 ///
 /// # Errors
-/// [`Error::Usage`] naming the file.
+/// [`Error::Usage`] naming the file and the format.
 pub fn read_snapshot(path: &Path) -> Result<Snapshot> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
-    if v.get("pipeline").is_none() || v.get("ledger").is_none() {
+    let format = v.get("format").and_then(serde_json::Value::as_u64);
+    if format != Some(u64::from(SNAPSHOT_FORMAT)) {
+        let what = match (
+            format,
+            v.get("pipeline").is_some() && v.get("ledger").is_some(),
+        ) {
+            (None, false) => "no pipeline fingerprint, no ledger claims".to_string(),
+            (None, true) => "format 1: ledger claims per day only, none per row".to_string(),
+            (Some(n), _) => format!("format {n}, this version reads format {SNAPSHOT_FORMAT}"),
+        };
         return Err(Error::Usage(format!(
-            "{} was taken by an earlier replaysafe (no pipeline fingerprint, no ledger claims): take the \
-             snapshot again with `verify snapshot` before the backfill",
+            "{} was taken by an earlier replaysafe ({what}): it cannot be compared row by row; take the snapshot \
+             again with this version's `verify snapshot` before the backfill",
             path.display()
         )));
     }
@@ -354,13 +506,13 @@ pub fn short(fp: &str) -> &str {
 }
 
 /// Compares a fresh snapshot with `before` and the backfill `report` ([`check_comparable`] first): per day, the
-/// change must equal what the backfill landed plus what other groups claimed since `before` ([`account`]).
-/// Returns the days (mismatches marked) and the printed table.
+/// change must equal what the backfill landed plus what other groups claimed since `before`, and every row its
+/// claims ([`account`]). Returns the days and rows that differ and the printed table.
 ///
 /// # Errors
 /// As [`check_comparable`]; [`Error::Usage`] when the pipeline file changed since the snapshot; reading the files
 /// or the database.
-pub fn diff(before: &Snapshot, report: &Report) -> Result<(Vec<Mismatch>, String)> {
+pub fn diff(before: &Snapshot, report: &Report) -> Result<Outcome> {
     check_comparable(before, report)?;
     let after = snapshot(
         &before.config,
