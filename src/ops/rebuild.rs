@@ -128,7 +128,8 @@ pub fn rebuild(
         )));
     }
     // Ledger rows an interrupted rebuild deleted and did not re-land are kept until a rebuild completes.
-    rt.block_on(unfinished_rebuild(&client, &pipeline, opts))?;
+    let oldest = horizon.and_then(|h| h.oldest);
+    rt.block_on(unfinished_rebuild(&client, &pipeline, opts, oldest))?;
     // Where the window's events came from: the replay reads at least those offsets, whatever their times.
     let sources = rt.block_on(window_sources(&client, &pipeline, opts))?;
     let cover = cover_of(&pipeline, &sources)?;
@@ -293,6 +294,7 @@ async fn unfinished_rebuild(
     client: &tokio_postgres::Client,
     pipeline: &Pipeline,
     opts: &RebuildOptions,
+    oldest: Option<NaiveDate>,
 ) -> Result<()> {
     let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
     let pending = pending_table(pipeline);
@@ -309,6 +311,9 @@ async fn unfinished_rebuild(
             )));
         }
         client.batch_execute(&create).await?;
+    }
+    if let Some(oldest) = oldest {
+        abandon_expired(client, &pending, day, oldest).await?;
     }
     let r = client
         .query_one(
@@ -331,6 +336,41 @@ async fn unfinished_rebuild(
             rows = n,
             "an interrupted rebuild of {lo}..={hi} deleted ledger rows it did not replay; this rebuild re-reads \
              their offsets and reports them"
+        );
+    }
+    Ok(())
+}
+
+/// The kept ledger rows of an interrupted rebuild ([`pending_table`]) of event days before `oldest`, the oldest
+/// day the ledger horizon recognises: no rebuild may replay them any more (their records are quarantined as
+/// beyond-horizon), so they are deleted, with a warning naming the days whose aggregates keep only what the
+/// interrupted rebuild re-landed. What is left is what a rebuild from `oldest` on must cover.
+///
+/// # Errors
+/// Database errors.
+async fn abandon_expired(
+    client: &tokio_postgres::Client,
+    pending: &impl std::fmt::Display,
+    day: &impl std::fmt::Display,
+    oldest: NaiveDate,
+) -> Result<()> {
+    let r = client
+        .query_one(
+            &format!(
+                "WITH d AS (DELETE FROM {pending} WHERE {day} < $1 RETURNING {day}) \
+                 SELECT pg_catalog.min({day}), pg_catalog.max({day}), pg_catalog.count(*) FROM d"
+            ),
+            &[&oldest],
+        )
+        .await?;
+    let (lo, hi, n): (Option<NaiveDate>, Option<NaiveDate>, i64) = (r.get(0), r.get(1), r.get(2));
+    if let (Some(lo), Some(hi)) = (lo, hi) {
+        tracing::warn!(
+            rows = n,
+            "an interrupted rebuild deleted ledger rows of event days {lo}..={hi} and did not replay them; those \
+             days are now older than the ledger horizon (oldest {oldest}), so no rebuild can replay them: their \
+             aggregate rows keep only what that rebuild re-landed (compare with `replaysafe verify`); the kept \
+             rows are abandoned"
         );
     }
     Ok(())
