@@ -171,13 +171,16 @@ pub fn rebuild(
 }
 
 /// The statements that zero the window in every projection (counter/sum grouped by the partition-by field).
-fn zero_statements(pipeline: &Pipeline, day: usize) -> Result<Vec<String>> {
+fn zero_statements(pipeline: &Pipeline, day: usize) -> Result<Vec<(String, String)>> {
     let mut deletes = Vec::new();
     for p in &pipeline.projections {
         match &p.aggregate {
-            Some(a) if a.group_by.contains(&day) => deletes.push(format!(
-                "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
-                a.table, pipeline.fields[day].name
+            Some(a) if a.group_by.contains(&day) => deletes.push((
+                a.table.to_string(),
+                format!(
+                    "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
+                    a.table, pipeline.fields[day].name
+                ),
             )),
             _ => {
                 return Err(usage(format!(
@@ -376,6 +379,24 @@ async fn abandon_expired(
     Ok(())
 }
 
+/// A failed statement of the rebuild's delete transaction, naming the step and the table; a lock wait past
+/// `postgres.lock-timeout-ms` (SQLSTATE 55P03, `lock_not_available`) says who is likely holding the rows.
+/// Nothing of the transaction was committed, and the rebuild's group has no checkpoint yet: the same command
+/// can be rerun.
+fn step_error(step: &str, table: &str, e: &tokio_postgres::Error) -> Error {
+    let cause = crate::sink::describe(e);
+    let why = if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        "a row or table lock was not granted within postgres.lock-timeout-ms: another transaction holds rows of the \
+         window (a writer that was not paused, a long-running transaction or an open psql session); "
+    } else {
+        ""
+    };
+    Error::Other(format!(
+        "rebuild stopped while {step} of {table}: {why}{cause}. Nothing was deleted (the transaction rolled \
+         back); rerun the same rebuild command once that transaction has ended"
+    ))
+}
+
 /// In one transaction: deletes the window from every aggregate and from the ledger, keeping the deleted ledger
 /// rows in [`pending_table`] (once per key); rolls back when they came from offsets the plan does not cover (a
 /// writer was not paused).
@@ -383,7 +404,7 @@ async fn delete_window(
     client: &mut tokio_postgres::Client,
     pipeline: &Pipeline,
     opts: &RebuildOptions,
-    deletes: &[String],
+    deletes: &[(String, String)],
     cover: &BTreeMap<(String, i32), (i64, i64)>,
 ) -> Result<()> {
     let day = pipeline.identity.partition_by.expect("checked");
@@ -397,8 +418,11 @@ async fn delete_window(
     // The window's deletes may run longer than a batch statement may: no statement timeout for this operator
     // command's transaction (lock waits stay bounded by the session's lock timeout).
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    for d in deletes {
-        let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
+    for (table, d) in deletes {
+        let n = tx
+            .execute(d.as_str(), &[&opts.from, &opts.to])
+            .await
+            .map_err(|e| step_error("zeroing the window's aggregate rows", table, &e))?;
         tracing::info!(rows = n, "{d}");
     }
     let n = tx
@@ -411,7 +435,8 @@ async fn delete_window(
             ),
             &[&opts.from, &opts.to],
         )
-        .await?;
+        .await
+        .map_err(|e| step_error("deleting the window's ledger rows", &ledger.to_string(), &e))?;
     tracing::info!(
         rows = n,
         "ledger rows of {}..={} deleted",
