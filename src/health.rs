@@ -23,7 +23,9 @@
 //!      taken over again (the group coordinator confirmed it is still ours, or it is assigned again) or revoked;
 //!   5. batches are not failing: no batch has been retried without a commit for longer than [`STUCK_AFTER`];
 //!   6. Kafka does not refuse the client's credentials (a SASL authentication failure since the last time a
-//!      broker answered: a rotated password).
+//!      broker answered: a rotated password);
+//!   7. the outbox relay (standalone or `run --relay`) can publish: its last round that locked rows got at
+//!      least one acknowledged ([`relay_stalled`]; a broker outage fails every send).
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
 //!
@@ -66,6 +68,8 @@ struct State {
     relay_only: AtomicBool,
     /// Kafka refuses the client's credentials: librdkafka's reason.
     kafka_refused: Mutex<Option<String>>,
+    /// The outbox relay's last round locked rows and published none: since when, and why.
+    relay_stalled: Mutex<Option<(Instant, String)>>,
 }
 
 fn state() -> &'static State {
@@ -79,6 +83,7 @@ fn state() -> &'static State {
         probe: Mutex::new(None),
         relay_only: AtomicBool::new(false),
         kafka_refused: Mutex::new(None),
+        relay_stalled: Mutex::new(None),
     })
 }
 
@@ -102,6 +107,19 @@ pub fn relay_only() {
 pub fn relay_turned() {
     if state().relay_only.load(Ordering::Relaxed) {
         beat(None);
+    }
+}
+
+/// The outbox relay's round locked rows and got none acknowledged (`Some(why)`: the first failure), or
+/// published something (`None`). Rule 7 of `/readyz`.
+pub fn relay_stalled(why: Option<String>) {
+    let mut r = lock(&state().relay_stalled);
+    match why {
+        Some(w) => {
+            let since = r.as_ref().map_or_else(Instant::now, |(at, _)| *at);
+            *r = Some((since, w));
+        }
+        None => *r = None,
     }
 }
 
@@ -172,6 +190,8 @@ pub struct Snapshot {
     pub relay_only: bool,
     /// Kafka refuses the client's credentials: the reason.
     pub kafka_refused: Option<String>,
+    /// The outbox relay publishes nothing: for how long, and the first failure of its last round.
+    pub relay_stalled: Option<(Duration, String)>,
 }
 
 fn snapshot() -> Snapshot {
@@ -189,6 +209,9 @@ fn snapshot() -> Snapshot {
             .map(|(at, e)| (at.elapsed(), e.clone())),
         relay_only: s.relay_only.load(Ordering::Relaxed),
         kafka_refused: lock(&s.kafka_refused).clone(),
+        relay_stalled: lock(&s.relay_stalled)
+            .as_ref()
+            .map(|(at, e)| (at.elapsed(), e.clone())),
     }
 }
 
@@ -256,6 +279,12 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
     if let Some(reason) = &s.kafka_refused {
         why.push(format!(
             "Kafka refuses this client's credentials ({reason}): check the sasl.* keys of [kafka.properties]"
+        ));
+    }
+    if let Some((age, last)) = &s.relay_stalled {
+        why.push(format!(
+            "outbox relay published nothing for {} s: {last}",
+            age.as_secs()
         ));
     }
     if why.is_empty() && s.relay_only {
@@ -329,7 +358,20 @@ mod tests {
             failing: None,
             relay_only: false,
             kafka_refused: None,
+            relay_stalled: None,
         }
+    }
+
+    #[test]
+    fn a_relay_that_cannot_publish_is_not_ready() {
+        let stalled = Snapshot {
+            relay_only: true,
+            held: 0,
+            relay_stalled: Some((Duration::from_secs(12), "row 7: broker transport failure".into())),
+            ..ready_state()
+        };
+        let why = judge_ready(&stalled).unwrap_err();
+        assert!(why.contains("outbox relay published nothing for 12 s: row 7"), "{why}");
     }
 
     #[test]
