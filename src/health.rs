@@ -367,11 +367,17 @@ mod tests {
         let stalled = Snapshot {
             relay_only: true,
             held: 0,
-            relay_stalled: Some((Duration::from_secs(12), "row 7: broker transport failure".into())),
+            relay_stalled: Some((
+                Duration::from_secs(12),
+                "row 7: broker transport failure".into(),
+            )),
             ..ready_state()
         };
         let why = judge_ready(&stalled).unwrap_err();
-        assert!(why.contains("outbox relay published nothing for 12 s: row 7"), "{why}");
+        assert!(
+            why.contains("outbox relay published nothing for 12 s: row 7"),
+            "{why}"
+        );
     }
 
     #[test]

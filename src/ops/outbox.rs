@@ -574,13 +574,22 @@ struct SendWarnings {
 
 impl SendWarnings {
     /// Counts a round's failed sends; logs one summary line when the interval has passed (or on the first).
-    fn note(&mut self, table: &QualifiedName, topic: &str, brokers: &str, failed: &[(i64, String)]) {
+    fn note(
+        &mut self,
+        table: &QualifiedName,
+        topic: &str,
+        brokers: &str,
+        failed: &[(i64, String)],
+    ) {
         let Some((row, first)) = failed.first() else {
             return;
         };
         self.rows += failed.len() as u64;
         self.rounds += 1;
-        if self.last.is_some_and(|at| at.elapsed() < FAILED_SEND_WARN_EVERY) {
+        if self
+            .last
+            .is_some_and(|at| at.elapsed() < FAILED_SEND_WARN_EVERY)
+        {
             return;
         }
         tracing::warn!(

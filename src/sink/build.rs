@@ -163,7 +163,12 @@ pub(super) async fn beyond_horizon_never_landed(
                  AND d.resolved_at IS NULL",
                 p.table(super::dead_letters::DEAD_LETTERS)
             ),
-            &[&generation, &horizoned.topic, &horizoned.partition, &offsets],
+            &[
+                &generation,
+                &horizoned.topic,
+                &horizoned.partition,
+                &offsets,
+            ],
         )
         .await
         .map_err(classify)?

@@ -5,9 +5,9 @@
 use chrono::NaiveDate;
 use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 
+use super::batch::Pending;
 use super::error::{classify, ApplyError};
 use super::ledger::{self, partition_name, DDL_LOCK, HORIZON};
-use super::batch::Pending;
 use super::Batch;
 use crate::config::Pipeline;
 use crate::error::{Error, Result};

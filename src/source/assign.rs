@@ -71,7 +71,8 @@ pub struct Assign {
 }
 
 /// What an interrupted backfill (or rebuild) says by default.
-const RERUN_BACKFILL: &str = "interrupted; rerun the same backfill command to resume from its checkpoints (a \
+const RERUN_BACKFILL: &str =
+    "interrupted; rerun the same backfill command to resume from its checkpoints (a \
      rebuild: rerun it with a new --group-id)";
 
 /// Stops fetching a partition that reached its stop: polls then go idle (the engine steps checkpoints over

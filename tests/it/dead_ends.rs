@@ -63,8 +63,7 @@ fn days_ago(n: u64) -> NaiveDate {
 /// Event `n` of event day `day` on `partition`, with record timestamp `ts` (ms).
 fn ev(n: u32, partition: i32, day: NaiveDate, ts: i64) -> Rec {
     let id = format!("41dead00-6a55-4c0b-9a55-{n:012}");
-    let value =
-        format!(r#"{{"event_id":"{id}","entity":"e{n}","occurred_at":"{day}T12:00:00Z"}}"#);
+    let value = format!(r#"{{"event_id":"{id}","entity":"e{n}","occurred_at":"{day}T12:00:00Z"}}"#);
     Rec::json(partition, &format!("e{n}"), &value, ts)
 }
 
@@ -133,7 +132,10 @@ fn a_backfill_resumed_with_a_later_from_moves_its_checkpoint_forward() {
     assert_eq!(counts(&db), vec![format!("{}=6", days_ago(0))]);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 6);
     assert_eq!(checkpoints(&db, &group), vec!["0:6", "1:6"]);
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
     // The same command again is a no-op.
     let again = replaysafe(&later);
     again.assert_ok();
@@ -171,7 +173,12 @@ fn a_build_after_a_prune_passes_late_records_that_never_landed() {
     produce(&topic, &late);
     let t = run_caught_up(&short.path).tally();
     assert_eq!((t.landed, t.quarantined), (2, 2), "{t:?}");
-    let added = pipeline(&format!("{}{ADDED}", text(5, 50)), &topic, &group, &db.schema);
+    let added = pipeline(
+        &format!("{}{ADDED}", text(5, 50)),
+        &topic,
+        &group,
+        &db.schema,
+    );
     replaysafe(&["init", "--config", arg(&added.path)]).assert_ok();
     let build = |extra: &[&str]| {
         let head = [
@@ -195,8 +202,7 @@ fn a_build_after_a_prune_passes_late_records_that_never_landed() {
     let built = build(&["--from", &from]);
     assert_eq!(built.code, Some(0), "{}\n{}", built.stdout, built.stderr);
     assert!(!built.stderr.contains("moved back"), "{}", built.stderr);
-    let by_entity =
-        db.strings("SELECT entity || '=' || n FROM {s}.by_entity ORDER BY entity");
+    let by_entity = db.strings("SELECT entity || '=' || n FROM {s}.by_entity ORDER BY entity");
     assert_eq!(by_entity, vec!["e10=1", "e11=1", "e30=1", "e31=1"]);
     assert_eq!(
         counts(&db),
@@ -215,7 +221,13 @@ fn a_build_after_a_prune_passes_late_records_that_never_landed() {
     );
     // Active: the dead-letter replay a building projection refuses runs (its records stay beyond-horizon).
     let replayed = replaysafe(&["dead-letters", "replay", "--config", arg(&added.path)]);
-    assert_eq!(replayed.code, Some(0), "{}\n{}", replayed.stdout, replayed.stderr);
+    assert_eq!(
+        replayed.code,
+        Some(0),
+        "{}\n{}",
+        replayed.stdout,
+        replayed.stderr
+    );
     assert_eq!(by_entity.len(), 4);
     assert_eq!(
         db.strings("SELECT entity || '=' || n FROM {s}.by_entity ORDER BY entity"),
@@ -248,12 +260,20 @@ fn a_prune_with_late_events_does_not_lock_out_a_rebuild_inside_the_horizon() {
     let short = pipeline(&text(5, 50), &topic, &group, &db.schema);
     replaysafe(&["ledger", "prune", "--config", arg(&short.path)]).assert_ok();
     assert_eq!(
-        db.strings("SELECT partition || ':' || pruned_through FROM {s}.replaysafe_pruned ORDER BY 1"),
+        db.strings(
+            "SELECT partition || ':' || pruned_through FROM {s}.replaysafe_pruned ORDER BY 1"
+        ),
         vec!["0:3", "1:4"],
         "late events: the pruned offsets are above records of yesterday and today"
     );
     // Production writes on.
-    produce(&topic, &[ev(50, 0, days_ago(0), base + 50_000), ev(51, 1, days_ago(1), base + 51_000)]);
+    produce(
+        &topic,
+        &[
+            ev(50, 0, days_ago(0), base + 50_000),
+            ev(51, 1, days_ago(1), base + 51_000),
+        ],
+    );
     run_caught_up(&short.path).assert_ok();
     let want = counts(&db);
     assert_eq!(
@@ -286,7 +306,8 @@ fn a_prune_with_late_events_does_not_lock_out_a_rebuild_inside_the_horizon() {
     let report: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
     let accounting = report["accounting"].as_str().unwrap();
     assert!(
-        accounting.starts_with("consumed 14 = landed 10 + duplicate 0 + filtered 4 + quarantined 0"),
+        accounting
+            .starts_with("consumed 14 = landed 10 + duplicate 0 + filtered 4 + quarantined 0"),
         "{accounting}"
     );
     assert_eq!(counts(&db), want, "every day exact");
@@ -295,7 +316,10 @@ fn a_prune_with_late_events_does_not_lock_out_a_rebuild_inside_the_horizon() {
         10,
         "the rebuilt days' ledger rows"
     );
-    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"), 0);
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_dead_letters"),
+        0
+    );
 }
 
 /// Item 4: a rebuild stopped mid-replay (its process gone, as after `kill -9`) whose first day a prune then
@@ -399,13 +423,19 @@ fn a_rebuild_lock_timeout_and_an_unreachable_relay_broker_are_named() {
     let refused = rebuild(&p, &from, &to, &group, &["--i-paused-other-writers"]);
     assert_eq!(refused.code, Some(1), "{}", refused.stderr);
     assert!(
-        refused.stderr.contains("zeroing the window's aggregate rows")
+        refused
+            .stderr
+            .contains("zeroing the window's aggregate rows")
             && refused.stderr.contains("daily_counts")
             && refused.stderr.contains("lock-timeout-ms"),
         "{}",
         refused.stderr
     );
-    assert_eq!(counts(&db), vec![format!("{}=6", days_ago(1))], "nothing deleted");
+    assert_eq!(
+        counts(&db),
+        vec![format!("{}=6", days_ago(1))],
+        "nothing deleted"
+    );
     rt.block_on(tx.rollback()).unwrap();
     let ok = rebuild(&p, &from, &to, &group, &["--i-paused-other-writers"]);
     assert_eq!(ok.code, Some(0), "{}\n{}", ok.stdout, ok.stderr);
