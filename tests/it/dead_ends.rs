@@ -463,3 +463,53 @@ fn a_rebuild_lock_timeout_and_an_unreachable_relay_broker_are_named() {
     assert_eq!(relay.code, Some(1), "{}", relay.stderr);
     assert!(relay.stderr.contains("127.0.0.1:1"), "{}", relay.stderr);
 }
+
+/// Item 7: a relay whose every send the broker refuses (the topic's `max.message.bytes` below the rows — what a
+/// broker outage does to every send) logs a bounded number of warnings (one summary at most every 30 s, where it
+/// logged one per row per round: 1,601 in 80 s) and `/readyz` says it is not ready, naming the cause; once the
+/// topic accepts them, the rows are published, each once, and `/readyz` is ready again.
+#[test]
+fn a_relay_that_cannot_publish_is_not_ready_and_warns_a_bounded_number_of_times() {
+    use crate::relay::{events, events_pipeline, read_topic};
+    let (db, topic) = stage("d41_relay", 2);
+    let out = unique("d41small");
+    create_topic(&out, 2, &[("max.message.bytes", "16")]);
+    produce(&topic, &events(3, 2, 2, 0x4141));
+    let p = events_pipeline(&topic, &unique("g"), &db, &out, 5000);
+    run_caught_up(&p.path);
+    let addr = crate::health::free_addr();
+    let args = [
+        "outbox",
+        "relay",
+        "--config",
+        arg(&p.path),
+        "--metrics-addr",
+        &addr,
+    ];
+    let mut relay = spawn(&args, &[], p.dir.path(), "relay");
+    let why = crate::health::wait_for(&addr, "/readyz", "the relay not ready", |c, b| {
+        c == 503 && b.contains("outbox relay published nothing")
+    });
+    assert!(why.contains(&out), "{why}");
+    // Several rounds fail meanwhile (each within the ack timeout).
+    std::thread::sleep(Duration::from_secs(3));
+    let rt = runtime();
+    let cfg = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&out))
+        .set("max.message.bytes", "1048576");
+    rt.block_on(admin().alter_configs(&[cfg], &rdkafka::admin::AdminOptions::new()))
+        .unwrap();
+    wait_until(Duration::from_secs(60), "every row published", || {
+        db.i64("SELECT count(*) FROM {s}.outbox WHERE published_at IS NULL") == 0
+    });
+    crate::health::wait_for(&addr, "/readyz", "the relay ready again", |c, _| c == 200);
+    assert_eq!(terminate(&mut relay), Some(0));
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.outbox"), 6);
+    assert_eq!(read_topic(&out).len(), 6, "each row once");
+    let log = std::fs::read_to_string(p.dir.path().join("relay.err")).unwrap();
+    let warned = log.matches("not acknowledged in").count();
+    assert!(
+        (1..=2).contains(&warned),
+        "one summary (two if 30 s passed), not one per row and round: {warned}\n{log}"
+    );
+    assert!(!log.contains("outbox publish failed"), "{log}");
+}
