@@ -199,6 +199,26 @@ fn a_build_after_a_prune_passes_late_records_that_never_landed() {
         stopped.stderr
     );
     let from = rfc3339(base + 1000);
+    // Interrupted (SIGTERM while a batch waits to commit): it names the command that resumes it.
+    let args = [
+        "projection",
+        "build",
+        "--config",
+        arg(&added.path),
+        "--projection",
+        "by_entity",
+        "--from",
+        &from,
+    ];
+    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=sleep(3000)")];
+    let mut child = spawn(&args, &slow, added.dir.path(), "build");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(terminate(&mut child), Some(1));
+    let log = std::fs::read_to_string(added.dir.path().join("build.err")).unwrap();
+    assert!(
+        log.contains("rerun `replaysafe projection build by_entity`"),
+        "{log}"
+    );
     let built = build(&["--from", &from]);
     assert_eq!(built.code, Some(0), "{}\n{}", built.stdout, built.stderr);
     assert!(!built.stderr.contains("moved back"), "{}", built.stderr);
