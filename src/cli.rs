@@ -21,8 +21,8 @@ pub struct Cli {
     pub command: Command,
     /// Seconds start-up waits for PostgreSQL and the Kafka brokers (retrying a refused connection, a DNS
     /// failure, a timeout) before it exits with the error (code 1) naming the address, where it came from and
-    /// the cause: `run`, `load`, `backfill`, `rebuild`, `offsets snapshot`, and `check --connect` for the
-    /// brokers; the other commands try the database once. Also the bound of each schema-registry lookup
+    /// the cause: `run`, `load`, `backfill`, `rebuild`, `offsets snapshot`, and `check --connect` and
+    /// `outbox relay` for the brokers; the other commands try the database once. Also the bound of each schema-registry lookup
     /// (`[source] encoding = "avro" | "json-schema"`): then the run stops with exit 1.
     #[arg(long, global = true, default_value_t = 60, value_name = "SECONDS")]
     pub connect_timeout: u64,

@@ -29,6 +29,8 @@
 //!      broker answered: a rotated password);
 //!   7. the schema registry is not being retried (`[source] schema-registry`: a schema fetch found it
 //!      unavailable and has not succeeded since).
+//!   8. the outbox relay (standalone or `run --relay`) can publish: its last round that locked rows got at
+//!      least one acknowledged ([`relay_stalled`]; a broker outage fails every send).
 //!
 //!   Otherwise 503 with one plain-text line per failed rule, e.g. `not ready: no partitions assigned`.
 //!
@@ -77,6 +79,8 @@ struct State {
     group: Mutex<Option<String>>,
     /// The schema registry is being retried: its last error.
     registry: Mutex<Option<String>>,
+    /// The outbox relay's last round locked rows and published none: since when, and why.
+    relay_stalled: Mutex<Option<(Instant, String)>>,
 }
 
 fn state() -> &'static State {
@@ -93,6 +97,7 @@ fn state() -> &'static State {
         unassigned: Mutex::new(None),
         group: Mutex::new(None),
         registry: Mutex::new(None),
+        relay_stalled: Mutex::new(None),
     })
 }
 
@@ -116,6 +121,19 @@ pub fn relay_only() {
 pub fn relay_turned() {
     if state().relay_only.load(Ordering::Relaxed) {
         beat(None);
+    }
+}
+
+/// The outbox relay's round locked rows and got none acknowledged (`Some(why)`: the first failure), or
+/// published something (`None`). Rule 7 of `/readyz`.
+pub fn relay_stalled(why: Option<String>) {
+    let mut r = lock(&state().relay_stalled);
+    match why {
+        Some(w) => {
+            let since = r.as_ref().map_or_else(Instant::now, |(at, _)| *at);
+            *r = Some((since, w));
+        }
+        None => *r = None,
     }
 }
 
@@ -211,6 +229,8 @@ pub struct Snapshot {
     pub group: Option<String>,
     /// The schema registry is being retried: its last error.
     pub registry: Option<String>,
+    /// The outbox relay publishes nothing: for how long, and the first failure of its last round.
+    pub relay_stalled: Option<(Duration, String)>,
 }
 
 fn snapshot() -> Snapshot {
@@ -236,6 +256,9 @@ fn snapshot() -> Snapshot {
         }),
         group: lock(&s.group).clone(),
         registry: lock(&s.registry).clone(),
+        relay_stalled: lock(&s.relay_stalled)
+            .as_ref()
+            .map(|(at, e)| (at.elapsed(), e.clone())),
     }
 }
 
@@ -317,6 +340,11 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
     }
     if let Some(e) = &s.registry {
         why.push(format!("schema registry unavailable, retrying: {e}"));
+    if let Some((age, last)) = &s.relay_stalled {
+        why.push(format!(
+            "outbox relay published nothing for {} s: {last}",
+            age.as_secs()
+        ));
     }
     if why.is_empty() && s.relay_only {
         Ok("ready: outbox relay".into())
@@ -392,6 +420,7 @@ mod tests {
             unassigned: None,
             group: None,
             registry: None,
+            relay_stalled: None,
         }
     }
 
@@ -442,6 +471,24 @@ mod tests {
         let why = judge_ready(&retrying).unwrap_err();
         assert!(
             why.contains("schema registry unavailable, retrying: connection refused"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_relay_that_cannot_publish_is_not_ready() {
+        let stalled = Snapshot {
+            relay_only: true,
+            held: 0,
+            relay_stalled: Some((
+                Duration::from_secs(12),
+                "row 7: broker transport failure".into(),
+            )),
+            ..ready_state()
+        };
+        let why = judge_ready(&stalled).unwrap_err();
+        assert!(
+            why.contains("outbox relay published nothing for 12 s: row 7"),
             "{why}"
         );
     }

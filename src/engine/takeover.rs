@@ -262,6 +262,39 @@ pub async fn write_start(
         .await?)
 }
 
+/// Moves a checkpoint we hold (`fence`) forward to `offset`, where an assign source (a backfill group or a
+/// `projection build` resumed with a later `--from`) reads from, so that its first compare-and-set holds. The
+/// records it skips were not applied by this group: the row's fingerprint is cleared and its last offset set
+/// to [`start::NOTHING_APPLIED`], so the first batch counts as a start, not as continuing (the pruned-offset
+/// check of `sink::lifecycle::check_pruned` applies as to a fresh group). Returns the rows updated.
+///
+/// # Errors
+/// A database error.
+pub async fn skip_forward(
+    sink: &mut Sink,
+    p: &Pipeline,
+    group: &str,
+    (topic, partition): &Tp,
+    fence: i64,
+    offset: i64,
+) -> Result<u64> {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    let stmt = format!(
+        "UPDATE {} SET next_offset = $5, updated_at = pg_catalog.now(), last_offset = {}, last_timestamp = NULL, \
+         last_sha256 = NULL WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4 \
+         AND generation = $6 AND next_offset < $5",
+        p.table(checkpoint::CHECKPOINTS),
+        start::NOTHING_APPLIED
+    );
+    Ok(sink
+        .client()
+        .execute(
+            &stmt,
+            &[&group, topic, partition, &fence, &offset, &generation],
+        )
+        .await?)
+}
+
 /// `replaysafe_fenced_batches_total{topic, partition}`: batches of the partition rolled back by another owner's
 /// fence (registered at zero by every take-over).
 pub(super) fn fenced_counter(tp: &Tp) -> metrics::Counter {

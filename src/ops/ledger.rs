@@ -435,7 +435,11 @@ pub fn prune_json(r: &PruneReport) -> Value {
 
 /// Refuses a replay window (backfill, rebuild) whose partitions start at or below their recorded pruned offset
 /// ([`lifecycle::PRUNED`], for the pipeline's generation), before anything is read or deleted. Each plan is
-/// `(topic, partition, start, stop)` with `stop` exclusive; an empty window is never refused.
+/// `(topic, partition, start, stop)` with `stop` exclusive; an empty window is never refused. A window of event
+/// days (`first_day`: a rebuild's `--from`) starting on or after the day a partition was pruned below is not
+/// refused: its records of older days are filtered out and its own days' ledger rows are all there (a prune
+/// drops whole days), however far late events of pruned days raised the pruned offset; every batch still checks
+/// its records (`sink::lifecycle::check_pruned`).
 ///
 /// # Errors
 /// [`Error::BelowHorizon`] naming the partition and the offset range; [`Error::Postgres`].
@@ -443,6 +447,7 @@ pub fn refuse_below_pruned(
     p: &Pipeline,
     database_url: &str,
     plans: &[(String, i32, i64, i64)],
+    first_day: Option<NaiveDate>,
 ) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -459,7 +464,7 @@ pub fn refuse_below_pruned(
             .iter()
             .find(|((t, n), _)| t == topic && n == partition);
         if let Some((_, (through, below, at))) = found {
-            if start <= through && stop > start {
+            if start <= through && stop > start && first_day.is_none_or(|d| d < *below) {
                 refused.push(lifecycle::below_message(
                     p,
                     (topic, *partition),

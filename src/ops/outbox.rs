@@ -135,14 +135,18 @@ pub fn target(
     Ok((table, topic))
 }
 
-/// Refuses a topic the broker does not have (asked with a consumer's metadata request, which never creates it).
+/// Refuses a topic the broker does not have (asked with a consumer's metadata request, which never creates it),
+/// after waiting for the brokers to answer for at most `--connect-timeout`
+/// ([`crate::source::kafka::reachable`]).
 ///
 /// # Errors
-/// [`Error::Usage`] naming the topic; [`Error::Kafka`] when the broker cannot be asked (10 s bound).
+/// [`Error::Usage`] naming the topic; [`Error::Connect`] naming the brokers and the cause when they do not answer
+/// within `--connect-timeout`; [`Error::Kafka`] when the metadata request fails after that (10 s bound).
 pub fn require_topic(p: &Pipeline, brokers: &str, topic: &str) -> Result<()> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let mut config = crate::source::kafka::consumer_config(p, brokers, &[]);
     config.remove("group.id");
+    crate::source::kafka::reachable(&config, brokers, topic)?;
     let consumer: BaseConsumer = config.create()?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let brokers = crate::endpoint::mask_urls(brokers);
@@ -179,6 +183,8 @@ pub struct Relay {
     gauges_at: Option<Instant>,
     /// Rounds in a row that locked rows and got none of them acknowledged (the broker refusing or away).
     stalled: u32,
+    /// The rate limit of failed-send warnings.
+    warnings: SendWarnings,
 }
 
 /// `--until-empty` (and `run --relay`'s drain) gives up after this many rounds in a row that locked rows and
@@ -237,6 +243,7 @@ impl Relay {
             client: None,
             gauges_at: None,
             stalled: 0,
+            warnings: SendWarnings::default(),
         };
         let sql = format!(
             "SELECT id, delivery_key, message_key, payload, published_at FROM {} LIMIT 0",
@@ -289,10 +296,26 @@ impl Relay {
         let margin = ((idle - ack) / 2).min(Duration::from_millis(500));
         let deadline = Instant::now() + (idle - ack - margin);
         let locked = rows.len();
-        let acked = publish(&self.producer, &self.topic, rows, deadline).await;
+        let sent = publish(&self.producer, &self.topic, rows, deadline).await;
+        self.warnings
+            .note(&self.table, &self.topic, &self.brokers, &sent.failed);
+        let acked = sent.acked;
         self.stalled = if locked > 0 && acked.is_empty() {
+            let first = sent.failed.first().map_or_else(
+                || "no row acknowledged".to_string(),
+                |(row, e)| format!("row {row}: {e}"),
+            );
+            crate::health::relay_stalled(Some(format!(
+                "{} → topic {} on {}: {first}",
+                self.table,
+                self.topic,
+                crate::endpoint::mask_urls(&self.brokers)
+            )));
             self.stalled + 1
         } else {
+            if !acked.is_empty() {
+                crate::health::relay_stalled(None);
+            }
             0
         };
         // Tests: a relay that dies after the broker acknowledged and before the mark (`pause`, then SIGKILL; or
@@ -481,12 +504,19 @@ async fn lock_rows(client: &Client, t: &QualifiedName, limit: i64) -> Result<Vec
 /// Publishes `rows` (id order): keys in parallel, each key's rows in order, the next sent after the previous
 /// one's acknowledgement and only before `deadline` (a key's first row is always sent); returns the ids
 /// acknowledged. A row without a message key is a key of its own.
+/// What a round's sends got: the rows acknowledged, and per key whose send failed the row and librdkafka's
+/// error (the rest of that key waits for the next round).
+struct Published {
+    acked: Vec<i64>,
+    failed: Vec<(i64, String)>,
+}
+
 async fn publish(
     producer: &FutureProducer,
     topic: &str,
     rows: Vec<Row>,
     deadline: Instant,
-) -> Vec<i64> {
+) -> Published {
     let mut by_key: BTreeMap<Option<String>, Vec<Row>> = BTreeMap::new();
     let mut lone = Vec::new();
     for r in rows {
@@ -496,7 +526,7 @@ async fn publish(
         }
     }
     let chains = by_key.into_values().chain(lone).map(|chain| async move {
-        let mut acked = Vec::new();
+        let (mut acked, mut failed) = (Vec::new(), None);
         for (i, r) in chain.into_iter().enumerate() {
             if i > 0 && Instant::now() >= deadline {
                 break; // the rest of the key waits for the next round
@@ -512,21 +542,66 @@ async fn publish(
             match producer.send(rec, Duration::from_secs(5)).await {
                 Ok(_) => acked.push(r.id),
                 Err((e, _)) => {
-                    tracing::warn!(
-                        row = r.id,
-                        "outbox publish failed (the row stays unpublished, retried): {e}"
-                    );
+                    failed = Some((r.id, e.to_string()));
                     break;
                 }
             }
         }
-        acked
+        (acked, failed)
     });
-    futures::future::join_all(chains)
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+    let mut out = Published {
+        acked: Vec::new(),
+        failed: Vec::new(),
+    };
+    for (acked, failed) in futures::future::join_all(chains).await {
+        out.acked.extend(acked);
+        out.failed.extend(failed);
+    }
+    out
+}
+
+/// Failed sends are warned about at most once per this interval (a summary: rows, rounds, the first error), so
+/// a broker outage logs a bounded number of lines; `/readyz` says the relay publishes nothing meanwhile.
+pub const FAILED_SEND_WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// The rate limit of the failed-send warnings: when the last was logged, and what failed since.
+#[derive(Default)]
+struct SendWarnings {
+    last: Option<Instant>,
+    rows: u64,
+    rounds: u64,
+}
+
+impl SendWarnings {
+    /// Counts a round's failed sends; logs one summary line when the interval has passed (or on the first).
+    fn note(
+        &mut self,
+        table: &QualifiedName,
+        topic: &str,
+        brokers: &str,
+        failed: &[(i64, String)],
+    ) {
+        let Some((row, first)) = failed.first() else {
+            return;
+        };
+        self.rows += failed.len() as u64;
+        self.rounds += 1;
+        if self
+            .last
+            .is_some_and(|at| at.elapsed() < FAILED_SEND_WARN_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            "outbox {table} → topic {topic} on {}: {} row(s) not acknowledged in {} round(s) since the last warning \
+             (first: row {row}: {first}); they stay unpublished and are retried (next summary in at most {} s)",
+            crate::endpoint::mask_urls(brokers),
+            self.rows,
+            self.rounds,
+            FAILED_SEND_WARN_EVERY.as_secs()
+        );
+        (self.last, self.rows, self.rounds) = (Some(Instant::now()), 0, 0);
+    }
 }
 
 /// `replaysafe outbox relay`: resolves the target, then relays on its own runtime until shutdown (or empty).

@@ -255,7 +255,11 @@ fn replay(
         ranges,
         &mut notes,
         false,
-    )?;
+    )?
+    .rerun(format!(
+        "interrupted; rerun `replaysafe projection build {}` (the same options) to resume from its checkpoints",
+        opts.projection
+    ));
     for n in notes {
         tracing::info!("{n}");
     }

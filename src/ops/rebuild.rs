@@ -128,7 +128,8 @@ pub fn rebuild(
         )));
     }
     // Ledger rows an interrupted rebuild deleted and did not re-land are kept until a rebuild completes.
-    rt.block_on(unfinished_rebuild(&client, &pipeline, opts))?;
+    let oldest = horizon.and_then(|h| h.oldest);
+    rt.block_on(unfinished_rebuild(&client, &pipeline, opts, oldest))?;
     // Where the window's events came from: the replay reads at least those offsets, whatever their times.
     let sources = rt.block_on(window_sources(&client, &pipeline, opts))?;
     let cover = cover_of(&pipeline, &sources)?;
@@ -170,13 +171,16 @@ pub fn rebuild(
 }
 
 /// The statements that zero the window in every projection (counter/sum grouped by the partition-by field).
-fn zero_statements(pipeline: &Pipeline, day: usize) -> Result<Vec<String>> {
+fn zero_statements(pipeline: &Pipeline, day: usize) -> Result<Vec<(String, String)>> {
     let mut deletes = Vec::new();
     for p in &pipeline.projections {
         match &p.aggregate {
-            Some(a) if a.group_by.contains(&day) => deletes.push(format!(
-                "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
-                a.table, pipeline.fields[day].name
+            Some(a) if a.group_by.contains(&day) => deletes.push((
+                a.table.to_string(),
+                format!(
+                    "DELETE FROM {} WHERE {} BETWEEN $1 AND $2",
+                    a.table, pipeline.fields[day].name
+                ),
             )),
             _ => {
                 return Err(usage(format!(
@@ -293,6 +297,7 @@ async fn unfinished_rebuild(
     client: &tokio_postgres::Client,
     pipeline: &Pipeline,
     opts: &RebuildOptions,
+    oldest: Option<NaiveDate>,
 ) -> Result<()> {
     let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
     let pending = pending_table(pipeline);
@@ -309,6 +314,9 @@ async fn unfinished_rebuild(
             )));
         }
         client.batch_execute(&create).await?;
+    }
+    if let Some(oldest) = oldest {
+        abandon_expired(client, &pending, day, oldest).await?;
     }
     let r = client
         .query_one(
@@ -336,6 +344,59 @@ async fn unfinished_rebuild(
     Ok(())
 }
 
+/// The kept ledger rows of an interrupted rebuild ([`pending_table`]) of event days before `oldest`, the oldest
+/// day the ledger horizon recognises: no rebuild may replay them any more (their records are quarantined as
+/// beyond-horizon), so they are deleted, with a warning naming the days whose aggregates keep only what the
+/// interrupted rebuild re-landed. What is left is what a rebuild from `oldest` on must cover.
+///
+/// # Errors
+/// Database errors.
+async fn abandon_expired(
+    client: &tokio_postgres::Client,
+    pending: &impl std::fmt::Display,
+    day: &impl std::fmt::Display,
+    oldest: NaiveDate,
+) -> Result<()> {
+    let r = client
+        .query_one(
+            &format!(
+                "WITH d AS (DELETE FROM {pending} WHERE {day} < $1 RETURNING {day}) \
+                 SELECT pg_catalog.min({day}), pg_catalog.max({day}), pg_catalog.count(*) FROM d"
+            ),
+            &[&oldest],
+        )
+        .await?;
+    let (lo, hi, n): (Option<NaiveDate>, Option<NaiveDate>, i64) = (r.get(0), r.get(1), r.get(2));
+    if let (Some(lo), Some(hi)) = (lo, hi) {
+        tracing::warn!(
+            rows = n,
+            "an interrupted rebuild deleted ledger rows of event days {lo}..={hi} and did not replay them; those \
+             days are now older than the ledger horizon (oldest {oldest}), so no rebuild can replay them: their \
+             aggregate rows keep only what that rebuild re-landed (compare with `replaysafe verify`); the kept \
+             rows are abandoned"
+        );
+    }
+    Ok(())
+}
+
+/// A failed statement of the rebuild's delete transaction, naming the step and the table; a lock wait past
+/// `postgres.lock-timeout-ms` (SQLSTATE 55P03, `lock_not_available`) says who is likely holding the rows.
+/// Nothing of the transaction was committed, and the rebuild's group has no checkpoint yet: the same command
+/// can be rerun.
+fn step_error(step: &str, table: &str, e: &tokio_postgres::Error) -> Error {
+    let cause = crate::sink::describe(e);
+    let why = if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        "a row or table lock was not granted within postgres.lock-timeout-ms: another transaction holds rows of the \
+         window (a writer that was not paused, a long-running transaction or an open psql session); "
+    } else {
+        ""
+    };
+    Error::Other(format!(
+        "rebuild stopped while {step} of {table}: {why}{cause}. Nothing was deleted (the transaction rolled \
+         back); rerun the same rebuild command once that transaction has ended"
+    ))
+}
+
 /// In one transaction: deletes the window from every aggregate and from the ledger, keeping the deleted ledger
 /// rows in [`pending_table`] (once per key); rolls back when they came from offsets the plan does not cover (a
 /// writer was not paused).
@@ -343,7 +404,7 @@ async fn delete_window(
     client: &mut tokio_postgres::Client,
     pipeline: &Pipeline,
     opts: &RebuildOptions,
-    deletes: &[String],
+    deletes: &[(String, String)],
     cover: &BTreeMap<(String, i32), (i64, i64)>,
 ) -> Result<()> {
     let day = pipeline.identity.partition_by.expect("checked");
@@ -357,8 +418,11 @@ async fn delete_window(
     // The window's deletes may run longer than a batch statement may: no statement timeout for this operator
     // command's transaction (lock waits stay bounded by the session's lock timeout).
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    for d in deletes {
-        let n = tx.execute(d.as_str(), &[&opts.from, &opts.to]).await?;
+    for (table, d) in deletes {
+        let n = tx
+            .execute(d.as_str(), &[&opts.from, &opts.to])
+            .await
+            .map_err(|e| step_error("zeroing the window's aggregate rows", table, &e))?;
         tracing::info!(rows = n, "{d}");
     }
     let n = tx
@@ -371,7 +435,8 @@ async fn delete_window(
             ),
             &[&opts.from, &opts.to],
         )
-        .await?;
+        .await
+        .map_err(|e| step_error("deleting the window's ledger rows", &ledger.to_string(), &e))?;
     tracing::info!(
         rows = n,
         "ledger rows of {}..={} deleted",

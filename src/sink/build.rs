@@ -113,6 +113,69 @@ pub(super) fn holds_beyond_horizon(horizoned: &Batch) -> bool {
     })
 }
 
+/// Whether every record of `horizoned` quarantined as beyond-horizon provably never landed: it lies above the
+/// offsets a prune recorded for its partition (`pruned`: [`super::lifecycle::pruned_statement`]; had it been
+/// claimed, its ledger row would still be there and the match would find it) and production quarantined it (an
+/// unresolved `beyond-horizon` dead letter at its coordinates). Such records are left out of the build.
+///
+/// # Errors
+/// As [`super::error::classify`].
+pub(super) async fn beyond_horizon_never_landed(
+    tx: &tokio_postgres::Transaction<'_>,
+    pruned: Option<&tokio_postgres::Statement>,
+    p: &Pipeline,
+    generation: &str,
+    horizoned: &Batch,
+) -> Result<bool, ApplyError> {
+    let classify = |e| super::error::classify(e, false);
+    let through: i64 = match pruned {
+        Some(stmt) => tx
+            .query_opt(
+                stmt,
+                &[
+                    &p.ledger.table.to_string(),
+                    &generation,
+                    &horizoned.topic,
+                    &horizoned.partition,
+                ],
+            )
+            .await
+            .map_err(classify)?
+            .map_or(-1, |r| r.get(0)),
+        None => -1,
+    };
+    let offsets: Vec<i64> = horizoned
+        .items
+        .iter()
+        .filter(|it| {
+            matches!(&it.pending, Pending::Quarantine(r) if r.reason == crate::decode::Reason::BeyondHorizon)
+        })
+        .map(|it| it.offset)
+        .collect();
+    if offsets.iter().any(|o| *o <= through) {
+        return Ok(false);
+    }
+    let quarantined: i64 = tx
+        .query_one(
+            &format!(
+                "SELECT pg_catalog.count(*) FROM {} d WHERE d.generation = $1 AND d.topic = $2 \
+                 AND d.partition = $3 AND d.\"offset\" = ANY($4) AND d.reason = 'beyond-horizon' \
+                 AND d.resolved_at IS NULL",
+                p.table(super::dead_letters::DEAD_LETTERS)
+            ),
+            &[
+                &generation,
+                &horizoned.topic,
+                &horizoned.partition,
+                &offsets,
+            ],
+        )
+        .await
+        .map_err(classify)?
+        .get(0);
+    Ok(usize::try_from(quarantined).is_ok_and(|n| n == offsets.len()))
+}
+
 /// The error of a build batch holding a record older than the ledger's horizon (`horizoned`: the batch with
 /// those records quarantined): its ledger row may have been pruned, so whether it was claimed before the
 /// hand-over cannot be known — the build stops rather than guess.
@@ -123,8 +186,9 @@ pub(super) fn beyond_horizon(p: &Pipeline, horizoned: &Batch) -> ApplyError {
     let at = first.map_or(String::new(), |it| format!(" at offset {}", it.offset));
     ApplyError::Fatal(Error::Other(format!(
         "{}/{}: a record{at} is older than the horizon of ledger {} ({}): its delivery key may have been \
-         pruned, so whether production landed it cannot be known. Nothing of this batch was applied; build \
-         from a later start with `--from TIME` (records of event days inside the horizon)",
+         pruned (it is at or below the offsets a prune recorded, or production left no `beyond-horizon` dead \
+         letter of it), so whether production landed it cannot be known. Nothing of this batch was applied; \
+         rerun the build from a later start with `--from TIME` (records of event days inside the horizon)",
         horizoned.topic,
         horizoned.partition,
         p.ledger.table,

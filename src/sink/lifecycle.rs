@@ -5,6 +5,7 @@
 use chrono::NaiveDate;
 use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 
+use super::batch::Pending;
 use super::error::{classify, ApplyError};
 use super::ledger::{self, partition_name, DDL_LOCK, HORIZON};
 use super::Batch;
@@ -41,8 +42,10 @@ pub fn pruned_statement(p: &Pipeline) -> String {
 }
 
 /// Step 1c of the batch transaction (after the horizon row's share lock, which a prune's update waits for and
-/// holds until it commits — so what is read here is every prune committed before): a batch whose first offset
-/// is at or below its partition's pruned offset is refused — unless it `continues` what its group applied of the
+/// holds until it commits — so what is read here is every prune committed before): a batch holding a record at
+/// or below its partition's pruned offset that may have lost its ledger row (a claim of a pruned day, or one
+/// quarantined as `beyond-horizon`; not a claim of a day inside the horizon — late events of pruned days raise
+/// the pruned offset above them — nor a record filtered out) is refused — unless it `continues` what its group applied of the
 /// partition (`checkpoint::advance`: a worker resuming from its own checkpoint, which lags below offsets another
 /// group claimed and a prune dropped, is no replay; its records of expired days were quarantined by step 1b
 /// and the ledger rows of the other days are all there). A fresh group, a checkpoint moved back, a `load`, a
@@ -59,7 +62,7 @@ pub(super) async fn check_pruned(
     batch: &Batch,
     continues: bool,
 ) -> std::result::Result<(), ApplyError> {
-    let (Some(stmt), Some(first)) = (stmt, batch.items.iter().map(|i| i.offset).min()) else {
+    let (Some(stmt), false) = (stmt, batch.items.is_empty()) else {
         return Ok(());
     };
     if continues {
@@ -81,9 +84,15 @@ pub(super) async fn check_pruned(
         return Ok(());
     };
     let (through, below, at): (i64, NaiveDate, String) = (row.get(0), row.get(1), row.get(2));
-    if first > through {
+    let Some(first) = batch
+        .items
+        .iter()
+        .filter(|it| it.offset <= through && may_have_lost_its_row(p, it, below))
+        .map(|it| it.offset)
+        .min()
+    else {
         return Ok(());
-    }
+    };
     Err(ApplyError::Fatal(Error::BelowHorizon(below_message(
         p,
         (&batch.topic, batch.partition),
@@ -91,6 +100,20 @@ pub(super) async fn check_pruned(
         below,
         &at,
     ))))
+}
+
+/// Whether record `it` (at or below a pruned offset) may be one whose ledger row the prune dropped: a claim of
+/// an event day before `below` (or of no day), or one the horizon step quarantined as `beyond-horizon`. A claim
+/// of a day from `below` on has its ledger day partition (a prune drops whole days only), so a duplicate is
+/// recognised; a record filtered out (a rebuild's day window, `[[filter]]`) is not applied at all.
+fn may_have_lost_its_row(p: &Pipeline, it: &super::batch::Item, below: NaiveDate) -> bool {
+    match &it.pending {
+        Pending::Claim { fields, .. } => {
+            crate::decode::partition_day(p, fields).is_none_or(|d| d < below)
+        }
+        Pending::Quarantine(r) => r.reason == crate::decode::Reason::BeyondHorizon,
+        Pending::Filtered(_) => false,
+    }
 }
 
 /// The refusal of a replay reaching offsets `first..=through` of `topic/partition`, pruned below `below` at `at`.

@@ -490,7 +490,10 @@ impl Sink {
             let horizoned =
                 ledger::apply_horizon(&tx, prepared.horizon.as_ref(), &p, batch).await?;
             if let (Some(h), Some(_)) = (&horizoned, self.build) {
-                if build::holds_beyond_horizon(h) {
+                let pruned = prepared.pruned.as_ref();
+                if build::holds_beyond_horizon(h)
+                    && !build::beyond_horizon_never_landed(&tx, pruned, &p, &generation, h).await?
+                {
                     return Err(build::beyond_horizon(&p, h));
                 }
             }

@@ -67,7 +67,14 @@ pub struct Assign {
     starts: Vec<(Tp, i64)>,
     /// When every partition was first done: from then on, the wait for checkpoints to reach their stops.
     all_done_at: Option<std::time::Instant>,
+    /// The error of an interrupted session: the command to rerun ([`Assign::rerun`]).
+    rerun: String,
 }
+
+/// What an interrupted backfill (or rebuild) says by default.
+const RERUN_BACKFILL: &str =
+    "interrupted; rerun the same backfill command to resume from its checkpoints (a \
+     rebuild: rerun it with a new --group-id)";
 
 /// Stops fetching a partition that reached its stop: polls then go idle (the engine steps checkpoints over
 /// control records only when idle) instead of returning the records past the stop until the partition's end.
@@ -129,7 +136,22 @@ impl Assign {
             let rt = core.runtime();
             for (range, a) in ranges.into_iter().zip(acquired) {
                 let resume = match a.next {
-                    Some(n) => resume_at(&ack.consumer, &range, n, notes)?,
+                    Some(n) => {
+                        let at = resume_at(&ack.consumer, &range, n, notes)?;
+                        if at > n {
+                            // A later window start (`--from`) than this group's checkpoint: the checkpoint
+                            // moves forward to where this session reads, so the first compare-and-set holds.
+                            rt.block_on(takeover::skip_forward(
+                                core.sink(),
+                                &pipeline,
+                                group,
+                                &range.tp,
+                                a.fence,
+                                at,
+                            ))?;
+                        }
+                        at
+                    }
                     None => {
                         rt.block_on(takeover::write_start(
                             core.sink(),
@@ -167,7 +189,15 @@ impl Assign {
             parts,
             starts,
             all_done_at: None,
+            rerun: RERUN_BACKFILL.to_string(),
         })
+    }
+
+    /// Sets what an interrupted session says (the command that resumes it), e.g. for `projection build`.
+    #[must_use]
+    pub fn rerun(mut self, message: String) -> Assign {
+        self.rerun = message;
+        self
     }
 
     /// Where each partition starts in this session: its range's start, or the checkpoint it resumes at.
@@ -338,11 +368,7 @@ impl Source for Assign {
     }
 
     fn interrupted(&self) -> Option<Error> {
-        Some(Error::Other(
-            "interrupted; rerun the same backfill command to resume from its checkpoints (a rebuild: rerun it with \
-             a new --group-id)"
-                .into(),
-        ))
+        Some(Error::Other(self.rerun.clone()))
     }
 
     fn flush_on_error(&self) -> bool {

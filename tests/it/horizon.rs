@@ -638,11 +638,12 @@ fn rebuild_below_the_pruned_day_is_refused() {
     assert_eq!(partition_days(&db), vec![days_ago(1)]);
 }
 
-/// Issue 13: a rebuild of days inside the horizon whose window (chosen by record time) reaches an offset a prune
-/// recorded — the ten-day-old event was produced now, before the day-one event — is refused with exit 2 naming
-/// the partition and range, before anything is deleted.
+/// Issue 13, revised by issue 41 (item 3): a rebuild of days inside the horizon whose window (chosen by record
+/// time) reaches an offset a prune recorded — the ten-day-old event was produced now, before the day-one event —
+/// is not refused: the old event is outside its days (filtered, never applied) and the day-one event's ledger
+/// row was never pruned. The rebuilt day is exact; the old day is not touched.
 #[test]
-fn rebuild_reaching_a_pruned_offset_is_refused_before_deleting() {
+fn rebuild_inside_the_horizon_passes_a_late_events_pruned_offset() {
     let (db, topic) = stage("hz_rbo", 1);
     let d = days_ago(10);
     produce(&topic, &[rec(E1, d), rec(E2, days_ago(1))]);
@@ -651,23 +652,22 @@ fn rebuild_reaching_a_pruned_offset_is_refused_before_deleting() {
     let short = pipeline(&text(5), &topic, &g, &db.schema);
     run_caught_up(&short.path);
     assert_eq!(pruned_offsets(&db), vec![(topic.clone(), 0, 0)]);
-    let refused = rebuild(
+    let ok = rebuild(
         &short,
         &days_ago(5).to_string(),
         &days_ago(0).to_string(),
         &unique("rb"),
         &["--i-paused-other-writers"],
     );
-    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert_eq!(ok.code, Some(0), "{}\n{}", ok.stdout, ok.stderr);
+    let report: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    let accounting = report["accounting"].as_str().unwrap();
     assert!(
-        refused
-            .stderr
-            .contains(&format!("{topic}/0: offsets 0..=0 are below")),
-        "{}",
-        refused.stderr
+        accounting.starts_with("consumed 2 = landed 1 + duplicate 0 + filtered 1 + quarantined 0"),
+        "{accounting}"
     );
-    assert_eq!(counter(&db, d), 1);
-    assert_eq!(counter(&db, days_ago(1)), 1, "nothing deleted");
+    assert_eq!(counter(&db, d), 1, "outside the window");
+    assert_eq!(counter(&db, days_ago(1)), 1, "rebuilt once");
     assert_eq!(ledger_rows(&db), 1);
 }
 

@@ -40,6 +40,8 @@ mod config_errors;
 mod connect;
 // The core guarantees: replay under a new group, crash between the commits, kill -9, the demo.
 mod core;
+// Issue 41: operations without dead ends (later --from resumes, builds and rebuilds after prunes, named lock waits).
+mod dead_ends;
 // End to end with real Debezium: every column type, updates, deletes, key changes, truncates.
 mod debezium;
 // The docs' cross references: every README or docs/ page and heading the code names, and every link, exist.
