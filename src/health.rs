@@ -340,6 +340,7 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
     }
     if let Some(e) = &s.registry {
         why.push(format!("schema registry unavailable, retrying: {e}"));
+    }
     if let Some((age, last)) = &s.relay_stalled {
         why.push(format!(
             "outbox relay published nothing for {} s: {last}",
