@@ -170,7 +170,7 @@ impl TxBuf {
             }
             Meta::Other => Some(item),
         };
-        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        self.gauges();
         back
     }
 
@@ -250,8 +250,14 @@ impl TxBuf {
                 parts: parts(o.records, o.end_item),
             });
         }
-        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        self.gauges();
         ready
+    }
+
+    /// `replaysafe_transaction_buffer_bytes` and `replaysafe_transactions_open` (buffered, not yet applied).
+    fn gauges(&self) {
+        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        metrics::gauge!("replaysafe_transactions_open").set(self.open.len() as f64);
     }
 
     /// Remembers the last [`CLOSED`] transaction ids taken for applying: a change or END of one arriving later
