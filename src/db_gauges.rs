@@ -1,7 +1,8 @@
 //! The gauges of `/metrics` read from PostgreSQL (`run --metrics-addr`): the ledger's rows and bytes, the
 //! horizon and the pruned-below day, the group's unresolved dead letters by reason. A background task on its own
-//! connection every [`EVERY`], each connect and statement bounded by [`BOUND`]; a failed read keeps the last values
-//! (logged at debug; `/readyz`'s probe reports the database). Catalog reads only: no lock on the ledger, no scan
+//! connection every [`EVERY`], each round (connect and statements) bounded by [`BOUND`]; a failed round is logged
+//! at debug (`/readyz`'s probe reports the database) and leaves the last values, which disappear from `/metrics`
+//! after [`crate::metrics_http::GAUGE_IDLE`] without a successful round. Catalog reads only: no lock on the ledger, no scan
 //! of it (its row count is PostgreSQL's estimate, `pg_class.reltuples`; `ledger stats` counts exactly).
 
 use std::sync::Arc;
@@ -35,7 +36,7 @@ pub fn register() {
 /// `(rows, bytes)` of the ledger: `$1` the ledger's qualified name. Partitions are summed; a partitioned parent
 /// counts no rows of its own (its `reltuples` after an `ANALYZE` would count its partitions' again).
 const LEDGER_SQL: &str = "SELECT coalesce(pg_catalog.sum(CASE WHEN c.relkind = 'p' THEN 0 \
-     ELSE pg_catalog.greatest(c.reltuples, 0) END), 0)::float8, \
+     ELSE greatest(c.reltuples, 0) END), 0)::float8, \
      coalesce(pg_catalog.sum(pg_catalog.pg_total_relation_size(c.oid)), 0)::float8 \
      FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1) \
      OR c.oid IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = pg_catalog.to_regclass($1))";
@@ -46,7 +47,7 @@ fn horizon_sql(p: &Pipeline) -> String {
     format!(
         "WITH d AS (SELECT (pg_catalog.now() AT TIME ZONE 'UTC')::date AS today), \
          h AS (SELECT pruned_below FROM {} WHERE ledger = $1) \
-         SELECT coalesce(EXTRACT(epoch FROM pg_catalog.greatest((SELECT pruned_below FROM h), d.today - $2::int)), 0)::float8, \
+         SELECT coalesce(EXTRACT(epoch FROM greatest((SELECT pruned_below FROM h), d.today - $2::int)), 0)::float8, \
          coalesce(EXTRACT(epoch FROM (SELECT pruned_below FROM h)), 0)::float8 FROM d",
         p.table(crate::sink::ledger::HORIZON)
     )

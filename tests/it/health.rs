@@ -154,12 +154,12 @@ pub(crate) fn get(addr: &str, path: &str) -> Option<(u16, String)> {
 
 /// The value of `replaysafe_consumer_lag{topic, partition}` in a `/metrics` text.
 fn lag(metrics: &str, topic: &str, partition: i32) -> Option<f64> {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("replaysafe_consumer_lag{"))
-        .filter(|l| l.contains(&format!("topic=\"{topic}\"")))
-        .find(|l| l.contains(&format!("partition=\"{partition}\"")))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    let partition = partition.to_string();
+    sample(
+        metrics,
+        "replaysafe_consumer_lag",
+        &[("topic", topic), ("partition", &partition)],
+    )
 }
 
 /// The number of members of `group` when the broker reports it `Stable` (a rebalance finished).

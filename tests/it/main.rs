@@ -64,6 +64,8 @@ mod lifecycle;
 mod load_safety;
 // C36: batches updating the same aggregate rows in opposite orders wait instead of deadlocking.
 mod lock_order;
+// Issue 43: `/metrics` by the Prometheus conventions, the docs' table and the Grafana dashboard.
+mod metrics;
 // Operator friction: connection errors, `/metrics` of an idle instance, missing topics, backfill loose ends.
 mod ops;
 // C45: PostgreSQL behind PgBouncer — session pooling works, transaction/statement pooling is refused.
