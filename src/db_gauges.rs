@@ -74,7 +74,10 @@ pub fn spawn(rt: &tokio::runtime::Handle, pipeline: Arc<Pipeline>, url: String) 
                     client = None;
                 }
                 Err(_) => {
-                    tracing::debug!("metrics from the database: no answer within {} s", BOUND.as_secs());
+                    tracing::debug!(
+                        "metrics from the database: no answer within {} s",
+                        BOUND.as_secs()
+                    );
                     client = None;
                 }
             }

@@ -152,14 +152,30 @@ pub fn register(p: &Pipeline) {
 /// A gauge not set for this long disappears from `/metrics` (a revoked partition's lag).
 pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
 
+/// The process-wide gauges that only change with what they count (an idle pipeline sets them no more): touched
+/// (`+ 0`) by the upkeep so [`GAUGE_IDLE`] never removes them; their values are unchanged.
+const KEPT_ALIVE: [&str; 4] = [
+    "replaysafe_transactions_open",
+    "replaysafe_transaction_buffer_bytes",
+    "replaysafe_outbox_pending",
+    "replaysafe_outbox_oldest_pending_seconds",
+];
+
+fn keep_alive() {
+    for name in KEPT_ALIVE {
+        metrics::gauge!(name).increment(0.0);
+    }
+}
+
 /// The global labels of every series: `pipeline` (the pipeline file's name without its directory and
 /// extension: `orders` for `conf/orders.toml`) and `group` (`[kafka] group-id`), so the series of several
 /// processes scraped by one Prometheus stay apart.
 pub fn labels(p: &Pipeline) -> Vec<(&'static str, String)> {
     let path = std::path::Path::new(&p.source.path);
-    let name = path
-        .file_stem()
-        .map_or_else(|| p.source.path.clone(), |s| s.to_string_lossy().into_owned());
+    let name = path.file_stem().map_or_else(
+        || p.source.path.clone(),
+        |s| s.to_string_lossy().into_owned(),
+    );
     vec![("pipeline", name), ("group", p.kafka.group_id.clone())]
 }
 
@@ -178,9 +194,9 @@ pub fn install(addr: SocketAddr, labels: &[(&'static str, String)]) -> Result<()
         .map_err(|e| Error::Other(format!("--metrics-addr {addr}: {e}")))?;
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| Error::Other(format!("--metrics-addr {addr}: {e}")))?;
-    let builder = labels
-        .iter()
-        .fold(PrometheusBuilder::new(), |b, (k, v)| b.add_global_label(*k, v));
+    let builder = labels.iter().fold(PrometheusBuilder::new(), |b, (k, v)| {
+        b.add_global_label(*k, v)
+    });
     let handle = builder
         .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
         .set_buckets_for_metric(Matcher::Full(FLUSH_SECONDS.into()), FLUSH_BUCKETS)
@@ -192,6 +208,7 @@ pub fn install(addr: SocketAddr, labels: &[(&'static str, String)]) -> Result<()
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
+            keep_alive();
             upkeep.run_upkeep();
         }
     });

@@ -46,7 +46,12 @@ fn event(n: u32, partition: i32, entity: &str, v: i64) -> Rec {
         r#"{{"event_id":"5b0e4c1a-1d2e-4f60-8a7b-{n:012}","entity":"{entity}","v":{v},"occurred_at":"{}"}}"#,
         Utc::now().date_naive()
     );
-    Rec::json(partition, &format!("k{n}"), &value, Utc::now().timestamp_millis())
+    Rec::json(
+        partition,
+        &format!("k{n}"),
+        &value,
+        Utc::now().timestamp_millis(),
+    )
 }
 
 /// 6 events landed over two partitions (each entity's versions rising on one partition: none stale), 2 of them sent again (duplicates), 1 filtered by `no-tests`, 1 without
@@ -88,7 +93,11 @@ fn check_conventions(body: &str, group: &str) -> BTreeSet<String> {
             (Value::Untyped(_), Kind::Histogram) => s.metric != base,
             _ => false,
         };
-        assert!(typed, "{} has the TYPE of a {kind:?}: {:?}\n{body}", s.metric, s.value);
+        assert!(
+            typed,
+            "{} has the TYPE of a {kind:?}: {:?}\n{body}",
+            s.metric, s.value
+        );
         assert_eq!(s.labels.get("pipeline"), Some("pipeline"), "{}", s.metric);
         assert_eq!(s.labels.get("group"), Some(group), "{}", s.metric);
         seen.insert(base.to_string());
@@ -116,9 +125,23 @@ fn named_by_the_conventions(name: &str, kind: Kind) {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
         "{name}: snake_case under replaysafe_"
     );
-    assert_eq!(kind == Kind::Counter, name.ends_with("_total"), "{name}: _total on counters only");
+    assert_eq!(
+        kind == Kind::Counter,
+        name.ends_with("_total"),
+        "{name}: _total on counters only"
+    );
     let words: Vec<&str> = name.trim_end_matches("_total").split('_').collect();
-    for bad in ["ms", "millis", "milliseconds", "minutes", "hours", "kb", "mb", "kilobytes", "megabytes"] {
+    for bad in [
+        "ms",
+        "millis",
+        "milliseconds",
+        "minutes",
+        "hours",
+        "kb",
+        "mb",
+        "kilobytes",
+        "megabytes",
+    ] {
         assert!(!words.contains(&bad), "{name}: {bad} is not a base unit");
     }
     for unit in ["seconds", "bytes"] {
@@ -140,12 +163,19 @@ fn metrics_follow_the_conventions_and_count_a_known_run() {
     produce(&topic, &records());
     let addr = crate::health::free_addr();
     let mut child = spawn_run(&p, &["--metrics-addr", &addr], "run");
-    wait_until(std::time::Duration::from_secs(60), "every record applied", || {
-        db.query("SELECT to_regclass($1) IS NOT NULL", &[&format!("\"{}\".replaysafe_dead_letters", db.schema)])[0]
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "every record applied",
+        || {
+            db.query(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[&format!("\"{}\".replaysafe_dead_letters", db.schema)],
+            )[0]
             .get::<_, bool>(0)
-            && db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger") == 6
-            && db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_dead_letters") == 1
-    });
+                && db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_ledger") == 6
+                && db.i64("SELECT count(*)::bigint FROM {s}.replaysafe_dead_letters") == 1
+        },
+    );
     db.execute("ANALYZE {s}.replaysafe_ledger");
     let g = group.as_str();
     // pg_total_relation_size of the ledger's partitions now (the gauge must reach it; vacuum may grow it).
@@ -170,7 +200,9 @@ fn metrics_follow_the_conventions_and_count_a_known_run() {
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let body = loop {
-        let body = crate::health::get(&addr, "/metrics").map(|(_, b)| b).unwrap_or_default();
+        let body = crate::health::get(&addr, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
         if ready(&body) {
             break body;
         }
@@ -186,18 +218,36 @@ fn metrics_follow_the_conventions_and_count_a_known_run() {
     let all: BTreeSet<String> = families().iter().map(|s| s.to_string()).collect();
     assert_eq!(seen, all, "/metrics serves every described family");
     let got = |name: &str, labels: &[(&str, &str)]| sample(&body, name, labels);
-    assert_eq!(got("replaysafe_records_total", &[("outcome", "duplicate")]), Some(2.0));
     assert_eq!(
-        got("replaysafe_records_total", &[("outcome", "filtered"), ("rule", "no-tests")]),
+        got("replaysafe_records_total", &[("outcome", "duplicate")]),
+        Some(2.0)
+    );
+    assert_eq!(
+        got(
+            "replaysafe_records_total",
+            &[("outcome", "filtered"), ("rule", "no-tests")]
+        ),
         Some(1.0)
     );
     assert_eq!(
-        got("replaysafe_records_total", &[("outcome", "quarantined"), ("reason", "missing-field")]),
+        got(
+            "replaysafe_records_total",
+            &[("outcome", "quarantined"), ("reason", "missing-field")]
+        ),
         Some(1.0)
     );
-    assert_eq!(got("replaysafe_dead_letters", &[("reason", "oversize")]), Some(0.0));
-    assert_eq!(got("replaysafe_conflicts_total", &[("projection", "accounts")]), Some(0.0));
-    assert_eq!(got("replaysafe_db_retries_total", &[("sqlstate", "connection")]), Some(0.0));
+    assert_eq!(
+        got("replaysafe_dead_letters", &[("reason", "oversize")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        got("replaysafe_conflicts_total", &[("projection", "accounts")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        got("replaysafe_db_retries_total", &[("sqlstate", "connection")]),
+        Some(0.0)
+    );
     assert_eq!(got("replaysafe_transactions_open", &[]), Some(0.0));
     assert!(got("replaysafe_batches_total", &[]).is_some_and(|n| n >= 1.0));
     let days = db.query(
@@ -205,11 +255,22 @@ fn metrics_follow_the_conventions_and_count_a_known_run() {
          coalesce(EXTRACT(epoch FROM h.pruned_below), 0)::float8 FROM {s}.replaysafe_horizon h",
         &[],
     );
-    assert_eq!(got("replaysafe_horizon_timestamp_seconds", &[]), Some(days[0].get::<_, f64>(0)));
-    assert_eq!(got("replaysafe_pruned_below_timestamp_seconds", &[]), Some(days[0].get::<_, f64>(1)));
-    assert_eq!(got("replaysafe_records_total", &[("outcome", "stale")]), Some(0.0));
     assert_eq!(
-        db.i64("SELECT count(*)::bigint FROM {s}.accounts WHERE (entity, v) IN (('a', 4), ('b', 5))"),
+        got("replaysafe_horizon_timestamp_seconds", &[]),
+        Some(days[0].get::<_, f64>(0))
+    );
+    assert_eq!(
+        got("replaysafe_pruned_below_timestamp_seconds", &[]),
+        Some(days[0].get::<_, f64>(1))
+    );
+    assert_eq!(
+        got("replaysafe_records_total", &[("outcome", "stale")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        db.i64(
+            "SELECT count(*)::bigint FROM {s}.accounts WHERE (entity, v) IN (('a', 4), ('b', 5))"
+        ),
         2
     );
 }
@@ -219,11 +280,17 @@ fn metrics_follow_the_conventions_and_count_a_known_run() {
 fn the_docs_table_lists_every_described_family() {
     let docs: BTreeSet<String> = crate::ops::readme_series().into_iter().collect();
     let all: BTreeSet<String> = families().iter().map(|s| s.to_string()).collect();
-    assert_eq!(docs, all, "docs/operations.md \"Metrics and health\" vs FAMILIES");
+    assert_eq!(
+        docs, all,
+        "docs/operations.md \"Metrics and health\" vs FAMILIES"
+    );
     let text = include_str!("../../docs/operations.md");
     for (name, kind, _) in FAMILIES {
         let row = format!("| `{name}` | {}", format!("{kind:?}").to_lowercase());
-        assert!(text.contains(&row), "the docs' row of {name} starts with `{row}`");
+        assert!(
+            text.contains(&row),
+            "the docs' row of {name} starts with `{row}`"
+        );
     }
 }
 
@@ -248,7 +315,8 @@ fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 #[test]
 fn the_dashboard_queries_only_exported_metrics() {
     let text = include_str!("../../dashboards/replaysafe.json");
-    let dash: serde_json::Value = serde_json::from_str(text).expect("dashboards/replaysafe.json is JSON");
+    let dash: serde_json::Value =
+        serde_json::from_str(text).expect("dashboards/replaysafe.json is JSON");
     let mut all = Vec::new();
     exprs(&dash, &mut all);
     assert!(all.len() >= 7, "queries: {all:?}");
@@ -264,14 +332,20 @@ fn the_dashboard_queries_only_exported_metrics() {
             names.push(&tail[..end]);
             rest = &tail[end..];
         }
-        assert!(!names.is_empty(), "a query naming no replaysafe metric: {e}");
+        assert!(
+            !names.is_empty(),
+            "a query naming no replaysafe metric: {e}"
+        );
         for n in names {
             let base = ["_bucket", "_sum", "_count"]
                 .iter()
                 .find_map(|s| n.strip_suffix(s))
                 .filter(|b| FAMILIES.iter().any(|f| f.0 == *b && f.1 == Kind::Histogram))
                 .unwrap_or(n);
-            assert!(families().contains(base), "the dashboard queries {n}, not exported: {e}");
+            assert!(
+                families().contains(base),
+                "the dashboard queries {n}, not exported: {e}"
+            );
             used.insert(base.to_string());
         }
     }

@@ -339,7 +339,10 @@ fn assert_every_series(body: &str, topic: &str) {
             "replaysafe_records_total",
             &[("outcome", "quarantined"), ("reason", "missing-field")][..],
         ),
-        ("replaysafe_conflicts_total", &[("projection", "accounts")][..]),
+        (
+            "replaysafe_conflicts_total",
+            &[("projection", "accounts")][..],
+        ),
         ("replaysafe_batches_total", &[][..]),
     ] {
         assert_eq!(
