@@ -296,6 +296,7 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
         // /healthz and /readyz: the relay's loop is the heartbeat, no partitions to hold, the database probed.
         replaysafe::health::relay_only();
         replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
+        replaysafe::db_gauges::spawn(rt.handle(), p.clone(), opts.database_url.clone());
         _metrics_rt = rt;
     }
     let (table, topic, n) = ops::outbox::relay(p, &opts).context("outbox relay failed")?;
