@@ -19,6 +19,7 @@
 
 pub mod cel;
 pub mod config;
+pub mod db_gauges;
 pub mod decode;
 pub mod demo;
 pub mod endpoint;

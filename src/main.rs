@@ -237,9 +237,10 @@ fn run(
         .build()?;
     if let Some(addr) = metrics_addr {
         let _guard = rt.enter();
-        replaysafe::metrics_http::install(addr)?;
+        replaysafe::metrics_http::install(addr, &replaysafe::metrics_http::labels(&p))?;
         replaysafe::metrics_http::register(&p);
         replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
+        replaysafe::db_gauges::spawn(rt.handle(), p.clone(), opts.database_url.clone());
     }
     let beside = match relay {
         true => Some(ops::outbox::Beside::start(
@@ -303,12 +304,13 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
             .build()?;
         {
             let _guard = rt.enter();
-            replaysafe::metrics_http::install(addr)?;
+            replaysafe::metrics_http::install(addr, &replaysafe::metrics_http::labels(&p))?;
         }
         replaysafe::metrics_http::register(&p);
         // /healthz and /readyz: the relay's loop is the heartbeat, no partitions to hold, the database probed.
         replaysafe::health::relay_only();
         replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
+        replaysafe::db_gauges::spawn(rt.handle(), p.clone(), opts.database_url.clone());
         _metrics_rt = rt;
     }
     let (table, topic, n) = ops::outbox::relay(p, &opts).context("outbox relay failed")?;

@@ -5,7 +5,10 @@
 //! The series, their types and labels are the table of docs/operations.md "Metrics and health" (a test parses it
 //! and scrapes an idle instance): every series is registered at zero on start ([`register`]) with the labels known
 //! then, so an idle or restarted instance serves them all; `replaysafe_flush_seconds` is a histogram with
-//! [`FLUSH_BUCKETS`] (without buckets the exporter would render a summary).
+//! [`FLUSH_BUCKETS`] (without buckets the exporter would render a summary). Every family is described
+//! ([`FAMILIES`], the `# HELP` line) and carries the global labels `pipeline` and `group` ([`install`]); names
+//! follow Prometheus's naming doc (<https://prometheus.io/docs/practices/naming/>): base units (`_seconds`,
+//! `_bytes`), `_total` on counters, `_timestamp_seconds` for points in time.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -38,6 +41,65 @@ const CDC_RULES: [&str; 4] = [
     "cdc-message",
 ];
 
+/// The kind of a metric family (its `# TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A monotonic count (`_total`).
+    Counter,
+    /// A value that goes up and down.
+    Gauge,
+    /// Buckets, sum and count of observations.
+    Histogram,
+}
+
+/// Every family `/metrics` serves: name, kind, the `# HELP` text. The one list of names: the docs' table, the
+/// dashboard's queries and [`register`] agree with it (tests).
+pub const FAMILIES: &[(&str, Kind, &str)] = &[
+    ("replaysafe_records_total", Kind::Counter, "Consumed records by outcome (landed, duplicate, stale, filtered by rule, quarantined by reason)."),
+    ("replaysafe_batches_total", Kind::Counter, "Batches committed."),
+    ("replaysafe_db_retries_total", Kind::Counter, "Database attempts retried, by SQLSTATE (connection when the server sent none)."),
+    (FLUSH_SECONDS, Kind::Histogram, "Seconds from a flush's start until every batch of it is applied."),
+    ("replaysafe_conflicts_total", Kind::Counter, "Changes that claimed a stored version with another row state, by projection (rows of replaysafe_conflicts)."),
+    ("replaysafe_resnapshot_reads_total", Kind::Counter, "Snapshot reads of a row already stored in that state, by projection."),
+    ("replaysafe_takeover_deferrals_total", Kind::Counter, "Take-overs that found the checkpoint row locked and were deferred."),
+    ("replaysafe_checkpoint_rewinds_total", Kind::Counter, "Checkpoints found moved under our own fence (commits lost by a failover), read again."),
+    ("replaysafe_fenced_batches_total", Kind::Counter, "Batches rolled back because another owner's fence was on the checkpoint."),
+    ("replaysafe_consumer_lag", Kind::Gauge, "Records in Kafka not yet applied, per held partition: high watermark minus the checkpoint."),
+    ("replaysafe_outbox_published_total", Kind::Counter, "Outbox rows this process's relay published."),
+    ("replaysafe_outbox_pending", Kind::Gauge, "Unpublished rows of the relayed outbox."),
+    ("replaysafe_outbox_oldest_pending_seconds", Kind::Gauge, "Age in seconds of the oldest unpublished outbox row; 0 when none."),
+    ("replaysafe_transactions_applied_total", Kind::Counter, "Source transactions applied in one batch transaction."),
+    ("replaysafe_transactions_incomplete_total", Kind::Counter, "Source transactions applied without their END or some changes, by reason."),
+    ("replaysafe_transactions_open", Kind::Gauge, "Source transactions buffered, not yet applied."),
+    ("replaysafe_transaction_buffer_bytes", Kind::Gauge, "Bytes (keys and values) of source-transaction changes buffered, not yet applied."),
+    ("replaysafe_registry_retries_total", Kind::Counter, "Schema-registry requests retried."),
+    ("replaysafe_ledger_rows", Kind::Gauge, "Rows of the ledger (PostgreSQL's estimate pg_class.reltuples, refreshed by ANALYZE and autovacuum)."),
+    ("replaysafe_ledger_bytes", Kind::Gauge, "Bytes on disk of the ledger, its partitions and indexes (pg_total_relation_size)."),
+    ("replaysafe_horizon_timestamp_seconds", Kind::Gauge, "The oldest event day a claim may land (midnight UTC, Unix seconds); 0 without a horizon."),
+    ("replaysafe_pruned_below_timestamp_seconds", Kind::Gauge, "The ledger's pruned-below day (midnight UTC, Unix seconds); 0 when nothing was pruned."),
+    ("replaysafe_dead_letters", Kind::Gauge, "Unresolved dead letters of this consumer group, by reason."),
+];
+
+/// Describes every family of [`FAMILIES`] (their `# HELP` lines). Call after [`install`].
+pub fn describe() {
+    for &(name, kind, help) in FAMILIES {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
+}
+
+/// Counts one retried database attempt: `replaysafe_db_retries_total{sqlstate}`, the server's SQLSTATE, or
+/// `connection` when the server sent none (a lost or refused connection, a timeout).
+pub fn db_retry(e: Option<&tokio_postgres::Error>) {
+    let code = e
+        .and_then(|e| e.code())
+        .map_or_else(|| "connection".to_string(), |c| c.code().to_string());
+    metrics::counter!("replaysafe_db_retries_total", "sqlstate" => code).increment(1);
+}
+
 /// Registers every series at zero with the labels known on start: each outcome, each `[[filter]]` rule (and
 /// the Debezium decoder's own), each quarantine reason, each row projection; the flush histogram empty. The
 /// lag gauge (`topic`, `partition`) appears per partition once held ([`crate::source::lag`]). Call after
@@ -58,9 +120,11 @@ pub fn register(p: &Pipeline) {
         metrics::counter!("replaysafe_records_total", "outcome" => "quarantined", "reason" => r.as_str())
             .absolute(0);
     }
+    describe();
+    metrics::counter!("replaysafe_db_retries_total", "sqlstate" => "connection").absolute(0);
     for name in [
         "replaysafe_batches_total",
-        "replaysafe_db_retries_total",
+        "replaysafe_registry_retries_total",
         "replaysafe_takeover_deferrals_total",
         "replaysafe_checkpoint_rewinds_total",
     ] {
@@ -73,6 +137,8 @@ pub fn register(p: &Pipeline) {
             .absolute(0);
     }
     metrics::gauge!("replaysafe_transaction_buffer_bytes").set(0.0);
+    metrics::gauge!("replaysafe_transactions_open").set(0.0);
+    crate::db_gauges::register();
     for proj in p.projections.iter().filter(|x| x.row.is_some()) {
         let name = proj.name.clone();
         metrics::counter!("replaysafe_conflicts_total", "projection" => name.clone()).absolute(0);
@@ -86,12 +152,40 @@ pub fn register(p: &Pipeline) {
 /// A gauge not set for this long disappears from `/metrics` (a revoked partition's lag).
 pub const GAUGE_IDLE: Duration = Duration::from_secs(60);
 
-/// Installs the Prometheus recorder and starts the HTTP listener on `addr` (`/metrics`, `/healthz`,
-/// `/readyz`). Must be called inside a tokio runtime context; the listener runs until the runtime stops.
+/// The process-wide gauges that only change with what they count (an idle pipeline sets them no more): touched
+/// (`+ 0`) by the upkeep so [`GAUGE_IDLE`] never removes them; their values are unchanged.
+const KEPT_ALIVE: [&str; 4] = [
+    "replaysafe_transactions_open",
+    "replaysafe_transaction_buffer_bytes",
+    "replaysafe_outbox_pending",
+    "replaysafe_outbox_oldest_pending_seconds",
+];
+
+fn keep_alive() {
+    for name in KEPT_ALIVE {
+        metrics::gauge!(name).increment(0.0);
+    }
+}
+
+/// The global labels of every series: `pipeline` (the pipeline file's name without its directory and
+/// extension: `orders` for `conf/orders.toml`) and `group` (`[kafka] group-id`), so the series of several
+/// processes scraped by one Prometheus stay apart.
+pub fn labels(p: &Pipeline) -> Vec<(&'static str, String)> {
+    let path = std::path::Path::new(&p.source.path);
+    let name = path.file_stem().map_or_else(
+        || p.source.path.clone(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    vec![("pipeline", name), ("group", p.kafka.group_id.clone())]
+}
+
+/// Installs the Prometheus recorder with the global `labels` ([`labels`]) and starts the HTTP listener on
+/// `addr` (`/metrics`, `/healthz`, `/readyz`). Must be called inside a tokio runtime context; the listener runs
+/// until the runtime stops.
 ///
 /// # Errors
 /// [`Error::Other`] when the address cannot be bound (in use, not local) or a recorder is already installed.
-pub fn install(addr: SocketAddr) -> Result<()> {
+pub fn install(addr: SocketAddr, labels: &[(&'static str, String)]) -> Result<()> {
     crate::health::init();
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| Error::Other(format!("--metrics-addr {addr}: {e}")))?;
@@ -100,7 +194,10 @@ pub fn install(addr: SocketAddr) -> Result<()> {
         .map_err(|e| Error::Other(format!("--metrics-addr {addr}: {e}")))?;
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| Error::Other(format!("--metrics-addr {addr}: {e}")))?;
-    let handle = PrometheusBuilder::new()
+    let builder = labels.iter().fold(PrometheusBuilder::new(), |b, (k, v)| {
+        b.add_global_label(*k, v)
+    });
+    let handle = builder
         .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
         .set_buckets_for_metric(Matcher::Full(FLUSH_SECONDS.into()), FLUSH_BUCKETS)
         .map_err(|e| Error::Other(format!("metrics buckets: {e}")))?
@@ -111,6 +208,7 @@ pub fn install(addr: SocketAddr) -> Result<()> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
+            keep_alive();
             upkeep.run_upkeep();
         }
     });

@@ -48,7 +48,7 @@ pub async fn apply_batch(
         if sink.is_closed() {
             if let Err(e) = sink.reconnect().await {
                 attempt += 1;
-                metrics::counter!("replaysafe_db_retries_total").increment(1);
+                crate::metrics_http::db_retry(postgres_of(&e));
                 tracing::warn!(attempt, "database unavailable, retrying: {e}");
                 crate::health::retrying(&e.to_string());
                 if give_up() {
@@ -121,7 +121,7 @@ pub async fn apply_batch(
                     unknown = outcomes;
                 }
                 attempt += 1;
-                metrics::counter!("replaysafe_db_retries_total").increment(1);
+                crate::metrics_http::db_retry(Some(&error));
                 let detail = sink::describe(&error);
                 tracing::warn!(attempt, commit_sent, topic = %batch.topic, partition = batch.partition, "database error, retrying the batch: {detail}");
                 crate::health::retrying(&detail);
@@ -265,7 +265,7 @@ where
             }
             Err(e) if is_transient(&e) && !give_up() => {
                 attempt += 1;
-                metrics::counter!("replaysafe_db_retries_total").increment(1);
+                crate::metrics_http::db_retry(postgres_of(&e));
                 tracing::warn!(attempt, "{what}: database unavailable, retrying: {e}");
                 crate::health::beat(None);
                 let pause = backoff(attempt);
@@ -273,5 +273,13 @@ where
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// The PostgreSQL error inside `e`, if it is one (for the `sqlstate` label of a retry).
+fn postgres_of(e: &Error) -> Option<&tokio_postgres::Error> {
+    match e {
+        Error::Postgres(pg) => Some(pg),
+        _ => None,
     }
 }

@@ -71,7 +71,10 @@ async fn attempts(
         let (detail, commit_sent) = if sink.is_closed() {
             match sink.reconnect().await {
                 Ok(()) => continue,
-                Err(e) => (e.to_string(), false),
+                Err(e) => {
+                    crate::metrics_http::db_retry(None);
+                    (e.to_string(), false)
+                }
             }
         } else {
             match sink.apply_transaction(parts).await {
@@ -89,6 +92,7 @@ async fn attempts(
                     if commit_sent {
                         unknown = outcomes;
                     }
+                    crate::metrics_http::db_retry(Some(&error));
                     (sink::describe(&error), commit_sent)
                 }
                 Err(ApplyError::Data(e)) => {
@@ -112,7 +116,6 @@ async fn attempts(
             }
         };
         attempt += 1;
-        metrics::counter!("replaysafe_db_retries_total").increment(1);
         tracing::warn!(attempt, commit_sent, transaction = %tx_id(sink, parts), "database error, retrying the source transaction: {detail}");
         crate::health::retrying(&detail);
         if give_up() {

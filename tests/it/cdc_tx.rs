@@ -386,9 +386,11 @@ fn a_transaction_without_end_is_applied_as_it_is_after_the_timeout() {
         || orders(&db).len() == 1 && db.checkpoint(&group, &format!("{base}.orders"), 1) == Some(1),
     );
     let metric = |m: &str| {
-        m.lines()
-            .find(|l| l.starts_with("replaysafe_transactions_incomplete_total{reason=\"timeout\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        sample(
+            m,
+            "replaysafe_transactions_incomplete_total",
+            &[("reason", "timeout")],
+        )
     };
     wait_until(Duration::from_secs(30), "the metric", || {
         get(&addr, "/metrics").is_some_and(|(_, m)| metric(&m) == Some(1.0))

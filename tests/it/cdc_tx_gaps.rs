@@ -214,6 +214,12 @@ fn open_transactions_at_the_stop_are_counted_buffered_and_read_again() {
         "order 2 and line 20 held again",
         || buffer_bytes(&addr) == Some(both),
     );
+    let (_, m) = get(&addr, "/metrics").unwrap();
+    assert_eq!(
+        sample(&m, "replaysafe_transactions_open", &[]),
+        Some(1.0),
+        "transaction 2 open:\n{m}"
+    );
     assert_eq!(terminate(&mut w), Some(0));
     let text = std::fs::read_to_string(p.dir.path().join("w.out")).unwrap();
     let line = text
@@ -248,9 +254,7 @@ fn open_transactions_at_the_stop_are_counted_buffered_and_read_again() {
 /// The `replaysafe_transaction_buffer_bytes` gauge of a worker's metrics endpoint.
 fn buffer_bytes(addr: &str) -> Option<f64> {
     let (_, m) = get(addr, "/metrics")?;
-    m.lines()
-        .find(|l| l.starts_with("replaysafe_transaction_buffer_bytes"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    sample(&m, "replaysafe_transaction_buffer_bytes", &[])
 }
 
 fn size(r: &Rec) -> f64 {

@@ -154,12 +154,12 @@ pub(crate) fn get(addr: &str, path: &str) -> Option<(u16, String)> {
 
 /// The value of `replaysafe_consumer_lag{topic, partition}` in a `/metrics` text.
 fn lag(metrics: &str, topic: &str, partition: i32) -> Option<f64> {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("replaysafe_consumer_lag{"))
-        .filter(|l| l.contains(&format!("topic=\"{topic}\"")))
-        .find(|l| l.contains(&format!("partition=\"{partition}\"")))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    let partition = partition.to_string();
+    sample(
+        metrics,
+        "replaysafe_consumer_lag",
+        &[("topic", topic), ("partition", &partition)],
+    )
 }
 
 /// The number of members of `group` when the broker reports it `Stable` (a rebalance finished).
@@ -346,7 +346,8 @@ fn readyz_follows_assignment_and_fencing_and_lag_gauge_shows_backlog() {
 
 /// The worker's database turns read-only (what a failover to a replica looks like; here only for the worker's
 /// own role: `default_transaction_read_only` on its sessions, which are then reconnected): `/readyz` answers
-/// 503 naming SQLSTATE 25006 while `/healthz` stays 200; records produced meanwhile are retried, not lost;
+/// 503 naming SQLSTATE 25006 while `/healthz` stays 200; records produced meanwhile are retried (counted in
+/// `replaysafe_db_retries_total{sqlstate="25006"}`), not lost;
 /// once writable again the worker is ready and the final state is exact.
 #[test]
 fn readyz_503_while_the_database_is_read_only() {
@@ -399,6 +400,17 @@ fn readyz_503_while_the_database_is_read_only() {
     wait_until(Duration::from_secs(60), "5 applied", || {
         db.checkpoint(&group, &topic, 0) == Some(5)
     });
+    // The batch retried while read-only is counted under its SQLSTATE.
+    let metrics = get(&addr, "/metrics").unwrap().1;
+    let retries = sample(
+        &metrics,
+        "replaysafe_db_retries_total",
+        &[("sqlstate", "25006")],
+    );
+    assert!(
+        retries.is_some_and(|n| n >= 1.0),
+        "retries by SQLSTATE 25006:\n{metrics}"
+    );
     assert_eq!(terminate(&mut w), Some(0));
     assert_eq!(counts(&db), tally_of(&recs));
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 5);

@@ -276,11 +276,12 @@ fn metrics(addr: &str) -> Option<String> {
 
 /// `replaysafe_fenced_batches_total{topic, partition}` in a `/metrics` text.
 fn fenced_batches(text: &str, topic: &str, partition: i32) -> Option<f64> {
-    text.lines()
-        .filter(|l| l.starts_with("replaysafe_fenced_batches_total{"))
-        .filter(|l| l.contains(&format!("topic=\"{topic}\"")))
-        .find(|l| l.contains(&format!("partition=\"{partition}\"")))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    let partition = partition.to_string();
+    sample(
+        text,
+        "replaysafe_fenced_batches_total",
+        &[("topic", topic), ("partition", &partition)],
+    )
 }
 
 /// Another writer bumps a partition's fence behind a running `run` (what `load --take-over` does): the run's

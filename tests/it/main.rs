@@ -70,6 +70,8 @@ mod load_safety;
 mod lock_order;
 // C46, C47: topic id and cluster id beside each checkpoint; a recreated topic, a failover, `offsets start`.
 mod log_identity;
+// Issue 43: `/metrics` by the Prometheus conventions, the docs' table and the Grafana dashboard.
+mod metrics;
 // Operator friction: connection errors, `/metrics` of an idle instance, missing topics, backfill loose ends.
 mod ops;
 // C45: PostgreSQL behind PgBouncer — session pooling works, transaction/statement pooling is refused.

@@ -347,9 +347,9 @@ fn relay_killed_between_publish_and_mark_republishes_the_same_messages() {
     crate::health::wait_for(&addr, "/metrics", "the relay's metrics", |c, _| c == 200);
     crate::health::wait_for(&addr, "/metrics", "every row published", |c, b| {
         c == 200
-            && b.contains("replaysafe_outbox_published_total 30\n")
-            && b.contains("replaysafe_outbox_pending 0\n")
-            && b.contains("replaysafe_outbox_oldest_pending_seconds 0\n")
+            && sample(b, "replaysafe_outbox_published_total", &[]) == Some(30.0)
+            && sample(b, "replaysafe_outbox_pending", &[]) == Some(0.0)
+            && sample(b, "replaysafe_outbox_oldest_pending_seconds", &[]) == Some(0.0)
     });
     assert_eq!(terminate(&mut relay), Some(0));
     let msgs = read_topic(&out);

@@ -289,7 +289,7 @@ impl TxBuf {
             }
             Meta::Other => Some(item),
         };
-        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        self.gauges();
         back
     }
 
@@ -370,7 +370,7 @@ impl TxBuf {
                 ready.push(r);
             }
         }
-        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        self.gauges();
         ready
     }
 
@@ -470,6 +470,12 @@ impl TxBuf {
         if let (true, Some(o)) = (all, self.open.get_mut(&id)) {
             o.replayed = true;
         }
+    }
+
+    /// `replaysafe_transaction_buffer_bytes` and `replaysafe_transactions_open` (buffered, not yet applied).
+    fn gauges(&self) {
+        metrics::gauge!("replaysafe_transaction_buffer_bytes").set(self.bytes as f64);
+        metrics::gauge!("replaysafe_transactions_open").set(self.open.len() as f64);
     }
 
     /// Remembers the last [`CLOSED`] transaction ids taken for applying: a change or END of one arriving later

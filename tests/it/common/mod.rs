@@ -9,6 +9,7 @@ mod headers;
 mod kafka;
 mod pooler;
 mod process;
+mod scrape;
 
 pub use cli::*;
 pub use envelopes::*;
@@ -16,6 +17,7 @@ pub use headers::*;
 pub use kafka::*;
 pub use pooler::*;
 pub use process::*;
+pub use scrape::*;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
