@@ -500,11 +500,6 @@ fn a_transaction_read_again_after_a_restart_needs_no_end() {
     produce(&format!("{base}.tx"), std::slice::from_ref(&a.end));
     let addr = free_addr();
     let mut w = spawn_run(&p, &["--metrics-addr", &addr], "w");
-    let metric = |m: &str, name: &str| {
-        m.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-    };
     wait_until(
         Duration::from_secs(60),
         "both transactions applied, checkpoints at the end",
@@ -517,18 +512,18 @@ fn a_transaction_read_again_after_a_restart_needs_no_end() {
     );
     let m = get(&addr, "/metrics").expect("metrics").1;
     assert_eq!(
-        metric(&m, "replaysafe_transactions_applied_total"),
+        sample(&m, "replaysafe_transactions_applied_total", &[]),
         Some(2.0),
         "{m}"
     );
     assert_eq!(
-        metric(&m, "replaysafe_records_total{outcome=\"duplicate\"}"),
+        sample(&m, "replaysafe_records_total", &[("outcome", "duplicate")]),
         Some(3.0),
         "b's order and lines: {m}"
     );
     for reason in ["timeout", "memory"] {
-        let name = format!("replaysafe_transactions_incomplete_total{{reason=\"{reason}\"}}");
-        assert!(metric(&m, &name).unwrap_or(0.0) == 0.0, "{m}");
+        let n = sample(&m, "replaysafe_transactions_incomplete_total", &[("reason", reason)]);
+        assert!(n.unwrap_or(0.0) == 0.0, "{m}");
     }
     assert_eq!(terminate(&mut w), Some(0));
     let err = std::fs::read_to_string(p.dir.path().join("w.err")).unwrap();
