@@ -522,7 +522,11 @@ fn a_transaction_read_again_after_a_restart_needs_no_end() {
         "b's order and lines: {m}"
     );
     for reason in ["timeout", "memory"] {
-        let n = sample(&m, "replaysafe_transactions_incomplete_total", &[("reason", reason)]);
+        let n = sample(
+            &m,
+            "replaysafe_transactions_incomplete_total",
+            &[("reason", reason)],
+        );
         assert!(n.unwrap_or(0.0) == 0.0, "{m}");
     }
     assert_eq!(terminate(&mut w), Some(0));
