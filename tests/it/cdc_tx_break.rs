@@ -1,7 +1,8 @@
 //! Break-it round on issue 36 (source transactions, round 2), batch runs (`--until-caught-up`): a record that
 //! is no change of a transaction (the next transaction's BEGIN) waiting behind a held one keeps the run from ever
 //! being caught up, so a young transaction is applied as it is after the in-run timeout; an END whose changes
-//! were applied before (a transaction applied as it is, its END late) is held by every run, forever.
+//! were applied before (a transaction applied as it is, its END late) is held by every run, forever; END's count
+//! of a collection only an outbox reads is not waited for until a change of it was read.
 
 use std::time::{Duration, Instant};
 
@@ -94,4 +95,46 @@ fn a_late_end_of_a_transaction_applied_as_it_is_is_not_held_by_every_run() {
         out.stderr
     );
     let _ = json!(null);
+}
+
+/// The pipeline keeps orders in a row projection and every change (lines too) in an outbox: `public.lines` is read
+/// by no row projection, so END's count of it is waited for only "when a change of it has been read by this
+/// process" (docs/cdc.md "What counts toward END"). A long-running `run` reads order 1 and T1's END before any
+/// line has arrived: T1 is taken as complete and order 1 committed alone — a reader sees the order without its
+/// lines ("a transaction's changes appear together or not at all").
+#[test]
+fn end_counts_a_collection_only_an_outbox_reads() {
+    let base = topics();
+    let group = unique("cdctx-brk-outbox");
+    let db = Db::fresh("cdctx");
+    let lines_row = "[[projection]]\nkind = \"row\"\ntable = \"lines\"\nsource-table = \"public.lines\"\nkey = [\"id\"]\ncolumns = { id = \"bigint\", order_id = \"bigint\" }\n";
+    assert!(PIPELINE.contains(lines_row));
+    let text = PIPELINE
+        .replace("TXMODE", &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"))
+        .replace(
+            lines_row,
+            "[[projection]]\nkind = \"outbox\"\ntable = \"events\"\npayload = [\"_entity\"]\n",
+        );
+    let p = pipeline(&text, &base, &group, &db.schema);
+    replaysafe(&["init", "--config", p.path.to_str().unwrap()]).assert_ok();
+    let t = tx(1, 2);
+    let mut w = spawn_run(&p, &[], "w");
+    produce(&format!("{base}.orders"), std::slice::from_ref(&t.order));
+    produce(&format!("{base}.tx"), &[t.begin.clone(), t.end.clone()]);
+    // The run has read the order and the END (the transaction topic's checkpoint passed BEGIN) …
+    wait_until(Duration::from_secs(60), "BEGIN read", || {
+        db.checkpoint(&group, &format!("{base}.tx"), 0).is_some()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let early = orders(&db);
+    produce(&format!("{base}.lines"), &t.lines);
+    wait_until(Duration::from_secs(60), "the lines in the outbox", || {
+        db.i64("SELECT count(*) FROM {s}.events") == 3
+    });
+    assert_eq!(terminate(&mut w), Some(0));
+    assert_eq!(
+        early,
+        vec![],
+        "order 1 was committed before its lines had even arrived (its END counts 2 lines)"
+    );
 }

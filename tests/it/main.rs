@@ -28,7 +28,7 @@ mod cdc_pgtypes;
 mod cdc_pk;
 // Debezium source transactions applied atomically (`[source] transactions = "atomic"`).
 mod cdc_tx;
-// Break-it round on issue 36: an END read again without its changes is not held forever.
+// Break-it round on issue 36: batch runs behind a held END, a late END, a collection only an outbox reads.
 mod cdc_tx_break;
 // The gaps of atomic source transactions: rejected values, fences, lost COMMIT replies, open transactions.
 mod cdc_tx_gaps;
