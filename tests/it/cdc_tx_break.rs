@@ -2,7 +2,8 @@
 //! is no change of a transaction (the next transaction's BEGIN) waiting behind a held one keeps the run from ever
 //! being caught up, so a young transaction is applied as it is after the in-run timeout; an END whose changes
 //! were applied before (a transaction applied as it is, its END late) is held by every run, forever; END's count
-//! of a collection only an outbox reads is not waited for until a change of it was read.
+//! of a collection only an outbox reads is not waited for until a change of it was read; two source databases'
+//! transactions with the same txId are merged.
 
 use std::time::{Duration, Instant};
 
@@ -136,5 +137,42 @@ fn end_counts_a_collection_only_an_outbox_reads() {
         early,
         vec![],
         "order 1 was committed before its lines had even arrived (its END counts 2 lines)"
+    );
+}
+
+/// Two source databases (two connectors, `source.name` pg / pg2, `source.db` app / app2) feed one replica; their
+/// PostgreSQL transaction ids are small counters of their own, so both have a transaction 1 (ids `1:1001` and
+/// `1:2002`). Transactions are matched by txId alone ("an id of two all-digit parts is matched by its txId"): app's
+/// END (1 order, 1 line) is met by app's order 1 and app2's line 20 — committed together, order 1 without its line
+/// and line 20 without its order.
+#[test]
+fn transactions_of_two_source_databases_with_the_same_txid_are_not_merged() {
+    let base = topics();
+    let group = unique("cdctx-brk-twodb");
+    let (db, p) = staged(
+        &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"),
+        &base,
+        &group,
+    );
+    let a = tx(1, 1);
+    let mut b = tx(2, 1);
+    let other = |r: &mut Rec| {
+        let mut v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        v["transaction"]["id"] = json!("1:2002");
+        v["source"]["db"] = json!("app2");
+        v["source"]["name"] = json!("pg2");
+        r.value = Some(v.to_string().into_bytes());
+    };
+    other(&mut b.order);
+    other(&mut b.lines[0]);
+    produce(&format!("{base}.lines"), std::slice::from_ref(&b.lines[0]));
+    produce(&format!("{base}.orders"), std::slice::from_ref(&a.order));
+    produce(&format!("{base}.tx"), &[a.begin.clone(), a.end.clone()]);
+    let out = run_caught_up(&p.path);
+    assert_eq!(
+        (orders(&db), lines(&db), partial(&db)),
+        (vec![], vec![], 0),
+        "app's transaction 1 completed with app2's line: {}",
+        out.stderr
     );
 }
