@@ -318,8 +318,10 @@ impl TxBuf {
             return Some(Why::Complete);
         }
         if o.records.is_empty() {
-            // BEGIN/END without changes of ours (other tables' transaction): forgotten.
-            return (age >= self.plan.timeout).then_some(Why::Complete);
+            // BEGIN/END without changes of ours (other tables' transaction, or an END read again or late after
+            // its changes were applied): forgotten after the timeout — at the end of the input, once it began that
+            // long ago (its records' timestamps).
+            return (o.expired || age >= self.plan.timeout).then_some(Why::Complete);
         }
         if o.replayed {
             return Some(Why::Replayed);
