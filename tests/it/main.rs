@@ -68,6 +68,8 @@ mod load_safety;
 mod lock_order;
 // C46, C47: topic id and cluster id beside each checkpoint; a recreated topic, a failover, `offsets start`.
 mod log_identity;
+// Issue 34 (b2): `ledger prune` forgets a claimed state only when its latest claim's day goes.
+mod memory_prune;
 // Operator friction: connection errors, `/metrics` of an idle instance, missing topics, backfill loose ends.
 mod ops;
 // C45: PostgreSQL behind PgBouncer — session pooling works, transaction/statement pooling is refused.
