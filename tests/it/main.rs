@@ -70,6 +70,8 @@ mod load_safety;
 mod lock_order;
 // C46, C47: topic id and cluster id beside each checkpoint; a recreated topic, a failover, `offsets start`.
 mod log_identity;
+// Issue 34 (b2): `ledger prune` forgets a claimed state only when its latest claim's day goes.
+mod memory_prune;
 // Operator friction: connection errors, `/metrics` of an idle instance, missing topics, backfill loose ends.
 mod ops;
 // C45: PostgreSQL behind PgBouncer — session pooling works, transaction/statement pooling is refused.
@@ -96,6 +98,8 @@ mod relay;
 mod replay_order;
 // A row projection judges a change at (entity, version) the same whatever arrived before it (issue 34).
 mod row_order;
+// Issue 34 (b2): copies at one version that differ outside the row's columns count the same in any order.
+mod same_state_copies;
 // Kafka over SASL_SSL through the test broker's listener; wrong password and CA named.
 mod sasl;
 // No secret reaches the output: URLs, registry credentials, properties, client keys.
@@ -108,6 +112,8 @@ mod starts;
 mod tls;
 // `[errors] tolerance`: where it stops, quarantines, and `dead-letters replay` after a fix.
 mod tolerance;
+// Issue 34 (b2): a tombstone's `_last` does not depend on arrival order (a newer delete first).
+mod tombstone_last;
 // `verify snapshot` / `verify diff` while production writes into the window.
 mod verify;
 // Every wait on PostgreSQL and the group is bounded: frozen owners, idle sessions, shutdown drains.
