@@ -43,7 +43,12 @@ fn until_caught_up_ends_with_a_record_waiting_behind_a_held_end() {
     let started = Instant::now();
     let out = run_caught_up(&p.path);
     let took = started.elapsed();
-    assert_eq!(partial(&db), 0, "a commit showed order 1 without all its lines: {}", out.stderr);
+    assert_eq!(
+        partial(&db),
+        0,
+        "a commit showed order 1 without all its lines: {}",
+        out.stderr
+    );
     assert_eq!(orders(&db), vec![], "{}", out.stderr);
     assert_eq!(lines(&db), vec![]);
     assert!(
@@ -111,7 +116,10 @@ fn end_counts_a_collection_only_an_outbox_reads() {
     let lines_row = "[[projection]]\nkind = \"row\"\ntable = \"lines\"\nsource-table = \"public.lines\"\nkey = [\"id\"]\ncolumns = { id = \"bigint\", order_id = \"bigint\" }\n";
     assert!(PIPELINE.contains(lines_row));
     let text = PIPELINE
-        .replace("TXMODE", &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"))
+        .replace(
+            "TXMODE",
+            &format!("{ATOMIC}\ntransaction-timeout-ms = 600000"),
+        )
         .replace(
             lines_row,
             "[[projection]]\nkind = \"outbox\"\ntable = \"events\"\npayload = [\"_entity\"]\n",

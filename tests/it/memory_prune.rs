@@ -4,7 +4,9 @@
 //! held the D-1 copy — a third copy (day D) was then `stale` and counted, while in the other order it was a
 //! `duplicate`. The memory must last as long as the latest claim of the state.
 
-use crate::common::{arg, new_topic, pipeline, produce_singly, replaysafe, unique, Db, Rec, HEADER};
+use crate::common::{
+    arg, new_topic, pipeline, produce_singly, replaysafe, unique, Db, Rec, HEADER,
+};
 
 fn text(horizon: u32) -> String {
     format!(
@@ -35,7 +37,13 @@ column = "n"
 }
 
 /// A `kcat -C -J` file of `events` (n, status, version, days before today) on partition 0 from `first`.
-fn dump(dir: &std::path::Path, name: &str, topic: &str, first: i64, events: &[(u64, &str, i64, i64)]) -> std::path::PathBuf {
+fn dump(
+    dir: &std::path::Path,
+    name: &str,
+    topic: &str,
+    first: i64,
+    events: &[(u64, &str, i64, i64)],
+) -> std::path::PathBuf {
     let today = chrono::Utc::now().date_naive();
     let lines: Vec<String> = events
         .iter()
@@ -72,7 +80,13 @@ fn placed_after_prune(first: &[(u64, &str, i64, i64)]) -> i64 {
     let a = dump(long.dir.path(), "a.jsonl", &topic, 0, first);
     replaysafe(&["load", "--config", arg(&long.path), arg(&a)]).assert_ok();
     replaysafe(&["ledger", "prune", "--config", arg(&short.path)]).assert_ok();
-    let b = dump(long.dir.path(), "b.jsonl", &topic, 3, &[(4, "placed", 1, 0)]);
+    let b = dump(
+        long.dir.path(),
+        "b.jsonl",
+        &topic,
+        3,
+        &[(4, "placed", 1, 0)],
+    );
     replaysafe(&["load", "--config", arg(&short.path), arg(&b)]).assert_ok();
     db.i64("SELECT coalesce(sum(n), 0)::bigint FROM {s}.status_counts WHERE status = 'placed'")
 }

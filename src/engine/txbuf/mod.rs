@@ -193,9 +193,9 @@ fn projected(pipeline: &Pipeline, c: &str) -> bool {
 /// recognised: name the table in a row projection's `source-table`, or its changes count only once one was read.
 fn subscribed(topics: &[String], c: &str) -> bool {
     let table = c.rsplit('.').next().unwrap_or(c);
-    topics.iter().any(|t| {
-        t.starts_with('^') || t == table || t.ends_with(&format!(".{table}"))
-    })
+    topics
+        .iter()
+        .any(|t| t.starts_with('^') || t == table || t.ends_with(&format!(".{table}")))
 }
 
 impl TxBuf {
