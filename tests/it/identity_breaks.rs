@@ -153,7 +153,11 @@ fn a_new_group_on_a_recreated_topic_keeps_the_old_logs_dead_letters() {
         vec![(1, String::new(), false), (2, String::new(), false)],
         "the old log's dead letters untouched by the new log's records: {dl:?}"
     );
-    assert_eq!(dl.len(), 3, "the new log's offset 2 is a row of its own: {dl:?}");
+    assert_eq!(
+        dl.len(),
+        3,
+        "the new log's offset 2 is a row of its own: {dl:?}"
+    );
 }
 
 /// C46 under a running worker with the default `topic.metadata.refresh.interval.ms` (the log_identity test
@@ -162,6 +166,16 @@ fn a_new_group_on_a_recreated_topic_keeps_the_old_logs_dead_letters() {
 /// while its topic was re-created").
 #[test]
 fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated() {
+    running_worker_on_a_recreated_topic(8);
+}
+
+/// The same while the new log is still shorter than the checkpoint (one record below it).
+#[test]
+fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated_shorter() {
+    running_worker_on_a_recreated_topic(1);
+}
+
+fn running_worker_on_a_recreated_topic(new_records: u32) {
     let (db, topic) = stage("b3_live", 1);
     let group = unique("g");
     let p = pipeline(ORDERS, &topic, &group, &db.schema);
@@ -181,7 +195,7 @@ fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated() {
     });
     delete_topic(&topic);
     create_topic(&topic, 1, &[]);
-    let recs: Vec<Rec> = (0..8)
+    let recs: Vec<Rec> = (0..new_records)
         .map(|i| event(220 + i, &format!("o-22{i}"), t0 + 10 + i64::from(i)))
         .collect();
     produce(&topic, &recs);
@@ -202,4 +216,120 @@ fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated() {
     eprintln!("code {code:?} ledger {ledger} checkpoint {cp:?}\n{err}");
     assert_eq!(ledger, 3, "nothing of the new log applied");
     assert_eq!(code, Some(7), "{err}");
+}
+
+/// Three workers under an incremental protocol, one killed with SIGKILL mid-stream (its partitions move only
+/// after `session.timeout.ms`, its in-flight batch lost), one SIGSTOPped past the session timeout and resumed
+/// (a zombie whose partitions were lost, not revoked): every event counted once, no partition stalled, Kafka's
+/// committed offsets equal to the checkpoints.
+fn kill_and_freeze(prefix: &str, properties: &str) {
+    use crate::core::{counts, seed_events, SEED};
+    const PARTS: i32 = 6;
+    const N: usize = 3000;
+    let (db, topic) = stage(prefix, PARTS);
+    let (recs, truth) = seed_events(N, PARTS);
+    let group = unique("g");
+    let text = format!("{SEED}\n[kafka.properties]\n{properties}\n");
+    let base = pipeline(&text, &topic, &group, &db.schema);
+    let dir = base.dir.path();
+    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=sleep(200)")];
+    let start = |name: &str| spawn(&["run", "--config", arg(&base.path)], &slow, dir, name);
+    let third = N / 3;
+    let mut offsets = produce(&topic, &recs[..third]);
+    let mut a = start("a");
+    let mut b = start("b");
+    let mut c = start("c");
+    std::thread::sleep(Duration::from_secs(8));
+    offsets.extend(produce(&topic, &recs[third..2 * third]));
+    unsafe_kill(a.id(), "KILL");
+    let _ = a.wait();
+    unsafe_kill(b.id(), "STOP");
+    offsets.extend(produce(&topic, &recs[2 * third..]));
+    std::thread::sleep(Duration::from_secs(16));
+    unsafe_kill(b.id(), "CONT");
+    let last: Vec<Option<i64>> = (0..PARTS)
+        .map(|p| {
+            recs.iter()
+                .zip(&offsets)
+                .filter(|(r, _)| r.partition == p)
+                .map(|(_, o)| *o)
+                .max()
+        })
+        .collect();
+    let at_end =
+        || (0..PARTS).all(|p| db.checkpoint(&group, &topic, p) == last[p as usize].map(|l| l + 1));
+    wait_until(
+        Duration::from_secs(120),
+        "every partition at its end",
+        at_end,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let cb = terminate(&mut b);
+    let cc = terminate(&mut c);
+    eprintln!("b exit {cb:?}, c exit {cc:?}");
+    assert_eq!(counts(&db), truth, "each event counted once");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        N as i64
+    );
+    let committed = committed(&group, &topic, PARTS);
+    for p in 0..PARTS {
+        assert_eq!(
+            committed[p as usize],
+            db.checkpoint(&group, &topic, p),
+            "partition {p}"
+        );
+    }
+}
+
+#[test]
+fn cooperative_sticky_survives_a_kill_and_a_zombie() {
+    kill_and_freeze(
+        "b3_coop_kill",
+        "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n\"session.timeout.ms\" = \"6000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"",
+    );
+}
+
+#[test]
+fn kip848_survives_a_kill_and_a_zombie() {
+    kill_and_freeze("b3_848_kill", "\"group.protocol\" = \"consumer\"");
+}
+
+/// `offsets start` under a running owner (docs: "a running owner is fenced and takes the new position over"):
+/// the worker re-reads from the new start, every re-read record a duplicate, and later records land.
+#[test]
+fn offsets_start_under_a_running_owner_is_taken_over() {
+    let (db, topic) = stage("b3_start_live", 1);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    let recs: Vec<Rec> = (0..6)
+        .map(|i| event(300 + i, &format!("o-30{i}"), t0 + i64::from(i)))
+        .collect();
+    produce(&topic, &recs);
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(Duration::from_secs(60), "applied", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && db.checkpoint(&group, &topic, 0) == Some(6)
+    });
+    let out = replaysafe(&[
+        "offsets",
+        "start",
+        "--config",
+        arg(&p.path),
+        "--from-offset",
+        "2",
+    ]);
+    out.assert_ok();
+    produce(&topic, &[event(310, "o-310", t0 + 10)]);
+    wait_until(Duration::from_secs(60), "the new record applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(7)
+    });
+    assert_eq!(terminate(&mut child), Some(0));
+    let out = std::fs::read_to_string(p.dir.path().join("run.out")).unwrap();
+    eprintln!("{out}");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 7);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.orders"), 7);
+    assert_eq!(committed(&group, &topic, 1), vec![Some(7)]);
 }
