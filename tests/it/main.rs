@@ -56,6 +56,8 @@ mod file_source;
 mod health;
 // The ledger horizon as a durable fact: every claim checks it, future days, replays below pruned offsets.
 mod horizon;
+// Issue 37 under attack: the log's identity seen by other groups, a running worker, bad `offsets start` input.
+mod identity_breaks;
 // What a terminal or a script reads from `dead-letters list`: no raw control byte.
 mod hostile_output;
 // Outbox message keys, epoch units, changed field types and projections, dead letters a backfill resolves.
