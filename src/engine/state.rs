@@ -111,6 +111,22 @@ impl Core {
         self.parts.values().map(|s| s.buffer.len()).sum()
     }
 
+    /// Records buffered that a flush can apply now: not waiting behind a record an open source transaction holds
+    /// ([`TxBuf::bound`]). Those that wait leave with their transaction, not with a flush, so a batch run's
+    /// caught-up check does not wait for them.
+    pub fn buffered_free(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|(tp, st)| {
+                let bound = self.tx.as_ref().and_then(|t| t.bound(tp, st.fence));
+                st.buffer
+                    .iter()
+                    .filter(|i| bound.is_none_or(|b| i.offset < b))
+                    .count()
+            })
+            .sum()
+    }
+
     /// Bytes of the records buffered in all partitions (keys and values, [`crate::sink::Item::size`]).
     pub fn buffered_bytes(&self) -> usize {
         self.parts.values().map(|s| s.bytes).sum()

@@ -68,12 +68,25 @@ pub const RETIRED: &str = "replaysafe_checkpoints_retired";
 /// Records the log ids of a checkpoint taken over by `fence` where they are missing (rows of earlier versions,
 /// rows just created). Parameters: `$1` group, `$2` topic, `$3` partition, `$4` generation, `$5` fence,
 /// `$6` topic id, `$7` cluster id. A stored id is never overwritten here (that is `offsets start`'s).
+///
+/// The incarnation tag `''` is the partition's first known log, shared by every group and generation (dead
+/// letters are unique per generation, log and coordinates, not per group). A row without ids whose tag is `''`
+/// gets the tag `<cluster id>/<topic id>` instead when another checkpoint of the partition (kept or retired)
+/// tagged `''` recorded other ids: a fresh group or backfill on a re-created topic or another cluster would
+/// otherwise file its dead letters under the old log's tag (and resolve the old log's by offset).
 pub fn record_log_ids(p: &Pipeline) -> String {
+    let (t, r) = (p.table(CHECKPOINTS), p.table(RETIRED));
     format!(
-        "UPDATE {} SET topic_id = coalesce(topic_id, $6), cluster_id = coalesce(cluster_id, $7) \
+        "UPDATE {t} SET topic_id = coalesce(topic_id, $6), cluster_id = coalesce(cluster_id, $7), \
+         log = CASE WHEN log = '' AND topic_id IS NULL AND cluster_id IS NULL AND EXISTS (SELECT 1 FROM \
+         (SELECT topic, partition, topic_id, cluster_id, log FROM {t} UNION ALL \
+         SELECT topic, partition, topic_id, cluster_id, log FROM {r}) o \
+         WHERE o.topic = $2 AND o.partition = $3 AND o.log = '' \
+         AND ((o.topic_id IS NOT NULL AND $6::text IS NOT NULL AND o.topic_id <> $6::text) \
+         OR (o.cluster_id IS NOT NULL AND $7::text IS NOT NULL AND o.cluster_id <> $7::text))) \
+         THEN coalesce($7::text, '') || '/' || coalesce($6::text, '') ELSE log END \
          WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND generation = $4 AND fence = $5 \
-         AND (topic_id IS NULL OR cluster_id IS NULL)",
-        p.table(CHECKPOINTS)
+         AND (topic_id IS NULL OR cluster_id IS NULL)"
     )
 }
 

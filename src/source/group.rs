@@ -850,7 +850,7 @@ impl Group {
             let ctx = self.c().context();
             if !ctx.assigned_once.load(Ordering::Relaxed)
                 || ctx.awaiting_assign.load(Ordering::Relaxed)
-                || core.buffered() > 0
+                || core.buffered_free() > 0
                 || core.in_flight()
                 || !lock_pending(self.c().context()).is_empty()
             {

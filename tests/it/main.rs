@@ -28,6 +28,8 @@ mod cdc_pgtypes;
 mod cdc_pk;
 // Debezium source transactions applied atomically (`[source] transactions = "atomic"`).
 mod cdc_tx;
+// Break-it round on issue 36: batch runs behind a held END, a late END, a collection only an outbox reads.
+mod cdc_tx_break;
 // The gaps of atomic source transactions: rejected values, fences, lost COMMIT replies, open transactions.
 mod cdc_tx_gaps;
 // Issue 36: atomic source transactions under every encoding, redeliveries, batch runs, restarts, unread tables.
@@ -56,6 +58,8 @@ mod file_source;
 mod health;
 // The ledger horizon as a durable fact: every claim checks it, future days, replays below pruned offsets.
 mod horizon;
+// Issue 37 under attack: the log's identity seen by other groups, a running worker, bad `offsets start` input.
+mod identity_breaks;
 // What a terminal or a script reads from `dead-letters list`: no raw control byte.
 mod hostile_output;
 // Outbox message keys, epoch units, changed field types and projections, dead letters a backfill resolves.
@@ -72,6 +76,8 @@ mod lock_order;
 mod log_identity;
 // Issue 43: `/metrics` by the Prometheus conventions, the docs' table and the Grafana dashboard.
 mod metrics;
+// Issue 34 (b2): `ledger prune` forgets a claimed state only when its latest claim's day goes.
+mod memory_prune;
 // Operator friction: connection errors, `/metrics` of an idle instance, missing topics, backfill loose ends.
 mod ops;
 // C45: PostgreSQL behind PgBouncer — session pooling works, transaction/statement pooling is refused.
@@ -98,6 +104,8 @@ mod relay;
 mod replay_order;
 // A row projection judges a change at (entity, version) the same whatever arrived before it (issue 34).
 mod row_order;
+// Issue 34 (b2): copies at one version that differ outside the row's columns count the same in any order.
+mod same_state_copies;
 // Kafka over SASL_SSL through the test broker's listener; wrong password and CA named.
 mod sasl;
 // No secret reaches the output: URLs, registry credentials, properties, client keys.
@@ -110,6 +118,8 @@ mod starts;
 mod tls;
 // `[errors] tolerance`: where it stops, quarantines, and `dead-letters replay` after a fix.
 mod tolerance;
+// Issue 34 (b2): a tombstone's `_last` does not depend on arrival order (a newer delete first).
+mod tombstone_last;
 // `verify snapshot` / `verify diff` while production writes into the window.
 mod verify;
 // Every wait on PostgreSQL and the group is bounded: frozen owners, idle sessions, shutdown drains.

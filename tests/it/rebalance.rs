@@ -572,3 +572,12 @@ fn c48_a_cooperative_revoke_of_one_partition_leaves_the_other_running() {
         "W1 served {callbacks} rebalance callbacks:\n{log}"
     );
 }
+
+/// The same under `cooperative-sticky` (break-it review b3): classic protocol, incremental assignor.
+#[test]
+fn a_second_process_with_the_same_instance_id_under_cooperative_sticky_fences_one_that_names_it() {
+    shared_instance_id(
+        "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n\"session.timeout.ms\" = \"10000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"",
+    );
+}

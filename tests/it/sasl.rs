@@ -128,12 +128,14 @@ fn run_lands_everything_through_sasl_ssl() {
     let check = replaysafe(&["check", "--config", arg(&p.path), "--connect"]);
     check.assert_ok();
     let line = format!(
-        "broker {} (SASL_SSL, SCRAM-SHA-512 as `{}`, CA {}):\nok      topic {topic}",
+        "broker {} (SASL_SSL, SCRAM-SHA-512 as `{}`, CA {}):\ncluster id ",
         s.brokers,
         s.username,
         s.ca.display()
     );
     assert!(check.stdout.contains(&line), "{check:?}");
+    let found = format!("\nok      topic {topic} (topic id ");
+    assert!(check.stdout.contains(&found), "{check:?}");
     output_without(&check, &s.password);
     // A second run through SASL_SSL reads nothing again.
     let again = run_caught_up(&p.path).tally();

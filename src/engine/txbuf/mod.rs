@@ -187,6 +187,17 @@ fn projected(pipeline: &Pipeline, c: &str) -> bool {
         })
 }
 
+/// Whether one of `topics` may carry collection `c` (`schema.table`, `db.table`, …): a topic named by Debezium's
+/// default rule `<topic.prefix>.<schema>.<table>` ends with `.<table>` (Debezium's PostgreSQL connector doc,
+/// "Topic names"); a pattern subscription (`^…`) may carry anything. A topic renamed by a routing SMT is not
+/// recognised: name the table in a row projection's `source-table`, or its changes count only once one was read.
+fn subscribed(topics: &[String], c: &str) -> bool {
+    let table = c.rsplit('.').next().unwrap_or(c);
+    topics
+        .iter()
+        .any(|t| t.starts_with('^') || t == table || t.ends_with(&format!(".{table}")))
+}
+
 impl TxBuf {
     /// An empty buffer for `pipeline` (its decoder unwraps registry frames; its row projections name the
     /// collections it reads).
@@ -212,10 +223,13 @@ impl TxBuf {
         self.idle = idle;
     }
 
-    /// Whether END's count of collection `c` is waited for: a row projection reads it, or a change of it was
-    /// read. A connector capturing more tables than the pipeline keeps counts those too; they never come here.
+    /// Whether END's count of collection `c` is waited for: a row projection reads it, a change of it was read,
+    /// or one of `[kafka] topics` may carry it ([`subscribed`]). A connector capturing more tables than the
+    /// pipeline subscribes to counts those too; they never come here.
     fn counted(&self, c: &str) -> bool {
-        self.collections.contains(c) || projected(&self.pipeline, c)
+        self.collections.contains(c)
+            || projected(&self.pipeline, c)
+            || subscribed(&self.pipeline.kafka.topics, c)
     }
 
     /// Notes a record of `tp` at `offset` taken (for [`TxBuf::bound`]).
@@ -318,8 +332,10 @@ impl TxBuf {
             return Some(Why::Complete);
         }
         if o.records.is_empty() {
-            // BEGIN/END without changes of ours (other tables' transaction): forgotten.
-            return (age >= self.plan.timeout).then_some(Why::Complete);
+            // BEGIN/END without changes of ours (other tables' transaction, or an END read again or late after
+            // its changes were applied): forgotten after the timeout — at the end of the input, once it began that
+            // long ago (its records' timestamps).
+            return (o.expired || age >= self.plan.timeout).then_some(Why::Complete);
         }
         if o.replayed {
             return Some(Why::Replayed);

@@ -73,6 +73,20 @@ pub(super) fn insert_sql(p: &Pipeline) -> String {
     )
 }
 
+/// `$1` projection, then per claimed state a later copy claimed again (a new delivery key): entity, version,
+/// deleted, position, hash, that copy's event day — the memory lasts as long as the latest claim of the state
+/// (the ledger keeps that copy's key until its day is pruned; a copy arriving meanwhile is a `duplicate` in every
+/// order, not only when the first claim's day is still kept).
+pub(super) fn extend_sql(p: &Pipeline) -> String {
+    format!(
+        "UPDATE {} h SET day = u.day FROM unnest($2::text[], $3::text[], $4::boolean[], $5::text[], $6::bytea[], \
+         $7::date[]) AS u(e, v, d, pos, sh, day) WHERE h.projection = $1 AND h.entity = u.e \
+         AND h.version = u.v::bigint[] AND h.deleted = u.d AND h.position = u.pos::bigint[] AND h.sha256 = u.sh \
+         AND h.day < u.day",
+        p.table(VERSIONS)
+    )
+}
+
 /// `$1` projection, then per slot whose winner changed: entity, version, winner's delivery, hash, object, the
 /// former winner's hash — the conflict rows recorded before (naming the former winner) name the new one as
 /// `stored`.
@@ -129,6 +143,8 @@ pub(super) struct History {
     rewon: HashMap<Slot, Vec<u8>>,
     /// Losing states to record as conflicts (the winner is taken at the end).
     losers: Vec<(Slot, Entry)>,
+    /// Claimed states a newly claimed copy confirmed, with that copy's event day ([`extend_sql`]).
+    confirmed: Vec<(Slot, Vec<u8>, NaiveDate)>,
     by_column: bool,
     /// A version column under `truncate = "truncate"` ([`Prepared`]'s `reloads`): the source position orders too.
     reloads: bool,
@@ -201,6 +217,7 @@ impl History {
             added: Vec::new(),
             rewon: HashMap::new(),
             losers: Vec::new(),
+            confirmed: Vec::new(),
             by_column,
             reloads,
         })
@@ -237,6 +254,11 @@ impl History {
         };
         let entries = self.seen.entry(slot.clone()).or_default();
         if entries.iter().any(|x| x.sha == e.sha) {
+            if !c.redelivered {
+                if let Some(&day) = at.days.get(&c.offset) {
+                    self.confirmed.push((slot, e.sha, day));
+                }
+            }
             return Seen::Same;
         }
         let winner = entries.iter().min_by(|a, b| rank(a).cmp(&rank(b))).cloned();
@@ -334,6 +356,21 @@ impl History {
             .await
             .map_err(pg_err)?;
         }
+        if !self.confirmed.is_empty() {
+            let c = &self.confirmed;
+            let e: Vec<&str> = c.iter().map(|(s, _, _)| s.0.as_str()).collect();
+            let v: Vec<String> = c.iter().map(|(s, _, _)| version_text(&s.1)).collect();
+            let d: Vec<bool> = c.iter().map(|(s, _, _)| s.2).collect();
+            let pos: Vec<String> = c.iter().map(|(s, _, _)| version_text(&s.3)).collect();
+            let h: Vec<&[u8]> = c.iter().map(|(_, h, _)| h.as_slice()).collect();
+            let day: Vec<NaiveDate> = c.iter().map(|(_, _, d)| *d).collect();
+            tx.execute(
+                &prepared.history.extend,
+                &[&projection, &e, &v, &d, &pos, &h, &day],
+            )
+            .await
+            .map_err(pg_err)?;
+        }
         if !self.rewon.is_empty() {
             let slots: Vec<&Slot> = self.rewon.keys().collect();
             let old: Vec<&[u8]> = slots.iter().map(|s| self.rewon[*s].as_slice()).collect();
@@ -362,4 +399,5 @@ pub(super) struct Statements {
     pub(super) fetch: tokio_postgres::Statement,
     pub(super) insert: tokio_postgres::Statement,
     pub(super) rewin: tokio_postgres::Statement,
+    pub(super) extend: tokio_postgres::Statement,
 }

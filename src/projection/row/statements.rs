@@ -294,6 +294,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         fetch: prep(super::history::fetch_sql(p)).await?,
         insert: prep(super::history::insert_sql(p)).await?,
         rewin: prep(super::history::rewin_sql(p)).await?,
+        extend: prep(super::history::extend_sql(p)).await?,
     };
     Ok(Prepared {
         canon,

@@ -1,0 +1,337 @@
+//! Issue 37 under attack (break-it review b3): the log's identity kept beside each checkpoint, seen by groups
+//! other than the one that ran `offsets start`, by a running worker with default settings, and by `offsets
+//! start` given bad values.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+/// Business events into an `orders` row per entity (as tests/it/log_identity.rs).
+const ORDERS: &str = concat!(
+    header!(),
+    r#"[batch]
+max-records = 100
+linger-ms = 10
+
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+event_type = { path = "/event_type", type = "text" }
+entity_id = { path = "/entity_id", type = "text" }
+version = { path = "/version", type = "bigint" }
+
+[identity]
+key = ["event_id"]
+
+[[projection]]
+kind = "row"
+table = "orders"
+key = ["entity_id"]
+version = "version"
+columns = ["entity_id", "event_type", "version"]
+"#
+);
+
+fn event(n: u32, entity: &str, ts: i64) -> Rec {
+    let value = format!(
+        r#"{{"event_id":"b3b30000-0000-4000-8000-000000000{n}","event_type":"OrderPlaced","entity_id":"{entity}","version":1}}"#
+    );
+    Rec::json(0, entity, &value, ts)
+}
+
+fn poison(entity: &str, ts: i64) -> Rec {
+    Rec::json(0, entity, r#"{"event_id": "b3b3"#, ts)
+}
+
+/// `(offset, log, resolved)` of every dead letter, in offset and log order.
+fn dead_letters(db: &Db) -> Vec<(i64, String, bool)> {
+    db.query(
+        "SELECT \"offset\", log, resolved_at IS NOT NULL FROM {s}.replaysafe_dead_letters ORDER BY 1, 2",
+        &[],
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+/// The old log's poison records at offsets 1 and 2 are dead letters of the production group (tag `''`). The
+/// topic is deleted and re-created; its new log holds a valid new event at offset 1 and a poison record at
+/// offset 2. A backfill (its own group, a fresh checkpoint) over the new log must keep the two incarnations'
+/// dead letters apart (docs/guarantees.md "A recreated topic, another cluster": "dead letters are unique per
+/// (generation, log, topic, partition, offset), so the new log's malformed record at an offset the old log also
+/// quarantined is a row of its own"): the old log's two stay unresolved, the new log's offset 2 is a row of its
+/// own. The fresh group's checkpoint gets the tag `''` — the old log's — so the new event at offset 1 resolves
+/// the old log's dead letter and the new poison record at offset 2 is dropped by `ON CONFLICT DO NOTHING`.
+#[test]
+fn a_backfill_on_a_recreated_topic_keeps_the_old_logs_dead_letters() {
+    let (db, topic) = stage("b3_dl_bf", 1);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    produce(
+        &topic,
+        &[
+            event(100, "o-100", t0),
+            poison("o-101", t0 + 1),
+            poison("o-102", t0 + 2),
+        ],
+    );
+    run_caught_up(&p.path);
+    assert_eq!(
+        dead_letters(&db),
+        vec![(1, String::new(), false), (2, String::new(), false)]
+    );
+
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[
+            event(200, "o-200", t0 + 10),
+            event(201, "o-201", t0 + 11),
+            poison("o-202", t0 + 12),
+        ],
+    );
+    let out = backfill(
+        &p,
+        "2024-04-25",
+        ("--to", "2024-04-26T00:00:00Z"),
+        &unique("bf"),
+        &[],
+    );
+    out.assert_ok();
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.orders"),
+        3,
+        "o-100, o-200, o-201"
+    );
+    let dl = dead_letters(&db);
+    let old: Vec<_> = dl.iter().filter(|d| d.1.is_empty()).cloned().collect();
+    assert_eq!(
+        old,
+        vec![(1, String::new(), false), (2, String::new(), false)],
+        "the old log's dead letters untouched by the new log's records: {dl:?}"
+    );
+    assert_eq!(
+        dl.len(),
+        3,
+        "the new log's poison record at offset 2 is a row of its own: {dl:?}"
+    );
+}
+
+/// The same with a second consumer group sharing the ledger (a new `group-id` started on the re-created topic).
+#[test]
+fn a_new_group_on_a_recreated_topic_keeps_the_old_logs_dead_letters() {
+    let (db, topic) = stage("b3_dl_grp", 1);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    produce(
+        &topic,
+        &[
+            event(110, "o-110", t0),
+            poison("o-111", t0 + 1),
+            poison("o-112", t0 + 2),
+        ],
+    );
+    run_caught_up(&p.path);
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    produce(
+        &topic,
+        &[
+            event(210, "o-210", t0 + 10),
+            event(211, "o-211", t0 + 11),
+            poison("o-212", t0 + 12),
+        ],
+    );
+    let q = pipeline(ORDERS, &topic, &unique("g2"), &db.schema);
+    run_caught_up(&q.path);
+    let dl = dead_letters(&db);
+    let old: Vec<_> = dl.iter().filter(|d| d.1.is_empty()).cloned().collect();
+    assert_eq!(
+        old,
+        vec![(1, String::new(), false), (2, String::new(), false)],
+        "the old log's dead letters untouched by the new log's records: {dl:?}"
+    );
+    assert_eq!(
+        dl.len(),
+        3,
+        "the new log's offset 2 is a row of its own: {dl:?}"
+    );
+}
+
+/// C46 under a running worker with the default `topic.metadata.refresh.interval.ms` (the log_identity test
+/// lowers it to 500 ms): the topic is deleted and re-created and its new log grows past the checkpoint. The
+/// worker must stop (exit 7) without applying any of the new log (docs: "also in a worker that kept running
+/// while its topic was re-created").
+#[test]
+#[ignore = "issue 37 follow-up: the topic id is compared at take-over only; a worker that keeps its assignment while the topic is re-created is not stopped"]
+fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated() {
+    running_worker_on_a_recreated_topic(8);
+}
+
+/// The same while the new log is still shorter than the checkpoint (one record below it).
+#[test]
+#[ignore = "issue 37 follow-up: the topic id is compared at take-over only; a worker that keeps its assignment while the topic is re-created is not stopped"]
+fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated_shorter() {
+    running_worker_on_a_recreated_topic(1);
+}
+
+fn running_worker_on_a_recreated_topic(new_records: u32) {
+    let (db, topic) = stage("b3_live", 1);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    produce(
+        &topic,
+        &[
+            event(120, "o-120", t0),
+            event(121, "o-121", t0 + 1),
+            event(122, "o-122", t0 + 2),
+        ],
+    );
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(Duration::from_secs(60), "the old log applied", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && db.checkpoint(&group, &topic, 0) == Some(3)
+    });
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    let recs: Vec<Rec> = (0..new_records)
+        .map(|i| event(220 + i, &format!("o-22{i}"), t0 + 10 + i64::from(i)))
+        .collect();
+    produce(&topic, &recs);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = terminate(&mut child);
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
+    let ledger = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
+    let cp = db.checkpoint(&group, &topic, 0);
+    eprintln!("code {code:?} ledger {ledger} checkpoint {cp:?}\n{err}");
+    assert_eq!(ledger, 3, "nothing of the new log applied");
+    assert_eq!(code, Some(7), "{err}");
+}
+
+/// Three workers under an incremental protocol, one killed with SIGKILL mid-stream (its partitions move only
+/// after `session.timeout.ms`, its in-flight batch lost), one SIGSTOPped past the session timeout and resumed
+/// (a zombie whose partitions were lost, not revoked): every event counted once, no partition stalled, Kafka's
+/// committed offsets equal to the checkpoints.
+fn kill_and_freeze(prefix: &str, properties: &str) {
+    use crate::core::{counts, seed_events, SEED};
+    const PARTS: i32 = 6;
+    const N: usize = 3000;
+    let (db, topic) = stage(prefix, PARTS);
+    let (recs, truth) = seed_events(N, PARTS);
+    let group = unique("g");
+    let text = format!("{SEED}\n[kafka.properties]\n{properties}\n");
+    let base = pipeline(&text, &topic, &group, &db.schema);
+    let dir = base.dir.path();
+    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=sleep(200)")];
+    let start = |name: &str| spawn(&["run", "--config", arg(&base.path)], &slow, dir, name);
+    let third = N / 3;
+    let mut offsets = produce(&topic, &recs[..third]);
+    let mut a = start("a");
+    let mut b = start("b");
+    let mut c = start("c");
+    std::thread::sleep(Duration::from_secs(8));
+    offsets.extend(produce(&topic, &recs[third..2 * third]));
+    unsafe_kill(a.id(), "KILL");
+    let _ = a.wait();
+    unsafe_kill(b.id(), "STOP");
+    offsets.extend(produce(&topic, &recs[2 * third..]));
+    std::thread::sleep(Duration::from_secs(16));
+    unsafe_kill(b.id(), "CONT");
+    let last: Vec<Option<i64>> = (0..PARTS)
+        .map(|p| {
+            recs.iter()
+                .zip(&offsets)
+                .filter(|(r, _)| r.partition == p)
+                .map(|(_, o)| *o)
+                .max()
+        })
+        .collect();
+    let at_end =
+        || (0..PARTS).all(|p| db.checkpoint(&group, &topic, p) == last[p as usize].map(|l| l + 1));
+    wait_until(
+        Duration::from_secs(120),
+        "every partition at its end",
+        at_end,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let cb = terminate(&mut b);
+    let cc = terminate(&mut c);
+    eprintln!("b exit {cb:?}, c exit {cc:?}");
+    assert_eq!(counts(&db), truth, "each event counted once");
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"),
+        N as i64
+    );
+    let committed = committed(&group, &topic, PARTS);
+    for p in 0..PARTS {
+        assert_eq!(
+            committed[p as usize],
+            db.checkpoint(&group, &topic, p),
+            "partition {p}"
+        );
+    }
+}
+
+#[test]
+fn cooperative_sticky_survives_a_kill_and_a_zombie() {
+    kill_and_freeze(
+        "b3_coop_kill",
+        "\"partition.assignment.strategy\" = \"cooperative-sticky\"\n\"session.timeout.ms\" = \"6000\"\n\
+         \"heartbeat.interval.ms\" = \"1000\"",
+    );
+}
+
+#[test]
+fn kip848_survives_a_kill_and_a_zombie() {
+    kill_and_freeze("b3_848_kill", "\"group.protocol\" = \"consumer\"");
+}
+
+/// `offsets start` under a running owner (docs: "a running owner is fenced and takes the new position over"):
+/// the worker re-reads from the new start, every re-read record a duplicate, and later records land.
+#[test]
+fn offsets_start_under_a_running_owner_is_taken_over() {
+    let (db, topic) = stage("b3_start_live", 1);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    let recs: Vec<Rec> = (0..6)
+        .map(|i| event(300 + i, &format!("o-30{i}"), t0 + i64::from(i)))
+        .collect();
+    produce(&topic, &recs);
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(Duration::from_secs(60), "applied", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && db.checkpoint(&group, &topic, 0) == Some(6)
+    });
+    let out = replaysafe(&[
+        "offsets",
+        "start",
+        "--config",
+        arg(&p.path),
+        "--from-offset",
+        "2",
+    ]);
+    out.assert_ok();
+    produce(&topic, &[event(310, "o-310", t0 + 10)]);
+    wait_until(Duration::from_secs(60), "the new record applied", || {
+        db.checkpoint(&group, &topic, 0) == Some(7)
+    });
+    assert_eq!(terminate(&mut child), Some(0));
+    let out = std::fs::read_to_string(p.dir.path().join("run.out")).unwrap();
+    eprintln!("{out}");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 7);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.orders"), 7);
+    assert_eq!(committed(&group, &topic, 1), vec![Some(7)]);
+}
