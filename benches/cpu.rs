@@ -126,7 +126,7 @@ fn debezium_envelope(c: &mut Criterion) {
                             .unwrap()
                             .1;
                         black_box(
-                            replaysafe::decode::debezium::convert::to_pg(
+                            replaysafe::projection::row::convert::to_pg(
                                 cell,
                                 col,
                                 p.decimal_handling,
@@ -209,16 +209,12 @@ fn debezium_avro(c: &mut Criterion) {
     );
     let p = replaysafe::config::parse("cdc.toml", &text).expect("avro pipeline");
     let answer = serde_json::json!({ "schema": AVRO_SCHEMA }).to_string();
-    p.registry
-        .as_ref()
-        .unwrap()
+    replaysafe::decode::registry::client(p.registry.as_ref().unwrap())
         .cache_answer(1, &answer)
         .expect("schema");
     let key_schema = r#"{"type":"record","name":"Key","namespace":"pg.public.accounts","fields":[{"name":"id","type":"int"}]}"#;
     let key_answer = serde_json::json!({ "schema": key_schema }).to_string();
-    p.registry
-        .as_ref()
-        .unwrap()
+    replaysafe::decode::registry::client(p.registry.as_ref().unwrap())
         .cache_answer(2, &key_answer)
         .expect("key schema");
     let ks = apache_avro::Schema::parse_str(key_schema).expect("key schema");
@@ -254,7 +250,7 @@ fn debezium_avro(c: &mut Criterion) {
                     .unwrap()
                     .1;
                 black_box(
-                    replaysafe::decode::debezium::convert::to_pg(cell, col, p.decimal_handling)
+                    replaysafe::projection::row::convert::to_pg(cell, col, p.decimal_handling)
                         .expect("converts"),
                 );
             }

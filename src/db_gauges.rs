@@ -2,7 +2,7 @@
 //! horizon and the pruned-below day, the group's unresolved dead letters by reason. A background task on its own
 //! connection every [`EVERY`], each round (connect and statements) bounded by [`BOUND`]; a failed round is logged
 //! at debug (`/readyz`'s probe reports the database) and leaves the last values, which disappear from `/metrics`
-//! after [`crate::metrics_http::GAUGE_IDLE`] without a successful round. Catalog reads only: no lock on the ledger, no scan
+//! after `metrics_http::GAUGE_IDLE` without a successful round. Catalog reads only: no lock on the ledger, no scan
 //! of it (its row count is PostgreSQL's estimate, `pg_class.reltuples`; `ledger stats` counts exactly).
 
 use std::sync::Arc;
@@ -91,7 +91,7 @@ async fn round(client: &mut Option<Client>, url: &str, p: &Pipeline) -> Result<(
         *client = Some(crate::sink::connect(url).await.map_err(|e| e.to_string())?);
     }
     let c = client.as_ref().expect("connected");
-    let db = |e: tokio_postgres::Error| crate::sink::describe(&e);
+    let db = |e: tokio_postgres::Error| crate::model::describe(&e);
     let ledger = p.ledger.table.to_string();
     let row = c.query_one(LEDGER_SQL, &[&ledger]).await.map_err(db)?;
     metrics::gauge!("replaysafe_ledger_rows").set(row.get::<_, f64>(0));

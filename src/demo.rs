@@ -26,8 +26,9 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::{self, Pipeline};
 use crate::error::{Error, Result};
+use crate::model::Tally;
 use crate::ops::run::{self, RunOptions};
-use crate::sink::{self, Tally};
+use crate::sink::{self};
 
 /// PostgreSQL used when `DATABASE_URL` is unset (what `scripts/pg-setup` prepares).
 pub const DEFAULT_DATABASE_URL: &str =

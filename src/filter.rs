@@ -130,9 +130,9 @@ pub fn pending(
     pipeline: &Pipeline,
     fields: Fields,
     change: Option<std::sync::Arc<crate::decode::debezium::Change>>,
-) -> crate::sink::Pending {
+) -> crate::model::Pending {
     use crate::decode::{Reason, Rejection};
-    use crate::sink::Pending;
+    use crate::model::Pending;
     match decide(pipeline, &fields) {
         Ok(Decision::Keep { passes, deletes }) => Pending::Claim {
             fields,

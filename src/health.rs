@@ -2,7 +2,7 @@
 //! (served by `metrics_http`).
 //!
 //! The state is process-wide (like the metrics recorder): the engine loop, the batch retries, the settle of
-//! a fenced batch and the group source report into it; [`spawn_probe`] checks the database in the background;
+//! a fenced batch and the group source report into it; `sink::probe::spawn_probe` checks the database in the background;
 //! the HTTP handlers only read it — an HTTP request never waits on Kafka or PostgreSQL.
 //!
 //! Rules (thresholds are the constants below):
@@ -39,12 +39,10 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::config::Pipeline;
-use crate::engine::types::Tp;
-use crate::sink::checkpoint::CHECKPOINTS;
+use crate::model::Tp;
 
 /// `/healthz` fails when the loop has not turned (nor retried the database) for this long.
 pub const ALIVE_WITHIN: Duration = Duration::from_secs(60);
@@ -77,8 +75,6 @@ struct State {
     unassigned: Mutex<Option<(Instant, chrono::DateTime<chrono::Utc>)>>,
     /// What the group membership watchdog reports while the member is not steady or its coordinator is silent.
     group: Mutex<Option<String>>,
-    /// The schema registry is being retried: its last error.
-    registry: Mutex<Option<String>>,
     /// The outbox relay's last round locked rows and published none: since when, and why.
     relay_stalled: Mutex<Option<(Instant, String)>>,
 }
@@ -96,7 +92,6 @@ fn state() -> &'static State {
         kafka_refused: Mutex::new(None),
         unassigned: Mutex::new(None),
         group: Mutex::new(None),
-        registry: Mutex::new(None),
         relay_stalled: Mutex::new(None),
     })
 }
@@ -196,13 +191,8 @@ pub fn kafka_refused(reason: Option<&str>) {
     *lock(&state().kafka_refused) = reason.map(str::to_string);
 }
 
-/// A schema fetch is retried because the registry is unavailable (`Some`: the error, already scrubbed of
-/// secrets), or a fetch got an answer (`None`).
-pub fn registry_unavailable(error: Option<&str>) {
-    *lock(&state().registry) = error.map(str::to_string);
-}
-
-fn probed(error: Option<String>) {
+/// The database probe (`sink::probe`) ran: `Some` its error when it failed.
+pub fn probed(error: Option<String>) {
     *lock(&state().probe) = Some((Instant::now(), error));
 }
 
@@ -236,8 +226,13 @@ pub struct Snapshot {
 fn snapshot() -> Snapshot {
     let s = state();
     let beat = s.epoch + Duration::from_millis(s.beat_ms.load(Ordering::Relaxed));
+    // A schema fetch being retried is a turn of the loop too: it waits on the registry, bounded.
+    let registry = crate::decode::registry::retrying();
+    let since_beat = registry
+        .as_ref()
+        .map_or(beat.elapsed(), |(at, _)| beat.elapsed().min(at.elapsed()));
     Snapshot {
-        since_beat: beat.elapsed(),
+        since_beat,
         held: s.held.load(Ordering::Relaxed),
         probe: lock(&s.probe)
             .as_ref()
@@ -255,7 +250,7 @@ fn snapshot() -> Snapshot {
             )
         }),
         group: lock(&s.group).clone(),
-        registry: lock(&s.registry).clone(),
+        registry: registry.map(|(_, e)| e),
         relay_stalled: lock(&s.relay_stalled)
             .as_ref()
             .map(|(at, e)| (at.elapsed(), e.clone())),
@@ -353,55 +348,6 @@ pub fn judge_ready(s: &Snapshot) -> Result<String, String> {
         Ok(format!("ready: {} partitions", s.held))
     } else {
         Err(why.join("\n"))
-    }
-}
-
-/// The probe statement (module docs): writes nothing, fails when the session cannot write the checkpoints.
-pub fn probe_sql(p: &Pipeline) -> String {
-    format!(
-        "UPDATE {} SET fence = fence WHERE false",
-        p.table(CHECKPOINTS)
-    )
-}
-
-/// Starts the database probe on `rt`: every [`PROBE_EVERY`] on its own connection (reconnected after a
-/// failure), each connect and statement bounded by [`PROBE_TIMEOUT`]. Runs until the runtime stops.
-pub fn spawn_probe(rt: &tokio::runtime::Handle, pipeline: Arc<Pipeline>, url: String) {
-    rt.spawn(async move {
-        let sql = probe_sql(&pipeline);
-        let mut client = None;
-        loop {
-            let r = probe_once(&mut client, &url, &sql).await;
-            if let Err(e) = &r {
-                tracing::debug!("database probe failed: {e}");
-                client = None;
-            }
-            probed(r.err());
-            tokio::time::sleep(PROBE_EVERY).await;
-        }
-    });
-}
-
-async fn probe_once(
-    client: &mut Option<tokio_postgres::Client>,
-    url: &str,
-    sql: &str,
-) -> Result<(), String> {
-    let bounded = async {
-        if client
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed)
-        {
-            *client = Some(crate::sink::connect(url).await.map_err(|e| e.to_string())?);
-        }
-        let c = client.as_ref().expect("connected");
-        c.batch_execute(sql)
-            .await
-            .map_err(|e| crate::sink::describe(&e))
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, bounded).await {
-        Ok(r) => r,
-        Err(_) => Err(format!("no answer within {} s", PROBE_TIMEOUT.as_secs())),
     }
 }
 

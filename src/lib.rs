@@ -15,7 +15,7 @@
 //! Data flow: [`source`] (group, assign, file) → [`engine`] (decide, batch, pipelined apply, settle, ack) →
 //! [`sink`] (the batch transaction). The commands are in [`ops`].
 //!
-//! Every consumed record ends as exactly one [`sink::Outcome`]; a run's [`sink::Tally`] adds up.
+//! Every consumed record ends as exactly one [`model::Outcome`]; a run's [`model::Tally`] adds up.
 
 pub mod cel;
 pub mod config;
@@ -29,11 +29,11 @@ pub mod filter;
 pub mod health;
 pub mod ident;
 pub mod metrics_http;
+pub mod model;
 pub mod ops;
 pub mod printable;
 pub mod projection;
 pub mod sink;
 pub mod source;
-pub mod start;
 
 pub use error::{Error, Result};

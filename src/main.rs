@@ -239,7 +239,7 @@ fn run(
         let _guard = rt.enter();
         replaysafe::metrics_http::install(addr, &replaysafe::metrics_http::labels(&p))?;
         replaysafe::metrics_http::register(&p);
-        replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
+        replaysafe::sink::probe::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
         replaysafe::db_gauges::spawn(rt.handle(), p.clone(), opts.database_url.clone());
     }
     let beside = match relay {
@@ -309,7 +309,7 @@ fn outbox(command: cli::OutboxCommand) -> anyhow::Result<()> {
         replaysafe::metrics_http::register(&p);
         // /healthz and /readyz: the relay's loop is the heartbeat, no partitions to hold, the database probed.
         replaysafe::health::relay_only();
-        replaysafe::health::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
+        replaysafe::sink::probe::spawn_probe(rt.handle(), p.clone(), opts.database_url.clone());
         replaysafe::db_gauges::spawn(rt.handle(), p.clone(), opts.database_url.clone());
         _metrics_rt = rt;
     }

@@ -91,15 +91,6 @@ pub fn describe() {
     }
 }
 
-/// Counts one retried database attempt: `replaysafe_db_retries_total{sqlstate}`, the server's SQLSTATE, or
-/// `connection` when the server sent none (a lost or refused connection, a timeout).
-pub fn db_retry(e: Option<&tokio_postgres::Error>) {
-    let code = e
-        .and_then(|e| e.code())
-        .map_or_else(|| "connection".to_string(), |c| c.code().to_string());
-    metrics::counter!("replaysafe_db_retries_total", "sqlstate" => code).increment(1);
-}
-
 /// Registers every series at zero with the labels known on start: each outcome, each `[[filter]]` rule (and
 /// the Debezium decoder's own), each quarantine reason, each row projection; the flush histogram empty. The
 /// lag gauge (`topic`, `partition`) appears per partition once held ([`crate::source::lag`]). Call after

@@ -44,8 +44,9 @@ pub struct Pipeline {
     pub interval_handling: super::IntervalHandling,
     /// `[source] encoding`: plain JSON, or schema-registry framed Avro / JSON.
     pub encoding: super::Encoding,
-    /// `[source] schema-registry`: the client (with its schema cache) when the encoding needs one.
-    pub registry: Option<std::sync::Arc<crate::decode::registry::Registry>>,
+    /// `[source] schema-registry` when the encoding needs one; its client (with the schema cache) is
+    /// `crate::decode::registry::client`.
+    pub registry: Option<super::RegistryPlan>,
     /// Where the pipeline came from (for messages).
     pub source: Source,
     /// `[kafka]`.
@@ -370,7 +371,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         decimal_handling,
         interval_handling,
         encoding,
-        registry: registry.map(|r| std::sync::Arc::new(crate::decode::registry::Registry::new(r))),
+        registry,
         source: src.clone(),
         kafka,
         postgres,

@@ -251,7 +251,7 @@ mod tests {
         )
         .expect("valid");
         let r = p.registry.as_ref().expect("registry");
-        assert_eq!(r.plan().url, "http://h:1/apis/ccompat/v7");
+        assert_eq!(r.url, "http://h:1/apis/ccompat/v7");
         assert!(!format!("{r:?}").contains("s3cret"));
     }
 }

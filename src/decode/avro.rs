@@ -6,7 +6,7 @@
 //! and Apicurio `AvroData`) and Avro's logical types (`decimal` → `org.apache.kafka.connect.data.Decimal` with
 //! its `scale`, `date`, `time-millis`, `timestamp-millis`), bytes as base64 — so Debezium's logical types
 //! (Decimal, VariableScaleDecimal, MicroTimestamp, ZonedTimestamp, Json, Uuid, …) reach
-//! [`super::debezium::convert`] as they do from the JSON converter. JSON-event pipelines get the bare value with
+//! [`crate::projection::row::convert`] as they do from the JSON converter. JSON-event pipelines get the bare value with
 //! the logical types as text (`decimal` → `"12.50"`, `date` → `"2024-04-25"`, timestamps → RFC 3339).
 //!
 //! Avro specification 1.12, "Binary Encoding", "Logical Types"; Kafka Connect `JsonConverter` (schema JSON:
@@ -242,7 +242,7 @@ fn primitive(t: &str, o: &Map<String, Value>) -> Option<Value> {
 
 /// The Connect type and semantic name that carry an Avro logical type (Avro specification 1.12, "Logical
 /// Types") the way Kafka Connect and Debezium name it, so its unit travels with the value
-/// ([`super::debezium::convert`] reads the unit from the name, never from the projection column's type):
+/// ([`crate::projection::row::convert`] reads the unit from the name, never from the projection column's type):
 /// `date` days, `time-millis`/`time-micros` since midnight, `timestamp-*` and `local-timestamp-*` in ms/µs/ns
 /// since the epoch (a local timestamp is a wall-clock time, Debezium's `Timestamp`/`MicroTimestamp`/
 /// `NanoTimestamp`), `decimal` the unscaled bytes, `big-decimal` and `duration` as text (a decimal string, an ISO
@@ -478,9 +478,9 @@ mod tests {
     /// `new-columns = "add"` types them from the name (`timestamp`, `time`, `date`, `interval`), not `bigint`.
     #[test]
     fn logical_types_carry_their_unit_to_the_column() {
-        use crate::decode::debezium::convert::{to_pg, Pg};
         use crate::decode::debezium::Cell;
         use crate::ident::Ident;
+        use crate::projection::row::convert::{to_pg, Pg};
         use crate::projection::row::types::{ColumnSpec, SqlType};
         let micros: i64 = 1_700_000_000_123_456;
         let cases: Vec<(&str, &str, Avro, &str, &str)> = vec![

@@ -61,12 +61,13 @@ pub fn unframe<'a>(
     let Some(bytes) = bytes else {
         return Ok(None);
     };
-    let Some(registry) = pipeline.registry.as_ref() else {
+    let Some(plan) = pipeline.registry.as_ref() else {
         return match schema_id(bytes, part, false)? {
             None => Ok(Some(Cow::Borrowed(bytes))),
             Some(id) => Err(unexpected(bytes, part, id)),
         };
     };
+    let registry = super::registry::client(plan);
     let id = schema_id(bytes, part, true)?.expect("required");
     let body = &bytes[HEADER..];
     let schema = registry.schema(id).map_err(|e| match e {

@@ -77,7 +77,7 @@ fn framed_pipeline(encoding: &str) -> Pipeline {
          schema-registry = {{ url = \"http://127.0.0.1:1\" }}\n{FIELDS}"
     );
     let p = parse("fuzz.toml", &text).expect("valid");
-    let registry = p.registry.as_ref().expect("registry");
+    let registry = super::registry::client(p.registry.as_ref().expect("registry"));
     let avro = json!({ "schema": AVRO_SCHEMA, "schemaType": "AVRO" }).to_string();
     registry.cache_answer(AVRO_ID, &avro).expect("avro schema");
     let js = json!({ "schema": "{\"type\":\"object\"}", "schemaType": "JSON" }).to_string();
@@ -608,7 +608,7 @@ proptest! {
         prop_assert_eq!(r.timestamp_ms, ts);
         prop_assert_eq!(r.key, key.map(String::into_bytes));
         prop_assert_eq!(r.value, Some(payload.into_bytes()));
-        prop_assert!(matches!(r.decided, Some(crate::sink::Pending::Claim { .. })), "{:?}", r.decided);
+        prop_assert!(matches!(r.decided, Some(crate::model::Pending::Claim { .. })), "{:?}", r.decided);
         let mutated = String::from_utf8_lossy(&mutate(line.as_bytes(), &ms)).into_owned();
         match crate::source::kcat::parse_line(p, &mutated, "f:1") {
             Ok(r) => prop_assert!(r.decided.is_some()),

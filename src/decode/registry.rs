@@ -17,6 +17,26 @@ use serde_json::Value;
 
 use crate::config::RegistryPlan;
 
+/// The last schema fetch's retry while the registry is unavailable: when it was made and its error (already
+/// scrubbed of secrets); `None` once a fetch got an answer. Read by `/readyz` (rule 7 of `health.rs`).
+static RETRYING: std::sync::Mutex<Option<(Instant, String)>> = std::sync::Mutex::new(None);
+
+/// Records a fetch's retry (`Some`: its error) or an answer (`None`) for [`retrying`].
+fn retried(error: Option<&str>) {
+    let mut r = RETRYING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *r = error.map(|e| (Instant::now(), e.to_string()));
+}
+
+/// Whether schema fetches are being retried: since when the last retry was made and its error.
+pub fn retrying() -> Option<(Instant, String)> {
+    RETRYING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
 /// A schema the registry returned for an id.
 #[derive(Debug)]
 pub enum Schema {
@@ -63,6 +83,21 @@ impl std::fmt::Debug for Registry {
             .field("plan", &self.plan)
             .finish()
     }
+}
+
+/// The process's client for `plan`, built on first use and shared by every decoding thread (one schema cache
+/// per registry: schema ids are the registry's).
+pub fn client(plan: &RegistryPlan) -> Arc<Registry> {
+    static CLIENTS: Mutex<Vec<Arc<Registry>>> = Mutex::new(Vec::new());
+    let mut all = CLIENTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(r) = all.iter().find(|r| r.plan == *plan) {
+        return r.clone();
+    }
+    let r = Arc::new(Registry::new(plan.clone()));
+    all.push(r.clone());
+    r
 }
 
 impl Registry {
@@ -186,7 +221,7 @@ impl Registry {
         loop {
             let attempt_result = self.get(&agent, &url).scrubbed(self);
             if matches!(attempt_result, Attempt::Done(_) | Attempt::Unknown(_)) {
-                crate::health::registry_unavailable(None);
+                retried(None);
             }
             match attempt_result {
                 Attempt::Done(body) => return Ok(body),
@@ -203,8 +238,7 @@ impl Registry {
                     attempt += 1;
                     metrics::counter!("replaysafe_registry_retries_total").increment(1);
                     tracing::warn!(attempt, "schema registry unavailable, retrying: {m}");
-                    crate::health::beat(None);
-                    crate::health::registry_unavailable(Some(&m));
+                    retried(Some(&m));
                     let pause = Duration::from_millis(100 * 2u64.pow(attempt.min(6)));
                     std::thread::sleep(pause.min(bound.saturating_sub(started.elapsed())));
                 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::decode::{Reason, Rejection};
 use crate::error::{Error, Result};
-use crate::sink::{self, ApplyError, Batch, Outcome, Pending, Sink};
+use crate::model::{self, ApplyError, Batch, Outcome, Pending};
+use crate::sink::Sink;
 
 /// What became of a batch.
 #[derive(Debug)]
@@ -48,7 +49,7 @@ pub async fn apply_batch(
         if sink.is_closed() {
             if let Err(e) = sink.reconnect().await {
                 attempt += 1;
-                crate::metrics_http::db_retry(postgres_of(&e));
+                crate::model::apply_error::db_retry(postgres_of(&e));
                 tracing::warn!(attempt, "database unavailable, retrying: {e}");
                 crate::health::retrying(&e.to_string());
                 if give_up() {
@@ -121,8 +122,8 @@ pub async fn apply_batch(
                     unknown = outcomes;
                 }
                 attempt += 1;
-                crate::metrics_http::db_retry(Some(&error));
-                let detail = sink::describe(&error);
+                crate::model::apply_error::db_retry(Some(&error));
+                let detail = model::describe(&error);
                 tracing::warn!(attempt, commit_sent, topic = %batch.topic, partition = batch.partition, "database error, retrying the batch: {detail}");
                 crate::health::retrying(&detail);
                 if give_up() {
@@ -131,7 +132,9 @@ pub async fn apply_batch(
                     )));
                 }
                 tokio::time::sleep(backoff(attempt)).await;
-                if !sink.is_closed() && (commit_sent || sink::error::needs_new_session(&error)) {
+                if !sink.is_closed()
+                    && (commit_sent || model::apply_error::needs_new_session(&error))
+                {
                     // The server may still be finishing, or this session reached a read-only server (a failover
                     // the pool has not followed, case C37), or lost its prepared statements (a transaction pooler,
                     // case C45): a fresh connection gives a clean session.
@@ -205,13 +208,13 @@ async fn isolate(
 }
 
 /// Whether an error is worth retrying: a PostgreSQL error without SQLSTATE (I/O, closed connection) or one
-/// [`sink::retryable`] names (classes 08, 40, 53, 55, 57 and 25006 read-only — PostgreSQL manual, Appendix A).
+/// [`model::retryable`] names (classes 08, 40, 53, 55, 57 and 25006 read-only — PostgreSQL manual, Appendix A).
 pub fn is_transient(e: &Error) -> bool {
     match e {
         Error::Connect(c) => c.transient,
         Error::Postgres(pg) => match pg.code() {
             None => true,
-            Some(c) => sink::retryable(c.code()),
+            Some(c) => model::retryable(c.code()),
         },
         _ => false,
     }
@@ -265,7 +268,7 @@ where
             }
             Err(e) if is_transient(&e) && !give_up() => {
                 attempt += 1;
-                crate::metrics_http::db_retry(postgres_of(&e));
+                crate::model::apply_error::db_retry(postgres_of(&e));
                 tracing::warn!(attempt, "{what}: database unavailable, retrying: {e}");
                 crate::health::beat(None);
                 let pause = backoff(attempt);

@@ -7,7 +7,7 @@ use crate::config::Pipeline;
 use crate::decode;
 use crate::error::{Error, Result};
 use crate::filter;
-use crate::sink::Pending;
+use crate::model::Pending;
 
 /// Decides what to do with a record: decode, filters. The ledger horizon is decided per record in the batch
 /// transaction ([`crate::sink::Sink::apply`]), against the database's clock and its durable pruned-below day.

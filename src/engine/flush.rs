@@ -12,7 +12,8 @@ use chrono::NaiveDate;
 use crate::engine::apply::{apply_batch, Applied};
 use crate::engine::types::{PartState, Tp};
 use crate::error::{Error, Result};
-use crate::sink::{Batch, Item, Sink};
+use crate::model::{Batch, Item};
+use crate::sink::Sink;
 
 /// How large one partition batch may be: `batch.max-records` and `batch.max-bytes` (keys and values,
 /// [`Item::size`]). A batch holds at least one record, whatever its size.
@@ -307,7 +308,7 @@ async fn apply_lane(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::Pending;
+    use crate::model::Pending;
 
     fn item(offset: i64) -> Item {
         Item {

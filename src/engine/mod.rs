@@ -18,7 +18,6 @@
 
 pub mod apply;
 pub mod decide;
-pub mod fault;
 pub mod flush;
 mod prune;
 pub mod state;
@@ -35,7 +34,8 @@ use rdkafka::consumer::CommitMode;
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::sink::{ledger, verify, Item, Sink, Tally};
+use crate::model::{Item, Tally};
+use crate::sink::{ledger, verify, Sink};
 
 pub use decide::{decide, Extras};
 pub use state::Core;
@@ -126,8 +126,8 @@ pub struct Options {
     /// `demo` and `prove`: after this many committed batches, end without acknowledging (a crash between the
     /// database commit and the offset commit).
     pub crash_after_batches: Option<u64>,
-    /// `prove` only: lose COMMIT replies ([`fault::Fault`]); `None` everywhere else.
-    pub fault: Option<Arc<fault::Fault>>,
+    /// `prove` only: lose COMMIT replies ([`crate::sink::fault::Fault`]); `None` everywhere else.
+    pub fault: Option<Arc<crate::sink::fault::Fault>>,
     /// Drop ledger partitions older than the horizon on start.
     pub prune_on_start: bool,
     /// Prune periodically at this interval while running.
@@ -418,7 +418,7 @@ impl Engine {
                 )));
             }
         };
-        if let crate::sink::Pending::Quarantine(rej) = &pending {
+        if let crate::model::Pending::Quarantine(rej) = &pending {
             if rej.reason == crate::decode::Reason::RegistryUnavailable {
                 // Not the record's fault: stop like an unreachable database; a rerun resumes at the checkpoint.
                 return Err(Error::Other(format!(

@@ -17,7 +17,8 @@ use crate::engine::takeover::{self, Acquired};
 use crate::engine::txbuf::TxBuf;
 use crate::engine::types::{Ack, Observer, PartState, Tp};
 use crate::error::{Error, Result};
-use crate::sink::{Item, Outcome, Sink, Tally};
+use crate::model::{Item, Outcome, Tally};
+use crate::sink::Sink;
 
 /// The engine's state.
 pub struct Core {
@@ -127,7 +128,7 @@ impl Core {
             .sum()
     }
 
-    /// Bytes of the records buffered in all partitions (keys and values, [`crate::sink::Item::size`]).
+    /// Bytes of the records buffered in all partitions (keys and values, [`crate::model::Item::size`]).
     pub fn buffered_bytes(&self) -> usize {
         self.parts.values().map(|s| s.bytes).sum()
     }
@@ -398,7 +399,7 @@ impl Core {
     fn settle_transaction(
         &mut self,
         ack: &dyn Ack,
-        parts: &[crate::sink::Batch],
+        parts: &[crate::model::Batch],
         r: Result<Applied>,
     ) -> Result<()> {
         match r {
@@ -451,7 +452,7 @@ impl Core {
     }
 
     /// The partitions of a transaction's parts this engine still holds under the part's fence.
-    fn still_ours(&self, parts: &[crate::sink::Batch]) -> Vec<Tp> {
+    fn still_ours(&self, parts: &[crate::model::Batch]) -> Vec<Tp> {
         parts
             .iter()
             .map(|b| ((b.topic.clone(), b.partition), b.fence))
@@ -464,7 +465,7 @@ impl Core {
     /// their fence were fenced — when we think we hold them all, the database says otherwise for one of them, and
     /// all are handed back ([`Core::fenced`]: read again from the checkpoint if still ours). The transaction is
     /// open again with the other parts ([`crate::engine::txbuf::TxBuf::requeue`]).
-    fn transaction_fenced(&mut self, ack: &dyn Ack, parts: &[crate::sink::Batch]) -> Result<()> {
+    fn transaction_fenced(&mut self, ack: &dyn Ack, parts: &[crate::model::Batch]) -> Result<()> {
         let ours = self.still_ours(parts);
         let mut lost: Vec<Tp> = parts
             .iter()

@@ -5,8 +5,8 @@ use crate::config::Pipeline;
 use crate::engine::apply::retry_db;
 use crate::engine::types::Tp;
 use crate::error::{Error, Result};
-use crate::sink::{checkpoint, describe, is_read_only, Sink};
-use crate::start;
+use crate::model::{describe, is_read_only};
+use crate::sink::{checkpoint, Sink};
 
 /// A partition taken over.
 #[derive(Debug, Clone)]
@@ -223,7 +223,7 @@ async fn acquire_once(
 
 /// Writes a resolved start position into a checkpoint we hold (`fence`) before anything is consumed, so that a
 /// crash before the first batch cannot resolve it again differently. With `mark_unapplied`, a checkpoint that
-/// never applied a record also gets [`start::NOTHING_APPLIED`] as its last offset (a group's start). Returns
+/// never applied a record also gets [`checkpoint::NOTHING_APPLIED`] as its last offset (a group's start). Returns
 /// the rows updated (0: taken over by another consumer meanwhile).
 ///
 /// # Errors
@@ -244,7 +244,7 @@ pub async fn write_start(
              last_offset = CASE WHEN last_sha256 IS NULL THEN {} ELSE last_offset END \
              WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4 AND generation = $6",
             p.table(checkpoint::CHECKPOINTS),
-            start::NOTHING_APPLIED
+            checkpoint::NOTHING_APPLIED
         )
     } else {
         format!(
@@ -265,7 +265,7 @@ pub async fn write_start(
 /// Moves a checkpoint we hold (`fence`) forward to `offset`, where an assign source (a backfill group or a
 /// `projection build` resumed with a later `--from`) reads from, so that its first compare-and-set holds. The
 /// records it skips were not applied by this group: the row's fingerprint is cleared and its last offset set
-/// to [`start::NOTHING_APPLIED`], so the first batch counts as a start, not as continuing (the pruned-offset
+/// to [`checkpoint::NOTHING_APPLIED`], so the first batch counts as a start, not as continuing (the pruned-offset
 /// check of `sink::lifecycle::check_pruned` applies as to a fresh group). Returns the rows updated.
 ///
 /// # Errors
@@ -284,7 +284,7 @@ pub async fn skip_forward(
          last_sha256 = NULL WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND fence = $4 \
          AND generation = $6 AND next_offset < $5",
         p.table(checkpoint::CHECKPOINTS),
-        start::NOTHING_APPLIED
+        checkpoint::NOTHING_APPLIED
     );
     Ok(sink
         .client()

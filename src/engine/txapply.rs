@@ -8,7 +8,8 @@
 use crate::decode::{Reason, Rejection};
 use crate::engine::apply::{backoff, Applied};
 use crate::error::{Error, Result};
-use crate::sink::{self, ApplyError, Batch, Outcome, Pending, Sink};
+use crate::model::{self, ApplyError, Batch, Outcome, Pending};
+use crate::sink::Sink;
 
 /// What one round of attempts came to.
 enum Tried {
@@ -72,7 +73,7 @@ async fn attempts(
             match sink.reconnect().await {
                 Ok(()) => continue,
                 Err(e) => {
-                    crate::metrics_http::db_retry(None);
+                    crate::model::apply_error::db_retry(None);
                     (e.to_string(), false)
                 }
             }
@@ -92,8 +93,8 @@ async fn attempts(
                     if commit_sent {
                         unknown = outcomes;
                     }
-                    crate::metrics_http::db_retry(Some(&error));
-                    (sink::describe(&error), commit_sent)
+                    crate::model::apply_error::db_retry(Some(&error));
+                    (model::describe(&error), commit_sent)
                 }
                 Err(ApplyError::Data(e)) => {
                     return Ok(Tried::Rejected(
@@ -235,7 +236,7 @@ async fn culprit(sink: &mut Sink, parts: &[Batch]) -> Result<Option<(Reason, Str
 /// PostgreSQL's message with its SQLSTATE, and the column, table or constraint when the server names them.
 fn db_message(e: &tokio_postgres::Error) -> String {
     let Some(d) = e.as_db_error() else {
-        return sink::describe(e);
+        return model::describe(e);
     };
     let mut s = format!("{} (SQLSTATE {})", d.message(), d.code().code());
     for (what, v) in [

@@ -9,10 +9,10 @@ use rdkafka::consumer::CommitMode;
 use rdkafka::topic_partition_list::TopicPartitionList;
 
 use crate::error::Error;
-use crate::sink::{Batch, Item, Outcome, Pending, Tally};
+use crate::model::{Batch, Item, Outcome, Pending, Tally};
 
 /// A topic and partition.
-pub type Tp = (String, i32);
+pub use crate::model::Tp;
 
 /// One record from a source, before the decision.
 pub struct Record {

@@ -21,8 +21,9 @@ use tokio_postgres::Client;
 use crate::config::Pipeline;
 use crate::engine::apply::{apply_batch, Applied};
 use crate::error::{Error, Result};
+use crate::model::{Batch, Item, Tally};
 use crate::sink::dead_letters::DEAD_LETTERS;
-use crate::sink::{Batch, Item, Sink, Tally};
+use crate::sink::Sink;
 
 /// Which dead letters a command works on (always the unresolved ones of the pipeline's generation).
 #[derive(Debug, Clone, Default)]
@@ -425,7 +426,7 @@ async fn read_page(
         .collect();
     // A schema registry that does not answer is not the record's fault: stop, nothing replayed.
     for (_, _, item, _) in &page {
-        if let crate::sink::Pending::Quarantine(r) = &item.pending {
+        if let crate::model::Pending::Quarantine(r) = &item.pending {
             if r.reason == crate::decode::Reason::RegistryUnavailable {
                 return Err(crate::error::Error::Other(r.detail.clone()));
             }

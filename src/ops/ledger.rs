@@ -257,7 +257,7 @@ pub async fn prune(
                  claims of older days are quarantined) — a long transaction reading or writing the ledger holds \
                  it; retry later or with a longer --lock-timeout",
                 p.ledger.table,
-                crate::sink::describe(&pg)
+                crate::model::describe(&pg)
             )),
             other => other,
         })

@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::config::Pipeline;
 use crate::engine::{Engine, Options, Tp};
 use crate::error::{Error, Result};
-use crate::sink::Tally;
+use crate::model::Tally;
 use crate::source::file::{end_of, File};
 use crate::source::kafka::{consumer_config, watermarks};
 

@@ -46,7 +46,7 @@ pub const OLDEST_PENDING_SECONDS: &str = "replaysafe_outbox_oldest_pending_secon
 /// How often the pending gauges are refreshed.
 const GAUGE_EVERY: Duration = Duration::from_secs(5);
 
-/// Registers the relay's series at zero (called by [`crate::metrics_http::register`]).
+/// Registers the relay's series at zero (called by `metrics_http::register`).
 pub fn register_metrics() {
     metrics::counter!(PUBLISHED_TOTAL).absolute(0);
     metrics::gauge!(PENDING).set(0.0);

@@ -16,9 +16,10 @@ use tokio_postgres::Client;
 use crate::config::Pipeline;
 use crate::engine::{Engine, Options};
 use crate::error::{Error, Result};
+use crate::model::Tally;
+use crate::sink::checkpoint;
 use crate::sink::ledger::DDL_LOCK;
 use crate::sink::projset::{self, State, HANDOVER};
-use crate::sink::{checkpoint, Tally};
 use crate::source::assign::{Assign, Range};
 
 /// Options of `projection build`.

@@ -9,11 +9,12 @@ use chrono::NaiveDate;
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::ident::{Ident, QualifiedName};
+
 use crate::ops::backfill::{
     backfill, plan, BackfillOptions, MissingRow, MissingStop, RebuildCheck, Report, StopSpec,
     MISSING_LISTED,
 };
+use crate::sink::ledger::pending_table;
 use crate::sink::{checkpoint, ledger, verify};
 
 fn usage(msg: String) -> Error {
@@ -272,25 +273,6 @@ fn cover_of(pipeline: &Pipeline, sources: &Sources) -> Result<BTreeMap<(String, 
         .collect())
 }
 
-/// The durable table beside the ledger (`<ledger>_rebuilding`, same columns) holding the ledger rows a rebuild
-/// deleted until its replay completed. A rebuild interrupted after the delete leaves them there, so its rerun
-/// (which deletes the re-landed part again) still re-reads their offsets and compares against them.
-pub fn pending_table(pipeline: &Pipeline) -> QualifiedName {
-    let ledger = &pipeline.ledger.table;
-    let name = Ident::new(&format!("{}_rebuilding", ledger.name.as_str())).unwrap_or_else(|_| {
-        let h = <sha2::Sha256 as sha2::Digest>::digest(ledger.name.as_str().as_bytes());
-        Ident::new(&format!(
-            "replaysafe_rebuilding_{:02x}{:02x}{:02x}{:02x}",
-            h[0], h[1], h[2], h[3]
-        ))
-        .expect("valid name")
-    });
-    QualifiedName {
-        schema: ledger.schema.clone(),
-        name,
-    }
-}
-
 /// Refuses a window that does not cover every day an interrupted rebuild deleted and did not finish (its rerun
 /// must re-read those days' offsets, whatever window the operator types).
 async fn unfinished_rebuild(
@@ -344,7 +326,7 @@ async fn unfinished_rebuild(
     Ok(())
 }
 
-/// The kept ledger rows of an interrupted rebuild ([`pending_table`]) of event days before `oldest`, the oldest
+/// The kept ledger rows of an interrupted rebuild ([`ledger::pending_table`]) of event days before `oldest`, the oldest
 /// day the ledger horizon recognises: no rebuild may replay them any more (their records are quarantined as
 /// beyond-horizon), so they are deleted, with a warning naming the days whose aggregates keep only what the
 /// interrupted rebuild re-landed. What is left is what a rebuild from `oldest` on must cover.
@@ -384,7 +366,7 @@ async fn abandon_expired(
 /// Nothing of the transaction was committed, and the rebuild's group has no checkpoint yet: the same command
 /// can be rerun.
 fn step_error(step: &str, table: &str, e: &tokio_postgres::Error) -> Error {
-    let cause = crate::sink::describe(e);
+    let cause = crate::model::describe(e);
     let why = if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
         "a row or table lock was not granted within postgres.lock-timeout-ms: another transaction holds rows of the \
          window (a writer that was not paused, a long-running transaction or an open psql session); "
@@ -398,7 +380,7 @@ fn step_error(step: &str, table: &str, e: &tokio_postgres::Error) -> Error {
 }
 
 /// In one transaction: deletes the window from every aggregate and from the ledger, keeping the deleted ledger
-/// rows in [`pending_table`] (once per key); rolls back when they came from offsets the plan does not cover (a
+/// rows in [`ledger::pending_table`] (once per key); rolls back when they came from offsets the plan does not cover (a
 /// writer was not paused).
 async fn delete_window(
     client: &mut tokio_postgres::Client,

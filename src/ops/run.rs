@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::config::Pipeline;
 use crate::engine::{Engine, Options};
 use crate::error::{Error, Result};
-use crate::sink::Tally;
+use crate::model::Tally;
 use crate::source::group::{self, Group};
 
 /// Options of one run.

@@ -258,7 +258,7 @@ async fn replace(
             "UPDATE {t} SET next_offset = $5, topic_id = $6, cluster_id = $7, log = $8, last_offset = {}, \
              last_timestamp = NULL, last_sha256 = NULL, updated_at = now() \
              WHERE consumer_group = $1 AND generation = $2 AND topic = $3 AND partition = $4",
-            crate::start::NOTHING_APPLIED
+            crate::sink::checkpoint::NOTHING_APPLIED
         ),
         &[&group, &generation, topic, &partition, &offset, &topic_id, &cluster_id, &log],
     )

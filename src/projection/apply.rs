@@ -5,8 +5,8 @@ use tokio_postgres::{Statement, Transaction};
 
 use crate::config::Pipeline;
 use crate::error::Error;
-use crate::sink::batch::Batch;
-use crate::sink::error::{classify, ApplyError};
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::Batch;
 
 /// Step 3b of the batch transaction: the statement projections (counters, sums, `sql`, outbox), only when
 /// something landed.

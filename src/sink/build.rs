@@ -2,13 +2,13 @@
 //! of claiming, it matches each record with the ledger row of its delivery key claimed *at this record's* topic,
 //! partition and offset before the projection's hand-over point, and feeds only the projection being built.
 
-use super::batch::{Batch, Pending};
 use super::checkpoint::CHECKPOINTS;
-use super::error::ApplyError;
 use super::ledger::{ledger_pk, HORIZON};
 use super::projset::HANDOVER;
 use crate::config::Pipeline;
 use crate::error::Error;
+use crate::model::apply_error::ApplyError;
+use crate::model::batch::{Batch, Pending};
 
 /// The match statement, with the parameters of [`super::ledger::claim`] (field arrays typed alike) (`$4` is the build group, the key of
 /// its hand-over rows): copies the records whose delivery key the ledger holds at exactly their `(topic,
@@ -119,7 +119,7 @@ pub(super) fn holds_beyond_horizon(horizoned: &Batch) -> bool {
 /// unresolved `beyond-horizon` dead letter at its coordinates). Such records are left out of the build.
 ///
 /// # Errors
-/// As [`super::error::classify`].
+/// As [`crate::model::apply_error::classify`].
 pub(super) async fn beyond_horizon_never_landed(
     tx: &tokio_postgres::Transaction<'_>,
     pruned: Option<&tokio_postgres::Statement>,
@@ -127,7 +127,7 @@ pub(super) async fn beyond_horizon_never_landed(
     generation: &str,
     horizoned: &Batch,
 ) -> Result<bool, ApplyError> {
-    let classify = |e| super::error::classify(e, false);
+    let classify = |e| crate::model::apply_error::classify(e, false);
     let through: i64 = match pruned {
         Some(stmt) => tx
             .query_opt(

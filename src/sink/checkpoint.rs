@@ -3,9 +3,30 @@
 
 use tokio_postgres::{Statement, Transaction};
 
-use super::batch::Batch;
-use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::Batch;
+
+/// `last_offset` of a checkpoint whose start was resolved and under which no record was applied yet.
+pub const NOTHING_APPLIED: i64 = -1;
+
+/// The fingerprint of a record stored beside a checkpoint: SHA-256 over the key and the value, each as a
+/// presence byte, an 8-byte big-endian length and the bytes. 32 bytes.
+pub fn fingerprint(key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [key, value] {
+        match part {
+            None => h.update([0u8]),
+            Some(b) => {
+                h.update([1u8]);
+                h.update((b.len() as u64).to_be_bytes());
+                h.update(b);
+            }
+        }
+    }
+    h.finalize().to_vec()
+}
 
 /// Name of the checkpoint table (in the pipeline schema).
 pub const CHECKPOINTS: &str = "replaysafe_checkpoints";
@@ -13,7 +34,7 @@ pub const CHECKPOINTS: &str = "replaysafe_checkpoints";
 /// `CREATE TABLE` for the checkpoint table: `(consumer_group, topic, partition) → next_offset` (the next
 /// offset to read, Kafka's convention), plus the fence epoch bumped by every new owner of the partition, and
 /// the *fingerprint* of the last record applied (`last_offset`, `last_timestamp` in ms, `last_sha256` of its key
-/// and value, the same digest as `start::fingerprint`): a new stream generation reads that record back to tell whether
+/// and value, the same digest as [`fingerprint`]): a new stream generation reads that record back to tell whether
 /// the topic is the same one or was recreated. The `ALTER` adds the fingerprint to tables of earlier versions, only
 /// when missing: its ACCESS EXCLUSIVE lock would otherwise wait for every open batch transaction (a frozen owner's
 /// too) at each start.
@@ -153,9 +174,9 @@ pub fn acquire_checkpoint(p: &Pipeline) -> String {
 
 /// Step 1 of the batch transaction: the checkpoint compare-and-set ([`advance_checkpoint`]) first — it locks the
 /// partition's row, so a new owner's fence bump waits for this batch. Records the fingerprint of the batch's
-/// last record (`last_sha`: its fingerprint, `start::fingerprint` of its key and value). Returns whether the
+/// last record (`last_sha`: its fingerprint, [`fingerprint`] of its key and value). Returns whether the
 /// batch continues what this group applied of the partition: the checkpoint's last applied offset before it was
-/// a record (not [`crate::start::NOTHING_APPLIED`], not unknown) below the batch's start — false for a start
+/// a record (not [`NOTHING_APPLIED`], not unknown) below the batch's start — false for a start
 /// just resolved (a fresh group) and for a checkpoint moved back (a reset).
 ///
 /// # Errors

@@ -5,10 +5,10 @@
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Statement, Transaction};
 
-use super::batch::{Batch, Item, Pending};
-use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
 use crate::decode::Rejection;
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::{Batch, Item, Pending};
 
 /// Name of the dead-letter table (in the pipeline schema).
 pub const DEAD_LETTERS: &str = "replaysafe_dead_letters";
@@ -359,9 +359,9 @@ pub(super) async fn settle_replayed(
     p: &Pipeline,
     generation: &str,
     batch: &Batch,
-    outcomes: &[super::batch::Outcome],
+    outcomes: &[crate::model::batch::Outcome],
 ) -> Result<(), ApplyError> {
-    use super::batch::Outcome;
+    use crate::model::batch::Outcome;
     let stale: Vec<i64> = batch
         .items
         .iter()

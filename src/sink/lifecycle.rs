@@ -5,12 +5,12 @@
 use chrono::NaiveDate;
 use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 
-use super::batch::Pending;
-use super::error::{classify, ApplyError};
 use super::ledger::{self, partition_name, DDL_LOCK, HORIZON};
 use super::Batch;
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::Pending;
 use crate::projection::outbox;
 use crate::projection::row::plan::TombstoneMode;
 
@@ -106,7 +106,7 @@ pub(super) async fn check_pruned(
 /// an event day before `below` (or of no day), or one the horizon step quarantined as `beyond-horizon`. A claim
 /// of a day from `below` on has its ledger day partition (a prune drops whole days only), so a duplicate is
 /// recognised; a record filtered out (a rebuild's day window, `[[filter]]`) is not applied at all.
-fn may_have_lost_its_row(p: &Pipeline, it: &super::batch::Item, below: NaiveDate) -> bool {
+fn may_have_lost_its_row(p: &Pipeline, it: &crate::model::batch::Item, below: NaiveDate) -> bool {
     match &it.pending {
         Pending::Claim { fields, .. } => {
             crate::decode::partition_day(p, fields).is_none_or(|d| d < below)

@@ -1,25 +1,22 @@
 //! The PostgreSQL side: one transaction per partition batch holding the checkpoint compare-and-set, the ledger
 //! claims, every projection (over the rows actually claimed), and the dead letters.
 
-pub mod batch;
 pub mod build;
 pub mod checkpoint;
 pub mod conninfo;
 pub mod dead_letters;
-pub mod error;
+pub mod fault;
 pub mod ledger;
 pub mod lifecycle;
 pub mod marks;
 pub mod pooler;
 pub mod privileges;
+pub mod probe;
 pub mod projset;
 pub mod projstart;
 pub mod schema;
 pub mod tls;
 pub mod verify;
-
-pub use batch::{Batch, Item, Outcome, Pending, Tally};
-pub use error::{classify, describe, is_read_only, retryable, ApplyError, READ_ONLY};
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,6 +26,7 @@ use tokio_postgres::{Client, Statement};
 
 use crate::config::{Pipeline, Timeouts};
 use crate::error::{Error, Result};
+use crate::model::{classify, describe, ApplyError, Batch, Outcome};
 use crate::projection::apply::apply_statements;
 use crate::projection::row;
 
@@ -69,8 +67,8 @@ pub struct Sink {
     version: i64,
     /// `replaysafe projection build`: the index of the one projection fed (see [`Sink::for_build`]).
     build: Option<usize>,
-    /// `replaysafe prove`'s uncertain commits ([`crate::engine::fault`]); `None` in production.
-    fault: Option<Arc<crate::engine::fault::Fault>>,
+    /// `replaysafe prove`'s uncertain commits ([`crate::sink::fault`]); `None` in production.
+    fault: Option<Arc<crate::sink::fault::Fault>>,
 }
 
 /// Session settings every replaysafe connection pins ([`connect`]): values replaysafe renders as text — delivery
@@ -282,8 +280,8 @@ impl Sink {
         Ok(self)
     }
 
-    /// Sets `replaysafe prove`'s uncertain-commit hook ([`crate::engine::fault::Fault`]; `None`: none).
-    pub fn with_fault(mut self, fault: Option<Arc<crate::engine::fault::Fault>>) -> Sink {
+    /// Sets `replaysafe prove`'s uncertain-commit hook ([`crate::sink::fault::Fault`]; `None`: none).
+    pub fn with_fault(mut self, fault: Option<Arc<crate::sink::fault::Fault>>) -> Sink {
         self.fault = fault;
         self
     }
@@ -354,7 +352,7 @@ impl Sink {
                     self.floor = None;
                     self.partitions = ledger::existing_partitions(&self.client, &self.pipeline)
                         .await
-                        .map_err(error::from_error)?;
+                        .map_err(crate::model::apply_error::from_error)?;
                 }
                 other => return other,
             }
@@ -465,7 +463,7 @@ impl Sink {
             let last_sha = batch
                 .items
                 .last()
-                .map(|it| crate::start::fingerprint(it.key.as_deref(), it.value.as_deref()));
+                .map(|it| checkpoint::fingerprint(it.key.as_deref(), it.value.as_deref()));
             let mut continues = false;
             if !self.replay && mode == Mode::Transaction && self.build.is_none() {
                 checkpoint::hold(&tx, &p, group, &generation, batch).await?;
@@ -537,7 +535,7 @@ impl Sink {
                 dead_letters::check_tolerance(&tx, stmt, &p, &generation, batch).await?;
             }
 
-            let outcomes = batch::outcomes(batch, &landed, &overrides);
+            let outcomes = crate::model::batch::outcomes(batch, &landed, &overrides);
             if self.replay {
                 dead_letters::settle_replayed(&tx, &p, &generation, batch, &outcomes).await?;
             }
@@ -590,10 +588,10 @@ enum Mode {
     Probe,
 }
 
-/// `prove`'s uncertain commit ([`crate::engine::fault`]), after the COMMIT or ROLLBACK: the connection cut; the
+/// `prove`'s uncertain commit ([`crate::sink::fault`]), after the COMMIT or ROLLBACK: the connection cut; the
 /// engine gets the error as after a COMMIT whose reply was lost.
 async fn lose_reply(client: &Client, outcomes: Vec<Outcome>) -> ApplyError {
-    match crate::engine::fault::cut(client).await {
+    match crate::sink::fault::cut(client).await {
         Some(error) => ApplyError::Transient {
             error,
             commit_sent: true,

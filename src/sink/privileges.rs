@@ -109,21 +109,6 @@ pub fn explain(e: Error, p: &Pipeline) -> Error {
     ))
 }
 
-/// Turns a refusal for lack of privilege (SQLSTATE 42501) met while checking the database without DDL into
-/// [`Error::Privilege`] pointing at `check --database`, which lists every grant the role lacks.
-pub fn explain_missing(e: Error) -> Error {
-    match &e {
-        Error::Postgres(pg) if pg.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            Error::Privilege(format!(
-                "{}: the role of the connection lacks a privilege the pipeline needs; `replaysafe check --config \
-                 FILE --database` lists every one with the GRANT that gives it (docs/operations.md \"Privileges\")",
-                super::describe(pg)
-            ))
-        }
-        _ => e,
-    }
-}
-
 /// One line of `check --database`: what was checked and whether it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {

@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::{GenericClient, Statement, Transaction};
 
 use super::checkpoint::CHECKPOINTS;
-use super::error::{classify, ApplyError};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
+use crate::model::apply_error::{classify, ApplyError};
 
 /// Name of the projection record table (in the pipeline schema).
 pub const PROJECTION_SET: &str = "replaysafe_projection_set";

@@ -177,7 +177,7 @@ fn own_tables(p: &Pipeline) -> [(String, String); 8] {
 async fn upgrade_old_ledger(tx: &Transaction<'_>, p: &Pipeline) -> Result<()> {
     // The rows an interrupted rebuild deleted wait in its pending table (`LIKE` the ledger): migrated alike, so the
     // rerun's `INSERT … SELECT *` and its re-read still match.
-    let pending = crate::ops::rebuild::pending_table(p).to_string();
+    let pending = super::ledger::pending_table(p).to_string();
     for table in [p.ledger.table.to_string(), pending] {
         let old: bool = tx
             .query_one(
@@ -425,7 +425,7 @@ pub(super) async fn check_column_types(client: &mut Client, p: &Pipeline) -> Res
 fn schema_error(what: &str, stmt: &str, e: tokio_postgres::Error) -> Error {
     match e.as_db_error() {
         // A lock or statement timeout, a terminated session: not a mismatch, retried by the caller.
-        Some(db) if super::retryable(db.code().code()) => Error::Postgres(e),
+        Some(db) if crate::model::retryable(db.code().code()) => Error::Postgres(e),
         Some(db) => Error::Schema(format!("{what}: {} (statement: {stmt})", db.message())),
         None => Error::Postgres(e),
     }

@@ -19,7 +19,7 @@ pub async fn prepare(client: &mut Client, p: &Pipeline) -> Result<()> {
     } else {
         verify(client, p)
             .await
-            .map_err(super::privileges::explain_missing)
+            .map_err(crate::model::apply_error::explain_missing)
     }
 }
 

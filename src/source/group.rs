@@ -2,7 +2,7 @@
 //!
 //! - on assignment the checkpoint row is taken over (fence bumped) and the partition is positioned at the
 //!   checkpoint; Kafka's committed offset is used only when no checkpoint exists, then `kafka.start`
-//!   ([`crate::start`]); a start resolved that way is written to the checkpoint before anything is consumed;
+//!   ([`crate::source::start`]); a start resolved that way is written to the checkpoint before anything is consumed;
 //! - on revocation the flush in flight is settled and the buffered records of revoked partitions are applied,
 //!   their offsets committed synchronously, and only then are they given up; on a lost assignment they are
 //!   abandoned, never committed;
@@ -50,7 +50,7 @@ use crate::source::kafka::{consumer_config, kafka_commit, partitions, watermarks
 use crate::source::membership::{Membership, STATS_INTERVAL_MS};
 use crate::source::pending::Pending;
 use crate::source::queues::Split;
-use crate::start;
+use crate::source::start;
 
 /// The group's consumer, as the engine's acknowledgement: commits offsets, pauses a fenced partition.
 pub type GroupConsumer = BaseConsumer<Ctx>;

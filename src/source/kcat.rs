@@ -7,7 +7,7 @@ use crate::decode::{Reason, Rejection};
 use crate::engine::decide::decide;
 use crate::engine::Record;
 use crate::error::{Error, Result};
-use crate::sink::Pending;
+use crate::model::Pending;
 
 /// One line of `kcat -C -J` output.
 #[derive(Deserialize)]

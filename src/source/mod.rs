@@ -1,7 +1,7 @@
 //! Where the engine's records come from ([`crate::engine::Source`]): positions in, records and "finished" out.
 //!
 //! - [`group`]: a consumer-group subscription; partitions are taken over on assignment (checkpoint row, fence
-//!   bumped) and positioned at the checkpoint (else [`crate::start`]); acknowledged by Kafka offset commits.
+//!   bumped) and positioned at the checkpoint (else [`crate::source::start`]); acknowledged by Kafka offset commits.
 //! - [`assign`]: explicit partitions with start and stop offsets (backfill, rebuild); finished when every stop
 //!   is reached; acknowledged by Kafka offset commits of its own group.
 //! - [`file`]: the records of a `kcat -C -J` file; finished at its end; nothing acknowledged. [`kcat`]: one line
@@ -19,3 +19,4 @@ pub mod membership;
 pub mod others;
 pub mod pending;
 pub mod queues;
+pub mod start;

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use chrono::{Days, NaiveDate, Utc};
 use replaysafe::engine::apply::{apply_batch, Applied};
-use replaysafe::sink::{
-    checkpoint, ledger, schema, Batch, Item, Outcome, Sink, Tally as SinkTally,
-};
+use replaysafe::model::{Batch, Item, Outcome, Tally as SinkTally};
+use replaysafe::sink::{checkpoint, ledger, schema, Sink};
 
 use crate::common::*;
 use crate::core::{counts, SEED};

@@ -289,7 +289,7 @@ fn sessions_pin_the_timeouts_and_postgres_ends_an_idle_transaction() {
             code.as_deref() == Some("25P03") || c.is_closed(),
             "the session was ended by the server: {e} ({code:?})"
         );
-        assert!(replaysafe::sink::retryable("25P03"));
+        assert!(replaysafe::model::retryable("25P03"));
     });
 }
 

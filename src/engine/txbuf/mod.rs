@@ -22,7 +22,7 @@ use crate::engine::apply::Applied;
 use crate::engine::flush::{self, Cut};
 use crate::engine::types::{PartState, Tp};
 use crate::error::Result;
-use crate::sink::{Batch, Item, Outcome, Pending};
+use crate::model::{Batch, Item, Outcome, Pending};
 
 /// Why a transaction is applied (or probed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::sink::Pending;
+use crate::model::Pending;
 
 /// A Debezium pipeline whose row projections read `public.orders` and `public.lines`.
 fn pipeline() -> Arc<Pipeline> {

@@ -20,7 +20,7 @@ use chrono::DateTime;
 use crate::config::Pipeline;
 use crate::engine::{Engine, Extras, Options};
 use crate::error::{Error, Result};
-use crate::sink::Tally;
+use crate::model::Tally;
 use crate::source::assign::{Assign, Range};
 
 pub use options::{BackfillOptions, MissingStop, PartitionPlan, StopSpec};

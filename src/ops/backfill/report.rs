@@ -15,8 +15,8 @@ use std::str::FromStr;
 use bigdecimal::BigDecimal;
 
 use crate::config::Pipeline;
+use crate::model::{Batch, Item, Outcome, Pending, Tally};
 use crate::projection::ProjectionKind;
-use crate::sink::{Batch, Item, Outcome, Pending, Tally};
 
 /// Per-day outcome counts of a backfill.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]

@@ -14,11 +14,11 @@ use super::source::Scripted;
 use super::state::{diff, missing_rows, without_columns, Norm, Snapshot};
 use super::{ms, Prover};
 use crate::config::{Format, Pipeline};
-use crate::engine::fault::Fault;
 use crate::engine::{Engine, Options, Tp};
 use crate::error::{Error, Result};
+use crate::model::Tally;
 use crate::ops::run::{self, RunOptions};
-use crate::sink::Tally;
+use crate::sink::fault::Fault;
 
 /// Rows shown per table and direction in a diff.
 const DIFF_ROWS: usize = 5;

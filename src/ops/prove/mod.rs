@@ -27,7 +27,7 @@ use tokio_postgres::Client;
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::sink::Tally;
+use crate::model::Tally;
 pub use report::{Boundary, Report};
 use scratch::{Base, Cluster, Rec, Variant};
 use state::{Norm, Snapshot};

@@ -17,9 +17,9 @@ use tokio_postgres::Transaction;
 use super::change::RowChange;
 use super::statements::{pg_err, Params, Prepared};
 use super::table::Shape;
-use crate::decode::debezium::convert::Pg;
 use crate::decode::{Reason, Rejection};
-use crate::sink::error::ApplyError;
+use crate::model::apply_error::ApplyError;
+use crate::projection::row::convert::Pg;
 
 /// The statement that canonicalises a batch's values: parameters one `text[]` per column, then one per key
 /// column (the change's key) and one per key column (a primary-key change's old key); one row per change, in

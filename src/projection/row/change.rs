@@ -3,10 +3,10 @@
 
 use super::plan::{AbsentPolicy, NewColumns, RowPlan, SchemaDrift, VersionPlan};
 use super::table::Shape;
-use crate::decode::debezium::convert::{to_pg, Pg};
 use crate::decode::debezium::{Change, Op};
 use crate::decode::{Reason, Rejection};
 use crate::ident::QualifiedName;
+use crate::projection::row::convert::{to_pg, Pg};
 
 /// One claimed record as a row projection sees it.
 #[derive(Debug, Clone)]
@@ -339,9 +339,9 @@ pub fn keyless_stop(
     plan: &RowPlan,
     projection: &str,
     change: &Change,
-    batch: &crate::sink::batch::Batch,
+    batch: &crate::model::batch::Batch,
     offset: i64,
-) -> Option<crate::sink::error::ApplyError> {
+) -> Option<crate::model::apply_error::ApplyError> {
     if !change.null_key || change.op == Op::Truncate {
         return None;
     }
@@ -349,7 +349,7 @@ pub fn keyless_stop(
         if batch.partition == 0 {
             return None;
         }
-        return Some(crate::sink::error::ApplyError::Fatal(
+        return Some(crate::model::apply_error::ApplyError::Fatal(
             crate::error::Error::Schema(format!(
                 "keyless source table at {}/{} offset {offset}: the change of {} has a null Kafka key on \
                  partition {}: row projection `{projection}` has keyless = \"key\", which needs a topic of \
@@ -360,7 +360,7 @@ pub fn keyless_stop(
             )),
         ));
     }
-    Some(crate::sink::error::ApplyError::Fatal(
+    Some(crate::model::apply_error::ApplyError::Fatal(
         crate::error::Error::Schema(format!(
             "keyless source table at {}/{} offset {offset}: the change of {} has a null Kafka key (a table \
              without a primary key), so row projection `{projection}` cannot tell its rows apart — identical \

@@ -17,8 +17,8 @@ use crate::config::Pipeline;
 use crate::decode::debezium::{Cell, Op};
 use crate::error::Error;
 use crate::ident::Ident;
-use crate::sink::batch::{Batch, Pending};
-use crate::sink::error::{classify, ApplyError};
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::{Batch, Pending};
 
 /// The comment `new-columns = "add"` puts on each column it adds (PostgreSQL `COMMENT ON COLUMN`).
 pub const MARK: &str = "replaysafe: added by new-columns = add";
@@ -50,7 +50,7 @@ pub fn refused(name: &str) -> Option<String> {
         .map(|m| format!("source column cannot be added (new-columns = \"add\"): {m}"))
 }
 
-/// The PostgreSQL type for a new column: from its Connect schema (as [`crate::decode::debezium::convert::to_pg`]
+/// The PostgreSQL type for a new column: from its Connect schema (as [`crate::projection::row::convert::to_pg`]
 /// reads its values), or — schemas off — from the JSON value (string → text, number → numeric, boolean →
 /// boolean, object/array → jsonb). `None` for a null without a schema: nothing says its type yet (the column is
 /// added with the first non-null value; the rows written before get NULL there, as a null would).

@@ -14,11 +14,11 @@ use super::state::{compare, entity, follow, hash, object, place, version_text, S
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
-use crate::decode::debezium::convert::Pg;
 use crate::decode::{Reason, Rejection};
 use crate::error::Error;
+use crate::model::apply_error::ApplyError;
+use crate::projection::row::convert::Pg;
 use crate::projection::ProjectionPlan;
-use crate::sink::error::ApplyError;
 
 /// Applies a row projection's changes (in offset order; truncates split the batch) and returns each change's
 /// result by offset.

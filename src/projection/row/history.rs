@@ -27,7 +27,7 @@ use super::statements::{pg_err, Prepared};
 use super::table::{Shape, CONFLICTS};
 use super::write::Conflict;
 use crate::config::Pipeline;
-use crate::sink::error::ApplyError;
+use crate::model::apply_error::ApplyError;
 
 /// Name of the history table (in the pipeline schema).
 pub const VERSIONS: &str = "replaysafe_row_versions";

@@ -17,6 +17,7 @@
 
 mod canon;
 pub mod change;
+pub mod convert;
 pub mod evolve;
 pub mod fold;
 pub mod history;
@@ -42,9 +43,9 @@ use std::collections::{HashMap, HashSet};
 use tokio_postgres::Transaction;
 
 use crate::config::Pipeline;
-use crate::decode::debezium::convert::Pg;
-use crate::sink::batch::{Batch, Outcome, Pending};
-use crate::sink::error::{classify, ApplyError};
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::{Batch, Outcome, Pending};
+use crate::projection::row::convert::Pg;
 
 /// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its
 /// own table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version

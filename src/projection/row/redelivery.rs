@@ -18,8 +18,8 @@ use std::collections::{HashMap, HashSet};
 use super::change::{ChangeKind, RowChange, RowResult};
 use super::statements::Prepared;
 use crate::config::Pipeline;
-use crate::sink::batch::{Batch, Outcome, Pending};
-use crate::sink::error::ApplyError;
+use crate::model::apply_error::ApplyError;
+use crate::model::batch::{Batch, Outcome, Pending};
 
 /// `changes` (the newly claimed changes of row projection `rp`, offset order) with the Debezium changes of `batch`
 /// whose delivery key was already claimed (not in `landed`), marked [`RowChange::redelivered`], in offset order.

@@ -11,7 +11,7 @@ use super::table::{Shape, CONFLICTS, TRUNCATES, UNRESOLVED};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
 use crate::ident::QualifiedName;
-use crate::sink::error::{classify, ApplyError};
+use crate::model::apply_error::{classify, ApplyError};
 
 /// The prepared statements of one row projection on one connection.
 pub struct Prepared {

@@ -7,8 +7,8 @@ use super::change::Coordinates;
 use super::plan::RowPlan;
 use super::state::{object, version_text, State};
 use super::statements::{pg_err, Params, Prepared};
+use crate::model::apply_error::ApplyError;
 use crate::projection::ProjectionPlan;
-use crate::sink::error::ApplyError;
 
 /// An equal version with a different row state, as recorded in the conflicts table.
 pub(super) struct Conflict {

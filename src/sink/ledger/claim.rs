@@ -7,8 +7,8 @@ use tokio_postgres::{Statement, Transaction};
 
 use crate::config::{FieldType, Pipeline};
 use crate::error::{Error, Result};
-use crate::sink::batch::{Batch, Item, Pending};
-use crate::sink::error::{classify, ApplyError};
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::{Batch, Item, Pending};
 
 use super::{ensure_source, ledger_field_columns, ledger_pk, SOURCES};
 

@@ -7,8 +7,8 @@ use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 use crate::config::Pipeline;
 use crate::decode::{Reason, Rejection};
 use crate::error::Result;
-use crate::sink::batch::{Batch, Item, Pending};
-use crate::sink::error::{classify, ApplyError};
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::{Batch, Item, Pending};
 
 use super::{horizon_statement, HORIZON};
 

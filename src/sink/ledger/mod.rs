@@ -308,3 +308,23 @@ pub fn create_landed(p: &Pipeline) -> String {
 
 /// Advisory lock key serialising DDL from concurrent replaysafe processes (`hashtext('replaysafe-ddl')`).
 pub(crate) const DDL_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('replaysafe-ddl'))";
+
+/// The durable table beside the ledger (`<ledger>_rebuilding`, same columns) holding the ledger rows a rebuild
+/// deleted until its replay completed (`replaysafe rebuild`). A rebuild interrupted after the delete leaves them there, so its rerun
+/// (which deletes the re-landed part again) still re-reads their offsets and compares against them.
+pub fn pending_table(pipeline: &crate::config::Pipeline) -> crate::ident::QualifiedName {
+    let ledger = &pipeline.ledger.table;
+    let name = crate::ident::Ident::new(&format!("{}_rebuilding", ledger.name.as_str()))
+        .unwrap_or_else(|_| {
+            let h = <sha2::Sha256 as sha2::Digest>::digest(ledger.name.as_str().as_bytes());
+            crate::ident::Ident::new(&format!(
+                "replaysafe_rebuilding_{:02x}{:02x}{:02x}{:02x}",
+                h[0], h[1], h[2], h[3]
+            ))
+            .expect("valid name")
+        });
+    crate::ident::QualifiedName {
+        schema: ledger.schema.clone(),
+        name,
+    }
+}

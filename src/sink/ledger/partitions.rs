@@ -8,8 +8,8 @@ use tokio_postgres::{Client, GenericClient};
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::sink::batch::{Batch, Pending};
-use crate::sink::error::{classify, ApplyError};
+use crate::model::apply_error::{classify, ApplyError};
+use crate::model::batch::{Batch, Pending};
 
 use super::horizon::claim_horizon;
 use super::{horizon_statement, DDL_LOCK};
@@ -187,11 +187,11 @@ pub(in crate::sink) async fn ensure_batch_partitions(
                     p.ledger.table,
                     batch.topic,
                     batch.partition,
-                    crate::sink::describe(&pg),
+                    crate::model::describe(&pg),
                     crate::sink::privileges::SPLIT_DDL
                 )))
             }
-            other => crate::sink::error::from_error(other),
+            other => crate::model::apply_error::from_error(other),
         })
 }
 
@@ -220,10 +220,10 @@ async fn require_partitions(
     }
     *known = existing_partitions(&*client, p)
         .await
-        .map_err(crate::sink::error::from_error)?;
+        .map_err(crate::model::apply_error::from_error)?;
     require_key_constraints(&*client, p)
         .await
-        .map_err(crate::sink::error::from_error)?;
+        .map_err(crate::model::apply_error::from_error)?;
     let horizon = claim_horizon(&*client, horizon_statement(p).as_str(), p)
         .await
         .map_err(|e| classify(e, false))?;
@@ -245,7 +245,7 @@ async fn require_partitions(
     let names: Vec<String> = missing.iter().map(|d| partition_name(p, *d)).collect();
     let hashed = super::key_is_hashed(&*client, p)
         .await
-        .map_err(crate::sink::error::from_error)?;
+        .map_err(crate::model::apply_error::from_error)?;
     let sql: Vec<String> = missing
         .iter()
         .map(|d| create_partition(p, *d, hashed))

@@ -2,12 +2,12 @@
 //! "uncertain commit" — a batch transaction's COMMIT is sent, then the connection is cut before the reply
 //! reaches the engine. Every `every`-th COMMIT of the engine is handled so, alternately with the COMMIT applied
 //! (the server committed, the reply was lost) and not applied (the server rolled back): the engine sees a
-//! connection error after `COMMIT` ([`crate::sink::ApplyError::Transient`] with `commit_sent`) and goes through
-//! its unknown-commit path ([`crate::engine::apply::apply_batch`]: retried with the same keys, the checkpoint
+//! connection error after `COMMIT` ([`crate::model::ApplyError::Transient`] with `commit_sent`) and goes through
+//! its unknown-commit path (`engine::apply::apply_batch`: retried with the same keys, the checkpoint
 //! tells whether the first attempt landed). The connection is cut for real (`pg_terminate_backend` of the
 //! session's own backend), so the retry reconnects as after a real failure.
 //!
-//! The crash between the database commit and the Kafka commit is [`crate::engine::Options::crash_after_batches`].
+//! The crash between the database commit and the Kafka commit is `engine::Options::crash_after_batches`.
 //! With no fault set (`Options::fault = None`, every command but `prove`) nothing here runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -23,11 +23,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::sink::checkpoint::{fingerprint, NOTHING_APPLIED};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
 use crate::config::{Pipeline, StartPolicy};
@@ -36,23 +36,6 @@ use crate::sink::checkpoint;
 
 /// How long reading back one record of an old generation may take before the assignment fails.
 pub const READ_BACK_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// The fingerprint of a record stored beside a checkpoint: SHA-256 over the key and the value, each as a
-/// presence byte, an 8-byte big-endian length and the bytes. 32 bytes.
-pub fn fingerprint(key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
-    let mut h = Sha256::new();
-    for part in [key, value] {
-        match part {
-            None => h.update([0u8]),
-            Some(b) => {
-                h.update([1u8]);
-                h.update((b.len() as u64).to_be_bytes());
-                h.update(b);
-            }
-        }
-    }
-    h.finalize().to_vec()
-}
 
 /// A partition that has no checkpoint in this generation, with what the broker and the group say of it.
 #[derive(Debug, Clone)]
@@ -97,9 +80,6 @@ pub struct OldCheckpoint {
     /// `(topic id, cluster id)` of the log that checkpoint was written on (`None`: not recorded).
     pub ids: (Option<String>, Option<String>),
 }
-
-/// `last_offset` of a checkpoint whose start was resolved and under which no record was applied yet.
-pub const NOTHING_APPLIED: i64 = -1;
 
 /// What reading back an old generation's last record found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

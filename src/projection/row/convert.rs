@@ -17,9 +17,9 @@ use chrono::{DateTime, NaiveDate, NaiveTime};
 use num_bigint::BigInt;
 use serde_json::Value;
 
-use super::envelope::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
+use super::types::{ColumnSpec, Kind, SqlType, Unit};
 use crate::config::fields::DecimalHandling;
-use crate::projection::row::types::{ColumnSpec, Kind, SqlType, Unit};
+use crate::decode::debezium::envelope::{Cell, UNAVAILABLE, UNAVAILABLE_BASE64};
 
 /// A converted value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -50,7 +50,7 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 /// SQLSTATEs of a session that lost its prepared statements or met another client's: 26000
 /// `invalid_sql_statement_name` ("prepared statement \"s3\" does not exist") and 42P05
 /// `duplicate_prepared_statement` — what a connection pooler in transaction mode produces (case C45; such a pooler
-/// is refused at start-up, [`super::pooler`], these are for one that changes mode under a running process).
+/// is refused at start-up, `sink::pooler`, these are for one that changes mode under a running process).
 /// Never a record's fault: retried on a new connection ([`needs_new_session`]), never dead-lettered.
 pub const SESSION_LOST: [&str; 2] = ["26000", "42P05"];
 
@@ -120,7 +120,7 @@ pub fn classify(e: tokio_postgres::Error, commit_sent: bool) -> ApplyError {
     }
     if code == "42501" {
         // A grant the runtime role lacks (a projection table without INSERT …): named with the way to list them.
-        ApplyError::Fatal(super::privileges::explain_missing(Error::Postgres(e)))
+        ApplyError::Fatal(explain_missing(Error::Postgres(e)))
     } else if rejects_a_value(&code) {
         ApplyError::Data(e)
     } else {
@@ -135,6 +135,30 @@ pub fn from_error(e: Error) -> ApplyError {
         Error::Postgres(pg) => classify(pg, false),
         other => ApplyError::Fatal(other),
     }
+}
+
+/// Turns a refusal for lack of privilege (SQLSTATE 42501) met while checking the database without DDL into
+/// [`Error::Privilege`] pointing at `check --database`, which lists every grant the role lacks.
+pub fn explain_missing(e: Error) -> Error {
+    match &e {
+        Error::Postgres(pg) if pg.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Error::Privilege(format!(
+                "{}: the role of the connection lacks a privilege the pipeline needs; `replaysafe check --config \
+                 FILE --database` lists every one with the GRANT that gives it (docs/operations.md \"Privileges\")",
+                describe(pg)
+            ))
+        }
+        _ => e,
+    }
+}
+
+/// Counts one retried database attempt: `replaysafe_db_retries_total{sqlstate}`, the server's SQLSTATE, or
+/// `connection` when the server sent none (a lost or refused connection, a timeout).
+pub fn db_retry(e: Option<&tokio_postgres::Error>) {
+    let code = e
+        .and_then(|e| e.code())
+        .map_or_else(|| "connection".to_string(), |c| c.code().to_string());
+    metrics::counter!("replaysafe_db_retries_total", "sqlstate" => code).increment(1);
 }
 
 #[cfg(test)]
