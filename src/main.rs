@@ -13,7 +13,7 @@ use replaysafe::error::{Error, EXIT_FAILURE, EXIT_OK};
 /// Runs the command.
 ///
 /// # Errors
-/// The command's (its exit code: docs/reference.md "Exit codes").
+/// The command's (its exit code: docs/operations.md "Exit codes").
 fn execute(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(a) => cmd::run::run(a),

@@ -53,7 +53,7 @@ pub struct RunArgs {
 /// Runs the pipeline until a signal (or caught up), then prints the accounting line.
 ///
 /// # Errors
-/// The pipeline file's errors and what stopped the run (its exit code: docs/reference.md "Exit codes").
+/// The pipeline file's errors and what stopped the run (its exit code: docs/operations.md "Exit codes").
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
         config,
