@@ -12,6 +12,14 @@
 //!   `decode/avro_to_json` the Avro → JSON-converter step alone.
 //!
 //! Criterion reports time per iteration; each iteration is one record, so the figure is ns/record.
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::disallowed_methods,
+    reason = "a benchmark fixture: a panic is a broken fixture"
+)]
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 

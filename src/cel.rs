@@ -65,7 +65,7 @@ pub fn compile(expr: &str) -> Result<Program, String> {
             let what = errors
                 .errors
                 .iter()
-                .map(|e| at(e.pos.0.max(1) as usize, e.pos.1.max(1) as usize, &e.msg))
+                .map(|e| at(e.pos.0.max(1).unsigned_abs(), e.pos.1.max(1).unsigned_abs(), &e.msg))
                 .collect::<Vec<_>>()
                 .join("; ");
             Err(format!("`{expr}` does not compile: {what}"))

@@ -96,7 +96,7 @@ async fn round(client: &mut Option<Client>, url: &str, p: &Pipeline) -> Result<(
     let row = c.query_one(LEDGER_SQL, &[&ledger]).await.map_err(db)?;
     metrics::gauge!("replaysafe_ledger_rows").set(row.get::<_, f64>(0));
     metrics::gauge!("replaysafe_ledger_bytes").set(row.get::<_, f64>(1));
-    let days: Option<i32> = p.ledger.horizon_days.map(|d| d as i32);
+    let days: Option<i32> = p.ledger.horizon_days.map(crate::units::int_days);
     let row = c
         .query_one(&horizon_sql(p), &[&ledger, &days])
         .await

@@ -9,6 +9,10 @@
 //!    from Kafka's older committed offset, re-reading records that already landed.
 //!
 //! After each phase `daily_counts` is compared with counts computed from the generated events.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the demo's clients of its own mock cluster (or --brokers), not of a pipeline"
+)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
@@ -60,11 +64,11 @@ fn events(n: usize, first_day: NaiveDate, days: usize, seed: u64) -> Vec<Event> 
     (0..n)
         .map(|i| {
             let day = first_day.checked_add_days(Days::new((i * days / n.max(1)) as u64)).expect("date");
-            let customer = CUSTOMERS[(next() % CUSTOMERS.len() as u64) as usize];
+            let customer = CUSTOMERS[crate::units::len(next() % CUSTOMERS.len() as u64)];
             let refund = next() % 10 == 0;
-            let cents = (next() % 9_000 + 100) as i64;
+            let cents = crate::units::bigint(next() % 9_000 + 100);
             let amount = if refund { -cents } else { cents };
-            let secs = (next() % 86_000) as i64;
+            let secs = crate::units::bigint(next() % 86_000);
             let ts = day.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp() + secs;
             let occurred = chrono::DateTime::from_timestamp(ts, 0).expect("ts").to_rfc3339();
             let id = uuid::Uuid::from_u64_pair(seed, i as u64);
@@ -232,7 +236,7 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         .enable_all()
         .build()
         .map_err(|e| Error::Other(e.to_string()))?;
-    let run_id = Utc::now().timestamp_millis() as u64;
+    let run_id = Utc::now().timestamp_millis().unsigned_abs();
     let mock;
     // A real cluster keeps topics between runs: each demo run gets its own topic there.
     let (brokers, topic) = match brokers {

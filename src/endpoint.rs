@@ -24,7 +24,7 @@ static ORIGINS: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new());
 
 /// Sets the start-up bound for this process (`--connect-timeout SECONDS`).
 pub fn set_connect_timeout(d: Duration) {
-    CONNECT_TIMEOUT_MS.store(d.as_millis() as u64, Ordering::Relaxed);
+    CONNECT_TIMEOUT_MS.store(crate::units::ms(d), Ordering::Relaxed);
 }
 
 /// The start-up bound: how long the first connection to PostgreSQL (and to the brokers) is retried.

@@ -35,5 +35,6 @@ pub mod printable;
 pub mod projection;
 pub mod sink;
 pub mod source;
+pub mod units;
 
 pub use error::{Error, Result};

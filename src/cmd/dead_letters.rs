@@ -111,7 +111,7 @@ pub fn run(command: DeadLettersCommand) -> anyhow::Result<()> {
             }
             let per_reason = dl::count(&p, &url, &sel)?;
             let total: i64 = per_reason.values().sum();
-            let shown = match rows.len() as i64 {
+            let shown = match replaysafe::units::bigint_len(rows.len()) {
                 n if n < total => format!(", the first {n} listed (--limit {limit})"),
                 _ => String::new(),
             };

@@ -83,7 +83,7 @@ pub fn run(a: ProveArgs) -> anyhow::Result<()> {
         brokers: scratch,
         keep,
         shuffles,
-        seed: seed.unwrap_or_else(|| chrono::Utc::now().timestamp_millis() as u64),
+        seed: seed.unwrap_or_else(|| chrono::Utc::now().timestamp_millis().unsigned_abs()),
         progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
         interrupt: Arc::new(AtomicBool::new(false)),
     };

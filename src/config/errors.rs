@@ -94,7 +94,7 @@ fn within(
     match v {
         None => Ok(default),
         Some(s) if (i64::from(range.0)..=i64::from(range.1)).contains(s.get_ref()) => {
-            Ok(*s.get_ref() as u32)
+            Ok(u32::try_from(*s.get_ref()).expect("within the u32 range checked above"))
         }
         Some(s) => Err(src.error(
             s.span(),

@@ -1,4 +1,8 @@
 //! `[kafka]`: group id, topics, start policy and librdkafka properties.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "checks librdkafka properties in a configuration that never connects"
+)]
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::BaseConsumer;

@@ -114,9 +114,10 @@ pub fn outbox(
         &raw.ack_timeout_ms,
         "ack-timeout-ms",
         (1, i64::from(i32::MAX)),
-        DEFAULT_ACK_TIMEOUT_MS as i64,
+        crate::units::bigint(DEFAULT_ACK_TIMEOUT_MS),
     )?;
-    if ack as u64 >= idle_ms {
+    let ack = u64::try_from(ack).expect("at least 1, checked by within");
+    if ack >= idle_ms {
         let span = raw
             .ack_timeout_ms
             .as_ref()
@@ -137,22 +138,27 @@ pub fn outbox(
             "keep-days",
             (0, 36_500),
             i64::from(DEFAULT_KEEP_DAYS),
-        )? as u32,
+        )
+        .map(|d| u32::try_from(d).expect("0..=36500, checked by within"))?,
         batch_size: within(
             src,
             &raw.batch_size,
             "batch-size",
             (1, 100_000),
             i64::from(DEFAULT_BATCH_SIZE),
-        )? as u32,
-        ack_timeout: Duration::from_millis(ack as u64),
-        poll_interval: Duration::from_millis(within(
-            src,
-            &raw.poll_interval_ms,
-            "poll-interval-ms",
-            (10, 60_000),
-            DEFAULT_POLL_INTERVAL_MS as i64,
-        )? as u64),
+        )
+        .map(|n| u32::try_from(n).expect("1..=100000, checked by within"))?,
+        ack_timeout: Duration::from_millis(ack),
+        poll_interval: Duration::from_millis(
+            within(
+                src,
+                &raw.poll_interval_ms,
+                "poll-interval-ms",
+                (10, 60_000),
+                crate::units::bigint(DEFAULT_POLL_INTERVAL_MS),
+            )
+            .map(crate::units::count)?,
+        ),
     })
 }
 

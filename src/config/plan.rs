@@ -294,7 +294,7 @@ impl Pipeline {
 fn positive(src: &Source, v: &Option<Spanned<i64>>, key: &str, default: u64) -> Result<u64> {
     match v {
         None => Ok(default),
-        Some(s) if *s.get_ref() > 0 => Ok(*s.get_ref() as u64),
+        Some(s) if *s.get_ref() > 0 => Ok(crate::units::count(*s.get_ref())),
         Some(s) => Err(src.error(s.span(), format!("`{key}` must be a positive whole number"))),
     }
 }
@@ -313,13 +313,15 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         &raw.batch.max_records,
         "max-records",
         DEFAULT_MAX_RECORDS as u64,
-    )? as usize;
+    )
+    .map(crate::units::len)?;
     let max_bytes = positive(
         src,
         &raw.batch.max_bytes,
         "max-bytes",
         DEFAULT_MAX_BYTES as u64,
-    )? as usize;
+    )
+    .map(crate::units::len)?;
     let linger = Duration::from_millis(positive(
         src,
         &raw.batch.linger_ms,
@@ -331,7 +333,8 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         &raw.batch.max_record_bytes,
         "max-record-bytes",
         DEFAULT_MAX_RECORD_BYTES as u64,
-    )? as usize;
+    )
+    .map(crate::units::len)?;
 
     let (format, decimal_handling) = source(src, &raw)?;
     let interval_handling = interval_handling(src, &raw, format)?;
@@ -354,7 +357,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
         src,
         raw.outbox.as_ref(),
         &kafka.topics,
-        postgres.timeouts.idle_in_transaction.as_millis() as u64,
+        crate::units::ms(postgres.timeouts.idle_in_transaction),
         projections
             .iter()
             .any(|p| p.kind == crate::projection::ProjectionKind::Outbox),
@@ -415,7 +418,7 @@ fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
             "connections",
             DEFAULT_CONNECTIONS as u64,
         )? {
-            n @ 1..=64 => n as usize,
+            n @ 1..=64 => crate::units::len(n),
             _ => {
                 let c = raw
                     .postgres
@@ -671,7 +674,7 @@ fn ledger(
                     "`horizon-days` needs `identity.partition-by` (the day the horizon counts)",
                 ));
             }
-            Some(*h.get_ref() as u32)
+            Some(u32::try_from(*h.get_ref()).expect("within the range checked above"))
         }
     };
     let future_days = match &raw.ledger.future_days {
@@ -689,7 +692,7 @@ fn ledger(
                     "`future-days` needs `identity.partition-by` (the day it bounds)",
                 ));
             }
-            *f.get_ref() as u32
+            u32::try_from(*f.get_ref()).expect("within 0..=MAX_FUTURE_DAYS, checked above")
         }
     };
     let mut columns = Vec::new();

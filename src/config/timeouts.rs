@@ -60,7 +60,9 @@ impl Timeouts {
 fn millis(src: &Source, v: &Option<Spanned<i64>>, key: &str, default: u64) -> Result<u64> {
     match v {
         None => Ok(default),
-        Some(s) if (1..=MAX_TIMEOUT_MS as i64).contains(s.get_ref()) => Ok(*s.get_ref() as u64),
+        Some(s) if (1..=crate::units::bigint(MAX_TIMEOUT_MS)).contains(s.get_ref()) => {
+            Ok(crate::units::count(*s.get_ref()))
+        }
         Some(s) => Err(src.error(
             s.span(),
             format!(

@@ -69,11 +69,12 @@ pub fn plan(src: &Source, raw: Option<&RawSource>, format: Format) -> Result<Opt
     if !atomic {
         return Ok(None);
     }
-    let get =
-        |v: &Option<toml::Spanned<i64>>, d: u64| v.as_ref().map_or(d, |s| *s.get_ref() as u64);
+    let get = |v: &Option<toml::Spanned<i64>>, d: u64| {
+        v.as_ref().map_or(d, |s| crate::units::count(*s.get_ref()))
+    };
     Ok(Some(TxPlan {
         timeout: Duration::from_millis(get(&raw.transaction_timeout_ms, DEFAULT_TIMEOUT_MS)),
-        buffer_bytes: get(&raw.transaction_buffer_bytes, DEFAULT_BUFFER_BYTES) as usize,
+        buffer_bytes: crate::units::len(get(&raw.transaction_buffer_bytes, DEFAULT_BUFFER_BYTES)),
     }))
 }
 

@@ -309,8 +309,8 @@ fn time_of_day(micros: i64) -> Result<Value, String> {
         ));
     }
     let t = chrono::NaiveTime::from_num_seconds_from_midnight_opt(
-        (micros / 1_000_000) as u32,
-        (micros % 1_000_000 * 1_000) as u32,
+        u32::try_from(micros / 1_000_000).expect("below 86 400, checked above"),
+        u32::try_from(micros % 1_000_000 * 1_000).expect("below 10^9"),
     )
     .ok_or_else(|| format!("time {micros} µs since midnight is out of range"))?;
     Ok(Value::String(super::day::time_text(t)))
@@ -398,15 +398,15 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
         Avro::TimestampNanos(t) | Avro::LocalTimestampNanos(t) if connect => json!(t),
         Avro::TimestampMillis(t) | Avro::LocalTimestampMillis(t) => rfc3339(
             t.div_euclid(1_000),
-            (t.rem_euclid(1_000) * 1_000_000) as u32,
+            u32::try_from(t.rem_euclid(1_000) * 1_000_000).expect("below 10^9"),
         )?,
         Avro::TimestampMicros(t) | Avro::LocalTimestampMicros(t) => rfc3339(
             t.div_euclid(1_000_000),
-            (t.rem_euclid(1_000_000) * 1_000) as u32,
+            u32::try_from(t.rem_euclid(1_000_000) * 1_000).expect("below 10^9"),
         )?,
         Avro::TimestampNanos(t) | Avro::LocalTimestampNanos(t) => rfc3339(
             t.div_euclid(1_000_000_000),
-            t.rem_euclid(1_000_000_000) as u32,
+            u32::try_from(t.rem_euclid(1_000_000_000)).expect("below 10^9"),
         )?,
         Avro::Uuid(u) => Value::String(u.hyphenated().to_string()),
         Avro::Duration(d) => Value::String(iso_duration(

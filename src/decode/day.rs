@@ -24,7 +24,7 @@ pub fn parse(text: &str) -> Option<NaiveDate> {
             })
         };
         if let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) {
-            return NaiveDate::from_ymd_opt(y as i32, m, d);
+            return NaiveDate::from_ymd_opt(i32::try_from(y).ok()?, m, d);
         }
     }
     if let Ok(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {

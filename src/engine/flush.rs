@@ -81,8 +81,8 @@ impl Inflight {
             .join()
             .map_err(|_| Error::Other("the flush thread panicked".into()))?;
         tracing::debug!(
-            applied_ms = self.started.elapsed().as_millis() as u64,
-            waited_ms = waited.elapsed().as_millis() as u64,
+            applied_ms = crate::units::ms(self.started.elapsed()),
+            waited_ms = crate::units::ms(waited.elapsed()),
             "flush settled"
         );
         metrics::histogram!("replaysafe_flush_seconds")
@@ -245,7 +245,7 @@ pub fn launch(
         .sum();
     let mut lanes: Vec<Vec<Cut>> = (0..n).map(|_| Vec::new()).collect();
     for c in cuts {
-        let lane = (c.batch.partition as usize + c.batch.topic.len()) % n;
+        let lane = (c.batch.partition.unsigned_abs() as usize + c.batch.topic.len()) % n;
         lanes[lane].push(c);
     }
     tracing::debug!(

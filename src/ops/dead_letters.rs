@@ -392,7 +392,7 @@ async fn read_page(
          ORDER BY topic, partition, \"offset\" LIMIT $8",
         p.table(DEAD_LETTERS)
     );
-    let limit = p.max_records as i64;
+    let limit = crate::units::bigint_len(p.max_records);
     let rows = client
         .query(
             &sql,

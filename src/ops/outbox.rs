@@ -483,7 +483,7 @@ async fn lock_rows(client: &Client, t: &QualifiedName, limit: i64) -> Result<Vec
         .map(row)
         .collect();
     let ids: Vec<i64> = heads.iter().map(|r| r.id).collect();
-    let more = limit - heads.len() as i64;
+    let more = limit - crate::units::bigint_len(heads.len());
     if heads.is_empty() || more == 0 {
         return Ok(heads);
     }

@@ -465,7 +465,7 @@ async fn rebuild_check(
         )
         .await?
     {
-        check.per_day.entry(r.get(0)).or_default().before = r.get::<_, i64>(1) as u64;
+        check.per_day.entry(r.get(0)).or_default().before = crate::units::count(r.get::<_, i64>(1));
     }
     for r in client
         .query(
@@ -474,7 +474,7 @@ async fn rebuild_check(
         )
         .await?
     {
-        check.per_day.entry(r.get(0)).or_default().after = r.get::<_, i64>(1) as u64;
+        check.per_day.entry(r.get(0)).or_default().after = crate::units::count(r.get::<_, i64>(1));
     }
     let pk = ledger::ledger_pk(pipeline);
     let same: Vec<String> = pk.iter().map(|c| format!("l.{c} = r.{c}")).collect();
@@ -487,10 +487,12 @@ async fn rebuild_check(
         ledger::ledger_rows_of(pipeline, &removed.to_string()),
         same.join(" AND ")
     );
-    check.missing_total = client
-        .query_one(&format!("SELECT count(*) {gone}"), &[&opts.from, &opts.to])
-        .await?
-        .get::<_, i64>(0) as u64;
+    check.missing_total = crate::units::count(
+        client
+            .query_one(&format!("SELECT count(*) {gone}"), &[&opts.from, &opts.to])
+            .await?
+            .get::<_, i64>(0),
+    );
     let rows = client
         .query(
             &format!(

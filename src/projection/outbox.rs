@@ -165,7 +165,7 @@ pub async fn purge_published(
             let sql = format!(
                 "SELECT count(*) FROM {table} WHERE published_at < now() - make_interval(days => $1)"
             );
-            client.query_one(&sql, &[&days]).await?.get::<_, i64>(0) as u64
+            crate::units::count(client.query_one(&sql, &[&days]).await?.get::<_, i64>(0))
         } else {
             let sql = format!(
                 "DELETE FROM {table} WHERE published_at < now() - make_interval(days => $1)"

@@ -270,10 +270,10 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
+        let hex = |b: u8| (b as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
         match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
             (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h).unwrap() * 16 + hex(l).unwrap()) as u8);
+                out.push(hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0));
                 i += 3;
             }
             (b, _, _) => {

@@ -242,7 +242,7 @@ pub async fn prune_with(
         report.outbox = outbox::purge_published(&*client, p, dry_run).await?;
         return Ok(report);
     };
-    let days = days as i32;
+    let days = crate::units::int_days(days);
     if dry_run {
         let tx = client.transaction().await?;
         tx.batch_execute("SET TRANSACTION READ ONLY").await?;
@@ -548,7 +548,9 @@ async fn purge_row_versions(
         return Ok(tx.query_one(&sql, &[&below, &names]).await?.get(0));
     }
     let sql = format!("DELETE FROM {table} WHERE {cond}");
-    Ok(tx.execute(&sql, &[&below, &names]).await? as i64)
+    Ok(crate::units::bigint(
+        tx.execute(&sql, &[&below, &names]).await?,
+    ))
 }
 
 /// Counts (dry run) or deletes the rows of `table` whose `column` (timestamptz) is before `below` 00:00 UTC —
@@ -580,7 +582,7 @@ async fn count_or_delete(
         return Ok(tx.query_one(&sql, &params).await?.get(0));
     }
     let sql = format!("DELETE FROM {table} WHERE {cond}");
-    Ok(tx.execute(&sql, &params).await? as i64)
+    Ok(crate::units::bigint(tx.execute(&sql, &params).await?))
 }
 
 /// A recorded pruned offset: `(topic, partition)` → `(pruned_through, pruned_below, updated_at as text)`.

@@ -399,7 +399,7 @@ pub async fn coverage(
     p: &Pipeline,
     days: u32,
 ) -> Result<(NaiveDate, NaiveDate)> {
-    let horizon = p.ledger.horizon_days.map(|d| d as i32);
+    let horizon = p.ledger.horizon_days.map(crate::units::int_days);
     let row = c
         .query_one(
             &format!(
@@ -407,7 +407,7 @@ pub async fn coverage(
                  (now() AT TIME ZONE 'UTC')::date - coalesce($2::int, 0)), (now() AT TIME ZONE 'UTC')::date + $3::int",
                 p.table(ledger::HORIZON)
             ),
-            &[&p.ledger.table.to_string(), &horizon, &(days as i32)],
+            &[&p.ledger.table.to_string(), &horizon, &crate::units::int_days(days)],
         )
         .await?;
     Ok((row.get(0), row.get(1)))

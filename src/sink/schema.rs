@@ -125,7 +125,7 @@ async fn ensure_key_type(tx: &Transaction<'_>, p: &Pipeline) -> Result<()> {
                 .await
                 .map_err(|e| schema_error("creating the ledger's key type", &stmt, e))
         }
-        Some(k) if k as u8 == b'c' => Ok(()),
+        Some(k) if k.to_ne_bytes() == [b'c'] => Ok(()),
         Some(_) => Err(Error::Schema(format!(
             "{name} is the name of the ledger's delivery-key type, and a table, view, index or sequence has it: \
              rename that, or give the pipeline another [ledger] table"

@@ -387,7 +387,7 @@ mod tests {
             old_key: None,
             decided: None,
         };
-        (offset as usize + 1, r)
+        (usize::try_from(offset).unwrap() + 1, r)
     }
 
     /// The window counts the bytes of keys and values it holds (what its `batch.max-bytes` × `connections` cap

@@ -340,7 +340,7 @@ impl Ack for GroupConsumer {
             topic = %tp.0,
             partition = tp.1,
             checkpoint = at,
-            grace_ms = ctx.fence_grace.as_millis() as u64,
+            grace_ms = crate::units::ms(ctx.fence_grace),
             "partition paused after a fenced batch: once the group coordinator confirms this member still owns it, \
              it is taken over again from its checkpoint (the other writer is fenced then); otherwise the \
              rebalance gives it up"
@@ -999,7 +999,7 @@ impl Source for Group {
         }
         if finished.recv_timeout(CLOSE_TIMEOUT).is_err() {
             tracing::warn!(
-                timeout_ms = CLOSE_TIMEOUT.as_millis() as u64,
+                timeout_ms = crate::units::ms(CLOSE_TIMEOUT),
                 "leaving the consumer group did not finish in time (group coordinator unreachable?): not waited \
                  for further — the coordinator expires this member after session.timeout.ms; what was applied \
                  is in the PostgreSQL checkpoints"

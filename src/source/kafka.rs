@@ -1,5 +1,9 @@
 //! The Kafka side shared by the group and assign sources: the consumer configuration, partitions from
 //! metadata, copying a record for the engine, committing offsets.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the one place that builds clients of the pipeline's cluster (clippy.toml)"
+)]
 
 use std::time::Duration;
 

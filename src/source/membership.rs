@@ -173,7 +173,7 @@ impl Membership {
         match silent.as_mut() {
             Some(s) if counts && s.rx == rx => {
                 s.assigned = assigned;
-                let waited = Duration::from_micros(ts.saturating_sub(s.since).max(0) as u64);
+                let waited = Duration::from_micros(crate::units::count(ts.saturating_sub(s.since)));
                 if self.bound.is_some_and(|b| waited > b) {
                     s.overdue = Some(waited);
                 }
@@ -255,7 +255,7 @@ impl Membership {
                 u.overdue = None;
             }
             Some(u) => {
-                let waited = Duration::from_micros(ts.saturating_sub(u.since).max(0) as u64);
+                let waited = Duration::from_micros(crate::units::count(ts.saturating_sub(u.since)));
                 if self.bound.is_some_and(|b| waited > b) {
                     u.overdue = Some(waited);
                 }
@@ -275,7 +275,7 @@ impl Membership {
         }
         let unsteady = stretch
             .as_ref()
-            .map(|u| Duration::from_micros(ts.saturating_sub(u.since).max(0) as u64));
+            .map(|u| Duration::from_micros(crate::units::count(ts.saturating_sub(u.since))));
         drop(stretch);
         crate::health::group_trouble(trouble(quiet, unsteady, &g));
     }
@@ -399,6 +399,10 @@ mod tests {
         .into_bytes()
     }
 
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a test's statistics fixture, never connected"
+    )]
     fn config(pairs: &[(&str, &str)]) -> ClientConfig {
         let mut c = ClientConfig::new();
         for (k, v) in pairs {

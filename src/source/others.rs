@@ -76,7 +76,7 @@ impl Others {
             .collect();
         if now.duration_since(since) >= session * 2 {
             tracing::warn!(
-                waited_ms = now.duration_since(since).as_millis() as u64,
+                waited_ms = crate::units::ms(now.duration_since(since)),
                 behind = behind.len(),
                 "this member's partitions are caught up, partitions held by other members are not ({}): \
                  exiting; their members read them",
@@ -88,7 +88,7 @@ impl Others {
             self.told = true;
             tracing::info!(
                 behind = behind.len(),
-                limit_ms = (session * 2).as_millis() as u64,
+                limit_ms = crate::units::ms(session * 2),
                 "this member's partitions are caught up; waiting for the partitions held by other members (or by a \
                  member that stopped and has not expired: session.timeout.ms) to be caught up too ({})",
                 shown.join(", ")

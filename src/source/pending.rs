@@ -48,7 +48,7 @@ impl Pending {
             topic = %b.tp.0,
             partition = b.tp.1,
             attempts = w.attempts,
-            waited_ms = now.duration_since(w.since).as_millis() as u64,
+            waited_ms = crate::units::ms(now.duration_since(w.since)),
             blocking_pid = ?b.holder,
             "take-over waits: the partition's checkpoint row is locked by another session (a previous owner's \
              open batch transaction?); the partition stays paused, nothing is consumed from it, the take-over is \
@@ -87,7 +87,7 @@ impl Pending {
             topic = %tp.0,
             partition = tp.1,
             attempts = w.attempts,
-            waited_ms = waited.as_millis() as u64,
+            waited_ms = crate::units::ms(waited),
             "fenced partition: the group coordinator does not confirm this member still owns it ({detail}); \
              waiting for the rebalance that gives it up"
         );
@@ -112,7 +112,7 @@ impl Pending {
                     topic = %tp.0,
                     partition = tp.1,
                     attempts = w.attempts,
-                    waited_ms = w.since.elapsed().as_millis() as u64,
+                    waited_ms = crate::units::ms(w.since.elapsed()),
                     "pending take-over ended"
                 );
                 true

@@ -1,6 +1,14 @@
 //! Integration tests against a real Kafka broker and PostgreSQL (started by `scripts/test`).
 //! Each test uses its own topic, consumer group and schema, and asserts final database state.
 //! Modules are named by subject; the line above each says what it covers.
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::disallowed_methods,
+    reason = "tests fail loudly where they fail, and build their own Kafka clients and fixtures"
+)]
 
 // Offsets snapshot, backfill, verify and rebuild against the real broker, retention loss made real.
 mod backfill;

@@ -101,11 +101,11 @@ impl Open {
 
     /// Adds a record; returns the bytes added (net of a replaced copy).
     fn add(&mut self, tp: &Tp, item: Item, held: Held) -> isize {
-        let added = item.size() as isize;
+        let added = isize::try_from(item.size()).unwrap_or(isize::MAX);
         let removed = match self.records.remove(&(tp.clone(), item.offset)) {
             Some((i, h)) => {
                 self.forget(&h);
-                i.size() as isize
+                isize::try_from(i.size()).unwrap_or(isize::MAX)
             }
             None => 0,
         };
@@ -117,7 +117,7 @@ impl Open {
             }
         }
         self.records.insert((tp.clone(), item.offset), (item, held));
-        self.bytes = (self.bytes as isize + added - removed) as usize;
+        self.bytes = self.bytes.saturating_add_signed(added - removed);
         added - removed
     }
 
@@ -279,7 +279,7 @@ impl TxBuf {
                 let o = self.entry(id);
                 o.began(ts);
                 let delta = o.add(tp, item, Held { ident, collections });
-                self.bytes = (self.bytes as isize + delta) as usize;
+                self.bytes = self.bytes.saturating_add_signed(delta);
                 None
             }
             Meta::End { id, .. } if self.closed.contains(&id) => Some(item),
@@ -575,7 +575,7 @@ impl TxBuf {
                 None => o.end_item = Some((tp, it)),
             }
         }
-        self.bytes = (self.bytes as isize + added) as usize;
+        self.bytes = self.bytes.saturating_add_signed(added);
     }
 
     /// How far a batch of `tp` may move its checkpoint: before its lowest held offset, and not past the last

@@ -281,7 +281,7 @@ impl Progress {
     ) -> Progress {
         let total: i64 = plans.iter().map(|p| p.stop_offset - p.start_offset).sum();
         let bar = if show_bar {
-            let b = indicatif::ProgressBar::new(total.max(0) as u64);
+            let b = indicatif::ProgressBar::new(crate::units::count(total));
             b.set_style(
                 indicatif::ProgressStyle::with_template(
                     "{bar:40} {pos}/{len} records  {per_sec}  ETA {eta}  {msg}",
@@ -389,7 +389,7 @@ impl Observer for Progress {
             }
         }
         let from = batch.expected.unwrap_or(batch.end);
-        self.bar.inc((batch.end - from).max(0) as u64);
+        self.bar.inc(crate::units::count(batch.end - from));
         let tp = (batch.topic.clone(), batch.partition);
         let mut committed = self.reached.lock().expect("committed offsets");
         committed.reached.insert(tp, batch.end);

@@ -352,8 +352,8 @@ fn crash(pr: &mut Prover, _p0: &Arc<Pipeline>, reference: &Snapshot) -> Result<D
                 &[&p.kafka.group_id],
             ))?;
             from_kafka += 1;
-            reread += lag as u64;
-            limit += lag as u64;
+            reread += crate::units::count(lag);
+            limit += crate::units::count(lag);
         }
         let (tally, delivered) = scripted(pr, &p, pr.records.clone(), true, Some(limit), None)?;
         runs += 1;
@@ -430,7 +430,7 @@ pub fn shuffle(records: &[Rec], seed: u64) -> Vec<Rec> {
         x ^= x >> 7;
         x ^= x << 17;
         let left: usize = queues.values().map(|q| q.len()).sum();
-        let mut pick = (x % left as u64) as usize;
+        let mut pick = crate::units::len(x % left as u64);
         for q in queues.values_mut() {
             if pick < q.len() {
                 out.push(q.pop_front().expect("not empty"));
@@ -569,7 +569,7 @@ fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Resu
     };
     let why = if tally.landed > 0 || tally.stale > 0 {
         Some("a snapshot read of an unchanged row must be a duplicate")
-    } else if lost > 0 || more > delivered as i64 {
+    } else if lost > 0 || more > crate::units::bigint(delivered) {
         Some("the ledger lost reference rows or gained more than one per read")
     } else {
         None

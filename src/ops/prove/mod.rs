@@ -323,5 +323,5 @@ fn run_id() -> String {
 
 /// Milliseconds since `t`.
 pub(crate) fn ms(t: Instant) -> u64 {
-    t.elapsed().as_millis() as u64
+    crate::units::ms(t.elapsed())
 }

@@ -312,6 +312,10 @@ impl Cluster {
     }
 
     /// A client configuration for the scratch cluster: its bootstrap servers and security settings.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "prove's scratch cluster (the mock cluster or --brokers), not the pipeline's"
+    )]
     pub fn client(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
@@ -436,13 +440,25 @@ impl Base {
             set("identity", "generation", toml::Value::String(g.clone()));
         }
         if let Some(n) = v.max_records {
-            set("batch", "max-records", toml::Value::Integer(n as i64));
+            set(
+                "batch",
+                "max-records",
+                toml::Value::Integer(crate::units::bigint_len(n)),
+            );
         }
         if let Some(n) = v.linger_ms {
-            set("batch", "linger-ms", toml::Value::Integer(n as i64));
+            set(
+                "batch",
+                "linger-ms",
+                toml::Value::Integer(crate::units::bigint(n)),
+            );
         }
         if let Some(n) = v.connections {
-            set("postgres", "connections", toml::Value::Integer(n as i64));
+            set(
+                "postgres",
+                "connections",
+                toml::Value::Integer(crate::units::bigint_len(n)),
+            );
         }
         let from = self
             .doc

@@ -142,7 +142,7 @@ impl Scripted {
         *x ^= *x << 13;
         *x ^= *x >> 7;
         *x ^= *x << 17;
-        *left = 1 + (*x % *max as u64) as usize;
+        *left = 1 + crate::units::len(*x % *max as u64);
         false
     }
 

@@ -199,7 +199,10 @@ pub fn missing_rows(want: &Snapshot, got: &Snapshot, table: &str) -> (usize, i64
     let empty = Vec::new();
     let w = want.get(table).map_or(&empty, |t| &t.rows);
     let g = got.get(table).map_or(&empty, |t| &t.rows);
-    (minus(w, g).len(), g.len() as i64 - w.len() as i64)
+    (
+        minus(w, g).len(),
+        crate::units::bigint_len(g.len()) - crate::units::bigint_len(w.len()),
+    )
 }
 
 /// One table's difference: rows expected but missing, rows there but not expected (at most `limit` each).

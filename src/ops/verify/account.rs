@@ -243,7 +243,7 @@ fn judge(
     claimed: i64,
     counts: &crate::ops::backfill::DayCounts,
 ) -> Option<String> {
-    let in_report = (counts.landed + counts.stale) as i64;
+    let in_report = crate::units::bigint(counts.landed + counts.stale);
     let seen =
         |s: &Snapshot| s.days.values().any(|x| *x == day.day) || s.ledger.contains_key(&day.day);
     if !seen(before) && !seen(after) {

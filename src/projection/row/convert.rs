@@ -122,7 +122,7 @@ fn timestamp(n: i64, unit: Unit) -> Result<String, String> {
         Unit::Nanos => (n.div_euclid(1_000_000_000), n.rem_euclid(1_000_000_000)),
         Unit::Days => return date(n),
     };
-    let t = DateTime::from_timestamp(secs, nanos as u32)
+    let t = DateTime::from_timestamp(secs, u32::try_from(nanos).expect("rem_euclid: 0..10^9"))
         .ok_or_else(|| {
             format!(
                 "{n} ({} since 1970-01-01) is out of range for a timestamp",
@@ -166,8 +166,8 @@ fn time(n: i64, unit: Unit) -> Result<String, String> {
         return Err(out_of_range());
     }
     let t = NaiveTime::from_num_seconds_from_midnight_opt(
-        (nanos / 1_000_000_000) as u32,
-        (nanos % 1_000_000_000) as u32,
+        u32::try_from(nanos / 1_000_000_000).expect("below 86 400, checked above"),
+        u32::try_from(nanos % 1_000_000_000).expect("0..10^9: nanos is not negative"),
     )
     .ok_or_else(out_of_range)?;
     Ok(crate::decode::day::time_text(t))
@@ -493,7 +493,7 @@ pub fn fits(text: &str, ty: &SqlType) -> Result<(), String> {
             let digits = if int.sign() == num_bigint::Sign::NoSign {
                 0
             } else {
-                int.to_string().len() as u32
+                u32::try_from(int.to_string().len()).unwrap_or(u32::MAX)
             };
             if digits + s > p {
                 return Err(format!(

@@ -115,6 +115,11 @@ struct Locked {
 
 /// The change LSN of a change with a source position (its last element; a primary-key change's delete of the old
 /// key and create of the new key share it).
+/// The slot of a fetched row: its `WITH ORDINALITY` number (from 1) less one.
+fn ordinal(ord: i64) -> usize {
+    usize::try_from(ord - 1).expect("WITH ORDINALITY numbers from 1")
+}
+
 fn lsn(c: &RowChange) -> Option<i64> {
     c.position.as_ref().and_then(|p| p.last().copied())
 }
@@ -175,7 +180,7 @@ async fn fetch_states(
         let unresolved = r
             .get::<_, Option<String>>(6 + shape.columns.len())
             .and_then(|t| Unresolved::parse(shape, &t));
-        state[(ord - 1) as usize] = Some(State {
+        state[ordinal(ord)] = Some(State {
             version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
             // Of the values as stored (PostgreSQL's output of each column, the form incoming values take
             // too): a `_sha256` written by an earlier version from another spelling of the same values
@@ -194,7 +199,7 @@ async fn fetch_states(
             let version: Vec<i64> = r.get(1);
             let last: Option<serde_json::Value> = r.get(3);
             let position: Option<Vec<i64>> = r.get(4);
-            let slot = &mut state[(ord - 1) as usize];
+            let slot = &mut state[ordinal(ord)];
             // A live row and a tombstone for one key should not coexist; the newer one wins.
             if slot.as_ref().is_none_or(|s| {
                 compare(&version, position.as_ref(), s, prepared.reloads)

@@ -84,6 +84,15 @@ fn key_unnest(shape: &Shape, first: usize) -> (String, String, String) {
 const TABLE_LOCK_CLASS: i32 = 0x7273_6166;
 
 /// The first 8 bytes of SHA-256 of `text`, as a signed integer.
+/// The low 32 bits of `h` (two's complement): the `int4` second key of a table's advisory lock.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "the low 32 bits are the key, by design"
+)]
+fn low32(h: i64) -> i32 {
+    h as i32
+}
+
 fn hash64(text: &str) -> i64 {
     let d = Sha256::digest(text.as_bytes());
     i64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
@@ -129,7 +138,7 @@ async fn prepare_locks(
             .await?,
         table_exclusive: prep("SELECT pg_advisory_xact_lock($1::int4, $2::int4)".into()).await?,
         entities,
-        table_id: (TABLE_LOCK_CLASS, hash64(&name) as i32),
+        table_id: (TABLE_LOCK_CLASS, low32(hash64(&name))),
         seed: hash64(&name),
     })
 }

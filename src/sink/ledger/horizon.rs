@@ -50,7 +50,7 @@ pub async fn claim_horizon<T: ?Sized + tokio_postgres::ToStatement + Sync + Send
     stmt: &T,
     p: &Pipeline,
 ) -> std::result::Result<Horizon, tokio_postgres::Error> {
-    let days: Option<i32> = p.ledger.horizon_days.map(|d| d as i32);
+    let days: Option<i32> = p.ledger.horizon_days.map(crate::units::int_days);
     let row = client
         .query_one(stmt, &[&p.ledger.table.to_string(), &days])
         .await?;
