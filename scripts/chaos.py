@@ -64,7 +64,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.environ.get("CHAOS_BIN") or os.path.join(ROOT, "target", "release", "replaysafe")
+BIN = os.environ.get("CHAOS_BIN") or os.path.join(
+    os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release", "replaysafe"
+)
 # The membership bound of the workers (src/source/membership.rs): max.poll.interval.ms + session.timeout.ms of
 # PIPELINE, in s.
 MEMBERSHIP_BOUND_S = 70

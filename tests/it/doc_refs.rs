@@ -307,3 +307,63 @@ fn normalize(p: &Path) -> PathBuf {
     }
     out
 }
+
+/// Issue 42 (a first hour's stumble): a script that runs a build reads it where cargo put it — `CARGO_TARGET_DIR`
+/// when set — never a hard-coded `target/`: each script names its builds through `$TARGET`
+/// (`TARGET=${CARGO_TARGET_DIR:-$ROOT/target}`), the chaos harness through `CARGO_TARGET_DIR`.
+#[test]
+fn scripts_find_their_builds_under_cargo_target_dir() {
+    let dir = root().join("scripts");
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let live: Vec<(usize, &str)> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim_start().starts_with('#'))
+            .collect();
+        let builds = live
+            .iter()
+            .any(|(_, l)| l.contains("release/replaysafe") || l.contains("debug/replaysafe"));
+        if !builds {
+            continue;
+        }
+        checked += 1;
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.ends_with(".py") {
+            if !text.contains("CARGO_TARGET_DIR") {
+                bad.push(format!("{name}: no CARGO_TARGET_DIR"));
+            }
+            continue;
+        }
+        if !text.contains("TARGET=${CARGO_TARGET_DIR:-$ROOT/target}") {
+            bad.push(format!(
+                "{name}: no TARGET=${{CARGO_TARGET_DIR:-$ROOT/target}}"
+            ));
+        }
+        for (n, l) in live {
+            let hard = l.match_indices("target/").any(|(i, _)| {
+                let before = &l[..i];
+                !before.ends_with("$ROOT/")
+                    && !before.ends_with('"')
+                    && !before.ends_with('$')
+                    && !before.ends_with("TARGET}/")
+                    && (l[i..].starts_with("target/release/")
+                        || l[i..].starts_with("target/debug/"))
+            });
+            if hard {
+                bad.push(format!("{name}:{}: {l}", n + 1));
+            }
+        }
+    }
+    assert!(checked >= 7, "only {checked} scripts run a build");
+    assert!(
+        bad.is_empty(),
+        "hard-coded target/ paths:\n{}",
+        bad.join("\n")
+    );
+}
