@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
+use replaysafe::error::Error;
 use replaysafe::{config, ops};
 
 use crate::cmd::resolve::{brokers, database_url, parse_time, write_json};
@@ -24,6 +25,10 @@ pub enum OffsetsCommand {
         /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
         #[arg(long)]
         brokers: Option<String>,
+        /// Write the file also when the group has no position on any partition (by default that is refused
+        /// with exit 2: a misspelled group, most likely).
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Start the group's partitions explicitly on the log the brokers serve now (after a topic was re-created,
     /// or a failover to another cluster: `run` exits 7): each checkpoint is replaced (the old one kept in
@@ -79,9 +84,13 @@ pub fn run(command: OffsetsCommand) -> anyhow::Result<()> {
             group,
             output,
             brokers: flag,
+            allow_empty,
         } => {
             let p = config::load(&config)?;
             let snap = ops::offsets::snapshot(&p, &brokers(&p, flag)?, &database_url(&p)?, &group)?;
+            if let Some(why) = snap.unknown_group().filter(|_| !allow_empty) {
+                return Err(Error::Usage(why).into());
+            }
             write_json(&snap, output.as_ref())
         }
         OffsetsCommand::Start {

@@ -40,6 +40,38 @@ pub struct StopFile {
     pub warnings: Vec<String>,
     /// One entry per partition of the pipeline's topics.
     pub partitions: Vec<StopEntry>,
+    /// The consumer groups with checkpoints in this generation (at most 20, sorted): what a misspelled group is
+    /// told to choose from. Not written to the file.
+    #[serde(default, skip_serializing)]
+    pub known_groups: Vec<String>,
+}
+
+impl StopFile {
+    /// `offsets snapshot`'s refusal of a group with no position on any partition (a misspelled group, most
+    /// likely): `Some` the message naming the group and the groups that have checkpoints.
+    pub fn unknown_group(&self) -> Option<String> {
+        if self.partitions.iter().any(|e| e.next_offset.is_some()) {
+            return None;
+        }
+        let known = match self.known_groups.as_slice() {
+            [] => "none has checkpoints in this schema and generation".to_string(),
+            g => format!("groups with checkpoints here: {}", g.join(", ")),
+        };
+        Some(format!(
+            "group {} has no position on any partition of {}: no checkpoint in PostgreSQL and no committed \
+             offset in Kafka — is the group name right? ({known}; Kafka's own list: `kafka-consumer-groups.sh \
+             --bootstrap-server … --list`). Nothing written; --allow-empty writes the file anyway (a backfill \
+             with it then needs --missing-stop)",
+            self.group,
+            self.partitions
+                .iter()
+                .map(|e| e.topic.as_str())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
 }
 
 /// Takes the snapshot of `group`'s positions.
@@ -74,23 +106,35 @@ pub fn snapshot(
         .enable_all()
         .build()
         .map_err(|e| Error::Other(e.to_string()))?;
-    let checkpoints: BTreeMap<(String, i32), i64> = rt.block_on(async {
+    let generation = pipeline.identity.generation.clone().unwrap_or_default();
+    let (checkpoints, known_groups): (BTreeMap<(String, i32), i64>, Vec<String>) = rt.block_on(async {
         let client = sink::connect_with(database_url, &pipeline.postgres.timeouts).await?;
         let table = pipeline.table(checkpoint::CHECKPOINTS).to_string();
         let exists: Option<String> = client.query_one("SELECT to_regclass($1)::text", &[&table]).await?.get(0);
         if exists.is_none() {
-            return Ok::<_, Error>(BTreeMap::new());
+            return Ok::<_, Error>((BTreeMap::new(), Vec::new()));
         }
+        let known = client
+            .query(
+                &format!(
+                    "SELECT DISTINCT consumer_group FROM {table} WHERE generation = $1 ORDER BY 1 LIMIT 20"
+                ),
+                &[&generation],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let rows = client
             .query(
                 &format!(
                     "SELECT topic, partition, next_offset FROM {table} WHERE consumer_group = $1 AND generation = $2 \
                      AND next_offset IS NOT NULL"
                 ),
-                &[&group, &pipeline.identity.generation.clone().unwrap_or_default()],
+                &[&group, &generation],
             )
             .await?;
-        Ok(rows.iter().map(|r| ((r.get(0), r.get(1)), r.get(2))).collect())
+        Ok((rows.iter().map(|r| ((r.get(0), r.get(1)), r.get(2))).collect(), known))
     })?;
     let use_db = !checkpoints.is_empty();
     let mut warnings = Vec::new();
@@ -127,6 +171,7 @@ pub fn snapshot(
         .to_string(),
         warnings,
         partitions: entries,
+        known_groups,
     })
 }
 

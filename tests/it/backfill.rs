@@ -1050,13 +1050,43 @@ fn backfill_notes_a_stop_offset_below_the_start() {
     );
 }
 
-/// Issue 20 item 6: `offsets snapshot` of a group with no position warns (the file keeps nulls, never 0).
+/// Issue 20 item 6, issue 42 item 3: `offsets snapshot` of a group with no position on any partition (a
+/// misspelled group) is refused with exit 2 naming the group and the groups that have checkpoints, and writes no
+/// file; `--allow-empty` writes it (nulls, never 0) with the warning.
 #[test]
-fn offsets_snapshot_without_positions_warns() {
-    let (_db, _topic, p, _) = seeded("snap_warn", 2, 20);
+fn offsets_snapshot_of_a_group_without_positions_is_refused_unless_allowed() {
+    let (db, topic) = stage("snap_warn", 2);
+    produce(&topic, &seed_events(20, 2).0);
+    let group = unique("prod");
+    let p = pipeline(SEED, &topic, &group, &db.schema);
+    run_caught_up(&p.path).assert_ok();
     let file = p.dir.path().join("stop.json");
     let nobody = unique("nobody");
     let out = offsets_snapshot(&p, &nobody, &file);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    for want in [
+        nobody.as_str(),
+        "no position on any partition",
+        &topic,
+        &group,
+        "--allow-empty",
+    ] {
+        assert!(out.stderr.contains(want), "{want}: {}", out.stderr);
+    }
+    assert!(!file.exists(), "nothing written");
+
+    let args = [
+        "offsets",
+        "snapshot",
+        "--config",
+        arg(&p.path),
+        "--group",
+        &nobody,
+        "--allow-empty",
+        "-o",
+        arg(&file),
+    ];
+    let out = replaysafe(&args);
     out.assert_ok();
     assert!(
         out.stderr.contains("has no position on any partition"),
@@ -1073,6 +1103,12 @@ fn offsets_snapshot_without_positions_warns() {
         "{s}"
     );
     assert!(s["warnings"].to_string().contains(&nobody), "{s}");
+    assert!(s.get("known_groups").is_none(), "not written: {s}");
+
+    // The pipeline's own group, which has checkpoints, is not refused.
+    let out = offsets_snapshot(&p, &group, &file);
+    out.assert_ok();
+    assert_eq!(json(&file)["partitions"][0]["next_offset"].is_null(), false);
 }
 
 /// Issue 20 item 6: `verify snapshot --where` naming a missing column is bad usage (exit 2), nothing written.
