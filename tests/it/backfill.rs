@@ -1128,6 +1128,16 @@ fn verify_snapshot_where_naming_a_missing_column_is_usage() {
         bad.stderr
     );
     assert!(!p.dir.path().join("snap.json").exists());
+    // Issue 42 item 3: a misspelled table is refused naming the tables verify can compare.
+    let bad = verify_snapshot(&p, "daily_count", None, &p.dir.path().join("snap.json"));
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("`daily_count` is not the table")
+            && bad.stderr.contains("its counter and sum tables: daily_counts"),
+        "{}",
+        bad.stderr
+    );
+    assert!(!p.dir.path().join("snap.json").exists());
 }
 
 /// Issue 17, the same class in `backfill`: its window is chosen by record time, but the horizon judges the

@@ -124,8 +124,18 @@ fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
                 .map(|a| (x, a))
         })
         .ok_or_else(|| {
+            let tables: Vec<String> = p
+                .projections
+                .iter()
+                .filter(|x| matches!(x.kind, ProjectionKind::Counter | ProjectionKind::Sum))
+                .filter_map(|x| x.aggregate.as_ref().map(|a| a.table.name.as_str().to_string()))
+                .collect();
+            let choose = match tables.as_slice() {
+                [] => "it has none (verify compares counter and sum projections)".to_string(),
+                t => format!("its counter and sum tables: {}", t.join(", ")),
+            };
             Error::Usage(format!(
-                "`{table}` is not the table of a counter or sum projection of this pipeline"
+                "`{table}` is not the table of a counter or sum projection of this pipeline; {choose}"
             ))
         })?;
     let day = p.identity.partition_by.ok_or_else(|| {
