@@ -220,11 +220,16 @@ fn committed(brokers: &str, topic: &str, group: &str) -> Result<i64> {
         .sum())
 }
 
-/// Where `replaysafe demo` writes its log (the system's temporary directory, `replaysafe-demo.log`), so that
-/// the narrative on stdout is not interleaved with log lines.
+/// Where `replaysafe demo` writes its log (the system's temporary directory, `replaysafe-demo-<pid>.log`: one
+/// per run), so that the narrative on stdout is not interleaved with log lines.
 pub fn log_path() -> std::path::PathBuf {
-    std::env::temp_dir().join("replaysafe-demo.log")
+    std::env::temp_dir().join(format!("replaysafe-demo-{}.log", std::process::id()))
 }
+
+/// The session-level advisory lock a demo holds on its database for its whole run (released when its connection
+/// closes): a second demo on the same database would drop the first one's schema under it.
+pub const LOCK_SQL: &str =
+    "SELECT pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext('replaysafe demo: ' || $1)::bigint)";
 
 /// Runs the demo. `brokers`: a real cluster, or `None` for librdkafka's in-process mock cluster.
 ///
@@ -263,6 +268,13 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
     let schema = pipeline.postgres.schema.clone();
     let client = rt.block_on(async {
         let c = sink::connect(database_url).await?;
+        let locked: bool = c.query_one(LOCK_SQL, &[&schema.as_str()]).await?.get(0);
+        if !locked {
+            return Err(Error::Usage(format!(
+                "another `replaysafe demo` is running on this database (it holds the demo's lock on schema \
+                 {schema}): wait for it to finish, or set DATABASE_URL to another database"
+            )));
+        }
         c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
             .await?;
         Ok::<_, Error>(c)

@@ -1133,7 +1133,9 @@ fn verify_snapshot_where_naming_a_missing_column_is_usage() {
     assert_eq!(bad.code, Some(2), "{}", bad.stderr);
     assert!(
         bad.stderr.contains("`daily_count` is not the table")
-            && bad.stderr.contains("its counter and sum tables: daily_counts, daily_totals"),
+            && bad
+                .stderr
+                .contains("its counter and sum tables: daily_counts, daily_totals"),
         "{}",
         bad.stderr
     );

@@ -296,6 +296,34 @@ fn demo_against_the_real_broker() {
         db.i64("SELECT count(*) FROM replaysafe_demo.replaysafe_dead_letters"),
         1
     );
+
+    // Issue 42 item 3: while another demo holds the database (here: this test, with the demo's lock), a second
+    // one is refused (exit 2) before it touches the schema.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let holder = pg_client(&rt);
+    let held: bool = rt
+        .block_on(holder.query_one(replaysafe::demo::LOCK_SQL, &[&"replaysafe_demo"]))
+        .unwrap()
+        .get(0);
+    assert!(held, "no demo runs now");
+    let out = replaysafe_with(
+        &["demo", "--brokers", &brokers(), "--events", "30"],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("another `replaysafe demo` is running on this database"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        db.i64("SELECT sum(n)::bigint FROM replaysafe_demo.daily_counts"),
+        374,
+        "the first demo's tables untouched"
+    );
+    drop(holder);
 }
 
 /// Two members of one group while records arrive: rebalances move partitions back and forth (revocation
