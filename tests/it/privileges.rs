@@ -218,6 +218,12 @@ fn a_dml_only_role_runs_the_pipeline_after_init_by_the_owner() {
         "{}",
         out.stdout
     );
+    // Issue 42 item 3: what --database finds is not buried under the four answers (`check` alone prints them).
+    assert!(
+        !out.stdout.contains("What identifies a change") && out.stdout.contains(": valid"),
+        "{}",
+        out.stdout
+    );
 
     // Without --no-ddl the role is asked for DDL it may not do: a clear refusal, nothing consumed.
     let out = role.replaysafe(&["run", "--config", config, "--until-caught-up"]);
