@@ -32,9 +32,10 @@ fn sasl(test: &str) -> Option<Sasl> {
             "{test}: KAFKA_SASL_DIR is not set under CI: scripts/test exports it from scripts/kafka-start's \
              SASL_SSL listener (KAFKA_SASL=off disables it)"
         );
-        eprintln!(
-            "SKIPPED {test}: no SASL_SSL listener configured (KAFKA_SASL_DIR unset; run through scripts/test, or \
-             export KAFKA_SASL_DIR=<kafka-start state dir>/sasl of the broker in KAFKA_BROKERS)"
+        skipped(
+            test,
+            "no SASL_SSL listener configured (KAFKA_SASL_DIR unset; run through scripts/test, or export \
+             KAFKA_SASL_DIR=<kafka-start state dir>/sasl of the broker in KAFKA_BROKERS)",
         );
         return None;
     };

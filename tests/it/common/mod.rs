@@ -63,6 +63,23 @@ pub fn seeded_random(seed: u64) -> impl FnMut(u64) -> u64 {
     }
 }
 
+/// A test that cannot run against the services given says so: on stderr (shown with `--nocapture`) and, when
+/// `scripts/test` sets `REPLAYSAFE_TEST_SKIPS`, as a line of that file, which `scripts/test` prints at the end
+/// (a test that returns early passes in cargo's count).
+pub fn skipped(test: &str, why: &str) {
+    eprintln!("SKIPPED {test}: {why}");
+    if let Some(path) = std::env::var_os("REPLAYSAFE_TEST_SKIPS") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{test}: {why}");
+        }
+    }
+}
+
 /// A client on `DATABASE_URL` whose connection task runs on `rt`.
 pub fn pg_client(rt: &tokio::runtime::Runtime) -> tokio_postgres::Client {
     rt.block_on(async {
