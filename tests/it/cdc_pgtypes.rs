@@ -613,3 +613,59 @@ fn c55_domain_check_violation_is_dead_lettered() {
     );
     assert_eq!(committed0(&group, &topic), Some(3));
 }
+
+/// Issue 42 item 3: a `source-table` typo in a pipeline of row projections only: `run` stops (exit 2) at the first
+/// change, naming the source table seen, its coordinates and the tables the projections read — nothing claimed,
+/// nothing committed. The corrected file then lands every change (no claim of the typo's run hides them as
+/// duplicates). With another kind of projection beside it, such changes are claimed for that one.
+#[test]
+fn a_source_table_typo_stops_the_run_before_anything_is_claimed() {
+    let db = Db::fresh("typo");
+    let topic = new_topic("typo", 1);
+    let t = Table("accounts");
+    let row = |id: i64| serde_json::json!({"id": id, "owner": format!("o{id}"), "balance": 5});
+    produce(
+        &topic,
+        &[t.create(0, 1, row(1), 100), t.create(0, 2, row(2), 101)],
+    );
+    let text = |source: &str| {
+        format!(
+            "{DEBEZIUM_HEADER}[[projection]]\nkind = \"row\"\ntable = \"accounts\"\nsource-table = \"{source}\"\n\
+             key = [\"id\"]\ncolumns = {{ id = \"bigint\", owner = \"text\", balance = \"bigint\" }}\n"
+        )
+    };
+    let group = unique("g");
+    let p = pipeline(&text("public.acounts"), &topic, &group, &db.schema);
+    let out = try_run(&p.path);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    let at = format!("{topic}/0 offset 0");
+    for want in [
+        at.as_str(),
+        "a change of source table public.accounts reaches no projection",
+        "the row projections read public.acounts",
+    ] {
+        assert!(out.stderr.contains(want), "{want}: {}", out.stderr);
+    }
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts"), 0);
+    assert_nothing_committed_past(&group, &topic, 1, 0);
+
+    let fixed = pipeline(&text("public.accounts"), &topic, &group, &db.schema);
+    run_caught_up(&fixed.path).assert_ok();
+    assert_eq!(
+        db.strings("SELECT id::text || '/' || owner FROM {s}.accounts ORDER BY id"),
+        vec!["1/o1", "2/o2"]
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2);
+
+    // Beside a counter of every change, the unread table's changes are claimed for the counter.
+    let db = Db::fresh("typoc");
+    let counted = format!(
+        "{}[[projection]]\nkind = \"counter\"\ntable = \"changes\"\ngroup-by = [\"_day\"]\n",
+        text("public.acounts")
+    );
+    let p = pipeline(&counted, &topic, &unique("g"), &db.schema);
+    run_caught_up(&p.path).assert_ok();
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2);
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts"), 0);
+}

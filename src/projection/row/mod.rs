@@ -78,6 +78,9 @@ pub async fn apply_rows(
             group,
             days: &days,
         };
+        if let Some(stop) = unread_table(p, batch, landed) {
+            return Err(stop);
+        }
         warn_unmatched_tables(p, batch);
         for rp in rows {
             let proj = &p.projections[rp.shape.index];
@@ -152,6 +155,52 @@ fn strongest(a: RowResult, b: RowResult) -> RowResult {
     } else {
         b
     }
+}
+
+/// A change claimed in this batch whose source table no row projection reads, in a pipeline of row projections
+/// only: it would be claimed and reach nothing — a `source-table` typo looks like this (everything lands, the
+/// replica stays empty, and the corrected file then finds the claims and skips them as duplicates). Stops the
+/// partition (exit 2, nothing of the batch committed, the checkpoint before it) naming the table seen, its
+/// coordinates, the tables the projections read and the ways out. With another kind of projection in the
+/// pipeline such a change is claimed for it (and logged once, [`warn_unmatched_tables`]).
+fn unread_table(p: &Pipeline, batch: &Batch, landed: &HashSet<i64>) -> Option<ApplyError> {
+    if p.projections.iter().any(|x| x.row.is_none()) {
+        return None;
+    }
+    let it = batch.items.iter().find(|it| {
+        landed.contains(&it.offset)
+            && matches!(&it.pending, Pending::Claim { change: Some(ch), .. }
+                if !p.projections.iter().any(|x| x.row.as_ref().is_some_and(|r| matches(r, &r.table, ch))))
+    })?;
+    let Pending::Claim {
+        change: Some(ch), ..
+    } = &it.pending
+    else {
+        return None;
+    };
+    let read: Vec<String> = p
+        .projections
+        .iter()
+        .filter_map(|x| {
+            x.row.as_ref().map(|r| {
+                r.source_table
+                    .clone()
+                    .unwrap_or_else(|| format!("*.{}", r.table.name.as_str()))
+            })
+        })
+        .collect();
+    Some(ApplyError::Fatal(crate::error::Error::Schema(format!(
+        "{}/{} offset {}: a change of source table {} reaches no projection: the row projections read {} \
+         (`source-table`, or the table's name). Nothing of this batch was committed. Fix `source-table` if it is \
+         misspelled; if changes of {} are not wanted, drop them with a named [[filter]] rule (counted `filtered`) \
+         or leave them out of the connector's table.include.list",
+        batch.topic,
+        batch.partition,
+        it.offset,
+        ch.table,
+        read.join(", "),
+        ch.table
+    ))))
 }
 
 /// Logs once per source table when Debezium changes reach no row projection (a `source-table` typo looks like
