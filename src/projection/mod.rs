@@ -128,6 +128,22 @@ pub struct ProjectionPlan {
     pub settings: BTreeMap<String, String>,
 }
 
+impl ProjectionPlan {
+    /// The tables this projection writes, qualified SQL text (what `check --database` checks a role's grants
+    /// on): a counter's or sum's table; a row projection's table and the tables beside it
+    /// ([`row::tables`]); an outbox's table; none for `sql` (its tables are the user's statement's).
+    pub fn tables(&self, p: &crate::config::Pipeline) -> Vec<String> {
+        match self.kind {
+            ProjectionKind::Counter | ProjectionKind::Sum => {
+                self.aggregate.iter().map(|a| a.table.to_string()).collect()
+            }
+            ProjectionKind::Row => self.row.iter().flat_map(|r| row::tables(r, p)).collect(),
+            ProjectionKind::Outbox => self.settings.get("table").into_iter().cloned().collect(),
+            ProjectionKind::Sql => Vec::new(),
+        }
+    }
+}
+
 impl std::fmt::Debug for ProjectionPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProjectionPlan")

@@ -17,8 +17,6 @@ use tokio_postgres::{Client, GenericClient};
 use super::{checkpoint, dead_letters, ledger};
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
-use crate::projection::row::plan::TombstoneMode;
-use crate::projection::row::{CONFLICTS, TRUNCATES};
 
 /// Whether the table `name` (SQL text, e.g. `"s"."t"`) exists.
 ///
@@ -46,24 +44,7 @@ pub fn pipeline_tables(p: &Pipeline) -> Vec<String> {
         p.table(super::projset::HANDOVER).to_string(),
     ];
     for proj in &p.projections {
-        if let Some(a) = &proj.aggregate {
-            out.push(a.table.to_string());
-        } else if let Some(r) = &proj.row {
-            out.push(r.table.to_string());
-            if r.tombstones == TombstoneMode::Table {
-                out.push(r.tombstone_table.to_string());
-            }
-            out.push(p.table(CONFLICTS).to_string());
-            out.push(
-                p.table(crate::projection::row::history::VERSIONS)
-                    .to_string(),
-            );
-            out.push(p.table(TRUNCATES).to_string());
-        } else if proj.settings.get("kind").map(String::as_str) == Some("outbox") {
-            if let Some(t) = proj.settings.get("table") {
-                out.push(t.clone());
-            }
-        }
+        out.extend(proj.tables(p));
     }
     let mut seen = std::collections::HashSet::new();
     out.retain(|t| seen.insert(t.clone()));

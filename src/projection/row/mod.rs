@@ -157,6 +157,22 @@ fn strongest(a: RowResult, b: RowResult) -> RowResult {
     }
 }
 
+/// The tables a row projection writes, qualified SQL text: its table, its tombstone table (`tombstones =
+/// "table"`), and the pipeline's conflict, version-history and truncate tables it shares with the other row
+/// projections.
+pub fn tables(r: &RowPlan, p: &Pipeline) -> Vec<String> {
+    let mut out = vec![r.table.to_string()];
+    if r.tombstones == TombstoneMode::Table {
+        out.push(r.tombstone_table.to_string());
+    }
+    out.extend([
+        p.table(CONFLICTS).to_string(),
+        p.table(history::VERSIONS).to_string(),
+        p.table(TRUNCATES).to_string(),
+    ]);
+    out
+}
+
 /// A change claimed in this batch whose source table no row projection reads, in a pipeline of row projections
 /// only: it would be claimed and reach nothing — a `source-table` typo looks like this (everything lands, the
 /// replica stays empty, and the corrected file then finds the claims and skips them as duplicates). Stops the
