@@ -12,6 +12,14 @@
 //! round 3 deletes every tenth entity and updates the others. Keys go to partition `id % 8`. Event i has change
 //! LSN `10_000_000 + 100·i`, transaction `1000 + i/4`, `sequence`
 //! `["<previous transaction's last LSN>","<LSN>"]` (so the source position rises with i).
+#![allow(
+    clippy::disallowed_methods,
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    reason = "a benchmark tool with its own Kafka client; a panic is a broken run"
+)]
 
 use std::time::{Duration, Instant};
 

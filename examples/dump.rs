@@ -4,6 +4,14 @@
 //!
 //! `cargo run --release --example dump -- BROKERS TOPIC > FILE` reads every partition from its start to its end
 //! at the time of the call.
+#![allow(
+    clippy::disallowed_methods,
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    reason = "a benchmark tool with its own Kafka client; a panic is a broken run"
+)]
 
 use std::io::Write;
 use std::time::Duration;

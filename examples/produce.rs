@@ -3,6 +3,14 @@
 //!
 //! `cargo run --release --example produce -- BROKERS TOPIC EVENTS [PARTITIONS]` creates the topic (retention
 //! off) if needed and prints the number of records written.
+#![allow(
+    clippy::disallowed_methods,
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    reason = "a benchmark tool with its own Kafka client; a panic is a broken run"
+)]
 
 use std::time::{Duration, Instant};
 

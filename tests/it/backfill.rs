@@ -1108,7 +1108,7 @@ fn offsets_snapshot_of_a_group_without_positions_is_refused_unless_allowed() {
     // The pipeline's own group, which has checkpoints, is not refused.
     let out = offsets_snapshot(&p, &group, &file);
     out.assert_ok();
-    assert_eq!(json(&file)["partitions"][0]["next_offset"].is_null(), false);
+    assert!(!json(&file)["partitions"][0]["next_offset"].is_null());
 }
 
 /// Issue 20 item 6: `verify snapshot --where` naming a missing column is bad usage (exit 2), nothing written.
