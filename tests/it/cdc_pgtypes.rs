@@ -11,17 +11,6 @@ fn committed0(group: &str, topic: &str) -> Option<i64> {
     committed(group, topic, 1)[0]
 }
 
-/// Asserts no partition of `topic` has a committed offset past `at` (next offset to read): none, or the start
-/// written to the checkpoint before anything is consumed (case C17), which the member commits again once idle
-/// after its assignment — whether that happens before a refusal stops the run is timing.
-fn assert_nothing_committed_past(group: &str, topic: &str, partitions: i32, at: i64) {
-    let got = committed(group, topic, partitions);
-    assert!(
-        got.iter().all(|c| c.is_none_or(|o| o == at)),
-        "committed offsets {got:?} go past offset {at}"
-    );
-}
-
 /// C55's destination: an enum, jsonb, a text array, a domain, a `GENERATED ALWAYS AS IDENTITY` key and a
 /// generated column the source carries as an ordinary one.
 const PRODUCTS_DDL: &str =
@@ -508,7 +497,7 @@ fn c52_keyless_source_is_refused_naming_the_table() {
     );
     // The checkpoint stays before the first keyless change.
     assert_eq!(db.checkpoint(&group, &topic, 0), Some(map[&(0, 5)]));
-    assert_nothing_committed_past(&group, &topic, 1, map[&(0, 5)]);
+    assert_nothing_committed_past(&group, &topic, 1, map[&(0, 5)], "C52");
 
     // keyless = "key": the operator vouches that the projection's key is unique at the source (here user 8's
     // insert and update only: offsets 8 and 9 of the case).
@@ -562,7 +551,7 @@ fn c52_keyless_key_mode_refuses_a_second_partition() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.audit_events"), 0);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
     assert_eq!(db.checkpoint(&group, &topic, 1), Some(0));
-    assert_nothing_committed_past(&group, &topic, 2, 0);
+    assert_nothing_committed_past(&group, &topic, 2, 0, "C52, two partitions");
 }
 
 /// C55, a domain's `CHECK` refusing a value (SQLSTATE 23514, not class 22) quarantines that record naming the
@@ -648,7 +637,7 @@ fn a_source_table_typo_stops_the_run_before_anything_is_claimed() {
     }
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 0);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.accounts"), 0);
-    assert_nothing_committed_past(&group, &topic, 1, 0);
+    assert_nothing_committed_past(&group, &topic, 1, 0, "the typo");
 
     let fixed = pipeline(&text("public.accounts"), &topic, &group, &db.schema);
     run_caught_up(&fixed.path).assert_ok();

@@ -177,6 +177,23 @@ pub fn committed(group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> 
         .collect()
 }
 
+/// Asserts that no partition of `topic` has a committed offset past `at` (next offset to read) for `group`: none,
+/// or the start written to the checkpoint before anything is consumed (case C17), which the member commits again
+/// once idle after its assignment — whether that happens before a crash or a refusal stops the run is timing.
+pub fn assert_nothing_committed_past(
+    group: &str,
+    topic: &str,
+    partitions: i32,
+    at: i64,
+    what: &str,
+) {
+    let got = committed(group, topic, partitions);
+    assert!(
+        got.iter().all(|c| c.is_none_or(|o| o == at)),
+        "{what}: committed offsets {got:?} go past offset {at}"
+    );
+}
+
 /// Advances a partition's log start offset (the admin DeleteRecords call): real retention loss.
 pub fn delete_records_before(topic: &str, partition: i32, offset: i64) {
     let rt = runtime();
