@@ -21,6 +21,7 @@ pub mod decide;
 pub mod fault;
 pub mod flush;
 mod prune;
+pub mod retry;
 pub mod state;
 pub mod takeover;
 pub mod txapply;

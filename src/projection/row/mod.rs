@@ -19,6 +19,7 @@ mod canon;
 pub mod change;
 pub mod evolve;
 pub mod fold;
+mod guard;
 pub mod history;
 pub mod plan;
 mod redelivery;
