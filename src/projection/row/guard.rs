@@ -236,29 +236,9 @@ fn conflict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ident::Ident;
-    use crate::projection::row::types::{ColumnSpec, SqlType};
 
     fn shape() -> Shape {
-        let columns = ["id", "name"]
-            .iter()
-            .map(|n| ColumnSpec {
-                name: Ident::new(n).unwrap(),
-                ty: SqlType::parse("text").unwrap(),
-                unit: None,
-                field: None,
-            })
-            .collect();
-        Shape {
-            index: 0,
-            name: "accounts".into(),
-            columns,
-            key: vec![0],
-            extra: None,
-            added: 0,
-            generated: Vec::new(),
-            identity: Vec::new(),
-        }
+        Shape::of_text(&["id", "name"])
     }
 
     fn values(name: &str) -> Vec<Option<String>> {
