@@ -1,12 +1,12 @@
 //! Applying batches with the retry rules of the design: connection trouble is retried with backoff through
-//! the same path with the same keys (a lost COMMIT reply is "unknown", resolved through the checkpoint), a value
-//! PostgreSQL rejects is isolated by replaying the batch record by record and quarantined, anything else stops.
-
-use std::time::Duration;
+//! the same path with the same keys (a lost COMMIT reply is "unknown", resolved through the checkpoint — both by
+//! the retry driver, [`crate::engine::retry`]), a value PostgreSQL rejects is isolated by replaying the batch
+//! record by record and quarantined, anything else stops. Also the retries of start-up and take-over
+//! ([`retry_db`]).
 
 use crate::decode::{Reason, Rejection};
 use crate::error::{Error, Result};
-use crate::model::{self, ApplyError, Batch, Outcome, Pending};
+use crate::model::{Batch, Outcome, Pending};
 use crate::sink::Sink;
 
 /// What became of a batch.
@@ -26,14 +26,14 @@ pub enum Applied {
     Skipped,
 }
 
-/// Backoff between retries: 100 ms doubling to 5 s.
-pub fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis((100u64 << attempt.min(6)).min(5_000))
-}
+pub use crate::engine::retry::backoff;
+use crate::engine::retry::{self, postgres_of, Ended, Subject};
 
 pub use crate::engine::txapply::apply_transaction;
 
-/// Applies `batch`, retrying transient failures until `give_up()` says stop.
+/// Applies `batch`, retrying transient failures until `give_up()` says stop ([`retry::drive`]: a lost COMMIT
+/// reply is resolved through the checkpoint); a record that cannot be applied is quarantined and the batch tried
+/// again, a batch PostgreSQL rejects is replayed record by record (`isolate`).
 ///
 /// # Errors
 /// [`Error`] for a fatal database problem, or when `give_up` ends the retries (shutdown).
@@ -42,119 +42,20 @@ pub async fn apply_batch(
     batch: &Batch,
     give_up: &(dyn Fn() -> bool + Sync),
 ) -> Result<Applied> {
-    let mut attempt = 0u32;
-    // Outcomes of an attempt whose COMMIT reply was lost: if the checkpoint shows it landed, they are the truth.
-    let mut unknown: Option<Vec<Outcome>> = None;
-    loop {
-        if sink.is_closed() {
-            if let Err(e) = sink.reconnect().await {
-                attempt += 1;
-                crate::model::apply_error::db_retry(postgres_of(&e));
-                tracing::warn!(attempt, "database unavailable, retrying: {e}");
-                crate::health::retrying(&e.to_string());
-                if give_up() {
-                    return Err(Error::Other(format!(
-                        "gave up after {attempt} attempts: {e}"
-                    )));
-                }
-                tokio::time::sleep(backoff(attempt)).await;
-                continue;
-            }
-        }
-        let result = sink.apply(batch).await;
-        match result {
-            Ok(outcomes) => return Ok(Applied::Committed(outcomes)),
-            Err(ApplyError::Fenced { next_offset, fence }) => {
-                if fence == batch.fence && next_offset == Some(batch.end) {
-                    // Our own earlier attempt committed; its reply was lost.
-                    tracing::info!(
-                        topic = %batch.topic,
-                        partition = batch.partition,
-                        "commit outcome was unknown; the checkpoint shows it committed"
-                    );
-                    let outcomes = unknown.take().unwrap_or_else(|| {
-                        batch
-                            .items
-                            .iter()
-                            .map(|i| match &i.pending {
-                                Pending::Claim { .. } => Outcome::Duplicate,
-                                Pending::Filtered(r) => Outcome::Filtered(r.clone()),
-                                Pending::Quarantine(r) => Outcome::Quarantined(r.reason),
-                            })
-                            .collect()
-                    });
-                    return Ok(Applied::Committed(outcomes));
-                }
-                if let (true, Some(at)) = (fence == batch.fence, next_offset) {
-                    tracing::warn!(
-                        topic = %batch.topic,
-                        partition = batch.partition,
-                        fence,
-                        checkpoint = at,
-                        expected = ?batch.expected,
-                        "the checkpoint moved under our own fence (commits lost by a database failover or \
-                         restore?); reading the partition again from the checkpoint"
-                    );
-                    return Ok(Applied::Rewound(at));
-                }
-                tracing::warn!(
-                    topic = %batch.topic,
-                    partition = batch.partition,
-                    our_fence = batch.fence,
-                    fence,
-                    ?next_offset,
-                    expected = ?batch.expected,
-                    "partition is owned by another consumer now (fenced); batch discarded"
-                );
-                return Ok(Applied::Fenced);
-            }
-            Err(ApplyError::Transient {
-                error,
-                commit_sent,
-                outcomes,
-            }) => {
-                // The attempt's transaction is gone (rolled back by the server — a deadlock 40P01 or
-                // serialization failure 40001 — or with its connection): the next `sink.apply` is a brand-new
-                // transaction that claims again, so nothing of the attempt is kept but, after a lost COMMIT reply,
-                // its outcomes for the checkpoint to confirm (case C36).
-                if commit_sent {
-                    // What the transaction computed: the truth if the checkpoint later shows it committed.
-                    unknown = outcomes;
-                }
-                attempt += 1;
-                crate::model::apply_error::db_retry(Some(&error));
-                let detail = model::describe(&error);
-                tracing::warn!(attempt, commit_sent, topic = %batch.topic, partition = batch.partition, "database error, retrying the batch: {detail}");
-                crate::health::retrying(&detail);
-                if give_up() {
-                    return Err(Error::Other(format!(
-                        "gave up after {attempt} attempts: {detail}"
-                    )));
-                }
-                tokio::time::sleep(backoff(attempt)).await;
-                if !sink.is_closed()
-                    && (commit_sent || model::apply_error::needs_new_session(&error))
-                {
-                    // The server may still be finishing, or this session reached a read-only server (a failover
-                    // the pool has not followed, case C37), or lost its prepared statements (a transaction pooler,
-                    // case C45): a fresh connection gives a clean session.
-                    let _ = sink.reconnect().await;
+    match retry::drive(sink, Subject::Batch(batch), give_up).await? {
+        Ended::Committed(outcomes) => Ok(Applied::Committed(outcomes)),
+        Ended::Rewound(at) => Ok(Applied::Rewound(at)),
+        Ended::Fenced => Ok(Applied::Fenced),
+        Ended::Data(error) => Box::pin(isolate(sink, batch, error, give_up)).await,
+        Ended::Record { offset, rejection } => {
+            tracing::warn!(topic = %batch.topic, partition = batch.partition, offset, "record quarantined: {}", rejection.detail);
+            let mut b = batch.clone();
+            for it in &mut b.items {
+                if it.offset == offset {
+                    it.pending = Pending::Quarantine(rejection.clone());
                 }
             }
-            Err(ApplyError::Data(error)) => {
-                return Box::pin(isolate(sink, batch, error, give_up)).await;
-            }
-            Err(ApplyError::Fatal(e)) => return Err(e),
-            Err(ApplyError::Record { offset, rejection }) => {
-                tracing::warn!(topic = %batch.topic, partition = batch.partition, offset, "record quarantined: {}", rejection.detail);
-                let mut b = batch.clone();
-                for it in &mut b.items {
-                    if it.offset == offset {
-                        it.pending = Pending::Quarantine(rejection.clone());
-                    }
-                }
-                return Box::pin(apply_batch(sink, &b, give_up)).await;
-            }
+            Box::pin(apply_batch(sink, &b, give_up)).await
         }
     }
 }
@@ -208,13 +109,13 @@ async fn isolate(
 }
 
 /// Whether an error is worth retrying: a PostgreSQL error without SQLSTATE (I/O, closed connection) or one
-/// [`model::retryable`] names (classes 08, 40, 53, 55, 57 and 25006 read-only — PostgreSQL manual, Appendix A).
+/// [`crate::model::retryable`] names (classes 08, 40, 53, 55, 57 and 25006 read-only — PostgreSQL manual, Appendix A).
 pub fn is_transient(e: &Error) -> bool {
     match e {
         Error::Connect(c) => c.transient,
         Error::Postgres(pg) => match pg.code() {
             None => true,
-            Some(c) => model::retryable(c.code()),
+            Some(c) => crate::model::retryable(c.code()),
         },
         _ => false,
     }
@@ -222,8 +123,8 @@ pub fn is_transient(e: &Error) -> bool {
 
 /// The one retry helper of the engine: runs `op` until it succeeds, retrying transient database errors
 /// ([`is_transient`]) with [`backoff`] until `give_up()`. Used for starting up and for taking over checkpoints
-/// (every source); batches go through [`apply_batch`], which also resolves an
-/// unknown commit through the checkpoint.
+/// (every source); batches and source transactions go through the retry driver ([`retry::drive`]), which also
+/// resolves an unknown commit.
 ///
 /// # Errors
 /// The first non-transient error, or the last error once `give_up()` is true.
@@ -276,13 +177,5 @@ where
             }
             Err(e) => return Err(e),
         }
-    }
-}
-
-/// The PostgreSQL error inside `e`, if it is one (for the `sqlstate` label of a retry).
-fn postgres_of(e: &Error) -> Option<&tokio_postgres::Error> {
-    match e {
-        Error::Postgres(pg) => Some(pg),
-        _ => None,
     }
 }

@@ -20,6 +20,7 @@ pub mod apply;
 pub mod decide;
 pub mod flush;
 mod prune;
+pub mod retry;
 pub mod state;
 pub mod takeover;
 pub mod txapply;

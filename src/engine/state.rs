@@ -308,17 +308,7 @@ impl Core {
             }
             match r {
                 Ok(Applied::Committed(outcomes)) => {
-                    crate::health::committed();
-                    self.batches += 1;
-                    self.last_commit = Some(Instant::now());
-                    metrics::counter!("replaysafe_batches_total").increment(1);
-                    for o in &outcomes {
-                        self.tally.add(o);
-                        count_metric(o);
-                    }
-                    if let Some(obs) = self.observer.as_mut() {
-                        obs.committed(batch, &cut.days, &outcomes);
-                    }
+                    self.count_commit(std::slice::from_ref(batch), &cut.days, &outcomes);
                     if let Some(st) = self.parts.get_mut(&tp) {
                         st.next = Some(batch.end);
                     }
@@ -404,24 +394,9 @@ impl Core {
     ) -> Result<()> {
         match r {
             Ok(Applied::Committed(outcomes)) => {
-                crate::health::committed();
-                self.batches += 1;
-                self.last_commit = Some(Instant::now());
-                metrics::counter!("replaysafe_batches_total").increment(1);
                 metrics::counter!("replaysafe_transactions_applied_total").increment(1);
-                for o in &outcomes {
-                    self.tally.add(o);
-                    count_metric(o);
-                }
-                if let Some(obs) = self.observer.as_mut() {
-                    // Per part, in part order (days are not tracked for a transaction's records).
-                    let mut rest = &outcomes[..];
-                    for part in parts {
-                        let (mine, later) = rest.split_at(part.items.len().min(rest.len()));
-                        obs.committed(part, &[], mine);
-                        rest = later;
-                    }
-                }
+                // Days are not tracked for a transaction's records.
+                self.count_commit(parts, &[], &outcomes);
                 if let Some(t) = self.tx.as_mut() {
                     t.settled(parts);
                 }
@@ -447,6 +422,38 @@ impl Core {
             Err(e) => {
                 self.unapplied += parts.iter().map(|b| b.items.len() as u64).sum::<u64>();
                 Err(e)
+            }
+        }
+    }
+
+    /// Counts a commit — a batch (`parts`: it alone, `days`: its records' partition-by days) or a source
+    /// transaction (its parts, no days) — with `outcomes` (of all parts, in part order): the batch counter, the
+    /// tally and its metrics, `/readyz`, and the observer, part by part (the last part takes what is left).
+    fn count_commit(
+        &mut self,
+        parts: &[crate::model::Batch],
+        days: &[Option<NaiveDate>],
+        outcomes: &[Outcome],
+    ) {
+        crate::health::committed();
+        self.batches += 1;
+        self.last_commit = Some(Instant::now());
+        metrics::counter!("replaysafe_batches_total").increment(1);
+        for o in outcomes {
+            self.tally.add(o);
+            count_metric(o);
+        }
+        if let Some(obs) = self.observer.as_mut() {
+            let mut rest = outcomes;
+            for (i, part) in parts.iter().enumerate() {
+                let n = if i + 1 == parts.len() {
+                    rest.len()
+                } else {
+                    part.items.len().min(rest.len())
+                };
+                let (mine, later) = rest.split_at(n);
+                obs.committed(part, days, mine);
+                rest = later;
             }
         }
     }

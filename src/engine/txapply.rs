@@ -1,14 +1,16 @@
 //! Applying one source transaction (`[source] transactions = "atomic"`, [`crate::engine::txbuf`]) with the retry
-//! rules of the design: connection trouble is retried with backoff through the same path with the same keys; a
-//! lost COMMIT reply is "unknown" and resolved by the retry's claims (all already held → the first attempt
-//! committed, its outcomes count); a value PostgreSQL rejects (or replaysafe refuses) quarantines the WHOLE
-//! transaction — every record a dead letter naming the transaction and the failing record, under the reason a
-//! per-record batch gives that record, nothing of it applied — and the run goes on.
+//! rules of the design (the retry driver, [`crate::engine::retry`]): connection trouble is retried with backoff
+//! through the same path with the same keys; a lost COMMIT reply is "unknown" and resolved by the retry's claims
+//! (all already held → the first attempt committed, its outcomes count); a value PostgreSQL rejects (or
+//! replaysafe refuses) quarantines the WHOLE transaction — every record a dead letter naming the transaction and
+//! the failing record, under the reason a per-record batch gives that record, nothing of it applied — and the
+//! run goes on.
 
 use crate::decode::{Reason, Rejection};
-use crate::engine::apply::{backoff, Applied};
+use crate::engine::apply::Applied;
+use crate::engine::retry::{self, Ended, Subject};
 use crate::error::{Error, Result};
-use crate::model::{self, ApplyError, Batch, Outcome, Pending};
+use crate::model::{ApplyError, Batch, Pending};
 use crate::sink::Sink;
 
 /// What one round of attempts came to.
@@ -60,96 +62,26 @@ pub async fn check(sink: &mut Sink, parts: &[Batch]) -> Applied {
     }
 }
 
+/// One round of attempts ([`retry::drive`]: a lost COMMIT reply is resolved by the retry's claims).
 async fn attempts(
     sink: &mut Sink,
     parts: &[Batch],
     give_up: &(dyn Fn() -> bool + Sync),
 ) -> Result<Tried> {
-    let mut attempt = 0u32;
-    // Outcomes of an attempt whose COMMIT reply was lost: the truth if the retry finds its claims held.
-    let mut unknown: Option<Vec<Outcome>> = None;
-    loop {
-        let (detail, commit_sent) = if sink.is_closed() {
-            match sink.reconnect().await {
-                Ok(()) => continue,
-                Err(e) => {
-                    crate::model::apply_error::db_retry(None);
-                    (e.to_string(), false)
-                }
-            }
-        } else {
-            match sink.apply_transaction(parts).await {
-                Ok(o) => {
-                    return Ok(Tried::Done(Applied::Committed(resolve(
-                        unknown,
-                        o.concat(),
-                    ))))
-                }
-                Err(ApplyError::Transient {
-                    error,
-                    commit_sent,
-                    outcomes,
-                }) => {
-                    if commit_sent {
-                        unknown = outcomes;
-                    }
-                    crate::model::apply_error::db_retry(Some(&error));
-                    (model::describe(&error), commit_sent)
-                }
-                Err(ApplyError::Data(e)) => {
-                    return Ok(Tried::Rejected(
-                        Reason::RejectedByDatabase,
-                        format!("PostgreSQL rejected {}", db_message(&e)),
-                    ))
-                }
-                Err(ApplyError::Record { offset, rejection }) => {
-                    return Ok(Tried::Rejected(
-                        rejection.reason,
-                        format!("record at offset {offset}: {}", rejection.detail),
-                    ))
-                }
-                Err(ApplyError::Fatal(e)) => return Err(e),
-                Err(ApplyError::Fenced { next_offset, fence }) => {
-                    tracing::warn!(transaction = %tx_id(sink, parts), fence, ?next_offset,
-                        "a partition of the source transaction is owned by another consumer now (fenced); not applied");
-                    return Ok(Tried::Done(Applied::Fenced));
-                }
-            }
-        };
-        attempt += 1;
-        tracing::warn!(attempt, commit_sent, transaction = %tx_id(sink, parts), "database error, retrying the source transaction: {detail}");
-        crate::health::retrying(&detail);
-        if give_up() {
-            return Err(Error::Other(format!(
-                "gave up after {attempt} attempts: {detail}"
-            )));
-        }
-        tokio::time::sleep(backoff(attempt)).await;
-        if commit_sent && !sink.is_closed() {
-            let _ = sink.reconnect().await;
-        }
-    }
-}
-
-/// The outcomes to count after a retry: when an earlier attempt's COMMIT reply was lost (`unknown`) and the
-/// retry claimed nothing new, the earlier attempt committed (a source transaction's claims commit all together or
-/// not at all) — its outcomes are the truth, counted once; otherwise the retry's. "Claimed nothing new": no
-/// record of the retry is `landed` or `stale` without a conflict. A conflict says nothing either way: a
-/// redelivery at a stored source position with another state (module `projection::row::redelivery`) is a
-/// conflict in every attempt without claiming anything, and a claimed conflict of an attempt that did not commit
-/// is a conflict in the retry too — then both attempts' outcomes are the same and either is the truth.
-fn resolve(unknown: Option<Vec<Outcome>>, retry: Vec<Outcome>) -> Vec<Outcome> {
-    // A stale record is claimed too (and reached every projection but the row ones: docs/reference.md "Accounting").
-    let fresh = |o: &Outcome| matches!(o, Outcome::Landed | Outcome::Stale { conflict: false });
-    match unknown {
-        Some(u) if u.len() == retry.len() && u != retry && !retry.iter().any(fresh) => {
-            tracing::info!(
-                "source transaction: commit outcome was unknown; its claims show it committed"
-            );
-            u
-        }
-        _ => retry,
-    }
+    let id = tx_id(sink, parts);
+    let subject = Subject::Transaction { parts, id: &id };
+    Ok(match retry::drive(sink, subject, give_up).await? {
+        Ended::Committed(o) => Tried::Done(Applied::Committed(o)),
+        Ended::Fenced | Ended::Rewound(_) => Tried::Done(Applied::Fenced),
+        Ended::Data(e) => Tried::Rejected(
+            Reason::RejectedByDatabase,
+            format!("PostgreSQL rejected {}", db_message(&e)),
+        ),
+        Ended::Record { offset, rejection } => Tried::Rejected(
+            rejection.reason,
+            format!("record at offset {offset}: {}", rejection.detail),
+        ),
+    })
 }
 
 /// The parts with every record quarantined, the detail naming the transaction and the record rejected alone
@@ -236,7 +168,7 @@ async fn culprit(sink: &mut Sink, parts: &[Batch]) -> Result<Option<(Reason, Str
 /// PostgreSQL's message with its SQLSTATE, and the column, table or constraint when the server names them.
 fn db_message(e: &tokio_postgres::Error) -> String {
     let Some(d) = e.as_db_error() else {
-        return model::describe(e);
+        return crate::model::describe(e);
     };
     let mut s = format!("{} (SQLSTATE {})", d.message(), d.code().code());
     for (what, v) in [
@@ -257,50 +189,4 @@ fn db_message(e: &tokio_postgres::Error) -> String {
 /// The source transaction id of the parts, for messages.
 fn tx_id(sink: &Sink, parts: &[Batch]) -> String {
     crate::engine::txbuf::tx_id(sink.pipeline(), parts).unwrap_or_else(|| "?".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lost_reply_is_resolved_by_the_retry_claims() {
-        let first = vec![Outcome::Landed, Outcome::Landed];
-        let dup = vec![Outcome::Duplicate, Outcome::Duplicate];
-        // The retry found every claim held: the first attempt committed, counted once as landed.
-        assert!(matches!(
-            resolve(Some(first.clone()), dup.clone())[..],
-            [Outcome::Landed, Outcome::Landed]
-        ));
-        // The retry landed them: the first attempt did not commit.
-        assert!(matches!(
-            resolve(Some(first.clone()), first.clone())[..],
-            [Outcome::Landed, Outcome::Landed]
-        ));
-        // A redelivery conflict (its key claimed before the transaction) is a conflict in the retry too: it claims
-        // nothing, so the first attempt committed.
-        let conflict = Outcome::Stale { conflict: true };
-        assert_eq!(
-            resolve(
-                Some(vec![Outcome::Landed, conflict.clone()]),
-                vec![Outcome::Duplicate, conflict.clone()]
-            ),
-            [Outcome::Landed, conflict.clone()]
-        );
-        // A claimed conflict that committed: a duplicate in the retry.
-        assert_eq!(
-            resolve(Some(vec![conflict.clone()]), vec![Outcome::Duplicate]),
-            std::slice::from_ref(&conflict)
-        );
-        // Not committed: the retry decides the same.
-        assert_eq!(
-            resolve(Some(vec![conflict.clone()]), vec![conflict.clone()]),
-            [conflict]
-        );
-        // No lost reply: the retry's outcomes.
-        assert!(matches!(
-            resolve(None, dup)[..],
-            [Outcome::Duplicate, Outcome::Duplicate]
-        ));
-    }
 }

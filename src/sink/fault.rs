@@ -3,8 +3,8 @@
 //! reaches the engine. Every `every`-th COMMIT of the engine is handled so, alternately with the COMMIT applied
 //! (the server committed, the reply was lost) and not applied (the server rolled back): the engine sees a
 //! connection error after `COMMIT` ([`crate::model::ApplyError::Transient`] with `commit_sent`) and goes through
-//! its unknown-commit path (`engine::apply::apply_batch`: retried with the same keys, the checkpoint
-//! tells whether the first attempt landed). The connection is cut for real (`pg_terminate_backend` of the
+//! its unknown-commit path (`engine::retry::drive`: retried with the same keys, the checkpoint —
+//! for a source transaction, its claims — tells whether the first attempt landed, `engine::retry::conclude`). The connection is cut for real (`pg_terminate_backend` of the
 //! session's own backend), so the retry reconnects as after a real failure.
 //!
 //! The crash between the database commit and the Kafka commit is `engine::Options::crash_after_batches`.

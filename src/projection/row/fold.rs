@@ -8,13 +8,13 @@ use tokio_postgres::Transaction;
 
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
+use super::guard::{judge, judge_redelivered, take_winner, Guard};
 use super::history::{History, Seen};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::state::{compare, entity, follow, hash, object, place, version_text, State, Unresolved};
+use super::state::{compare, entity, follow, hash, place, version_text, State, Unresolved};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
-use crate::decode::{Reason, Rejection};
 use crate::error::Error;
 use crate::model::apply_error::ApplyError;
 use crate::projection::row::convert::Pg;
@@ -327,6 +327,13 @@ async fn fold_segment(
             .get(0),
         None => None,
     };
+    let guard = Guard {
+        shape,
+        projection: &proj.name,
+        by_column,
+        reloads: prepared.reloads,
+        watermark: watermark.as_deref(),
+    };
     let mut conflicts: Vec<Conflict> = Vec::new();
     let mut resnapshot = 0u64;
     let mut ends: Vec<(Option<State>, Option<State>)> = Vec::new();
@@ -370,17 +377,7 @@ async fn fold_segment(
                     shape,
                     &mut conflicts,
                 ),
-                Seen::Fresh => judge(
-                    c,
-                    &mut cur,
-                    (incoming, waits),
-                    key,
-                    prepared,
-                    plan,
-                    proj,
-                    watermark.as_ref(),
-                    &mut conflicts,
-                )?,
+                Seen::Fresh => judge(&guard, c, &mut cur, (incoming, waits), key, &mut conflicts)?,
             };
             if result == RowResult::Conflict {
                 metrics::counter!("replaysafe_conflicts_total", "projection" => proj.name.clone())
@@ -571,202 +568,6 @@ fn incoming_values(
         }
     });
     (values, waits)
-}
-
-/// Judges one change against the entity's state before it (`cur`, updated when the change applies): stale,
-/// same, conflict (recorded in `conflicts`), unchanged, or applied.
-///
-/// # Errors
-/// [`ApplyError::Record`] for a delete that cannot be ordered against the stored state.
-#[allow(clippy::too_many_arguments)]
-fn judge(
-    c: &RowChange,
-    cur: &mut Option<State>,
-    (incoming_values, waits): (Vec<Option<String>>, Option<Unresolved>),
-    key: &[String],
-    prepared: &Prepared,
-    plan: &RowPlan,
-    proj: &ProjectionPlan,
-    watermark: Option<&Vec<i64>>,
-    conflicts: &mut Vec<Conflict>,
-) -> std::result::Result<RowResult, ApplyError> {
-    let shape = &prepared.shape;
-    let deleted = c.kind == ChangeKind::Delete;
-    let sha = hash(shape, &incoming_values, deleted, waits.as_ref());
-    // A delete under a version column carries the version of the row it deletes (inclusive); when `before`
-    // does not carry it (REPLICA IDENTITY DEFAULT) it has no version of its own and is ordered by its source
-    // position — it never wins over a change it cannot be ordered against.
-    let by_column = matches!(plan.version, VersionPlan::Column(_));
-    let inclusive = deleted && by_column;
-    let version = &c.version;
-    let order = cur
-        .as_ref()
-        .map(|s| compare(version, c.position.as_ref(), s, prepared.reloads));
-    use std::cmp::Ordering::{Equal, Less};
-    // An incremental-snapshot read without a position, placed at the stored state (`state::place`): newer
-    // than a different stored row (applied at its version), never over a tombstone.
-    let placed_newer =
-        c.unpositioned && !by_column && cur.as_ref().is_some_and(|s| !s.deleted && s.sha != sha);
-    Ok(match (&*cur, order) {
-        (Some(s), _) if c.unpositioned && s.deleted => RowResult::Stale,
-        // Older than the newest truncate (by source position): that truncate removed it. A read without a
-        // position is not ordered against it (it comes after it in the partition).
-        _ if !c.unpositioned
-            && watermark.is_some_and(|w| c.position.as_ref().is_some_and(|p| p < w)) =>
-        {
-            RowResult::Stale
-        }
-        (Some(_), Some(None)) => {
-            return Err(ApplyError::Record {
-                offset: c.offset,
-                rejection: Rejection {
-                    reason: Reason::InvalidField,
-                    detail: format!(
-                        "row projection `{}`: a delete without a version of its own (`before` holds only the \
-                         key: REPLICA IDENTITY DEFAULT) for {} cannot be ordered against the stored state, \
-                         which has no source position (written before replaysafe kept them); the row is kept. \
-                         Delete it by hand if the source no longer has it; set REPLICA IDENTITY FULL on the \
-                         source table so deletes carry the version column",
-                        proj.name,
-                        entity(shape, key)
-                    ),
-                },
-            })
-        }
-        (Some(_), Some(Some(Less))) => RowResult::Stale,
-        // Under a version column a delete carries the version of the row it deletes: a write at the
-        // tombstone's version is that deleted state. (A version field or source position gives a delete a
-        // version of its own: a write at it is another state at the same version, a conflict below.)
-        (Some(s), Some(Some(Equal))) if s.deleted && !deleted && by_column => RowResult::Stale,
-        // Equal version (but an inclusive delete of the stored row, which applies).
-        (Some(s), Some(Some(Equal))) if (s.deleted || !inclusive) && !placed_newer => {
-            if s.sha == sha {
-                RowResult::Same
-            } else {
-                conflicts.push(conflict(c, s, key, shape, &incoming_values, sha.clone()));
-                RowResult::Conflict
-            }
-        }
-        // Newer, same row state: the row takes the version (and delivery). A newer business event is
-        // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
-        (Some(s), _) if s.sha == sha && s.deleted == deleted => {
-            // The judged columns are the same; `_extra` (never judged) takes the incoming members.
-            let (values, unresolved) = if deleted {
-                (s.values.clone(), s.unresolved.clone())
-            } else {
-                (incoming_values, waits)
-            };
-            *cur = Some(State {
-                version: version.clone(),
-                delivery: Some(c.delivery.clone()),
-                position: c.position.clone(),
-                values,
-                unresolved,
-                ..s.clone()
-            });
-            if c.snapshot {
-                RowResult::Same
-            } else {
-                RowResult::Unchanged
-            }
-        }
-        // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
-        // must not create it), or an inclusive delete of the stored version.
-        _ => {
-            *cur = Some(State {
-                version: version.clone(),
-                deleted,
-                sha,
-                delivery: Some(c.delivery.clone()),
-                values: incoming_values,
-                position: c.position.clone(),
-                unresolved: waits,
-            });
-            RowResult::Applied
-        }
-    })
-}
-
-/// A change whose state is its version's winner (module `history`): when the entity's state is at that version
-/// (under a version column: and is a delete as it is, or a write as it is), the state becomes the change's.
-fn take_winner(
-    c: &RowChange,
-    cur: &mut Option<State>,
-    incoming: &[Option<String>],
-    waits: Option<Unresolved>,
-    shape: &Shape,
-    by_column: bool,
-) {
-    let deleted = c.kind == ChangeKind::Delete;
-    let Some(s) = cur.as_ref() else { return };
-    if s.version != c.version || (by_column && s.deleted != deleted) {
-        return;
-    }
-    *cur = Some(State {
-        version: c.version.clone(),
-        deleted,
-        sha: hash(shape, incoming, deleted, waits.as_ref()),
-        delivery: Some(c.delivery.clone()),
-        values: incoming.to_vec(),
-        position: c.position.clone(),
-        unresolved: waits,
-    });
-}
-
-/// A ledger duplicate ([`RowChange::redelivered`]: its delivery key, the source position with table and key, was
-/// already claimed): when the stored state is still at its source position, a different row state is a conflict
-/// (recorded in `conflicts`), the same state a duplicate. When the stored state is at another position (it moved
-/// on) or there is none, the first record's state is not stored any more: it cannot be judged and stays a
-/// duplicate. Never changes the stored state.
-fn judge_redelivered(
-    c: &RowChange,
-    cur: Option<&State>,
-    (incoming, waits): (&[Option<String>], Option<&Unresolved>),
-    key: &[String],
-    shape: &Shape,
-    conflicts: &mut Vec<Conflict>,
-) -> RowResult {
-    let Some(s) = cur.filter(|s| s.position.is_some() && s.position == c.position) else {
-        return RowResult::Same;
-    };
-    let deleted = c.kind == ChangeKind::Delete;
-    let sha = hash(shape, incoming, deleted, waits);
-    if s.sha == sha {
-        return RowResult::Same;
-    }
-    conflicts.push(conflict(c, s, key, shape, incoming, sha));
-    RowResult::Conflict
-}
-
-/// The conflict record of change `c` against stored state `s` (same version, different row state).
-fn conflict(
-    c: &RowChange,
-    s: &State,
-    key: &[String],
-    shape: &Shape,
-    incoming: &[Option<String>],
-    sha: Vec<u8>,
-) -> Conflict {
-    Conflict {
-        entity: entity(shape, key),
-        version: version_text(&c.version),
-        stored_delivery: s.delivery.clone(),
-        incoming_delivery: c.delivery.clone(),
-        stored_sha: s.sha.clone(),
-        incoming_sha: sha,
-        stored: if s.deleted {
-            "null".into()
-        } else {
-            object(shape, &s.values)
-        },
-        incoming: if c.kind == ChangeKind::Delete {
-            "null".into()
-        } else {
-            object(shape, incoming)
-        },
-        offset: c.offset,
-        source: None,
-    }
 }
 
 /// C05: a snapshot read of an entity already stored means the connector snapshotted again (lost offsets, a new

@@ -20,6 +20,7 @@ pub mod change;
 pub mod convert;
 pub mod evolve;
 pub mod fold;
+mod guard;
 pub mod history;
 pub mod plan;
 mod redelivery;

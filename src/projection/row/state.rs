@@ -264,27 +264,7 @@ mod tests {
     /// any value (the same state never looks resolved, nor a resolved one waiting).
     #[test]
     fn unresolved_marker_round_trips_and_hashes_apart_from_null() {
-        use crate::ident::Ident;
-        use crate::projection::row::types::{ColumnSpec, SqlType};
-        let columns = ["id", "name", "bio"]
-            .iter()
-            .map(|n| ColumnSpec {
-                name: Ident::new(n).unwrap(),
-                ty: SqlType::parse("text").unwrap(),
-                unit: None,
-                field: None,
-            })
-            .collect();
-        let shape = Shape {
-            index: 0,
-            name: "t".into(),
-            columns,
-            key: vec![0],
-            extra: None,
-            added: 0,
-            generated: Vec::new(),
-            identity: Vec::new(),
-        };
+        let shape = Shape::of_text(&["id", "name", "bio"]);
         let u = Unresolved {
             old_key: vec!["1".into()],
             lsn: 400,

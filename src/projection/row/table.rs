@@ -50,6 +50,32 @@ impl Shape {
     }
 }
 
+#[cfg(test)]
+impl Shape {
+    /// For unit tests: a projection `t` of `text` columns named `names`, keyed by the first.
+    pub(super) fn of_text(names: &[&str]) -> Shape {
+        let columns = names
+            .iter()
+            .map(|n| ColumnSpec {
+                name: Ident::new(n).expect("a valid column name"),
+                ty: SqlType::parse("text").expect("text is a type"),
+                unit: None,
+                field: None,
+            })
+            .collect();
+        Shape {
+            index: 0,
+            name: "t".into(),
+            columns,
+            key: vec![0],
+            extra: None,
+            added: 0,
+            generated: Vec::new(),
+            identity: Vec::new(),
+        }
+    }
+}
+
 /// The live table's column of a row whose unchanged-TOAST values of a primary-key change wait for the old key's
 /// row (docs/cdc.md "Debezium CDC to a table", unchanged TOAST values).
 pub const UNRESOLVED: &str = "_unresolved";
