@@ -140,6 +140,17 @@ where
     retry_db_until(what, give_up, None, op).await
 }
 
+/// What a start-up retry waits for, in the words of its log line: a lock another session holds (SQLSTATE 55P03
+/// `lock_not_available`, `lock_timeout` fired — e.g. a batch transaction of another worker), the server gone
+/// (no SQLSTATE: a refused or lost connection), or another transient database error.
+fn retry_words(e: &Error) -> &'static str {
+    match postgres_of(e).and_then(tokio_postgres::Error::code) {
+        Some(c) if c.code() == "55P03" => "waiting for a lock another session holds (lock_timeout)",
+        Some(_) => "database error",
+        None => "database unavailable",
+    }
+}
+
 /// As [`retry_db`], also ending at `deadline` (start-up: `--connect-timeout`): no sleep goes past it, and the
 /// last error is returned once it has passed, prefixed with how long was waited.
 ///
@@ -170,7 +181,7 @@ where
             Err(e) if is_transient(&e) && !give_up() => {
                 attempt += 1;
                 crate::model::apply_error::db_retry(postgres_of(&e));
-                tracing::warn!(attempt, "{what}: database unavailable, retrying: {e}");
+                tracing::warn!(attempt, "{what}: {}, retrying: {e}", retry_words(&e));
                 crate::health::beat(None);
                 let pause = backoff(attempt);
                 tokio::time::sleep(left.map_or(pause, |l| l.min(pause))).await;
