@@ -90,7 +90,7 @@ async fn round(client: &mut Option<Client>, url: &str, p: &Pipeline) -> Result<(
     if client.as_ref().is_none_or(Client::is_closed) {
         *client = Some(crate::sink::connect(url).await.map_err(|e| e.to_string())?);
     }
-    let c = client.as_ref().expect("connected");
+    let c = client.as_ref().expect("connected just above");
     let db = |e: tokio_postgres::Error| crate::model::describe(&e);
     let ledger = p.ledger.table.to_string();
     let row = c.query_one(LEDGER_SQL, &[&ledger]).await.map_err(db)?;

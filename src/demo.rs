@@ -63,14 +63,14 @@ fn events(n: usize, first_day: NaiveDate, days: usize, seed: u64) -> Vec<Event> 
     };
     (0..n)
         .map(|i| {
-            let day = first_day.checked_add_days(Days::new((i * days / n.max(1)) as u64)).expect("date");
+            let day = first_day.checked_add_days(Days::new((i * days / n.max(1)) as u64)).expect("a date within chrono's range");
             let customer = CUSTOMERS[crate::units::len(next() % CUSTOMERS.len() as u64)];
             let refund = next() % 10 == 0;
             let cents = crate::units::bigint(next() % 9_000 + 100);
             let amount = if refund { -cents } else { cents };
             let secs = crate::units::bigint(next() % 86_000);
-            let ts = day.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp() + secs;
-            let occurred = chrono::DateTime::from_timestamp(ts, 0).expect("ts").to_rfc3339();
+            let ts = day.and_hms_opt(0, 0, 0).expect("00:00:00 is a time of every day").and_utc().timestamp() + secs;
+            let occurred = chrono::DateTime::from_timestamp(ts, 0).expect("a timestamp within chrono's range").to_rfc3339();
             let id = uuid::Uuid::from_u64_pair(seed, i as u64);
             let json = format!(
                 r#"{{"event_id":"{id}","event_type":"{}","customer_id":"{customer}","amount":"{}.{:02}","occurred_at":"{occurred}"}}"#,
@@ -98,7 +98,7 @@ impl rdkafka::producer::ProducerContext for Deliveries {
         if let Err((e, _)) = result {
             self.failed
                 .lock()
-                .expect("lock")
+                .expect("lock: a thread panicked holding this lock")
                 .get_or_insert_with(|| e.to_string());
         }
     }
@@ -128,7 +128,13 @@ fn produce(brokers: &str, topic: &str, events: &[Event], malformed: bool) -> Res
         )?;
     }
     producer.flush(Duration::from_secs(30))?;
-    if let Some(e) = producer.context().failed.lock().expect("lock").take() {
+    if let Some(e) = producer
+        .context()
+        .failed
+        .lock()
+        .expect("lock: a thread panicked holding this lock")
+        .take()
+    {
         return Err(Error::Other(format!(
             "producing demo events to {topic}: {e}"
         )));
@@ -282,7 +288,7 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
     let first_day = Utc::now()
         .date_naive()
         .checked_sub_days(Days::new(6))
-        .expect("date");
+        .expect("a date within chrono's range");
     let mut all = events(n, first_day, 6, run_id);
     produce(&brokers, &topic, &all, true)?;
     println!(
@@ -353,7 +359,7 @@ pub fn demo(brokers: Option<String>, database_url: &str, n: usize) -> Result<()>
         (3, "restart: resumes from the checkpoint in PostgreSQL (nothing re-read)"),
         (4, "restart as a hand-made consumer would, from Kafka's committed offsets (checkpoint deleted): the re-read records are duplicates in the ledger"),
     ] {
-        let more = events(n / 8, first_day.checked_add_days(Days::new(5)).expect("date"), 1, run_id + round);
+        let more = events(n / 8, first_day.checked_add_days(Days::new(5)).expect("a date within chrono's range"), 1, run_id + round);
         produce(&brokers, &topic, &more, false)?;
         let (crash, _) = run::run_timed(rt.handle().clone(), Arc::new(parse(&base_group)?), opts(Some(1)))?;
         let kafka_sum = committed(&brokers, &topic, &base_group)?;

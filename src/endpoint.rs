@@ -57,14 +57,18 @@ pub fn gave_up(waited: Duration) -> String {
 pub fn note_origin(value: &str, origin: impl Into<String>) {
     ORIGINS
         .lock()
-        .expect("origins")
+        .expect("origins: a thread panicked holding this lock")
         .insert(value.to_string(), origin.into());
 }
 
 /// Where `value` came from: what [`note_origin`] recorded, else the environment variable `env` when it holds
 /// exactly `value`, else "given by the caller".
 pub fn origin(value: &str, env: &str) -> String {
-    if let Some(o) = ORIGINS.lock().expect("origins").get(value) {
+    if let Some(o) = ORIGINS
+        .lock()
+        .expect("origins: a thread panicked holding this lock")
+        .get(value)
+    {
         return o.clone();
     }
     if std::env::var(env).is_ok_and(|v| v == value) {

@@ -20,7 +20,7 @@ pub fn parse_time(s: &str) -> anyhow::Result<i64> {
     if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
         return Ok(d
             .and_hms_opt(0, 0, 0)
-            .expect("midnight")
+            .expect("00:00:00 is a time of every day")
             .and_utc()
             .timestamp_millis());
     }

@@ -154,8 +154,8 @@ impl EpochUnit {
 /// Default `plausible-range` of `date`/`timestamptz` epoch numbers: 1990-01-01 to 2100-12-31.
 pub fn default_plausible_range() -> (NaiveDate, NaiveDate) {
     (
-        NaiveDate::from_ymd_opt(1990, 1, 1).expect("valid"),
-        NaiveDate::from_ymd_opt(2100, 12, 31).expect("valid"),
+        NaiveDate::from_ymd_opt(1990, 1, 1).expect("a valid calendar date"),
+        NaiveDate::from_ymd_opt(2100, 12, 31).expect("a valid calendar date"),
     )
 }
 

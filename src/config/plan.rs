@@ -168,7 +168,7 @@ impl Pipeline {
     pub fn table(&self, name: &str) -> QualifiedName {
         QualifiedName {
             schema: self.postgres.schema.clone(),
-            name: Ident::new(name).expect("static name"),
+            name: Ident::new(name).expect("a built-in name is a valid SQL identifier"),
         }
     }
 
@@ -398,7 +398,7 @@ pub fn validate(src: &Source, raw: RawPipeline) -> Result<Pipeline> {
 fn postgres(src: &Source, raw: &RawPipeline) -> Result<PostgresPlan> {
     let schema = match &raw.postgres.schema {
         Some(s) => ident(src, s)?,
-        None => Ident::new("public").expect("static"),
+        None => Ident::new("public").expect("a built-in name is a valid SQL identifier"),
     };
     Ok(PostgresPlan {
         url: match &raw.postgres.url {
@@ -532,7 +532,7 @@ fn fields<'a>(src: &'a Source, raw: &RawPipeline, format: Format) -> Result<Fiel
     if format == Format::Debezium {
         for (name, ty) in CDC_FIELDS {
             plans.push(FieldPlan {
-                name: Ident::new(name).expect("static"),
+                name: Ident::new(name).expect("a built-in name is a valid SQL identifier"),
                 pointer: format!("/{name}"),
                 ty,
                 time_zone: Tz::UTC,
@@ -580,7 +580,7 @@ fn identity(
                     .plans
                     .iter()
                     .position(|f| f.name.as_str() == *n)
-                    .expect("built-in")
+                    .expect("every built-in field is in the field plans")
             })
             .collect(),
         (None, Format::Json) => {
@@ -653,7 +653,9 @@ fn ledger(
 ) -> Result<LedgerPlan> {
     let ledger_name = match &raw.ledger.table {
         Some(t) => ident(src, t)?,
-        None => Ident::new(DEFAULT_LEDGER_TABLE).expect("static"),
+        None => {
+            Ident::new(DEFAULT_LEDGER_TABLE).expect("a built-in name is a valid SQL identifier")
+        }
     };
     if ledger_name.as_str().len() > 53 {
         let t = raw.ledger.table.as_ref().expect("default is short");

@@ -159,8 +159,13 @@ fn plan(src: &Source, r: &RawRegistry) -> Result<RegistryPlan> {
         }
         (Some(p), None) => Some(p),
         (None, Some(_)) => {
-            let path = file(src, &r.password_file, "password-file")?.expect("given");
-            let at = r.password_file.as_ref().expect("given").span();
+            let path = file(src, &r.password_file, "password-file")?
+                .expect("password-file is set on this path");
+            let at = r
+                .password_file
+                .as_ref()
+                .expect("password-file is set on this path")
+                .span();
             let body = std::fs::read_to_string(&path)
                 .map_err(|e| src.error(at, format!("`password-file` {}: {e}", path.display())))?;
             Some(body.lines().next().unwrap_or("").to_string())
@@ -188,7 +193,7 @@ fn plan(src: &Source, r: &RawRegistry) -> Result<RegistryPlan> {
             .cert_file
             .as_ref()
             .or(r.key_file.as_ref())
-            .expect("one")
+            .expect("one of cert-file and key-file is set here")
             .span();
         return Err(src.error(at, "`cert-file` and `key-file` go together"));
     }

@@ -192,7 +192,7 @@ fn object(o: &Map<String, Value>, ns: &str, names: &mut HashMap<String, Value>) 
         }
         Some("enum") => named(json!({"type": "string", "optional": false}), names),
         Some("fixed") => {
-            let c = primitive("bytes", o).expect("bytes");
+            let c = primitive("bytes", o).expect("bytes is an Avro primitive");
             named(c, names)
         }
         Some("array") => {
@@ -383,7 +383,7 @@ fn payload(v: &Avro, cs: Option<&Value>, connect: bool) -> Result<Value, String>
         Avro::BigDecimal(d) => Value::String(d.to_string()),
         Avro::Date(d) if connect => json!(d),
         Avro::Date(d) => {
-            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid");
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a valid calendar date");
             let day = epoch
                 .checked_add_signed(chrono::Duration::days(i64::from(*d)))
                 .ok_or_else(|| format!("date {d} days is out of range"))?;

@@ -68,7 +68,7 @@ pub fn unframe<'a>(
         };
     };
     let registry = super::registry::client(plan);
-    let id = schema_id(bytes, part, true)?.expect("required");
+    let id = schema_id(bytes, part, true)?.expect("a required frame is an id or an error");
     let body = &bytes[HEADER..];
     let schema = registry.schema(id).map_err(|e| match e {
         Fetch::Unknown(m) => reject(format!("unknown schema id {id} in the {part}'s frame: {m}")),

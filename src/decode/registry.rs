@@ -136,14 +136,22 @@ impl Registry {
     /// # Errors
     /// [`Fetch::Unknown`] (quarantine the record) or [`Fetch::Unavailable`] (stop the pipeline).
     pub fn schema(&self, id: u32) -> Result<Arc<Schema>, Fetch> {
-        if let Some(s) = self.cache.lock().expect("cache").get(&id) {
+        if let Some(s) = self
+            .cache
+            .lock()
+            .expect("cache: a thread panicked holding this lock")
+            .get(&id)
+        {
             return Ok(s.clone());
         }
         let body = self.fetch(&format!("/schemas/ids/{id}"))?;
         let mut refs = Vec::new();
         self.references(id, &body, &mut refs, 0)?;
         let schema = Arc::new(parse(id, &body, &refs)?);
-        self.cache.lock().expect("cache").insert(id, schema.clone());
+        self.cache
+            .lock()
+            .expect("cache: a thread panicked holding this lock")
+            .insert(id, schema.clone());
         Ok(schema)
     }
 
@@ -154,12 +162,18 @@ impl Registry {
     /// [`Fetch::Unknown`] when the answer or its schema does not parse.
     pub fn cache_answer(&self, id: u32, answer: &str) -> Result<(), Fetch> {
         let schema = Arc::new(parse(id, answer, &[])?);
-        self.cache.lock().expect("cache").insert(id, schema);
+        self.cache
+            .lock()
+            .expect("cache: a thread panicked holding this lock")
+            .insert(id, schema);
         Ok(())
     }
 
     fn agent(&self) -> Result<ureq::Agent, Fetch> {
-        let mut slot = self.agent.lock().expect("agent");
+        let mut slot = self
+            .agent
+            .lock()
+            .expect("agent: a thread panicked holding this lock");
         if let Some(a) = slot.as_ref() {
             return Ok(a.clone());
         }

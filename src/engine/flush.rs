@@ -138,7 +138,7 @@ pub fn cut_bounded(
         let mut it = items.into_iter().peekable();
         while it.peek().is_some() {
             let chunk = take_batch(&mut it, max);
-            let mut end = chunk.last().expect("non-empty").offset + 1;
+            let mut end = chunk.last().expect("checked non-empty just above").offset + 1;
             if let (None, Some(l)) = (it.peek(), limit) {
                 // The last chunk: past the transaction records applied before the bound.
                 end = end.max(l);
@@ -206,7 +206,7 @@ fn take_batch(
             break;
         }
         bytes += size;
-        chunk.push(items.next().expect("peeked"));
+        chunk.push(items.next().expect("peeked just above"));
     }
     chunk
 }

@@ -84,7 +84,8 @@ impl Reporter {
 
 /// Locks the shared state.
 pub fn lock(core: &Shared) -> MutexGuard<'_, Core> {
-    core.lock().expect("engine state")
+    core.lock()
+        .expect("engine state: a thread panicked holding this lock")
 }
 
 /// Where records come from: a group subscription, explicit partitions with stop offsets, a file.

@@ -241,7 +241,7 @@ fn replay(
         .projections
         .iter()
         .position(|x| x.name == opts.projection)
-        .expect("checked");
+        .expect("the projection is found in the file before the build starts");
     let mut o = Options::new(&opts.database_url, opts.shutdown.clone());
     o.group = Some(group.to_string());
     o.prune_on_start = false;

@@ -201,7 +201,7 @@ fn record_window(opts: &RebuildOptions) -> (i64, i64) {
     let from_ms = opts
         .from
         .and_hms_opt(0, 0, 0)
-        .expect("midnight")
+        .expect("00:00:00 is a time of every day")
         .and_utc()
         .timestamp_millis()
         - slack;
@@ -210,7 +210,7 @@ fn record_window(opts: &RebuildOptions) -> (i64, i64) {
         .succ_opt()
         .unwrap_or(opts.to)
         .and_hms_opt(0, 0, 0)
-        .expect("midnight")
+        .expect("00:00:00 is a time of every day")
         .and_utc()
         .timestamp_millis()
         + slack;
@@ -225,7 +225,10 @@ async fn window_sources(
     pipeline: &Pipeline,
     opts: &RebuildOptions,
 ) -> Result<Sources> {
-    let day = pipeline.identity.partition_by.expect("checked");
+    let day = pipeline
+        .identity
+        .partition_by
+        .expect("partition-by is checked before a rebuild starts");
     let (pending, day) = (pending_table(pipeline), &pipeline.fields[day].name);
     // With the rows an interrupted rebuild of the window deleted and did not re-land yet.
     let (ledger, pending) = (
@@ -281,7 +284,11 @@ async fn unfinished_rebuild(
     opts: &RebuildOptions,
     oldest: Option<NaiveDate>,
 ) -> Result<()> {
-    let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
+    let day = &pipeline.fields[pipeline
+        .identity
+        .partition_by
+        .expect("partition-by is checked before a rebuild starts")]
+    .name;
     let pending = pending_table(pipeline);
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {pending} (LIKE {})",
@@ -389,7 +396,10 @@ async fn delete_window(
     deletes: &[(String, String)],
     cover: &BTreeMap<(String, i32), (i64, i64)>,
 ) -> Result<()> {
-    let day = pipeline.identity.partition_by.expect("checked");
+    let day = pipeline
+        .identity
+        .partition_by
+        .expect("partition-by is checked before a rebuild starts");
     let ledger = &pipeline.ledger.table;
     let pending = pending_table(pipeline);
     let same: Vec<String> = ledger::ledger_pk(pipeline)
@@ -454,7 +464,11 @@ async fn rebuild_check(
     pipeline: &Pipeline,
     opts: &RebuildOptions,
 ) -> Result<RebuildCheck> {
-    let day = &pipeline.fields[pipeline.identity.partition_by.expect("checked")].name;
+    let day = &pipeline.fields[pipeline
+        .identity
+        .partition_by
+        .expect("partition-by is checked before a rebuild starts")]
+    .name;
     let ledger = &pipeline.ledger.table;
     let removed = pending_table(pipeline);
     let mut check = RebuildCheck::default();

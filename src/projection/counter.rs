@@ -17,7 +17,7 @@ pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
     aggregate::compile(ctx, || {
         let c = match &ctx.raw().column {
             Some(c) => ident(ctx.src, c)?,
-            None => Ident::new("n").expect("static"),
+            None => Ident::new("n").expect("a built-in name is a valid SQL identifier"),
         };
         Ok((vec![(c, "count(*)".to_string(), "bigint")], vec![None]))
     })

@@ -22,7 +22,8 @@ pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
         Some(t) => table_name(src, schema, t)?,
         None => QualifiedName {
             schema: schema.clone(),
-            name: Ident::new(DEFAULT_OUTBOX_TABLE).expect("static"),
+            name: Ident::new(DEFAULT_OUTBOX_TABLE)
+                .expect("a built-in name is a valid SQL identifier"),
         },
     };
     let payload: Vec<usize> = match &rp.payload {

@@ -25,7 +25,7 @@ static NOTED: Mutex<BTreeMap<String, (ConnectionPlan, String)>> = Mutex::new(BTr
 pub fn note(url: &str, plan: &ConnectionPlan, file: &str) {
     NOTED
         .lock()
-        .expect("noted")
+        .expect("noted: a thread panicked holding this lock")
         .insert(url.to_string(), (plan.clone(), file.to_string()));
 }
 
@@ -68,7 +68,11 @@ pub fn resolve(url: &str) -> Result<(tokio_postgres::Config, Security)> {
             parse_error(&e)
         ))
     })?;
-    let noted = NOTED.lock().expect("noted").get(url).cloned();
+    let noted = NOTED
+        .lock()
+        .expect("noted: a thread panicked holding this lock")
+        .get(url)
+        .cloned();
     let (plan, file) = noted.unwrap_or_default();
     let pick = |key: &str, ours: Option<String>| -> Result<Option<String>> {
         match (params.get(key), ours) {
@@ -144,7 +148,11 @@ pub fn summary(url: &str) -> Result<String> {
             k.display()
         ));
     }
-    let noted = NOTED.lock().expect("noted").get(url).cloned();
+    let noted = NOTED
+        .lock()
+        .expect("noted: a thread panicked holding this lock")
+        .get(url)
+        .cloned();
     let password = match (
         noted.and_then(|(p, _)| p.password_file),
         config.get_password(),

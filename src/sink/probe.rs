@@ -45,7 +45,7 @@ async fn probe_once(
         {
             *client = Some(crate::sink::connect(url).await.map_err(|e| e.to_string())?);
         }
-        let c = client.as_ref().expect("connected");
+        let c = client.as_ref().expect("connected just above");
         c.batch_execute(sql)
             .await
             .map_err(|e| crate::model::describe(&e))

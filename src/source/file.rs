@@ -243,7 +243,10 @@ impl File {
         if !self.seen.contains_key(&r.tp) {
             self.take_over(&r.tp)?;
         }
-        let seen = self.seen.get_mut(&r.tp).expect("taken over");
+        let seen = self
+            .seen
+            .get_mut(&r.tp)
+            .expect("a record's partition is taken over before its records come");
         if let Some(l) = seen.last.filter(|l| r.offset <= *l) {
             return Err(Error::Other(format!(
                 "{}:{line}: offset {} of {}/{} does not ascend (previous {l})",

@@ -635,7 +635,9 @@ fn take_over_or_defer(
 }
 
 fn lock_pending(ctx: &Ctx) -> MutexGuard<'_, Pending> {
-    ctx.pending.lock().expect("pending take-overs")
+    ctx.pending
+        .lock()
+        .expect("pending take-overs: a thread panicked holding this lock")
 }
 
 fn on_revoke(core: &mut Core, consumer: &GroupConsumer, revoked: &[Tp], lost: bool) -> Result<()> {

@@ -175,7 +175,10 @@ struct Reasons(std::sync::Mutex<Vec<String>>);
 
 impl rdkafka::ClientContext for Reasons {
     fn error(&self, error: KafkaError, reason: &str) {
-        let mut all = self.0.lock().expect("reasons");
+        let mut all = self
+            .0
+            .lock()
+            .expect("reasons: a thread panicked holding this lock");
         // "1/1 brokers are down" follows every failed connect: keep the reason that says why.
         let informative = !reason.contains("brokers are down") || all.is_empty();
         // Repeated attempts differ only in the "(after N ms in state …)" tail.
@@ -226,7 +229,12 @@ pub fn reachable(config: &ClientConfig, brokers: &str, topic: &str) -> Result<()
         while std::time::Instant::now() < drain {
             let _ = probe.poll(Duration::from_millis(10));
         }
-        let reasons = probe.context().0.lock().expect("reasons").clone();
+        let reasons = probe
+            .context()
+            .0
+            .lock()
+            .expect("reasons: a thread panicked holding this lock")
+            .clone();
         if result.is_ok() {
             return Ok(());
         }

@@ -57,7 +57,9 @@ pub fn spawn(core: Weak<Mutex<Core>>, side: Arc<BaseConsumer>) -> Lag {
 
 /// Each held partition with its next offset to apply.
 fn checkpoints(core: &Mutex<Core>) -> Vec<(Tp, i64)> {
-    let core = core.lock().expect("engine state");
+    let core = core
+        .lock()
+        .expect("engine state: a thread panicked holding this lock");
     core.parts
         .iter()
         .map(|(tp, st)| (tp.clone(), st.next.unwrap_or(st.start)))

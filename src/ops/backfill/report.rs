@@ -168,7 +168,9 @@ pub fn resumed_at(partitions: &mut [PartitionPlan], starts: &[(Tp, i64)]) {
 /// error): what this session applied (its accounting, from the committed batches) and, per partition, where it
 /// stopped and what is left.
 pub fn stopped(how: &str, partitions: &[PartitionPlan], committed: &Reached) -> String {
-    let committed = committed.lock().expect("committed offsets");
+    let committed = committed
+        .lock()
+        .expect("committed offsets: a thread panicked holding this lock");
     let (reached, tally) = (&committed.reached, &committed.tally);
     let mut left = 0;
     let parts: Vec<String> = partitions
@@ -244,7 +246,11 @@ pub type PerDay = Arc<Mutex<BTreeMap<Option<NaiveDate>, DayCounts>>>;
 
 /// The report's per-day section: `YYYY-MM-DD`, or `unknown` for records without a day.
 pub fn per_day_report(per_day: &PerDay) -> BTreeMap<String, DayCounts> {
-    let counts = std::mem::take(&mut *per_day.lock().expect("per-day counts"));
+    let counts = std::mem::take(
+        &mut *per_day
+            .lock()
+            .expect("per-day counts: a thread panicked holding this lock"),
+    );
     counts
         .into_iter()
         .map(|(d, c)| {
@@ -370,7 +376,10 @@ impl Progress {
 
 impl Observer for Progress {
     fn committed(&mut self, batch: &Batch, days: &[Option<NaiveDate>], outcomes: &[Outcome]) {
-        let mut per_day = self.per_day.lock().expect("per-day counts");
+        let mut per_day = self
+            .per_day
+            .lock()
+            .expect("per-day counts: a thread panicked holding this lock");
         for (i, o) in outcomes.iter().enumerate() {
             let c = per_day.entry(days.get(i).copied().flatten()).or_default();
             // A stale record reached the sums like a landed one (only the row projections judged it).
@@ -391,7 +400,10 @@ impl Observer for Progress {
         let from = batch.expected.unwrap_or(batch.end);
         self.bar.inc(crate::units::count(batch.end - from));
         let tp = (batch.topic.clone(), batch.partition);
-        let mut committed = self.reached.lock().expect("committed offsets");
+        let mut committed = self
+            .reached
+            .lock()
+            .expect("committed offsets: a thread panicked holding this lock");
         committed.reached.insert(tp, batch.end);
         for o in outcomes {
             committed.tally.add(o);

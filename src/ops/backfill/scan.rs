@@ -109,7 +109,9 @@ pub(crate) fn past_the_stop(
                 if !open.is_empty() && idle_since.elapsed() >= Duration::from_secs(30) {
                     // Bounded: report what was read (the backfill itself has completed).
                     for (t, p) in &open {
-                        let s = scans.get_mut(&(t.clone(), *p)).expect("scanned");
+                        let s = scans
+                            .get_mut(&(t.clone(), *p))
+                            .expect("every stopped partition has its scan");
                         if let Some(Offset::Offset(o)) =
                             pos.find_partition(t, *p).map(|e| e.offset())
                         {

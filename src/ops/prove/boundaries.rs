@@ -433,7 +433,7 @@ pub fn shuffle(records: &[Rec], seed: u64) -> Vec<Rec> {
         let mut pick = crate::units::len(x % left as u64);
         for q in queues.values_mut() {
             if pick < q.len() {
-                out.push(q.pop_front().expect("not empty"));
+                out.push(q.pop_front().expect("checked non-empty just above"));
                 break;
             }
             pick -= q.len();

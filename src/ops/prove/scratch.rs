@@ -302,7 +302,11 @@ impl Cluster {
             .collect();
         for r in rt.block_on(admin.create_topics(&new, &AdminOptions::new()))? {
             match r {
-                Ok(t) => self.created.lock().expect("topics").push(t),
+                Ok(t) => self
+                    .created
+                    .lock()
+                    .expect("topics: a thread panicked holding this lock")
+                    .push(t),
                 Err((t, code)) => {
                     return Err(Error::Other(format!("creating scratch topic {t}: {code}")))
                 }
@@ -327,7 +331,10 @@ impl Cluster {
 
     /// The scratch topics this `prove` created on `--brokers` (none on the mock cluster).
     pub fn scratch_topics(&self) -> Vec<String> {
-        self.created.lock().expect("topics").clone()
+        self.created
+            .lock()
+            .expect("topics: a thread panicked holding this lock")
+            .clone()
     }
 
     /// Deletes the scratch topics created on `--brokers` (the mock cluster goes with the process).
@@ -346,7 +353,10 @@ impl Cluster {
                 return Err(Error::Other(format!("deleting scratch topic {t}: {code}")));
             }
         }
-        self.created.lock().expect("topics").clear();
+        self.created
+            .lock()
+            .expect("topics: a thread panicked holding this lock")
+            .clear();
         Ok(())
     }
 }
@@ -516,7 +526,7 @@ pub fn requalify(text: &str, from: &str, to: &str) -> String {
                 rest = &rest[pat.len()..];
             }
             None => {
-                let c = rest.chars().next().expect("not empty");
+                let c = rest.chars().next().expect("checked non-empty just above");
                 out.push(c);
                 rest = &rest[c.len_utf8()..];
             }

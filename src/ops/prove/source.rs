@@ -198,7 +198,10 @@ impl Source for Scripted {
             std::thread::sleep(Duration::from_millis(1));
             return Polled::Busy;
         }
-        let starts = self.starts.as_ref().expect("taken over");
+        let starts = self
+            .starts
+            .as_ref()
+            .expect("a record's partition is taken over before its records come");
         while let Some(r) = self.order.pop_front() {
             if starts.get(&r.tp).is_some_and(|s| r.offset < *s) {
                 continue;

@@ -100,7 +100,7 @@ fn unit_name(unit: Unit) -> &'static str {
 /// PostgreSQL's earliest `date` and `timestamp`: 4714-11-24 BC (astronomical year −4713; PostgreSQL
 /// documentation, "Date/Time Types"). Its latest lie beyond what a count of days or epoch units reaches here.
 fn earliest() -> NaiveDate {
-    NaiveDate::from_ymd_opt(-4713, 11, 24).expect("valid")
+    NaiveDate::from_ymd_opt(-4713, 11, 24).expect("a valid calendar date")
 }
 
 /// An epoch count in `unit` as PostgreSQL timestamp text (`YYYY-MM-DD HH:MM:SS[.f][ BC]`); Debezium's infinity
@@ -190,7 +190,7 @@ fn date(days: i64) -> Result<String, String> {
         PG_DATE_NEG_INFINITY => return Ok("-infinity".into()),
         _ => {}
     }
-    let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid");
+    let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("a valid calendar date");
     let day = chrono::Duration::try_days(days)
         .and_then(|d| epoch.checked_add_signed(d))
         .ok_or_else(|| format!("{days} (days since 1970-01-01) is out of range for a date"))?;

@@ -110,7 +110,10 @@ pub fn pg_type(cell: &Cell) -> Option<&'static str> {
 /// (`None`: a schemaless null, nothing to add yet). Bookkeeping names and invalid identifiers are left out
 /// (their records are quarantined by [`super::change::from_change`]).
 fn unmapped(p: &Pipeline, rp: &Prepared, batch: &Batch) -> Vec<(String, Option<&'static str>)> {
-    let plan = p.projections[rp.shape.index].row.as_ref().expect("row");
+    let plan = p.projections[rp.shape.index]
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     let mut out: Vec<(String, Option<&'static str>)> = Vec::new();
     for it in &batch.items {
         let Pending::Claim {
@@ -154,7 +157,10 @@ pub async fn add_columns(
 ) -> std::result::Result<(), ApplyError> {
     for rp in rows.iter_mut() {
         let proj = &p.projections[rp.shape.index];
-        let plan = proj.row.as_ref().expect("row");
+        let plan = proj
+            .row
+            .as_ref()
+            .expect("a row projection's plan holds its RowPlan");
         if plan.new_columns != NewColumns::Add {
             continue;
         }

@@ -32,7 +32,10 @@ pub async fn apply(
     mut changes: Vec<RowChange>,
     at: &Coordinates<'_>,
 ) -> std::result::Result<HashMap<i64, RowResult>, ApplyError> {
-    let plan = proj.row.as_ref().expect("row");
+    let plan = proj
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     let mut results = HashMap::new();
     if changes.is_empty() {
         return Ok(results);
@@ -243,7 +246,10 @@ async fn fold_segment(
         return Ok(());
     }
     let shape = &prepared.shape;
-    let plan = proj.row.as_ref().expect("row");
+    let plan = proj
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     // Under the locks: a new key that started waiting for one of our deletes after `waiting_on` looked (its
     // batch held the old key's lock, now ours) is not locked; taking its lock now would break the one lock order
     // (case C36): the batch is redone, and then locks it up front.
@@ -340,7 +346,10 @@ async fn fold_segment(
     for (ei, key) in order.iter().enumerate() {
         let before = state[ei].clone();
         let mut cur = state[ei].clone();
-        for c in groups.get_mut(key).expect("grouped") {
+        for c in groups
+            .get_mut(key)
+            .expect("every key was grouped just above")
+        {
             if c.follows_snapshot {
                 follow(c, cur.as_ref());
             }

@@ -245,7 +245,7 @@ fn warn_unmatched_tables(p: &Pipeline, batch: &Batch) {
             let mut w = WARNED
                 .get_or_init(Default::default)
                 .lock()
-                .expect("warned set");
+                .expect("warned set: a thread panicked holding this lock");
             if w.insert(ch.table.clone()) {
                 tracing::warn!(
                     source_table = %ch.table,
@@ -299,7 +299,10 @@ pub(super) fn row_changes(
     landed: &HashSet<i64>,
 ) -> std::result::Result<Vec<RowChange>, ApplyError> {
     let proj = &p.projections[rp.shape.index];
-    let plan = proj.row.as_ref().expect("row");
+    let plan = proj
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     let mut out = Vec::new();
     for it in &batch.items {
         let Pending::Claim {

@@ -171,7 +171,7 @@ pub(crate) fn compile(
     }
     let tombstone_table = QualifiedName {
         schema: table.schema.clone(),
-        name: Ident::new(&tomb_name).expect("valid"),
+        name: Ident::new(&tomb_name).expect("a built-in name is a valid SQL identifier"),
     };
     let json = format == Format::Json;
     let key = key(src, json, fields, field_index, p)?;

@@ -207,7 +207,10 @@ pub(super) async fn lock_entities(
 /// # Errors
 /// [`Error::Schema`] when a statement does not compile (missing table or column).
 pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> Result<Prepared> {
-    let plan = p.projections[shape.index].row.as_ref().expect("row");
+    let plan = p.projections[shape.index]
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     let t = &plan.table;
     let tomb = &plan.tombstone_table;
     let column_mode = plan.tombstones == TombstoneMode::Column;

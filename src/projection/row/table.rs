@@ -163,7 +163,10 @@ async fn catalog_pk(c: &impl GenericClient, table: &QualifiedName) -> Result<Vec
 /// given, or has a column type replaysafe cannot convert to.
 pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<Shape> {
     let proj = &p.projections[index];
-    let plan = proj.row.as_ref().expect("row projection");
+    let plan = proj
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     let catalog = catalog_columns(c, &plan.table).await?;
     let (generated, identity) = write_rules(&proj.name, plan, catalog.as_deref())?;
     let mut columns: Vec<ColumnSpec> = match &plan.columns {
@@ -248,8 +251,8 @@ pub async fn resolve(c: &impl GenericClient, p: &Pipeline, index: usize) -> Resu
     }
     let extra = (plan.new_columns == NewColumns::Extra).then(|| {
         columns.push(ColumnSpec {
-            name: Ident::new(EXTRA).expect("valid"),
-            ty: SqlType::parse("jsonb").expect("valid"),
+            name: Ident::new(EXTRA).expect("a built-in name is a valid SQL identifier"),
+            ty: SqlType::parse("jsonb").expect("a built-in SQL type"),
             unit: None,
             field: None,
         });
@@ -280,7 +283,10 @@ pub async fn column_notes(
     p: &Pipeline,
     index: usize,
 ) -> Result<Vec<(bool, String)>> {
-    let plan = p.projections[index].row.as_ref().expect("row projection");
+    let plan = p.projections[index]
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     let Some(catalog) = catalog_columns(c, &plan.table).await? else {
         return Ok(match plan.columns {
             Some(_) => Vec::new(),
@@ -430,7 +436,10 @@ async fn append_added(
 /// As [`resolve`], and [`Error::Postgres`].
 pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result<()> {
     let proj = &p.projections[index];
-    let plan = proj.row.as_ref().expect("row projection");
+    let plan = proj
+        .row
+        .as_ref()
+        .expect("a row projection's plan holds its RowPlan");
     let t = &plan.table;
     let deleted = if plan.tombstones == TombstoneMode::Column {
         ", _deleted_at timestamptz"

@@ -321,7 +321,7 @@ pub fn pending_table(pipeline: &crate::config::Pipeline) -> crate::ident::Qualif
                 "replaysafe_rebuilding_{:02x}{:02x}{:02x}{:02x}",
                 h[0], h[1], h[2], h[3]
             ))
-            .expect("valid name")
+            .expect("a 26-character name of letters, digits and _ is a valid identifier")
         });
     crate::ident::QualifiedName {
         schema: ledger.schema.clone(),

@@ -239,7 +239,7 @@ async fn require_partitions(
     if missing.is_empty() {
         return Ok(());
     }
-    let ahead = (*missing.last().expect("not empty") - horizon.today)
+    let ahead = (*missing.last().expect("checked non-empty just above") - horizon.today)
         .num_days()
         .max(1);
     let names: Vec<String> = missing.iter().map(|d| partition_name(p, *d)).collect();
