@@ -69,6 +69,11 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cmd::ledger::LedgerCommand,
     },
+    /// Write a pipeline file from another tool's configuration: a Kafka Connect JDBC sink connector's.
+    Import {
+        #[command(subcommand)]
+        command: crate::cmd::import::ImportCommand,
+    },
     /// Prove that replay is harmless for your pipeline on a fixture of its records: twelve boundaries (apply
     /// once, apply twice, a crash between every database and Kafka commit, permitted shuffles, a rebuilt topic, a
     /// resnapshot, an expired ledger entry, two workers and two groups at once, an uncertain commit, batch

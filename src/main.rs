@@ -28,6 +28,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
         Command::Verify { command } => cmd::verify::run(command),
         Command::DeadLetters { command } => cmd::dead_letters::run(command),
         Command::Ledger { command } => cmd::ledger::run(command),
+        Command::Import { command } => cmd::import::run(command),
         Command::Prove(a) => cmd::prove::run(a),
         Command::Demo(a) => cmd::demo::run(a),
     }

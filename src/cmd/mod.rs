@@ -5,6 +5,7 @@ pub mod backfill;
 pub mod check;
 pub mod dead_letters;
 pub mod demo;
+pub mod import;
 pub mod init;
 pub mod ledger;
 pub mod load;

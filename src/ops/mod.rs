@@ -1,10 +1,11 @@
 //! The commands built on the engine and around it: `check`, `run`, `load`, `backfill`, `rebuild`, `offsets`,
-//! `verify`, `dead-letters`, `outbox relay`, `ledger`.
+//! `verify`, `dead-letters`, `outbox relay`, `ledger`, `import`.
 
 pub mod backfill;
 pub mod check;
 pub mod dead_letters;
 pub mod fingerprint;
+pub mod import;
 pub mod ledger;
 pub mod load;
 pub mod offsets;

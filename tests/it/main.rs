@@ -70,6 +70,8 @@ mod horizon;
 mod identity_breaks;
 // What a terminal or a script reads from `dead-letters list`: no raw control byte.
 mod hostile_output;
+// `import connector`: the JDBC sink configurations Debezium and Confluent document → pipelines, end to end.
+mod import;
 // Outbox message keys, epoch units, changed field types and projections, dead letters a backfill resolves.
 mod keys_drift;
 // The ledger's delivery keys kept by an exclusion constraint on each day partition.
