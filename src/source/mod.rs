@@ -15,6 +15,7 @@ pub mod identity;
 pub mod kafka;
 pub mod kcat;
 pub mod lag;
+pub mod logwatch;
 pub mod membership;
 pub mod others;
 pub mod pending;

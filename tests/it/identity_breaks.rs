@@ -162,19 +162,41 @@ fn a_new_group_on_a_recreated_topic_keeps_the_old_logs_dead_letters() {
 
 /// C46 under a running worker with the default `topic.metadata.refresh.interval.ms` (the log_identity test
 /// lowers it to 500 ms): the topic is deleted and re-created and its new log grows past the checkpoint. The
-/// worker must stop (exit 7) without applying any of the new log (docs: "also in a worker that kept running
-/// while its topic was re-created").
+/// worker must stop (exit 7) without applying any of the new log, naming the topic, both ids and the stored
+/// offset (docs/guarantees.md "A recreated topic, another cluster").
 #[test]
-#[ignore = "issue 37 follow-up: the topic id is compared at take-over only; a worker that keeps its assignment while the topic is re-created is not stopped"]
 fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated() {
     running_worker_on_a_recreated_topic(8);
 }
 
-/// The same while the new log is still shorter than the checkpoint (one record below it).
+/// The same while the new log is still shorter than the checkpoint (one record below it): exit 7 naming the
+/// ids and the stored offset, not a generic "out of range".
 #[test]
-#[ignore = "issue 37 follow-up: the topic id is compared at take-over only; a worker that keeps its assignment while the topic is re-created is not stopped"]
 fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated_shorter() {
     running_worker_on_a_recreated_topic(1);
+}
+
+/// Waits (bounded) for `child` to exit; its code (`None`: killed at the bound).
+fn exit_within(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = terminate(child);
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The stop of a worker whose topic was re-created under it names the partition, both topic ids and the stored
+/// offset.
+fn assert_names(err: &str, parts: &[String]) {
+    for part in parts {
+        assert!(err.contains(part.as_str()), "`{part}` in:\n{err}");
+    }
 }
 
 fn running_worker_on_a_recreated_topic(new_records: u32) {
@@ -190,6 +212,7 @@ fn running_worker_on_a_recreated_topic(new_records: u32) {
             event(122, "o-122", t0 + 2),
         ],
     );
+    let (_, a) = crate::log_identity::ids_of(&p, &brokers(), &topic);
     let mut child = spawn_run(&p, &[], "run");
     wait_until(Duration::from_secs(60), "the old log applied", || {
         db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
@@ -201,23 +224,30 @@ fn running_worker_on_a_recreated_topic(new_records: u32) {
         .map(|i| event(220 + i, &format!("o-22{i}"), t0 + 10 + i64::from(i)))
         .collect();
     produce(&topic, &recs);
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let code = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s.code();
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = terminate(&mut child);
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let (_, b) = crate::log_identity::ids_of(&p, &brokers(), &topic);
+    let code = exit_within(&mut child, Duration::from_secs(120));
     let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
     let ledger = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
     let cp = db.checkpoint(&group, &topic, 0);
     eprintln!("code {code:?} ledger {ledger} checkpoint {cp:?}\n{err}");
     assert_eq!(ledger, 3, "nothing of the new log applied");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.orders"), 3);
+    assert_eq!(
+        cp,
+        Some(3),
+        "the checkpoint stays where the old log left it"
+    );
     assert_eq!(code, Some(7), "{err}");
+    assert_names(
+        &err,
+        &[
+            format!("{topic}/0"),
+            a,
+            b,
+            "next offset 3".into(),
+            "re-created".into(),
+        ],
+    );
 }
 
 /// Three workers under an incremental protocol, one killed with SIGKILL mid-stream (its partitions move only
