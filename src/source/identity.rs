@@ -5,7 +5,8 @@
 //! below it, so the partition is refused ([`Error::LogChanged`], exit 7) until the operator decides — `offsets
 //! start` (an explicit start on this log) or a new `[identity] generation` (docs/guarantees.md "A recreated topic, another
 //! cluster"). A checkpoint without ids (written by an earlier version, or just created) is not refused: the
-//! broker's ids are recorded in it ([`record`]).
+//! broker's ids are recorded in it ([`record`]). A topic re-created under a running `run` member that keeps its
+//! partitions is seen by [`crate::source::logwatch`] and named by [`recreated_under_run`].
 
 use crate::config::Pipeline;
 use crate::engine::takeover::{self, Acquired};
