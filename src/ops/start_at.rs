@@ -68,14 +68,25 @@ pub const MM2_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Moves the checkpoints of the selected partitions to the chosen start on the brokers' current log.
 ///
 /// # Errors
-/// [`Error::Usage`] for a selection or start that does not exist (an unknown topic or partition, an offset
-/// outside the log, no MirrorMaker 2 checkpoint for a partition); Kafka and database errors.
+/// [`Error::Usage`] for a selection or start that does not exist (a group without checkpoints of the selected
+/// topics — [`known_group`] —, an unknown topic or partition, an offset outside the log, no MirrorMaker 2
+/// checkpoint for a partition); Kafka and database errors.
 pub fn start(
     p: &Pipeline,
     brokers: &str,
     database_url: &str,
     opts: &StartOptions,
 ) -> Result<Vec<Moved>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let mut client = rt.block_on(sink::connect_with(database_url, &p.postgres.timeouts))?;
+    let topics: Vec<String> = match &opts.topic {
+        Some(t) => vec![t.clone()],
+        None => p.kafka.topics.clone(),
+    };
+    rt.block_on(known_group(&client, p, &opts.group, &topics))?;
     let probe = kafka::consumer_config(p, brokers, &[]);
     let topic0 = opts
         .topic
@@ -91,18 +102,90 @@ pub fn start(
     };
     let ids = kafka::log_ids(&consumer, &topics)?;
     let positions = positions(&consumer, &parts, opts)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Other(e.to_string()))?;
     rt.block_on(async {
-        let mut client = sink::connect_with(database_url, &p.postgres.timeouts).await?;
         let mut out = Vec::new();
         for (tp, (offset, why)) in positions {
             out.push(replace(&mut client, p, &opts.group, &tp, offset, &why, &ids).await?);
         }
         Ok(out)
     })
+}
+
+/// At most this many other groups are named when `offsets start` refuses a group ([`known_group`]).
+const GROUPS_NAMED: i64 = 20;
+
+/// Refuses a group that has no checkpoint of any of `topics` in any generation — a misspelled `--group` would
+/// otherwise get checkpoint rows of its own, and the group meant would keep its old positions. A group that never
+/// ran starts where `[kafka] start` says; after a generation change the old generation's rows count.
+///
+/// # Errors
+/// [`Error::Usage`] naming the group, the topics and the groups that do have checkpoints of them (at most
+/// [`GROUPS_NAMED`]), with the query that lists them all; a database error.
+pub async fn known_group(
+    client: &tokio_postgres::Client,
+    p: &Pipeline,
+    group: &str,
+    topics: &[String],
+) -> Result<()> {
+    let t = p.table(checkpoint::CHECKPOINTS);
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&t.to_string()])
+        .await?
+        .get(0);
+    let listing = format!(
+        "SELECT consumer_group, generation, topic, count(*) AS partitions FROM {t} GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    );
+    if !exists {
+        return Err(Error::Usage(format!(
+            "offsets start: group `{group}` has no checkpoints: {t} does not exist (no `run` of this pipeline has \
+             taken a partition over in this database); a group that never ran starts where [kafka] start says. \
+             Nothing was changed"
+        )));
+    }
+    let held: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM {t} WHERE consumer_group = $1 AND topic = ANY($2)"),
+            &[&group, &topics],
+        )
+        .await?
+        .get(0);
+    if held > 0 {
+        return Ok(());
+    }
+    let others: Vec<String> = client
+        .query(
+            &format!(
+                "SELECT DISTINCT consumer_group FROM {t} WHERE topic = ANY($1) ORDER BY 1 LIMIT {GROUPS_NAMED}"
+            ),
+            &[&topics],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let named = match others.is_empty() {
+        true => "no group has checkpoints of them yet".to_string(),
+        false => format!(
+            "groups with checkpoints of them: {}{}",
+            others
+                .iter()
+                .map(|g| format!("`{}`", crate::printable::escape_controls(g)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if others.len() as i64 == GROUPS_NAMED {
+                ", …"
+            } else {
+                ""
+            }
+        ),
+    };
+    Err(Error::Usage(format!(
+        "offsets start: group `{}` has no checkpoint of {} in {t} (a misspelled --group?); {named}. List every \
+         group's checkpoints with `{listing}`; a group that never ran starts where [kafka] start says. \
+         Nothing was changed",
+        crate::printable::escape_controls(group),
+        topics.join(", "),
+    )))
 }
 
 /// The partitions `opts` selects, refused when a named one does not exist.

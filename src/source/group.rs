@@ -47,6 +47,7 @@ use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::sink::checkpoint;
 use crate::source::kafka::{consumer_config, kafka_commit, partitions, watermarks, STATISTICS};
+use crate::source::logwatch::{self, LogWatch};
 use crate::source::membership::{Membership, STATS_INTERVAL_MS};
 use crate::source::pending::Pending;
 use crate::source::queues::Split;
@@ -95,6 +96,10 @@ pub struct Ctx {
     /// just assigned (their committed offsets may predate the checkpoint). The engine then commits every held
     /// checkpoint again when idle ([`Ack::recommit_due`]), at most once per [`RECOMMIT_EVERY`].
     recommit: Recommit,
+    /// librdkafka's own announcements of a topic's new id: a topic re-created under this member while it keeps
+    /// its partitions stops the run before any record of the new log is handed over
+    /// ([`crate::source::logwatch`]).
+    watch: LogWatch,
 }
 
 /// The shortest time between two commits of every held checkpoint after a failed offset commit.
@@ -374,7 +379,71 @@ fn pause_one(consumer: &GroupConsumer, tp: &Tp) {
     }
 }
 
+/// Gives the group client's log lines back to its main queue ([`LogWatch::detach`]), before it closes.
+fn detach_watch(consumer: &GroupConsumer) {
+    let ctx = consumer.context();
+    ctx.watch
+        .detach(consumer.client().native_ptr(), &|level, fac, line| {
+            ClientContext::log(&**ctx, level, fac, line)
+        });
+}
+
 impl Ctx {
+    /// Reads the log lines librdkafka queued ([`LogWatch::drain`]) and stops the run when it now reads a held
+    /// partition's topic under another topic id than its checkpoint's: the topic was re-created under this member.
+    /// Only partitions the engine holds count (a partition taken over later is compared at its take-over).
+    fn log_changed(&self, core: &Shared) -> Option<Error> {
+        let changed = self
+            .watch
+            .drain(&|level, fac, line| ClientContext::log(self, level, fac, line));
+        self.stop_on(core, changed)
+    }
+
+    /// The error naming the held partitions of `changed` ([`crate::source::identity::recreated_under_run`]), if
+    /// any is held.
+    fn stop_on(&self, core: &Shared, changed: Vec<logwatch::Changed>) -> Option<Error> {
+        if changed.is_empty() {
+            return None;
+        }
+        let core = lock(core);
+        let held: Vec<_> = changed
+            .into_iter()
+            .filter(|c| core.parts.contains_key(&c.0))
+            .collect();
+        if held.is_empty() {
+            return None;
+        }
+        let next = |tp: &Tp| core.parts.get(tp).and_then(|st| st.next);
+        Some(crate::source::identity::recreated_under_run(
+            &self.pipeline,
+            &self.pipeline.kafka.group_id,
+            &held,
+            &next,
+        ))
+    }
+
+    /// A position out of range: asks the broker for the held topics' ids ([`crate::source::kafka::log_ids`],
+    /// bounded by its timeout) and names a re-created topic whose new log ends below the checkpoint. `None` when
+    /// every held topic is on its checkpoint's log (or the broker does not say).
+    fn live_ids_differ(&self, core: &Shared, side: &BaseConsumer) -> Option<Error> {
+        if let Some(e) = self.log_changed(core) {
+            return Some(e);
+        }
+        let topics = self.watch.held_topics();
+        if topics.is_empty() {
+            return None;
+        }
+        match crate::source::kafka::log_ids(side, &topics) {
+            Ok(ids) => self.stop_on(core, self.watch.differ(&ids)),
+            Err(e) => {
+                tracing::warn!(
+                    "a position is out of range; asking the broker for the topic ids failed: {e}"
+                );
+                None
+            }
+        }
+    }
+
     /// Takes ownership of newly assigned partitions and sets each one's starting offset in `tpl`. A partition
     /// whose checkpoint row stays locked past the lock timeout is left pending ([`Pending`]): set to the log's
     /// beginning in `tpl` only to be assigned, returned to be paused, taken over later from the poll loop.
@@ -433,6 +502,12 @@ impl Ctx {
         let ids = crate::source::identity::broker_ids(&self.side, &acquired)?;
         for a in &acquired {
             crate::source::identity::check(&p, &group, a, &ids)?;
+            // The log this partition's checkpoint is on, for the watch under the running member.
+            self.watch.hold(
+                &a.tp,
+                a.stored_ids.0.as_deref().or(ids.topic(&a.tp.0)),
+                a.stored_ids.1.as_deref().or(ids.cluster.as_deref()),
+            );
         }
         let unrecorded: Vec<_> = acquired
             .iter()
@@ -682,6 +757,15 @@ pub struct Group {
     session: Duration,
 }
 
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Not closed (a simulated crash): the client's log lines go back to its main queue before it is destroyed.
+        if let Some(c) = &self.consumer {
+            detach_watch(c);
+        }
+    }
+}
+
 impl Group {
     /// The group's client.
     ///
@@ -713,7 +797,10 @@ impl Group {
             other => other,
         })?;
         let side = Arc::new(side);
-        let consumer: Arc<GroupConsumer> = Arc::new(config.create_with_context(Ctx {
+        // The group's own client reports topic id changes ([`crate::source::logwatch`]).
+        let mut own = config.clone();
+        let pass_debug = logwatch::configure(&mut own);
+        let consumer: Arc<GroupConsumer> = Arc::new(own.create_with_context(Ctx {
             core: core.clone(),
             pipeline: pipeline.clone(),
             side: side.clone(),
@@ -728,7 +815,12 @@ impl Group {
             shutdown: lock(&core).shutdown.clone(),
             membership: Membership::new(&config),
             recommit: Recommit::default(),
+            watch: LogWatch::new(pass_debug),
         })?);
+        consumer
+            .context()
+            .watch
+            .attach(consumer.client().native_ptr())?;
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         Consumer::subscribe(&*consumer, &topics)?;
         tracing::info!(group = %pipeline.kafka.group_id, ?topics, "consuming");
@@ -895,7 +987,11 @@ impl Source for Group {
             return Polled::Failed(e);
         }
         let Group {
-            consumer, split, ..
+            consumer,
+            split,
+            core,
+            side,
+            ..
         } = self;
         let consumer = consumer.as_ref().expect("polled after close");
         let ctx = consumer.context();
@@ -909,12 +1005,24 @@ impl Source for Group {
             }
         }
         let stale = || ctx.reassigned.load(Ordering::Relaxed);
-        match split.poll(consumer, timeout, &stale) {
+        let polled = split.poll(consumer, timeout, &stale);
+        // After taking a record from librdkafka, before handing it over: a topic id librdkafka announced
+        // meanwhile (any record of a re-created topic's new log was fetched after its announcement arrived).
+        if ctx.watch.arrived() {
+            if let Some(e) = ctx.log_changed(core) {
+                return Polled::Failed(e);
+            }
+        }
+        match polled {
             None => Polled::Idle,
             Some(Ok(r)) => Polled::Record(r),
             Some(Err(KafkaError::PartitionEOF(_))) => Polled::Idle,
             Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
             | Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
+                // A re-created topic whose new log ends below the checkpoint: named as such (exit 7).
+                if let Some(e) = ctx.live_ids_differ(core, side) {
+                    return Polled::Failed(e);
+                }
                 Polled::Failed(Error::Other(
                     "a partition's position is out of range on the broker (records deleted by retention while \
                      consuming?); stopping instead of skipping them"
@@ -980,6 +1088,7 @@ impl Source for Group {
         }
         self.split.clear();
         self.c().context().closing.store(true, Ordering::Relaxed);
+        detach_watch(self.c());
         // Leaving the group — the revoke callback applies what is buffered and commits it, then LeaveGroup and
         // the client's drop (`rd_kafka_consumer_close`: it waits for the group coordinator without a bound,
         // confluentinc/librdkafka#3740) — runs on its own thread, waited for at most CLOSE_TIMEOUT.

@@ -5,7 +5,8 @@
 //! below it, so the partition is refused ([`Error::LogChanged`], exit 7) until the operator decides — `offsets
 //! start` (an explicit start on this log) or a new `[identity] generation` (docs/guarantees.md "A recreated topic, another
 //! cluster"). A checkpoint without ids (written by an earlier version, or just created) is not refused: the
-//! broker's ids are recorded in it ([`record`]).
+//! broker's ids are recorded in it ([`record`]). A topic re-created under a running `run` member that keeps its
+//! partitions is seen by [`crate::source::logwatch`] and named by [`recreated_under_run`].
 
 use crate::config::Pipeline;
 use crate::engine::takeover::{self, Acquired};
@@ -71,6 +72,48 @@ pub fn check(p: &Pipeline, group: &str, a: &Acquired, now: &LogIds) -> Result<()
         file = p.source.path,
         retired = p.table(checkpoint::RETIRED),
     )))
+}
+
+/// The error of a topic deleted and re-created under a running worker that kept its partitions
+/// ([`crate::source::logwatch`]): `changed` are the held partitions on another topic id than the one now read, each
+/// with its checkpoint (next offset to read; `None`: nothing committed yet) from `next`. The message names the
+/// topic, the partitions, both ids and the stored offsets, and the ways forward.
+pub fn recreated_under_run(
+    p: &Pipeline,
+    group: &str,
+    changed: &[crate::source::logwatch::Changed],
+    next: &dyn Fn(&Tp) -> Option<i64>,
+) -> Error {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    let mut lines = Vec::new();
+    for (tp, was, cluster, now) in changed {
+        let at = next(tp).map_or("no checkpoint yet".to_string(), |n| {
+            format!("next offset {n}")
+        });
+        lines.push(format!(
+            "{}/{}: the topic was deleted and re-created under this running worker: the checkpoint of group \
+             `{group}` (generation `{generation}`, {at}) was written on topic id {was} of cluster {}, but the \
+             broker now serves topic id {now}, whose offsets begin again",
+            tp.0,
+            tp.1,
+            cluster.as_deref().unwrap_or("(not recorded)"),
+        ));
+    }
+    let topics: Vec<&str> = {
+        let mut t: Vec<&str> = changed.iter().map(|c| c.0 .0.as_str()).collect();
+        t.dedup();
+        t
+    };
+    Error::LogChanged(format!(
+        "{}. Stopped before any record of the new log was applied (exit 7); the checkpoints stay where the old log \
+         left them. Decide where the new log starts: `replaysafe offsets start -c {file} --topic {topic}` with \
+         --from-earliest, --from-time TIME or --from-offset N (the ledger recognises every record already applied \
+         by its delivery key), or give the pipeline a new [identity] generation (docs/guarantees.md \"A recreated \
+         topic, another cluster\")",
+        lines.join("; "),
+        file = p.source.path,
+        topic = topics.first().copied().unwrap_or("TOPIC"),
+    ))
 }
 
 /// Records the broker's ids in the checkpoints of `acquired` that hold none ([`takeover::record_log_ids`]),

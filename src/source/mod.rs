@@ -6,7 +6,8 @@
 //!   is reached; acknowledged by Kafka offset commits of its own group.
 //! - [`file`]: the records of a `kcat -C -J` file; finished at its end; nothing acknowledged. [`kcat`]: one line
 //!   of such a file → a record (payload string, headers, `payload_error`, lines that are not UTF-8).
-//! - [`identity`]: the topic id and cluster id kept beside each checkpoint, checked at every Kafka take-over.
+//! - [`identity`]: the topic id and cluster id kept beside each checkpoint, checked at every Kafka take-over;
+//!   [`logwatch`]: a topic re-created under a running group member that keeps its partitions.
 
 pub mod assign;
 pub mod file;
@@ -15,6 +16,7 @@ pub mod identity;
 pub mod kafka;
 pub mod kcat;
 pub mod lag;
+pub mod logwatch;
 pub mod membership;
 pub mod others;
 pub mod pending;

@@ -162,19 +162,41 @@ fn a_new_group_on_a_recreated_topic_keeps_the_old_logs_dead_letters() {
 
 /// C46 under a running worker with the default `topic.metadata.refresh.interval.ms` (the log_identity test
 /// lowers it to 500 ms): the topic is deleted and re-created and its new log grows past the checkpoint. The
-/// worker must stop (exit 7) without applying any of the new log (docs: "also in a worker that kept running
-/// while its topic was re-created").
+/// worker must stop (exit 7) without applying any of the new log, naming the topic, both ids and the stored
+/// offset (docs/guarantees.md "A recreated topic, another cluster").
 #[test]
-#[ignore = "issue 37 follow-up: the topic id is compared at take-over only; a worker that keeps its assignment while the topic is re-created is not stopped"]
 fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated() {
     running_worker_on_a_recreated_topic(8);
 }
 
-/// The same while the new log is still shorter than the checkpoint (one record below it).
+/// The same while the new log is still shorter than the checkpoint (one record below it): exit 7 naming the
+/// ids and the stored offset, not a generic "out of range".
 #[test]
-#[ignore = "issue 37 follow-up: the topic id is compared at take-over only; a worker that keeps its assignment while the topic is re-created is not stopped"]
 fn a_running_worker_with_default_settings_stops_when_its_topic_is_recreated_shorter() {
     running_worker_on_a_recreated_topic(1);
+}
+
+/// Waits (bounded) for `child` to exit; its code (`None`: killed at the bound).
+fn exit_within(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = terminate(child);
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The stop of a worker whose topic was re-created under it names the partition, both topic ids and the stored
+/// offset.
+fn assert_names(err: &str, parts: &[String]) {
+    for part in parts {
+        assert!(err.contains(part.as_str()), "`{part}` in:\n{err}");
+    }
 }
 
 fn running_worker_on_a_recreated_topic(new_records: u32) {
@@ -190,6 +212,7 @@ fn running_worker_on_a_recreated_topic(new_records: u32) {
             event(122, "o-122", t0 + 2),
         ],
     );
+    let (_, a) = crate::log_identity::ids_of(&p, &brokers(), &topic);
     let mut child = spawn_run(&p, &[], "run");
     wait_until(Duration::from_secs(60), "the old log applied", || {
         db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
@@ -201,23 +224,30 @@ fn running_worker_on_a_recreated_topic(new_records: u32) {
         .map(|i| event(220 + i, &format!("o-22{i}"), t0 + 10 + i64::from(i)))
         .collect();
     produce(&topic, &recs);
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let code = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s.code();
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = terminate(&mut child);
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let (_, b) = crate::log_identity::ids_of(&p, &brokers(), &topic);
+    let code = exit_within(&mut child, Duration::from_secs(120));
     let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
     let ledger = db.i64("SELECT count(*) FROM {s}.replaysafe_ledger");
     let cp = db.checkpoint(&group, &topic, 0);
     eprintln!("code {code:?} ledger {ledger} checkpoint {cp:?}\n{err}");
     assert_eq!(ledger, 3, "nothing of the new log applied");
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.orders"), 3);
+    assert_eq!(
+        cp,
+        Some(3),
+        "the checkpoint stays where the old log left it"
+    );
     assert_eq!(code, Some(7), "{err}");
+    assert_names(
+        &err,
+        &[
+            format!("{topic}/0"),
+            a,
+            b,
+            "next offset 3".into(),
+            "re-created".into(),
+        ],
+    );
 }
 
 /// Three workers under an incremental protocol, one killed with SIGKILL mid-stream (its partitions move only
@@ -334,4 +364,287 @@ fn offsets_start_under_a_running_owner_is_taken_over() {
     assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 7);
     assert_eq!(db.i64("SELECT count(*) FROM {s}.orders"), 7);
     assert_eq!(committed(&group, &topic, 1), vec![Some(7)]);
+}
+
+/// `offsets start --group` naming a group without checkpoints (misspelled) is refused (exit 2) naming the group,
+/// the groups that have checkpoints of the topic and how to list them all; nothing is written — neither a
+/// checkpoint row of the misspelled group nor a retired copy, and the real group's checkpoint stays. Before any
+/// `run` (no checkpoints table) it is refused the same way.
+#[test]
+fn offsets_start_refuses_a_group_without_checkpoints() {
+    let (db, topic) = stage("b3_start_group", 1);
+    let group = unique("orders");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    produce(
+        &topic,
+        &[event(400, "o-400", t0), event(401, "o-401", t0 + 1)],
+    );
+    let start = |g: &str| {
+        replaysafe(&[
+            "offsets",
+            "start",
+            "--config",
+            arg(&p.path),
+            "--group",
+            g,
+            "--from-earliest",
+        ])
+    };
+    let before = start(&group);
+    assert_eq!(before.code, Some(2), "{}", before.stderr);
+    assert!(
+        before
+            .stderr
+            .contains(&format!("group `{group}` has no checkpoints"))
+            && before.stderr.contains("does not exist"),
+        "{}",
+        before.stderr
+    );
+    run_caught_up(&p.path);
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
+    let typo = format!("{group}x");
+    let out = start(&typo);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    for part in [
+        format!("group `{typo}` has no checkpoint of {topic}"),
+        format!("`{group}`"),
+        "SELECT consumer_group".to_string(),
+        "Nothing was changed".to_string(),
+    ] {
+        assert!(out.stderr.contains(&part), "`{part}` in:\n{}", out.stderr);
+    }
+    assert_eq!(
+        db.strings("SELECT DISTINCT consumer_group FROM {s}.replaysafe_checkpoints"),
+        vec![group.clone()]
+    );
+    assert_eq!(
+        db.i64("SELECT count(*) FROM {s}.replaysafe_checkpoints_retired"),
+        0
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
+    // The group meant is accepted.
+    let ok = start(&group);
+    ok.assert_ok();
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(0));
+}
+
+/// A worker's partitions on topic `topic`, their checkpoints: `(partition, next offset)` of every checkpoint row.
+fn checkpoints(db: &Db, group: &str, topic: &str) -> Vec<(i32, Option<i64>)> {
+    db.query(
+        "SELECT partition, next_offset FROM {s}.replaysafe_checkpoints WHERE consumer_group = $1 AND topic = $2 \
+         ORDER BY 1",
+        &[&group, &topic],
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+/// The entities in `orders`, sorted.
+fn entities(db: &Db) -> Vec<String> {
+    db.strings("SELECT entity_id FROM {s}.orders ORDER BY 1")
+}
+
+/// Break-it: the topic re-created with more partitions under a worker of a cooperative group (the kept partition
+/// 0 is not revoked; the new partitions 1 and 2 are assigned incrementally on the new log). The worker stops with
+/// exit 7 naming partition 0; nothing of the new log below or past partition 0's checkpoint is applied; the new
+/// partitions, if taken over before the stop, are positioned on the new log (never past its records).
+#[test]
+fn a_topic_recreated_with_more_partitions_under_a_cooperative_worker_stops_it() {
+    let (db, topic) = stage("b3_live_more", 1);
+    let group = unique("g");
+    let text = format!(
+        "{ORDERS}\n[kafka.properties]\n\"partition.assignment.strategy\" = \"cooperative-sticky\"\n"
+    );
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    produce(
+        &topic,
+        &[
+            event(500, "o-500", t0),
+            event(501, "o-501", t0 + 1),
+            event(502, "o-502", t0 + 2),
+        ],
+    );
+    let (_, a) = crate::log_identity::ids_of(&p, &brokers(), &topic);
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(Duration::from_secs(60), "the old log applied", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && db.checkpoint(&group, &topic, 0) == Some(3)
+    });
+    delete_topic(&topic);
+    create_topic(&topic, 3, &[]);
+    let recs: Vec<Rec> = (0..12u32)
+        .map(|i| Rec {
+            partition: (i % 3) as i32,
+            ..event(510 + i, &format!("o-51{i:02}"), t0 + 10 + i64::from(i))
+        })
+        .collect();
+    produce(&topic, &recs);
+    let (_, b) = crate::log_identity::ids_of(&p, &brokers(), &topic);
+    let code = exit_within(&mut child, Duration::from_secs(120));
+    let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
+    let cps = checkpoints(&db, &group, &topic);
+    eprintln!("code {code:?} checkpoints {cps:?}\n{err}");
+    assert_eq!(
+        entities(&db),
+        vec!["o-500", "o-501", "o-502"],
+        "nothing of the new log applied"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 3);
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
+    // A new partition taken over before the stop starts on the new log at its beginning, nothing applied.
+    for (partition, next) in &cps {
+        if *partition > 0 {
+            assert_eq!(*next, Some(0), "partition {partition}: {cps:?}");
+        }
+    }
+    assert_eq!(code, Some(7), "{err}");
+    assert_names(&err, &[format!("{topic}/0"), a, b, "next offset 3".into()]);
+}
+
+/// Break-it: the topic re-created while a second worker joins the group (the rebalance under way). Every worker
+/// ends with exit 7 (through the take-over check or through the watch), nothing of the new log applied, the
+/// checkpoints where the old log left them.
+#[test]
+fn a_topic_recreated_during_a_rebalance_stops_both_workers() {
+    let (db, topic) = stage("b3_live_rebal", 2);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    let old: Vec<Rec> = (0..6u32)
+        .map(|i| Rec {
+            partition: (i % 2) as i32,
+            ..event(600 + i, &format!("o-60{i}"), t0 + i64::from(i))
+        })
+        .collect();
+    produce(&topic, &old);
+    let mut x = spawn_run(&p, &[], "x");
+    wait_until(Duration::from_secs(60), "the old log applied", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && checkpoints(&db, &group, &topic) == vec![(0, Some(3)), (1, Some(3))]
+    });
+    let mut y = spawn_run(&p, &[], "y");
+    let y_err = p.dir.path().join("y.err");
+    wait_until(
+        Duration::from_secs(60),
+        "the second worker subscribed",
+        || std::fs::read_to_string(&y_err).is_ok_and(|e| e.contains("consuming")),
+    );
+    // The join's rebalance is under way (y's JoinGroup makes the coordinator rebalance x too).
+    std::thread::sleep(Duration::from_millis(300));
+    delete_topic(&topic);
+    create_topic(&topic, 2, &[]);
+    let new: Vec<Rec> = (0..10u32)
+        .map(|i| Rec {
+            partition: (i % 2) as i32,
+            ..event(610 + i, &format!("o-61{i}"), t0 + 10 + i64::from(i))
+        })
+        .collect();
+    produce(&topic, &new);
+    let cx = exit_within(&mut x, Duration::from_secs(150));
+    let cy = exit_within(&mut y, Duration::from_secs(150));
+    let ex = std::fs::read_to_string(p.dir.path().join("x.err")).unwrap();
+    let ey = std::fs::read_to_string(p.dir.path().join("y.err")).unwrap();
+    eprintln!("x {cx:?} y {cy:?}\n--- x\n{ex}\n--- y\n{ey}");
+    assert_eq!(
+        entities(&db),
+        vec!["o-600", "o-601", "o-602", "o-603", "o-604", "o-605"],
+        "nothing of the new log applied"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 6);
+    assert_eq!(
+        checkpoints(&db, &group, &topic),
+        vec![(0, Some(3)), (1, Some(3))]
+    );
+    assert_eq!((cx, cy), (Some(7), Some(7)), "x:\n{ex}\ny:\n{ey}");
+}
+
+/// Break-it: the topic re-created while a batch of the old log is in flight (its transaction held before COMMIT
+/// by the `before-db-commit` failpoint). The old log's batch commits (its records are the old log's); the worker
+/// stops with exit 7; nothing of the new log applied; the checkpoint is where the old log's records end.
+#[test]
+fn a_topic_recreated_while_a_batch_is_in_flight_lets_only_the_old_logs_batch_commit() {
+    let (db, topic) = stage("b3_live_flight", 1);
+    let group = unique("g");
+    let p = pipeline(ORDERS, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    produce(
+        &topic,
+        &[event(700, "o-700", t0), event(701, "o-701", t0 + 1)],
+    );
+    let (_, a) = crate::log_identity::ids_of(&p, &brokers(), &topic);
+    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=sleep(4000)")];
+    let mut child = spawn(
+        &["run", "--config", arg(&p.path)],
+        &slow,
+        p.dir.path(),
+        "run",
+    );
+    let err_path = p.dir.path().join("run.err");
+    wait_until(Duration::from_secs(60), "the partition assigned", || {
+        std::fs::read_to_string(&err_path).is_ok_and(|e| e.contains("partition assigned"))
+    });
+    // The first batch (offsets 0, 1) is sleeping before its COMMIT now.
+    std::thread::sleep(Duration::from_millis(500));
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    let new: Vec<Rec> = (0..6u32)
+        .map(|i| event(710 + i, &format!("o-71{i}"), t0 + 10 + i64::from(i)))
+        .collect();
+    produce(&topic, &new);
+    let (_, b) = crate::log_identity::ids_of(&p, &brokers(), &topic);
+    let code = exit_within(&mut child, Duration::from_secs(120));
+    let err = std::fs::read_to_string(&err_path).unwrap();
+    eprintln!("code {code:?}\n{err}");
+    assert_eq!(
+        entities(&db),
+        vec!["o-700", "o-701"],
+        "only the old log applied"
+    );
+    assert_eq!(db.i64("SELECT count(*) FROM {s}.replaysafe_ledger"), 2);
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(2));
+    assert_eq!(code, Some(7), "{err}");
+    assert_names(&err, &[format!("{topic}/0"), a, b]);
+}
+
+/// C46 under a running worker of a KIP-848 group (`group.protocol = consumer`: the broker assigns partitions by
+/// topic id, so the re-created topic's partition is a new assignment).
+#[test]
+fn a_running_kip848_worker_stops_when_its_topic_is_recreated() {
+    let (db, topic) = stage("b3_live_848", 1);
+    let group = unique("g");
+    let text = format!("{ORDERS}\n[kafka.properties]\n\"group.protocol\" = \"consumer\"\n");
+    let p = pipeline(&text, &topic, &group, &db.schema);
+    let t0 = 1_714_003_200_000;
+    produce(
+        &topic,
+        &[
+            event(800, "o-800", t0),
+            event(801, "o-801", t0 + 1),
+            event(802, "o-802", t0 + 2),
+        ],
+    );
+    let mut child = spawn_run(&p, &[], "run");
+    wait_until(Duration::from_secs(60), "the old log applied", || {
+        db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
+            && db.checkpoint(&group, &topic, 0) == Some(3)
+    });
+    delete_topic(&topic);
+    create_topic(&topic, 1, &[]);
+    let new: Vec<Rec> = (0..8u32)
+        .map(|i| event(810 + i, &format!("o-81{i}"), t0 + 10 + i64::from(i)))
+        .collect();
+    produce(&topic, &new);
+    let code = exit_within(&mut child, Duration::from_secs(120));
+    let err = std::fs::read_to_string(p.dir.path().join("run.err")).unwrap();
+    eprintln!("code {code:?}\n{err}");
+    assert_eq!(
+        entities(&db),
+        vec!["o-800", "o-801", "o-802"],
+        "nothing of the new log applied"
+    );
+    assert_eq!(db.checkpoint(&group, &topic, 0), Some(3));
+    assert_eq!(code, Some(7), "{err}");
 }

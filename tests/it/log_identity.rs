@@ -74,7 +74,7 @@ fn event(id: &str, kind: &str, entity: &str, version: i64, ts: i64) -> Rec {
 }
 
 /// The `check --connect` output's cluster id and the topic's id (the ids `run` records).
-fn ids_of(p: &Pipeline, brokers: &str, topic: &str) -> (String, String) {
+pub(crate) fn ids_of(p: &Pipeline, brokers: &str, topic: &str) -> (String, String) {
     let out = replaysafe_with(
         &["check", "--connect", "--config", arg(&p.path)],
         &[("KAFKA_BROKERS", brokers)],
