@@ -172,7 +172,7 @@ pub async fn known_group(
                 .map(|g| format!("`{}`", crate::printable::escape_controls(g)))
                 .collect::<Vec<_>>()
                 .join(", "),
-            if others.len() as i64 == GROUPS_NAMED {
+            if crate::units::bigint_len(others.len()) == GROUPS_NAMED {
                 ", …"
             } else {
                 ""

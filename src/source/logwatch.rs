@@ -114,12 +114,16 @@ impl LogWatch {
         }
     }
 
-    /// Routes the log lines of client `rk` (created with `log.queue`, as the `rdkafka` crate does) to the watch's
+    /// Routes the log lines of `client` (created with `log.queue`, as the `rdkafka` crate does) to the watch's
     /// own queue. Lines logged before this went to the main queue.
     ///
     /// # Errors
     /// [`Error::Other`] when librdkafka refuses the log queue.
-    pub fn attach(&self, rk: *mut rd::rd_kafka_t) -> Result<()> {
+    pub fn attach<C: rdkafka::ClientContext>(
+        &self,
+        client: &rdkafka::client::Client<C>,
+    ) -> Result<()> {
+        let rk = client.native_ptr();
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if queue.is_some() {
             return Ok(());
@@ -144,9 +148,14 @@ impl LogWatch {
         Ok(())
     }
 
-    /// Gives client `rk`'s log lines back to its main queue and destroys the watch's queue (what is left on it is
+    /// Gives `client`'s log lines back to its main queue and destroys the watch's queue (what is left on it is
     /// passed on first). Before the client closes.
-    pub fn detach(&self, rk: *mut rd::rd_kafka_t, pass: &dyn Fn(RDKafkaLogLevel, &str, &str)) {
+    pub fn detach<C: rdkafka::ClientContext>(
+        &self,
+        client: &rdkafka::client::Client<C>,
+        pass: &dyn Fn(RDKafkaLogLevel, &str, &str),
+    ) {
+        let rk = client.native_ptr();
         let taken = self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(q) = taken {
             // SAFETY: `rk` is still live (the caller closes it afterwards); the queue is ours and destroyed once.
@@ -303,6 +312,10 @@ fn log_level(level: c_int) -> RDKafkaLogLevel {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the tests' configurations are never connected"
+)]
 mod tests {
     use super::*;
 
