@@ -382,10 +382,9 @@ fn pause_one(consumer: &GroupConsumer, tp: &Tp) {
 /// Gives the group client's log lines back to its main queue ([`LogWatch::detach`]), before it closes.
 fn detach_watch(consumer: &GroupConsumer) {
     let ctx = consumer.context();
-    ctx.watch
-        .detach(consumer.client().native_ptr(), &|level, fac, line| {
-            ClientContext::log(&**ctx, level, fac, line)
-        });
+    ctx.watch.detach(consumer.client(), &|level, fac, line| {
+        ClientContext::log(&**ctx, level, fac, line)
+    });
 }
 
 impl Ctx {
@@ -815,10 +814,7 @@ impl Group {
             recommit: Recommit::default(),
             watch: LogWatch::new(pass_debug),
         })?);
-        consumer
-            .context()
-            .watch
-            .attach(consumer.client().native_ptr())?;
+        consumer.context().watch.attach(consumer.client())?;
         let topics: Vec<&str> = pipeline.kafka.topics.iter().map(String::as_str).collect();
         Consumer::subscribe(&*consumer, &topics)?;
         tracing::info!(group = %pipeline.kafka.group_id, ?topics, "consuming");
