@@ -183,6 +183,8 @@ impl LogWatch {
         // SAFETY: the queue is live while its mutex is held.
         let announced = unsafe { self.read(q.0, pass) };
         drop(queue);
+        // Tests: a watch that misses librdkafka's announcement (the out-of-range path must still name the log).
+        fail::fail_point!("logwatch-blind", |_| Vec::new());
         if announced.is_empty() {
             return Vec::new();
         }
