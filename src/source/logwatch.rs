@@ -31,7 +31,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::bindings as rd;
+use rdkafka::client::Client;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::ClientContext;
 
 use crate::engine::Tp;
 use crate::error::{Error, Result};
@@ -114,22 +116,19 @@ impl LogWatch {
         }
     }
 
-    /// Routes the log lines of `client` (created with `log.queue`, as the `rdkafka` crate does) to the watch's
-    /// own queue. Lines logged before this went to the main queue.
+    /// Routes the log lines of `client` (created with `log.queue`, as the `rdkafka` crate does) to the watch's own
+    /// queue. Lines logged before this went to the main queue.
     ///
     /// # Errors
     /// [`Error::Other`] when librdkafka refuses the log queue.
-    pub fn attach<C: rdkafka::ClientContext>(
-        &self,
-        client: &rdkafka::client::Client<C>,
-    ) -> Result<()> {
+    pub fn attach<C: ClientContext>(&self, client: &Client<C>) -> Result<()> {
         let rk = client.native_ptr();
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if queue.is_some() {
             return Ok(());
         }
         let opaque = Arc::as_ptr(&self.arrived) as *mut c_void;
-        // SAFETY: `rk` is a live client; the queue is destroyed by `detach` (before the client) or the drop; the
+        // SAFETY: `rk` is a live client (borrowed); the queue is destroyed by `detach` (before the client) or the drop; the
         // callback's `opaque` lives as long as `self.arrived`, which outlives the queue.
         unsafe {
             let q = rd::rd_kafka_queue_new(rk);
@@ -150,15 +149,15 @@ impl LogWatch {
 
     /// Gives `client`'s log lines back to its main queue and destroys the watch's queue (what is left on it is
     /// passed on first). Before the client closes.
-    pub fn detach<C: rdkafka::ClientContext>(
+    pub fn detach<C: ClientContext>(
         &self,
-        client: &rdkafka::client::Client<C>,
+        client: &Client<C>,
         pass: &dyn Fn(RDKafkaLogLevel, &str, &str),
     ) {
         let rk = client.native_ptr();
         let taken = self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(q) = taken {
-            // SAFETY: `rk` is still live (the caller closes it afterwards); the queue is ours and destroyed once.
+            // SAFETY: `rk` is live (borrowed; the caller closes it afterwards); the queue is ours and destroyed once.
             unsafe {
                 rd::rd_kafka_set_log_queue(rk, std::ptr::null_mut());
                 self.read(q.0, pass);
@@ -184,6 +183,8 @@ impl LogWatch {
         // SAFETY: the queue is live while its mutex is held.
         let announced = unsafe { self.read(q.0, pass) };
         drop(queue);
+        // Tests: a watch that misses librdkafka's announcement (the out-of-range path must still name the log).
+        fail::fail_point!("logwatch-blind", |_| Vec::new());
         if announced.is_empty() {
             return Vec::new();
         }

@@ -199,7 +199,22 @@ fn assert_names(err: &str, parts: &[String]) {
     }
 }
 
+/// The shorter new log with the watch blinded (failpoint `logwatch-blind`: librdkafka's announcement is missed): the
+/// position out of range on the new log asks the broker for the ids and still stops with exit 7 naming both ids and
+/// the stored offset, not as records lost to retention.
+#[test]
+fn a_shorter_new_log_is_named_from_the_out_of_range_position_when_the_announcement_is_missed() {
+    running_worker_on_a_recreated_topic_with(
+        1,
+        &[("REPLAYSAFE_FAILPOINTS", "logwatch-blind=return")],
+    );
+}
+
 fn running_worker_on_a_recreated_topic(new_records: u32) {
+    running_worker_on_a_recreated_topic_with(new_records, &[]);
+}
+
+fn running_worker_on_a_recreated_topic_with(new_records: u32, envs: &[(&str, &str)]) {
     let (db, topic) = stage("b3_live", 1);
     let group = unique("g");
     let p = pipeline(ORDERS, &topic, &group, &db.schema);
@@ -213,7 +228,12 @@ fn running_worker_on_a_recreated_topic(new_records: u32) {
         ],
     );
     let (_, a) = crate::log_identity::ids_of(&p, &brokers(), &topic);
-    let mut child = spawn_run(&p, &[], "run");
+    let mut child = spawn(
+        &["run", "--config", arg(&p.path)],
+        envs,
+        p.dir.path(),
+        "run",
+    );
     wait_until(Duration::from_secs(60), "the old log applied", || {
         db.i64("SELECT (to_regclass('{s}.replaysafe_checkpoints') IS NOT NULL)::int::bigint") == 1
             && db.checkpoint(&group, &topic, 0) == Some(3)
