@@ -264,8 +264,9 @@ impl Pipeline {
                  versioned tombstone (kept for good, or with horizon-days as long as the horizon: the prune purges older ones), so an older write never resurrects a row; \
                  an equal version with a different state is a conflict recorded in replaysafe_conflicts; stale and \
                  conflicting changes are the row projections' verdict only: every other projection gets each claimed \
-                 change once, whatever its version or arrival order, and only a redelivery of the state already \
-                 stored at its version is a duplicate for all; aggregates are commutative increments of the changes \
+                 change once, whatever its version or arrival order; a copy of a state already claimed at its \
+                 version reaches only the projections it gives values no earlier copy gave them (the outbox gets \
+                 every event id); aggregates are commutative increments of the changes \
                  claimed",
                 rows.join(", ")
             )

@@ -113,6 +113,7 @@ pub(crate) fn compile(
         statement,
         setup,
         aggregate,
+        reads_record: false,
     })
 }
 

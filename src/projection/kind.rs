@@ -32,7 +32,9 @@ pub(crate) struct Ctx<'a> {
     pub n: usize,
     /// Its pass column in `landed` (`"_pass_N"`, quoted), when it has a filter.
     pub pass: Option<String>,
-    /// ` WHERE <pass column>`, or empty.
+    /// Every kind but `row`: the condition under which a copy reaches it ([`super::reach_condition`]).
+    pub reach: Option<String>,
+    /// ` WHERE <pass column> AND <reach>` (either alone, or empty).
     pub where_pass: String,
 }
 
@@ -66,6 +68,9 @@ pub(crate) struct Compiled {
     pub setup: Vec<String>,
     /// counter/sum: the table's shape.
     pub aggregate: Option<Aggregate>,
+    /// It reads the record itself, not only fields ([`super::Reads::Record`]): a `sql` statement naming a
+    /// coordinate column or one the copy condition cannot be put around.
+    pub reads_record: bool,
 }
 
 /// The shape of a counter or sum projection's table.

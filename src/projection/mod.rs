@@ -83,6 +83,7 @@ impl ProjectionKind {
                     statement: String::new(),
                     setup: Vec::new(),
                     aggregate: None,
+                    reads_record: false,
                 };
                 (compiled, Some(plan))
             }
@@ -126,6 +127,30 @@ pub struct ProjectionPlan {
     /// resolved, and `field <name>` definitions of the fields it reads). Recorded with the ledger, so a ledger
     /// whose claims were projected under other settings is refused (`sink::schema`).
     pub settings: BTreeMap<String, String>,
+    /// Every kind but `row`: what it reads of a record, which decides whether a copy of a state a row projection
+    /// already claimed reaches it ([`Reads`]); `None` for a row projection.
+    pub reads: Option<Reads>,
+}
+
+/// What a projection other than `row` reads of a landed record: whether a *copy* — a record under a new delivery
+/// key whose row state every row projection it reached already claimed at its version — reaches it. A copy
+/// reaches a projection unless an earlier claimed copy of that state gave it the same values (issue 34: which
+/// copy arrives first never decides a table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reads {
+    /// These fields (indices into `Pipeline::fields`, the filter's included): a copy that carries the same
+    /// values (their decoded text) as an earlier copy of the state is a `duplicate` for it.
+    Fields(Vec<usize>),
+    /// The record itself: its delivery key (an outbox row is unique by it) or coordinates (a `sql` statement
+    /// naming `_topic`, `_partition`, `_offset`, `_timestamp` or `_generation`, or one that cannot be given the
+    /// copy condition: `WITH RECURSIVE`). Every copy reaches it.
+    Record,
+}
+
+/// The condition in `landed` under which a record reaches projection `n` (0-based): not marked as a copy it has
+/// seen (`_skip`, the projections a copy does not reach, set by the row projections, NULL for any other record).
+pub fn reach_condition(n: usize) -> String {
+    format!("(_skip IS NULL OR {n} <> ALL (_skip))")
 }
 
 impl ProjectionPlan {
@@ -176,10 +201,13 @@ pub(crate) fn projection(
     let kind = check_keys(src, format, rp)?;
     let filter = filter(src, format, fields, p, kind, pass_column)?;
     let pass = pass_column.map(|i| format!("\"_pass_{i}\""));
-    let where_pass = pass
-        .as_ref()
-        .map(|c| format!(" WHERE {c}"))
-        .unwrap_or_default();
+    let reach = (kind != ProjectionKind::Row).then(|| reach_condition(n));
+    let where_pass = match (&pass, &reach) {
+        (Some(c), Some(r)) => format!(" WHERE {c} AND {r}"),
+        (Some(c), None) => format!(" WHERE {c}"),
+        (None, Some(r)) => format!(" WHERE {r}"),
+        (None, None) => String::new(),
+    };
     let ctx = Ctx {
         src,
         format,
@@ -190,6 +218,7 @@ pub(crate) fn projection(
         p,
         n,
         pass,
+        reach,
         where_pass,
     };
     let (compiled, row) = kind.compile(&ctx)?;
@@ -208,6 +237,19 @@ pub(crate) fn projection(
         filter.as_ref().map(|f| f.0.as_str()),
         row.as_ref(),
     );
+    let reads = match (kind, compiled.reads_record) {
+        (ProjectionKind::Row, _) => None,
+        (ProjectionKind::Outbox, _) | (_, true) => Some(Reads::Record),
+        _ => Some(Reads::Fields(
+            fields
+                .plans
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| settings.contains_key(&format!("field {}", f.name.as_str())))
+                .map(|(i, _)| i)
+                .collect(),
+        )),
+    };
     Ok(ProjectionPlan {
         name,
         kind,
@@ -218,6 +260,7 @@ pub(crate) fn projection(
         aggregate: compiled.aggregate,
         row,
         settings,
+        reads,
     })
 }
 

@@ -71,6 +71,7 @@ pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
         statement,
         setup,
         aggregate: None,
+        reads_record: false,
     })
 }
 

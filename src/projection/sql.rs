@@ -31,23 +31,33 @@ pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
     if body.is_empty() {
         return Err(src.error(sql.span(), "`sql` is empty"));
     }
-    let statement = match &ctx.pass {
-        None => body,
-        Some(c) => {
-            let shadow = format!("landed AS (SELECT * FROM pg_temp.landed WHERE {c})");
-            let lower = body.to_ascii_lowercase();
-            if lower.starts_with("with recursive") {
-                return Err(src.error(
-                    sql.span(),
-                    "`filter` cannot be combined with a WITH RECURSIVE statement",
-                ));
-            } else if lower.starts_with("with") && body[4..].starts_with(char::is_whitespace) {
-                format!("WITH {shadow},{}", &body[4..])
-            } else {
-                format!("WITH {shadow} {body}")
-            }
+    let lower = body.to_ascii_lowercase();
+    let recursive = lower.starts_with("with recursive");
+    if recursive && ctx.pass.is_some() {
+        return Err(src.error(
+            sql.span(),
+            "`filter` cannot be combined with a WITH RECURSIVE statement",
+        ));
+    }
+    // `landed` is shadowed by the rows that reach it: those passing its filter and not marked as a copy it has
+    // seen. A WITH RECURSIVE statement cannot be shadowed: every copy reaches it.
+    let cond = [ctx.pass.as_deref(), ctx.reach.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let statement = if recursive || cond.is_empty() {
+        body.clone()
+    } else {
+        let shadow = format!("landed AS (SELECT * FROM pg_temp.landed WHERE {cond})");
+        if lower.starts_with("with") && body[4..].starts_with(char::is_whitespace) {
+            format!("WITH {shadow},{}", &body[4..])
+        } else {
+            format!("WITH {shadow} {body}")
         }
     };
+    let words = words(&body);
+    let reads_record = recursive || COORDINATES.iter().any(|c| words.contains(c));
     let setup = rp
         .setup
         .as_ref()
@@ -58,16 +68,31 @@ pub(crate) fn compile(ctx: &Ctx<'_>) -> Result<Compiled> {
         statement,
         setup,
         aggregate: None,
+        reads_record,
     })
+}
+
+/// The columns of `landed` that are a record's coordinates, not fields: a statement naming one reads the record
+/// itself ([`super::Reads::Record`]).
+const COORDINATES: &[&str] = &[
+    "_generation",
+    "_topic",
+    "_partition",
+    "_offset",
+    "_timestamp",
+];
+
+/// The words (identifier-like runs) of a statement.
+fn words(sql: &str) -> HashSet<&str> {
+    sql.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .collect()
 }
 
 /// Records the statement; the fields it reads are every declared field named as a word in it.
 pub(crate) fn settings(s: &mut Settings<'_>) {
     let sql = Settings::text(&s.rp.sql).unwrap_or_default();
     let sql = sql.trim().trim_end_matches(';').trim().to_string();
-    let words: HashSet<&str> = sql
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .collect();
+    let words = words(&sql);
     let used: Vec<String> = s
         .fields
         .iter()

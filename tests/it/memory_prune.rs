@@ -2,7 +2,8 @@
 //! at one version (distinct event ids, days D-7 and D-1) and a newer version: the memory row carried the first
 //! claim's day only, so when the copy of D-7 came first a prune of D-7 forgot the state although the ledger still
 //! held the D-1 copy — a third copy (day D) was then `stale` and counted, while in the other order it was a
-//! `duplicate`. The memory must last as long as the latest claim of the state.
+//! `duplicate`. The memory must last as long as the latest claim of the state. (The counter groups by status
+//! only: copies on other days give it the same values, so a remembered copy is a duplicate for it.)
 
 use crate::common::{
     arg, new_topic, pipeline, produce_singly, replaysafe, unique, Db, Rec, HEADER,
@@ -30,7 +31,7 @@ columns = ["order_id", "status", "version"]
 [[projection]]
 kind = "counter"
 table = "status_counts"
-group-by = ["day", "status"]
+group-by = ["status"]
 column = "n"
 "#
     )

@@ -44,6 +44,21 @@ pub struct RowChange {
     /// A Debezium change whose delivery key was already claimed (a ledger `duplicate`): only compared with a
     /// stored state at its position, never applied ([`super::redelivery`]).
     pub redelivered: bool,
+    /// The other projections (not `row`) the record reaches, and what each reads of it: whether a copy of a
+    /// state already claimed reaches them ([`super::history`]). Empty for a snapshot read (observed state, never
+    /// a copy that reaches anything).
+    pub reach: Vec<Reach>,
+}
+
+/// A projection other than `row` that a claimed record reaches (passes its filter), and what it reads of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reach {
+    /// Its index among the pipeline's projections (0-based).
+    pub projection: usize,
+    /// 32 hex digits (the first 16 bytes of SHA-256) over its name and the decoded text of the fields it reads
+    /// ([`crate::projection::Reads::Fields`]); `None` when it reads the record itself
+    /// ([`crate::projection::Reads::Record`]: every copy reaches it).
+    pub tag: Option<String>,
 }
 
 /// Turns an upsert whose new row leaves a row projection's `filter` into a delete of the row at the upsert's
@@ -68,7 +83,7 @@ pub enum ChangeKind {
 }
 
 /// How one claimed record fared in a row projection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RowResult {
     /// The entity's stored state changed.
     Applied,
@@ -82,6 +97,10 @@ pub enum RowResult {
     Stale,
     /// The stored version is equal and the state differs: recorded in `replaysafe_conflicts`.
     Conflict,
+    /// A copy: the same state was already claimed at this version under another delivery key, but it gives the
+    /// projections listed (indices) values no earlier copy gave them (or they read the record itself): a
+    /// duplicate for the row, `landed` for those projections only.
+    Copied(Vec<usize>),
 }
 
 /// Whether a change belongs to this row projection.
@@ -179,6 +198,7 @@ pub fn from_change(
                     incremental: false,
                     unpositioned: false,
                     redelivered: false,
+                    reach: Vec::new(),
                 });
             }
             let v = v.ok_or_else(|| {
@@ -237,6 +257,7 @@ pub fn from_change(
         incremental: change.incremental,
         unpositioned: change.unpositioned,
         redelivered: false,
+        reach: Vec::new(),
     })
 }
 

@@ -371,7 +371,14 @@ async fn fold_segment(
                 history.judge(c, key, &incoming, waits.as_ref(), shape, at)
             };
             let result = match seen {
-                Seen::Same => RowResult::Same,
+                Seen::Same => {
+                    keep_least_delivery(c, &mut cur, &incoming, waits.as_ref(), shape);
+                    RowResult::Same
+                }
+                Seen::Copy(reaches) => {
+                    keep_least_delivery(c, &mut cur, &incoming, waits.as_ref(), shape);
+                    RowResult::Copied(reaches)
+                }
                 Seen::Conflict { wins } => {
                     if wins {
                         take_winner(c, &mut cur, &incoming, waits, shape, by_column);
@@ -485,14 +492,42 @@ fn resolve_waiting(
             }
         }
         let changed = resolved
-            || before
-                .as_ref()
-                .is_none_or(|b| b.version != s.version || b.deleted != s.deleted || b.sha != s.sha);
+            || before.as_ref().is_none_or(|b| {
+                b.version != s.version
+                    || b.deleted != s.deleted
+                    || b.sha != s.sha
+                    || b.delivery != s.delivery
+            });
         if changed {
             finals.push((ei, s));
         }
     }
     finals
+}
+
+/// A copy of the stored state (the same state at the stored version, under another delivery key): the row's
+/// `_delivery` is the least of the copies' keys, so which copy arrived first never decides it. A ledger
+/// duplicate or a snapshot read is no copy.
+fn keep_least_delivery(
+    c: &RowChange,
+    cur: &mut Option<State>,
+    incoming: &[Option<String>],
+    waits: Option<&Unresolved>,
+    shape: &Shape,
+) {
+    if c.redelivered || c.snapshot {
+        return;
+    }
+    let deleted = c.kind == ChangeKind::Delete;
+    if let Some(s) = cur.as_mut() {
+        if s.version == c.version
+            && s.deleted == deleted
+            && s.sha == hash(shape, incoming, deleted, waits)
+            && s.delivery.as_ref().is_some_and(|d| c.delivery < *d)
+        {
+            s.delivery = Some(c.delivery.clone());
+        }
+    }
 }
 
 /// The row state a change brings, and the columns of it that wait for an old key's delete: a delete's is the

@@ -281,6 +281,7 @@ mod tests {
             incremental: false,
             unpositioned: false,
             redelivered: false,
+            reach: Vec::new(),
         }
     }
 
@@ -508,8 +509,8 @@ mod tests {
             &t.change.key,
             &mut conflicts,
         );
-        let result_ok = match (&got, t.expect) {
-            (Ok(r), Some(e)) => *r == e,
+        let result_ok = match (&got, &t.expect) {
+            (Ok(r), Some(e)) => r == e,
             (Err(ApplyError::Record { offset, rejection }), None) => {
                 *offset == 42
                     && rejection.reason == Reason::InvalidField

@@ -36,8 +36,10 @@ pub const VERSIONS: &str = "replaysafe_row_versions";
 /// table writes it), `version`, `deleted` (a delete under a version column), `position` (the source position when
 /// it orders the change: a version column under `truncate = "truncate"`, or a change without a version of its
 /// own; `{}` otherwise) and state hash (`sha256`, as `_sha256`): the row object (`state`, NULL for a delete), the delivery key and `topic`/`partition`/`offset` of
-/// the first change that brought it, and its event `day` (NULL without `partition-by`: never pruned), with an
-/// index for the prune.
+/// the first change that brought it, its event `day` (NULL without `partition-by`: never pruned) and `reach`, the
+/// [`super::Reach`] tags the claims of the state gave the other projections (NULL for a row claimed before it was
+/// kept: a copy of it is a duplicate for all), with an index for the prune. A table from before `reach` gets the
+/// column.
 pub fn create_versions(p: &Pipeline) -> String {
     let t = p.table(VERSIONS);
     let index = crate::projection::outbox::index_name(&t, "_day");
@@ -45,7 +47,8 @@ pub fn create_versions(p: &Pipeline) -> String {
         "CREATE TABLE IF NOT EXISTS {t} (projection text NOT NULL, entity text NOT NULL, version bigint[] NOT NULL, \
          deleted boolean NOT NULL, position bigint[] NOT NULL, sha256 bytea NOT NULL, state text, \
          delivery text NOT NULL, topic text NOT NULL, partition integer NOT NULL, \"offset\" bigint NOT NULL, day date, \
-         PRIMARY KEY (projection, entity, version, deleted, position, sha256)); \
+         reach text[], PRIMARY KEY (projection, entity, version, deleted, position, sha256)); \
+         ALTER TABLE {t} ADD COLUMN IF NOT EXISTS reach text[]; \
          CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (day) WHERE day IS NOT NULL"
     )
 }
@@ -55,7 +58,7 @@ pub fn create_versions(p: &Pipeline) -> String {
 pub(super) fn fetch_sql(p: &Pipeline) -> String {
     format!(
         "SELECT h.entity, h.version, h.deleted, h.sha256, h.state, h.delivery, h.topic, h.partition, h.\"offset\", \
-         h.position FROM unnest($2::text[], $3::text[], $4::text[]) AS u(e, v, pos) JOIN {} h \
+         h.position, h.reach FROM unnest($2::text[], $3::text[], $4::text[]) AS u(e, v, pos) JOIN {} h \
          ON h.projection = $1 AND h.entity = u.e AND h.version = u.v::bigint[] AND h.position = u.pos::bigint[]",
         p.table(VERSIONS)
     )
@@ -65,9 +68,10 @@ pub(super) fn fetch_sql(p: &Pipeline) -> String {
 pub(super) fn insert_sql(p: &Pipeline) -> String {
     format!(
         "INSERT INTO {} (projection, entity, version, deleted, sha256, state, delivery, topic, partition, \"offset\", \
-         day, position) SELECT $1, u.e, u.v::bigint[], u.d, u.h, u.s, u.dl, u.t, u.p, u.o, u.day, u.pos::bigint[] \
+         day, position, reach) SELECT $1, u.e, u.v::bigint[], u.d, u.h, u.s, u.dl, u.t, u.p, u.o, u.day, \
+         u.pos::bigint[], u.r::text[] \
          FROM unnest($2::text[], $3::text[], $4::boolean[], $5::bytea[], $6::text[], $7::text[], $8::text[], \
-         $9::integer[], $10::bigint[], $11::date[], $12::text[]) AS u(e, v, d, h, s, dl, t, p, o, day, pos) \
+         $9::integer[], $10::bigint[], $11::date[], $12::text[], $13::text[]) AS u(e, v, d, h, s, dl, t, p, o, day, pos, r) \
          ON CONFLICT DO NOTHING",
         p.table(VERSIONS)
     )
@@ -83,6 +87,17 @@ pub(super) fn extend_sql(p: &Pipeline) -> String {
          $7::date[]) AS u(e, v, d, pos, sh, day) WHERE h.projection = $1 AND h.entity = u.e \
          AND h.version = u.v::bigint[] AND h.deleted = u.d AND h.position = u.pos::bigint[] AND h.sha256 = u.sh \
          AND h.day < u.day",
+        p.table(VERSIONS)
+    )
+}
+
+/// `$1` projection, then per claimed state a copy gave new [`super::Reach`] tags: entity, version, deleted,
+/// position, hash, the state's tags now (a `text[]` literal).
+pub(super) fn retag_sql(p: &Pipeline) -> String {
+    format!(
+        "UPDATE {} h SET reach = u.r::text[] FROM unnest($2::text[], $3::text[], $4::boolean[], $5::text[], \
+         $6::bytea[], $7::text[]) AS u(e, v, d, pos, sh, r) WHERE h.projection = $1 AND h.entity = u.e \
+         AND h.version = u.v::bigint[] AND h.deleted = u.d AND h.position = u.pos::bigint[] AND h.sha256 = u.sh",
         p.table(VERSIONS)
     )
 }
@@ -115,6 +130,9 @@ struct Entry {
     topic: String,
     partition: i32,
     offset: i64,
+    /// The [`super::Reach`] tags the claims of this state gave the other projections; `None` when not known (a
+    /// row claimed before they were kept).
+    reach: Option<Vec<String>>,
 }
 
 /// Which of two states at one version wins, the same in every order: a delete (the entity is gone at that
@@ -124,12 +142,15 @@ fn rank(e: &Entry) -> (bool, &[u8]) {
 }
 
 /// What the history says about a change, before the stored state is looked at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Seen {
     /// Its version was never claimed with any state: judge it against the stored state.
     Fresh,
-    /// Its state was already claimed at its version: a duplicate.
+    /// Its state was already claimed at its version, and gives no projection anything new: a duplicate.
     Same,
+    /// Its state was already claimed at its version under another delivery key, but it gives these projections
+    /// (indices) values no earlier claim of the state gave them: a duplicate for the row, landed for them.
+    Copy(Vec<usize>),
     /// Another state was claimed at its version: a conflict; `wins`: its state is the slot's winner now (the
     /// stored row takes it when the row is at that version).
     Conflict { wins: bool },
@@ -145,6 +166,8 @@ pub(super) struct History {
     losers: Vec<(Slot, Entry)>,
     /// Claimed states a newly claimed copy confirmed, with that copy's event day ([`extend_sql`]).
     confirmed: Vec<(Slot, Vec<u8>, NaiveDate)>,
+    /// Claimed states a copy gave new reach tags ([`retag_sql`]).
+    retagged: HashSet<(Slot, Vec<u8>)>,
     by_column: bool,
     /// A version column under `truncate = "truncate"` ([`Prepared`]'s `reloads`): the source position orders too.
     reloads: bool,
@@ -209,6 +232,7 @@ impl History {
                     topic: r.get(6),
                     partition: r.get(7),
                     offset: r.get(8),
+                    reach: r.get(10),
                 });
             }
         }
@@ -218,6 +242,7 @@ impl History {
             rewon: HashMap::new(),
             losers: Vec::new(),
             confirmed: Vec::new(),
+            retagged: HashSet::new(),
             by_column,
             reloads,
         })
@@ -251,15 +276,30 @@ impl History {
             topic: at.topic.to_string(),
             partition: at.partition,
             offset: c.offset,
+            reach: Some(c.reach.iter().filter_map(|r| r.tag.clone()).collect()),
         };
         let entries = self.seen.entry(slot.clone()).or_default();
-        if entries.iter().any(|x| x.sha == e.sha) {
+        if let Some(x) = entries.iter_mut().find(|x| x.sha == e.sha) {
             if !c.redelivered {
                 if let Some(&day) = at.days.get(&c.offset) {
-                    self.confirmed.push((slot, e.sha, day));
+                    self.confirmed.push((slot.clone(), e.sha.clone(), day));
                 }
             }
-            return Seen::Same;
+            if c.redelivered {
+                return Seen::Same;
+            }
+            let Some(known) = x.reach.as_mut() else {
+                return Seen::Same;
+            };
+            let reaches = new_reaches(&c.reach, known);
+            if reaches.new_tags {
+                self.retagged.insert((slot, e.sha));
+            }
+            return if reaches.projections.is_empty() {
+                Seen::Same
+            } else {
+                Seen::Copy(reaches.projections)
+            };
         }
         let winner = entries.iter().min_by(|a, b| rank(a).cmp(&rank(b))).cloned();
         if winner.is_none() && c.redelivered {
@@ -336,6 +376,10 @@ impl History {
             let o: Vec<i64> = a.iter().map(|(_, x, _)| x.offset).collect();
             let day: Vec<Option<NaiveDate>> = a.iter().map(|(_, _, d)| *d).collect();
             let pos: Vec<String> = a.iter().map(|(s, _, _)| version_text(&s.3)).collect();
+            let r: Vec<Option<String>> = a
+                .iter()
+                .map(|(s, x, _)| self.reach_text(s, &x.sha))
+                .collect();
             tx.execute(
                 &prepared.history.insert,
                 &[
@@ -351,11 +395,13 @@ impl History {
                     &o,
                     &day,
                     &pos,
+                    &r,
                 ],
             )
             .await
             .map_err(pg_err)?;
         }
+        self.write_retags(tx, prepared, projection).await?;
         if !self.confirmed.is_empty() {
             let c = &self.confirmed;
             let e: Vec<&str> = c.iter().map(|(s, _, _)| s.0.as_str()).collect();
@@ -394,10 +440,116 @@ impl History {
     }
 }
 
+impl History {
+    /// A claimed state's reach tags now, as a `text[]` literal (NULL when not known).
+    fn reach_text(&self, slot: &Slot, sha: &[u8]) -> Option<String> {
+        let e = self.seen.get(slot)?.iter().find(|x| x.sha == sha)?;
+        e.reach.as_ref().map(|r| format!("{{{}}}", r.join(",")))
+    }
+
+    /// Writes the reach tags copies added to states claimed before this batch (a state claimed in this batch
+    /// is inserted with its tags).
+    ///
+    /// # Errors
+    /// As [`pg_err`].
+    async fn write_retags(
+        &self,
+        tx: &Transaction<'_>,
+        prepared: &Prepared,
+        projection: &str,
+    ) -> Result<(), ApplyError> {
+        let added: HashSet<(&Slot, &[u8])> = self
+            .added
+            .iter()
+            .map(|(s, x, _)| (s, x.sha.as_slice()))
+            .collect();
+        let todo: Vec<&(Slot, Vec<u8>)> = self
+            .retagged
+            .iter()
+            .filter(|(s, h)| !added.contains(&(s, h.as_slice())))
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let e: Vec<&str> = todo.iter().map(|(s, _)| s.0.as_str()).collect();
+        let v: Vec<String> = todo.iter().map(|(s, _)| version_text(&s.1)).collect();
+        let d: Vec<bool> = todo.iter().map(|(s, _)| s.2).collect();
+        let pos: Vec<String> = todo.iter().map(|(s, _)| version_text(&s.3)).collect();
+        let h: Vec<&[u8]> = todo.iter().map(|(_, h)| h.as_slice()).collect();
+        let r: Vec<Option<String>> = todo.iter().map(|(s, h)| self.reach_text(s, h)).collect();
+        tx.execute(
+            &prepared.history.retag,
+            &[&projection, &e, &v, &d, &pos, &h, &r],
+        )
+        .await
+        .map_err(pg_err)?;
+        Ok(())
+    }
+}
+
+/// What a copy gives the other projections that no earlier claim of its state gave them.
+struct NewReaches {
+    /// The projections it reaches (indices): those reading the record itself, and those whose tag is new.
+    projections: Vec<usize>,
+    /// Whether `known` took a new tag.
+    new_tags: bool,
+}
+
+/// The projections copy `reach` reaches given the tags `known` of its state, adding its new tags to `known`.
+fn new_reaches(reach: &[super::Reach], known: &mut Vec<String>) -> NewReaches {
+    let mut out = NewReaches {
+        projections: Vec::new(),
+        new_tags: false,
+    };
+    for r in reach {
+        match &r.tag {
+            None => out.projections.push(r.projection),
+            Some(t) if !known.contains(t) => {
+                known.push(t.clone());
+                out.projections.push(r.projection);
+                out.new_tags = true;
+            }
+            Some(_) => {}
+        }
+    }
+    out
+}
+
 /// The prepared statements of [`History`].
 pub(super) struct Statements {
     pub(super) fetch: tokio_postgres::Statement,
     pub(super) insert: tokio_postgres::Statement,
     pub(super) rewin: tokio_postgres::Statement,
     pub(super) extend: tokio_postgres::Statement,
+    pub(super) retag: tokio_postgres::Statement,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Reach;
+    use super::new_reaches;
+
+    fn reach(projection: usize, tag: Option<&str>) -> Reach {
+        Reach {
+            projection,
+            tag: tag.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_copy_reaches_the_projections_it_gives_a_new_tag_and_those_reading_the_record() {
+        let mut known = vec!["a".to_string()];
+        // Projection 1 read `a` before, projection 2 reads something new, projection 3 reads the record itself.
+        let r = new_reaches(
+            &[reach(1, Some("a")), reach(2, Some("b")), reach(3, None)],
+            &mut known,
+        );
+        assert_eq!(r.projections, vec![2, 3]);
+        assert!(r.new_tags);
+        assert_eq!(known, vec!["a".to_string(), "b".to_string()]);
+        // The same copy again gives nothing new but to the record reader.
+        let r = new_reaches(&[reach(1, Some("a")), reach(2, Some("b"))], &mut known);
+        assert!(r.projections.is_empty());
+        assert!(!r.new_tags);
+    }
 }

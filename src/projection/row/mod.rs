@@ -31,7 +31,7 @@ pub mod types;
 pub mod write;
 
 pub use change::{
-    from_change, leave_filter, matches, ChangeKind, Coordinates, RowChange, RowResult,
+    from_change, leave_filter, matches, ChangeKind, Coordinates, Reach, RowChange, RowResult,
 };
 pub use fold::apply;
 pub use plan::{Keyless, RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
@@ -44,18 +44,22 @@ use std::collections::{HashMap, HashSet};
 use tokio_postgres::Transaction;
 
 use crate::config::Pipeline;
+use crate::decode::json::Fields;
 use crate::model::apply_error::{classify, ApplyError};
 use crate::model::batch::{Batch, Outcome, Pending};
 use crate::projection::row::convert::Pg;
+use crate::projection::Reads;
 
 /// Step 3a of the batch transaction: row projections first. Staleness is a row projection's judgement about its
 /// own table, not a verdict on the event: a claimed change older than the stored state (stale) or at its version
 /// with another state (conflict) keeps that outcome in the tally, but stays in `landed`, so every other
 /// projection (counter, sum, outbox, sql) sees it exactly once whatever its version and arrival order (docs/reference.md
-/// "Accounting"). Only a redelivery that every row projection it reached already holds
-/// ([`RowResult::Same`]: the same state at its version, or a snapshot read of the stored state) is a duplicate,
-/// taken out of `landed` (and `pg_temp.landed`); "holds" is what the projection claimed at that version
-/// ([`history`]), whatever it stores now. A Debezium change whose delivery key was already claimed is judged the
+/// "Accounting"). A redelivery that every row projection it reached already holds (the same state at its
+/// version, "holds" being what the projection claimed at that version, [`history`], whatever it stores now; or a
+/// snapshot read of the stored state) is a *copy*: it reaches only the other projections it gives values no
+/// earlier claim of the state gave them ([`RowResult::Copied`]: `_skip` in `pg_temp.landed` names the others),
+/// and one that reaches none ([`RowResult::Same`]) is a duplicate, taken out of `landed` (and
+/// `pg_temp.landed`). A Debezium change whose delivery key was already claimed is judged the
 /// same way (module `redelivery`): a different state makes it a conflict (it never reaches the other projections:
 /// its key was claimed once). Returns the outcomes that differ from `landed`.
 ///
@@ -90,16 +94,30 @@ pub async fn apply_rows(
             let mut results = apply(tx, rp, proj, changes, &at).await?;
             redelivery::settle(&mut results, landed, &mut overrides);
             for (o, r) in results {
-                let e = best.entry(o).or_insert(r);
-                *e = strongest(*e, r);
+                let merged = match best.remove(&o) {
+                    Some(e) => strongest(e, r),
+                    None => r,
+                };
+                best.insert(o, merged);
             }
         }
+        let mut copies: (Vec<i64>, Vec<String>) = (Vec::new(), Vec::new());
         for (o, r) in &best {
             match r {
-                RowResult::Stale => overrides.insert(*o, Outcome::Stale { conflict: false }),
-                RowResult::Conflict => overrides.insert(*o, Outcome::Stale { conflict: true }),
-                RowResult::Same => overrides.insert(*o, Outcome::Duplicate),
-                RowResult::Applied | RowResult::Unchanged => None,
+                RowResult::Stale => {
+                    overrides.insert(*o, Outcome::Stale { conflict: false });
+                }
+                RowResult::Conflict => {
+                    overrides.insert(*o, Outcome::Stale { conflict: true });
+                }
+                RowResult::Same => {
+                    overrides.insert(*o, Outcome::Duplicate);
+                }
+                RowResult::Copied(reaches) => {
+                    copies.0.push(*o);
+                    copies.1.push(skip_literal(p, reaches));
+                }
+                RowResult::Applied | RowResult::Unchanged => {}
             };
         }
         let gone: Vec<i64> = best
@@ -117,6 +135,16 @@ pub async fn apply_rows(
             for o in gone {
                 landed.remove(&o);
             }
+        }
+        if !copies.0.is_empty() {
+            tx.execute(
+                "UPDATE pg_temp.landed l SET _skip = u.s::pg_catalog.int4[] \
+                 FROM unnest($1::pg_catalog.int8[], $2::pg_catalog.text[]) AS u(o, s) \
+                 WHERE l._offset = u.o",
+                &[&copies.0, &copies.1],
+            )
+            .await
+            .map_err(|e| classify(e, false))?;
         }
     }
     Ok(overrides)
@@ -141,21 +169,40 @@ fn event_days(p: &Pipeline, batch: &Batch) -> HashMap<i64, chrono::NaiveDate> {
 }
 
 /// Of two row-projection results for one record, the one that decides its outcome: `Same` only when both are
-/// (a record is a duplicate only when every row projection it reached already holds it).
+/// (a record is a duplicate only when every row projection it reached already holds it); a copy reaches the
+/// projections either result lets it reach.
 fn strongest(a: RowResult, b: RowResult) -> RowResult {
     use RowResult::*;
-    let rank = |r| match r {
+    let rank = |r: &RowResult| match r {
         Applied => 4,
         Unchanged => 3,
         Conflict => 2,
         Stale => 1,
-        Same => 0,
+        Copied(_) => 0,
+        Same => -1,
     };
-    if rank(a) >= rank(b) {
-        a
-    } else {
-        b
+    match (a, b) {
+        (Copied(mut x), Copied(y)) => {
+            x.extend(y);
+            x.sort_unstable();
+            x.dedup();
+            Copied(x)
+        }
+        (a, b) if rank(&a) >= rank(&b) => a,
+        (_, b) => b,
     }
+}
+
+/// A copy's `_skip` in `landed` (an `int4[]` literal): the projections other than `row` it does not reach.
+fn skip_literal(p: &Pipeline, reaches: &[usize]) -> String {
+    let skip: Vec<String> = p
+        .projections
+        .iter()
+        .enumerate()
+        .filter(|(i, x)| x.reads.is_some() && !reaches.contains(i))
+        .map(|(i, _)| i.to_string())
+        .collect();
+    format!("{{{}}}", skip.join(","))
 }
 
 /// The tables a row projection writes, qualified SQL text: its table, its tombstone table (`tombstones =
@@ -348,6 +395,9 @@ pub(super) fn row_changes(
                 if !in_filter {
                     leave_filter(&mut rc);
                 }
+                if !rc.snapshot {
+                    rc.reach = reaches(p, fields, passes);
+                }
                 out.push(rc);
             }
             None if !in_filter => continue,
@@ -396,9 +446,74 @@ pub(super) fn row_changes(
                     incremental: false,
                     unpositioned: false,
                     redelivered: false,
+                    reach: reaches(p, fields, passes),
                 });
             }
         }
     }
     Ok(out)
+}
+
+/// The projections other than `row` a claimed record reaches (passes their filter), each with what it reads of
+/// it ([`Reach`]): what decides whether a copy of an already claimed state reaches them.
+fn reaches(p: &Pipeline, fields: &Fields, passes: &[bool]) -> Vec<Reach> {
+    p.projections
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| {
+            let reads = x.reads.as_ref()?;
+            let passes = x
+                .pass_column
+                .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false));
+            passes.then(|| Reach {
+                projection: i,
+                tag: match reads {
+                    Reads::Record => None,
+                    Reads::Fields(read) => Some(reach_tag(&x.name, read, fields)),
+                },
+            })
+        })
+        .collect()
+}
+
+/// [`Reach::tag`]: the first 16 bytes of SHA-256 over the projection's name and, per field it reads, its
+/// decoded text (length-prefixed; a missing field apart), as 32 hex digits.
+fn reach_tag(name: &str, read: &[usize], fields: &Fields) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(name.as_bytes());
+    h.update([0]);
+    for &f in read {
+        match fields.get(f).and_then(Option::as_ref) {
+            Some(v) => {
+                h.update([1]);
+                h.update(
+                    u64::try_from(v.text.len())
+                        .unwrap_or(u64::MAX)
+                        .to_le_bytes(),
+                );
+                h.update(v.text.as_bytes());
+            }
+            None => h.update([0]),
+        }
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{strongest, RowResult};
+
+    #[test]
+    fn a_record_is_a_duplicate_only_when_every_row_projection_says_so_and_copies_reach_the_union() {
+        use RowResult::*;
+        assert_eq!(strongest(Same, Same), Same);
+        assert_eq!(strongest(Same, Copied(vec![2])), Copied(vec![2]));
+        assert_eq!(
+            strongest(Copied(vec![3, 1]), Copied(vec![2, 3])),
+            Copied(vec![1, 2, 3])
+        );
+        assert_eq!(strongest(Copied(vec![2]), Stale), Stale);
+        assert_eq!(strongest(Applied, Copied(vec![2])), Applied);
+    }
 }

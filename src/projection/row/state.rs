@@ -312,6 +312,7 @@ mod tests {
             incremental: false,
             unpositioned: false,
             redelivered: false,
+            reach: Vec::new(),
         };
         if c.follows_snapshot {
             follow(&mut c, stored);

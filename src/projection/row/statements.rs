@@ -307,6 +307,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         insert: prep(super::history::insert_sql(p)).await?,
         rewin: prep(super::history::rewin_sql(p)).await?,
         extend: prep(super::history::extend_sql(p)).await?,
+        retag: prep(super::history::retag_sql(p)).await?,
     };
     Ok(Prepared {
         canon,

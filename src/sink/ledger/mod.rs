@@ -300,6 +300,8 @@ pub fn create_landed(p: &Pipeline) -> String {
             .map(|f| format!("{} {}", f.name, f.ty.sql())),
     );
     defs.extend((0..p.pass_columns()).map(|i| format!("\"_pass_{i}\" boolean")));
+    // The projections (by index) a copy of a claimed row state does not reach (`projection::reach_condition`).
+    defs.push("_skip integer[]".to_string());
     format!(
         "CREATE TEMP TABLE IF NOT EXISTS landed ({}) ON COMMIT DELETE ROWS",
         defs.join(", ")
