@@ -552,7 +552,7 @@ fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Resu
     if pr.user.format != Format::Debezium {
         return Done::pass(0, "n/a: not a Debezium pipeline (no snapshot reads)");
     }
-    let reads = super::resnap::reads(&pr.records);
+    let (reads, ambiguous) = super::resnap::reads(&pr.records);
     let p = pr.pipeline(&schema_of(p0), "prove-resnapshot")?;
     let (tally, delivered) = scripted(pr, &p, reads, false, None, None)?;
     pr.account("6 resnapshot", delivered, &tally);
@@ -575,7 +575,16 @@ fn resnapshot(pr: &mut Prover, p0: &Arc<Pipeline>, reference: &Snapshot) -> Resu
         None
     };
     let seen = format!(
-        "{delivered} snapshot reads of the current state at a new position: {}",
+        "{delivered} snapshot reads of the current state at a new position{}: {}",
+        if ambiguous > 0 {
+            format!(
+                " ({ambiguous} entit{} with two states at its newest position not read: the source's state is \
+                 not known)",
+                if ambiguous == 1 { "y" } else { "ies" }
+            )
+        } else {
+            String::new()
+        },
         tally.line()
     );
     if let Some(why) = why {

@@ -18,12 +18,16 @@ type Newest = ((i64, i64), Option<(Rec, Value)>);
 
 /// The snapshot reads of the entities that exist after `records` (in order; an entity is a topic's record
 /// key), each on the partition of its entity's last change after that partition's last offset, at one new
-/// source position (LSN) above every `source.lsn` / `source.sequence` of `records`.
-pub fn reads(records: &[Rec]) -> Vec<Rec> {
+/// source position (LSN) above every `source.lsn` / `source.sequence` of `records`; and how many live entities
+/// got no read because their newest source position carries two different states (a conflict the replica
+/// recorded: which state the source holds is not known, so a resnapshot of it may rightly change the row).
+pub fn reads(records: &[Rec]) -> (Vec<Rec>, usize) {
     let mut ends: BTreeMap<Tp, i64> = BTreeMap::new();
     // Per entity: the position of its newest change and, unless that change deleted it, the change.
     let mut current: BTreeMap<Entity, Newest> = BTreeMap::new();
     let (mut lsn, mut tx, mut ts) = (0i64, 0i64, 0i64);
+    // Entities whose change at a position was followed by another state at the same position.
+    let mut ambiguous: BTreeMap<Entity, (i64, i64)> = BTreeMap::new();
     for r in records {
         let e = ends.entry(r.tp.clone()).or_insert(0);
         *e = (*e).max(r.offset + 1);
@@ -45,6 +49,13 @@ pub fn reads(records: &[Rec]) -> Vec<Rec> {
         let entity = (r.tp.0.clone(), r.key.clone().unwrap_or_default());
         // The entity's newest change by source position (fixture order among equal or missing positions).
         let newer = current.get(&entity).is_none_or(|(p, _)| at >= *p);
+        if at != (0, 0)
+            && current
+                .get(&entity)
+                .is_some_and(|(p, c)| *p == at && !same_after(c, env))
+        {
+            ambiguous.insert(entity.clone(), at);
+        }
         match env.get("op").and_then(Value::as_str) {
             Some("c" | "u" | "r") if newer => {
                 current.insert(entity, (at, Some((r.clone(), v.clone()))));
@@ -57,6 +68,9 @@ pub fn reads(records: &[Rec]) -> Vec<Rec> {
             _ => {}
         }
     }
+    let before = current.len();
+    current.retain(|e, (at, c)| c.is_none() || ambiguous.get(e) != Some(at));
+    let skipped = before - current.len();
     let current: Vec<(Rec, Value)> = current.into_values().filter_map(|(_, c)| c).collect();
     let last = current.len();
     let mut out = Vec::with_capacity(last);
@@ -73,7 +87,17 @@ pub fn reads(records: &[Rec]) -> Vec<Rec> {
         });
         *o += 1;
     }
-    out
+    (out, skipped)
+}
+
+/// Whether the newest change `c` held for an entity brings the same `after` (and op kind: a delete none) as
+/// envelope `env`.
+fn same_after(c: &Option<(Rec, Value)>, env: &Map<String, Value>) -> bool {
+    let deleted = env.get("op").and_then(Value::as_str) == Some("d");
+    match c {
+        None => deleted,
+        Some((_, v)) => !deleted && envelope(v).and_then(|e| e.get("after")) == env.get("after"),
+    }
 }
 
 /// The change event's envelope: `payload` when it is an object (JSON converter with schemas), else the root.
@@ -175,7 +199,7 @@ mod tests {
             rec(0, 1, "1", "u", 12, serde_json::json!({"id": 1, "x": "c"})),
             rec(1, 1, "2", "d", 13, Value::Null),
         ];
-        let out = reads(&recs);
+        let (out, _) = reads(&recs);
         assert_eq!(out.len(), 1, "a deleted entity has no snapshot read");
         let r = &out[0];
         assert_eq!((r.tp.1, r.offset), (0, 2));
@@ -203,7 +227,7 @@ mod tests {
                 serde_json::json!({"id": 2, "x": "gone"}),
             ),
         ];
-        let out = reads(&recs);
+        let (out, _) = reads(&recs);
         assert_eq!(
             out.len(),
             1,
@@ -212,5 +236,24 @@ mod tests {
         let v: Value = serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
         assert_eq!(v["after"]["x"], "new");
         assert_eq!(v["source"]["lsn"], 31);
+    }
+
+    #[test]
+    fn an_entity_with_two_states_at_its_newest_position_gets_no_read() {
+        let recs = vec![
+            rec(0, 0, "1", "c", 10, serde_json::json!({"id": 1, "x": "a"})),
+            // The same position again with another state (a recorded conflict), and once more with the first.
+            rec(1, 0, "1", "c", 10, serde_json::json!({"id": 1, "x": "b"})),
+            rec(0, 1, "2", "c", 11, serde_json::json!({"id": 2, "x": "c"})),
+            rec(1, 1, "2", "c", 11, serde_json::json!({"id": 2, "x": "c"})),
+        ];
+        let (out, skipped) = reads(&recs);
+        assert_eq!(skipped, 1);
+        assert_eq!(out.len(), 1, "{out:?}");
+        let v: Value = serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            v["after"]["x"], "c",
+            "a redelivery of the same state is no conflict"
+        );
     }
 }
