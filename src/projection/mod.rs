@@ -138,12 +138,13 @@ pub struct ProjectionPlan {
 /// copy arrives first never decides a table).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reads {
-    /// These fields (indices into `Pipeline::fields`, the filter's included): a copy that carries the same
-    /// values (their decoded text) as an earlier copy of the state is a `duplicate` for it.
+    /// These fields (indices into `Pipeline::fields`, the filter's included; an outbox's also the identity key
+    /// and `partition-by` fields, as its rows are unique by the delivery key): a copy that carries the same values
+    /// (their decoded text) as an earlier copy of the state is a `duplicate` for it.
     Fields(Vec<usize>),
-    /// The record itself: its delivery key (an outbox row is unique by it) or coordinates (a `sql` statement
-    /// naming `_topic`, `_partition`, `_offset`, `_timestamp` or `_generation`, or one that cannot be given the
-    /// copy condition: `WITH RECURSIVE`). Every copy reaches it.
+    /// The record itself: its coordinates (a `sql` statement naming `_topic`, `_partition`, `_offset`,
+    /// `_timestamp` or `_generation`, or one that cannot be given the copy condition: `WITH RECURSIVE`). Every
+    /// copy reaches it.
     Record,
 }
 
@@ -237,15 +238,26 @@ pub(crate) fn projection(
         filter.as_ref().map(|f| f.0.as_str()),
         row.as_ref(),
     );
+    // An outbox row is unique by the delivery key: it reads the identity fields too (not the generation: a
+    // replay under a new generation sends nothing it sent before).
+    let identity: &[usize] = if kind == ProjectionKind::Outbox {
+        key
+    } else {
+        &[]
+    };
     let reads = match (kind, compiled.reads_record) {
         (ProjectionKind::Row, _) => None,
-        (ProjectionKind::Outbox, _) | (_, true) => Some(Reads::Record),
+        (_, true) => Some(Reads::Record),
         _ => Some(Reads::Fields(
             fields
                 .plans
                 .iter()
                 .enumerate()
-                .filter(|(_, f)| settings.contains_key(&format!("field {}", f.name.as_str())))
+                .filter(|(i, f)| {
+                    settings.contains_key(&format!("field {}", f.name.as_str()))
+                        || identity.contains(i)
+                        || (kind == ProjectionKind::Outbox && partition_by == Some(*i))
+                })
                 .map(|(i, _)| i)
                 .collect(),
         )),

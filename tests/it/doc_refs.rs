@@ -162,10 +162,13 @@ fn scanned() -> Vec<PathBuf> {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             if p.is_dir() {
-                if !matches!(
-                    name.as_str(),
-                    "fixtures" | "results" | "runs" | "target" | "lib"
-                ) {
+                // Hidden directories (`.git`, the chaos harness's `bench/.venv`) hold no text of ours.
+                if !name.starts_with('.')
+                    && !matches!(
+                        name.as_str(),
+                        "fixtures" | "results" | "runs" | "target" | "lib"
+                    )
+                {
                     walk(&p, out);
                 }
             } else if !name.contains('.')
