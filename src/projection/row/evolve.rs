@@ -34,6 +34,7 @@ pub const BOOKKEEPING: &[&str] = &[
     "_deleted_at",
     "_extra",
     "_last",
+    "_last_version",
 ];
 
 /// Why a member of `after` cannot become a column under `new-columns = "add"`: its name is a bookkeeping column

@@ -8,10 +8,12 @@ use tokio_postgres::Transaction;
 
 use super::change::Coordinates;
 use super::change::{ChangeKind, RowChange, RowResult};
-use super::guard::{judge, judge_redelivered, take_winner, Guard};
+use super::guard::{judge, judge_redelivered, keep_last, take_winner, Guard};
 use super::history::{History, Seen};
 use super::plan::{RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
-use super::state::{compare, entity, follow, hash, place, version_text, State, Unresolved};
+use super::state::{
+    compare, entity, follow, hash, kept_since, place, version_text, State, Unresolved,
+};
 use super::statements::{lock_entities, pg_err, Params, Prepared};
 use super::table::Shape;
 use super::write::{write_conflicts, write_dead, write_live, Conflict};
@@ -183,8 +185,13 @@ async fn fetch_states(
         let unresolved = r
             .get::<_, Option<String>>(6 + shape.columns.len())
             .and_then(|t| Unresolved::parse(shape, &t));
+        let version = r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default();
+        let last_version = deleted
+            .then(|| kept_since(r.get(7 + shape.columns.len()), &version, &values, shape))
+            .flatten();
         state[ordinal(ord)] = Some(State {
-            version: r.get::<_, Option<Vec<i64>>>(1).unwrap_or_default(),
+            version,
+            last_version,
             // Of the values as stored (PostgreSQL's output of each column, the form incoming values take
             // too): a `_sha256` written by an earlier version from another spelling of the same values
             // must not make the same state a conflict.
@@ -202,29 +209,33 @@ async fn fetch_states(
             let version: Vec<i64> = r.get(1);
             let last: Option<serde_json::Value> = r.get(3);
             let position: Option<Vec<i64>> = r.get(4);
+            let stored_since: Option<Vec<i64>> = r.get(5);
             let slot = &mut state[ordinal(ord)];
             // A live row and a tombstone for one key should not coexist; the newer one wins.
             if slot.as_ref().is_none_or(|s| {
                 compare(&version, position.as_ref(), s, prepared.reloads)
                     != Some(std::cmp::Ordering::Less)
             }) {
+                // The values of the newest write at or before the delete (for a later primary-key change's
+                // unchanged values too).
+                let values: Vec<Option<String>> = shape
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        last.as_ref()
+                            .and_then(|l| l.get(c.name.as_str()))
+                            .and_then(|v| v.as_str().map(str::to_string))
+                    })
+                    .collect();
                 *slot = Some(State {
+                    last_version: kept_since(stored_since, &version, &values, shape),
                     version,
                     position,
                     deleted: true,
                     sha: hash(shape, &[], true, None),
                     unresolved: None,
                     delivery: r.get(2),
-                    // The values the delete removed (for a later primary-key change's unchanged values).
-                    values: shape
-                        .columns
-                        .iter()
-                        .map(|c| {
-                            last.as_ref()
-                                .and_then(|l| l.get(c.name.as_str()))
-                                .and_then(|v| v.as_str().map(str::to_string))
-                        })
-                        .collect(),
+                    values,
                 });
             }
         }
@@ -381,8 +392,10 @@ async fn fold_segment(
                 }
                 Seen::Conflict { wins } => {
                     if wins {
-                        take_winner(c, &mut cur, &incoming, waits, shape, by_column);
+                        take_winner(c, &mut cur, &incoming, waits.clone(), shape, by_column);
                     }
+                    // A write at a tombstone's version (or at an older one) is still a claimed write.
+                    keep_last(&guard, c, &mut cur, &incoming, waits);
                     RowResult::Conflict
                 }
                 Seen::Fresh if c.redelivered => judge_redelivered(
@@ -491,12 +504,15 @@ fn resolve_waiting(
                 }
             }
         }
+        // A tombstone also changes when it keeps the values of a newer write ([`super::guard::keep_last`]).
         let changed = resolved
             || before.as_ref().is_none_or(|b| {
                 b.version != s.version
                     || b.deleted != s.deleted
                     || b.sha != s.sha
                     || b.delivery != s.delivery
+                    || b.values != s.values
+                    || b.last_version != s.last_version
             });
         if changed {
             finals.push((ei, s));

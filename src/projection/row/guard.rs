@@ -63,9 +63,9 @@ pub(super) fn judge(
         && guard
             .watermark
             .is_some_and(|w| c.position.as_ref().is_some_and(|p| p.as_slice() < w));
-    Ok(match (&*cur, order) {
-        (Some(s), _) if c.unpositioned && s.deleted => RowResult::Stale,
-        _ if truncated => RowResult::Stale,
+    let result = match (&*cur, order) {
+        (Some(s), _) if c.unpositioned && s.deleted => return Ok(RowResult::Stale),
+        _ if truncated => return Ok(RowResult::Stale),
         (Some(_), Some(None)) => return Err(unorderable(guard, c, key)),
         (Some(_), Some(Some(Less))) => RowResult::Stale,
         // Under a version column a delete carries the version of the row it deletes: a write at the
@@ -75,25 +75,25 @@ pub(super) fn judge(
         // Equal version (but an inclusive delete of the stored row, which applies).
         (Some(s), Some(Some(Equal))) if (s.deleted || !inclusive) && !placed_newer => {
             if s.sha == sha {
-                RowResult::Same
-            } else {
-                conflicts.push(conflict(c, s, key, shape, &incoming_values, sha));
-                RowResult::Conflict
+                return Ok(RowResult::Same);
             }
+            conflicts.push(conflict(c, s, key, shape, &incoming_values, sha));
+            RowResult::Conflict
         }
         // Newer, same row state: the row takes the version (and delivery). A newer business event is
         // landed for the other projections; a snapshot read is observed state, not an event: duplicate.
         (Some(s), _) if s.sha == sha && s.deleted == deleted => {
             *cur = Some(restamped(c, s, incoming_values, waits));
-            if c.snapshot {
+            return Ok(if c.snapshot {
                 RowResult::Same
             } else {
                 RowResult::Unchanged
-            }
+            });
         }
         // Newer, never seen (a delete of an unseen entity still leaves its tombstone: a late older insert
         // must not create it), or an inclusive delete of the stored version.
         _ => {
+            let last_version = if deleted { removes(cur.as_ref()) } else { None };
             *cur = Some(State {
                 version: c.version.clone(),
                 deleted,
@@ -102,10 +102,74 @@ pub(super) fn judge(
                 values: incoming_values,
                 position: c.position.clone(),
                 unresolved: waits,
+                last_version,
             });
-            RowResult::Applied
+            return Ok(RowResult::Applied);
+        }
+    };
+    keep_last(guard, c, cur, &incoming_values, waits);
+    Ok(result)
+}
+
+/// The version of the write whose values a delete applied over `before` keeps: the live row's (its `values` are
+/// the ones the delete removes), a tombstone's own, none for nothing stored.
+fn removes(before: Option<&State>) -> Option<Vec<i64>> {
+    before.and_then(|b| {
+        if b.deleted {
+            b.last_version.clone()
+        } else {
+            Some(b.version.clone())
         }
     })
+}
+
+/// A tombstone keeps the values of the newest write claimed for its entity at or before its version (at its
+/// version: the write its delete beat; among writes at one version their winner, the smaller state hash) —
+/// whatever the arrival order, so a write that arrives after the delete that removed it still becomes the
+/// tombstone's values. Called for a write `c` (its state `incoming`, `waits`) that did not apply against the
+/// state `cur`: stale, or a conflict at its version. When `cur` is a tombstone ordered at or after `c` and its
+/// values came from an older write (or none), they become `c`'s; its version, delivery and position stay. A
+/// write older than the truncate watermark or an unpositioned read (no claim of a version) never does.
+pub(super) fn keep_last(
+    guard: &Guard<'_>,
+    c: &RowChange,
+    cur: &mut Option<State>,
+    incoming: &[Option<String>],
+    waits: Option<Unresolved>,
+) {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let Some(s) = cur.as_mut().filter(|s| s.deleted) else {
+        return;
+    };
+    if c.kind != ChangeKind::Upsert || c.unpositioned || c.redelivered {
+        return;
+    }
+    let truncated = guard
+        .watermark
+        .is_some_and(|w| c.position.as_ref().is_some_and(|p| p.as_slice() < w));
+    let at_or_before = matches!(
+        compare(&c.version, c.position.as_ref(), s, guard.reloads),
+        Some(Less | Equal)
+    );
+    if truncated || !at_or_before {
+        return;
+    }
+    let newer = match &s.last_version {
+        None => true,
+        Some(lv) => match c.version.cmp(lv) {
+            Greater => true,
+            Equal => {
+                hash(guard.shape, incoming, false, waits.as_ref())
+                    < hash(guard.shape, &s.values, false, s.unresolved.as_ref())
+            }
+            Less => false,
+        },
+    };
+    if newer {
+        s.values = incoming.to_vec();
+        s.unresolved = waits;
+        s.last_version = Some(c.version.clone());
+    }
 }
 
 /// The stored state `s` taking a newer change `c` with the same row state: its version, delivery and position.
@@ -166,6 +230,7 @@ pub(super) fn take_winner(
     if s.version != c.version || (by_column && s.deleted != deleted) {
         return;
     }
+    let last_version = if deleted { removes(Some(s)) } else { None };
     *cur = Some(State {
         version: c.version.clone(),
         deleted,
@@ -174,6 +239,7 @@ pub(super) fn take_winner(
         values: incoming.to_vec(),
         position: c.position.clone(),
         unresolved: waits,
+        last_version,
     });
 }
 
@@ -258,6 +324,7 @@ mod tests {
             values,
             position: position.map(<[i64]>::to_vec),
             unresolved: None,
+            last_version: None,
         }
     }
 
@@ -298,6 +365,9 @@ mod tests {
         expect: Option<RowResult>,
         /// The entity's state after: its version and whether it is a tombstone (`None`: no state).
         then: Option<(Vec<i64>, bool)>,
+        /// A tombstone after: the version of the write whose values it keeps and that write's `name` (`None`
+        /// for either: none); not checked when `None`.
+        keeps: Option<(Option<Vec<i64>>, Option<&'static str>)>,
     }
 
     fn case(what: &'static str, stored: Option<State>, change: RowChange) -> Case {
@@ -312,6 +382,7 @@ mod tests {
             incoming,
             expect: None,
             then: None,
+            keeps: None,
         }
     }
 
@@ -336,6 +407,11 @@ mod tests {
         /// The change finds no state and leaves none.
         fn expect_none(mut self, r: RowResult) -> Case {
             self.expect = Some(r);
+            self
+        }
+        /// The tombstone after keeps the values `name` of the write at `version` (`None`: keeps none).
+        fn keeps(mut self, version: Option<&[i64]>, name: Option<&'static str>) -> Case {
+            self.keeps = Some((version.map(<[i64]>::to_vec), name));
             self
         }
         fn refused(mut self) -> Case {
@@ -487,6 +563,117 @@ mod tests {
             )
             .expect(Applied, &[5], false),
         ]
+        .into_iter()
+        .chain(kept_cases())
+        .collect()
+    }
+
+    /// A tombstone at `version` keeping the values `name` of the write at `since`.
+    fn kept(version: &'static [i64], since: Option<&[i64]>, name: Option<&str>) -> Option<State> {
+        let mut s = stored(version, Some(version), None);
+        s.values = name.map_or(vec![Some("1".into()), None], values);
+        s.last_version = since.map(<[i64]>::to_vec);
+        Some(s)
+    }
+
+    /// What a tombstone keeps: the values of the newest write claimed at or before it, in every order.
+    fn kept_cases() -> Vec<Case> {
+        use RowResult::*;
+        let p = |v: &'static [i64]| Some(v);
+        let live = |v: &'static [i64], name| Some(stored(v, Some(v), Some(name)));
+        // At one version the write with the smaller state hash wins.
+        let (small, large) = if hash(&shape(), &values("a"), false, None)
+            < hash(&shape(), &values("b"), false, None)
+        {
+            ("a", "b")
+        } else {
+            ("b", "a")
+        };
+        vec![
+            // A delete brings the values of the live row it removes (`fold::incoming_values`).
+            case(
+                "newer delete of a live row",
+                live(&[5], "a"),
+                change(&[6], p(&[6]), None),
+            )
+            .brings("a")
+            .expect(Applied, &[6], true)
+            .keeps(p(&[5]), Some("a")),
+            case(
+                "delete of an unseen entity keeps nothing",
+                None,
+                change(&[3], p(&[3]), None),
+            )
+            .expect(Applied, &[3], true)
+            .keeps(None, None),
+            case(
+                "newer delete of a tombstone",
+                kept(&[5], p(&[4]), Some("a")),
+                change(&[6], p(&[6]), None),
+            )
+            .expect(Unchanged, &[6], true)
+            .keeps(p(&[4]), Some("a")),
+            case(
+                "an older write after the delete, nothing kept",
+                kept(&[7], None, None),
+                change(&[6], p(&[6]), Some("b")),
+            )
+            .expect(Stale, &[7], true)
+            .keeps(p(&[6]), Some("b")),
+            case(
+                "an older write newer than the kept one",
+                kept(&[7], p(&[4]), Some("a")),
+                change(&[6], p(&[6]), Some("b")),
+            )
+            .expect(Stale, &[7], true)
+            .keeps(p(&[6]), Some("b")),
+            case(
+                "an older write older than the kept one",
+                kept(&[7], p(&[6]), Some("a")),
+                change(&[5], p(&[5]), Some("b")),
+            )
+            .expect(Stale, &[7], true)
+            .keeps(p(&[6]), Some("a")),
+            case(
+                "a write at the kept version, smaller hash",
+                kept(&[7], p(&[6]), Some(large)),
+                change(&[6], p(&[6]), Some(small)),
+            )
+            .brings(small)
+            .expect(Stale, &[7], true)
+            .keeps(p(&[6]), Some(small)),
+            case(
+                "a write at the kept version, larger hash",
+                kept(&[7], p(&[6]), Some(small)),
+                change(&[6], p(&[6]), Some(large)),
+            )
+            .brings(large)
+            .expect(Stale, &[7], true)
+            .keeps(p(&[6]), Some(small)),
+            case(
+                "a write at the tombstone's version, a version field",
+                kept(&[5], p(&[4]), Some("a")),
+                change(&[5], p(&[5]), Some("b")),
+            )
+            .expect(Conflict, &[5], true)
+            .keeps(p(&[5]), Some("b")),
+            case(
+                "a write at the tombstone's version, a version column",
+                kept(&[5], None, None),
+                change(&[5], p(&[5]), Some("b")),
+            )
+            .by_column(false)
+            .expect(Stale, &[5], true)
+            .keeps(p(&[5]), Some("b")),
+            case(
+                "a write older than the truncate watermark",
+                kept(&[20, 1], None, None),
+                change(&[9, 9], p(&[9, 9]), Some("b")),
+            )
+            .watermark(&[10, 10])
+            .expect(Stale, &[20, 1], true)
+            .keeps(None, None),
+        ]
     }
 
     /// What went otherwise than the table says for one case (`None`: as it says).
@@ -519,20 +706,33 @@ mod tests {
             _ => false,
         };
         let then = cur.as_ref().map(|s| (s.version.clone(), s.deleted));
+        let kept = cur
+            .as_ref()
+            .map(|s| (s.last_version.clone(), s.values.get(1).cloned().flatten()));
+        let keeps_ok = t
+            .keeps
+            .as_ref()
+            .is_none_or(|(v, name)| kept.as_ref() == Some(&(v.clone(), name.map(str::to_string))));
         let conflict = matches!(got, Ok(RowResult::Conflict));
         let recorded = conflicts
             .iter()
             .all(|c| (c.offset, Some(&c.stored_sha)) == (42, t.stored.as_ref().map(|s| &s.sha)));
-        (!result_ok || then != t.then || conflicts.len() != usize::from(conflict) || !recorded)
-            .then(|| {
-                format!(
-                    "{}: got {got:?}, state after {then:?}, {} conflicts; expected {:?}, {:?}",
-                    t.what,
-                    conflicts.len(),
-                    t.expect,
-                    t.then
-                )
-            })
+        let wrong = !result_ok
+            || then != t.then
+            || conflicts.len() != usize::from(conflict)
+            || !recorded
+            || !keeps_ok;
+        wrong.then(|| {
+            format!(
+                "{}: got {got:?}, state after {then:?} keeping {kept:?}, {} conflicts; expected {:?}, {:?} \
+                 keeping {:?}",
+                t.what,
+                conflicts.len(),
+                t.expect,
+                t.then,
+                t.keeps
+            )
+        })
     }
 
     #[test]

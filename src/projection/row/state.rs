@@ -18,6 +18,28 @@ pub(super) struct State {
     pub(super) position: Option<Vec<i64>>,
     /// Columns whose value waits for the old key's row (`_unresolved`); stored as NULL meanwhile.
     pub(super) unresolved: Option<Unresolved>,
+    /// A tombstone: the version of the write whose values it keeps in `values` (`_last`, or the row's columns
+    /// under `tombstones = "column"`), stored as `_last_version` ([`kept_since`]); `None`: no write known (the
+    /// values are NULL). `None` for a live state (its values are at `version`).
+    pub(super) last_version: Option<Vec<i64>>,
+}
+
+/// The version a stored tombstone's kept values are ordered at: its `_last_version` (`stored`), or, for a
+/// tombstone written before that column existed, its own version (`version`) when it keeps any value besides
+/// the key (`values`) — it then keeps them against every older write — and none when it keeps nothing.
+pub(super) fn kept_since(
+    stored: Option<Vec<i64>>,
+    version: &[i64],
+    values: &[Option<String>],
+    shape: &Shape,
+) -> Option<Vec<i64>> {
+    stored.or_else(|| {
+        values
+            .iter()
+            .enumerate()
+            .any(|(i, v)| v.is_some() && !shape.key.contains(&i))
+            .then(|| version.to_vec())
+    })
 }
 
 /// The new-key columns of a Debezium primary-key change (delete of the old key, create of the new one, both at
@@ -257,6 +279,7 @@ mod tests {
             values: Vec::new(),
             position: Some(position),
             unresolved: None,
+            last_version: None,
         }
     }
 

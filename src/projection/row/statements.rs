@@ -225,14 +225,14 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         .iter()
         .map(|c| format!("t.{}::text", c.name))
         .collect();
-    let deleted_expr = if column_mode {
-        "t._deleted_at IS NOT NULL"
+    let (deleted_expr, last_version) = if column_mode {
+        ("t._deleted_at IS NOT NULL", "t._last_version")
     } else {
-        "false"
+        ("false", "NULL::bigint[]")
     };
     let fetch_live = prep(format!(
-        "SELECT u.ord, t._version, t._sha256, t._delivery, {deleted_expr}, {}, t._position, t.{UNRESOLVED}::text \
-         FROM unnest({kp}) WITH ORDINALITY AS u({ka}, ord) JOIN {t} t ON {kj} FOR UPDATE OF t",
+        "SELECT u.ord, t._version, t._sha256, t._delivery, {deleted_expr}, {}, t._position, t.{UNRESOLVED}::text, \
+         {last_version} FROM unnest({kp}) WITH ORDINALITY AS u({ka}, ord) JOIN {t} t ON {kj} FOR UPDATE OF t",
         cols_text.join(", ")
     ))
     .await?;
@@ -252,7 +252,7 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
     } else {
         Some(
             prep(format!(
-                "SELECT u.ord, t._version, t._delivery, t._last, t._position FROM unnest({kp}) WITH ORDINALITY \
+                "SELECT u.ord, t._version, t._delivery, t._last, t._position, t._last_version FROM unnest({kp}) WITH ORDINALITY \
                  AS u({ka}, ord) JOIN {tomb} t ON {kj} FOR UPDATE OF t"
             ))
             .await?,
@@ -337,7 +337,8 @@ pub(super) fn pg_err(e: tokio_postgres::Error) -> ApplyError {
 pub(super) type Params<'a> = Vec<&'a (dyn ToSql + Sync)>;
 
 /// The upsert of the states a fold ends with: one `text[]` per column, then versions (text `'{a,b}'`), hashes,
-/// deliveries (, deleted flags), positions, `_unresolved` markers; a stored row changes only for a newer version (or position). Returns
+/// deliveries (, deleted flags), positions, `_unresolved` markers (, `_last_version`s: under `tombstones =
+/// "column"`); a stored row changes only for a newer version (or position). Returns
 /// the statement and the key column names.
 fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, Vec<String>) {
     let n = shape.columns.len();
@@ -350,6 +351,9 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
     }
     params.push(format!("${}::text[]", n + 4 + usize::from(column_mode)));
     params.push(format!("${}::text[]", n + 5 + usize::from(column_mode)));
+    if column_mode {
+        params.push(format!("${}::text[]", n + 7));
+    }
     let mut alias: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
     alias.extend(["v", "h", "d"].map(String::from));
     if column_mode {
@@ -357,6 +361,9 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
     }
     alias.push("pos".into());
     alias.push("un".into());
+    if column_mode {
+        alias.push("lv".into());
+    }
     let names: Vec<String> = shape.columns.iter().map(|c| c.name.to_string()).collect();
     let mut select: Vec<String> = shape
         .columns
@@ -375,6 +382,10 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
     target.push("_position".into());
     select.push("u.un::jsonb".into());
     target.push(UNRESOLVED.into());
+    if column_mode {
+        select.push("u.lv::bigint[]".into());
+        target.push("_last_version".into());
+    }
     let key_cols: Vec<String> = shape.key.iter().map(|&i| names[i].clone()).collect();
     // A `GENERATED ALWAYS AS IDENTITY` column takes the source's value (the row's identity there) and is never
     // updated (PostgreSQL refuses both otherwise, SQLSTATE 428C9).
@@ -387,7 +398,18 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
     let updates: Vec<String> = target
         .iter()
         .filter(|c| !key_cols.contains(c) && !identity.contains(c))
-        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .map(|c| {
+            if c == "_deleted_at" {
+                // A deleted row that only takes the values of a newer write at or before its delete
+                // (`guard::keep_last`, the same delivery) keeps its deletion time.
+                format!(
+                    "{c} = CASE WHEN t.{c} IS NOT NULL AND EXCLUDED.{c} IS NOT NULL \
+                     AND t._delivery IS NOT DISTINCT FROM EXCLUDED._delivery THEN t.{c} ELSE EXCLUDED.{c} END"
+                )
+            } else {
+                format!("{c} = EXCLUDED.{c}")
+            }
+        })
         .collect();
     let overriding = if identity.is_empty() {
         ""
@@ -408,8 +430,9 @@ fn upsert_sql(shape: &Shape, t: &QualifiedName, column_mode: bool) -> (String, V
     (sql, key_cols)
 }
 
-/// Table-mode tombstone statements: delete the live rows a fold ends deleted, upsert their tombstones, delete
-/// the tombstones of keys written live again. `reloads`: see [`Prepared`].
+/// Table-mode tombstone statements: delete the live rows a fold ends deleted, upsert their tombstones (also at
+/// their stored version: a tombstone that takes the values of a newer write at or before its delete,
+/// `guard::keep_last`, keeps its deletion time), delete the tombstones of keys written live again. `reloads`: see [`Prepared`].
 fn tombstone_sql(
     shape: &Shape,
     t: &QualifiedName,
@@ -423,6 +446,7 @@ fn tombstone_sql(
     let kd = format!("${}::text[]", k + 2);
     let kl = format!("${}::text[]", k + 3);
     let kpos = format!("${}::text[]", k + 4);
+    let klv = format!("${}::text[]", k + 5);
     let key_select: Vec<String> = shape
         .key
         .iter()
@@ -435,11 +459,14 @@ fn tombstone_sql(
                  OR cardinality(u.v::bigint[]) = 0 OR {reloads})"
         ),
         format!(
-                "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at, _last, _position) SELECT {}, u.v::bigint[], u.d, \
-                 now(), u.l::jsonb, u.pos::bigint[] FROM unnest({kp}, {kv}, {kd}, {kl}, {kpos}) AS u({ka}, v, d, l, pos) \
+                "INSERT INTO {tomb} AS t ({}, _version, _delivery, _deleted_at, _last, _position, _last_version) \
+                 SELECT {}, u.v::bigint[], u.d, now(), u.l::jsonb, u.pos::bigint[], u.lv::bigint[] \
+                 FROM unnest({kp}, {kv}, {kd}, {kl}, {kpos}, {klv}) AS u({ka}, v, d, l, pos, lv) \
                  ON CONFLICT ({}) DO UPDATE SET _last = EXCLUDED._last, _version = EXCLUDED._version, \
-                 _delivery = EXCLUDED._delivery, _deleted_at = EXCLUDED._deleted_at, _position = EXCLUDED._position \
-                 WHERE t._version < EXCLUDED._version OR cardinality(t._version) = 0 \
+                 _delivery = EXCLUDED._delivery, _deleted_at = CASE WHEN t._delivery IS NOT DISTINCT FROM \
+                 EXCLUDED._delivery THEN t._deleted_at ELSE EXCLUDED._deleted_at END, _position = EXCLUDED._position, \
+                 _last_version = EXCLUDED._last_version \
+                 WHERE t._version <= EXCLUDED._version OR cardinality(t._version) = 0 \
                  OR cardinality(EXCLUDED._version) = 0 OR EXCLUDED._position > t._position",
                 key_cols.join(", "),
                 key_select.join(", "),

@@ -497,6 +497,14 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
         "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _position bigint[]"
     ))
     .await?;
+    // The version of the write whose values a deleted row keeps (`tombstones = "column"`; tables made before it
+    // get it, their deleted rows count theirs at their own version: `state::kept_since`).
+    if plan.tombstones == TombstoneMode::Column {
+        exec(format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS _last_version bigint[]"
+        ))
+        .await?;
+    }
     // Primary-key changes whose new-key columns wait for the old key's values (tables made before it get it):
     // `{"key": [old key texts], "lsn": change LSN, "columns": [names]}`, looked up by old key when its delete
     // applies.
@@ -537,14 +545,15 @@ pub async fn setup(c: &impl GenericClient, p: &Pipeline, index: usize) -> Result
             .collect();
         exec(format!(
             "CREATE TABLE IF NOT EXISTS {} ({}, _version bigint[] NOT NULL, _delivery text, \
-             _deleted_at timestamptz NOT NULL DEFAULT now(), _last jsonb, _position bigint[], PRIMARY KEY ({}))",
+             _deleted_at timestamptz NOT NULL DEFAULT now(), _last jsonb, _position bigint[], _last_version bigint[], \
+             PRIMARY KEY ({}))",
             plan.tombstone_table,
             defs.join(", "),
             key.join(", ")
         ))
         .await?;
         exec(format!(
-            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS _position bigint[]",
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS _position bigint[], ADD COLUMN IF NOT EXISTS _last_version bigint[]",
             plan.tombstone_table
         ))
         .await?;

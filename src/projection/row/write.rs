@@ -44,6 +44,7 @@ pub(super) async fn write_live(
     let mut dels = Vec::new();
     let mut positions: Vec<Option<String>> = Vec::new();
     let mut unresolved: Vec<Option<String>> = Vec::new();
+    let mut last_versions: Vec<Option<String>> = Vec::new();
     for (ei, s) in live {
         for (i, c) in cols.iter_mut().enumerate() {
             // Key columns always come from the key (a column-mode delete of an unseen entity has no values).
@@ -59,6 +60,7 @@ pub(super) async fn write_live(
         dels.push(s.deleted);
         positions.push(s.position.as_deref().map(version_text));
         unresolved.push(s.unresolved.as_ref().map(|u| u.text(shape)));
+        last_versions.push(s.last_version.as_deref().map(version_text));
     }
     let mut params: Params = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
     params.push(&versions);
@@ -69,6 +71,9 @@ pub(super) async fn write_live(
     }
     params.push(&positions);
     params.push(&unresolved);
+    if column_mode {
+        params.push(&last_versions);
+    }
     tx.execute(&prepared.upsert, &params)
         .await
         .map_err(pg_err)?;
@@ -102,6 +107,10 @@ pub(super) async fn write_dead(
         .iter()
         .map(|(_, s)| s.position.as_deref().map(version_text))
         .collect();
+    let last_versions: Vec<Option<String>> = dead
+        .iter()
+        .map(|(_, s)| s.last_version.as_deref().map(version_text))
+        .collect();
     let mut p: Params = keys.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
     p.push(&versions);
     tx.execute(prepared.delete_live.as_ref().expect("table mode"), &p)
@@ -110,6 +119,7 @@ pub(super) async fn write_dead(
     p.push(&deliveries);
     p.push(&lasts);
     p.push(&positions);
+    p.push(&last_versions);
     tx.execute(prepared.upsert_tomb.as_ref().expect("table mode"), &p)
         .await
         .map_err(pg_err)?;
