@@ -102,6 +102,32 @@ pub(super) fn retag_sql(p: &Pipeline) -> String {
     )
 }
 
+/// The three statements that rename a claimed state after a copy with a lesser delivery key: its memory row,
+/// then the conflict rows naming it as `stored`, then those naming it as `incoming` (with its coordinates).
+/// `$1` projection, then per state: entity, version, deleted, position, hash, delivery, topic, partition, offset.
+pub(super) fn relabel_sql(p: &Pipeline) -> [String; 3] {
+    let u = "unnest($2::text[], $3::text[], $4::boolean[], $5::text[], $6::bytea[], $7::text[], $8::text[], \
+             $9::integer[], $10::bigint[]) AS u(e, v, d, pos, sh, dl, t, p, o)";
+    let c = p.table(CONFLICTS);
+    [
+        format!(
+            "UPDATE {} h SET delivery = u.dl, topic = u.t, partition = u.p, \"offset\" = u.o FROM {u} \
+             WHERE h.projection = $1 AND h.entity = u.e AND h.version = u.v::bigint[] AND h.deleted = u.d \
+             AND h.position = u.pos::bigint[] AND h.sha256 = u.sh",
+            p.table(VERSIONS)
+        ),
+        format!(
+            "UPDATE {c} c SET stored_delivery = u.dl FROM {u} WHERE c.projection = $1 AND c.entity = u.e::jsonb \
+             AND c.version = u.v::bigint[] AND c.stored_sha256 = u.sh"
+        ),
+        format!(
+            "UPDATE {c} c SET incoming_delivery = u.dl, topic = u.t, partition = u.p, \"offset\" = u.o FROM {u} \
+             WHERE c.projection = $1 AND c.entity = u.e::jsonb AND c.version = u.v::bigint[] \
+             AND c.incoming_sha256 = u.sh"
+        ),
+    ]
+}
+
 /// `$1` projection, then per slot whose winner changed: entity, version, winner's delivery, hash, object, the
 /// former winner's hash — the conflict rows recorded before (naming the former winner) name the new one as
 /// `stored`.
@@ -168,6 +194,8 @@ pub(super) struct History {
     confirmed: Vec<(Slot, Vec<u8>, NaiveDate)>,
     /// Claimed states a copy gave new reach tags ([`retag_sql`]).
     retagged: HashSet<(Slot, Vec<u8>)>,
+    /// Claimed states a copy with a lesser delivery key now names ([`relabel_sql`]).
+    relabeled: HashSet<(Slot, Vec<u8>)>,
     by_column: bool,
     /// A version column under `truncate = "truncate"` ([`Prepared`]'s `reloads`): the source position orders too.
     reloads: bool,
@@ -243,6 +271,7 @@ impl History {
             losers: Vec::new(),
             confirmed: Vec::new(),
             retagged: HashSet::new(),
+            relabeled: HashSet::new(),
             by_column,
             reloads,
         })
@@ -288,6 +317,15 @@ impl History {
             if c.redelivered {
                 return Seen::Same;
             }
+            // Of the copies of a state, the least delivery key (and its coordinates) is the one named (conflict
+            // rows, the memory), whichever arrived first.
+            if !c.snapshot && c.delivery < x.delivery {
+                x.delivery = c.delivery.clone();
+                x.topic = at.topic.to_string();
+                x.partition = at.partition;
+                x.offset = c.offset;
+                self.relabeled.insert((slot.clone(), e.sha.clone()));
+            }
             let Some(known) = x.reach.as_mut() else {
                 return Seen::Same;
             };
@@ -329,6 +367,7 @@ impl History {
             .iter()
             .map(|(slot, l)| {
                 let w = self.winner(slot);
+                let l = self.current(slot, &l.sha).unwrap_or(l);
                 Conflict {
                     entity: slot.0.clone(),
                     version: version_text(&slot.1),
@@ -343,6 +382,11 @@ impl History {
                 }
             })
             .collect()
+    }
+
+    /// The entry of `slot` with state hash `sha` as it is now.
+    fn current(&self, slot: &Slot, sha: &[u8]) -> Option<&Entry> {
+        self.seen.get(slot)?.iter().find(|x| x.sha == sha)
     }
 
     fn winner(&self, slot: &Slot) -> &Entry {
@@ -364,7 +408,11 @@ impl History {
         projection: &str,
     ) -> Result<(), ApplyError> {
         if !self.added.is_empty() {
-            let a = &self.added;
+            let a: Vec<(&Slot, &Entry, Option<NaiveDate>)> = self
+                .added
+                .iter()
+                .map(|(s, x, d)| (s, self.current(s, &x.sha).unwrap_or(x), *d))
+                .collect();
             let e: Vec<&str> = a.iter().map(|(s, _, _)| s.0.as_str()).collect();
             let v: Vec<String> = a.iter().map(|(s, _, _)| version_text(&s.1)).collect();
             let d: Vec<bool> = a.iter().map(|(s, _, _)| s.2).collect();
@@ -402,6 +450,7 @@ impl History {
             .map_err(pg_err)?;
         }
         self.write_retags(tx, prepared, projection).await?;
+        self.write_relabels(tx, prepared, projection).await?;
         if !self.confirmed.is_empty() {
             let c = &self.confirmed;
             let e: Vec<&str> = c.iter().map(|(s, _, _)| s.0.as_str()).collect();
@@ -487,6 +536,44 @@ impl History {
     }
 }
 
+impl History {
+    /// Renames the states a copy with a lesser delivery key now names, in their memory rows and in the conflict
+    /// rows already recorded ([`relabel_sql`]).
+    ///
+    /// # Errors
+    /// As [`pg_err`].
+    async fn write_relabels(
+        &self,
+        tx: &Transaction<'_>,
+        prepared: &Prepared,
+        projection: &str,
+    ) -> Result<(), ApplyError> {
+        let todo: Vec<(&Slot, &Entry)> = self
+            .relabeled
+            .iter()
+            .filter_map(|(s, h)| self.current(s, h).map(|x| (s, x)))
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let e: Vec<&str> = todo.iter().map(|(s, _)| s.0.as_str()).collect();
+        let v: Vec<String> = todo.iter().map(|(s, _)| version_text(&s.1)).collect();
+        let d: Vec<bool> = todo.iter().map(|(s, _)| s.2).collect();
+        let pos: Vec<String> = todo.iter().map(|(s, _)| version_text(&s.3)).collect();
+        let h: Vec<&[u8]> = todo.iter().map(|(_, x)| x.sha.as_slice()).collect();
+        let dl: Vec<&str> = todo.iter().map(|(_, x)| x.delivery.as_str()).collect();
+        let t: Vec<&str> = todo.iter().map(|(_, x)| x.topic.as_str()).collect();
+        let p: Vec<i32> = todo.iter().map(|(_, x)| x.partition).collect();
+        let o: Vec<i64> = todo.iter().map(|(_, x)| x.offset).collect();
+        for st in &prepared.history.relabel {
+            tx.execute(st, &[&projection, &e, &v, &d, &pos, &h, &dl, &t, &p, &o])
+                .await
+                .map_err(pg_err)?;
+        }
+        Ok(())
+    }
+}
+
 /// What a copy gives the other projections that no earlier claim of its state gave them.
 struct NewReaches {
     /// The projections it reaches (indices): those reading the record itself, and those whose tag is new.
@@ -522,6 +609,7 @@ pub(super) struct Statements {
     pub(super) rewin: tokio_postgres::Statement,
     pub(super) extend: tokio_postgres::Statement,
     pub(super) retag: tokio_postgres::Statement,
+    pub(super) relabel: Vec<tokio_postgres::Statement>,
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ pub use statements::{prepare, Prepared, MAX_ENTITY_LOCKS};
 pub use table::{create_conflicts, resolve, setup, Shape, CONFLICTS, TRUNCATES};
 pub use types::{ColumnSpec, Kind, SqlType, Unit};
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use tokio_postgres::Transaction;
 
@@ -59,7 +59,8 @@ use crate::projection::Reads;
 /// snapshot read of the stored state) is a *copy*: it reaches only the other projections it gives values no
 /// earlier claim of the state gave them ([`RowResult::Copied`]: `_skip` in `pg_temp.landed` names the others),
 /// and one that reaches none ([`RowResult::Same`]) is a duplicate, taken out of `landed` (and
-/// `pg_temp.landed`). A Debezium change whose delivery key was already claimed is judged the
+/// `pg_temp.landed`). With several row projections, a projection is left out when any row projection the record
+/// reached remembers giving it those values ([`remembered`]). A Debezium change whose delivery key was already claimed is judged the
 /// same way (module `redelivery`): a different state makes it a conflict (it never reaches the other projections:
 /// its key was claimed once). Returns the outcomes that differ from `landed`.
 ///
@@ -76,6 +77,7 @@ pub async fn apply_rows(
     let mut overrides: HashMap<i64, Outcome> = HashMap::new();
     if !rows.is_empty() && (!landed.is_empty() || redelivery::any(batch, landed)) {
         let mut best: HashMap<i64, RowResult> = HashMap::new();
+        let mut skips: HashMap<i64, BTreeSet<usize>> = HashMap::new();
         let days = event_days(p, batch);
         let at = Coordinates {
             topic: &batch.topic,
@@ -94,6 +96,7 @@ pub async fn apply_rows(
             let mut results = apply(tx, rp, proj, changes, &at).await?;
             redelivery::settle(&mut results, landed, &mut overrides);
             for (o, r) in results {
+                skips.entry(o).or_default().extend(remembered(p, &r));
                 let merged = match best.remove(&o) {
                     Some(e) => strongest(e, r),
                     None => r,
@@ -101,8 +104,19 @@ pub async fn apply_rows(
                 best.insert(o, merged);
             }
         }
+        // A projection does not get a record when some row projection it reached remembers giving it those values
+        // for that change; a record that no row projection changed and that is left with no projection is a
+        // duplicate.
         let mut copies: (Vec<i64>, Vec<String>) = (Vec::new(), Vec::new());
+        let mut gone: Vec<i64> = Vec::new();
         for (o, r) in &best {
+            let skip = skips.remove(o).unwrap_or_default();
+            let copy = matches!(r, RowResult::Same | RowResult::Copied(_));
+            if copy && reached(p, batch, *o).iter().all(|i| skip.contains(i)) {
+                overrides.insert(*o, Outcome::Duplicate);
+                gone.push(*o);
+                continue;
+            }
             match r {
                 RowResult::Stale => {
                     overrides.insert(*o, Outcome::Stale { conflict: false });
@@ -110,21 +124,14 @@ pub async fn apply_rows(
                 RowResult::Conflict => {
                     overrides.insert(*o, Outcome::Stale { conflict: true });
                 }
-                RowResult::Same => {
-                    overrides.insert(*o, Outcome::Duplicate);
-                }
-                RowResult::Copied(reaches) => {
-                    copies.0.push(*o);
-                    copies.1.push(skip_literal(p, reaches));
-                }
-                RowResult::Applied | RowResult::Unchanged => {}
-            };
+                _ => {}
+            }
+            if !skip.is_empty() {
+                copies.0.push(*o);
+                let ids: Vec<String> = skip.iter().map(usize::to_string).collect();
+                copies.1.push(format!("{{{}}}", ids.join(",")));
+            }
         }
-        let gone: Vec<i64> = best
-            .iter()
-            .filter(|(_, r)| **r == RowResult::Same)
-            .map(|(o, _)| *o)
-            .collect();
         if !gone.is_empty() {
             tx.execute(
                 "DELETE FROM pg_temp.landed WHERE _offset = ANY($1)",
@@ -169,8 +176,8 @@ fn event_days(p: &Pipeline, batch: &Batch) -> HashMap<i64, chrono::NaiveDate> {
 }
 
 /// Of two row-projection results for one record, the one that decides its outcome: `Same` only when both are
-/// (a record is a duplicate only when every row projection it reached already holds it); a copy reaches the
-/// projections either result lets it reach.
+/// (a record is a duplicate only when every row projection it reached already holds it); two copies' reaches are
+/// merged (which projections it is left out of is [`remembered`]'s).
 fn strongest(a: RowResult, b: RowResult) -> RowResult {
     use RowResult::*;
     let rank = |r: &RowResult| match r {
@@ -193,16 +200,38 @@ fn strongest(a: RowResult, b: RowResult) -> RowResult {
     }
 }
 
-/// A copy's `_skip` in `landed` (an `int4[]` literal): the projections other than `row` it does not reach.
-fn skip_literal(p: &Pipeline, reaches: &[usize]) -> String {
-    let skip: Vec<String> = p
+/// The projections other than `row` that row-projection result `r` says already got the record's values for
+/// its change: all of them for [`RowResult::Same`], those a [`RowResult::Copied`] does not reach; none otherwise.
+fn remembered(p: &Pipeline, r: &RowResult) -> Vec<usize> {
+    let others = p
         .projections
         .iter()
         .enumerate()
-        .filter(|(i, x)| x.reads.is_some() && !reaches.contains(i))
-        .map(|(i, _)| i.to_string())
-        .collect();
-    format!("{{{}}}", skip.join(","))
+        .filter(|(_, x)| x.reads.is_some())
+        .map(|(i, _)| i);
+    match r {
+        RowResult::Same => others.collect(),
+        RowResult::Copied(reaches) => others.filter(|i| !reaches.contains(i)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The projections other than `row` the record at `offset` of `batch` reaches (passes their filter).
+fn reached(p: &Pipeline, batch: &Batch, offset: i64) -> Vec<usize> {
+    batch
+        .items
+        .iter()
+        .find(|it| it.offset == offset)
+        .and_then(|it| match &it.pending {
+            Pending::Claim { fields, passes, .. } => Some(
+                reaches(p, fields, passes)
+                    .into_iter()
+                    .map(|r| r.projection)
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// The tables a row projection writes, qualified SQL text: its table, its tombstone table (`tombstones =

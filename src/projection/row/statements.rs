@@ -308,6 +308,13 @@ pub async fn prepare(c: &tokio_postgres::Client, p: &Pipeline, shape: Shape) -> 
         rewin: prep(super::history::rewin_sql(p)).await?,
         extend: prep(super::history::extend_sql(p)).await?,
         retag: prep(super::history::retag_sql(p)).await?,
+        relabel: {
+            let mut v = Vec::new();
+            for sql in super::history::relabel_sql(p) {
+                v.push(prep(sql).await?);
+            }
+            v
+        },
     };
     Ok(Prepared {
         canon,
