@@ -109,10 +109,11 @@ pub async fn apply_rows(
         // duplicate.
         let mut copies: (Vec<i64>, Vec<String>) = (Vec::new(), Vec::new());
         let mut gone: Vec<i64> = Vec::new();
+        let passes = claim_passes(batch, &best);
         for (o, r) in &best {
             let skip = skips.remove(o).unwrap_or_default();
             let copy = matches!(r, RowResult::Same | RowResult::Copied(_));
-            if copy && reached(p, batch, *o).iter().all(|i| skip.contains(i)) {
+            if copy && reached(p, &passes, *o).iter().all(|i| skip.contains(i)) {
                 overrides.insert(*o, Outcome::Duplicate);
                 gone.push(*o);
                 continue;
@@ -216,22 +217,45 @@ fn remembered(p: &Pipeline, r: &RowResult) -> Vec<usize> {
     }
 }
 
-/// The projections other than `row` the record at `offset` of `batch` reaches (passes their filter).
-fn reached(p: &Pipeline, batch: &Batch, offset: i64) -> Vec<usize> {
+/// The filter results of `batch`'s claims by offset, when `best` holds a copy ([`reached`] reads them).
+fn claim_passes<'a>(batch: &'a Batch, best: &HashMap<i64, RowResult>) -> HashMap<i64, &'a [bool]> {
+    if !best
+        .values()
+        .any(|r| matches!(r, RowResult::Same | RowResult::Copied(_)))
+    {
+        return HashMap::new();
+    }
     batch
         .items
         .iter()
-        .find(|it| it.offset == offset)
-        .and_then(|it| match &it.pending {
-            Pending::Claim { fields, passes, .. } => Some(
-                reaches(p, fields, passes)
-                    .into_iter()
-                    .map(|r| r.projection)
-                    .collect(),
-            ),
+        .filter_map(|it| match &it.pending {
+            Pending::Claim { passes, .. } => Some((it.offset, passes.as_slice())),
             _ => None,
         })
+        .collect()
+}
+
+/// The projections other than `row` the claim at `offset` reaches (passes their filter); `passes` from
+/// [`claim_passes`].
+fn reached(p: &Pipeline, passes: &HashMap<i64, &[bool]>, offset: i64) -> Vec<usize> {
+    passes
+        .get(&offset)
+        .map(|ps| passing(p, ps).map(|(i, _)| i).collect())
         .unwrap_or_default()
+}
+
+/// The projections other than `row` whose filter a record with filter results `passes` passes, with what each
+/// reads: `(index, reads)`.
+fn passing<'a>(
+    p: &'a Pipeline,
+    passes: &'a [bool],
+) -> impl Iterator<Item = (usize, &'a Reads)> + 'a {
+    p.projections.iter().enumerate().filter_map(move |(i, x)| {
+        let reads = x.reads.as_ref()?;
+        x.pass_column
+            .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false))
+            .then_some((i, reads))
+    })
 }
 
 /// The tables a row projection writes, qualified SQL text: its table, its tombstone table (`tombstones =
@@ -486,21 +510,13 @@ pub(super) fn row_changes(
 /// The projections other than `row` a claimed record reaches (passes their filter), each with what it reads of
 /// it ([`Reach`]): what decides whether a copy of an already claimed state reaches them.
 fn reaches(p: &Pipeline, fields: &Fields, passes: &[bool]) -> Vec<Reach> {
-    p.projections
-        .iter()
-        .enumerate()
-        .filter_map(|(i, x)| {
-            let reads = x.reads.as_ref()?;
-            let passes = x
-                .pass_column
-                .is_none_or(|pc| passes.get(pc).copied().unwrap_or(false));
-            passes.then(|| Reach {
-                projection: i,
-                tag: match reads {
-                    Reads::Record => None,
-                    Reads::Fields(read) => Some(reach_tag(&x.name, read, fields)),
-                },
-            })
+    passing(p, passes)
+        .map(|(i, reads)| Reach {
+            projection: i,
+            tag: match reads {
+                Reads::Record => None,
+                Reads::Fields(read) => Some(reach_tag(&p.projections[i].name, read, fields)),
+            },
         })
         .collect()
 }
