@@ -551,6 +551,10 @@ impl Sink {
             tx.commit().await.map_err(|e| classify(e, true))?;
             return Err(lose_reply(&self.client, all.concat()).await);
         }
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(release)) = fail::eval("hold-before-db-commit", |path| path) {
+            fault::hold_until(std::path::Path::new(&release));
+        }
         fail::fail_point!("before-db-commit", |_| Err(ApplyError::Fatal(
             Error::Other("failpoint before-db-commit".into())
         )));

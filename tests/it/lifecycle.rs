@@ -544,8 +544,8 @@ fn horizon_locks(db: &Db) -> (i64, i64) {
 }
 
 /// A prune and a batch in flight serialize on the horizon row: with `run`'s batch held inside its transaction
-/// (failpoint: a 10 s sleep before its COMMIT, the horizon row share-locked — long enough for the prune process
-/// to start and queue behind it on a loaded machine), `ledger prune` waits for it, then
+/// (failpoint `hold-before-db-commit`: held before its COMMIT, the horizon row share-locked, until the test has
+/// seen the prune queue behind it — no timer to race on a loaded machine), `ledger prune` waits for it, then
 /// prunes; the batch commits its record once, and the state is exact.
 #[test]
 fn prune_waits_for_the_batch_in_flight() {
@@ -557,7 +557,9 @@ fn prune_waits_for_the_batch_in_flight() {
     let counts0 = counts(&db);
     produce(&topic, &[ev(400, 1, "late", "open", 1, days_ago(0))]);
     let head = ["run", "--config", arg(&long.path)];
-    let envs = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=1*sleep(10000)")];
+    let release = long.dir.path().join("release");
+    let hold = format!("hold-before-db-commit=1*return({})", release.display());
+    let envs = [("REPLAYSAFE_FAILPOINTS", hold.as_str())];
     let mut child = spawn(&head, &envs, long.dir.path(), "run");
     wait_until(
         Duration::from_secs(60),
@@ -572,6 +574,7 @@ fn prune_waits_for_the_batch_in_flight() {
             "the prune waits for the batch",
             || horizon_locks(&db).1 > 0,
         );
+        std::fs::write(&release, "").unwrap();
         prune.join().unwrap()
     });
     out.assert_ok();
