@@ -95,7 +95,13 @@ struct Unsteady {
     join_state: String,
     /// Set by the sample that found the stretch longer than the bound with a broker up.
     overdue: Option<Duration>,
+    /// The wait was logged ([`Membership::notice`]): once per stretch.
+    told: bool,
 }
+
+/// An unsteady stretch this long while Kafka answers is logged once, saying what the member waits for (a
+/// restart after `kill -9` waits up to a session for the previous member's partitions).
+pub const WAIT_NOTICE: Duration = Duration::from_secs(10);
 
 /// The current stretch without a response from the group coordinator.
 #[derive(Debug)]
@@ -116,6 +122,10 @@ pub struct Membership {
     bound: Option<Duration>,
     /// `group.protocol = consumer` (KIP-848).
     kip848: bool,
+    /// `group.id`, `session.timeout.ms` and `max.poll.interval.ms` (ms), named by the wait's log line.
+    group: String,
+    session_ms: u64,
+    poll_ms: u64,
     unsteady: Mutex<Option<Unsteady>>,
     silent: Mutex<Option<Silent>>,
     /// librdkafka's reason when Kafka refused this client's credentials since a broker last answered
@@ -133,15 +143,20 @@ impl Membership {
                 .unwrap_or(default)
         };
         let stats_on = ms("statistics.interval.ms", 0) > 0;
-        let bound = Duration::from_millis(
-            ms("max.poll.interval.ms", 300_000) + ms("session.timeout.ms", 45_000),
+        let (poll_ms, session_ms) = (
+            ms("max.poll.interval.ms", 300_000),
+            ms("session.timeout.ms", 45_000),
         );
+        let bound = Duration::from_millis(poll_ms + session_ms);
         let kip848 = config
             .get("group.protocol")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("consumer"));
         Membership {
             bound: stats_on.then_some(bound),
             kip848,
+            group: config.get("group.id").unwrap_or_default().to_string(),
+            session_ms,
+            poll_ms,
             unsteady: Mutex::new(None),
             silent: Mutex::new(None),
             refused: Mutex::new(None),
@@ -266,18 +281,50 @@ impl Membership {
                     state: String::new(),
                     join_state: String::new(),
                     overdue: None,
+                    told: false,
                 })
             }
         }
         if let Some(u) = stretch.as_mut() {
             u.state = g.state.clone();
             u.join_state = g.join_state.clone();
+            if let Some(line) = self.notice(u, ts) {
+                tracing::info!("{line}");
+            }
         }
         let unsteady = stretch
             .as_ref()
             .map(|u| Duration::from_micros(crate::units::count(ts.saturating_sub(u.since))));
         drop(stretch);
         crate::health::group_trouble(trouble(quiet, unsteady, &g));
+    }
+
+    /// The log line of a wait for the group: `Some` once per unsteady stretch, at the first sample that finds it
+    /// [`WAIT_NOTICE`] or longer (time while Kafka answers; `ts` in µs on the samples' clock). Says what the member
+    /// waits for — typically a previous member (the same worker killed with `kill -9`, a crash) that left the group
+    /// without a word and keeps its partitions until its session expires (`session.timeout.ms`, Kafka's
+    /// consumer configs), or a peer's rebalance (`max.poll.interval.ms`) — and when the wait gives up.
+    fn notice(&self, u: &mut Unsteady, ts: i64) -> Option<String> {
+        let waited = Duration::from_micros(crate::units::count(ts.saturating_sub(u.since)));
+        if u.told || waited < WAIT_NOTICE {
+            return None;
+        }
+        u.told = true;
+        let limit = self.bound.map_or(String::new(), |b| {
+            format!("; exits 1 if it is still waiting after {} s", b.as_secs())
+        });
+        Some(format!(
+            "consumer group {}: waiting {} s to be given partitions (librdkafka group state `{}`, join state `{}`): \
+             a previous member that stopped without leaving the group (kill -9, a crash, a cut network) keeps its \
+             partitions until its session expires (session.timeout.ms = {} ms), or a member's rebalance is still \
+             running (max.poll.interval.ms = {} ms){limit}",
+            self.group,
+            waited.as_secs(),
+            u.state,
+            u.join_state,
+            self.session_ms,
+            self.poll_ms
+        ))
     }
 
     /// `Some` error once a sample found the member unsteady, or its group coordinator silent, for longer than
@@ -468,6 +515,42 @@ mod tests {
         assert!(m.overdue("g").is_some());
         m.observe(&stats("up", "steady", "UP", 39));
         assert!(m.overdue("g").is_none());
+    }
+
+    #[test]
+    fn a_wait_for_the_group_is_logged_once_per_stretch_after_ten_seconds() {
+        let m = short(&[("group.id", "orders")]);
+        let told = |m: &Membership| m.stretch().as_ref().is_some_and(|u| u.told);
+        m.observe(&stats("up", "wait-join", "UP", 0));
+        m.observe(&stats("up", "wait-join", "UP", 9));
+        assert!(!told(&m), "not yet: 9 s");
+        let mut u = Unsteady {
+            since: 0,
+            state: "up".into(),
+            join_state: "wait-join".into(),
+            overdue: None,
+            told: false,
+        };
+        let line = m.notice(&mut u, 10_000_000).expect("logged at 10 s");
+        assert_eq!(
+            line,
+            "consumer group orders: waiting 10 s to be given partitions (librdkafka group state `up`, join state \
+             `wait-join`): a previous member that stopped without leaving the group (kill -9, a crash, a cut \
+             network) keeps its partitions until its session expires (session.timeout.ms = 6000 ms), or a \
+             member's rebalance is still running (max.poll.interval.ms = 10000 ms); exits 1 if it is still \
+             waiting after 16 s"
+        );
+        assert_eq!(m.notice(&mut u, 12_000_000), None, "once per stretch");
+        m.observe(&stats("up", "wait-sync", "UP", 10));
+        assert!(told(&m), "the stretch's sample at 10 s logs it");
+        m.observe(&stats("up", "steady", "UP", 11));
+        m.observe(&stats("up", "wait-join", "UP", 12));
+        assert!(!told(&m), "a new stretch is told again");
+        // Time while no broker is up is not waited for the group.
+        let m = short(&[]);
+        m.observe(&stats("up", "wait-join", "DOWN", 0));
+        m.observe(&stats("up", "wait-join", "DOWN", 30));
+        assert!(!told(&m));
     }
 
     #[test]

@@ -624,3 +624,39 @@ fn a_member_whose_group_never_settles_exits_1_and_nothing_is_lost() {
     let all: Vec<Rec> = first.iter().chain(&second).cloned().collect();
     assert_exact(&db, &group, &topic, &merged(&truth1, &truth2), &ends(&all));
 }
+
+/// A restart after `kill -9` waits for the killed member's session (classic protocol: the rebalance the new
+/// member's join starts waits for every known member until its session expires) and says so: one INFO line
+/// naming the group, the wait and `session.timeout.ms`, not minutes of silence. Then it applies what the killed
+/// worker left, exactly.
+#[test]
+fn a_restart_after_kill_9_says_it_waits_for_the_previous_members_session() {
+    let (db, topic) = stage("waits_kill9", PARTITIONS);
+    let group = unique("waits_kill9");
+    let props = "[kafka.properties]\n\"session.timeout.ms\" = \"25000\"\n\
+                 \"heartbeat.interval.ms\" = \"1000\"\n\"statistics.interval.ms\" = \"1000\"\n";
+    let p = pipeline(&format!("{}{props}", pipeline_text("")), &topic, &group, &db.schema);
+    let (mut a, first, truth1) = worker_a_applied(&p, &db, &group, &topic, 30);
+    unsafe_kill(a.id(), "KILL");
+    let _ = a.wait();
+    let (second, truth2) = seed_events(60, PARTITIONS);
+    produce(&topic, &second);
+    let b = spawn_run(&p, &["--until-caught-up"], "b");
+    let out = finished(b, &p, "b", Duration::from_secs(180));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let told: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("to be given partitions"))
+        .collect();
+    assert_eq!(told.len(), 1, "told once:\n{}", out.stderr);
+    for part in [
+        &format!("consumer group {group}: waiting "),
+        "keeps its partitions until its session expires (session.timeout.ms = 25000 ms)",
+        "exits 1 if it is still waiting after 325 s",
+    ] {
+        assert!(told[0].contains(part), "{part}: {}", told[0]);
+    }
+    let all: Vec<Rec> = first.iter().chain(&second).cloned().collect();
+    assert_exact(&db, &group, &topic, &merged(&truth1, &truth2), &ends(&all));
+}
