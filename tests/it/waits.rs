@@ -635,7 +635,12 @@ fn a_restart_after_kill_9_says_it_waits_for_the_previous_members_session() {
     let group = unique("waits_kill9");
     let props = "[kafka.properties]\n\"session.timeout.ms\" = \"25000\"\n\
                  \"heartbeat.interval.ms\" = \"1000\"\n\"statistics.interval.ms\" = \"1000\"\n";
-    let p = pipeline(&format!("{}{props}", pipeline_text("")), &topic, &group, &db.schema);
+    let p = pipeline(
+        &format!("{}{props}", pipeline_text("")),
+        &topic,
+        &group,
+        &db.schema,
+    );
     let (mut a, first, truth1) = worker_a_applied(&p, &db, &group, &topic, 30);
     unsafe_kill(a.id(), "KILL");
     let _ = a.wait();
@@ -659,4 +664,43 @@ fn a_restart_after_kill_9_says_it_waits_for_the_previous_members_session() {
     }
     let all: Vec<Rec> = first.iter().chain(&second).cloned().collect();
     assert_exact(&db, &group, &topic, &merged(&truth1, &truth2), &ends(&all));
+}
+
+/// A start-up that meets a lock another session holds (here a whole-table lock on the checkpoints, as a
+/// migration or a stuck `psql` would hold) says so in its retry line — not "database unavailable" — and
+/// goes on once the lock is released: every record applied once.
+#[test]
+fn a_start_up_waiting_on_a_lock_names_the_lock_and_goes_on_when_it_is_released() {
+    let (db, topic) = stage("waits_startlock", PARTITIONS);
+    let group = unique("waits_startlock");
+    let p = pipeline(
+        &pipeline_text("lock-timeout-ms = 300\n"),
+        &topic,
+        &group,
+        &db.schema,
+    );
+    replaysafe(&["init", "--config", arg(&p.path)]).assert_ok();
+    let (recs, truth) = seed_events(60, PARTITIONS);
+    produce(&topic, &recs);
+    let locker = pg_client(&db.rt);
+    let lock = format!(
+        "BEGIN; LOCK TABLE \"{}\".replaysafe_checkpoints IN ACCESS EXCLUSIVE MODE",
+        db.schema
+    );
+    db.rt.block_on(locker.batch_execute(&lock)).unwrap();
+    let b = spawn_run(&p, &["--until-caught-up"], "b");
+    let said = "starting: waiting for a lock another session holds (lock_timeout), retrying";
+    wait_for(&p, "b", Duration::from_secs(90), "the retry line", || {
+        stderr_of(&p, "b").contains(said)
+    });
+    assert_eq!(ledger_rows(&db, 0), 0, "nothing applied while locked");
+    db.rt.block_on(locker.batch_execute("COMMIT")).unwrap();
+    let out = finished(b, &p, "b", Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains("database unavailable"),
+        "{}",
+        out.stderr
+    );
+    assert_exact(&db, &group, &topic, &truth, &ends(&recs));
 }
