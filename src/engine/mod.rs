@@ -31,7 +31,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::CommitMode;
 
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
@@ -40,7 +39,7 @@ use crate::sink::{ledger, verify, Sink};
 
 pub use decide::{decide, Extras};
 pub use state::Core;
-pub use types::{Ack, NoAck, Observer, PartState, Polled, Record, Tp};
+pub use types::{Ack, CommitMode, NoAck, Observer, Offsets, PartState, Polled, Record, Tp};
 
 /// The engine's state, shared with the source.
 pub type Shared = Arc<Mutex<Core>>;

@@ -7,15 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use chrono::NaiveDate;
-use rdkafka::consumer::CommitMode;
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::Pipeline;
 use crate::engine::apply::Applied;
 use crate::engine::flush::{self, Inflight};
 use crate::engine::takeover::{self, Acquired};
 use crate::engine::txbuf::TxBuf;
-use crate::engine::types::{Ack, Observer, PartState, Tp};
+use crate::engine::types::{Ack, CommitMode, Observer, PartState, Tp};
 use crate::error::{Error, Result};
 use crate::model::{Item, Outcome, Tally};
 use crate::sink::Sink;
@@ -283,7 +281,7 @@ impl Core {
         };
         let (sinks, results) = flight.join()?;
         self.sinks = sinks;
-        let mut commit = TopicPartitionList::new();
+        let mut commit = Vec::new();
         let mut first_err = None;
         // Partitions fenced or rewound in this flush: their later batches were skipped on purpose.
         let mut handled: Vec<Tp> = Vec::new();
@@ -312,11 +310,7 @@ impl Core {
                     if let Some(st) = self.parts.get_mut(&tp) {
                         st.next = Some(batch.end);
                     }
-                    commit.add_partition_offset(
-                        &batch.topic,
-                        batch.partition,
-                        Offset::Offset(batch.end),
-                    )?;
+                    commit.push((tp.clone(), batch.end));
                 }
                 Ok(Applied::Rewound(at)) => match ack.rewind(&tp, at) {
                     // Read again from the checkpoint: what we buffered after the lost commits is dropped.
@@ -363,7 +357,7 @@ impl Core {
                 }
             }
         }
-        if commit.count() > 0 && ack.acknowledges() {
+        if !commit.is_empty() && ack.acknowledges() {
             if let Some(limit) = self.crash_after_batches {
                 if self.batches >= limit {
                     self.crashed = true;
@@ -533,14 +527,11 @@ impl Core {
 
     /// Acknowledges every held partition's checkpoint (next offset to read) with `mode`.
     pub fn commit_checkpoints_with(&self, ack: &dyn Ack, mode: CommitMode) {
-        let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), st) in &self.parts {
-            if let Some(n) = st.next {
-                let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(n));
-            }
-        }
-        if tpl.count() > 0 && !self.crashed && ack.acknowledges() {
-            ack.commit(&tpl, mode);
+        let held: Vec<(Tp, i64)> = (self.parts.iter())
+            .filter_map(|(tp, st)| Some((tp.clone(), st.next?)))
+            .collect();
+        if !held.is_empty() && !self.crashed && ack.acknowledges() {
+            ack.commit(&held, mode);
         }
     }
 }

@@ -5,8 +5,6 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use chrono::NaiveDate;
-use rdkafka::consumer::CommitMode;
-use rdkafka::topic_partition_list::TopicPartitionList;
 
 use crate::error::Error;
 use crate::model::{Batch, Item, Outcome, Pending, Tally};
@@ -46,12 +44,24 @@ pub enum Polled {
 }
 
 /// What acknowledges committed batches to the source, after the database commit.
+/// How a source commits the offsets it is given: `Sync` waits for the broker's answer (clean exits, revoked
+/// partitions), `Async` does not (after each flush; a Kafka source learns the result in its commit callback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitMode {
+    Sync,
+    Async,
+}
+
+/// Offsets to acknowledge, in the order the batches committed: per partition the next offset to read (the
+/// PostgreSQL checkpoint just committed; a partition can appear more than once, the last entry is the newest).
+pub type Offsets = [(Tp, i64)];
+
 pub trait Ack {
     /// Whether this source acknowledges at all (Kafka sources commit offsets; a file does not).
     fn acknowledges(&self) -> bool;
     /// Commits `offsets` (next offset to read per partition) with `mode`; a failure is only logged (the
     /// checkpoint in PostgreSQL is authoritative).
-    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode);
+    fn commit(&self, offsets: &Offsets, mode: CommitMode);
     /// Whether every held checkpoint is to be committed again now (a Kafka source whose offset commit failed, or
     /// that was just assigned partitions: Kafka's committed offsets would stay behind the checkpoints until new
     /// records arrive). Asked by the loop when idle; `true` counts as done. The default: never.
@@ -87,7 +97,7 @@ impl Ack for NoAck {
     fn acknowledges(&self) -> bool {
         false
     }
-    fn commit(&self, _: &TopicPartitionList, _: CommitMode) {}
+    fn commit(&self, _: &Offsets, _: CommitMode) {}
     fn fenced(&self, tp: &Tp) -> Option<Error> {
         Some((self.0)(tp))
     }

@@ -107,19 +107,6 @@ pub struct Tally {
     pub buffered: u64,
 }
 
-impl Item {
-    /// Copies a consumed record's coordinates, key and value next to the decision taken for it.
-    pub fn from_message<M: rdkafka::message::Message>(msg: &M, pending: Pending) -> Item {
-        Item {
-            offset: msg.offset(),
-            timestamp_ms: msg.timestamp().to_millis(),
-            key: msg.key().map(<[u8]>::to_vec),
-            value: msg.payload().map(<[u8]>::to_vec),
-            pending,
-        }
-    }
-}
-
 impl Tally {
     /// Adds one outcome.
     pub fn add(&mut self, o: &Outcome) {

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::engine::takeover;
-use crate::engine::{lock, Ack, PartState, Polled, Shared, Source, Tp};
+use crate::engine::{lock, Ack, CommitMode, Offsets, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::source::identity;
 use crate::source::kafka::{consumer_config, kafka_commit, record};
@@ -46,7 +46,7 @@ impl Ack for AssignAck {
         self.commit
     }
 
-    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) {
+    fn commit(&self, offsets: &Offsets, mode: CommitMode) {
         kafka_commit(&self.consumer, offsets, mode);
     }
 

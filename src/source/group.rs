@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::KafkaError;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
@@ -43,7 +43,7 @@ use rdkafka::ClientContext;
 
 use crate::config::Pipeline;
 use crate::engine::takeover::{self, Acquired};
-use crate::engine::{lock, Ack, Core, PartState, Polled, Shared, Source, Tp};
+use crate::engine::{lock, Ack, CommitMode, Core, Offsets, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 use crate::sink::checkpoint;
 use crate::source::kafka::{consumer_config, kafka_commit, partitions, watermarks, STATISTICS};
@@ -304,7 +304,7 @@ impl Ack for GroupConsumer {
         true
     }
 
-    fn commit(&self, offsets: &TopicPartitionList, mode: CommitMode) {
+    fn commit(&self, offsets: &Offsets, mode: CommitMode) {
         let ctx = self.context();
         let mode = match ctx.closing.load(Ordering::Relaxed) || ctx.shutdown.load(Ordering::Relaxed)
         {
@@ -363,7 +363,7 @@ impl Ack for Closed {
         false
     }
 
-    fn commit(&self, _: &TopicPartitionList, _: CommitMode) {}
+    fn commit(&self, _: &Offsets, _: CommitMode) {}
 
     fn fenced(&self, _: &Tp) -> Option<Error> {
         None
@@ -905,7 +905,7 @@ impl Group {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(at))
                 .map_err(|e| e.to_string())?;
-            Consumer::commit(&**self.c(), &tpl, CommitMode::Sync).map_err(|e| e.to_string())
+            Consumer::commit(&**self.c(), &tpl, rdkafka::consumer::CommitMode::Sync).map_err(|e| e.to_string())
         };
         let detail = match check() {
             Ok(()) => {

@@ -11,11 +11,11 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::topic_partition_list::TopicPartitionList;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::Pipeline;
-use crate::engine::types::Record;
+use crate::engine::types::{Offsets, Record};
 use crate::error::{Error, Result};
 
 /// `statistics.interval.ms`: only `run`'s group consumer emits librdkafka statistics, for its membership
@@ -128,10 +128,10 @@ pub fn record(msg: &BorrowedMessage<'_>) -> Record {
 /// result reaches the consumer context's `commit_callback`.
 pub fn kafka_commit<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
-    offsets: &TopicPartitionList,
-    mode: CommitMode,
+    offsets: &Offsets,
+    mode: crate::engine::CommitMode,
 ) -> bool {
-    match consumer.commit(offsets, mode) {
+    match consumer.commit(&offset_list(offsets), rd_mode(mode)) {
         Ok(()) => true,
         Err(e) => {
             // The checkpoint is the truth; a failed Kafka commit only delays lag reporting.
@@ -140,6 +140,24 @@ pub fn kafka_commit<C: ConsumerContext>(
             );
             false
         }
+    }
+}
+
+/// The engine's acknowledged offsets (next offset to read per partition) as librdkafka's list, in their order.
+pub fn offset_list(offsets: &Offsets) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::with_capacity(offsets.len());
+    for ((topic, partition), next) in offsets {
+        // Only a negative partition id is refused, and no held partition has one.
+        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*next));
+    }
+    tpl
+}
+
+/// The engine's commit mode as librdkafka's.
+pub fn rd_mode(mode: crate::engine::CommitMode) -> CommitMode {
+    match mode {
+        crate::engine::CommitMode::Sync => CommitMode::Sync,
+        crate::engine::CommitMode::Async => CommitMode::Async,
     }
 }
 

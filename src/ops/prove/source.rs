@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::scratch::Rec;
-use crate::engine::{lock, Ack, PartState, Polled, Shared, Source, Tp};
+use crate::engine::{lock, Ack, CommitMode, Offsets, PartState, Polled, Shared, Source, Tp};
 use crate::error::{Error, Result};
 
 /// Commits a group's offsets on the scratch cluster (a consumer of the group that never joins it).
@@ -63,8 +63,9 @@ impl Ack for KafkaAck {
     fn acknowledges(&self) -> bool {
         true
     }
-    fn commit(&self, offsets: &TopicPartitionList, _mode: CommitMode) {
-        if let Err(e) = self.consumer.commit(offsets, CommitMode::Sync) {
+    fn commit(&self, offsets: &Offsets, _mode: CommitMode) {
+        let offsets = crate::source::kafka::offset_list(offsets);
+        if let Err(e) = self.consumer.commit(&offsets, rdkafka::consumer::CommitMode::Sync) {
             tracing::warn!("prove: committing offsets on the scratch cluster: {e}");
         }
     }
