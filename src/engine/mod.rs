@@ -31,7 +31,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-
 use crate::config::Pipeline;
 use crate::error::{Error, Result};
 use crate::model::{Item, Tally};

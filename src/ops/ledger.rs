@@ -183,28 +183,19 @@ async fn count_if_exists(client: &Client, table: &str, filter: &str) -> Result<i
 }
 
 async fn tombstones(client: &Client, p: &Pipeline) -> Result<i64> {
-    use crate::projection::row::TombstoneMode;
     let mut n = 0;
     for plan in p.projections.iter().filter_map(|x| x.row.as_ref()) {
-        n += match plan.tombstones {
-            TombstoneMode::Table => {
-                count_if_exists(client, &plan.tombstone_table.to_string(), "").await?
-            }
-            TombstoneMode::Column => {
-                let t = plan.table.to_string();
-                count_if_exists(client, &t, "WHERE _deleted_at IS NOT NULL").await?
-            }
-        };
+        let (table, cond) = plan.tombstone_rows();
+        n += count_if_exists(client, &table, &format!("WHERE {cond}")).await?;
     }
     Ok(n)
 }
 
 async fn conflicts(client: &Client, p: &Pipeline) -> Result<i64> {
-    if p.projections.iter().all(|x| x.row.is_none()) {
+    let Some(table) = crate::projection::row::conflicts_table(p) else {
         return Ok(0);
-    }
+    };
     let names: Vec<String> = p.projections.iter().map(|x| x.name.clone()).collect();
-    let table = p.table(crate::projection::row::CONFLICTS).to_string();
     let exists: Option<String> = client
         .query_one("SELECT to_regclass($1)::text", &[&table])
         .await?

@@ -12,7 +12,6 @@ use crate::error::{Error, Result};
 use crate::model::apply_error::{classify, ApplyError};
 use crate::model::batch::Pending;
 use crate::projection::outbox;
-use crate::projection::row::plan::TombstoneMode;
 
 /// Name of the pruned-offsets table (in the pipeline schema).
 pub const PRUNED: &str = "replaysafe_pruned";
@@ -490,10 +489,8 @@ async fn purge_tombstones(
 ) -> Result<Vec<(String, i64)>> {
     let mut out = Vec::new();
     for plan in p.projections.iter().filter_map(|x| x.row.as_ref()) {
-        let table = match plan.tombstones {
-            TombstoneMode::Table => plan.tombstone_table.to_string(),
-            TombstoneMode::Column => plan.table.to_string(),
-        };
+        // `_deleted_at < below` holds only where it is set.
+        let (table, _) = plan.tombstone_rows();
         let n = count_or_delete(tx, &table, "_deleted_at", below, dry_run, None).await?;
         out.push((table, n));
     }
@@ -507,10 +504,9 @@ async fn purge_conflicts(
     below: NaiveDate,
     dry_run: bool,
 ) -> Result<i64> {
-    if p.projections.iter().all(|x| x.row.is_none()) {
+    let Some(table) = crate::projection::row::conflicts_table(p) else {
         return Ok(0);
-    }
-    let table = p.table(crate::projection::row::CONFLICTS).to_string();
+    };
     let names: Vec<String> = p.projections.iter().map(|x| x.name.clone()).collect();
     count_or_delete(tx, &table, "detected_at", below, dry_run, Some(&names)).await
 }

@@ -27,8 +27,6 @@ use tokio_postgres::{Client, Statement};
 use crate::config::{Pipeline, Timeouts};
 use crate::error::{Error, Result};
 use crate::model::{classify, describe, ApplyError, Batch, Outcome};
-use crate::projection::apply::apply_statements;
-use crate::projection::row;
 
 struct Prepared {
     claim: Statement,
@@ -44,9 +42,8 @@ struct Prepared {
     version: Statement,
     /// The partition's pruned offset ([`lifecycle::pruned_statement`]); `None` without `partition-by`.
     pruned: Option<Statement>,
-    /// One per projection; `None` for row projections (see `rows`).
-    projections: Vec<Option<Statement>>,
-    rows: Vec<row::Prepared>,
+    /// Every projection's statements and prepared state ([`crate::projection::apply::Prepared`]).
+    projections: crate::projection::apply::Prepared,
 }
 
 /// One PostgreSQL connection with the statements a batch needs prepared and a `landed` temp table.
@@ -204,27 +201,7 @@ impl Sink {
                 Some(_) => Some(prep(lifecycle::pruned_statement(&pipeline)).await?),
                 None => None,
             },
-            projections: {
-                let mut v = Vec::new();
-                for p in &pipeline.projections {
-                    v.push(if p.row.is_some() {
-                        None
-                    } else {
-                        Some(prep(p.statement.clone()).await?)
-                    });
-                }
-                v
-            },
-            rows: {
-                let mut v = Vec::new();
-                for (i, p) in pipeline.projections.iter().enumerate() {
-                    if p.row.is_some() {
-                        let shape = row::resolve(&client, &pipeline, i).await?;
-                        v.push(row::prepare(&client, &pipeline, shape).await?);
-                    }
-                }
-                v
-            },
+            projections: crate::projection::apply::Prepared::new(&client, &pipeline).await?,
         };
         let partitions = ledger::existing_partitions(&client, &pipeline).await?;
         let version = projset::current_version(&client, &pipeline).await?;
@@ -270,12 +247,7 @@ impl Sink {
             .prepare(&stmt)
             .await
             .map_err(|e| Error::Schema(format!("{e}: {stmt}")))?;
-        for (i, s) in self.prepared.projections.iter_mut().enumerate() {
-            if i != index {
-                *s = None;
-            }
-        }
-        self.prepared.rows.retain(|r| r.shape.index == index);
+        self.prepared.projections.keep_only(index);
         self.build = Some(index);
         Ok(self)
     }
@@ -440,7 +412,9 @@ impl Sink {
             }
         }
         for batch in batches {
-            row::evolve::add_columns(&self.client, &p, &mut self.prepared.rows, batch).await?;
+            (self.prepared.projections)
+                .evolve(&self.client, &p, batch)
+                .await?;
         }
         let generation = p.identity.generation.clone().unwrap_or_default();
         let group = self.group.as_str();
@@ -508,15 +482,12 @@ impl Sink {
             let mut landed =
                 ledger::claim_batch(&tx, &prepared.claim, &p, group, &generation, batch).await?;
 
-            // 3a. Row projections first: they judge stale and conflicting changes (which stay in `landed`) and take
-            // same-state redeliveries (duplicates) out of `landed`.
-            let overrides =
-                row::apply_rows(&tx, &prepared.rows, &p, group, batch, &mut landed).await?;
-
-            // 3b. Projections, only when something landed.
-            if !landed.is_empty() {
-                apply_statements(&tx, &prepared.projections, &p, batch).await?;
-            }
+            // 3. Projections over what was claimed: row projections first — they judge stale and conflicting
+            // changes (which stay in `landed`) and take same-state redeliveries (duplicates) out of `landed` —,
+            // then the others, only when something landed.
+            let overrides = (prepared.projections)
+                .apply(&tx, &p, group, batch, &mut landed)
+                .await?;
 
             // 3c. Dead letters of records that landed now (e.g. by a backfill) are resolved.
             if !landed.is_empty() && self.build.is_none() {

@@ -92,11 +92,7 @@ async fn init_unchecked(client: &mut Client, p: &Pipeline) -> Result<()> {
             super::pin(&tx, &p.postgres.timeouts).await?;
         }
     }
-    for (i, proj) in p.projections.iter().enumerate() {
-        if proj.row.is_some() {
-            super::row::setup(&tx, p, i).await?;
-        }
-    }
+    crate::projection::apply::setup(&tx, p).await?;
     record_projections(&tx, p, start).await?;
     tx.commit().await?;
     check_ledger(client, p).await?;

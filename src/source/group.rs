@@ -905,7 +905,8 @@ impl Group {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(at))
                 .map_err(|e| e.to_string())?;
-            Consumer::commit(&**self.c(), &tpl, rdkafka::consumer::CommitMode::Sync).map_err(|e| e.to_string())
+            Consumer::commit(&**self.c(), &tpl, rdkafka::consumer::CommitMode::Sync)
+                .map_err(|e| e.to_string())
         };
         let detail = match check() {
             Ok(()) => {

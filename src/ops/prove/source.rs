@@ -65,7 +65,10 @@ impl Ack for KafkaAck {
     }
     fn commit(&self, offsets: &Offsets, _mode: CommitMode) {
         let offsets = crate::source::kafka::offset_list(offsets);
-        if let Err(e) = self.consumer.commit(&offsets, rdkafka::consumer::CommitMode::Sync) {
+        if let Err(e) = self
+            .consumer
+            .commit(&offsets, rdkafka::consumer::CommitMode::Sync)
+        {
             tracing::warn!("prove: committing offsets on the scratch cluster: {e}");
         }
     }

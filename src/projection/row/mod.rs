@@ -36,7 +36,7 @@ pub use change::{
 pub use fold::apply;
 pub use plan::{Keyless, RowPlan, TombstoneMode, TruncatePolicy, VersionPlan};
 pub use statements::{prepare, Prepared, MAX_ENTITY_LOCKS};
-pub use table::{create_conflicts, resolve, setup, Shape, CONFLICTS, TRUNCATES};
+pub use table::{conflicts_table, create_conflicts, resolve, setup, Shape, CONFLICTS, TRUNCATES};
 pub use types::{ColumnSpec, Kind, SqlType, Unit};
 
 use std::collections::{BTreeSet, HashMap, HashSet};

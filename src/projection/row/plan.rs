@@ -122,6 +122,17 @@ pub struct RowPlan {
     pub keyless: Keyless,
 }
 
+impl RowPlan {
+    /// Where this projection keeps its tombstones: its tombstone table, every row of it (`tombstones = "table"`),
+    /// or its own table, the rows whose `_deleted_at` is set (`"column"`) — `(qualified table, SQL condition)`.
+    pub fn tombstone_rows(&self) -> (String, &'static str) {
+        match self.tombstones {
+            TombstoneMode::Table => (self.tombstone_table.to_string(), "true"),
+            TombstoneMode::Column => (self.table.to_string(), "_deleted_at IS NOT NULL"),
+        }
+    }
+}
+
 impl std::fmt::Debug for RowPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RowPlan")

@@ -12,6 +12,12 @@ use crate::ident::{Ident, QualifiedName};
 /// Name of the conflicts table (in the pipeline schema).
 pub const CONFLICTS: &str = "replaysafe_conflicts";
 
+/// The qualified conflicts table ([`CONFLICTS`]) of a pipeline with a row projection; `None` without one (it has
+/// no conflicts). The table is shared by the pipelines of a schema: its rows name their projection.
+pub fn conflicts_table(p: &Pipeline) -> Option<String> {
+    (p.projections.iter().any(|x| x.row.is_some())).then(|| p.table(CONFLICTS).to_string())
+}
+
 /// Name of the truncate table (in the pipeline schema): one row per truncate applied, per projection; the
 /// newest is the projection's *truncate watermark* (source-position versions older than it are stale on every
 /// entity, also ones that arrive later from another partition).
