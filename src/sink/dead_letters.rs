@@ -347,7 +347,7 @@ fn tolerance_message(
 /// projections (docs/reference.md "Accounting"), so [`resolve_statement`] resolved it in this transaction already: its
 /// `resolved_by` is replaced here (`resolved_at = now()`, the transaction's start, marks this transaction's).
 ///
-/// A stale record whose values a row projection's stored (newer) row lacks ([`superseded_columns`]: the row
+/// A stale record whose values a row projection's stored (newer) row lacks ([`crate::projection::row::superseded::columns`]: the row
 /// projection replaces whole rows, so the older event's columns can no longer be applied) is not resolved: it
 /// stays unresolved with reason [`SUPERSEDED`] and a detail naming the columns not applied (case C50). A second
 /// replay finds its ledger claim (a `duplicate`) and leaves it so: it is never resolved while its data is missing.
@@ -369,7 +369,7 @@ pub(super) async fn settle_replayed(
         .filter(|(_, o)| matches!(o, Outcome::Stale { conflict: false }))
         .map(|(i, _)| i.offset)
         .collect();
-    let missing = superseded_columns(tx, p, batch, &stale).await?;
+    let missing = crate::projection::row::superseded::columns(tx, p, batch, &stale).await?;
     let mut offsets = Vec::new();
     let mut by: Vec<Option<String>> = Vec::new();
     let mut reasons: Vec<Option<&str>> = Vec::new();
@@ -440,89 +440,3 @@ pub(super) async fn settle_replayed(
 /// The `reason` of a replayed dead letter that a row projection judged stale while its stored, newer row lacks
 /// columns the dead letter carries ([`settle_replayed`]); not a quarantine reason (the record is claimed).
 pub const SUPERSEDED: &str = "superseded";
-
-/// For the stale records `stale` (offsets) of a replay batch: the columns of a JSON-mode row projection that
-/// the record carries (not NULL in `pg_temp.landed`) and its entity's stored row holds as NULL — the record
-/// reached that projection (its filter passed), the row is live (not a `_deleted_at` tombstone), and key and
-/// version columns aside. Keyed by offset; columns in projection, then column order; projections whose columns
-/// come from the catalog (Debezium) are not looked at.
-///
-/// # Errors
-/// As [`classify`].
-async fn superseded_columns(
-    tx: &Transaction<'_>,
-    p: &Pipeline,
-    batch: &Batch,
-    stale: &[i64],
-) -> Result<std::collections::BTreeMap<i64, Vec<String>>, ApplyError> {
-    let mut out: std::collections::BTreeMap<i64, Vec<String>> = Default::default();
-    if stale.is_empty() {
-        return Ok(out);
-    }
-    for proj in &p.projections {
-        let Some(sql) = superseded_sql(p, proj) else {
-            continue;
-        };
-        let rows = tx
-            .query(&sql, &[&batch.topic, &batch.partition, &stale])
-            .await
-            .map_err(|e| classify(e, false))?;
-        for r in rows {
-            let cols: Vec<Option<String>> = r.get(1);
-            out.entry(r.get(0))
-                .or_default()
-                .extend(cols.into_iter().flatten());
-        }
-    }
-    out.retain(|_, c| !c.is_empty());
-    Ok(out)
-}
-
-/// The query of [`superseded_columns`] for one projection (`$1` topic, `$2` partition, `$3` offsets): one row
-/// per stale record that found its entity, with the names of the columns missing there (NULLs for the others);
-/// `None` for a projection that is not a JSON-mode row projection.
-fn superseded_sql(p: &Pipeline, proj: &crate::projection::ProjectionPlan) -> Option<String> {
-    use crate::projection::row::plan::{TombstoneMode, VersionPlan};
-    let row = proj.row.as_ref()?;
-    let VersionPlan::Field(version) = row.version else {
-        return None;
-    };
-    let columns = row.columns.as_ref()?;
-    let field = |c: &crate::projection::row::types::ColumnSpec| c.field.map(|i| &p.fields[i].name);
-    let mut join = Vec::new();
-    for k in &row.key {
-        let c = columns.iter().find(|c| &c.name == k)?;
-        join.push(format!(
-            "t.{k}::pg_catalog.text = l.{}::pg_catalog.text",
-            field(c)?
-        ));
-    }
-    let checks: Vec<String> = columns
-        .iter()
-        .filter(|c| !row.key.contains(&c.name) && c.field != Some(version))
-        .filter_map(|c| {
-            let f = field(c)?;
-            let name = c.name.as_str();
-            Some(format!(
-                "CASE WHEN l.{f} IS NOT NULL AND t.{} IS NULL THEN '{name}' END",
-                c.name
-            ))
-        })
-        .collect();
-    if checks.is_empty() || join.is_empty() {
-        return None;
-    }
-    if let Some(i) = proj.pass_column {
-        join.push(format!("l.\"_pass_{i}\""));
-    }
-    if row.tombstones == TombstoneMode::Column {
-        join.push("t._deleted_at IS NULL".into());
-    }
-    Some(format!(
-        "SELECT l._offset, ARRAY[{}]::pg_catalog.text[] FROM pg_temp.landed l JOIN {} t ON {} \
-         WHERE l._topic = $1 AND l._partition = $2 AND l._offset = ANY($3::bigint[]) ORDER BY l._offset",
-        checks.join(", "),
-        row.table,
-        join.join(" AND ")
-    ))
-}

@@ -26,6 +26,7 @@ pub mod plan;
 mod redelivery;
 pub mod state;
 pub mod statements;
+pub mod superseded;
 pub mod table;
 pub mod types;
 pub mod write;
