@@ -6,30 +6,13 @@
 
 use crate::decode::{Reason, Rejection};
 use crate::error::{Error, Result};
-use crate::model::{Batch, Outcome, Pending};
+use crate::model::{Batch, Pending};
 use crate::sink::Sink;
 
-/// What became of a batch.
-#[derive(Debug)]
-pub enum Applied {
-    /// Committed; one outcome per item.
-    Committed(Vec<Outcome>),
-    /// Another owner holds the partition now; nothing was written.
-    Fenced,
-    /// The checkpoint row still carries our fence but its next offset is not where our batches left it
-    /// (`next offset to read` it holds): the last commits were lost behind our back — what a failover to an
-    /// asynchronous replica, or a restored backup, does. Nothing was written; the partition is read again from
-    /// the checkpoint (the ledger makes the re-read harmless). Case C37.
-    Rewound(i64),
-    /// Not tried: an earlier batch of its partition in the same flush was fenced or rewound, or the lane
-    /// failed. Nothing was written.
-    Skipped,
-}
+pub use crate::engine::retry::Applied;
 
 pub use crate::engine::retry::backoff;
 use crate::engine::retry::{self, postgres_of, Ended, Subject};
-
-pub use crate::engine::txapply::apply_transaction;
 
 /// Applies `batch`, retrying transient failures until `give_up()` says stop ([`retry::drive`]: a lost COMMIT
 /// reply is resolved through the checkpoint); a record that cannot be applied is quarantined and the batch tried

@@ -292,7 +292,7 @@ async fn apply_lane(
         }
         let r = match &c.tx {
             Some(parts) if c.check => Ok(crate::engine::txapply::check(sink, parts).await),
-            Some(parts) => crate::engine::apply::apply_transaction(sink, parts, give_up).await,
+            Some(parts) => crate::engine::txapply::apply_transaction(sink, parts, give_up).await,
             None => apply_batch(sink, &c.batch, give_up).await,
         };
         match &r {

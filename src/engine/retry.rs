@@ -15,6 +15,23 @@ use crate::error::{Error, Result};
 use crate::model::{ApplyError, Batch, Outcome, Pending};
 use crate::sink::Sink;
 
+/// What became of a batch.
+#[derive(Debug)]
+pub enum Applied {
+    /// Committed; one outcome per item.
+    Committed(Vec<Outcome>),
+    /// Another owner holds the partition now; nothing was written.
+    Fenced,
+    /// The checkpoint row still carries our fence but its next offset is not where our batches left it
+    /// (`next offset to read` it holds): the last commits were lost behind our back — what a failover to an
+    /// asynchronous replica, or a restored backup, does. Nothing was written; the partition is read again from
+    /// the checkpoint (the ledger makes the re-read harmless). Case C37.
+    Rewound(i64),
+    /// Not tried: an earlier batch of its partition in the same flush was fenced or rewound, or the lane
+    /// failed. Nothing was written.
+    Skipped,
+}
+
 /// Backoff before retry number `attempt` (1 = the first retry): 100 ms doubling to 5 s.
 pub fn backoff(attempt: u32) -> Duration {
     Duration::from_millis((100u64 << attempt.min(6)).min(5_000))

@@ -7,8 +7,7 @@
 //! run goes on.
 
 use crate::decode::{Reason, Rejection};
-use crate::engine::apply::Applied;
-use crate::engine::retry::{self, Ended, Subject};
+use crate::engine::retry::{self, Applied, Ended, Subject};
 use crate::error::{Error, Result};
 use crate::model::{ApplyError, Batch, Pending};
 use crate::sink::Sink;
