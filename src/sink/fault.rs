@@ -69,9 +69,13 @@ pub async fn cut(client: &tokio_postgres::Client) -> Option<tokio_postgres::Erro
 
 /// Test builds (`REPLAYSAFE_FAILPOINTS=hold-before-db-commit=1*return(/path/to/file)`): a batch transaction
 /// holds before its COMMIT, every lock it took still held, until the file `release` exists — so a test can
-/// queue another session behind it without racing a timer. Bounded: after 120 s the batch goes on anyway.
+/// queue another session behind it without racing a timer. On entering the hold it writes `<release>.held`, so a
+/// test can wait for the batch to be held. Bounded: after 120 s the batch goes on anyway.
 #[cfg(feature = "failpoints")]
 pub fn hold_until(release: &std::path::Path) {
+    let mut held = release.as_os_str().to_owned();
+    held.push(".held");
+    let _ = std::fs::write(held, "");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !release.exists() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));

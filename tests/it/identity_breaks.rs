@@ -582,7 +582,7 @@ fn a_topic_recreated_during_a_rebalance_stops_both_workers() {
 }
 
 /// Break-it: the topic re-created while a batch of the old log is in flight (its transaction held before COMMIT
-/// by the `before-db-commit` failpoint). The old log's batch commits (its records are the old log's); the worker
+/// by the `hold-before-db-commit` failpoint until the new log has records). The old log's batch commits (its records are the old log's); the worker
 /// stops with exit 7; nothing of the new log applied; the checkpoint is where the old log's records end.
 #[test]
 fn a_topic_recreated_while_a_batch_is_in_flight_lets_only_the_old_logs_batch_commit() {
@@ -595,19 +595,20 @@ fn a_topic_recreated_while_a_batch_is_in_flight_lets_only_the_old_logs_batch_com
         &[event(700, "o-700", t0), event(701, "o-701", t0 + 1)],
     );
     let (_, a) = crate::log_identity::ids_of(&p, &brokers(), &topic);
-    let slow = [("REPLAYSAFE_FAILPOINTS", "before-db-commit=sleep(4000)")];
+    let release = p.dir.path().join("release");
+    let hold = format!("hold-before-db-commit=1*return({})", release.display());
     let mut child = spawn(
         &["run", "--config", arg(&p.path)],
-        &slow,
+        &[("REPLAYSAFE_FAILPOINTS", hold.as_str())],
         p.dir.path(),
         "run",
     );
     let err_path = p.dir.path().join("run.err");
-    wait_until(Duration::from_secs(60), "the partition assigned", || {
-        std::fs::read_to_string(&err_path).is_ok_and(|e| e.contains("partition assigned"))
+    // The first batch (offsets 0, 1) is held before its COMMIT.
+    let held = p.dir.path().join("release.held");
+    wait_until(Duration::from_secs(60), "the first batch held", || {
+        held.exists()
     });
-    // The first batch (offsets 0, 1) is sleeping before its COMMIT now.
-    std::thread::sleep(Duration::from_millis(500));
     delete_topic(&topic);
     create_topic(&topic, 1, &[]);
     let new: Vec<Rec> = (0..6u32)
@@ -615,6 +616,7 @@ fn a_topic_recreated_while_a_batch_is_in_flight_lets_only_the_old_logs_batch_com
         .collect();
     produce(&topic, &new);
     let (_, b) = crate::log_identity::ids_of(&p, &brokers(), &topic);
+    std::fs::write(&release, "").unwrap();
     let code = exit_within(&mut child, Duration::from_secs(120));
     let err = std::fs::read_to_string(&err_path).unwrap();
     eprintln!("code {code:?}\n{err}");
