@@ -263,7 +263,10 @@ async fn stops(tx: &Transaction<'_>, p: &Pipeline) -> Result<Vec<(String, i32, i
             &[&generation, &p.kafka.topics],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
 }
 
 /// A record read back: its coordinates and its delivery key (generation left out).
@@ -299,7 +302,10 @@ fn redeliveries(
         let generation = p.identity.generation.clone().unwrap_or_default();
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             vec![&generation, &topics, &parts, &offsets];
-        params.extend(keys.iter().map(|k| k as &(dyn tokio_postgres::types::ToSql + Sync)));
+        params.extend(
+            keys.iter()
+                .map(|k| k as &(dyn tokio_postgres::types::ToSql + Sync)),
+        );
         for r in rt.block_on(tx.query(&sql, &params))? {
             let e = out.entry(r.get(0)).or_insert((0, BigDecimal::zero()));
             e.0 += r.get::<_, i64>(1);
@@ -337,7 +343,11 @@ fn key_fields(p: &Pipeline) -> Vec<usize> {
 fn lookup(p: &Pipeline, t: &Target) -> String {
     let fields = key_fields(p);
     let mut names = vec!["_t".to_string(), "_p".into(), "_o".into()];
-    let mut arrays = vec!["$2::text[]".to_string(), "$3::int4[]".into(), "$4::int8[]".into()];
+    let mut arrays = vec![
+        "$2::text[]".to_string(),
+        "$3::int4[]".into(),
+        "$4::int8[]".into(),
+    ];
     let mut on = vec!["l.generation = $1".to_string()];
     for (j, &i) in fields.iter().enumerate() {
         names.push(format!("_k{j}"));
@@ -449,7 +459,10 @@ fn covered(t: &Target, ours: &Values, theirs: &Values) -> (Option<(String, Strin
     let (Some((lo_o, hi_o)), Some((lo_t, hi_t))) = (bounds(ours), bounds(theirs)) else {
         return (None, String::new());
     };
-    let (lo, hi) = (lo_o.clone().max(lo_t.clone()), hi_o.clone().min(hi_t.clone()));
+    let (lo, hi) = (
+        lo_o.clone().max(lo_t.clone()),
+        hi_o.clone().min(hi_t.clone()),
+    );
     let outside = |v: &Values| {
         v.values()
             .filter(|(d, _)| {
@@ -599,7 +612,8 @@ fn table(
         Some((lo, hi)) if DayKey::of(lo) > DayKey::of(hi) => "days compared: none\n".to_string(),
         Some((lo, hi)) => format!("days compared: {lo} … {hi} (both tables cover them)\n"),
         None if t.day_index.is_some() => "days compared: none\n".to_string(),
-        None => "compared: the whole tables (the partition-by field is not a group-by column)\n".to_string(),
+        None => "compared: the whole tables (the partition-by field is not a group-by column)\n"
+            .to_string(),
     };
     let width = differ
         .iter()
@@ -655,4 +669,111 @@ fn lacks(t: &Target) -> Option<String> {
             t.ledger_lacks.join(", ")
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"
+[kafka]
+group-id = "g"
+topics = ["t"]
+[postgres]
+schema = "s"
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+day = { path = "/occurred_at", type = "date" }
+customer_id = { path = "/customer_id", type = "text" }
+amount = { path = "/amount", type = "numeric" }
+[identity]
+key = ["event_id"]
+partition-by = "day"
+[ledger]
+columns = ["customer_id"]
+[[projection]]
+kind = "counter"
+table = "daily_counts"
+group-by = ["day", "customer_id"]
+"#;
+
+    fn values(rows: &[(&str, &str, i64)]) -> Values {
+        rows.iter()
+            .map(|(k, d, v)| (k.to_string(), (d.to_string(), BigDecimal::from(*v))))
+            .collect()
+    }
+
+    #[test]
+    fn a_difference_is_explained_only_by_exactly_its_redeliveries() {
+        let p = crate::config::parse("p.toml", TEXT).unwrap();
+        let t = aggregate_target(&p, "daily_counts", None).unwrap();
+        let ours = values(&[
+            ("a", "2024-04-25", 4),
+            ("b", "2024-04-25", 3),
+            ("c", "2024-04-25", 1),
+        ]);
+        let theirs = values(&[
+            ("a", "2024-04-25", 6),
+            ("b", "2024-04-25", 5),
+            ("d", "2024-04-25", 2),
+        ]);
+        let r: BTreeMap<String, (i64, BigDecimal)> = [
+            ("a".to_string(), (2, BigDecimal::zero())),
+            ("b".to_string(), (1, BigDecimal::zero())),
+        ]
+        .into();
+        let d = judge(&t, &ours, &theirs, None, Some(&r));
+        let got: Vec<(&str, bool, &str)> = d
+            .iter()
+            .map(|x| (x.key.as_str(), x.explained, x.why.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", true, "explained: 2 redeliveries (same event id at other offsets)"),
+                (
+                    "b",
+                    false,
+                    "not explained: 1 redelivery (same event id at other offsets) add 1, 1 unexplained"
+                ),
+                ("c", false, "not explained: no redelivery of its claims in the topic"),
+                ("d", false, "not explained: no redelivery of its claims in the topic"),
+            ]
+        );
+        assert_eq!(
+            (d[2].theirs.as_deref(), d[2].difference.as_str()),
+            (None, "-1")
+        );
+        // The ledger lacking a group-by field: nothing is attributed.
+        let d = judge(&t, &ours, &theirs, None, None);
+        assert!(
+            d.iter().all(|x| !x.explained && x.why.contains("unknown")),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn only_the_days_both_tables_cover_are_compared() {
+        let p = crate::config::parse("p.toml", TEXT).unwrap();
+        let t = aggregate_target(&p, "daily_counts", None).unwrap();
+        let ours = values(&[("x", "2024-04-25", 1), ("y", "2024-04-27", 1)]);
+        let theirs = values(&[
+            ("z", "2024-04-20", 9),
+            ("x", "2024-04-25", 2),
+            ("w", "2024-04-26", 1),
+        ]);
+        let (range, line) = covered(&t, &ours, &theirs);
+        assert_eq!(range, Some(("2024-04-25".into(), "2024-04-26".into())));
+        assert!(
+            line.contains("1 row(s) of the table, 1 of the projection"),
+            "{line}"
+        );
+        let keys: Vec<String> = judge(&t, &ours, &theirs, range.as_ref(), None)
+            .into_iter()
+            .map(|d| d.key)
+            .collect();
+        assert_eq!(keys, ["w", "x"]);
+        let (_, line) = covered(&t, &values(&[("x", "2024-05-01", 1)]), &theirs);
+        assert!(line.starts_with("no day in common"), "{line}");
+    }
 }

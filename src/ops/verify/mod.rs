@@ -192,7 +192,9 @@ fn aggregate_target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<T
             .collect(),
         column: names[i].to_string(),
         kind: proj.kind,
-        day: day.map(|d| p.fields[d].name.to_string()).unwrap_or_default(),
+        day: day
+            .map(|d| p.fields[d].name.to_string())
+            .unwrap_or_default(),
         day_index: day.and_then(|d| agg.group_by.iter().position(|&g| g == d)),
         projection: proj.name.clone(),
         ledger: p.ledger.table.to_string(),
