@@ -54,7 +54,8 @@ pub enum Command {
     Backfill(crate::cmd::backfill::BackfillArgs),
     /// Zero a window of event days in the aggregates and the ledger, then replay it under a fresh group.
     Rebuild(crate::cmd::rebuild::RebuildArgs),
-    /// Check that an aggregate changed by exactly what a backfill reported.
+    /// Check that an aggregate changed by exactly what a backfill reported; compare your own table with a
+    /// shadow projection.
     Verify {
         #[command(subcommand)]
         command: crate::cmd::verify::VerifyCommand,

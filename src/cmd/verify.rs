@@ -1,11 +1,12 @@
-//! `replaysafe verify snapshot | diff`: check that an aggregate changed by exactly what a backfill reported.
+//! `replaysafe verify snapshot | diff | compare`: check that an aggregate changed by exactly what a backfill
+//! reported; compare a table another consumer writes with a projection.
 
 use std::path::PathBuf;
 
 use clap::Subcommand;
 use replaysafe::ops::{self, backfill::Report};
 
-use crate::cmd::resolve::{read_json, write_json};
+use crate::cmd::resolve::{brokers, read_json, write_json};
 
 #[derive(Subcommand)]
 pub enum VerifyCommand {
@@ -37,6 +38,29 @@ pub enum VerifyCommand {
         #[arg(long)]
         expect: PathBuf,
     },
+    /// Compare a table your own consumer writes with the shadow pipeline's counter or sum projection, per
+    /// group-by key over the days both cover: every row that differs, the totals, and whether each difference
+    /// is the redeliveries of its events (the same delivery key at other offsets, read back from the topic up to
+    /// the checkpoints and looked up in the ledger). Exit 0 when they agree, 1 when rows differ, 2 when the
+    /// table cannot be compared (docs/switching.md "From a hand-made consumer: shadow, compare, switch").
+    Compare {
+        /// The shadow pipeline file.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The shadow pipeline's counter or sum projection (its table or name).
+        #[arg(long)]
+        table: String,
+        /// Your table: `schema.table`, or `table` through the database's search_path. It has the projection's
+        /// group-by columns and value column, named alike.
+        #[arg(long = "with")]
+        with: String,
+        /// The value column to compare (needed when a sum projection has several).
+        #[arg(long)]
+        column: Option<String>,
+        /// Kafka bootstrap servers; overrides the file and KAFKA_BROKERS.
+        #[arg(long)]
+        brokers: Option<String>,
+    },
 }
 
 /// Saves a snapshot, or compares the table with one and a backfill report.
@@ -55,6 +79,31 @@ pub fn run(command: VerifyCommand) -> anyhow::Result<()> {
             let snap =
                 ops::verify::snapshot(&config, &table, column.as_deref(), filter.as_deref())?;
             write_json(&snap, Some(&output))
+        }
+        VerifyCommand::Compare {
+            config,
+            table,
+            with,
+            column,
+            brokers: flag,
+        } => {
+            let p = replaysafe::config::load(&config)?;
+            let opts = ops::verify::CompareOptions {
+                table,
+                column,
+                with,
+                brokers: brokers(&p, flag)?,
+            };
+            let out = ops::verify::compare(&p, &opts)?;
+            print!("{}", out.table);
+            match out.differ.is_empty() {
+                true => Ok(()),
+                false => Err(anyhow::anyhow!(
+                    "{} row(s) differ between the table and the projection ({} explained by redeliveries)",
+                    out.differ.len(),
+                    out.differ.iter().filter(|d| d.explained).count()
+                )),
+            }
         }
         VerifyCommand::Diff { before, expect } => {
             let before = ops::verify::read_snapshot(&before)?;

@@ -120,6 +120,8 @@ mod same_state_copies;
 mod sasl;
 // No secret reaches the output: URLs, registry credentials, properties, client keys.
 mod secrets;
+// Issue 42: a shadow pipeline beside a hand-made consumer, `verify compare` naming its redeliveries.
+mod shadow;
 // `stale` is a row projection's judgement about its own table, not a verdict on the event.
 mod stale;
 // Where a partition starts without a checkpoint: added partitions, changed generations, fenced starts.

@@ -11,6 +11,7 @@
 //! its day's claims allow ([`rows`]).
 
 mod account;
+mod compare;
 mod rows;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,7 @@ use crate::projection::ProjectionKind;
 use crate::sink;
 
 pub use account::{account, Day, Mismatch, Outcome};
+pub use compare::{compare, CompareOptions, Comparison, RowDiff};
 pub use rows::RowMismatch;
 
 /// The snapshot file's format: 2 adds the per-row ledger claims (`row_claims`, `ledger_lacks`). A file of
@@ -99,6 +101,7 @@ struct Target {
     group_by: Vec<String>,
     column: String,
     kind: ProjectionKind,
+    /// The partition-by field (quoted; empty without one).
     day: String,
     ledger: String,
     /// Sum: the added field, when the ledger holds it.
@@ -109,10 +112,33 @@ struct Target {
     ledger_lacks: Vec<String>,
     /// The partition-by field's SQL type.
     day_type: &'static str,
+    /// The partition-by field's position among `group_by` (`None`: not a group-by column).
+    day_index: Option<usize>,
+    /// The projection's `name`.
+    projection: String,
 }
 
-/// Finds the counter or sum projection writing `table` and its value `column` (needed when it has several).
+/// Finds the counter or sum projection writing `table` and its value `column` (needed when it has several), grouped
+/// by the partition-by field (`verify snapshot` and `diff` account per day).
 fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
+    let t = aggregate_target(p, table, column)?;
+    if p.identity.partition_by.is_none() {
+        return Err(Error::Usage(
+            "verify compares per day: the pipeline needs `identity.partition-by`".into(),
+        ));
+    }
+    if t.day_index.is_none() {
+        return Err(Error::Usage(format!(
+            "projection `{}` is not grouped by the partition-by field",
+            t.projection
+        )));
+    }
+    Ok(t)
+}
+
+/// [`target`] without the per-day requirement: `day_index` says whether the partition-by field is a group-by
+/// column (`verify compare` then compares the days both tables cover, else the whole tables).
+fn aggregate_target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
     let (proj, agg) = p
         .projections
         .iter()
@@ -138,15 +164,7 @@ fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
                 "`{table}` is not the table of a counter or sum projection of this pipeline; {choose}"
             ))
         })?;
-    let day = p.identity.partition_by.ok_or_else(|| {
-        Error::Usage("verify compares per day: the pipeline needs `identity.partition-by`".into())
-    })?;
-    if !agg.group_by.contains(&day) {
-        return Err(Error::Usage(format!(
-            "projection `{}` is not grouped by the partition-by field",
-            proj.name
-        )));
-    }
+    let day = p.identity.partition_by;
     let names: Vec<&str> = agg.values.iter().map(|v| v.as_str()).collect();
     let i = match column {
         Some(c) => names.iter().position(|n| *n == c),
@@ -174,7 +192,11 @@ fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
             .collect(),
         column: names[i].to_string(),
         kind: proj.kind,
-        day: p.fields[day].name.to_string(),
+        day: day
+            .map(|d| p.fields[d].name.to_string())
+            .unwrap_or_default(),
+        day_index: day.and_then(|d| agg.group_by.iter().position(|&g| g == d)),
+        projection: proj.name.clone(),
         ledger: p.ledger.table.to_string(),
         ledger_sum,
         exact: proj.filter.is_none()
@@ -185,7 +207,7 @@ fn target(p: &Pipeline, table: &str, column: Option<&str>) -> Result<Target> {
             .filter(|i| !held.contains(i))
             .map(|&i| p.fields[i].name.as_str().to_string())
             .collect(),
-        day_type: p.fields[day].ty.sql(),
+        day_type: day.map_or("date", |d| p.fields[d].ty.sql()),
     })
 }
 
