@@ -102,7 +102,11 @@ pub fn compare(p: &Pipeline, opts: &CompareOptions) -> Result<Comparison> {
             .read_only(true)
             .start(),
     )?;
-    rt.block_on(tx.batch_execute("SET LOCAL statement_timeout = 0"))?;
+    // The snapshot stays open while the topic is read back (each partition's wait for a record bounded at 30 s):
+    // no statement bound, and an idle bound above that wait instead of the pipeline's (20 s by default).
+    rt.block_on(tx.batch_execute(
+        "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = '120s'",
+    ))?;
     let theirs = rt.block_on(resolve(&tx, &t, &opts.with))?;
     let ours = rt.block_on(read(&tx, &t, &t.table, &[]))?;
     let ours_cols = rt.block_on(columns(&tx, &t.table))?;
