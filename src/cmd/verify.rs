@@ -39,7 +39,7 @@ pub enum VerifyCommand {
         expect: PathBuf,
     },
     /// Compare a table your own consumer writes with the shadow pipeline's counter or sum projection, per
-    /// group-by key over the days both cover: every row that differs, the totals, and whether each difference
+    /// group-by key from the later of the two first days on: every row that differs, the totals, and whether each difference
     /// is the redeliveries of its events (the same delivery key at other offsets, read back from the topic up to
     /// the checkpoints and looked up in the ledger). Exit 0 when they agree, 1 when rows differ, 2 when the
     /// table cannot be compared (docs/switching.md "From a hand-made consumer: shadow, compare, switch").
@@ -50,7 +50,7 @@ pub enum VerifyCommand {
         /// The shadow pipeline's counter or sum projection (its table or name).
         #[arg(long)]
         table: String,
-        /// Your table: `schema.table`, or `table` through the database's search_path. It has the projection's
+        /// Your table, `schema.table`. It has the projection's
         /// group-by columns and value column, named alike.
         #[arg(long = "with")]
         with: String,

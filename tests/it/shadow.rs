@@ -141,6 +141,23 @@ fn compare_names_the_rows_a_hand_made_consumer_counted_twice_as_redeliveries() {
     // fields and the summed field.
     let text = format!("{SEED}\n[ledger]\ncolumns = [\"customer_id\", \"amount\"]\n");
     let shadow = pipeline(&text, &topic, &unique("shadow"), &db.schema);
+    // Before the shadow ran: refused, saying so (no table yet; then, after init, no checkpoint).
+    let with = format!("{}.daily_counts", theirs.schema);
+    let out = compare(&shadow, "daily_counts", &with);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("does not exist: run `replaysafe run"),
+        "{}",
+        out.stderr
+    );
+    replaysafe(&["init", "--config", arg(&shadow.path)]).assert_ok();
+    let out = compare(&shadow, "daily_counts", &with);
+    assert_eq!(out.code, Some(2), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("has consumed nothing yet"),
+        "{}",
+        out.stderr
+    );
     let t = run_caught_up(&shadow.path).tally();
     assert_eq!((t.landed, t.duplicate), (48, 4), "{t:?}");
 
@@ -191,7 +208,7 @@ fn compare_names_the_rows_a_hand_made_consumer_counted_twice_as_redeliveries() {
         out.stdout.contains("days compared: 2024-04-25 … 2024-04-27")
             && out
                 .stdout
-                .contains("not compared (outside the days both cover): 1 row(s) of the table, 0 of the projection"),
+                .contains("not compared (before the later first day of the two): 1 row(s) of the table, 0 of the projection"),
         "{}",
         out.stdout
     );
@@ -245,6 +262,37 @@ fn compare_names_the_rows_a_hand_made_consumer_counted_twice_as_redeliveries() {
     let out = compare(&shadow, "daily_counts", "no_such_schema.daily_counts");
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("no such table"), "{}", out.stderr);
+    // A bare name is refused (the sessions pin their own search_path): the schema is asked for.
+    let out = compare(&shadow, "daily_counts", "daily_counts");
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("name its schema (e.g. `public.daily_counts`)"),
+        "{}",
+        out.stderr
+    );
+
+    // A table that lost the newest day (2024-04-27) differs on every row of it; rows with a NULL customer
+    // are each their own row, named `(null)`; a row of 0 the projection lacks is no difference.
+    theirs.execute(&format!(
+        "CREATE TABLE {{s}}.lost AS SELECT day, customer_id, n FROM \"{}\".daily_counts \
+         WHERE day < '2024-04-27'; INSERT INTO {{s}}.lost VALUES ('2024-04-25', NULL, 7), \
+         ('2024-04-26', NULL, 9), ('2024-04-26', 'c-9', 0)",
+        db.schema
+    ));
+    let newest: Vec<String> = db.strings(
+        "SELECT day || '|' || customer_id FROM {s}.daily_counts WHERE day = '2024-04-27' ORDER BY 1",
+    );
+    let out = compare(&shadow, "daily_counts", &format!("{}.lost", theirs.schema));
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    let got: Vec<String> = rows(&out.stdout).into_keys().collect();
+    let mut want = newest.clone();
+    want.extend([
+        "2024-04-25|(null)".to_string(),
+        "2024-04-26|(null)".to_string(),
+    ]);
+    want.sort();
+    assert_eq!(got, want, "{}", out.stdout);
 }
 
 /// The explanation of a row doubled by `n` redeliveries.

@@ -1,5 +1,5 @@
 //! `replaysafe verify compare`: how far a table the user's own consumer writes is from what the topic says — the
-//! shadow pipeline's counter or sum projection —, per group-by key over the days both cover, and which of the
+//! shadow pipeline's counter or sum projection —, per group-by key from the later of the two first days through the newest day of either, and which of the
 //! differences are redeliveries the hand-made consumer counted again.
 //!
 //! One read-only `REPEATABLE READ` transaction (one MVCC snapshot) reads the projection, the user's table, the
@@ -35,7 +35,7 @@ pub struct CompareOptions {
     pub table: String,
     /// Its value column (needed when a sum has several); the user's table has a column of the same name.
     pub column: Option<String>,
-    /// The user's table: `schema.table`, or `table` found through the session's `search_path`.
+    /// The user's table, `schema.table` (a bare name is refused: replaysafe's sessions pin their `search_path`).
     pub with: String,
     /// Kafka bootstrap servers, resolved.
     pub brokers: String,
@@ -79,7 +79,7 @@ struct Theirs {
 type Values = BTreeMap<String, (String, BigDecimal)>;
 
 /// Compares the user's table `opts.with` with the shadow pipeline's projection `opts.table` (see the module
-/// documentation): every key of the days both cover (all keys when the partition-by field is not a group-by
+/// documentation): every key from the later of the two first days through the newest day of either (all keys when the partition-by field is not a group-by
 /// column) whose values differ, each explained by the redeliveries of its claims when they account for the
 /// difference exactly.
 ///
@@ -112,8 +112,23 @@ pub fn compare(p: &Pipeline, opts: &CompareOptions) -> Result<Comparison> {
     let ours_cols = rt.block_on(columns(&tx, &t.table))?;
     let mine = rt.block_on(read(&tx, &t, &theirs.name.to_string(), &ours_cols))?;
     let stops = rt.block_on(stops(&tx, p))?;
+    if stops.is_empty() {
+        return Err(Error::Usage(format!(
+            "the shadow pipeline has consumed nothing yet (no checkpoint of its generation in schema {}): run \
+             `replaysafe run --config …` with the shadow file first, then compare",
+            p.postgres.schema
+        )));
+    }
+    let ids = rt.block_on(stored_topic_ids(&tx, p))?;
     let redelivered = match t.ledger_lacks.is_empty() {
-        true => Some(redeliveries(p, &rt, &tx, &t, &opts.brokers, &stops)?),
+        true => Some(redeliveries(
+            p,
+            &rt,
+            &tx,
+            &t,
+            &opts.brokers,
+            (&stops, &ids),
+        )?),
         false => None,
     };
     rt.block_on(tx.rollback())?;
@@ -132,12 +147,17 @@ pub fn compare(p: &Pipeline, opts: &CompareOptions) -> Result<Comparison> {
     Ok(Comparison { differ, table: out })
 }
 
-/// Resolves the user's table (validated identifiers; a bare name through `search_path`) and checks that it has
+/// Resolves the user's table (validated identifiers, schema-qualified) and checks that it has
 /// the projection's group-by columns and value column.
 async fn resolve(tx: &Transaction<'_>, t: &Target, with: &str) -> Result<Theirs> {
     let bad = |m: String| Error::Usage(format!("--with `{}`: {m}", escape_controls(with)));
     let quoted = match with.split('.').collect::<Vec<_>>().as_slice() {
-        [name] => Ident::new(name).map_err(bad)?.to_string(),
+        [name] => {
+            Ident::new(name).map_err(bad)?;
+            return Err(bad(format!(
+                "name its schema (e.g. `public.{name}`): replaysafe's sessions pin their own search_path"
+            )));
+        }
         [s, name] => QualifiedName {
             schema: Ident::new(s).map_err(bad)?,
             name: Ident::new(name).map_err(bad)?,
@@ -152,7 +172,7 @@ async fn resolve(tx: &Transaction<'_>, t: &Target, with: &str) -> Result<Theirs>
             &[&quoted],
         )
         .await?
-        .ok_or_else(|| bad("no such table (a bare name is looked up through search_path)".into()))?;
+        .ok_or_else(|| bad("no such table".into()))?;
     let name = QualifiedName {
         schema: Ident::new(found.get(0)).map_err(bad)?,
         name: Ident::new(found.get(1)).map_err(bad)?,
@@ -228,14 +248,22 @@ async fn read(
         None => "''".to_string(),
     };
     let column = Ident::new(&t.column).map_err(Error::Usage)?;
+    // Each group-by value on its own: a NULL one is named in its place, never merged with other keys.
+    let named: Vec<String> = key
+        .iter()
+        .map(|k| format!("coalesce({k}, '(null)')"))
+        .collect();
     let sql = format!(
-        "SELECT coalesce({k}, '(a null group-by value)'), coalesce({day}, ''), \
-         coalesce(pg_catalog.sum({column}), 0)::text FROM {table} GROUP BY 1, 2",
-        k = key.join(" || '|' || ")
+        "SELECT {k}, coalesce({day}, ''), coalesce(pg_catalog.sum({column}), 0)::text FROM {table} GROUP BY 1, 2",
+        k = named.join(" || '|' || ")
     );
     let rows = tx.query(&sql, &[]).await.map_err(|e| {
         let class = e.code().map(|c| c.code()[..2].to_string());
         match (class.as_deref(), e.as_db_error()) {
+            (_, Some(d)) if cast.is_empty() && d.code().code() == "42P01" => Error::Usage(format!(
+                "the shadow pipeline's table {table} does not exist: run `replaysafe run --config …` with the \
+                 shadow file first, then compare"
+            )),
             (Some("22" | "42"), Some(d)) => Error::Usage(format!(
                 "{table}: its group-by or value columns do not read as the projection's ({}): {}",
                 cast.iter()
@@ -273,6 +301,26 @@ async fn stops(tx: &Transaction<'_>, p: &Pipeline) -> Result<Vec<(String, i32, i
         .collect())
 }
 
+/// The topic id (KIP-516) the shadow's checkpoints recorded per topic, where one was recorded.
+async fn stored_topic_ids(tx: &Transaction<'_>, p: &Pipeline) -> Result<BTreeMap<String, String>> {
+    let generation = p.identity.generation.clone().unwrap_or_default();
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT topic, max(topic_id) FROM {} WHERE generation = $1 AND topic = ANY($2) \
+                 AND topic_id IS NOT NULL GROUP BY 1",
+                p.table(sink::checkpoint::CHECKPOINTS)
+            ),
+            &[&generation, &p.kafka.topics],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The log the shadow read: per partition its stop (the highest checkpoint, next offset to read), and per topic
+/// the topic id its checkpoints recorded.
+type Log<'a> = (&'a [(String, i32, i64)], &'a BTreeMap<String, String>);
+
 /// A record read back: its coordinates and its delivery key (generation left out).
 struct Seen {
     topic: String,
@@ -282,15 +330,17 @@ struct Seen {
 }
 
 /// Per projection row key: the records of the topic (up to `stops`) whose delivery key the ledger holds at
-/// another coordinate — their count and (a sum whose field the ledger holds) the claims' field summed.
+/// another coordinate — their count and (a sum whose field the ledger holds) the claims' field summed. `log`: the
+/// stops and the topic ids the checkpoints recorded ([`stored_topic_ids`]).
 fn redeliveries(
     p: &Pipeline,
     rt: &tokio::runtime::Runtime,
     tx: &Transaction<'_>,
     t: &Target,
     brokers: &str,
-    stops: &[(String, i32, i64)],
+    log: Log<'_>,
 ) -> Result<BTreeMap<String, (i64, BigDecimal)>> {
+    let (stops, ids) = log;
     let sql = lookup(p, t);
     let mut out: BTreeMap<String, (i64, BigDecimal)> = BTreeMap::new();
     let mut add = |chunk: &mut Vec<Seen>| -> Result<()> {
@@ -319,7 +369,7 @@ fn redeliveries(
         Ok(())
     };
     let mut chunk = Vec::with_capacity(CHUNK);
-    scan(p, brokers, stops, |seen| {
+    scan(p, brokers, (stops, ids), |seen| {
         chunk.push(seen);
         match chunk.len() >= CHUNK {
             true => add(&mut chunk),
@@ -380,18 +430,42 @@ fn lookup(p: &Pipeline, t: &Target) -> String {
 
 /// Reads each partition of `stops` from its first offset to its stop with the pipeline's consumer configuration
 /// (read_committed), decodes each record as the engine does and hands on those with a delivery key.
+///
+/// # Errors
+/// [`Error::Usage`] when the log is not the one the shadow read: a topic id other than its checkpoints recorded
+/// (the topic re-created), or a partition whose end is below its checkpoint; Kafka's errors.
 fn scan(
     p: &Pipeline,
     brokers: &str,
-    stops: &[(String, i32, i64)],
+    log: Log<'_>,
     mut each: impl FnMut(Seen) -> Result<()>,
 ) -> Result<()> {
+    let (stops, ids) = log;
     let consumer: BaseConsumer = crate::source::kafka::consumer_config(p, brokers, &[]).create()?;
+    let topics: Vec<String> = ids.keys().cloned().collect();
+    if !topics.is_empty() {
+        let now = crate::source::kafka::log_ids(&consumer, &topics)?;
+        for (topic, stored) in ids {
+            if let Some(id) = now.topic(topic).filter(|id| *id != stored) {
+                return Err(Error::Usage(format!(
+                    "topic {topic} is not the log the shadow read: its topic id is {id}, the shadow's checkpoints \
+                     recorded {stored} (the topic was re-created); run the shadow again into a fresh schema"
+                )));
+            }
+        }
+    }
     let mut tpl = TopicPartitionList::new();
     let mut open: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for (topic, part, stop) in stops {
-        let (low, _) =
+        let (low, high) =
             crate::source::kafka::watermarks(&consumer, topic, *part, Duration::from_secs(30))?;
+        if high < *stop {
+            return Err(Error::Usage(format!(
+                "{topic}/{part} ends at offset {high}, below the shadow's checkpoint {stop}: not the log the \
+                 shadow read (the topic re-created, or its records deleted); run the shadow again into a fresh \
+                 schema"
+            )));
+        }
         if *stop > low {
             tpl.add_partition_offset(topic, *part, Offset::Offset(low))?;
             open.insert((topic.clone(), *part), *stop);
@@ -463,9 +537,11 @@ fn covered(t: &Target, ours: &Values, theirs: &Values) -> (Option<(String, Strin
     let (Some((lo_o, hi_o)), Some((lo_t, hi_t))) = (bounds(ours), bounds(theirs)) else {
         return (None, String::new());
     };
+    // From the later first day (one of them started later, or retention took the older days) to the later
+    // last day: a table missing the newest days while the shadow has them differs.
     let (lo, hi) = (
         lo_o.clone().max(lo_t.clone()),
-        hi_o.clone().min(hi_t.clone()),
+        hi_o.clone().max(hi_t.clone()),
     );
     let outside = |v: &Values| {
         v.values()
@@ -476,17 +552,10 @@ fn covered(t: &Target, ours: &Values, theirs: &Values) -> (Option<(String, Strin
             .count()
     };
     let (o, m) = (outside(ours), outside(theirs));
-    if lo > hi {
-        let line = format!(
-            "no day in common: the projection covers {} … {}, the table {} … {}; nothing compared\n",
-            lo_o.1, hi_o.1, lo_t.1, hi_t.1
-        );
-        return (Some((lo.1, hi.1)), line);
-    }
     let line = match o + m {
         0 => String::new(),
         _ => format!(
-            "not compared (outside the days both cover): {m} row(s) of the table, {o} of the projection\n"
+            "not compared (before the later first day of the two): {m} row(s) of the table, {o} of the projection\n"
         ),
     };
     (Some((lo.1, hi.1)), line)
@@ -530,7 +599,8 @@ fn judge(
         }
         let zero = BigDecimal::zero();
         let (ov, mv) = (o.map_or(&zero, |x| &x.1), m.map_or(&zero, |x| &x.1));
-        if o.is_some() && m.is_some() && ov == mv {
+        // A missing row holds 0: a sum row of 0 on one side only is no difference.
+        if ov == mv {
             continue;
         }
         let diff = mv - ov;
@@ -757,7 +827,7 @@ group-by = ["day", "customer_id"]
     }
 
     #[test]
-    fn only_the_days_both_tables_cover_are_compared() {
+    fn days_from_the_later_first_day_through_the_newest_of_either_are_compared() {
         let p = crate::config::parse("p.toml", TEXT).unwrap();
         let t = aggregate_target(&p, "daily_counts", None).unwrap();
         let ours = values(&[("x", "2024-04-25", 1), ("y", "2024-04-27", 1)]);
@@ -767,17 +837,27 @@ group-by = ["day", "customer_id"]
             ("w", "2024-04-26", 1),
         ]);
         let (range, line) = covered(&t, &ours, &theirs);
-        assert_eq!(range, Some(("2024-04-25".into(), "2024-04-26".into())));
+        // The table lacks the projection's newest day: it is compared (a consumer that lost a day differs).
+        assert_eq!(range, Some(("2024-04-25".into(), "2024-04-27".into())));
         assert!(
-            line.contains("1 row(s) of the table, 1 of the projection"),
+            line.contains("1 row(s) of the table, 0 of the projection"),
             "{line}"
         );
         let keys: Vec<String> = judge(&t, &ours, &theirs, range.as_ref(), None)
             .into_iter()
             .map(|d| d.key)
             .collect();
-        assert_eq!(keys, ["w", "x"]);
-        let (_, line) = covered(&t, &values(&[("x", "2024-05-01", 1)]), &theirs);
-        assert!(line.starts_with("no day in common"), "{line}");
+        assert_eq!(keys, ["w", "x", "y"]);
+        // A row of 0 on one side only is no difference.
+        let zero = values(&[("x", "2024-04-25", 1), ("v", "2024-04-25", 0)]);
+        let (range, _) = covered(&t, &zero, &values(&[("x", "2024-04-25", 1)]));
+        assert!(judge(
+            &t,
+            &zero,
+            &values(&[("x", "2024-04-25", 1)]),
+            range.as_ref(),
+            None
+        )
+        .is_empty());
     }
 }
