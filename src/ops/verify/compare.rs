@@ -121,14 +121,16 @@ pub fn compare(p: &Pipeline, opts: &CompareOptions) -> Result<Comparison> {
     }
     let ids = rt.block_on(stored_topic_ids(&tx, p))?;
     let redelivered = match t.ledger_lacks.is_empty() {
-        true => Some(redeliveries(
-            p,
-            &rt,
-            &tx,
-            &t,
-            &opts.brokers,
-            (&stops, &ids),
-        )?),
+        true => Some(
+            redeliveries(p, &rt, &tx, &t, &opts.brokers, (&stops, &ids)).map_err(|e| match e {
+                // Which brokers, from where: librdkafka's own text names neither.
+                Error::Kafka(k) => Error::Other(format!(
+                "reading the topic back from the brokers {} ([kafka] brokers, or --brokers): {k}",
+                crate::endpoint::mask_urls(&opts.brokers)
+            )),
+                other => other,
+            })?,
+        ),
         false => None,
     };
     rt.block_on(tx.rollback())?;
@@ -457,8 +459,12 @@ fn scan(
     let mut tpl = TopicPartitionList::new();
     let mut open: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for (topic, part, stop) in stops {
-        let (low, high) =
-            crate::source::kafka::watermarks(&consumer, topic, *part, Duration::from_secs(30))?;
+        let (low, high) = crate::source::kafka::watermarks(
+            &consumer,
+            topic,
+            *part,
+            crate::endpoint::connect_timeout(),
+        )?;
         if high < *stop {
             return Err(Error::Usage(format!(
                 "{topic}/{part} ends at offset {high}, below the shadow's checkpoint {stop}: not the log the \
