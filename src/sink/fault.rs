@@ -69,7 +69,8 @@ pub async fn cut(client: &tokio_postgres::Client) -> Option<tokio_postgres::Erro
 
 /// Test builds (`REPLAYSAFE_FAILPOINTS=hold-before-db-commit=1*return(/path/to/file)`): a batch transaction
 /// holds before its COMMIT, every lock it took still held, until the file `release` exists — so a test can
-/// queue another session behind it without racing a timer. On entering the hold it writes `<release>.held`, so a
+/// queue another session behind it without racing a timer (`hold-before-write-start`, the same between a
+/// member's take-over of its partitions and the write of their starts). On entering the hold it writes `<release>.held`, so a
 /// test can wait for the batch to be held. Bounded: after 120 s the batch goes on anyway.
 #[cfg(feature = "failpoints")]
 pub fn hold_until(release: &std::path::Path) {

@@ -567,6 +567,10 @@ impl Ctx {
         // arrived in between (case C17).
         let rt = core.runtime();
         fail::fail_point!("before-write-start");
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(release)) = fail::eval("hold-before-write-start", |path| path) {
+            crate::sink::fault::hold_until(std::path::Path::new(&release));
+        }
         for (tp, fence, start) in &resolved {
             let n = rt.block_on(takeover::write_start(
                 core.sink(),

@@ -482,18 +482,30 @@ fn a_fence_bumped_while_the_start_is_written_is_taken_back_not_fatal() {
         })
         .collect();
     produce(&topic, &recs[..20]);
+    // The worker holds between its take-over and the write of the start until `release` exists: the fence is
+    // bumped in that window whatever the machine's speed.
+    let release = p.dir.path().join("release");
+    let failpoint = format!("hold-before-write-start=1*return({})", release.display());
     let mut w = spawn(
         &["run", "--config", arg(&p.path)],
-        &[("REPLAYSAFE_FAILPOINTS", "before-write-start=1*sleep(4000)")],
+        &[("REPLAYSAFE_FAILPOINTS", failpoint.as_str())],
         p.dir.path(),
         "w",
     );
-    wait_until(Duration::from_secs(60), "the take-over's row", || {
+    wait_until(
+        Duration::from_secs(60),
+        "the worker held before its start",
+        || p.dir.path().join("release.held").exists(),
+    );
+    assert_eq!(
         db.i64(&format!(
             "SELECT count(*) FROM {{s}}.replaysafe_checkpoints WHERE consumer_group = '{group}'"
-        )) == 1
-    });
+        )),
+        1,
+        "the take-over's row"
+    );
     db.execute("UPDATE {s}.replaysafe_checkpoints SET fence = fence + 1");
+    std::fs::write(&release, "").unwrap();
     produce(&topic, &recs[20..]);
     let next = || {
         db.i64(&format!(
