@@ -57,9 +57,13 @@ pass() {
     [ "$enc" = avro ] && line_enc="encoding = \"avro\"\nschema-registry = { url = \"$REGISTRY_URL\" }"
     sed -e "s/{group}/$group/" -e "s/{topic}/bench.cdc.$id.$enc/" -e "s/{schema}/$sch/" \
         -e "s|^{encoding}$|$line_enc|" bench/cdc.toml >"$work/$enc.toml"
-    REPLAYSAFE_LOG=info /usr/bin/time -f '%M' -o "$work/$enc.rss" target/release/replaysafe run --until-caught-up \
+    local c0
+    c0=$(python3 bench/cpu.py snapshot)
+    REPLAYSAFE_LOG=info /usr/bin/time -f '%M %U %S' -o "$work/$enc.rss" target/release/replaysafe run --until-caught-up \
         --config "$work/$enc.toml" >"$work/$enc.out" 2>"$work/$enc.err" || { cat "$work/$enc.err" >&2; exit 1; }
-    R[${enc}_rss_mib]=$(awk '{ printf "%.1f", $1 / 1024 }' "$work/$enc.rss" | tail -n1)
+    R[${enc}_cpu_us]=$(python3 bench/cpu.py per-event "$c0" "$(python3 bench/cpu.py snapshot)" "$N" \
+        "$(tail -n1 "$work/$enc.rss" | awk '{ print $2 + $3 }')")
+    R[${enc}_rss_mib]=$(tail -n1 "$work/$enc.rss" | awk '{ printf "%.1f", $1 / 1024 }')
     line=$(grep 'throughput from first record to last checkpoint commit' "$work/$enc.err" | tail -n1)
     R[${enc}_s]=$(sed -E 's/.*seconds=([0-9.e+-]+).*/\1/' <<<"$line")
     R[${enc}_eps]=$(sed -E 's/.*rate=([0-9.e+-]+).*/\1/' <<<"$line")
@@ -82,6 +86,7 @@ psql -c "DROP SCHEMA IF EXISTS \"$cs\" CASCADE; CREATE SCHEMA \"$cs\"" \
 cols=$(psql -Atc "SELECT string_agg(quote_ident(column_name), ',' ORDER BY ordinal_position) FROM information_schema.columns WHERE table_schema = '$cs' AND table_name = 'accounts'")
 R[ceiling_table_columns]=$cols
 t0=$(now)
+c0=$(python3 bench/cpu.py snapshot)
 psql -c "\\copy \"$cs\".staging FROM '$work/changes.csv' (FORMAT csv)" \
     -c "INSERT INTO \"$cs\".accounts (id, owner, balance, updated_at, _version, _sha256)
         SELECT id, owner, balance, updated_at, ARRAY[commit_lsn, lsn],
@@ -90,6 +95,7 @@ psql -c "\\copy \"$cs\".staging FROM '$work/changes.csv' (FORMAT csv)" \
         ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, balance = excluded.balance,
             updated_at = excluded.updated_at, _version = excluded._version, _sha256 = excluded._sha256"
 t1=$(now)
+R[ceiling_cpu_us]=$(python3 bench/cpu.py per-event "$c0" "$(python3 bench/cpu.py snapshot)" "$N")
 R[ceiling_s]=$(elapsed "$t0" "$t1")
 R[ceiling_eps]=$(awk -v n="$N" -v s="${R[ceiling_s]}" 'BEGIN { printf "%.0f", n / s }')
 R[ceiling_checksum]=$(checksum "\"$cs\".accounts")

@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+from cpu import HEADER, cells, parse
+
 r = dict(line.rstrip("\n").split("\t", 1) for line in sys.stdin if "\t" in line)
 
 
@@ -29,6 +31,7 @@ res = {
             "events_per_s": num(f"{e}_eps"),
             "seconds": num(f"{e}_s"),
             "peak_rss_mib": num(f"{e}_rss_mib"),
+            "cpu_us_per_event": parse(r.get(f"{e}_cpu_us")),
             "tally": r.get(f"{e}_tally"),
             "checksum": r.get(f"{e}_checksum"),
             "over_ceiling": (num(f"{e}_eps") or 0) / ceil if ceil else None,
@@ -36,6 +39,7 @@ res = {
         for e in encodings
     },
     "ceiling": {"events_per_s": ceil, "seconds": num("ceiling_s"), "checksum": r.get("ceiling_checksum"),
+                "cpu_us_per_event": parse(r.get("ceiling_cpu_us")),
                 "columns": r.get("ceiling_table_columns")},
     "peer": {"events_per_s": num("peer_eps"), "events_per_s_from_first_row": num("peer_eps_first"),
              "seconds": num("peer_s"), "note": r.get("peer_note"), "checksum": r.get("peer_checksum")},
@@ -58,16 +62,21 @@ with open(sys.argv[1], "w") as f:
 names = {"json": "JSON schemaless", "json-schema": "JSON with schema", "avro": "Avro (registry)"}
 print(f"\nCDC bench: {res['events']:,} Debezium envelopes of public.accounts ({res['events'] // 4:,} entities, "
       f"8 partitions), commit {res['commit']}, {res['cpus']} CPUs, load {res['loadavg_at_end']} -> {sys.argv[1]}\n")
-print(f"{'measurement':<44} {'events/s':>10} {'peak RSS':>10}  note")
+print(f"{'measurement':<44} {'events/s':>10} {'peak RSS':>10} {HEADER}  note")
 for i, e in enumerate(encodings):
     x = res["run"][e]
     print(f"{'7' + 'abc'[i] + '. replaysafe run, ' + names[e]:<44} {x['events_per_s']:>10,.0f} "
-          f"{x['peak_rss_mib']:>6.1f} MiB  {x['tally']}")
-print(f"{'7d. ceiling: COPY + INSERT…ON CONFLICT':<44} {ceil:>10,.0f} {'':>10}  "
+          f"{x['peak_rss_mib']:>6.1f} MiB {cells(x['cpu_us_per_event'])}  {x['tally']}")
+print(f"{'7d. ceiling: COPY + INSERT…ON CONFLICT':<44} {ceil:>10,.0f} {'':>10} {cells(res['ceiling']['cpu_us_per_event'])}  "
       "PostgreSQL alone (DISTINCT ON (id) → accounts, same columns and key)")
 peer = res["peer"]["events_per_s"]
-print(f"{'7e. peer: Debezium JDBC sink (upsert)':<44} {(f'{peer:,.0f}' if peer else '—'):>10} {'':>10}  "
+print(f"{'7e. peer: Debezium JDBC sink (upsert)':<44} {(f'{peer:,.0f}' if peer else '—'):>10} {'':>10} {cells(None)}  "
       f"{res['peer']['note'] or ''}")
+cpg = res["ceiling"]["cpu_us_per_event"]["postgres"]
+if cpg:
+    print("\nPostgreSQL µs/event against the ceiling's " + f"{cpg:.1f}: " + "   ".join(
+        f"{names[e]} {res['run'][e]['cpu_us_per_event']['postgres'] / cpg:.2f}x" for e in encodings
+        if res["run"][e]["cpu_us_per_event"]["postgres"] is not None))
 print("\n" + "   ".join(f"{names[e]}/ceiling {res['run'][e]['over_ceiling']:.2f}" for e in encodings)
       + ("   " + "   ".join(f"{names[e]}/peer {res['run'][e]['events_per_s'] / peer:.2f}" for e in encodings)
          if peer else ""))

@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+from cpu import HEADER, cells, parse
+
 r = dict(line.rstrip("\n").split("\t", 1) for line in sys.stdin if "\t" in line)
 
 
@@ -16,9 +18,14 @@ def num(k):
         return None
 
 
+def cpu(p):
+    return parse(r.get(f"{p}_cpu_us"))
+
+
 def run_part(p):
     return {
         "events_per_s": num(f"{p}_eps"),
+        "cpu_us_per_event": cpu(p),
         "seconds": num(f"{p}_s"),
         "wall_s": num(f"{p}_wall_s"),
         "peak_rss_mib": num(f"{p}_rss_mib"),
@@ -38,8 +45,13 @@ res = {
         aggregate_rows_written=int(r["replay_aggregate_rows_written"]),
         aggregate_rows_differing=int(r["replay_aggregate_rows_differing"]),
     ),
-    "baseline": {"events_per_s": num("baseline_eps"), "events": int(r["baseline_events"])},
-    "ceiling": {"events_per_s": num("ceiling_eps"), "seconds": num("ceiling_s"), "day_partitions": num("ceiling_days")},
+    "baseline": {"events_per_s": num("baseline_eps"), "events": int(r["baseline_events"]), "cpu_us_per_event": cpu("baseline")},
+    "ceiling": {
+        "events_per_s": num("ceiling_eps"),
+        "seconds": num("ceiling_s"),
+        "day_partitions": num("ceiling_days"),
+        "cpu_us_per_event": cpu("ceiling"),
+    },
     "ceiling_one_aggregate": {"events_per_s": num("ceiling1_eps"), "seconds": num("ceiling1_s")},
     "file": run_part("file"),
     "backfill": run_part("backfill"),
@@ -88,7 +100,7 @@ def mib(v):
 
 
 print(f"\nreplaysafe benchmark: {res['events']:,} events, 8 partitions, commit {res['commit']}, {res['cpus']} CPUs -> {out}\n")
-print(f"{'measurement':<44} {'events/s':>10} {'peak RSS':>10}  note")
+print(f"{'measurement':<44} {'events/s':>10} {'peak RSS':>10} {HEADER}  note")
 rows = [
     ("1. replaysafe run, first pass", first, mib(res["first_pass"]["peak_rss_mib"]), res["first_pass"]["tally"]),
     (
@@ -108,8 +120,12 @@ rows = [
     ("5. replaysafe load, kcat file (no broker)", res["file"]["events_per_s"], mib(res["file"]["peak_rss_mib"]), res["file"]["tally"]),
     ("6. replaysafe backfill, whole topic", res["backfill"]["events_per_s"], mib(res["backfill"]["peak_rss_mib"]), res["backfill"]["tally"]),
 ]
-for name, eps, rss, note in rows:
-    print(f"{name:<44} {eps:>10,.0f} {rss:>10}  {note}")
+parts = [res["first_pass"], replay, res["baseline"], res["ceiling"], {}, res["file"], res["backfill"]]
+
+
+for (name, eps, rss, note), part in zip(rows, parts):
+    cols = cells(part.get("cpu_us_per_event"))
+    print(f"{name:<44} {eps:>10,.0f} {rss:>10} {cols}  {note}")
 ra = res["ratios"]
 print(
     f"\nreplaysafe/baseline {ra['first_over_baseline']:.1f}x   replaysafe/ceiling {ra['first_over_ceiling']:.2f}   "
@@ -121,6 +137,12 @@ print(
     f"backfill/run {ra['backfill_over_first']:.2f})"
 )
 print(f"replaysafe/old one-aggregate ceiling {ra['first_over_ceiling_one_aggregate']:.2f}")
+cpg = res["ceiling"]["cpu_us_per_event"]["postgres"]
+if cpg:
+    print("PostgreSQL µs/event against the ceiling's " + f"{cpg:.1f}: " + "   ".join(
+        f"{n} {res[k]['cpu_us_per_event']['postgres'] / cpg:.2f}x" for n, k in
+        (("first", "first_pass"), ("replay", "replay"), ("load", "file"), ("backfill", "backfill"))
+        if res[k]["cpu_us_per_event"]["postgres"] is not None))
 print(f"\n{'target':<34} {'measured':>10} {'wanted':>8}  result")
 for n, v, t, ok in TARGETS:
     shown = "" if v is None else (f"{v:,.2f}" if isinstance(v, float) else f"{v:,}")
