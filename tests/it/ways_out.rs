@@ -1,0 +1,503 @@
+//! Issue 41: every state an interrupted operation can leave — a backfill, a `projection build` and a `rebuild`
+//! each killed (`kill -9`, its batch held before its COMMIT) mid-way, before and after a prune — and the way out
+//! docs/replay.md's "if it stopped here → do this" tables give for it, followed to the letter while production
+//! writes and late events (of earlier days, the pruned day among them) arrive. Each test ends with the tables
+//! compared with a reference schema that applied the same records once, under the same horizon history (the
+//! prune at the same point): the aggregate rows, the ledger's delivery keys, the dead letters, the checkpoints,
+//! nothing left `building` or kept by a rebuild.
+
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, Days, NaiveDate, Utc};
+
+use crate::common::*;
+
+/// One partition, one record per batch (so a batch held before its COMMIT is one known offset); a counter per
+/// day; the ledger keeps `{horizon}` days; `FILTER` is where the buggy deployment's filter goes.
+const P: &str = concat!(
+    header!(),
+    r#"lock-timeout-ms = 2000
+[batch]
+max-records = 1
+linger-ms = 10
+
+[fields]
+event_id = { path = "/event_id", type = "uuid" }
+kind = { path = "/kind", type = "text" }
+day = { path = "/occurred_at", type = "date" }
+
+FILTER
+[identity]
+key = ["event_id"]
+partition-by = "day"
+
+[ledger]
+horizon-days = {horizon}
+
+[[projection]]
+kind = "counter"
+table = "daily_counts"
+group-by = ["day"]
+column = "n"
+"#
+);
+
+/// The deployment that dropped refunds (what a backfill or a rebuild repairs).
+const BUGGY: &str = "[[filter]]\nname = \"no-refunds\"\ndrop-if = \"kind == 'refund'\"\n";
+
+/// The projection added to the running pipeline (what `projection build` builds).
+const ADDED: &str = r#"
+[[projection]]
+kind = "counter"
+table = "by_kind"
+group-by = ["day", "kind"]
+"#;
+
+/// The horizon before the prune (nothing expires) and after it (the day 10 days ago expires).
+const LONG: u32 = 30;
+const SHORT: u32 = 5;
+
+/// The three operations, each killed mid-way.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Backfill,
+    Build,
+    Rebuild,
+}
+
+fn days_ago(n: u64) -> NaiveDate {
+    Utc::now()
+        .date_naive()
+        .checked_sub_days(Days::new(n))
+        .unwrap()
+}
+
+fn rfc3339(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms).unwrap().to_rfc3339()
+}
+
+/// The world of one test: the schema the operations run on, the reference schema that applies every record
+/// once, the topic, and what was produced (offset → (event day, kind)).
+struct World {
+    op: Op,
+    db: Db,
+    reference: Db,
+    topic: String,
+    prod: String,
+    base: i64,
+    produced: Vec<(u64, &'static str)>,
+}
+
+impl World {
+    fn new(op: Op, prefix: &str) -> World {
+        let (db, topic) = stage(prefix, 1);
+        World {
+            op,
+            db,
+            reference: Db::fresh(&format!("{prefix}_ref")),
+            topic,
+            prod: unique("prod"),
+            base: Utc::now().timestamp_millis() - 600_000,
+            produced: Vec::new(),
+        }
+    }
+
+    /// The pipeline file of `horizon` days: production's (`buggy`: the deployment before the fix; the build's
+    /// pipelines carry the added projection once it was added) on `db` or on the reference schema.
+    fn file(&self, horizon: u32, buggy: bool, added: bool, reference: bool) -> Pipeline {
+        let mut text = P
+            .replace("FILTER", if buggy { BUGGY } else { "" })
+            .replace("{horizon}", &horizon.to_string());
+        if added {
+            text.push_str(ADDED);
+        }
+        let (schema, group) = match reference {
+            true => (&self.reference.schema, format!("{}-ref", self.prod)),
+            false => (&self.db.schema, self.prod.clone()),
+        };
+        pipeline(&text, &self.topic, &group, schema)
+    }
+
+    /// The production file now (`horizon` days, the fix deployed, the added projection for a build).
+    fn production(&self, horizon: u32) -> Pipeline {
+        self.file(horizon, false, self.op == Op::Build, false)
+    }
+
+    /// The reference: the fixed pipeline (with the added projection for a build) from the start.
+    fn reference_file(&self, horizon: u32) -> Pipeline {
+        self.file(horizon, false, self.op == Op::Build, true)
+    }
+
+    /// Produces events `(days ago, kind)`, the history's record times inside a backfill's window (before
+    /// `base + 50 s`), later ones after it.
+    fn produce(&mut self, events: &[(u64, &'static str)], later: bool) {
+        let recs: Vec<Rec> = events
+            .iter()
+            .enumerate()
+            .map(|(i, (ago, kind))| {
+                let n = self.produced.len() + i;
+                let id = format!("41a1a100-6a55-4c0b-9a55-{n:012}");
+                let value = format!(
+                    r#"{{"event_id":"{id}","kind":"{kind}","occurred_at":"{}T12:00:00Z"}}"#,
+                    days_ago(*ago)
+                );
+                let ts = ts(self.base, n as i64);
+                assert_eq!(later, n >= HISTORY.len());
+                Rec::json(0, &format!("k{n}"), &value, ts)
+            })
+            .collect();
+        produce(&self.topic, &recs);
+        self.produced.extend_from_slice(events);
+    }
+
+    fn end(&self) -> i64 {
+        self.produced.len() as i64
+    }
+}
+
+/// The history: events of 10 days ago (the day the prune expires), 3 days ago and today; refunds of the days
+/// inside the horizon only (the buggy deployment dropped them).
+const HISTORY: [(u64, &str); 8] = [
+    (10, "sale"),
+    (3, "sale"),
+    (0, "sale"),
+    (3, "refund"),
+    (10, "sale"),
+    (0, "refund"),
+    (3, "sale"),
+    (10, "sale"),
+];
+
+/// Late events production writes after the kill: one of the expiring day, one of 3 days ago, a refund of today.
+const LATE: [(u64, &str); 3] = [(10, "sale"), (3, "sale"), (0, "refund")];
+
+/// Late events production writes while the way out runs.
+const DURING: [(u64, &str); 2] = [(3, "sale"), (0, "sale")];
+
+/// The batch the killed process holds before its COMMIT when it is killed: three committed before it.
+const KILLED_AT: u32 = 4;
+
+/// Runs `args` with the `KILLED_AT`-th batch held before its COMMIT (failpoint `hold-before-db-commit`) and kills
+/// the process there with SIGKILL (`kill -9`): the held transaction is rolled back with the connection.
+fn kill_mid_way(args: &[&str], dir: &Path) {
+    let release = dir.join("never-released");
+    let hold = format!(
+        "hold-before-db-commit={}*off->return({})",
+        KILLED_AT - 1,
+        release.display()
+    );
+    let mut child = spawn(args, &[("REPLAYSAFE_FAILPOINTS", &hold)], dir, "killed");
+    let held = dir.join("never-released.held");
+    wait_until(Duration::from_secs(60), "the batch held", || held.exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn counts(db: &Db, table: &str) -> Vec<String> {
+    let cols = match table {
+        "by_kind" => "day::text || '|' || kind || '=' || n",
+        _ => "day::text || '=' || n",
+    };
+    db.strings(&format!("SELECT {cols} FROM {{s}}.{table} ORDER BY 1"))
+}
+
+fn ledger_keys(db: &Db) -> Vec<String> {
+    db.strings("SELECT day::text || ' ' || event_id FROM {s}.replaysafe_ledger ORDER BY 1")
+}
+
+fn dead_letters(db: &Db) -> Vec<String> {
+    db.strings(
+        "SELECT \"offset\" || ':' || reason || ':' || consumer_group FROM {s}.replaysafe_dead_letters \
+         WHERE resolved_at IS NULL ORDER BY \"offset\"",
+    )
+}
+
+fn checkpoint(db: &Db, group: &str) -> Vec<String> {
+    db.strings(&format!(
+        "SELECT partition || ':' || next_offset FROM {{s}}.replaysafe_checkpoints \
+         WHERE consumer_group = '{group}' ORDER BY partition"
+    ))
+}
+
+/// The six states: `op` killed mid-way, then (`pruned`) a prune expiring the day 10 days ago, production writing
+/// late events meanwhile and during the way out; the way out the docs give; the final tables.
+fn walk(op: Op, pruned: bool) {
+    let prefix = format!("wo_{op:?}_{}", if pruned { "p" } else { "n" }).to_lowercase();
+    let mut w = World::new(op, &prefix);
+    w.produce(&HISTORY, false);
+    // Production so far: the buggy deployment (a build's pipeline had no bug: only claimed records are built).
+    let first = w.file(LONG, op != Op::Build, false, false);
+    run_caught_up(&first.path);
+    run_caught_up(&w.reference_file(LONG).path);
+    let long = w.production(LONG);
+    let group = unique("op");
+    let base = w.base;
+    let window = |p: &Pipeline, from: &str, group: &str| -> Vec<String> {
+        let to = days_ago(0).to_string();
+        let head: Vec<&str> = match op {
+            Op::Backfill => vec!["backfill", "--config", arg(&p.path), "--from", from, "--to"],
+            Op::Build => vec![
+                "projection",
+                "build",
+                "--config",
+                arg(&p.path),
+                "--projection",
+                "by_kind",
+            ],
+            Op::Rebuild => vec![
+                "rebuild",
+                "--config",
+                arg(&p.path),
+                "--from",
+                from,
+                "--to",
+                &to,
+            ],
+        };
+        let mut args: Vec<String> = head.iter().map(|s| s.to_string()).collect();
+        match op {
+            Op::Backfill => {
+                args.extend([rfc3339(base + 50_000), "--group-id".into(), group.into()])
+            }
+            Op::Build => {}
+            Op::Rebuild => args.extend([
+                "--group-id".into(),
+                group.into(),
+                "--i-paused-other-writers".into(),
+            ]),
+        }
+        args
+    };
+    let first_from = match op {
+        Op::Backfill => rfc3339(w.base),
+        _ => days_ago(10).to_string(),
+    };
+    if op == Op::Build {
+        // The projection is added to the running pipeline (recorded `building`, its hand-over point production's
+        // checkpoint); production restarts with that file.
+        replaysafe(&["init", "--config", arg(&long.path)]).assert_ok();
+    }
+    let killed = window(&long, &first_from, &group);
+    let killed: Vec<&str> = killed.iter().map(String::as_str).collect();
+    kill_mid_way(&killed, long.dir.path());
+
+    // Meanwhile: the prune (the reference prunes at the same point), production writes late events.
+    let horizon = if pruned { SHORT } else { LONG };
+    let now = w.production(horizon);
+    let reference = w.reference_file(horizon);
+    if pruned {
+        replaysafe(&["ledger", "prune", "--config", arg(&now.path)]).assert_ok();
+        replaysafe(&["ledger", "prune", "--config", arg(&reference.path)]).assert_ok();
+    }
+    w.produce(&LATE, true);
+    run_caught_up(&now.path);
+    run_caught_up(&reference.path);
+
+    // The way out, as the tables say.
+    let h = days_ago(u64::from(horizon));
+    let during = |w: &mut World, way_out: &dyn Fn() -> Out| -> Out {
+        // Production keeps writing (a rebuild runs with it paused, as it requires: it resumes afterwards).
+        let mut worker = (op != Op::Rebuild).then(|| spawn_run(&now, &[], "worker"));
+        w.produce(&DURING, true);
+        let out = way_out();
+        if op == Op::Rebuild {
+            run_caught_up(&now.path);
+        }
+        let end = w.end();
+        let db = &w.db;
+        wait_until(Duration::from_secs(60), "production caught up", || {
+            db.checkpoint(&w.prod, &w.topic, 0) == Some(end)
+        });
+        if let Some(worker) = worker.as_mut() {
+            assert_eq!(terminate(worker), Some(0));
+        }
+        out
+    };
+    // The record time of the first record above the pruned offsets.
+    let above = match pruned {
+        true => rfc3339(ts(base, pruned_through(&w.db) + 1)),
+        false => String::new(),
+    };
+    let out = match (op, pruned) {
+        // "interrupted (… kill -9 …): rerun the same command: it resumes from its group's checkpoints" — after a
+        // prune too.
+        (Op::Backfill, _) => during(&mut w, &|| {
+            let args = window(&now, &first_from, &group);
+            replaysafe(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        }),
+        // "`projection build` interrupted or crashed: rerun the same command: it resumes from its checkpoints".
+        (Op::Build, false) => during(&mut w, &|| {
+            let args = window(&now, "", "");
+            replaysafe(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        }),
+        // The rerun stops at the expired day's first record at or below the pruned offsets: "a record older than
+        // the ledger horizon: … --from TIME (1) → rerun with a later --from: accepted, also after a stopped build".
+        // The first record above the pruned offsets is the latest start that leaves out none above them.
+        (Op::Build, true) => during(&mut w, &|| {
+            let args = window(&now, "", "");
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let stopped = replaysafe(&args);
+            assert_eq!(stopped.code, Some(1), "{}", stopped.stderr);
+            assert!(
+                stopped.stderr.contains("at offset 4") && stopped.stderr.contains("`--from TIME`"),
+                "{}",
+                stopped.stderr
+            );
+            replaysafe(&[&args[..], &["--from", &above]].concat())
+        }),
+        // "interrupted or killed during the replay: rerun with a new --group-id and a window covering the days
+        // it kept".
+        (Op::Rebuild, false) => during(&mut w, &|| {
+            let args = window(&now, &first_from, &unique("rb"));
+            replaysafe(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        }),
+        // "killed, then a prune passed its first days: the old window … rebuild from H on (2) → rebuild --from H
+        // (new --group-id): accepted".
+        (Op::Rebuild, true) => during(&mut w, &|| {
+            let args = window(&now, &first_from, &unique("rb"));
+            let old = replaysafe(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(old.code, Some(2), "{}", old.stderr);
+            assert!(
+                old.stderr.contains(&format!("rebuild from {h} on")),
+                "{}",
+                old.stderr
+            );
+            let args = window(&now, &h.to_string(), &unique("rb"));
+            replaysafe(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        }),
+    };
+    assert_eq!(
+        out.code,
+        Some(0),
+        "the way out\nstdout:\n{}\nstderr:\n{}",
+        out.stdout,
+        out.stderr
+    );
+    if (op, pruned) == (Op::Rebuild, true) {
+        assert!(out.stderr.contains("abandoned"), "{}", out.stderr);
+    }
+    // The reference reads the late events of the way out too.
+    run_caught_up(&reference.path);
+    assert_final(&w, pruned);
+}
+
+/// The final tables of `w` against its reference, with what the docs say differs: a rebuild killed before a prune
+/// leaves the expired day what it had re-landed (`verify` shows it); a build stopped after a prune and rerun with
+/// `--from` leaves out the records before that start (the expired day's and, below the pruned offsets, the other
+/// days' too: 10 days ago, 3 days ago and today at offsets 4..=7).
+fn assert_final(w: &World, pruned: bool) {
+    let (db, rf) = (&w.db, &w.reference);
+    let d10 = days_ago(10);
+    let mut want = counts(rf, "daily_counts");
+    if (w.op, pruned) == (Op::Rebuild, true) {
+        want[0] = format!("{d10}=1");
+    }
+    assert_eq!(counts(db, "daily_counts"), want, "daily_counts");
+    if w.op == Op::Build {
+        let mut want = counts(rf, "by_kind");
+        if pruned {
+            // Offsets 4..=7: (10, sale), (0, refund), (3, sale), (10, sale).
+            let less = |want: &mut Vec<String>, row: String, by: i64| {
+                let at = want
+                    .iter()
+                    .position(|r| r.starts_with(&format!("{row}=")))
+                    .unwrap();
+                let n: i64 = want[at].rsplit('=').next().unwrap().parse().unwrap();
+                want[at] = format!("{row}={}", n - by);
+            };
+            less(&mut want, format!("{d10}|sale"), 2);
+            less(&mut want, format!("{}|refund", days_ago(0)), 1);
+            less(&mut want, format!("{}|sale", days_ago(3)), 1);
+        }
+        assert_eq!(counts(db, "by_kind"), want, "by_kind");
+    }
+    assert_eq!(ledger_keys(db), ledger_keys(rf), "the ledger's keys");
+    assert_eq!(checkpoint(db, &w.prod), vec![format!("0:{}", w.end())]);
+    let rebuilding = db.text("SELECT to_regclass('{s}.replaysafe_ledger_rebuilding')::text");
+    if rebuilding.is_some() {
+        assert_eq!(
+            db.i64("SELECT count(*) FROM {s}.replaysafe_ledger_rebuilding"),
+            0,
+            "nothing kept by a rebuild"
+        );
+    }
+    let states = db.strings(
+        "SELECT p.key || ':' || (p.value->>'state') FROM {s}.replaysafe_projection_set s, \
+         jsonb_each(s.projections) p ORDER BY 1",
+    );
+    assert!(states.iter().all(|s| s.ends_with(":active")), "{states:?}");
+    // Production's late event of the expired day is quarantined in both; the backfill resumed at offset 3 after
+    // the prune quarantines the expired day's records it re-reads (4 and 7: production had landed them).
+    let who = |rows: Vec<String>, prod: &str| -> Vec<String> {
+        rows.into_iter()
+            .map(|r| match r.strip_suffix(prod) {
+                Some(head) => format!("{head}production"),
+                None => r,
+            })
+            .collect()
+    };
+    let got = who(dead_letters(db), &w.prod);
+    let reference = who(dead_letters(rf), &format!("{}-ref", w.prod));
+    let mut want: Vec<String> = Vec::new();
+    if pruned {
+        if w.op == Op::Backfill {
+            want.extend(["4:beyond-horizon:op".into(), "7:beyond-horizon:op".into()]);
+        }
+        want.push("8:beyond-horizon:production".into());
+    }
+    assert_eq!(
+        reference,
+        want[want.len().saturating_sub(usize::from(pruned))..]
+    );
+    let got: Vec<String> = got
+        .into_iter()
+        .map(|r| match r.rsplit_once(':') {
+            Some((head, g)) if g.starts_with("op") => format!("{head}:op"),
+            _ => r,
+        })
+        .collect();
+    assert_eq!(got, want, "dead letters");
+}
+
+fn ts(base: i64, offset: i64) -> i64 {
+    base + if offset >= HISTORY.len() as i64 {
+        100_000
+    } else {
+        0
+    } + offset * 1000
+}
+
+fn pruned_through(db: &Db) -> i64 {
+    db.i64("SELECT pruned_through FROM {s}.replaysafe_pruned")
+}
+
+#[test]
+fn a_killed_backfill_is_finished_by_its_rerun() {
+    walk(Op::Backfill, false);
+}
+
+#[test]
+fn a_killed_backfill_is_finished_by_its_rerun_after_a_prune() {
+    walk(Op::Backfill, true);
+}
+
+#[test]
+fn a_killed_build_is_finished_by_its_rerun() {
+    walk(Op::Build, false);
+}
+
+#[test]
+fn a_killed_build_is_finished_by_its_rerun_after_a_prune() {
+    walk(Op::Build, true);
+}
+
+#[test]
+fn a_killed_rebuild_is_finished_by_a_rebuild_under_a_new_group() {
+    walk(Op::Rebuild, false);
+}
+
+#[test]
+fn a_killed_rebuild_is_finished_by_a_rebuild_from_the_horizon_after_a_prune() {
+    walk(Op::Rebuild, true);
+}
