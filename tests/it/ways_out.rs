@@ -220,6 +220,72 @@ fn checkpoint(db: &Db, group: &str) -> Vec<String> {
     ))
 }
 
+/// The command line of `op` on pipeline `p`: a backfill of the history's record times from `from` under `group`,
+/// the build of `by_kind`, or a rebuild of the event days from `from` through today under `group`.
+fn command(op: Op, p: &Pipeline, from: &str, group: &str, base: i64) -> Vec<String> {
+    let config = arg(&p.path);
+    let args: Vec<String> = match op {
+        Op::Backfill => vec![
+            "backfill".into(),
+            "--config".into(),
+            config.into(),
+            "--from".into(),
+            from.into(),
+            "--to".into(),
+            rfc3339(base + 50_000),
+            "--group-id".into(),
+            group.into(),
+        ],
+        Op::Build => [
+            "projection",
+            "build",
+            "--config",
+            config,
+            "--projection",
+            "by_kind",
+        ]
+        .map(String::from)
+        .to_vec(),
+        Op::Rebuild => vec![
+            "rebuild".into(),
+            "--config".into(),
+            config.into(),
+            "--from".into(),
+            from.into(),
+            "--to".into(),
+            days_ago(0).to_string(),
+            "--group-id".into(),
+            group.into(),
+            "--i-paused-other-writers".into(),
+        ],
+    };
+    args
+}
+
+/// The killed state: the operation committed offsets 0..=2 and its held batch (offset 3) did not commit; a
+/// rebuild keeps the window's ledger rows it deleted (the buggy deployment's 6 claims).
+fn assert_killed(w: &World, group: &str) {
+    let db = &w.db;
+    match w.op {
+        Op::Backfill => assert_eq!(checkpoint(db, group), vec!["0:3"]),
+        Op::Build => assert_eq!(
+            db.strings(
+                "SELECT partition || ':' || next_offset FROM {s}.replaysafe_checkpoints \
+                 WHERE consumer_group LIKE '%.build.by_kind.%'"
+            ),
+            vec!["0:3"]
+        ),
+        Op::Rebuild => {
+            assert_eq!(checkpoint(db, group), vec!["0:3"]);
+            assert_eq!(
+                db.i64("SELECT count(*) FROM {s}.replaysafe_ledger_rebuilding"),
+                6,
+                "every ledger row of the window it deleted, kept until its replay completes"
+            );
+        }
+    }
+}
+
 /// The six states: `op` killed mid-way, then (`pruned`) a prune expiring the day 10 days ago, production writing
 /// late events meanwhile and during the way out; the way out the docs give; the final tables.
 fn walk(op: Op, pruned: bool) {
@@ -233,42 +299,7 @@ fn walk(op: Op, pruned: bool) {
     let long = w.production(LONG);
     let group = unique("op");
     let base = w.base;
-    let window = |p: &Pipeline, from: &str, group: &str| -> Vec<String> {
-        let to = days_ago(0).to_string();
-        let head: Vec<&str> = match op {
-            Op::Backfill => vec!["backfill", "--config", arg(&p.path), "--from", from, "--to"],
-            Op::Build => vec![
-                "projection",
-                "build",
-                "--config",
-                arg(&p.path),
-                "--projection",
-                "by_kind",
-            ],
-            Op::Rebuild => vec![
-                "rebuild",
-                "--config",
-                arg(&p.path),
-                "--from",
-                from,
-                "--to",
-                &to,
-            ],
-        };
-        let mut args: Vec<String> = head.iter().map(|s| s.to_string()).collect();
-        match op {
-            Op::Backfill => {
-                args.extend([rfc3339(base + 50_000), "--group-id".into(), group.into()])
-            }
-            Op::Build => {}
-            Op::Rebuild => args.extend([
-                "--group-id".into(),
-                group.into(),
-                "--i-paused-other-writers".into(),
-            ]),
-        }
-        args
-    };
+    let window = |p: &Pipeline, from: &str, group: &str| command(op, p, from, group, base);
     let first_from = match op {
         Op::Backfill => rfc3339(w.base),
         _ => days_ago(10).to_string(),
@@ -281,6 +312,7 @@ fn walk(op: Op, pruned: bool) {
     let killed = window(&long, &first_from, &group);
     let killed: Vec<&str> = killed.iter().map(String::as_str).collect();
     kill_mid_way(&killed, long.dir.path());
+    assert_killed(&w, &group);
 
     // Meanwhile: the prune (the reference prunes at the same point), production writes late events.
     let horizon = if pruned { SHORT } else { LONG };
