@@ -1,6 +1,6 @@
 //! Issue 41: every state an interrupted operation can leave — a backfill, a `projection build` and a `rebuild`
 //! each killed (`kill -9`, its batch held before its COMMIT) mid-way, before and after a prune — and the way out
-//! docs/replay.md's "if it stopped here → do this" tables give for it, followed to the letter while production
+//! the "… if it stopped here → do this" tables of docs/replay.md give for it, followed to the letter while production
 //! writes and late events (of earlier days, the pruned day among them) arrive. Each test ends with the tables
 //! compared with a reference schema that applied the same records once, under the same horizon history (the
 //! prune at the same point): the aggregate rows, the ledger's delivery keys, the dead letters, the checkpoints,
@@ -286,20 +286,18 @@ fn assert_killed(w: &World, group: &str) {
     }
 }
 
-/// The six states: `op` killed mid-way, then (`pruned`) a prune expiring the day 10 days ago, production writing
-/// late events meanwhile and during the way out; the way out the docs give; the final tables.
-fn walk(op: Op, pruned: bool) {
+/// The killed state of `op`: the history produced and applied by production (the buggy deployment for a backfill
+/// or a rebuild; a build's pipeline had no bug: only claimed records are built) and by the reference, then `op`
+/// killed mid-way. Returns the world, the operation's group and its window's start.
+fn killed(op: Op, pruned: bool) -> (World, String, String) {
     let prefix = format!("wo_{op:?}_{}", if pruned { "p" } else { "n" }).to_lowercase();
     let mut w = World::new(op, &prefix);
     w.produce(&HISTORY, false);
-    // Production so far: the buggy deployment (a build's pipeline had no bug: only claimed records are built).
     let first = w.file(LONG, op != Op::Build, false, false);
     run_caught_up(&first.path);
     run_caught_up(&w.reference_file(LONG).path);
     let long = w.production(LONG);
     let group = unique("op");
-    let base = w.base;
-    let window = |p: &Pipeline, from: &str, group: &str| command(op, p, from, group, base);
     let first_from = match op {
         Op::Backfill => rfc3339(w.base),
         _ => days_ago(10).to_string(),
@@ -309,10 +307,38 @@ fn walk(op: Op, pruned: bool) {
         // checkpoint); production restarts with that file.
         replaysafe(&["init", "--config", arg(&long.path)]).assert_ok();
     }
-    let killed = window(&long, &first_from, &group);
-    let killed: Vec<&str> = killed.iter().map(String::as_str).collect();
-    kill_mid_way(&killed, long.dir.path());
+    let args = command(op, &long, &first_from, &group, w.base);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    kill_mid_way(&args, long.dir.path());
     assert_killed(&w, &group);
+    (w, group, first_from)
+}
+
+/// Runs `way_out` while production (`now`) writes late events — a rebuild with production paused, as it
+/// requires, which resumes afterwards —, then waits until production caught up.
+fn while_production_writes(w: &mut World, now: &Pipeline, way_out: &dyn Fn() -> Out) -> Out {
+    let mut worker = (w.op != Op::Rebuild).then(|| spawn_run(now, &[], "worker"));
+    w.produce(&DURING, true);
+    let out = way_out();
+    if w.op == Op::Rebuild {
+        run_caught_up(&now.path);
+    }
+    let end = w.end();
+    wait_until(Duration::from_secs(60), "production caught up", || {
+        w.db.checkpoint(&w.prod, &w.topic, 0) == Some(end)
+    });
+    if let Some(worker) = worker.as_mut() {
+        assert_eq!(terminate(worker), Some(0));
+    }
+    out
+}
+
+/// The six states: `op` killed mid-way, then (`pruned`) a prune expiring the day 10 days ago, production writing
+/// late events meanwhile and during the way out; the way out the docs give; the final tables.
+fn walk(op: Op, pruned: bool) {
+    let (mut w, group, first_from) = killed(op, pruned);
+    let base = w.base;
+    let window = |p: &Pipeline, from: &str, group: &str| command(op, p, from, group, base);
 
     // Meanwhile: the prune (the reference prunes at the same point), production writes late events.
     let horizon = if pruned { SHORT } else { LONG };
@@ -328,24 +354,8 @@ fn walk(op: Op, pruned: bool) {
 
     // The way out, as the tables say.
     let h = days_ago(u64::from(horizon));
-    let during = |w: &mut World, way_out: &dyn Fn() -> Out| -> Out {
-        // Production keeps writing (a rebuild runs with it paused, as it requires: it resumes afterwards).
-        let mut worker = (op != Op::Rebuild).then(|| spawn_run(&now, &[], "worker"));
-        w.produce(&DURING, true);
-        let out = way_out();
-        if op == Op::Rebuild {
-            run_caught_up(&now.path);
-        }
-        let end = w.end();
-        let db = &w.db;
-        wait_until(Duration::from_secs(60), "production caught up", || {
-            db.checkpoint(&w.prod, &w.topic, 0) == Some(end)
-        });
-        if let Some(worker) = worker.as_mut() {
-            assert_eq!(terminate(worker), Some(0));
-        }
-        out
-    };
+    let during =
+        |w: &mut World, way_out: &dyn Fn() -> Out| while_production_writes(w, &now, way_out);
     // The record time of the first record above the pruned offsets.
     let above = match pruned {
         true => rfc3339(ts(base, pruned_through(&w.db) + 1)),
@@ -461,37 +471,41 @@ fn assert_final(w: &World, pruned: bool) {
     assert!(states.iter().all(|s| s.ends_with(":active")), "{states:?}");
     // Production's late event of the expired day is quarantined in both; the backfill resumed at offset 3 after
     // the prune quarantines the expired day's records it re-reads (4 and 7: production had landed them).
-    let who = |rows: Vec<String>, prod: &str| -> Vec<String> {
-        rows.into_iter()
-            .map(|r| match r.strip_suffix(prod) {
-                Some(head) => format!("{head}production"),
-                None => r,
-            })
-            .collect()
+    let production = match pruned {
+        true => vec!["8:beyond-horizon:production".to_string()],
+        false => Vec::new(),
     };
-    let got = who(dead_letters(db), &w.prod);
-    let reference = who(dead_letters(rf), &format!("{}-ref", w.prod));
-    let mut want: Vec<String> = Vec::new();
-    if pruned {
-        if w.op == Op::Backfill {
-            want.extend(["4:beyond-horizon:op".into(), "7:beyond-horizon:op".into()]);
-        }
-        want.push("8:beyond-horizon:production".into());
+    let reference = who(dead_letters(rf), &w.prod);
+    assert_eq!(reference, production, "the reference's dead letters");
+    let mut want = production;
+    if pruned && w.op == Op::Backfill {
+        want.splice(
+            0..0,
+            [
+                "4:beyond-horizon:op".to_string(),
+                "7:beyond-horizon:op".into(),
+            ],
+        );
     }
-    assert_eq!(
-        reference,
-        want[want.len().saturating_sub(usize::from(pruned))..]
-    );
-    let got: Vec<String> = got
-        .into_iter()
-        .map(|r| match r.rsplit_once(':') {
-            Some((head, g)) if g.starts_with("op") => format!("{head}:op"),
-            _ => r,
-        })
-        .collect();
-    assert_eq!(got, want, "dead letters");
+    assert_eq!(who(dead_letters(db), &w.prod), want, "dead letters");
 }
 
+/// Dead letters `offset:reason:group` with production's group (`prod`, `prod-ref`) named `production` and the
+/// operation's (`op_…`) `op`.
+fn who(rows: Vec<String>, prod: &str) -> Vec<String> {
+    rows.into_iter()
+        .map(|r| match r.rsplit_once(':') {
+            Some((head, g)) if g == prod || g == format!("{prod}-ref") => {
+                format!("{head}:production")
+            }
+            Some((head, g)) if g.starts_with("op_") => format!("{head}:op"),
+            _ => r,
+        })
+        .collect()
+}
+
+/// The record time (ms) of the record at `offset`: the history's inside a backfill's window (`base` + 50 s is
+/// its `--to`), later ones after it.
 fn ts(base: i64, offset: i64) -> i64 {
     base + if offset >= HISTORY.len() as i64 {
         100_000
@@ -500,35 +514,50 @@ fn ts(base: i64, offset: i64) -> i64 {
     } + offset * 1000
 }
 
+/// The highest offset whose ledger row the prune dropped (one partition).
 fn pruned_through(db: &Db) -> i64 {
     db.i64("SELECT pruned_through FROM {s}.replaysafe_pruned")
 }
 
+/// A backfill killed mid-way is finished by its rerun (the same command): the refunds the buggy deployment
+/// dropped land once, every table as the reference's.
 #[test]
 fn a_killed_backfill_is_finished_by_its_rerun() {
     walk(Op::Backfill, false);
 }
 
+/// A backfill killed mid-way, then a prune whose pruned offsets (raised by late events of the expired day) lie
+/// above its checkpoint: the same command used to be refused ("offsets 0..=7 are below the ledger's pruned
+/// horizon … could count them again", recommending a later `--from` that skips the refunds not yet applied); it
+/// now continues from its checkpoint, quarantines the expired day's records it re-reads and lands the refunds.
 #[test]
 fn a_killed_backfill_is_finished_by_its_rerun_after_a_prune() {
     walk(Op::Backfill, true);
 }
 
+/// A `projection build` killed mid-way is finished by its rerun; the new projection equals the reference's.
 #[test]
 fn a_killed_build_is_finished_by_its_rerun() {
     walk(Op::Build, false);
 }
 
+/// A `projection build` killed mid-way, then a prune: the rerun stops at the expired day's record at offset 4,
+/// naming `--from TIME`; rerun from the first record above the pruned offsets it completes, the records below it
+/// left out of the new projection (as the docs say), every other table exact.
 #[test]
 fn a_killed_build_is_finished_by_its_rerun_after_a_prune() {
     walk(Op::Build, true);
 }
 
+/// A rebuild killed mid-way is finished by a rebuild of the same window under a new `--group-id`.
 #[test]
 fn a_killed_rebuild_is_finished_by_a_rebuild_under_a_new_group() {
     walk(Op::Rebuild, false);
 }
 
+/// A rebuild killed mid-way, then a prune passed its first day: the old window is refused naming the horizon's
+/// first day; the rebuild from it completes, abandons the kept rows of the expired day (which keeps what the
+/// killed rebuild re-landed) and every day inside the horizon is exact.
 #[test]
 fn a_killed_rebuild_is_finished_by_a_rebuild_from_the_horizon_after_a_prune() {
     walk(Op::Rebuild, true);
