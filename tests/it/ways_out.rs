@@ -1,10 +1,10 @@
 //! Issue 41: every state an interrupted operation can leave — a backfill, a `projection build` and a `rebuild`
 //! each killed (`kill -9`, its batch held before its COMMIT) mid-way, before and after a prune — and the way out
-//! the "… if it stopped here → do this" tables of docs/replay.md give for it, followed to the letter while production
-//! writes and late events (of earlier days, the pruned day among them) arrive. Each test ends with the tables
-//! compared with a reference schema that applied the same records once, under the same horizon history (the
-//! prune at the same point): the aggregate rows, the ledger's delivery keys, the dead letters, the checkpoints,
-//! nothing left `building` or kept by a rebuild.
+//! the "… if it stopped here → do this" tables of docs/replay.md give for it, followed to the letter while
+//! production writes and late events (of earlier days, the pruned day among them) arrive. Each test ends with
+//! the tables compared with a reference schema that applied the same records once, under the same horizon
+//! history (the prune at the same point): the aggregate rows, the ledger's delivery keys, the dead letters, the
+//! checkpoints, nothing left `building` or kept by a rebuild.
 
 use std::path::Path;
 use std::time::Duration;
