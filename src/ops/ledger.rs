@@ -430,13 +430,17 @@ pub fn prune_json(r: &PruneReport) -> Value {
 /// days (`first_day`: a rebuild's `--from`) starting on or after the day a partition was pruned below is not
 /// refused: its records of older days are filtered out and its own days' ledger rows are all there (a prune
 /// drops whole days), however far late events of pruned days raised the pruned offset; every batch still checks
-/// its records (`sink::lifecycle::check_pruned`).
+/// its records (`sink::lifecycle::check_pruned`). Nor is a partition on which `group` (the backfill's
+/// `--group-id`) already applied a record: the rerun of an interrupted backfill resumes from its checkpoint and
+/// continues what it applied — as a worker resuming from its own checkpoint does, its records of pruned days are
+/// quarantined as `beyond-horizon` and the ledger rows of the other days are all there.
 ///
 /// # Errors
 /// [`Error::BelowHorizon`] naming the partition and the offset range; [`Error::Postgres`].
 pub fn refuse_below_pruned(
     p: &Pipeline,
     database_url: &str,
+    group: &str,
     plans: &[(String, i32, i64, i64)],
     first_day: Option<NaiveDate>,
 ) -> Result<()> {
@@ -445,12 +449,16 @@ pub fn refuse_below_pruned(
         .build()
         .map_err(|e| Error::Other(e.to_string()))?;
     let generation = p.identity.generation.clone().unwrap_or_default();
-    let pruned = rt.block_on(async {
+    let (pruned, continuing) = rt.block_on(async {
         let client = crate::sink::connect_with(database_url, &p.postgres.timeouts).await?;
-        lifecycle::pruned_offsets(&client, p, &generation).await
+        let pruned = lifecycle::pruned_offsets(&client, p, &generation).await?;
+        Ok::<_, Error>((pruned, applied_by(&client, p, group, &generation).await?))
     })?;
     let mut refused = Vec::new();
     for (topic, partition, start, stop) in plans {
+        if continuing.contains(&(topic.clone(), *partition)) {
+            continue;
+        }
         let found = pruned
             .iter()
             .find(|((t, n), _)| t == topic && n == partition);
@@ -470,6 +478,37 @@ pub fn refuse_below_pruned(
         true => Ok(()),
         false => Err(Error::BelowHorizon(refused.join("\n"))),
     }
+}
+
+/// The partitions on which `group` applied a record under `generation` (its checkpoint's `last_offset` is a
+/// record, not [`crate::sink::checkpoint::NOTHING_APPLIED`] nor unknown); empty before the table exists.
+///
+/// # Errors
+/// [`Error::Postgres`].
+async fn applied_by(
+    client: &Client,
+    p: &Pipeline,
+    group: &str,
+    generation: &str,
+) -> Result<std::collections::HashSet<(String, i32)>> {
+    let table = p.table(crate::sink::checkpoint::CHECKPOINTS);
+    let exists: Option<String> = client
+        .query_one("SELECT to_regclass($1)::text", &[&table.to_string()])
+        .await?
+        .get(0);
+    if exists.is_none() {
+        return Ok(std::collections::HashSet::new());
+    }
+    let rows = client
+        .query(
+            &format!(
+                "SELECT topic, partition FROM {table} WHERE consumer_group = $1 AND generation = $2 \
+                 AND last_offset > $3"
+            ),
+            &[&group, &generation, &crate::sink::checkpoint::NOTHING_APPLIED],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// How long [`warn_retention`] waits for the broker's answer.

@@ -136,3 +136,5 @@ mod tombstone_last;
 mod verify;
 // Every wait on PostgreSQL and the group is bounded: frozen owners, idle sessions, shutdown drains.
 mod waits;
+// Issue 41: each killed backfill, build and rebuild, before and after a prune, finished by its documented way out.
+mod ways_out;

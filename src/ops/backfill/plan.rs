@@ -309,7 +309,13 @@ pub fn plan(
         .map(|x| (x.topic.clone(), x.partition, x.start_offset, x.stop_offset))
         .collect();
     let first_day = opts.day_window.map(|(from, _)| from);
-    crate::ops::ledger::refuse_below_pruned(pipeline, database_url, &windows, first_day)?;
+    crate::ops::ledger::refuse_below_pruned(
+        pipeline,
+        database_url,
+        &opts.group_id,
+        &windows,
+        first_day,
+    )?;
     retention.extend(check_retention(brokers, pipeline, opts)?);
     Ok((plans, retention, stop_desc))
 }
