@@ -153,7 +153,9 @@ fn zigzag(bytes: &[u8], at: &mut usize) -> Result<i32, String> {
         *at += 1;
         v |= u32::from(b & 0x7f) << (7 * shift);
         if b & 0x80 == 0 {
-            return Ok(((v >> 1) as i32) ^ -((v & 1) as i32));
+            return Ok(i32::from_ne_bytes(
+                ((v >> 1) ^ (v & 1).wrapping_neg()).to_ne_bytes(),
+            ));
         }
     }
     Err("malformed message indexes: a varint longer than 5 bytes".into())
@@ -163,7 +165,7 @@ fn zigzag(bytes: &[u8], at: &mut usize) -> Result<i32, String> {
 ///
 /// # Errors
 /// An empty body, a cut-short or overlong varint, a negative count or index, more indexes than bytes.
-pub fn message_indexes(body: &[u8]) -> Result<(Vec<i32>, &[u8]), String> {
+pub fn message_indexes(body: &[u8]) -> Result<(Vec<usize>, &[u8]), String> {
     if body.is_empty() {
         return Err(
             "no message indexes after the frame (a Protobuf frame's body opens with them)".into(),
@@ -171,28 +173,27 @@ pub fn message_indexes(body: &[u8]) -> Result<(Vec<i32>, &[u8]), String> {
     }
     let mut at = 0;
     let count = zigzag(body, &mut at)?;
-    if count < 0 || count as usize > body.len() {
+    let Some(count) = usize::try_from(count).ok().filter(|c| *c <= body.len()) else {
         return Err(format!(
             "malformed message indexes: a count of {count} (the body is {} bytes)",
             body.len()
         ));
-    }
+    };
     if count == 0 {
         return Ok((vec![0], &body[at..]));
     }
-    let mut indexes = Vec::with_capacity(count as usize);
+    let mut indexes = Vec::with_capacity(count);
     for _ in 0..count {
         let i = zigzag(body, &mut at)?;
-        if i < 0 {
-            return Err(format!("malformed message indexes: a negative index {i}"));
-        }
+        let i = usize::try_from(i)
+            .map_err(|_| format!("malformed message indexes: a negative index {i}"))?;
         indexes.push(i);
     }
     Ok((indexes, &body[at..]))
 }
 
 /// The message the indexes name: the file's `indexes[0]`-th top-level message, then nested ones.
-fn message_at(file: &FileDescriptor, indexes: &[i32]) -> Result<MessageDescriptor, String> {
+fn message_at(file: &FileDescriptor, indexes: &[usize]) -> Result<MessageDescriptor, String> {
     let bad = |n: usize| {
         format!(
             "message indexes {indexes:?} name no message of the schema ({} top-level: {})",
@@ -204,9 +205,9 @@ fn message_at(file: &FileDescriptor, indexes: &[i32]) -> Result<MessageDescripto
         ) + if n > 0 { " or its nested messages" } else { "" }
     };
     let first = indexes.first().copied().unwrap_or(0);
-    let mut m = file.messages().nth(first as usize).ok_or_else(|| bad(0))?;
+    let mut m = file.messages().nth(first).ok_or_else(|| bad(0))?;
     for (n, &i) in indexes.iter().enumerate().skip(1) {
-        let child = m.child_messages().nth(i as usize);
+        let child = m.child_messages().nth(i);
         m = child.ok_or_else(|| bad(n))?;
     }
     Ok(m)
@@ -407,8 +408,12 @@ message OrderEvent {
         );
         let e = to_json(&s, &[2, 4]).unwrap_err();
         assert!(e.contains("message indexes [2] name no message"), "{e}");
-        let e = to_json(&s, &[4, 2, 2]).unwrap_err();
-        assert!(e.contains("[1, 1]") && e.contains("nested"), "{e}");
+        // Nested messages count the map fields' entry types (`TagsEntry` is [1, 0]): [1, 1] is `Line`.
+        let line: Value =
+            serde_json::from_slice(&to_json(&s, &[4, 2, 2, 0x08, 3]).unwrap()).unwrap();
+        assert_eq!(line, json!({"qty": 3}));
+        let e = to_json(&s, &[4, 2, 10]).unwrap_err();
+        assert!(e.contains("[1, 5]") && e.contains("nested"), "{e}");
         let e = to_json(&s, &[2, 2, 0x0a, 0x05, b'e']).unwrap_err();
         assert!(e.contains("does not match message shop.OrderEvent"), "{e}");
     }
