@@ -1,6 +1,6 @@
 //! `[source] encoding` and `[source] schema-registry`: record values (and keys) framed by a schema registry —
-//! byte 0 the magic `0x00`, bytes 1–4 the schema id (big-endian), then Avro binary or JSON text (Confluent
-//! documentation "Wire format"; Apicurio Registry serves the same REST API under `/apis/ccompat/v7`).
+//! byte 0 the magic `0x00`, bytes 1–4 the schema id (big-endian), then Avro binary, JSON text or Protobuf (message
+//! indexes, then the message) (Confluent documentation "Wire format"; Apicurio Registry serves the same REST API under `/apis/ccompat/v7`).
 //!
 //! Secrets: `url`, `username`, `password`, `password-file`, `ca-file`, `cert-file` and `key-file` take
 //! `${NAME}` expansion ([`super::expand`]); `password-file` is a file whose first line is the password.
@@ -24,6 +24,9 @@ pub enum Encoding {
     Avro,
     /// Schema-registry framed JSON text (`JsonSchemaConverter`, `KafkaJsonSchemaSerializer`).
     JsonSchema,
+    /// Schema-registry framed Protobuf: message indexes, then the message (`ProtobufConverter`,
+    /// `KafkaProtobufSerializer`).
+    Protobuf,
 }
 
 impl Encoding {
@@ -33,6 +36,7 @@ impl Encoding {
             Encoding::Json => "json",
             Encoding::Avro => "avro",
             Encoding::JsonSchema => "json-schema",
+            Encoding::Protobuf => "protobuf",
         }
     }
 }
@@ -81,8 +85,8 @@ impl std::fmt::Debug for RegistryPlan {
     }
 }
 
-/// `[source] encoding` and `schema-registry`: `avro` and `json-schema` need a registry; a registry needs one
-/// of them.
+/// `[source] encoding` and `schema-registry`: `avro`, `json-schema` and `protobuf` need a registry; a registry
+/// needs one of them.
 ///
 /// # Errors
 /// [`crate::error::Error::Config`] at the offending key.
@@ -97,11 +101,12 @@ pub fn registry(
             "json" => Encoding::Json,
             "avro" => Encoding::Avro,
             "json-schema" => Encoding::JsonSchema,
+            "protobuf" => Encoding::Protobuf,
             other => {
                 return Err(src.error(
                     e.span(),
                     format!(
-                        "`encoding` must be \"json\", \"avro\" or \"json-schema\", not `{other}`"
+                        "`encoding` must be \"json\", \"avro\", \"json-schema\" or \"protobuf\", not `{other}`"
                     ),
                 ))
             }
@@ -111,7 +116,7 @@ pub fn registry(
         (Encoding::Json, None) => Ok((enc, None)),
         (Encoding::Json, Some(r)) => Err(src.error(
             r.span(),
-            "`schema-registry` is only read with encoding = \"avro\" or \"json-schema\" (encoding is \"json\")",
+            "`schema-registry` is only read with encoding = \"avro\", \"json-schema\" or \"protobuf\" (encoding is \"json\")",
         )),
         (_, None) => Err(src.error(
             encoding.expect("not the default").span(),
@@ -229,8 +234,16 @@ mod tests {
         );
         let e = err("[source]\nformat = \"json\"\nschema-registry = { url = \"http://x\" }\n");
         assert!(e.contains("only read with encoding"), "{e}");
+        let e = err("[source]\nformat = \"json\"\nencoding = \"protobuf3\"\n");
+        assert!(
+            e.contains("`encoding` must be") && e.contains("\"protobuf\""),
+            "{e}"
+        );
         let e = err("[source]\nformat = \"json\"\nencoding = \"protobuf\"\n");
-        assert!(e.contains("`encoding` must be"), "{e}");
+        assert!(
+            e.contains("encoding = \"protobuf\" needs `schema-registry"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -277,7 +277,7 @@ fn b64(b: &[u8]) -> Value {
     Value::String(base64::engine::general_purpose::STANDARD.encode(b))
 }
 
-fn float(f: f64) -> Value {
+pub(super) fn float(f: f64) -> Value {
     serde_json::Number::from_f64(f).map_or_else(|| Value::String(f.to_string()), Value::Number)
 }
 
@@ -288,7 +288,7 @@ fn scale(cs: Option<&Value>) -> i64 {
         .unwrap_or(0)
 }
 
-fn rfc3339(secs: i64, nanos: u32) -> Result<Value, String> {
+pub(super) fn rfc3339(secs: i64, nanos: u32) -> Result<Value, String> {
     chrono::DateTime::from_timestamp(secs, nanos)
         .map(|t| Value::String(super::day::rfc3339(t)))
         .ok_or_else(|| format!("timestamp {secs} s is out of range"))
@@ -298,7 +298,7 @@ fn rfc3339(secs: i64, nanos: u32) -> Result<Value, String> {
 ///
 /// # Errors
 /// A value below 0 or above 24 hours, named with its unit.
-fn time_of_day(micros: i64) -> Result<Value, String> {
+pub(super) fn time_of_day(micros: i64) -> Result<Value, String> {
     const DAY: i64 = 86_400_000_000;
     if micros == DAY {
         return Ok(Value::String("24:00:00".into()));

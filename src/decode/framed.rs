@@ -5,7 +5,7 @@
 //! not expect — no JSON text starts with that byte — and is quarantined as `schema-registry` with a reason that
 //! names the frame, instead of the JSON parser's "line 1 column 1". With `avro` / `json-schema` the frame is
 //! required, the schema is fetched by id ([`super::registry`]) and the body becomes the JSON text the rest of the
-//! decoder reads ([`super::avro`]).
+//! decoder reads ([`super::avro`], [`super::protobuf`]; JSON Schema's body is JSON already).
 
 use std::borrow::Cow;
 
@@ -48,7 +48,7 @@ pub fn schema_id(bytes: &[u8], part: &str, required: bool) -> Result<Option<u32>
 }
 
 /// The `part` ("value" or "key") as JSON text the decoder reads: unchanged for `encoding = "json"` (after
-/// refusing a frame), the frame's body converted for `avro` and `json-schema`.
+/// refusing a frame), the frame's body converted for `avro`, `json-schema` and `protobuf`.
 ///
 /// # Errors
 /// A `schema-registry` rejection (unexpected, truncated or unknown-id frame, data that does not match its
@@ -83,10 +83,14 @@ pub fn unframe<'a>(
                 .map_err(|m| reject(format!("schema id {id} ({part}): {m}")))
         }
         (Encoding::JsonSchema, Schema::Json) => Ok(Some(Cow::Borrowed(body))),
+        (Encoding::Protobuf, Schema::Protobuf(schema)) => super::protobuf::to_json(schema, body)
+            .map(|v| Some(Cow::Owned(v)))
+            .map_err(|m| reject(format!("schema id {id} ({part}): {m}"))),
         (enc, s) => {
             let kind = match s {
                 Schema::Avro { .. } => "AVRO",
                 Schema::Json => "JSON",
+                Schema::Protobuf(_) => "PROTOBUF",
                 Schema::Other(t) => t.as_str(),
             };
             let article = if kind.starts_with(['A', 'E', 'I', 'O', 'U']) {
@@ -129,7 +133,7 @@ fn unexpected(bytes: &[u8], part: &str, id: u32) -> Rejection {
     } else {
         reject(format!(
             "unsupported encoding: schema-registry Avro or Protobuf (magic 0, schema id {id}) in the {part}; the \
-             pipeline reads plain JSON — set [source] encoding = \"avro\" and schema-registry to read Avro"
+             pipeline reads plain JSON — set [source] encoding = \"avro\" (or \"protobuf\") and schema-registry to read it"
         ))
     }
 }

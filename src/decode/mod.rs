@@ -8,6 +8,7 @@ pub mod framed;
 #[cfg(test)]
 mod fuzz;
 pub mod json;
+pub mod protobuf;
 pub mod registry;
 pub mod rejection;
 

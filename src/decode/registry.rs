@@ -1,5 +1,6 @@
 //! The schema-registry client: schemas fetched by id over the Confluent-compatible REST API
-//! (`GET {url}/schemas/ids/{id}` → `{"schema": "…", "schemaType": "AVRO" | "JSON" | "PROTOBUF"}`, Confluent
+//! (`GET {url}/schemas/ids/{id}` → `{"schema": "…", "schemaType": "AVRO" | "JSON" | "PROTOBUF", "references":
+//! [{"name", "subject", "version"}]}`, Confluent
 //! "Schema Registry API Reference"; Apicurio Registry serves it under `/apis/ccompat/v7`) and cached for the
 //! life of the process (a schema id never changes its schema).
 //!
@@ -53,8 +54,20 @@ pub enum Schema {
     },
     /// A JSON Schema (the payload is JSON text; the schema itself is not needed to read it).
     Json,
-    /// Another type (`PROTOBUF`, …), named as the registry names it.
+    /// A Protobuf schema: the `.proto` file compiled with its references (imports), well-known types resolved.
+    Protobuf(crate::decode::protobuf::ProtoSchema),
+    /// Another type, named as the registry names it.
     Other(String),
+}
+
+/// A schema the registry's answer references (`references[]`: `name` is the import path a Protobuf schema's
+/// `import` names; `subject`/`version` where its text was fetched).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reference {
+    /// The reference's `name` (a Protobuf import path, an Avro full name).
+    pub name: String,
+    /// The referenced schema's text.
+    pub text: String,
 }
 
 /// Why a schema could not be had.
@@ -188,7 +201,7 @@ impl Registry {
         &self,
         id: u32,
         answer: &str,
-        out: &mut Vec<String>,
+        out: &mut Vec<Reference>,
         depth: u32,
     ) -> Result<(), Fetch> {
         let v: Value = serde_json::from_str(answer)
@@ -202,6 +215,7 @@ impl Registry {
             )));
         }
         for r in refs {
+            let name = r.get("name").and_then(Value::as_str).unwrap_or("");
             let (Some(subject), Some(version)) =
                 (r.get("subject").and_then(Value::as_str), r.get("version"))
             else {
@@ -218,8 +232,12 @@ impl Registry {
                 .ok_or_else(|| {
                     Fetch::Unknown(format!("schema id {id}: reference {subject} has no schema"))
                 })?;
-            if !out.contains(&text) {
-                out.push(text);
+            let reference = Reference {
+                name: name.to_string(),
+                text,
+            };
+            if !out.contains(&reference) {
+                out.push(reference);
             }
         }
         Ok(())
@@ -393,8 +411,8 @@ fn not_the_api(id: u32, what: &str) -> Fetch {
     ))
 }
 
-/// The registry's answer for `id` (and the texts of the schemas it references) → a [`Schema`].
-fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
+/// The registry's answer for `id` (and the schemas it references) → a [`Schema`].
+fn parse(id: u32, body: &str, references: &[Reference]) -> Result<Schema, Fetch> {
     let bad = |m: String| Fetch::Unknown(format!("schema id {id}: {m}"));
     let v: Value = serde_json::from_str(body)
         .map_err(|e| not_the_api(id, &format!("answer is not JSON: {e}")))?;
@@ -408,6 +426,13 @@ fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
         .unwrap_or("AVRO")
     {
         "AVRO" => {
+            let mut refs: Vec<String> = Vec::new();
+            for r in references {
+                if !refs.contains(&r.text) {
+                    refs.push(r.text.clone());
+                }
+            }
+            let refs = refs.as_slice();
             let (schema, refs_parsed) = if refs.is_empty() {
                 (apache_avro::Schema::parse_str(text), Vec::new())
             } else {
@@ -430,6 +455,9 @@ fn parse(id: u32, body: &str, refs: &[String]) -> Result<Schema, Fetch> {
             })
         }
         "JSON" => Ok(Schema::Json),
+        "PROTOBUF" => crate::decode::protobuf::ProtoSchema::compile(id, text, references)
+            .map(Schema::Protobuf)
+            .map_err(|m| bad(format!("not a valid Protobuf schema: {m}"))),
         other => Ok(Schema::Other(other.to_string())),
     }
 }

@@ -108,6 +108,7 @@ mod rebalance;
 mod registry;
 // Real Debezium output through a registry-aware converter (Avro), edge values and a retype.
 mod registry_cdc;
+mod registry_protobuf;
 // The outbox relay: published once per event across replays, crashes, refusals, readiness.
 mod relay;
 // C50: dead-letter replay in offset order; a superseded stale event stays unresolved.

@@ -260,8 +260,8 @@ fn confluent(
 }
 
 /// Apicurio's converter: its native API URL mapped to the Confluent-compatible one, and the framing replaysafe
-/// reads (`as-confluent`, `headers.enabled = false`, `use-id = contentId`; docs/cdc.md "Schema registry: Avro and
-/// JSON Schema").
+/// reads (`as-confluent`, `headers.enabled = false`, `use-id = contentId`; docs/cdc.md "Schema registry: Avro,
+/// JSON Schema and Protobuf").
 fn apicurio(
     cfg: &ConnectorConfig,
     prefix: &str,
